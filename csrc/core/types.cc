@@ -1,0 +1,67 @@
+#include "core/types.h"
+
+#include "core/error.h"
+
+namespace rr {
+
+size_t elementSize(DataType t) {
+  switch (t) {
+    case DataType::kFloat32: return 4;
+    case DataType::kFloat64: return 8;
+    case DataType::kFloat16: return 2;
+    case DataType::kBFloat16: return 2;
+    case DataType::kInt8: return 1;
+    case DataType::kUInt8: return 1;
+    case DataType::kInt32: return 4;
+    case DataType::kInt64: return 8;
+  }
+  throw InvalidArgument("unknown dtype code " + std::to_string(static_cast<int>(t)));
+}
+
+const char* toString(DataType t) {
+  switch (t) {
+    case DataType::kFloat32: return "float32";
+    case DataType::kFloat64: return "float64";
+    case DataType::kFloat16: return "float16";
+    case DataType::kBFloat16: return "bfloat16";
+    case DataType::kInt8: return "int8";
+    case DataType::kUInt8: return "uint8";
+    case DataType::kInt32: return "int32";
+    case DataType::kInt64: return "int64";
+  }
+  return "unknown-dtype";
+}
+
+const char* toString(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kProd: return "prod";
+    case ReduceOp::kMin: return "min";
+    case ReduceOp::kMax: return "max";
+  }
+  return "unknown-op";
+}
+
+const char* toString(CollectiveKind k) {
+  switch (k) {
+    case CollectiveKind::kAllReduce: return "allreduce";
+    case CollectiveKind::kBroadcast: return "broadcast";
+    case CollectiveKind::kBarrier: return "barrier";
+    case CollectiveKind::kAllGather: return "allgather";
+    case CollectiveKind::kReduceScatter: return "reduce_scatter";
+    case CollectiveKind::kAbort: return "abort";
+  }
+  return "unknown-collective";
+}
+
+const char* toString(Algorithm a) {
+  switch (a) {
+    case Algorithm::kAuto: return "auto";
+    case Algorithm::kRing: return "ring";
+    case Algorithm::kTree: return "tree";
+  }
+  return "unknown-algo";
+}
+
+}  // namespace rr

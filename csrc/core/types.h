@@ -1,0 +1,50 @@
+// Element types, reduction ops and collective kinds shared by every layer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace rr {
+
+enum class DataType : uint8_t {
+  kFloat32 = 0,
+  kFloat64 = 1,
+  kFloat16 = 2,
+  kBFloat16 = 3,
+  kInt8 = 4,
+  kUInt8 = 5,
+  kInt32 = 6,
+  kInt64 = 7,
+};
+constexpr int kNumDataTypes = 8;
+
+enum class ReduceOp : uint8_t { kSum = 0, kAvg = 1, kProd = 2, kMin = 3, kMax = 4 };
+constexpr int kNumReduceOps = 5;
+
+// Every frame on the wire names the collective it belongs to, so two ranks that
+// issued different collectives detect it instead of exchanging garbage.
+enum class CollectiveKind : uint8_t {
+  kAllReduce = 1,
+  kBroadcast = 2,
+  kBarrier = 3,
+  kAllGather = 4,
+  kReduceScatter = 5,
+  kAbort = 100,  // payload: a short UTF-8 reason; the peer is failing
+};
+
+enum class Algorithm : uint8_t { kAuto = 0, kRing = 1, kTree = 2 };
+
+size_t elementSize(DataType t);
+const char* toString(DataType t);
+const char* toString(ReduceOp op);
+const char* toString(CollectiveKind k);
+const char* toString(Algorithm a);
+
+// True for float16/bfloat16: these are reduced in float32 and rounded once.
+inline bool isHalf(DataType t) { return t == DataType::kFloat16 || t == DataType::kBFloat16; }
+
+// The type partial results travel in during a reduction: float32 for 16-bit floats.
+inline DataType accumulateType(DataType t) { return isHalf(t) ? DataType::kFloat32 : t; }
+
+}  // namespace rr
