@@ -1,0 +1,176 @@
+// pybind11 module ringreduce._C: the only C++ that knows about Python. It takes raw
+// pointers + element counts (the Python layer validated the tensors/arrays and keeps them
+// alive), releases the GIL around everything that can block, and maps C++ exceptions to
+// Python classes.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "bindings/errors.h"
+#include "collectives/collectives.h"
+#include "comm/communicator.h"
+#include "core/chunking.h"
+#include "core/log.h"
+#include "reduce/reduce.h"
+#include "runtime/executor.h"
+#include "transport/tcp/mesh.h"
+
+namespace py = pybind11;
+using namespace rr;
+
+namespace {
+
+Options optionsFromDict(const py::dict& d) {
+  Options o;
+  for (auto item : d) {
+    std::string k = py::str(item.first);
+    py::handle v = item.second;
+    if (k == "timeout") o.timeoutSec = v.cast<double>();
+    else if (k == "connect_timeout") o.connectTimeoutSec = v.cast<double>();
+    else if (k == "segment_bytes") o.segmentBytes = v.cast<size_t>();
+    else if (k == "alpha_us") o.alphaUs = v.cast<double>();
+    else if (k == "beta_ns_per_byte") o.betaNsPerByte = v.cast<double>();
+    else if (k == "tree_threshold_bytes") o.treeThresholdBytes = v.cast<int64_t>();
+    else if (k == "broadcast_tree_max_bytes") o.broadcastTreeMaxBytes = v.cast<size_t>();
+    else throw InvalidArgument("unknown option '" + k + "'");
+  }
+  if (o.timeoutSec <= 0) throw InvalidArgument("timeout must be > 0 seconds");
+  if (o.segmentBytes < 64) throw InvalidArgument("segment_bytes must be >= 64");
+  return o;
+}
+
+// Owns the executor; what Python sees as _C.Communicator.
+class PyComm {
+ public:
+  PyComm(int rank, int world, transport::tcp::Listener& listener,
+         const std::vector<std::string>& addrs, const std::string& secret, const py::dict& opts) {
+    Options o = optionsFromDict(opts);
+    if (world < 1 || rank < 0 || rank >= world)
+      throw InvalidArgument("rank " + std::to_string(rank) + " out of range for world size " +
+                            std::to_string(world));
+    if (static_cast<int>(addrs.size()) != world)
+      throw InvalidArgument("need one address per rank");
+    std::vector<std::unique_ptr<transport::Connection>> conns;
+    {
+      py::gil_scoped_release nogil;
+      transport::tcp::Identity me{rank, world, secret};
+      conns = transport::tcp::connectMesh(me, listener, addrs, Deadline::after(o.connectTimeoutSec));
+      listener.close();  // nobody else may connect after init
+    }
+    exec_ = std::make_unique<runtime::Executor>(
+        std::make_unique<comm::Communicator>(rank, world, std::move(conns), o));
+  }
+
+  runtime::Executor& ex() {
+    if (!exec_) throw Error("communicator was destroyed; call ringreduce.init() again");
+    return *exec_;
+  }
+
+  // Run `fn` as a collective: queued and returned as Work when async, else run to completion.
+  py::object run(runtime::Task fn, const std::string& what, bool async) {
+    auto& e = ex();
+    if (async) {
+      std::shared_ptr<runtime::Work> w = e.submit(std::move(fn), what);
+      return py::cast(w);
+    }
+    py::gil_scoped_release nogil;
+    e.runSync(std::move(fn), what);
+    return py::none();
+  }
+
+  void destroy() {
+    if (!exec_) return;
+    py::gil_scoped_release nogil;
+    exec_->shutdown();
+    exec_.reset();
+  }
+
+  std::unique_ptr<runtime::Executor> exec_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "ringreduce C++ core";
+  bindings::registerErrors(m);
+
+  m.def("set_log_level", &log::setLevel);
+  m.def("set_log_prefix", &log::setPrefix);
+  m.def("isa_name", &reduce::isaName);
+  m.def("chunk_offset", &chunking::chunkOffset);
+  m.def("chunk_len", &chunking::chunkLen);
+  m.def("choose_allreduce", [](int world, size_t bytes, const py::dict& opts) {
+    return static_cast<int>(collectives::chooseAllreduce(optionsFromDict(opts), world, bytes));
+  });
+  m.def("predict_allreduce", [](int algo, int world, size_t bytes, const py::dict& opts) {
+    return collectives::predictAllreduce(optionsFromDict(opts), static_cast<Algorithm>(algo),
+                                         world, bytes);
+  });
+
+  py::class_<transport::tcp::Listener>(m, "Listener")
+      .def(py::init<const std::string&>(), py::arg("host"))
+      .def_property_readonly("port", &transport::tcp::Listener::port)
+      .def_property_readonly("host", &transport::tcp::Listener::host)
+      .def("close", &transport::tcp::Listener::close);
+
+  py::class_<runtime::Work, std::shared_ptr<runtime::Work>>(m, "Work")
+      .def("wait",
+           [](runtime::Work& w, py::object timeout) {
+             double t = timeout.is_none() ? -1.0 : timeout.cast<double>();
+             py::gil_scoped_release nogil;
+             return w.wait(t);
+           },
+           py::arg("timeout") = py::none())
+      .def("is_completed", &runtime::Work::isCompleted)
+      .def_property_readonly("what", &runtime::Work::what);
+
+  py::class_<PyComm>(m, "Communicator")
+      .def(py::init<int, int, transport::tcp::Listener&, const std::vector<std::string>&,
+                    const std::string&, const py::dict&>(),
+           py::arg("rank"), py::arg("world"), py::arg("listener"), py::arg("addrs"),
+           py::arg("secret"), py::arg("options"))
+      .def_property_readonly("rank", [](PyComm& c) { return c.ex().comm().rank(); })
+      .def_property_readonly("world", [](PyComm& c) { return c.ex().comm().world(); })
+      .def("allreduce",
+           [](PyComm& c, uintptr_t ptr, size_t count, int dtype, int op, int algo, bool async) {
+             auto fn = [=](comm::Communicator& cm) {
+               collectives::allreduce(cm, reinterpret_cast<void*>(ptr), count,
+                                      static_cast<DataType>(dtype), static_cast<ReduceOp>(op),
+                                      static_cast<Algorithm>(algo));
+             };
+             return c.run(fn, "allreduce", async);
+           })
+      .def("broadcast",
+           [](PyComm& c, uintptr_t ptr, size_t count, int dtype, int root, bool async) {
+             auto fn = [=](comm::Communicator& cm) {
+               collectives::broadcast(cm, reinterpret_cast<void*>(ptr), count,
+                                      static_cast<DataType>(dtype), root);
+             };
+             return c.run(fn, "broadcast", async);
+           })
+      .def("barrier",
+           [](PyComm& c, bool async) {
+             return c.run([](comm::Communicator& cm) { collectives::barrier(cm); }, "barrier", async);
+           })
+      .def("allgather",
+           [](PyComm& c, uintptr_t in, uintptr_t out, size_t count, int dtype, bool async) {
+             auto fn = [=](comm::Communicator& cm) {
+               collectives::allgather(cm, reinterpret_cast<const void*>(in),
+                                      reinterpret_cast<void*>(out), count,
+                                      static_cast<DataType>(dtype));
+             };
+             return c.run(fn, "allgather", async);
+           })
+      .def("reduce_scatter",
+           [](PyComm& c, uintptr_t in, uintptr_t out, size_t count, int dtype, int op, bool async) {
+             auto fn = [=](comm::Communicator& cm) {
+               collectives::reduceScatter(cm, reinterpret_cast<const void*>(in),
+                                          reinterpret_cast<void*>(out), count,
+                                          static_cast<DataType>(dtype), static_cast<ReduceOp>(op));
+             };
+             return c.run(fn, "reduce_scatter", async);
+           })
+      .def("abort", [](PyComm& c) { if (c.exec_) c.exec_->abort(); })
+      .def("destroy", &PyComm::destroy)
+      .def_property_readonly("destroyed", [](PyComm& c) { return !c.exec_; });
+}

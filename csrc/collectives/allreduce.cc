@@ -1,0 +1,44 @@
+// All-reduce entry: picks the algorithm (cost_model.cc), widens 16-bit floats into a
+// float32 accumulator so partial sums are rounded only once, and hands off to the ring or
+// the tree. Both leave the finished result in the caller's buffer.
+#include <cstring>
+
+#include "collectives/allreduce_impl.h"
+#include "collectives/collectives.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace rr::collectives {
+
+void allreduce(Communicator& c, void* buf, size_t count, DataType dtype, ReduceOp op,
+               Algorithm algo) {
+  const size_t bytes = count * elementSize(dtype);
+  if (count == 0 || c.world() == 1) {
+    c.skip();
+    return;
+  }
+  Algorithm a = algo == Algorithm::kAuto ? chooseAllreduce(c.options(), c.world(), bytes) : algo;
+  RR_LOG(log::kTrace, "allreduce #", c.seq() + 1, ": ", bytes, " bytes ", toString(dtype), " ",
+         toString(op), " -> ", toString(a), algo == Algorithm::kAuto ? " (auto)" : "");
+  transport::FrameHeader h = c.begin(CollectiveKind::kAllReduce, dtype, op, 0, a, count, bytes);
+  AllreduceArgs args;
+  args.dtype = dtype;
+  args.op = op;
+  args.count = count;
+  args.dst = static_cast<char*>(buf);
+  if (isHalf(dtype)) {
+    float* acc = reinterpret_cast<float*>(c.scratch().get(comm::ScratchArena::kAcc, count * 4));
+    reduce::widen(dtype, buf, acc, count);
+    args.acc = reinterpret_cast<char*>(acc);
+  } else {
+    args.acc = args.dst;
+  }
+  args.accElem = elementSize(accumulateType(dtype));
+  args.reduceFn = reduce::getReduceFn(accumulateType(dtype), op);
+  if (a == Algorithm::kRing)
+    allreduceRing(c, h, args);
+  else
+    allreduceTree(c, h, args);
+}
+
+}  // namespace rr::collectives

@@ -1,0 +1,98 @@
+// Broadcast from any root. Ranks are renumbered relative to the root (v = rank - root).
+//
+// Small messages: binomial tree, ceil(log2 n) rounds. For n = 8:
+//
+//        v0 ----------> v4 ----> v6 -> v7
+//         |--> v2 -> v3  |-> v5
+//         |-> v1
+//
+// Large messages: a pipelined chain v0 -> v1 -> ... -> v(n-1) in segments; each rank
+// forwards segment s as soon as it has it, so the time is ~ bytes/bandwidth + n segments.
+#include <algorithm>
+
+#include "collectives/collectives.h"
+#include "core/chunking.h"
+
+namespace rr::collectives {
+namespace {
+
+void binomial(Communicator& c, transport::FrameHeader h, char* buf, size_t bytes, int root) {
+  const int n = c.world();
+  const int v = chunking::mod(c.rank() - root, n);
+  auto real = [&](int vr) { return chunking::mod(vr + root, n); };
+  int mask = 1;
+  while (mask < n) {
+    if (v & mask) {
+      transport::RecvOp rv;
+      rv.reset(h, buf, bytes);
+      c.sendRecv(-1, nullptr, real(v - mask), &rv);
+      break;
+    }
+    mask <<= 1;
+  }
+  for (mask >>= 1; mask > 0; mask >>= 1) {
+    if (v + mask < n) {
+      transport::SendOp s;
+      s.reset(h, buf, bytes);
+      c.sendRecv(real(v + mask), &s, -1, nullptr);
+    }
+  }
+}
+
+void chain(Communicator& c, const transport::FrameHeader& h, char* buf, size_t bytes, int root) {
+  const int n = c.world();
+  const int v = chunking::mod(c.rank() - root, n);
+  const int prev = chunking::mod(c.rank() - 1, n), next = chunking::mod(c.rank() + 1, n);
+  const bool hasPrev = v > 0, hasNext = v < n - 1;
+  const size_t seg = std::max<size_t>(1, c.options().segmentBytes);
+  const size_t S = chunking::numSegments(bytes, seg);
+  size_t su = hasNext ? 0 : S, ru = hasPrev ? 0 : S;
+  bool sActive = false, rActive = false;
+  transport::SendOp s;
+  transport::RecvOp rv;
+  while (su < S || ru < S) {
+    if (!sActive && su < S && (!hasPrev || ru > su)) {
+      size_t off = su * seg;
+      s.reset(h, buf + off, std::min(seg, bytes - off));
+      sActive = true;
+    }
+    if (!rActive && ru < S) {
+      size_t off = ru * seg;
+      rv.reset(h, buf + off, std::min(seg, bytes - off));
+      rActive = true;
+    }
+    bool progressed = false;
+    if (sActive && c.conn(next).progressSend(s)) {
+      sActive = false;
+      ++su;
+      progressed = true;
+    }
+    if (rActive && c.conn(prev).progressRecv(rv)) {
+      rActive = false;
+      c.addBytesDone(rv.len);
+      ++ru;
+      progressed = true;
+    }
+    if (!progressed && (sActive || rActive)) c.waitIo(sActive ? next : -1, rActive ? prev : -1);
+  }
+}
+
+}  // namespace
+
+void broadcast(Communicator& c, void* buf, size_t count, DataType dtype, int root) {
+  const size_t bytes = count * elementSize(dtype);
+  if (count == 0 || c.world() == 1) {
+    c.skip();
+    return;
+  }
+  const bool tree = bytes <= c.options().broadcastTreeMaxBytes || c.world() == 2;
+  Algorithm a = tree ? Algorithm::kTree : Algorithm::kRing;
+  transport::FrameHeader h =
+      c.begin(CollectiveKind::kBroadcast, dtype, ReduceOp::kSum, root, a, count, bytes);
+  if (tree)
+    binomial(c, h, static_cast<char*>(buf), bytes, root);
+  else
+    chain(c, h, static_cast<char*>(buf), bytes, root);
+}
+
+}  // namespace rr::collectives

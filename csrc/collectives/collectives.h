@@ -1,0 +1,33 @@
+// Entry points of every collective. Each runs on the communicator's executor thread,
+// blocks until done (with the communicator's deadline) and throws on failure.
+// Buffers are raw host memory of `count` elements of `dtype`; the caller validated them.
+#pragma once
+
+#include <cstddef>
+
+#include "comm/communicator.h"
+#include "core/types.h"
+
+namespace rr::collectives {
+
+using comm::Communicator;
+
+// In place: buf holds this rank's input and receives the reduction over all ranks.
+void allreduce(Communicator& c, void* buf, size_t count, DataType dtype, ReduceOp op,
+               Algorithm algo);
+// In place: root's buf is copied into every other rank's buf.
+void broadcast(Communicator& c, void* buf, size_t count, DataType dtype, int root);
+void barrier(Communicator& c);
+// out (world * count elements) receives every rank's `count`-element in, in rank order.
+// in may alias out + rank * count.
+void allgather(Communicator& c, const void* in, void* out, size_t count, DataType dtype);
+// in holds world * count elements; out receives this rank's reduced block of count.
+void reduceScatter(Communicator& c, const void* in, void* out, size_t count, DataType dtype,
+                   ReduceOp op);
+
+// Cost model: which all-reduce algorithm "auto" runs for `bytes` on `world` ranks.
+Algorithm chooseAllreduce(const Options& o, int world, size_t bytes);
+// Predicted seconds for an algorithm (exposed for tests and `ringreduce-bench --tune`).
+double predictAllreduce(const Options& o, Algorithm a, int world, size_t bytes);
+
+}  // namespace rr::collectives

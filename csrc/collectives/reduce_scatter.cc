@@ -1,0 +1,49 @@
+// Ring reduce-scatter: the reduce half of the ring (ring.h) with shift 1, so that after n-1
+// steps rank r holds the complete reduction of block r. The caller's input is not modified:
+// it is copied (or widened, for 16-bit floats) into a scratch accumulator first.
+#include <algorithm>
+#include <cstring>
+
+#include "collectives/collectives.h"
+#include "collectives/ring.h"
+
+namespace rr::collectives {
+
+void reduceScatter(Communicator& c, const void* in, void* out, size_t count, DataType dtype,
+                   ReduceOp op) {
+  const int n = c.world();
+  const size_t es = elementSize(dtype);
+  const DataType at = accumulateType(dtype);
+  const size_t ae = elementSize(at);
+  const size_t total = count * static_cast<size_t>(n);
+  if (count == 0 || n == 1) {
+    if (count > 0 && in != out) std::memmove(out, in, count * es);  // one contribution
+    c.skip();
+    return;
+  }
+  transport::FrameHeader h = c.begin(CollectiveKind::kReduceScatter, dtype, op, 0,
+                                     Algorithm::kRing, count, total * es);
+  char* acc = c.scratch().get(comm::ScratchArena::kAcc, total * ae);
+  if (isHalf(dtype))
+    reduce::widen(dtype, in, reinterpret_cast<float*>(acc), total);
+  else
+    std::memcpy(acc, in, total * es);
+  RingPlan p;
+  p.count = total;
+  p.steps = n - 1;
+  p.rsSteps = n - 1;
+  p.shift = 1;
+  p.acc = acc;
+  p.accElem = ae;
+  p.segElems = std::max<size_t>(1, c.options().segmentBytes / ae);
+  p.recvScratch = c.scratch().get(comm::ScratchArena::kRecv, p.segElems * ae);
+  p.reduceFn = reduce::getReduceFn(at, op);
+  char* o = static_cast<char*>(out);
+  const size_t base = static_cast<size_t>(c.rank()) * count;
+  p.onFinal = [&](size_t off, size_t len) {
+    reduce::finalize(dtype, op, n, acc + off * ae, o + (off - base) * es, len);
+  };
+  runRing(c, h, p);
+}
+
+}  // namespace rr::collectives

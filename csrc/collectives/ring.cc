@@ -1,0 +1,87 @@
+#include "collectives/ring.h"
+
+#include <algorithm>
+
+#include "core/chunking.h"
+
+namespace rr::collectives {
+
+void runRing(comm::Communicator& c, const transport::FrameHeader& tmpl, const RingPlan& p) {
+  using chunking::chunkLen;
+  using chunking::chunkOffset;
+  using chunking::mod;
+  const int n = c.world(), r = c.rank();
+  const int right = mod(r + 1, n), left = mod(r - 1, n);
+  const size_t S = std::max<size_t>(1, chunking::numSegments(chunkLen(p.count, n, 0), p.segElems));
+  const size_t total = static_cast<size_t>(p.steps) * S;
+
+  // Element range of segment s of chunk `chunk` (len 0 when the chunk is shorter).
+  auto segment = [&](int chunk, size_t s, size_t* off, size_t* len) {
+    size_t cl = chunkLen(p.count, n, chunk), begin = s * p.segElems;
+    *off = chunkOffset(p.count, n, chunk) + begin;
+    *len = begin >= cl ? 0 : std::min(p.segElems, cl - begin);
+  };
+
+  transport::SendOp sop;
+  transport::RecvOp rop;
+  size_t su = 0, ru = 0;  // next send / receive unit (unit = step * S + segment)
+  bool sActive = false, rActive = false;
+  size_t rOff = 0, rLen = 0;
+  int rStep = 0;
+  while (su < total || ru < total) {
+    bool progressed = false;
+    if (!sActive && su < total) {
+      int T = static_cast<int>(su / S);
+      size_t s = su % S;
+      // Unit su forwards what unit su - S brought in; it must have arrived.
+      if (T == 0 || ru > su - S) {
+        size_t off, len;
+        segment(mod(r - T - p.shift, n), s, &off, &len);
+        if (len == 0) {
+          ++su;
+          continue;
+        }
+        transport::FrameHeader h = tmpl;
+        h.step = static_cast<uint32_t>(T);
+        if (T < p.rsSteps)
+          sop.reset(h, p.acc + off * p.accElem, len * p.accElem);
+        else
+          sop.reset(h, p.dst + off * p.dstElem, len * p.dstElem);
+        sActive = true;
+      }
+    }
+    if (!rActive && ru < total) {
+      rStep = static_cast<int>(ru / S);
+      segment(mod(r - rStep - p.shift - 1, n), ru % S, &rOff, &rLen);
+      if (rLen == 0) {
+        ++ru;
+        continue;
+      }
+      transport::FrameHeader h = tmpl;
+      h.step = static_cast<uint32_t>(rStep);
+      if (rStep < p.rsSteps)
+        rop.reset(h, p.recvScratch, rLen * p.accElem);
+      else
+        rop.reset(h, p.dst + rOff * p.dstElem, rLen * p.dstElem);
+      rActive = true;
+    }
+    if (sActive && c.conn(right).progressSend(sop)) {
+      sActive = false;
+      ++su;
+      progressed = true;
+    }
+    if (rActive && c.conn(left).progressRecv(rop)) {
+      rActive = false;
+      c.addBytesDone(rop.len);
+      if (rStep < p.rsSteps) {
+        p.reduceFn(p.acc + rOff * p.accElem, p.recvScratch, rLen);
+        if (rStep == p.rsSteps - 1 && p.onFinal) p.onFinal(rOff, rLen);
+      }
+      ++ru;
+      progressed = true;
+    }
+    if (!progressed && (sActive || rActive)) c.waitIo(sActive ? right : -1, rActive ? left : -1);
+  }
+}
+
+}  // namespace rr::collectives

@@ -1,0 +1,155 @@
+#include "comm/communicator.h"
+
+#include <errno.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace rr::comm {
+
+Communicator::Communicator(int rank, int world, std::vector<std::unique_ptr<Connection>> conns,
+                           Options opts)
+    : rank_(rank), world_(world), conns_(std::move(conns)), opts_(opts) {
+  RR_CHECK(world_ >= 1 && rank_ >= 0 && rank_ < world_, "rank ", rank_, " world ", world_);
+  RR_CHECK_EQ(conns_.size(), static_cast<size_t>(world_), "one connection slot per rank");
+  early_.assign(static_cast<size_t>(world_), 0);
+  wakeFd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wakeFd_ < 0) RR_THROW(Error, "eventfd failed: ", std::strerror(errno));
+  pfds_.reserve(static_cast<size_t>(world_) + 1);
+  pfdPeer_.reserve(static_cast<size_t>(world_) + 1);
+}
+
+Communicator::~Communicator() {
+  for (auto& c : conns_)
+    if (c) c->close();
+  if (wakeFd_ >= 0) ::close(wakeFd_);
+}
+
+void Communicator::checkUsable() const {
+  if (aborted_.load()) RR_THROW(Error, "communicator was aborted; destroy it and init again");
+  if (!failure_.empty())
+    RR_THROW(Error, "communicator is unusable after an earlier failure: ", failure_,
+             " -- destroy it and init again");
+}
+
+FrameHeader Communicator::begin(CollectiveKind kind, DataType dtype, ReduceOp op, int root,
+                                Algorithm algo, size_t count, size_t bytesTotal) {
+  checkUsable();
+  FrameHeader h;
+  h.kind = static_cast<uint8_t>(kind);
+  h.dtype = static_cast<uint8_t>(dtype);
+  h.op = static_cast<uint8_t>(op);
+  h.algo = static_cast<uint8_t>(algo);
+  h.seq = ++seq_;
+  h.root = root;
+  h.count = count;
+  curKind_ = kind;
+  curAlgo_ = algo;
+  bytesTotal_ = bytesTotal;
+  bytesDone_ = 0;
+  std::fill(early_.begin(), early_.end(), 0);
+  deadline_ = Deadline::after(opts_.timeoutSec);
+  return h;
+}
+
+std::string Communicator::describeCurrent() const {
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "%s #%llu (%s, %.1f of %.1f MiB received)", toString(curKind_),
+                static_cast<unsigned long long>(seq_), toString(curAlgo_),
+                static_cast<double>(bytesDone_) / 1048576.0,
+                static_cast<double>(bytesTotal_) / 1048576.0);
+  return buf;
+}
+
+void Communicator::waitIo(int sendPeer, int recvPeer) {
+  pfds_.clear();
+  pfdPeer_.clear();
+  pfds_.push_back({wakeFd_, POLLIN, 0});
+  pfdPeer_.push_back(-1);
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_) continue;
+    short ev = 0;
+    if (p == sendPeer) ev |= POLLOUT;
+    if (p == recvPeer) ev |= POLLIN;
+    if (ev == 0 && !early_[static_cast<size_t>(p)]) ev = POLLIN;  // watch for death/abort
+    if (ev == 0) continue;
+    pfds_.push_back({conn(p).fd(), ev, 0});
+    pfdPeer_.push_back(p);
+  }
+  while (true) {
+    int ms = deadline_.pollMs();
+    int n = ::poll(pfds_.data(), pfds_.size(), ms);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      RR_THROW(Error, "poll failed: ", std::strerror(errno));
+    }
+    if (aborted_.load()) RR_THROW(Error, "communicator aborted during ", describeCurrent());
+    if (n == 0) {
+      if (deadline_.expired()) timeout(sendPeer, recvPeer);
+      continue;
+    }
+    bool ready = false;
+    for (size_t i = 1; i < pfds_.size(); ++i) {
+      if (!pfds_[i].revents) continue;
+      int p = pfdPeer_[i];
+      if (p == sendPeer || p == recvPeer) {
+        ready = true;  // progress calls will surface errors on this connection
+      } else {
+        conn(p).checkIdle();  // throws on EOF / abort
+        early_[static_cast<size_t>(p)] = 1;
+        pfds_[i].events = 0;
+      }
+    }
+    if (ready) return;
+  }
+}
+
+void Communicator::sendRecv(int sendPeer, SendOp* s, int recvPeer, RecvOp* r) {
+  bool sDone = s == nullptr, rDone = r == nullptr;
+  while (!sDone || !rDone) {
+    bool progressed = false;
+    if (!sDone && conn(sendPeer).progressSend(*s)) sDone = progressed = true;
+    if (!rDone && conn(recvPeer).progressRecv(*r)) {
+      rDone = progressed = true;
+      bytesDone_ += r->len;
+    }
+    if (!progressed && (!sDone || !rDone)) waitIo(sDone ? -1 : sendPeer, rDone ? -1 : recvPeer);
+  }
+}
+
+[[noreturn]] void Communicator::timeout(int sendPeer, int recvPeer) {
+  std::string who;
+  auto name = [&](int p) { return detail::concat("rank ", p, " (", conn(p).peerHost(), ")"); };
+  if (recvPeer >= 0) who = "waiting for data from " + name(recvPeer);
+  if (sendPeer >= 0)
+    who += (who.empty() ? "" : " and ") + std::string("waiting to send to ") + name(sendPeer);
+  RR_THROW(TimeoutError, "rank ", rank_, ": ", describeCurrent(), " timed out after ",
+           opts_.timeoutSec, " s ", who,
+           " (is that rank stuck, or did it skip this collective? raise timeout= or "
+           "RINGREDUCE_TIMEOUT for slow steps)");
+}
+
+void Communicator::poison(const std::string& reason, transport::AbortCode code) {
+  if (!failure_.empty()) return;
+  failure_ = reason;
+  std::string msg = detail::concat("rank ", rank_, ": ", reason);
+  for (auto& c : conns_) {
+    if (!c) continue;
+    c->sendAbort(code, msg);
+    c->close();
+  }
+}
+
+void Communicator::abort() {
+  aborted_.store(true);
+  uint64_t one = 1;
+  ssize_t w = ::write(wakeFd_, &one, sizeof(one));
+  (void)w;
+}
+
+}  // namespace rr::comm

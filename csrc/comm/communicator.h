@@ -1,0 +1,92 @@
+// Communicator: this rank's view of the group -- rank, size, one Connection per peer, the
+// collective sequence number, the scratch arena and the failure state. Algorithms drive
+// connections through it and wait on it; it never knows which algorithm is running.
+//
+// Threading: every method except abort() is called by the one thread executing collectives
+// (runtime::Executor). abort() may be called from any thread; it wakes a blocked wait.
+#pragma once
+
+#include <poll.h>
+
+#include <atomic>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/scratch.h"
+#include "core/deadline.h"
+#include "core/params.h"
+#include "core/types.h"
+#include "transport/transport.h"
+
+namespace rr::comm {
+
+using transport::Connection;
+using transport::FrameHeader;
+using transport::RecvOp;
+using transport::SendOp;
+
+class Communicator {
+ public:
+  Communicator(int rank, int world, std::vector<std::unique_ptr<Connection>> conns, Options opts);
+  ~Communicator();
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  const Options& options() const { return opts_; }
+  uint64_t seq() const { return seq_; }
+  Connection& conn(int peer) { return *conns_[static_cast<size_t>(peer)]; }
+
+  // Start a collective: checks the communicator is usable, takes the next sequence number,
+  // arms the deadline and returns the header every frame of this collective carries.
+  FrameHeader begin(CollectiveKind kind, DataType dtype, ReduceOp op, int root, Algorithm algo,
+                    size_t count, size_t bytesTotal);
+  // A collective that moves no data (count 0, world 1) still consumes a sequence number so
+  // that later collectives line up on every rank.
+  void skip() { checkUsable(); ++seq_; }
+
+  // Block until sendPeer is writable or recvPeer readable (-1 = none), watching all other
+  // peers for EOF/abort meanwhile. Throws TimeoutError at the deadline, PeerError on a dead
+  // peer, Error after abort().
+  void waitIo(int sendPeer, int recvPeer);
+  // Drive one send and/or one receive to completion (either may be null).
+  void sendRecv(int sendPeer, SendOp* s, int recvPeer, RecvOp* r);
+  void addBytesDone(size_t n) { bytesDone_ += n; }
+
+  ScratchArena& scratch() { return scratch_; }
+
+  // Record the first failure, tell every peer (abort frames) and close all connections.
+  // Later begin() calls throw a clear "unusable" error.
+  void poison(const std::string& reason, transport::AbortCode code);
+  bool poisoned() const { return !failure_.empty(); }
+  void checkUsable() const;
+
+  // Thread-safe: make the current and every later wait fail promptly.
+  void abort();
+
+  // "allreduce #12 (ring, 4.0 of 16.0 MiB done)" for error messages.
+  std::string describeCurrent() const;
+
+ private:
+  [[noreturn]] void timeout(int sendPeer, int recvPeer);
+
+  int rank_, world_;
+  std::vector<std::unique_ptr<Connection>> conns_;
+  Options opts_;
+  uint64_t seq_ = 0;
+  Deadline deadline_ = Deadline::never();
+  ScratchArena scratch_;
+  std::vector<pollfd> pfds_;      // reused by waitIo: no allocation per wait
+  std::vector<int> pfdPeer_;      // peer rank of each pfds_ entry (-1: wake fd)
+  std::vector<uint8_t> early_;    // peer sent data for a later collective: stop watching it
+  std::string failure_;
+  int wakeFd_ = -1;               // eventfd written by abort()
+  std::atomic<bool> aborted_{false};
+  // Current collective, for messages.
+  CollectiveKind curKind_ = CollectiveKind::kBarrier;
+  Algorithm curAlgo_ = Algorithm::kAuto;
+  size_t bytesTotal_ = 0, bytesDone_ = 0;
+};
+
+}  // namespace rr::comm

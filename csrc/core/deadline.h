@@ -1,0 +1,46 @@
+// A point in time after which a wait gives up. Every blocking call takes one.
+#pragma once
+
+#include <chrono>
+#include <climits>
+
+namespace rr {
+
+class Deadline {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  static Deadline after(double seconds) {
+    Deadline d;
+    d.at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                               std::chrono::duration<double>(seconds));
+    return d;
+  }
+  static Deadline never() {
+    Deadline d;
+    d.at_ = Clock::time_point::max();
+    return d;
+  }
+
+  bool expired() const { return Clock::now() >= at_; }
+
+  // Milliseconds left, rounded up, clamped to [0, INT_MAX]: ready for poll(2).
+  int pollMs() const {
+    if (at_ == Clock::time_point::max()) return INT_MAX;
+    auto left = std::chrono::duration_cast<std::chrono::microseconds>(at_ - Clock::now()).count();
+    if (left <= 0) return 0;
+    long long ms = (left + 999) / 1000;
+    return ms > INT_MAX ? INT_MAX : static_cast<int>(ms);
+  }
+
+  // The earlier of this and `seconds` from now.
+  Deadline capped(double seconds) const {
+    Deadline d = after(seconds);
+    return d.at_ < at_ ? d : *this;
+  }
+
+ private:
+  Clock::time_point at_{};
+};
+
+}  // namespace rr

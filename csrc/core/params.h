@@ -1,0 +1,28 @@
+// Tunables of one communicator. Python reads each from its RINGREDUCE_* variable (see
+// ringreduce/_env.py, where every knob is declared once) and passes them in; defaults here
+// match the ones declared there.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace rr {
+
+struct Options {
+  // Seconds any single collective may wait for a peer before raising TimeoutError.
+  double timeoutSec = 600.0;
+  // Seconds init may take to connect the full mesh (RINGREDUCE_CONNECT_TIMEOUT).
+  double connectTimeoutSec = 120.0;
+  // Pipelining unit for large messages over TCP (RINGREDUCE_SEGMENT_BYTES).
+  size_t segmentBytes = 512 * 1024;
+  // Cost model (alpha-beta), measured on loopback TCP with bench/measure_alpha_beta.py:
+  // per-message latency and per-byte time. RINGREDUCE_TUNING_FILE overrides them.
+  double alphaUs = 25.0;
+  double betaNsPerByte = 0.45;
+  // Forced ring/tree switch in bytes for all-reduce; negative = use the cost model.
+  int64_t treeThresholdBytes = -1;
+  // Broadcasts up to this many bytes use the binomial tree, larger ones the chain.
+  size_t broadcastTreeMaxBytes = 256 * 1024;
+};
+
+}  // namespace rr

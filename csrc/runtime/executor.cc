@@ -1,0 +1,119 @@
+#include "runtime/executor.h"
+
+#include "core/error.h"
+#include "core/log.h"
+#include "transport/frame.h"
+
+namespace rr::runtime {
+
+Executor::Executor(std::unique_ptr<comm::Communicator> comm)
+    : comm_(std::move(comm)), worker_([this] { loop(); }) {}
+
+Executor::~Executor() { shutdown(); }
+
+std::shared_ptr<Work> Executor::submit(Task fn, std::string what) {
+  auto w = std::make_shared<Work>(std::move(what));
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (stop_) {
+      w->complete(std::make_exception_ptr(Error("communicator was destroyed")));
+      return w;
+    }
+    queue_.emplace_back(std::move(fn), w);
+  }
+  cv_.notify_one();
+  return w;
+}
+
+void Executor::runSync(Task fn, std::string what) {
+  {
+    std::unique_lock<std::mutex> g(mu_);
+    if (stop_) RR_THROW(Error, "communicator was destroyed");
+    if (queue_.empty() && !busy_) {
+      // Take execMu_ while still holding mu_ so the worker cannot start a task queued
+      // after this check before this one.
+      std::unique_lock<std::mutex> ex(execMu_);
+      g.unlock();
+      Work w(what);
+      execute(fn, w);
+      w.wait(-1);  // rethrows
+      return;
+    }
+  }
+  submit(std::move(fn), std::move(what))->wait(-1);
+}
+
+// Wrap a failure with what this rank was doing, keeping its type.
+static void rethrowWithContext(comm::Communicator& c) {
+  std::string ctx = " [rank " + std::to_string(c.rank()) + " during " + c.describeCurrent() + "]";
+  try {
+    throw;
+  } catch (const InvalidArgument&) {
+    throw;
+  } catch (const MismatchError& e) {
+    c.poison(e.what(), transport::AbortCode::kMismatch);
+    throw MismatchError(e.what() + ctx);
+  } catch (const TimeoutError& e) {
+    c.poison(e.what(), transport::AbortCode::kTimeout);
+    throw TimeoutError(e.what() + ctx);
+  } catch (const PeerError& e) {
+    c.poison(e.what(), transport::AbortCode::kPeer);
+    throw PeerError(e.peer(), e.what() + ctx);
+  } catch (const Error& e) {
+    c.poison(e.what(), transport::AbortCode::kOther);
+    throw Error(e.what() + ctx);
+  } catch (const std::exception& e) {
+    c.poison(e.what(), transport::AbortCode::kOther);
+    throw Error(std::string(e.what()) + ctx);
+  }
+}
+
+void Executor::execute(Task& fn, Work& w) {
+  try {
+    try {
+      fn(*comm_);
+    } catch (...) {
+      if (comm_->poisoned()) throw;  // already failed earlier: message says so
+      rethrowWithContext(*comm_);
+    }
+    w.complete(nullptr);
+  } catch (...) {
+    w.complete(std::current_exception());
+  }
+}
+
+void Executor::loop() {
+  while (true) {
+    std::pair<Task, std::shared_ptr<Work>> item;
+    {
+      std::unique_lock<std::mutex> g(mu_);
+      cv_.wait(g, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop_ and nothing left
+      item = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+    }
+    {
+      std::lock_guard<std::mutex> ex(execMu_);
+      execute(item.first, *item.second);
+    }
+    std::lock_guard<std::mutex> g(mu_);
+    busy_ = false;
+  }
+}
+
+void Executor::abort() { comm_->abort(); }
+
+void Executor::shutdown() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (stop_ && !worker_.joinable()) return;
+    stop_ = true;
+    // Anything still queued would block on peers that are shutting down too: fail it fast.
+    if (!queue_.empty() || busy_) comm_->abort();
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+}  // namespace rr::runtime

@@ -1,0 +1,54 @@
+// Executor: runs one communicator's collectives strictly in submission order on a worker
+// thread, so async calls from Python never reorder and never need the GIL.
+//
+// A synchronous call made while nothing is queued runs on the caller's thread instead (the
+// caller holds no GIL then): it saves two thread hand-offs, which is most of the latency of
+// a small all-reduce. Ordering is preserved because the queue is empty and `execMu_` is held.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "comm/communicator.h"
+#include "runtime/work.h"
+
+namespace rr::runtime {
+
+using Task = std::function<void(comm::Communicator&)>;
+
+class Executor {
+ public:
+  explicit Executor(std::unique_ptr<comm::Communicator> comm);
+  ~Executor();
+
+  // Queue a collective; the Work completes when it has run (or failed).
+  std::shared_ptr<Work> submit(Task fn, std::string what);
+  // Run a collective now on this thread if nothing is queued, else queue it and wait.
+  void runSync(Task fn, std::string what);
+
+  // Fail the running collective and everything queued, promptly. Thread-safe.
+  void abort();
+  // abort() if anything is running, then join the worker. Idempotent.
+  void shutdown();
+
+  comm::Communicator& comm() { return *comm_; }
+
+ private:
+  void loop();
+  void execute(Task& fn, Work& w);
+
+  std::unique_ptr<comm::Communicator> comm_;
+  std::mutex mu_;               // guards queue_, stop_, busy_
+  std::condition_variable cv_;
+  std::deque<std::pair<Task, std::shared_ptr<Work>>> queue_;
+  bool stop_ = false;
+  bool busy_ = false;           // worker is executing a task
+  std::mutex execMu_;           // held while any collective executes (worker or inline)
+  std::thread worker_;
+};
+
+}  // namespace rr::runtime

@@ -1,0 +1,55 @@
+// Work: the handle of one submitted collective. Completed exactly once by the executor,
+// waited on by any thread; the collective's exception is kept and rethrown at wait().
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <string>
+
+namespace rr::runtime {
+
+class Work {
+ public:
+  explicit Work(std::string what) : what_(std::move(what)) {}
+
+  void complete(std::exception_ptr e) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      exc_ = e;
+      done_ = true;
+    }
+    cv_.notify_all();
+  }
+  bool isCompleted() {
+    std::lock_guard<std::mutex> g(mu_);
+    return done_;
+  }
+  // Wait up to timeoutSec (< 0: until done; the collective itself has a deadline).
+  // Returns false if still running at the timeout; rethrows the collective's failure.
+  bool wait(double timeoutSec) {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (timeoutSec < 0) {
+      cv_.wait(lk, [&] { return done_; });
+    } else if (!cv_.wait_for(lk, std::chrono::duration<double>(timeoutSec), [&] { return done_; })) {
+      return false;
+    }
+    if (exc_) std::rethrow_exception(exc_);
+    return true;
+  }
+  std::exception_ptr exception() {
+    std::lock_guard<std::mutex> g(mu_);
+    return exc_;
+  }
+  const std::string& what() const { return what_; }
+
+ private:
+  std::string what_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr exc_;
+};
+
+}  // namespace rr::runtime

@@ -1,0 +1,40 @@
+#include "transport/frame.h"
+
+#include "core/error.h"
+
+namespace rr::transport {
+
+std::string describeMismatch(const FrameHeader& got, const FrameHeader& want) {
+  using detail::concat;
+  auto kindName = [](uint8_t k) { return toString(static_cast<CollectiveKind>(k)); };
+  if (got.magic != want.magic) return concat("bad frame magic 0x", std::hex, got.magic);
+  if (got.seq != want.seq || got.kind != want.kind)
+    return concat("collective mismatch: peer is at ", kindName(got.kind), " #", got.seq,
+                  ", this rank at ", kindName(want.kind), " #", want.seq,
+                  " (every rank must issue the same collectives in the same order)");
+  if (got.count != want.count)
+    return concat("count mismatch in ", kindName(want.kind), " #", want.seq, ": peer has ",
+                  got.count, " elements, this rank ", want.count);
+  if (got.dtype != want.dtype)
+    return concat("dtype mismatch in ", kindName(want.kind), " #", want.seq, ": peer has ",
+                  toString(static_cast<DataType>(got.dtype)), ", this rank ",
+                  toString(static_cast<DataType>(want.dtype)));
+  if (got.op != want.op)
+    return concat("op mismatch in ", kindName(want.kind), " #", want.seq, ": peer uses ",
+                  toString(static_cast<ReduceOp>(got.op)), ", this rank ",
+                  toString(static_cast<ReduceOp>(want.op)));
+  if (got.root != want.root)
+    return concat("root mismatch in ", kindName(want.kind), " #", want.seq, ": peer has root ",
+                  got.root, ", this rank ", want.root);
+  if (got.algo != want.algo)
+    return concat("algorithm mismatch in ", kindName(want.kind), " #", want.seq, ": peer runs ",
+                  toString(static_cast<Algorithm>(got.algo)), ", this rank ",
+                  toString(static_cast<Algorithm>(want.algo)),
+                  " (pass the same algo= on every rank)");
+  if (got.payloadBytes != want.payloadBytes)
+    return concat("frame size mismatch in ", kindName(want.kind), " #", want.seq, ": peer sent ",
+                  got.payloadBytes, " bytes, this rank expects ", want.payloadBytes);
+  return "";
+}
+
+}  // namespace rr::transport

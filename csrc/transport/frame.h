@@ -1,0 +1,39 @@
+// The fixed-layout frame header that precedes every message between ranks. It names the
+// collective the bytes belong to, so ranks that disagree about what they are doing detect
+// it in-band instead of reducing each other's garbage. Nothing else is ever parsed from the
+// network: payloads are raw elements of the size the receiver expects.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/types.h"
+
+namespace rr::transport {
+
+constexpr uint32_t kFrameMagic = 0x31465252;  // "RRF1"
+constexpr size_t kMaxAbortReason = 1024;      // bound on an abort frame's payload
+
+struct FrameHeader {
+  uint32_t magic = kFrameMagic;
+  uint8_t kind = 0;   // CollectiveKind
+  uint8_t dtype = 0;  // DataType of the user's buffer
+  uint8_t op = 0;     // ReduceOp (for kAbort: an ErrorCode)
+  uint8_t algo = 0;   // Algorithm (informational)
+  uint64_t seq = 0;   // per-communicator collective sequence number
+  int32_t root = 0;   // broadcast root, otherwise 0
+  uint32_t step = 0;  // algorithm step (informational, for diagnostics)
+  uint64_t count = 0;         // element count of the collective (per rank)
+  uint64_t payloadBytes = 0;  // bytes following this header
+};
+static_assert(sizeof(FrameHeader) == 40, "FrameHeader must stay 40 bytes");
+
+// Carried in FrameHeader::op of an abort frame so the peer raises the same error class.
+enum class AbortCode : uint8_t { kOther = 0, kMismatch = 1, kTimeout = 2, kPeer = 3 };
+
+// Compare an incoming header against the one this rank expects. Returns "" when they
+// agree, else a message naming the first differing field with both values.
+std::string describeMismatch(const FrameHeader& got, const FrameHeader& want);
+
+}  // namespace rr::transport

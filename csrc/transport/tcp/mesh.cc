@@ -1,0 +1,53 @@
+#include "transport/tcp/mesh.h"
+
+#include "core/error.h"
+#include "core/log.h"
+#include "transport/tcp/tcp_connection.h"
+
+namespace rr::transport::tcp {
+
+Listener::Listener(const std::string& host) : host_(host) { fd_ = listenOn(host, 0, &port_); }
+
+std::vector<std::unique_ptr<Connection>> connectMesh(const Identity& me, Listener& listener,
+                                                     const std::vector<std::string>& peerAddrs,
+                                                     Deadline d) {
+  RR_CHECK_EQ(static_cast<int>(peerAddrs.size()), me.world, "one address per rank");
+  std::vector<std::unique_ptr<Connection>> conns(static_cast<size_t>(me.world));
+  // Connect to every lower rank, in order.
+  for (int peer = 0; peer < me.rank; ++peer) {
+    Endpoint ep = parseEndpoint(peerAddrs[static_cast<size_t>(peer)]);
+    Fd fd = connectTo(ep, d, detail::concat("rank ", me.rank, " connecting to rank ", peer));
+    connectHandshake(fd.get(), me, peer, ep.str(), d);
+    conns[static_cast<size_t>(peer)] = std::make_unique<TcpConnection>(peer, ep.host, std::move(fd));
+    RR_DEBUG("connected to rank ", peer, " at ", ep.str());
+  }
+  // Accept every higher rank, in any order; refuse strangers and duplicates.
+  int missing = me.world - 1 - me.rank;
+  while (missing > 0) {
+    std::string from;
+    Fd fd = acceptOne(listener.fd(), d, &from);
+    if (!fd.valid()) {
+      std::string who;
+      for (int r = me.rank + 1; r < me.world; ++r)
+        if (!conns[static_cast<size_t>(r)]) who += (who.empty() ? "" : ", ") + std::to_string(r);
+      RR_THROW(TimeoutError, "rank ", me.rank, " timed out waiting for rank(s) ", who,
+               " to connect to ", listener.host(), ":", listener.port(),
+               " (did they start? are WORLD_SIZE and MASTER_ADDR the same everywhere? "
+               "is a firewall in the way? raise RINGREDUCE_CONNECT_TIMEOUT if startup is slow)");
+    }
+    std::string reason;
+    // A stranger gets a short window so it cannot stall the legitimate peers for long.
+    int peer = acceptHandshake(fd.get(), me, d.capped(5.0),
+                               [&](int r) { return !conns[static_cast<size_t>(r)]; }, &reason);
+    if (peer < 0) {
+      RR_WARN("refused a connection from ", from, ": ", reason);
+      continue;
+    }
+    conns[static_cast<size_t>(peer)] = std::make_unique<TcpConnection>(peer, from, std::move(fd));
+    RR_DEBUG("accepted rank ", peer, " from ", from);
+    --missing;
+  }
+  return conns;
+}
+
+}  // namespace rr::transport::tcp

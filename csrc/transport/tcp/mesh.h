@@ -1,0 +1,39 @@
+// Full-mesh bootstrap over TCP: every rank connects to each lower rank and accepts each
+// higher one, authenticating both directions (handshake.h). Rank k's connects succeed once
+// ranks < k have started accepting, so the procedure cannot deadlock.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/deadline.h"
+#include "transport/tcp/handshake.h"
+#include "transport/tcp/socket.h"
+#include "transport/transport.h"
+
+namespace rr::transport::tcp {
+
+// A bound, listening socket created before the addresses are exchanged.
+class Listener {
+ public:
+  explicit Listener(const std::string& host);
+  int port() const { return port_; }
+  const std::string& host() const { return host_; }
+  int fd() const { return fd_.get(); }
+  void close() { fd_.reset(); }
+
+ private:
+  std::string host_;
+  int port_ = 0;
+  Fd fd_;
+};
+
+// Returns one connection per peer rank (nullptr at index me.rank). peerAddrs[i] is
+// "host:port" of rank i. Strangers and refused peers are logged and ignored; a rank that
+// never shows up raises TimeoutError naming it.
+std::vector<std::unique_ptr<Connection>> connectMesh(const Identity& me, Listener& listener,
+                                                     const std::vector<std::string>& peerAddrs,
+                                                     Deadline d);
+
+}  // namespace rr::transport::tcp

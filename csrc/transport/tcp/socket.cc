@@ -1,0 +1,224 @@
+#include "transport/tcp/socket.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "core/error.h"
+
+namespace rr::transport::tcp {
+
+void Fd::reset() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+std::string Endpoint::str() const {
+  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
+  return host + ":" + std::to_string(port);
+}
+
+Endpoint parseEndpoint(const std::string& s) {
+  Endpoint ep;
+  size_t colon = s.rfind(':');
+  if (colon == std::string::npos || colon + 1 >= s.size())
+    RR_THROW(InvalidArgument, "bad peer address '", s, "': expected host:port");
+  ep.host = s.substr(0, colon);
+  if (ep.host.size() >= 2 && ep.host.front() == '[' && ep.host.back() == ']')
+    ep.host = ep.host.substr(1, ep.host.size() - 2);
+  try {
+    ep.port = std::stoi(s.substr(colon + 1));
+  } catch (const std::exception&) {
+    RR_THROW(InvalidArgument, "bad port in peer address '", s, "'");
+  }
+  if (ep.port <= 0 || ep.port > 65535) RR_THROW(InvalidArgument, "port out of range in '", s, "'");
+  return ep;
+}
+
+void setNonBlocking(int fd) {
+  int fl = ::fcntl(fd, F_GETFL, 0);
+  if (fl < 0 || ::fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+    RR_THROW(Error, "fcntl(O_NONBLOCK) failed: ", std::strerror(errno));
+}
+
+void setNoDelay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+namespace {
+struct AddrList {
+  addrinfo* head = nullptr;
+  ~AddrList() {
+    if (head) ::freeaddrinfo(head);
+  }
+};
+
+void resolve(const std::string& host, int port, bool passive, AddrList* out) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = passive ? AI_PASSIVE : 0;
+  std::string ps = std::to_string(port);
+  int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), ps.c_str(), &hints, &out->head);
+  if (rc != 0)
+    RR_THROW(InvalidArgument, "cannot resolve '", host, "': ", ::gai_strerror(rc),
+             " (check MASTER_ADDR / RINGREDUCE_SOCKET_IFNAME)");
+}
+}  // namespace
+
+Fd listenOn(const std::string& host, int port, int* boundPort) {
+  AddrList addrs;
+  resolve(host, port, true, &addrs);
+  std::string lastErr = "no address";
+  for (addrinfo* ai = addrs.head; ai; ai = ai->ai_next) {
+    Fd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
+    if (!fd.valid()) {
+      lastErr = std::strerror(errno);
+      continue;
+    }
+    int one = 1;
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd.get(), 128) != 0) {
+      lastErr = std::strerror(errno);
+      continue;
+    }
+    sockaddr_storage ss{};
+    socklen_t sl = sizeof(ss);
+    ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&ss), &sl);
+    *boundPort = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
+                                          : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+    setNonBlocking(fd.get());
+    return fd;
+  }
+  RR_THROW(Error, "cannot listen on ", host, ":", port, ": ", lastErr,
+           " (is the port in use, or the address not on this host? set RINGREDUCE_SOCKET_IFNAME)");
+}
+
+Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what) {
+  std::string lastErr = "timed out";
+  int backoffMs = 5;
+  while (true) {
+    AddrList addrs;
+    resolve(ep.host, ep.port, false, &addrs);
+    for (addrinfo* ai = addrs.head; ai; ai = ai->ai_next) {
+      Fd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
+      if (!fd.valid()) {
+        lastErr = std::strerror(errno);
+        continue;
+      }
+      setNonBlocking(fd.get());
+      int rc = ::connect(fd.get(), ai->ai_addr, ai->ai_addrlen);
+      if (rc != 0 && errno != EINPROGRESS) {
+        lastErr = std::strerror(errno);
+        continue;
+      }
+      if (rc != 0) {
+        pollfd p{fd.get(), POLLOUT, 0};
+        int pr = ::poll(&p, 1, deadline.pollMs());
+        if (pr <= 0) {
+          lastErr = pr == 0 ? "connect timed out" : std::strerror(errno);
+          continue;
+        }
+        int err = 0;
+        socklen_t el = sizeof(err);
+        ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &el);
+        if (err != 0) {
+          lastErr = std::strerror(err);
+          continue;
+        }
+      }
+      setNoDelay(fd.get());
+      return fd;
+    }
+    if (deadline.expired())
+      RR_THROW(TimeoutError, what, ": could not connect to ", ep.str(), ": ", lastErr,
+               " (is the peer running and reachable from this interface?)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(backoffMs));
+    backoffMs = backoffMs * 2 > 200 ? 200 : backoffMs * 2;
+  }
+}
+
+Fd acceptOne(int listenFd, Deadline deadline, std::string* peerAddr) {
+  while (true) {
+    sockaddr_storage ss{};
+    socklen_t sl = sizeof(ss);
+    int fd = ::accept4(listenFd, reinterpret_cast<sockaddr*>(&ss), &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd >= 0) {
+      char buf[INET6_ADDRSTRLEN] = "?";
+      if (ss.ss_family == AF_INET)
+        ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, buf, sizeof(buf));
+      else if (ss.ss_family == AF_INET6)
+        ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, buf, sizeof(buf));
+      if (peerAddr) *peerAddr = buf;
+      setNoDelay(fd);
+      return Fd(fd);
+    }
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
+      RR_THROW(Error, "accept failed: ", std::strerror(errno));
+    pollfd p{listenFd, POLLIN, 0};
+    int pr = ::poll(&p, 1, deadline.pollMs());
+    if (pr == 0 && deadline.expired()) return Fd();
+  }
+}
+
+bool readFull(int fd, void* buf, size_t n, Deadline d, std::string* errMsg) {
+  char* p = static_cast<char*>(buf);
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = ::recv(fd, p + got, n - got, 0);
+    if (r > 0) {
+      got += static_cast<size_t>(r);
+      continue;
+    }
+    if (r == 0) {
+      *errMsg = "connection closed by peer";
+      return false;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      *errMsg = std::strerror(errno);
+      return false;
+    }
+    pollfd pf{fd, POLLIN, 0};
+    if (::poll(&pf, 1, d.pollMs()) == 0 && d.expired()) {
+      *errMsg = "timed out";
+      return false;
+    }
+  }
+  return true;
+}
+
+bool writeFull(int fd, const void* buf, size_t n, Deadline d, std::string* errMsg) {
+  const char* p = static_cast<const char*>(buf);
+  size_t put = 0;
+  while (put < n) {
+    ssize_t r = ::send(fd, p + put, n - put, MSG_NOSIGNAL);
+    if (r >= 0) {
+      put += static_cast<size_t>(r);
+      continue;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      *errMsg = std::strerror(errno);
+      return false;
+    }
+    pollfd pf{fd, POLLOUT, 0};
+    if (::poll(&pf, 1, d.pollMs()) == 0 && d.expired()) {
+      *errMsg = "timed out";
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace rr::transport::tcp

@@ -1,0 +1,66 @@
+// Thin RAII helpers over BSD sockets: listen on one address, connect with a deadline,
+// and blocking-with-deadline reads/writes for the handshake. Data transfer in collectives
+// uses TcpConnection's non-blocking progress instead.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "core/deadline.h"
+
+namespace rr::transport::tcp {
+
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() { reset(); }
+  Fd(Fd&& o) noexcept : fd_(o.release()) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = o.release();
+    }
+    return *this;
+  }
+  int get() const { return fd_; }
+  int release() {
+    int f = fd_;
+    fd_ = -1;
+    return f;
+  }
+  void reset();
+  bool valid() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+
+struct Endpoint {
+  std::string host;
+  int port = 0;
+  std::string str() const;
+};
+// Parse "host:port" or "[v6]:port"; throws InvalidArgument.
+Endpoint parseEndpoint(const std::string& s);
+
+// Bind and listen on host (an address, not "0.0.0.0", unless the caller insists) with an
+// ephemeral port when port == 0. Returns the listening fd; *boundPort gets the port.
+Fd listenOn(const std::string& host, int port, int* boundPort);
+
+// Connect to ep, retrying refused/unreachable attempts until the deadline. The returned
+// socket is non-blocking with TCP_NODELAY. Throws TimeoutError naming ep and the last error.
+Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what);
+
+// Accept one connection (listener is non-blocking); returns invalid Fd at the deadline.
+Fd acceptOne(int listenFd, Deadline deadline, std::string* peerAddr);
+
+void setNonBlocking(int fd);
+void setNoDelay(int fd);
+
+// Read/write exactly n bytes on a non-blocking socket, polling until the deadline.
+// Return false on timeout or EOF/error (errMsg says which).
+bool readFull(int fd, void* buf, size_t n, Deadline d, std::string* errMsg);
+bool writeFull(int fd, const void* buf, size_t n, Deadline d, std::string* errMsg);
+
+}  // namespace rr::transport::tcp

@@ -1,0 +1,159 @@
+#include "transport/tcp/tcp_connection.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace rr::transport::tcp {
+
+TcpConnection::TcpConnection(int peer, std::string peerHost, Fd fd)
+    : Connection(peer, std::move(peerHost)), fd_(std::move(fd)) {}
+
+TcpConnection::~TcpConnection() { close(); }
+
+void TcpConnection::close() {
+  if (!fd_.valid()) return;
+  // FIN after anything queued (an abort frame), then drain what the peer already sent so
+  // close() does not turn into a RST that could discard that abort frame on its side.
+  ::shutdown(fd_.get(), SHUT_WR);
+  char sink[16384];
+  for (int i = 0; i < 64; ++i)
+    if (::recv(fd_.get(), sink, sizeof(sink), MSG_DONTWAIT) <= 0) break;
+  fd_.reset();
+}
+
+void TcpConnection::failClosed(const char* doing) {
+  throw PeerError(peer_, detail::concat("rank ", peer_, " (", peerHost_,
+                                        ") closed the connection while this rank was ", doing,
+                                        " (the peer process probably exited or crashed)"));
+}
+
+void TcpConnection::failErrno(const char* doing, int err) {
+  throw PeerError(peer_, detail::concat("connection to rank ", peer_, " (", peerHost_,
+                                        ") failed while ", doing, ": ", std::strerror(err)));
+}
+
+void TcpConnection::raiseAbort(const FrameHeader& h, const char* already, size_t alreadyLen) {
+  size_t want = std::min<size_t>(h.payloadBytes, kMaxAbortReason);
+  std::string reason(already, std::min(alreadyLen, want));
+  if (reason.size() < want) {
+    std::string rest(want - reason.size(), '\0');
+    std::string err;
+    if (readFull(fd_.get(), rest.data(), rest.size(), Deadline::after(0.5), &err)) reason += rest;
+  }
+  std::string msg = detail::concat("rank ", peer_, " (", peerHost_, ") failed: ", reason);
+  switch (static_cast<AbortCode>(h.op)) {
+    case AbortCode::kMismatch: throw MismatchError(msg);
+    case AbortCode::kTimeout: throw TimeoutError(msg);
+    default: throw PeerError(peer_, msg);
+  }
+}
+
+bool TcpConnection::progressSend(SendOp& op) {
+  constexpr size_t H = sizeof(FrameHeader);
+  const size_t total = H + op.len;
+  while (op.done < total) {
+    iovec iov[2];
+    int n = 0;
+    if (op.done < H) {
+      iov[n++] = {reinterpret_cast<char*>(&op.hdr) + op.done, H - op.done};
+      if (op.len) iov[n++] = {const_cast<void*>(op.data), op.len};
+    } else {
+      iov[n++] = {const_cast<char*>(static_cast<const char*>(op.data)) + (op.done - H),
+                  total - op.done};
+    }
+    msghdr mh{};
+    mh.msg_iov = iov;
+    mh.msg_iovlen = static_cast<size_t>(n);
+    ssize_t r = ::sendmsg(fd_.get(), &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (r > 0) {
+      op.done += static_cast<size_t>(r);
+      midSend_ = op.done < total;
+      continue;
+    }
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EPIPE || errno == ECONNRESET)) failClosed("sending to it");
+    failErrno("sending", errno);
+  }
+  midSend_ = false;
+  return true;
+}
+
+bool TcpConnection::progressRecv(RecvOp& op) {
+  constexpr size_t H = sizeof(FrameHeader);
+  const size_t total = H + op.len;
+  while (op.done < total) {
+    iovec iov[2];
+    int n = 0;
+    if (op.done < H) {
+      iov[n++] = {reinterpret_cast<char*>(&op.got) + op.done, H - op.done};
+      if (op.len) iov[n++] = {op.data, op.len};
+    } else {
+      iov[n++] = {static_cast<char*>(op.data) + (op.done - H), total - op.done};
+    }
+    ssize_t r = ::readv(fd_.get(), iov, n);
+    if (r > 0) {
+      op.done += static_cast<size_t>(r);
+      if (!op.checked && op.done >= H) {
+        op.checked = true;
+        if (op.got.magic == kFrameMagic &&
+            op.got.kind == static_cast<uint8_t>(CollectiveKind::kAbort)) {
+          raiseAbort(op.got, static_cast<const char*>(op.data), op.done - H);
+        }
+        std::string mm = describeMismatch(op.got, op.expect);
+        if (!mm.empty()) {
+          if (op.got.magic != kFrameMagic)
+            throw PeerError(peer_, detail::concat("protocol error from rank ", peer_, " (",
+                                                  peerHost_, "): ", mm));
+          throw MismatchError(detail::concat("rank ", peer_, " (", peerHost_, "): ", mm));
+        }
+      }
+      continue;
+    }
+    if (r == 0) failClosed("receiving from it");
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+    if (errno == EINTR) continue;
+    if (errno == ECONNRESET) failClosed("receiving from it");
+    failErrno("receiving", errno);
+  }
+  return true;
+}
+
+void TcpConnection::checkIdle() {
+  FrameHeader h;
+  ssize_t r = ::recv(fd_.get(), &h, sizeof(h), MSG_PEEK | MSG_DONTWAIT);
+  if (r == 0) failClosed("waiting on other peers");
+  if (r < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
+    if (errno == ECONNRESET) failClosed("waiting on other peers");
+    failErrno("watching", errno);
+  }
+  if (static_cast<size_t>(r) == sizeof(h) && h.magic == kFrameMagic &&
+      h.kind == static_cast<uint8_t>(CollectiveKind::kAbort)) {
+    ::recv(fd_.get(), &h, sizeof(h), MSG_DONTWAIT);  // consume the header, then the reason
+    raiseAbort(h, nullptr, 0);
+  }
+}
+
+void TcpConnection::sendAbort(AbortCode code, const std::string& reason) {
+  if (!fd_.valid() || midSend_) return;
+  FrameHeader h;
+  h.kind = static_cast<uint8_t>(CollectiveKind::kAbort);
+  h.op = static_cast<uint8_t>(code);
+  std::string r = reason.substr(0, kMaxAbortReason);
+  h.payloadBytes = r.size();
+  iovec iov[2] = {{&h, sizeof(h)}, {r.data(), r.size()}};
+  msghdr mh{};
+  mh.msg_iov = iov;
+  mh.msg_iovlen = 2;
+  (void)::sendmsg(fd_.get(), &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+}  // namespace rr::transport::tcp

@@ -1,0 +1,31 @@
+// A TCP connection to one peer: non-blocking framed sends/receives (header + payload in one
+// writev/readv), header validation before payload is trusted, abort frames, EOF detection.
+#pragma once
+
+#include "transport/tcp/socket.h"
+#include "transport/transport.h"
+
+namespace rr::transport::tcp {
+
+class TcpConnection final : public Connection {
+ public:
+  TcpConnection(int peer, std::string peerHost, Fd fd);
+  ~TcpConnection() override;
+
+  bool progressSend(SendOp& op) override;
+  bool progressRecv(RecvOp& op) override;
+  int fd() const override { return fd_.get(); }
+  void checkIdle() override;
+  void sendAbort(AbortCode code, const std::string& reason) override;
+  void close() override;
+
+ private:
+  [[noreturn]] void failClosed(const char* doing);
+  [[noreturn]] void failErrno(const char* doing, int err);
+  [[noreturn]] void raiseAbort(const FrameHeader& h, const char* already, size_t alreadyLen);
+
+  Fd fd_;
+  bool midSend_ = false;  // a frame is partially written: an abort frame would corrupt it
+};
+
+}  // namespace rr::transport::tcp

@@ -1,0 +1,81 @@
+// The interface between algorithms and the wire. A Connection moves framed messages to one
+// peer without blocking; the communicator waits on many connections at once (through their
+// file descriptors) with a deadline. Algorithms never see sockets.
+//
+// Threading: a Connection is used by one thread at a time (the communicator's executor).
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "transport/frame.h"
+
+namespace rr::transport {
+
+// One outgoing frame: header then `len` payload bytes. `done` counts bytes of both.
+struct SendOp {
+  FrameHeader hdr;
+  const void* data = nullptr;
+  size_t len = 0;
+  size_t done = 0;
+  void reset(const FrameHeader& h, const void* d, size_t n) {
+    hdr = h;
+    hdr.payloadBytes = n;
+    data = d;
+    len = n;
+    done = 0;
+  }
+};
+
+// One incoming frame whose header must equal `expect` and whose payload (exactly
+// expect.payloadBytes) lands in `data`.
+struct RecvOp {
+  FrameHeader expect;
+  FrameHeader got;
+  void* data = nullptr;
+  size_t len = 0;
+  size_t done = 0;  // header + payload bytes received
+  bool checked = false;
+  void reset(const FrameHeader& h, void* d, size_t n) {
+    expect = h;
+    expect.payloadBytes = n;
+    data = d;
+    len = n;
+    done = 0;
+    checked = false;
+  }
+};
+
+class Connection {
+ public:
+  Connection(int peer, std::string peerHost) : peer_(peer), peerHost_(std::move(peerHost)) {}
+  virtual ~Connection() = default;
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  int peer() const { return peer_; }
+  const std::string& peerHost() const { return peerHost_; }
+
+  // Advance without blocking; return true once the whole frame is through. Throw
+  // PeerError on EOF/reset/abort frames and MismatchError on an unexpected header.
+  virtual bool progressSend(SendOp& op) = 0;
+  virtual bool progressRecv(RecvOp& op) = 0;
+
+  // Descriptor to poll for readiness.
+  virtual int fd() const = 0;
+
+  // Called on a connection that is readable although nothing is expected from it: throw if
+  // it carries an abort frame or EOF, return normally if it is early data of a later
+  // collective (the caller then stops watching it for this collective).
+  virtual void checkIdle() = 0;
+
+  // Best effort, non-blocking: tell the peer we are failing. Skipped mid-frame.
+  virtual void sendAbort(AbortCode code, const std::string& reason) = 0;
+  virtual void close() = 0;
+
+ protected:
+  int peer_;
+  std::string peerHost_;
+};
+
+}  // namespace rr::transport

@@ -1,0 +1,47 @@
+"""ringreduce: collective communication for data-parallel deep learning.
+
+Ring and tree all-reduce, broadcast, barrier, all-gather and reduce-scatter in a C++ core
+over TCP, callable on torch CPU tensors and numpy arrays::
+
+    import ringreduce as rr
+    rr.init()                       # RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from the launcher
+    rr.allreduce(tensor, op="avg")  # in place, on every rank
+    rr.destroy()
+"""
+
+from ._C import CollectiveMismatch, CollectiveTimeout, PeerFailure, RingReduceError
+from .api import (
+    Work,
+    allgather,
+    allreduce,
+    allreduce_coalesced,
+    barrier,
+    broadcast,
+    destroy,
+    get_rank,
+    get_world_size,
+    init,
+    is_initialized,
+    reduce_scatter,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CollectiveMismatch",
+    "CollectiveTimeout",
+    "PeerFailure",
+    "RingReduceError",
+    "Work",
+    "allgather",
+    "allreduce",
+    "allreduce_coalesced",
+    "barrier",
+    "broadcast",
+    "destroy",
+    "get_rank",
+    "get_world_size",
+    "init",
+    "is_initialized",
+    "reduce_scatter",
+]

@@ -1,0 +1,135 @@
+"""Turn torch tensors and numpy arrays into (pointer, element count, dtype code) for the core.
+
+Only this module knows about array libraries; the C++ core sees raw host memory. Every
+check happens here, before any byte moves, and each error says what to do instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# Codes match rr::DataType in csrc/core/types.h.
+DTYPE_CODES = {
+    "float32": 0,
+    "float64": 1,
+    "float16": 2,
+    "bfloat16": 3,
+    "int8": 4,
+    "uint8": 5,
+    "int32": 6,
+    "int64": 7,
+}
+# rr::ReduceOp
+OP_CODES = {"sum": 0, "avg": 1, "prod": 2, "min": 3, "max": 4}
+# rr::Algorithm
+ALGO_CODES = {"auto": 0, "ring": 1, "tree": 2}
+
+_SUPPORTED = ", ".join(DTYPE_CODES)
+
+
+@dataclass
+class Buffer:
+    """A validated view of a contiguous host buffer."""
+
+    obj: Any  # the tensor/array, kept alive while the collective runs
+    ptr: int
+    count: int
+    dtype: str
+    code: int
+    shape: tuple
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is optional for numpy users
+        return None
+    return torch
+
+
+def dtype_name(x: Any) -> str:
+    """Canonical dtype name of a tensor or array ("float32", "bfloat16", ...)."""
+    torch = _torch()
+    if torch is not None and isinstance(x, torch.Tensor):
+        return str(x.dtype).replace("torch.", "")
+    if isinstance(x, np.ndarray):
+        return str(x.dtype)
+    raise TypeError(f"expected a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
+
+
+def as_buffer(x: Any, what: str, writable: bool = True) -> Buffer:
+    """Validate `x` for a collective and describe its memory.
+
+    Raises TypeError/ValueError naming the argument and the fix.
+    """
+    torch = _torch()
+    if torch is not None and isinstance(x, torch.Tensor):
+        if x.device.type != "cpu":
+            raise ValueError(
+                f"{what}: tensor is on {x.device}, but this build moves host memory only; "
+                f"call .cpu() first (GPU tensors are not supported yet)"
+            )
+        if x.is_sparse or x.layout != torch.strided:
+            raise ValueError(f"{what}: sparse tensors are not supported; call .to_dense() first")
+        if not x.is_contiguous():
+            raise ValueError(
+                f"{what}: tensor is not contiguous (strides {tuple(x.stride())}); "
+                f"pass x.contiguous() and copy the result back, or use a contiguous buffer"
+            )
+        name = str(x.dtype).replace("torch.", "")
+        code = DTYPE_CODES.get(name)
+        if code is None:
+            raise ValueError(f"{what}: dtype {x.dtype} is not supported; use one of {_SUPPORTED}")
+        if writable and x.requires_grad and x.is_leaf and torch.is_grad_enabled():
+            raise ValueError(
+                f"{what}: in-place collective on a leaf tensor that requires grad; "
+                f"pass x.detach() or x.data (as for parameters), or wrap in torch.no_grad()"
+            )
+        return Buffer(x, x.data_ptr(), x.numel(), name, code, tuple(x.shape))
+    if isinstance(x, np.ndarray):
+        if not x.flags.c_contiguous:
+            raise ValueError(
+                f"{what}: array is not C-contiguous; pass np.ascontiguousarray(x) and copy back"
+            )
+        if writable and not x.flags.writeable:
+            raise ValueError(f"{what}: array is read-only; the collective writes its result in place")
+        name = str(x.dtype)
+        code = DTYPE_CODES.get(name)
+        if code is None:
+            raise ValueError(f"{what}: dtype {x.dtype} is not supported; use one of {_SUPPORTED}")
+        return Buffer(x, x.ctypes.data, x.size, name, code, tuple(x.shape))
+    raise TypeError(
+        f"{what}: expected a torch.Tensor or numpy.ndarray, got {type(x).__name__}"
+    )
+
+
+def op_code(op: Any) -> int:
+    """Accept "sum"/"avg"/..., our ReduceOp, or torch.distributed.ReduceOp."""
+    name = getattr(op, "name", None) or str(op)
+    name = name.lower().rsplit(".", 1)[-1]
+    if name == "average":
+        name = "avg"
+    if name == "product":
+        name = "prod"
+    code = OP_CODES.get(name)
+    if code is None:
+        raise ValueError(f"unsupported reduce op {op!r}; use one of {', '.join(OP_CODES)}")
+    return code
+
+
+def algo_code(algo: str) -> int:
+    code = ALGO_CODES.get(str(algo).lower())
+    if code is None:
+        raise ValueError(f"unknown algo {algo!r}; use one of {', '.join(ALGO_CODES)}")
+    return code
+
+
+def empty_like_shape(x: Any, shape: tuple) -> Any:
+    """A new contiguous buffer of x's kind and dtype with the given shape."""
+    torch = _torch()
+    if torch is not None and isinstance(x, torch.Tensor):
+        return torch.empty(shape, dtype=x.dtype)
+    return np.empty(shape, dtype=x.dtype)

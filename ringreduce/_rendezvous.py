@@ -1,0 +1,110 @@
+"""Rendezvous through a torch Store: agree on a secret, exchange listening addresses and
+host identities. No store of our own: torch.distributed.TCPStore from MASTER_ADDR and
+MASTER_PORT (as torchrun sets them), the launcher's agent store when
+TORCHELASTIC_USE_AGENT_STORE says so, or any torch Store the caller passes."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from . import _env
+
+_STORES: dict[tuple, Any] = {}  # one TCPStore per (addr, port) for the process lifetime
+_GENERATION = [0]  # inits so far in this process: keys of each init live under their own prefix
+
+
+@dataclass
+class Peers:
+    addrs: list[str]
+    hosts: list[str]
+    secret: str
+
+
+def _torch_store():
+    try:
+        import torch.distributed as dist
+    except ImportError as e:  # pragma: no cover
+        raise ImportError(
+            "ringreduce needs torch for rendezvous (torch.distributed.TCPStore) when "
+            "world_size > 1; install torch, or pass store= with a torch Store"
+        ) from e
+    return dist
+
+
+def make_store(master_addr: str | None, master_port: int | None, rank: int, world: int,
+               timeout: float, use_agent_store: bool) -> Any:
+    """Create (or reuse) the TCPStore for this job."""
+    if master_addr is None or master_port is None:
+        raise ValueError(
+            "world_size > 1 needs a rendezvous address: set MASTER_ADDR and MASTER_PORT "
+            "(ringreduce-run and torchrun do), or pass master_addr=/master_port= or store= to init()"
+        )
+    key = (master_addr, master_port)
+    if key in _STORES:
+        return _STORES[key]
+    dist = _torch_store()
+    is_master = rank == 0 and not use_agent_store
+    try:
+        store = dist.TCPStore(master_addr, master_port, world_size=None, is_master=is_master,
+                              timeout=timedelta(seconds=timeout), wait_for_workers=False)
+    except Exception as e:  # torch raises RuntimeError/DistNetworkError with its own text
+        what = "start the store on" if is_master else "reach the store at"
+        hint = ("is the port already in use? pick another MASTER_PORT" if is_master else
+                "is rank 0 running, and is MASTER_ADDR reachable from this host?")
+        raise _timeout_error(
+            f"rank {rank} could not {what} {master_addr}:{master_port} within {timeout:.0f} s: "
+            f"{e} ({hint})") from e
+    _STORES[key] = store
+    return store
+
+
+def _timeout_error(msg: str) -> Exception:
+    from ._C import CollectiveTimeout
+    return CollectiveTimeout(msg)
+
+
+def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str) -> None:
+    try:
+        store.wait(keys, timedelta(seconds=timeout))
+    except Exception as e:
+        missing = [k for k in keys if not store.check([k])]
+        raise _timeout_error(
+            f"rank {rank}: timed out after {timeout:.0f} s waiting for {what}: missing "
+            f"{', '.join(k.rsplit('/', 2)[-2] + '/' + k.rsplit('/', 1)[-1] for k in missing[:8])}"
+            f"{' ...' if len(missing) > 8 else ''} (did every rank start, with the same "
+            f"WORLD_SIZE and MASTER_ADDR/MASTER_PORT?)") from e
+
+
+def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None,
+             timeout: float) -> Peers:
+    """Publish this rank's address and host; return everyone's, plus the job secret."""
+    _GENERATION[0] += 1
+    p = f"ringreduce/{_GENERATION[0]}/"
+    n = store.add(p + f"claim/{rank}", 1)
+    if n > 1:
+        raise ValueError(
+            f"rank {rank} was claimed by {n} processes; every process needs a distinct RANK "
+            f"in [0, {world})")
+    if rank == 0:
+        store.set(p + "world", str(world))
+        if secret is None:
+            store.set(p + "secret", secrets.token_hex(32))
+    _wait(store, [p + "world"], timeout, rank, "rank 0 to publish the world size")
+    w0 = int(store.get(p + "world"))
+    if w0 != world:
+        raise ValueError(
+            f"rank 0 runs with WORLD_SIZE={w0} but rank {rank} with {world}; start every rank "
+            f"with the same world size")
+    if secret is None:
+        _wait(store, [p + "secret"], timeout, rank, "rank 0 to publish the job secret")
+        secret = store.get(p + "secret").decode()
+    store.set(p + f"addr/{rank}", my_addr)
+    store.set(p + f"host/{rank}", _env.host_identity())
+    keys = [p + f"addr/{r}" for r in range(world)]
+    _wait(store, keys, timeout, rank, "all ranks to publish their addresses")
+    addrs = [store.get(k).decode() for k in keys]
+    hosts = [store.get(p + f"host/{r}").decode() for r in range(world)]
+    return Peers(addrs=addrs, hosts=hosts, secret=secret)

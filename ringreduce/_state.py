@@ -1,0 +1,31 @@
+"""The process-wide default communicator created by ringreduce.init()."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Group:
+    """An initialised communicator and what init learned about the job."""
+
+    rank: int
+    world_size: int
+    comm: Any  # ringreduce._C.Communicator, or None for world_size 1
+    hosts: list = field(default_factory=list)
+    options: dict = field(default_factory=dict)
+    local_rank: int = 0
+
+
+_DEFAULT: list = [None]
+
+
+def current(what: str = "this call") -> Group:
+    g = _DEFAULT[0]
+    if g is None:
+        raise RuntimeError(
+            f"ringreduce is not initialised: call ringreduce.init() before {what} "
+            f"(it reads RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT as torchrun and ringreduce-run set them)"
+        )
+    return g

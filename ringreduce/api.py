@@ -1,0 +1,304 @@
+"""Public API: init/destroy and collectives on torch CPU tensors and numpy arrays.
+
+Collectives work in place (allreduce, broadcast) or into an output buffer (allgather,
+reduce_scatter). With async_op=True they return a Work handle; otherwise they block until
+done and return None. Every rank must call the same collectives in the same order.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional, Sequence
+
+from . import _buffers, _env, _rendezvous, _state
+from ._buffers import algo_code, as_buffer, op_code
+
+log = logging.getLogger("ringreduce")
+
+_LEVELS = {"": 1, "WARN": 1, "INFO": 2, "DEBUG": 3, "TRACE": 4}
+
+
+class Work:
+    """Handle of an asynchronous collective (like torch.distributed's Work).
+
+    Keeps the buffers alive until the collective finished; `wait()` blocks (GIL released)
+    and raises the collective's error on every rank where it failed.
+    """
+
+    def __init__(self, cwork: Any, keep: tuple = (), after: Any = None, result: Any = None):
+        self._cwork = cwork
+        self._keep = keep
+        self._after = after
+        self._result = result
+        self._finished = cwork is None
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until done (or `timeout` seconds); raise if the collective failed.
+
+        Returns False only when `timeout` passed first; the collective's own deadline
+        (init's timeout) still bounds the wait when timeout is None.
+        """
+        if not self._finished:
+            if not self._cwork.wait(timeout):
+                return False
+            self._finished = True
+            if self._after is not None:
+                self._after()
+                self._after = None
+            self._keep = ()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._finished or self._cwork.is_completed()
+
+    def result(self) -> Any:
+        """The output (tensor/array) once waited for."""
+        self.wait()
+        return self._result
+
+
+def _finish(cwork: Any, keep: tuple, after: Any = None, result: Any = None,
+            async_op: bool = False) -> Optional[Work]:
+    w = Work(cwork, keep, after, result)
+    if async_op:
+        return w
+    if after is not None:
+        after()
+    return None
+
+
+def init(rank: Optional[int] = None, world_size: Optional[int] = None, *,
+         master_addr: Optional[str] = None, master_port: Optional[int] = None,
+         store: Any = None, timeout: Optional[float] = None, secret: Optional[str] = None,
+         ifname: Optional[str] = None) -> None:
+    """Join the job. Arguments left as None come from the environment (torchrun,
+    ringreduce-run, SLURM, Open MPI or PMI variables; see ringreduce._env).
+
+    timeout: seconds a collective may wait for a peer before raising CollectiveTimeout
+    (default RINGREDUCE_TIMEOUT, 600). store: a torch.distributed Store to rendezvous
+    through instead of a TCPStore at MASTER_ADDR:MASTER_PORT.
+    """
+    if _state._DEFAULT[0] is not None:
+        raise RuntimeError("ringreduce is already initialised; call ringreduce.destroy() first")
+    info = _env.detect_launch()
+    tun = _env.tunables()
+    from . import _C
+
+    _C.set_log_level(_LEVELS.get((tun.debug or "").upper(), 1))
+    rank = info.rank if rank is None else int(rank)
+    world = info.world_size if world_size is None else int(world_size)
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is out of range for world_size {world}")
+    _C.set_log_prefix(f"rank {rank}")
+    options = {
+        "timeout": float(timeout if timeout is not None else tun.timeout),
+        "connect_timeout": float(tun.connect_timeout),
+        "segment_bytes": int(tun.segment_bytes),
+    }
+    if tun.tree_threshold_bytes is not None:
+        options["tree_threshold_bytes"] = int(tun.tree_threshold_bytes)
+    options.update(_load_tuning(tun.tuning_file))
+    if world == 1:
+        _state._DEFAULT[0] = _state.Group(rank=0, world_size=1, comm=None, options=options,
+                                          hosts=[_env.host_identity()])
+        return
+    maddr = master_addr or info.master_addr
+    mport = master_port or info.master_port
+    if store is None:
+        store = _rendezvous.make_store(maddr, mport, rank, world, options["connect_timeout"],
+                                       tun.use_agent_store)
+    bind = _env.select_interface_address(maddr, ifname or tun.socket_ifname)
+    listener = _C.Listener(bind)
+    host = bind if ":" not in bind else f"[{bind}]"
+    peers = _rendezvous.exchange(store, rank, world, f"{host}:{listener.port}",
+                                 secret or tun.secret, options["connect_timeout"])
+    comm = _C.Communicator(rank, world, listener, peers.addrs, peers.secret, options)
+    log.debug("rank %d connected to %d peers from %s", rank, world - 1, bind)
+    _state._DEFAULT[0] = _state.Group(rank=rank, world_size=world, comm=comm, hosts=peers.hosts,
+                                      options=options, local_rank=info.local_rank)
+
+
+def _load_tuning(path: Optional[str]) -> dict:
+    if not path:
+        return {}
+    import json
+
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"RINGREDUCE_TUNING_FILE={path}: cannot read tuning file: {e}") from e
+    out = {}
+    for k in ("alpha_us", "beta_ns_per_byte", "tree_threshold_bytes"):
+        if k in data:
+            out[k] = data[k]
+    return out
+
+
+def destroy() -> None:
+    """Tear down the communicator (returns promptly even if peers are gone)."""
+    g = _state._DEFAULT[0]
+    _state._DEFAULT[0] = None
+    if g is not None and g.comm is not None:
+        g.comm.destroy()
+
+
+def is_initialized() -> bool:
+    return _state._DEFAULT[0] is not None
+
+
+def get_rank() -> int:
+    return _state.current("get_rank()").rank
+
+
+def get_world_size() -> int:
+    return _state.current("get_world_size()").world_size
+
+
+def allreduce(x: Any, op: Any = "sum", algo: str = "auto", async_op: bool = False) -> Optional[Work]:
+    """Reduce `x` over all ranks, in place. op: sum, avg, prod, min, max."""
+    g = _state.current("allreduce()")
+    b = as_buffer(x, "allreduce(x)")
+    opc, alc = op_code(op), algo_code(algo)
+    if g.comm is None:
+        return _finish(None, (), async_op=async_op)
+    return _finish(g.comm.allreduce(b.ptr, b.count, b.code, opc, alc, async_op), (x,),
+                   async_op=async_op)
+
+
+def broadcast(x: Any, src: int = 0, async_op: bool = False) -> Optional[Work]:
+    """Copy rank `src`'s `x` into `x` on every rank."""
+    g = _state.current("broadcast()")
+    if not 0 <= int(src) < g.world_size:
+        raise ValueError(f"broadcast src={src} is not a rank of this job (world size {g.world_size})")
+    b = as_buffer(x, "broadcast(x)")
+    if g.comm is None:
+        return _finish(None, (), async_op=async_op)
+    return _finish(g.comm.broadcast(b.ptr, b.count, b.code, int(src), async_op), (x,),
+                   async_op=async_op)
+
+
+def barrier(async_op: bool = False) -> Optional[Work]:
+    """Wait until every rank reached this barrier."""
+    g = _state.current("barrier()")
+    if g.comm is None:
+        return _finish(None, (), async_op=async_op)
+    return _finish(g.comm.barrier(async_op), (), async_op=async_op)
+
+
+def allgather(x: Any, out: Any = None, async_op: bool = False) -> Any:
+    """Gather every rank's `x` into `out` of shape (world_size, *x.shape).
+
+    Returns `out` (allocated when None), or a Work whose result() is `out` when async.
+    """
+    g = _state.current("allgather()")
+    b = as_buffer(x, "allgather(x)", writable=False)
+    if out is None:
+        out = _buffers.empty_like_shape(x, (g.world_size,) + b.shape)
+    o = as_buffer(out, "allgather(out)")
+    if o.count != b.count * g.world_size or o.code != b.code:
+        raise ValueError(
+            f"allgather: out must hold world_size * x.numel() = {b.count * g.world_size} "
+            f"elements of {b.dtype}, got {o.count} of {o.dtype}")
+    if g.comm is None:
+        _copy(out, x)
+        w = Work(None, result=out)
+        return w if async_op else out
+    cw = g.comm.allgather(b.ptr, o.ptr, b.count, b.code, async_op)
+    if async_op:
+        return Work(cw, (x, out), result=out)
+    return out
+
+
+def reduce_scatter(x: Any, out: Any = None, op: Any = "sum", async_op: bool = False) -> Any:
+    """Reduce `x` (world_size * k elements) over ranks; rank r gets block r (k elements).
+
+    `out` defaults to shape (x.shape[0] // world_size, *x.shape[1:]) when the first
+    dimension divides, else a flat array of k elements.
+    """
+    g = _state.current("reduce_scatter()")
+    b = as_buffer(x, "reduce_scatter(x)", writable=False)
+    n = g.world_size
+    if b.count % n:
+        raise ValueError(
+            f"reduce_scatter: x has {b.count} elements, not a multiple of world_size {n}; "
+            f"pad it to {(b.count + n - 1) // n * n}")
+    k = b.count // n
+    if out is None:
+        shape = ((b.shape[0] // n,) + b.shape[1:]) if b.shape and b.shape[0] % n == 0 else (k,)
+        out = _buffers.empty_like_shape(x, shape)
+    o = as_buffer(out, "reduce_scatter(out)")
+    if o.count != k or o.code != b.code:
+        raise ValueError(
+            f"reduce_scatter: out must hold {k} elements of {b.dtype}, got {o.count} of {o.dtype}")
+    opc = op_code(op)
+    if g.comm is None:
+        _copy(out, x)
+        w = Work(None, result=out)
+        return w if async_op else out
+    cw = g.comm.reduce_scatter(b.ptr, o.ptr, k, b.code, opc, async_op)
+    if async_op:
+        return Work(cw, (x, out), result=out)
+    return out
+
+
+def allreduce_coalesced(xs: Sequence[Any], op: Any = "sum", algo: str = "auto",
+                        async_op: bool = False) -> Optional[Work]:
+    """All-reduce a list of same-dtype tensors/arrays through one flat buffer (one
+    collective instead of len(xs)); results are written back into each."""
+    g = _state.current("allreduce_coalesced()")
+    bufs = [as_buffer(x, f"allreduce_coalesced(xs[{i}])") for i, x in enumerate(xs)]
+    if not bufs:
+        return _finish(None, (), async_op=async_op)
+    dt = {b.dtype for b in bufs}
+    if len(dt) > 1:
+        raise ValueError(f"allreduce_coalesced: all inputs need one dtype, got {sorted(dt)}; "
+                         f"group them by dtype")
+    opc, alc = op_code(op), algo_code(algo)
+    if g.comm is None:
+        return _finish(None, (), async_op=async_op)
+    flat = _flatten(xs)
+    fb = as_buffer(flat, "flat")
+
+    def unflatten() -> None:
+        _unflatten(flat, xs)
+
+    cw = g.comm.allreduce(fb.ptr, fb.count, fb.code, opc, alc, async_op)
+    return _finish(cw, (flat,) + tuple(xs), after=unflatten, async_op=async_op)
+
+
+def _flatten(xs: Sequence[Any]) -> Any:
+    import numpy as np
+
+    if isinstance(xs[0], np.ndarray):
+        return np.concatenate([np.asarray(x).reshape(-1) for x in xs])
+    import torch
+
+    return torch.cat([x.detach().reshape(-1) for x in xs])
+
+
+def _unflatten(flat: Any, xs: Sequence[Any]) -> None:
+    off = 0
+    for x in xs:
+        n = x.size if hasattr(x, "ctypes") else x.numel()
+        part = flat[off:off + n].reshape(x.shape)
+        if hasattr(x, "ctypes"):
+            x[...] = part
+        else:
+            with _no_grad():
+                x.copy_(part)
+        off += n
+
+
+def _copy(dst: Any, src: Any) -> None:
+    if hasattr(dst, "ctypes"):
+        dst.reshape(-1)[...] = src.reshape(-1)
+    else:
+        with _no_grad():
+            dst.reshape(-1).copy_(src.reshape(-1))
+
+
+def _no_grad():
+    import torch
+
+    return torch.no_grad()
