@@ -18,6 +18,7 @@ Communicator::Communicator(int rank, int world, std::vector<std::unique_ptr<Conn
   RR_CHECK(world_ >= 1 && rank_ >= 0 && rank_ < world_, "rank ", rank_, " world ", world_);
   RR_CHECK_EQ(conns_.size(), static_cast<size_t>(world_), "one connection slot per rank");
   early_.assign(static_cast<size_t>(world_), 0);
+  gone_.assign(static_cast<size_t>(world_), 0);
   wakeFd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wakeFd_ < 0) RR_THROW(Error, "eventfd failed: ", std::strerror(errno));
   pfds_.reserve(static_cast<size_t>(world_) + 1);
@@ -59,7 +60,8 @@ FrameHeader Communicator::begin(CollectiveKind kind, DataType dtype, ReduceOp op
 
 std::string Communicator::describeCurrent() const {
   char buf[160];
-  std::snprintf(buf, sizeof(buf), "%s #%llu (%s, %.1f of %.1f MiB received)", toString(curKind_),
+  std::snprintf(buf, sizeof(buf), "%s #%llu (%s, %.1f MiB received, buffer %.1f MiB)",
+                toString(curKind_),
                 static_cast<unsigned long long>(seq_), toString(curAlgo_),
                 static_cast<double>(bytesDone_) / 1048576.0,
                 static_cast<double>(bytesTotal_) / 1048576.0);
@@ -76,7 +78,8 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
     short ev = 0;
     if (p == sendPeer) ev |= POLLOUT;
     if (p == recvPeer) ev |= POLLIN;
-    if (ev == 0 && !early_[static_cast<size_t>(p)]) ev = POLLIN;  // watch for death/abort
+    if (ev == 0 && !early_[static_cast<size_t>(p)] && !gone_[static_cast<size_t>(p)])
+      ev = POLLIN;  // watch for death/abort
     if (ev == 0) continue;
     pfds_.push_back({conn(p).fd(), ev, 0});
     pfdPeer_.push_back(p);
@@ -100,8 +103,11 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
       if (p == sendPeer || p == recvPeer) {
         ready = true;  // progress calls will surface errors on this connection
       } else {
-        conn(p).checkIdle();  // throws on EOF / abort
-        early_[static_cast<size_t>(p)] = 1;
+        // Throws on EOF / abort; otherwise stop watching this peer.
+        if (conn(p).checkIdle() == Connection::Idle::kGoodbye)
+          gone_[static_cast<size_t>(p)] = 1;
+        else
+          early_[static_cast<size_t>(p)] = 1;
         pfds_[i].events = 0;
       }
     }
@@ -141,6 +147,15 @@ void Communicator::poison(const std::string& reason, transport::AbortCode code) 
   for (auto& c : conns_) {
     if (!c) continue;
     c->sendAbort(code, msg);
+    c->close();
+  }
+}
+
+void Communicator::farewell() {
+  if (poisoned() || aborted_.load()) return;
+  for (auto& c : conns_) {
+    if (!c) continue;
+    c->sendGoodbye();
     c->close();
   }
 }

@@ -62,6 +62,9 @@ class Communicator {
   bool poisoned() const { return !failure_.empty(); }
   void checkUsable() const;
 
+  // Normal shutdown: tell every peer we leave on purpose, then close. Executor thread only.
+  void farewell();
+
   // Thread-safe: make the current and every later wait fail promptly.
   void abort();
 
@@ -80,6 +83,7 @@ class Communicator {
   std::vector<pollfd> pfds_;      // reused by waitIo: no allocation per wait
   std::vector<int> pfdPeer_;      // peer rank of each pfds_ entry (-1: wake fd)
   std::vector<uint8_t> early_;    // peer sent data for a later collective: stop watching it
+  std::vector<uint8_t> gone_;     // peer said goodbye: never watch it for EOF again
   std::string failure_;
   int wakeFd_ = -1;               // eventfd written by abort()
   std::atomic<bool> aborted_{false};

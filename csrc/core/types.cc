@@ -51,6 +51,7 @@ const char* toString(CollectiveKind k) {
     case CollectiveKind::kAllGather: return "allgather";
     case CollectiveKind::kReduceScatter: return "reduce_scatter";
     case CollectiveKind::kAbort: return "abort";
+    case CollectiveKind::kGoodbye: return "goodbye";
   }
   return "unknown-collective";
 }

@@ -30,7 +30,8 @@ enum class CollectiveKind : uint8_t {
   kBarrier = 3,
   kAllGather = 4,
   kReduceScatter = 5,
-  kAbort = 100,  // payload: a short UTF-8 reason; the peer is failing
+  kAbort = 100,    // payload: a short UTF-8 reason; the peer is failing
+  kGoodbye = 101,  // the peer called destroy(): an EOF after this is not a crash
 };
 
 enum class Algorithm : uint8_t { kAuto = 0, kRing = 1, kTree = 2 };

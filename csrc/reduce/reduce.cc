@@ -91,7 +91,9 @@ void finalizeFor(Isa isa, DataType t, ReduceOp op, int world, const void* acc, v
     (t == DataType::kFloat16 ? k.narrowHalf : k.narrowBf16)(a, dst, n, divisor);
     return;
   }
-  if (divisor == 1) {  // a copy; memmove because acc and dst may be the same buffer
+  // Not avg, or avg over one rank: a copy, bit for bit (x / 1 would quiet a signalling NaN).
+  // memmove because acc and dst may be the same buffer.
+  if (divisor == 1) {
     if (acc != dst) std::memmove(dst, acc, n * elementSize(t));
     return;
   }

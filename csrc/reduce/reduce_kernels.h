@@ -151,15 +151,25 @@ RR_KFN void reduceVec(void* dst, const void* src, size_t n) {
   for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
     char* dp = d + i * sizeof(T);
     const char* sp = s + i * sizeof(T);
-    V a[4], b[4];
-    for (int k = 0; k < 4; ++k) {
-      loadTo(a[k], dp + k * kBytes);
-      loadTo(b[k], sp + k * kBytes);
-    }
-    for (int k = 0; k < 4; ++k) {
-      combineInto<T, kOp, V, VU>(a[k], b[k]);
-      storeFrom(dp + k * kBytes, a[k]);
-    }
+    // Four named vectors, not arrays: with `V a[4]` GCC 12 keeps them on the stack and the
+    // AVX2 path runs slower than scalar.
+    V a0, a1, a2, a3, b0, b1, b2, b3;
+    loadTo(a0, dp);
+    loadTo(a1, dp + kBytes);
+    loadTo(a2, dp + 2 * kBytes);
+    loadTo(a3, dp + 3 * kBytes);
+    loadTo(b0, sp);
+    loadTo(b1, sp + kBytes);
+    loadTo(b2, sp + 2 * kBytes);
+    loadTo(b3, sp + 3 * kBytes);
+    combineInto<T, kOp, V, VU>(a0, b0);
+    combineInto<T, kOp, V, VU>(a1, b1);
+    combineInto<T, kOp, V, VU>(a2, b2);
+    combineInto<T, kOp, V, VU>(a3, b3);
+    storeFrom(dp, a0);
+    storeFrom(dp + kBytes, a1);
+    storeFrom(dp + 2 * kBytes, a2);
+    storeFrom(dp + 3 * kBytes, a3);
   }
   for (; i + kLanes <= n; i += kLanes) {
     char* dp = d + i * sizeof(T);

@@ -114,6 +114,7 @@ void Executor::shutdown() {
   }
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
+  comm_->farewell();
 }
 
 }  // namespace rr::runtime

@@ -65,12 +65,16 @@ class Connection {
   virtual int fd() const = 0;
 
   // Called on a connection that is readable although nothing is expected from it: throw if
-  // it carries an abort frame or EOF, return normally if it is early data of a later
-  // collective (the caller then stops watching it for this collective).
-  virtual void checkIdle() = 0;
+  // it carries an abort frame or EOF, return kEarlyData if it is data of a later collective
+  // (stop watching it for this collective), kGoodbye if the peer left cleanly (consumed;
+  // stop watching it for good).
+  enum class Idle { kEarlyData, kGoodbye };
+  virtual Idle checkIdle() = 0;
 
   // Best effort, non-blocking: tell the peer we are failing. Skipped mid-frame.
   virtual void sendAbort(AbortCode code, const std::string& reason) = 0;
+  // Best effort, non-blocking: tell the peer we are leaving normally (destroy()).
+  virtual void sendGoodbye() = 0;
   virtual void close() = 0;
 
  protected:

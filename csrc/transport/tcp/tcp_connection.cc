@@ -107,6 +107,14 @@ bool TcpConnection::progressRecv(RecvOp& op) {
             op.got.kind == static_cast<uint8_t>(CollectiveKind::kAbort)) {
           raiseAbort(op.got, static_cast<const char*>(op.data), op.done - H);
         }
+        if (op.got.magic == kFrameMagic &&
+            op.got.kind == static_cast<uint8_t>(CollectiveKind::kGoodbye)) {
+          throw PeerError(peer_, detail::concat(
+                                     "rank ", peer_, " (", peerHost_,
+                                     ") left the job (it called destroy() or exited normally) "
+                                     "while this rank still expected data from it -- did it "
+                                     "skip this collective?"));
+        }
         std::string mm = describeMismatch(op.got, op.expect);
         if (!mm.empty()) {
           if (op.got.magic != kFrameMagic)
@@ -126,12 +134,12 @@ bool TcpConnection::progressRecv(RecvOp& op) {
   return true;
 }
 
-void TcpConnection::checkIdle() {
+Connection::Idle TcpConnection::checkIdle() {
   FrameHeader h;
   ssize_t r = ::recv(fd_.get(), &h, sizeof(h), MSG_PEEK | MSG_DONTWAIT);
   if (r == 0) failClosed("waiting on other peers");
   if (r < 0) {
-    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Idle::kEarlyData;
     if (errno == ECONNRESET) failClosed("waiting on other peers");
     failErrno("watching", errno);
   }
@@ -140,14 +148,26 @@ void TcpConnection::checkIdle() {
     ::recv(fd_.get(), &h, sizeof(h), MSG_DONTWAIT);  // consume the header, then the reason
     raiseAbort(h, nullptr, 0);
   }
+  if (static_cast<size_t>(r) == sizeof(h) && h.magic == kFrameMagic &&
+      h.kind == static_cast<uint8_t>(CollectiveKind::kGoodbye)) {
+    ::recv(fd_.get(), &h, sizeof(h), MSG_DONTWAIT);
+    return Idle::kGoodbye;
+  }
+  return Idle::kEarlyData;
 }
 
 void TcpConnection::sendAbort(AbortCode code, const std::string& reason) {
+  sendControl(CollectiveKind::kAbort, static_cast<uint8_t>(code), reason);
+}
+
+void TcpConnection::sendGoodbye() { sendControl(CollectiveKind::kGoodbye, 0, ""); }
+
+void TcpConnection::sendControl(CollectiveKind kind, uint8_t code, const std::string& payload) {
   if (!fd_.valid() || midSend_) return;
   FrameHeader h;
-  h.kind = static_cast<uint8_t>(CollectiveKind::kAbort);
-  h.op = static_cast<uint8_t>(code);
-  std::string r = reason.substr(0, kMaxAbortReason);
+  h.kind = static_cast<uint8_t>(kind);
+  h.op = code;
+  std::string r = payload.substr(0, kMaxAbortReason);
   h.payloadBytes = r.size();
   iovec iov[2] = {{&h, sizeof(h)}, {r.data(), r.size()}};
   msghdr mh{};

@@ -15,13 +15,15 @@ class TcpConnection final : public Connection {
   bool progressSend(SendOp& op) override;
   bool progressRecv(RecvOp& op) override;
   int fd() const override { return fd_.get(); }
-  void checkIdle() override;
+  Idle checkIdle() override;
   void sendAbort(AbortCode code, const std::string& reason) override;
+  void sendGoodbye() override;
   void close() override;
 
  private:
   [[noreturn]] void failClosed(const char* doing);
   [[noreturn]] void failErrno(const char* doing, int err);
+  void sendControl(CollectiveKind kind, uint8_t code, const std::string& payload);
   [[noreturn]] void raiseAbort(const FrameHeader& h, const char* already, size_t alreadyLen);
 
   Fd fd_;

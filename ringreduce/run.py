@@ -1,0 +1,382 @@
+"""``ringreduce-run``: start N local ranks of a Python program, torchrun-style.
+
+    ringreduce-run -n 4 train.py --epochs 3
+    ringreduce-run -n 2 -m mypkg.train --lr 0.1
+    python -m ringreduce.run -n 2 --master-port 29500 bench.py
+
+Each rank gets the variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT, GROUP_RANK, ROLE_RANK, ROLE_WORLD_SIZE, TORCHELASTIC_RUN_ID, ...)
+plus a fresh RINGREDUCE_SECRET, runs in its own process group, and has its output lines
+prefixed with ``[rank K] ``. When one rank fails the others are stopped (SIGTERM, then
+SIGKILL after a grace period) and the launcher exits with that rank's code (128+signal for a
+signal). SIGINT/SIGTERM/SIGHUP sent to the launcher are forwarded to every rank; a second
+one kills them at once.
+
+This module imports nothing from the rest of the package, so it also runs as a plain file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import queue
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from typing import IO, Callable
+
+PROG = "ringreduce-run"
+DEFAULT_GRACE_S = 5.0
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_OPTS_WITH_VALUE = ("-n", "--nproc-per-node", "--master-port", "--master-addr",
+                    "--grace-period")
+
+
+class _UsageError(Exception):
+    """A bad command line; printed as ``ringreduce-run: error: ...`` with exit code 2."""
+
+
+def _split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Split at the program: (launcher options, [script-or-'-m', module, program args...]).
+
+    The first non-option word (or ``-m MODULE``, or whatever follows ``--``) starts the
+    program's command line; everything after it belongs to the program, as with python.
+    """
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            return list(argv[:i]), list(argv[i + 1:])
+        if arg.startswith("-m") and not arg.startswith("--"):  # -m mod, or -mmod as python
+            module = [arg[2:]] if arg != "-m" else []
+            return list(argv[:i]), ["-m", *module, *argv[i + 1:]]
+        if not arg.startswith("-") or arg == "-":
+            return list(argv[:i]), list(argv[i:])
+        i += 2 if arg in _OPTS_WITH_VALUE else 1
+    return list(argv), []
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"got {value}; pass the number of ranks to start, at least 1 (e.g. -n 4)")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port; pass one in 1..65535")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        usage=f"{PROG} -n N [options] (script.py | -m module) [args...]",
+        description="Start N local ranks of a Python program with torchrun-compatible "
+                    "environment variables.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("-n", "--nproc-per-node", dest="nproc",
+                   type=_positive_int, required=True, metavar="N", help="number of ranks")
+    p.add_argument("--master-addr", default="127.0.0.1",
+                   help="MASTER_ADDR given to the ranks (default: 127.0.0.1)")
+    p.add_argument("--master-port", type=_port, default=None,
+                   help="MASTER_PORT given to the ranks (default: a free port)")
+    p.add_argument("--no-prefix", action="store_true",
+                   help="don't prefix output lines with '[rank K] '")
+    p.add_argument("--grace-period", type=float, default=DEFAULT_GRACE_S, metavar="SECONDS",
+                   help="after a rank fails, how long the others get between SIGTERM and "
+                        f"SIGKILL (default: {DEFAULT_GRACE_S:g})")
+    return p
+
+
+def _epilog() -> str:
+    """The tunables list for --help, from the sibling _env.py loaded by path: importing the
+    package would import its extension (and maybe torch) just to print help."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_env.py")
+    try:
+        spec = importlib.util.spec_from_file_location("_ringreduce_env_for_help", path)
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        sys.modules[spec.name] = module  # type: ignore[union-attr]  # dataclasses need it
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        return "environment variables read by ringreduce:\n" + module.describe_tunables()
+    except Exception:  # noqa: BLE001 -- help without the list beats no help
+        return ""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank_env(base: dict[str, str], rank: int, n: int, addr: str, port: int, run_id: str,
+              secret: str) -> dict[str, str]:
+    env = dict(base)
+    env.update({
+        "RANK": str(rank), "WORLD_SIZE": str(n),
+        "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(n),
+        "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1",
+        "ROLE_NAME": "default", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(n),
+        "MASTER_ADDR": addr, "MASTER_PORT": str(port),
+        "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        # No agent store here: rank 0 hosts the TCPStore on MASTER_PORT.
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "RINGREDUCE_SECRET": secret,
+        "PYTHONUNBUFFERED": "1",
+    })
+    return env
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A preexec_fn asking Linux to SIGTERM the child if the launcher dies (even by SIGKILL).
+
+    It runs between fork and exec, so it only calls an already-resolved libc function.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the launcher died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+def _pump(src: IO[bytes], dst: IO[str], prefix: bytes, lock: threading.Lock) -> None:
+    """Copy lines from a child's pipe to our stream with a prefix, until EOF."""
+    binary = getattr(dst, "buffer", None)  # absent when a caller swapped in a text stream
+    broken = False
+    for line in iter(src.readline, b""):
+        if broken:
+            continue  # keep draining so the child never blocks on a full pipe
+        out = prefix + line if line.endswith(b"\n") else prefix + line + b"\n"
+        try:
+            with lock:
+                if binary is not None:
+                    binary.write(out)
+                    binary.flush()
+                else:
+                    dst.write(out.decode(errors="replace"))
+                    dst.flush()
+        except (ValueError, OSError):  # closed or broken pipe (e.g. piped into head)
+            broken = True
+    src.close()
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        return f"was killed by signal {_signal_name(-code)}"
+    return f"exited with code {code}"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+class _Job:
+    """The running ranks. All methods run on the launcher's main thread (signal handlers too,
+    as Python runs them there); waiter threads only put (rank, code) on ``exited``."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.exited: queue.Queue[tuple[int, int]] = queue.Queue()
+        self.threads: list[threading.Thread] = []
+        self.codes: dict[int, int] = {}
+        self.signals: list[int] = []
+        self.running_at_signal = 0  # ranks still running when the first signal came
+        self.out_lock = threading.Lock()  # one line at a time on our stdout/stderr
+
+    def alive(self) -> list[int]:
+        return [r for r in range(len(self.procs)) if r not in self.codes]
+
+    def signal(self, sig: int, ranks: Sequence[int] | None = None) -> None:
+        """Send ``sig`` to the process group of each rank (its children included)."""
+        for r in self.alive() if ranks is None else ranks:
+            try:
+                os.killpg(self.procs[r].pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def on_signal(self, sig: int, _frame: object) -> None:
+        if not self.signals:
+            self.running_at_signal = len(self.alive())
+        self.signals.append(sig)
+        self.signal(signal.SIGKILL if len(self.signals) > 1 else sig)
+
+    def spawn(self, cmd: list[str], env: dict[str, str], prefix: bool,
+              preexec: Callable[[], None] | None) -> None:
+        """Start the next rank. Call for every rank before :meth:`watch`, so that no thread
+        of ours is running while ``preexec`` runs in a forked child."""
+        pipe = subprocess.PIPE if prefix else None
+        self.procs.append(subprocess.Popen(
+            cmd, env=env, stdout=pipe, stderr=pipe,
+            stdin=None if not self.procs else subprocess.DEVNULL,  # only rank 0 reads stdin
+            start_new_session=True,  # own process group, so we can signal its children
+            # Safe here: spawn() runs before watch() starts our threads, and preexec only
+            # calls prctl/getppid/kill.
+            preexec_fn=preexec,  # noqa: PLW1509
+        ))
+
+    def watch(self) -> None:
+        """Start the threads that copy each rank's output and report its exit."""
+        for rank, proc in enumerate(self.procs):
+            tag = f"[rank {rank}] ".encode()
+            for src, dst in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+                if src is not None:
+                    self._thread(_pump, src, dst, tag, self.out_lock)
+            self._thread(self._wait, rank, proc)
+
+    def _wait(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
+        self.exited.put((rank, proc.wait()))
+
+    def _thread(self, target: Callable[..., None], *args: object) -> None:
+        t = threading.Thread(target=target, args=args, daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def next_exit(self, timeout: float) -> tuple[int, int] | None:
+        try:
+            rank, code = self.exited.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        self.codes[rank] = code
+        return rank, code
+
+    def finish(self) -> None:
+        """Kill whatever is left in the ranks' process groups and reap everything."""
+        # Also the groups of ranks that exited: their leftover children would be orphans.
+        self.signal(signal.SIGKILL, ranks=range(len(self.procs)))
+        for p in self.procs:
+            p.wait()
+        for t in self.threads:
+            t.join(timeout=2.0)  # pipes held open by escaped grandchildren: don't hang
+
+
+def _supervise(job: _Job, grace: float) -> int:
+    """Wait for the ranks; stop them all on the first failure or signal. Returns the exit
+    code and prints the final explanation."""
+    failed: tuple[int, int] | None = None
+    stopped = 0  # ranks still running when the failure was noticed
+    deadline: float | None = None  # when ranks still running get SIGKILL
+    while job.alive():
+        if job.signals and deadline is None:  # on_signal already forwarded it
+            deadline = time.monotonic() + grace
+        wait = 0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic()))
+        event = job.next_exit(wait)
+        if event is not None and event[1] != 0 and failed is None and not job.signals:
+            failed = event
+            stopped = len(job.alive())
+            job.signal(signal.SIGTERM)
+            job.signal(signal.SIGTERM, ranks=[event[0]])  # its leftover children
+            deadline = time.monotonic() + grace
+        if deadline is not None and time.monotonic() >= deadline and job.alive():
+            killed = job.alive()
+            print(f"{PROG}: {_plural(len(killed), 'rank')} still running {grace:g} s after "
+                  f"SIGTERM: sending SIGKILL to rank(s) {', '.join(map(str, killed))}",
+                  file=sys.stderr, flush=True)
+            job.signal(signal.SIGKILL)
+            deadline = float("inf")
+    if failed is not None:
+        rank, code = failed
+        others = (f"terminated the other {_plural(stopped, 'rank')}" if stopped
+                  else "the other ranks had already exited")
+        print(f"{PROG}: rank {rank} (pid {job.procs[rank].pid}) {_describe(code)}; {others}",
+              file=sys.stderr, flush=True)
+        return code if code > 0 else 128 - code
+    if job.signals:
+        sig = job.signals[0]
+        print(f"{PROG}: received {_signal_name(sig)}; stopped "
+              f"{_plural(job.running_at_signal, 'rank')}", file=sys.stderr, flush=True)
+        return 128 + sig
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``ringreduce-run``; returns the process exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    opts_argv, program = _split_argv(argv)
+    parser = _parser()
+    if "-h" in opts_argv or "--help" in opts_argv:
+        parser.epilog = _epilog()
+    try:
+        opts = parser.parse_args(opts_argv)
+        if not program or program == ["-m"] or program[:2] == ["-m", ""]:
+            raise _UsageError("no program given: pass a script (train.py) or -m module, "
+                              "followed by its arguments")
+        if program[0] != "-m" and not os.path.isfile(program[0]):
+            raise _UsageError(f"script {program[0]!r} not found; pass the path to a Python "
+                              "file, or use -m module to run a module")
+        if not opts.grace_period >= 0:
+            raise _UsageError("--grace-period must be a number of seconds >= 0")
+    except SystemExit as e:  # argparse: --help, or a usage error it already printed
+        return int(e.code or 0) if not isinstance(e.code, str) else 2
+    except _UsageError as e:
+        parser.print_usage(sys.stderr)
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+
+    port = opts.master_port or _free_port()
+    secret = os.environ.get("RINGREDUCE_SECRET") or secrets.token_hex(16)
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or uuid.uuid4().hex
+    cmd = [sys.executable, "-u", *program]
+    base = dict(os.environ)
+    preexec = _parent_death_signal()
+
+    job = _Job()
+    previous = {sig: signal.signal(sig, job.on_signal) for sig in _FORWARDED}
+    try:
+        for rank in range(opts.nproc):
+            if job.signals:
+                break
+            env = _rank_env(base, rank, opts.nproc, opts.master_addr, port, run_id, secret)
+            try:
+                job.spawn(cmd, env, not opts.no_prefix, preexec)
+            except OSError as e:
+                print(f"{PROG}: cannot start rank {rank} ({' '.join(cmd)}): {e}",
+                      file=sys.stderr, flush=True)
+                return 1
+        job.watch()
+        if job.signals:  # a signal arrived while we were starting ranks
+            job.signal(job.signals[0])
+        return _supervise(job, opts.grace_period)
+    finally:
+        job.finish()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,303 @@
+"""Tests of ringreduce/_env.py: launch detection, SLURM hostlists, tunables, addresses.
+
+The module is loaded from its file so these tests need neither the built extension nor the
+package's __init__."""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parent.parent / "ringreduce" / "_env.py"
+_spec = importlib.util.spec_from_file_location("_ringreduce_env_under_test", _PATH)
+env_mod = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = env_mod  # dataclasses look their module up here
+_spec.loader.exec_module(env_mod)
+
+detect = env_mod.detect_launch
+LaunchInfo = env_mod.LaunchInfo
+
+# --------------------------------------------------------------------------- detect_launch
+
+
+@pytest.mark.timeout(60)
+def test_single_process_default() -> None:
+    assert detect({}) == LaunchInfo(0, 1, 0, 1, None, None, "default")
+    info = detect({"MASTER_ADDR": "h0", "MASTER_PORT": "1234"})
+    assert (info.master_addr, info.master_port, info.source) == ("h0", 1234, "default")
+
+
+@pytest.mark.timeout(60)
+def test_torchrun() -> None:
+    env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+           "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "abc"}
+    assert detect(env) == LaunchInfo(5, 8, 1, 4, "10.0.0.1", 29500, "torchrun")
+
+
+@pytest.mark.timeout(60)
+def test_explicit_rank_without_local_values() -> None:
+    info = detect({"RANK": "2", "WORLD_SIZE": "3"})
+    assert info == LaunchInfo(2, 3, 2, 3, None, None, "explicit")
+
+
+@pytest.mark.timeout(60)
+def test_openmpi() -> None:
+    env = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
+           "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+           "MASTER_ADDR": "node7"}
+    assert detect(env) == LaunchInfo(3, 4, 1, 2, "node7", None, "openmpi")
+
+
+@pytest.mark.timeout(60)
+def test_pmi() -> None:
+    env = {"PMI_RANK": "2", "PMI_SIZE": "6", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "3"}
+    assert detect(env) == LaunchInfo(2, 6, 0, 3, None, None, "pmi")
+    assert detect({"PMI_RANK": "1", "PMI_SIZE": "2"}) == LaunchInfo(1, 2, 1, 2, None, None,
+                                                                    "pmi")
+
+
+def _slurm(**extra: str) -> dict[str, str]:
+    env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "6", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
+           "SLURM_JOB_NODELIST": "node[01-03]", "SLURM_JOB_ID": "4242"}
+    env.update(extra)
+    return env
+
+
+@pytest.mark.timeout(60)
+def test_slurm_tasks_per_node_forms() -> None:
+    info = detect(_slurm(SLURM_TASKS_PER_NODE="2(x3)"))
+    assert (info.rank, info.world_size, info.local_rank, info.local_world_size) == (3, 6, 1, 2)
+    assert info.source == "slurm" and info.master_addr == "node01"
+    assert detect(_slurm(SLURM_TASKS_PER_NODE="4,2")).local_world_size == 2
+    assert detect(_slurm(SLURM_TASKS_PER_NODE="1,3(x2)")).local_world_size == 3
+    assert detect(_slurm(SLURM_NTASKS_PER_NODE="3")).local_world_size == 3
+    # The step's layout wins over the job's.
+    env = _slurm(SLURM_TASKS_PER_NODE="8(x2)", SLURM_STEP_TASKS_PER_NODE="5,2")
+    assert detect(env).local_world_size == 2
+    # Nothing about the layout: one node means all tasks are local.
+    assert detect(_slurm(SLURM_JOB_NUM_NODES="1")).local_world_size == 6
+
+
+@pytest.mark.timeout(60)
+def test_slurm_master_addr_and_port() -> None:
+    info = detect(_slurm(SLURM_NTASKS_PER_NODE="2", SLURM_STEP_NODELIST="gpu[7-8],cpu1"))
+    assert info.master_addr == "gpu7"  # the step's first node, not the job's
+    assert info.master_port is not None and 1024 < info.master_port < 65536
+    assert detect(_slurm(SLURM_NTASKS_PER_NODE="2")).master_port == info.master_port
+    info = detect(_slurm(SLURM_NTASKS_PER_NODE="2", MASTER_ADDR="head", MASTER_PORT="1111"))
+    assert (info.master_addr, info.master_port) == ("head", 1111)
+    env = _slurm(SLURM_NTASKS_PER_NODE="2")
+    del env["SLURM_JOB_NODELIST"], env["SLURM_JOB_ID"]
+    assert (detect(env).master_addr, detect(env).master_port) == (None, None)
+
+
+@pytest.mark.timeout(60)
+def test_precedence() -> None:
+    torchrun = {"RANK": "1", "WORLD_SIZE": "2"}
+    ompi = {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "3"}
+    slurm = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}
+    pmi = {"PMI_RANK": "3", "PMI_SIZE": "4"}
+    assert detect({**pmi, **slurm, **ompi, **torchrun}).source == "explicit"
+    assert detect({**pmi, **slurm, **ompi}).source == "openmpi"
+    assert detect({**pmi, **slurm}).source == "slurm"
+    assert detect(pmi).source == "pmi"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("env, message", [
+    ({"RANK": "3", "WORLD_SIZE": "2"}, "RANK=3 but WORLD_SIZE=2: RANK must be in [0, WORLD_SIZE)"),
+    ({"RANK": "-1", "WORLD_SIZE": "2"}, "RANK=-1 but WORLD_SIZE=2"),
+    ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE=0: WORLD_SIZE must be at least 1"),
+    ({"RANK": "abc", "WORLD_SIZE": "2"}, "RANK='abc' is not an integer"),
+    ({"RANK": "0"}, "RANK is set but WORLD_SIZE is not"),
+    ({"WORLD_SIZE": "2"}, "WORLD_SIZE is set but RANK is not"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"},
+     "LOCAL_RANK=2 but LOCAL_WORLD_SIZE=2"),
+    ({"MASTER_PORT": "http"}, "MASTER_PORT='http' is not an integer"),
+    ({"MASTER_PORT": "70000"}, "MASTER_PORT=70000 is not a TCP port"),
+    ({"OMPI_COMM_WORLD_RANK": "4", "OMPI_COMM_WORLD_SIZE": "4"},
+     "OMPI_COMM_WORLD_RANK=4 but OMPI_COMM_WORLD_SIZE=4"),
+    ({"OMPI_COMM_WORLD_RANK": "0"}, "OMPI_COMM_WORLD_SIZE is not set"),
+    ({"SLURM_PROCID": "x", "SLURM_NTASKS": "2"}, "SLURM_PROCID='x' is not an integer"),
+    ({"SLURM_PROCID": "2", "SLURM_NTASKS": "2"}, "SLURM_PROCID=2 but SLURM_NTASKS=2"),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": "2(3)"},
+     "SLURM_TASKS_PER_NODE='2(3)'"),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "2",
+      "SLURM_NTASKS_PER_NODE": "2"}, "SLURM_LOCALID=2 but SLURM_NTASKS_PER_NODE=2"),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "n[1-"},
+     "SLURM_JOB_NODELIST='n[1-'"),
+    ({"PMI_RANK": "1", "PMI_SIZE": "1.5"}, "PMI_SIZE='1.5' is not an integer"),
+])
+def test_bad_launch_values(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError) as exc:
+        detect(env)
+    assert message in str(exc.value)
+
+
+# --------------------------------------------------------------------------- hostlists
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("hostlist, hosts", [
+    ("node[01-03,07],gpu5", ["node01", "node02", "node03", "node07", "gpu5"]),
+    ("single", ["single"]),
+    ("a,b , c", ["a", "b", "c"]),
+    ("n[8-11]", ["n8", "n9", "n10", "n11"]),
+    ("n[008-010]", ["n008", "n009", "n010"]),
+    ("r[1-2]n[1,3]", ["r1n1", "r1n3", "r2n1", "r2n3"]),
+    ("gpu[2]-ib", ["gpu2-ib"]),
+    ("x[1-2],y[01-02].cluster", ["x1", "x2", "y01.cluster", "y02.cluster"]),
+])
+def test_expand_hostlist(hostlist: str, hosts: list[str]) -> None:
+    assert list(env_mod.expand_hostlist(hostlist)) == hosts
+
+
+@pytest.mark.timeout(60)
+def test_first_host_of_a_huge_hostlist_is_cheap() -> None:
+    assert next(env_mod.expand_hostlist("n[0000000-9999999]")) == "n0000000"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("hostlist", ["n[1-", "n]1[", "n[]", "n[3-1]", "n[a-b]", "n[[1]]"])
+def test_bad_hostlist(hostlist: str) -> None:
+    with pytest.raises(ValueError, match="hostlist"):
+        list(env_mod.expand_hostlist(hostlist))
+
+
+# --------------------------------------------------------------------------- tunables
+
+
+@pytest.mark.timeout(60)
+def test_tunable_defaults() -> None:
+    t = env_mod.tunables({})
+    assert (t.timeout, t.connect_timeout, t.segment_bytes) == (600.0, 120.0, 524288)
+    assert (t.transport, t.algo, t.debug, t.checksum, t.use_agent_store) == (
+        "auto", "auto", "", False, False)
+    assert t.socket_ifname is t.secret is t.tree_threshold_bytes is None
+    assert t.tuning_file is t.trace is None
+
+
+@pytest.mark.timeout(60)
+def test_tunables_parsed() -> None:
+    t = env_mod.tunables({
+        "RINGREDUCE_TIMEOUT": "2.5", "RINGREDUCE_CONNECT_TIMEOUT": "30",
+        "RINGREDUCE_SOCKET_IFNAME": "eth0", "RINGREDUCE_SECRET": "hunter2",
+        "RINGREDUCE_DEBUG": "info", "RINGREDUCE_TRANSPORT": "SHM", "RINGREDUCE_ALGO": "tree",
+        "RINGREDUCE_SEGMENT_BYTES": "1M", "RINGREDUCE_TREE_THRESHOLD_BYTES": "0",
+        "RINGREDUCE_TUNING_FILE": "/tmp/t.json", "RINGREDUCE_TRACE": "/tmp/trace-{rank}",
+        "RINGREDUCE_CHECKSUM": "yes", "TORCHELASTIC_USE_AGENT_STORE": "True",
+    })
+    assert (t.timeout, t.connect_timeout, t.socket_ifname) == (2.5, 30.0, "eth0")
+    assert (t.secret, t.debug, t.transport, t.algo) == ("hunter2", "INFO", "shm", "tree")
+    assert (t.segment_bytes, t.tree_threshold_bytes) == (1 << 20, 0)
+    assert (t.tuning_file, t.trace) == ("/tmp/t.json", "/tmp/trace-{rank}")
+    assert t.checksum is True and t.use_agent_store is True
+    assert "hunter2" not in repr(t), "the secret must not show up in logs"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("raw, value", [
+    ("1", True), ("TRUE", True), ("on", True), ("0", False), ("False", False), ("no", False),
+])
+def test_tunable_bools(raw: str, value: bool) -> None:
+    assert env_mod.tunables({"RINGREDUCE_CHECKSUM": raw}).checksum is value
+    assert env_mod.tunables({"TORCHELASTIC_USE_AGENT_STORE": raw}).use_agent_store is value
+
+
+@pytest.mark.timeout(60)
+def test_empty_values_mean_default() -> None:
+    t = env_mod.tunables({"RINGREDUCE_TIMEOUT": "", "RINGREDUCE_ALGO": " ",
+                          "RINGREDUCE_SOCKET_IFNAME": "", "RINGREDUCE_DEBUG": ""})
+    assert (t.timeout, t.algo, t.socket_ifname, t.debug) == (600.0, "auto", None, "")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name, raw, allowed", [
+    ("RINGREDUCE_TIMEOUT", "soon", "positive number of seconds"),
+    ("RINGREDUCE_TIMEOUT", "-1", "positive number of seconds"),
+    ("RINGREDUCE_TIMEOUT", "nan", "positive number of seconds"),
+    ("RINGREDUCE_CONNECT_TIMEOUT", "0", "positive number of seconds"),
+    ("RINGREDUCE_DEBUG", "verbose", "'WARN', 'INFO', 'DEBUG', 'TRACE'"),
+    ("RINGREDUCE_TRANSPORT", "ib", "'auto', 'tcp', 'shm'"),
+    ("RINGREDUCE_ALGO", "butterfly", "'auto', 'ring', 'tree'"),
+    ("RINGREDUCE_SEGMENT_BYTES", "0", "positive number of bytes"),
+    ("RINGREDUCE_SEGMENT_BYTES", "1.5M", "whole number of bytes"),
+    ("RINGREDUCE_TREE_THRESHOLD_BYTES", "-5", "whole number of bytes"),
+    ("RINGREDUCE_CHECKSUM", "maybe", "true"),
+    ("TORCHELASTIC_USE_AGENT_STORE", "2", "false"),
+])
+def test_bad_tunables(name: str, raw: str, allowed: str) -> None:
+    with pytest.raises(ValueError) as exc:
+        env_mod.tunables({name: raw})
+    message = str(exc.value)
+    assert message.startswith(f"{name}={raw!r} is not valid; allowed: ")
+    assert allowed in message
+
+
+@pytest.mark.timeout(60)
+def test_describe_tunables_lists_every_knob() -> None:
+    text = env_mod.describe_tunables()
+    for name in ("RINGREDUCE_TIMEOUT", "RINGREDUCE_CONNECT_TIMEOUT", "RINGREDUCE_SOCKET_IFNAME",
+                 "RINGREDUCE_SECRET", "RINGREDUCE_DEBUG", "RINGREDUCE_TRANSPORT",
+                 "RINGREDUCE_ALGO", "RINGREDUCE_SEGMENT_BYTES",
+                 "RINGREDUCE_TREE_THRESHOLD_BYTES", "RINGREDUCE_TUNING_FILE", "RINGREDUCE_TRACE",
+                 "RINGREDUCE_CHECKSUM", "TORCHELASTIC_USE_AGENT_STORE"):
+        assert name in text
+    assert "default 600.0" in text
+
+
+# --------------------------------------------------------------------------- addresses
+
+
+def _has_interface(name: str) -> bool:
+    try:
+        return name in [n for _, n in socket.if_nameindex()]
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not _has_interface("lo"), reason="no interface named lo")
+def test_interface_lo() -> None:
+    assert env_mod.select_interface_address(None, "lo") == "127.0.0.1"
+    assert env_mod.select_interface_address("10.1.2.3", "lo") == "127.0.0.1"  # ifname wins
+    assert env_mod.select_interface_address(None, "no_such0,lo") == "127.0.0.1"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("master", [None, "127.0.0.1", "127.0.1.1", "localhost"])
+def test_loopback_master(master: str | None) -> None:
+    assert env_mod.select_interface_address(master, None) == "127.0.0.1"
+
+
+@pytest.mark.timeout(60)
+def test_master_on_this_host_routes_to_itself() -> None:
+    local = env_mod.select_interface_address("127.0.0.2", None)
+    assert local == "127.0.0.1"
+    try:
+        own = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        pytest.skip("this host's name does not resolve")
+    assert env_mod.select_interface_address(own, None) == own
+
+
+@pytest.mark.timeout(60)
+def test_missing_interface_lists_available_ones() -> None:
+    with pytest.raises(ValueError) as exc:
+        env_mod.select_interface_address(None, "no_such_if0")
+    message = str(exc.value)
+    assert "'no_such_if0' does not exist" in message and "RINGREDUCE_SOCKET_IFNAME" in message
+    if _has_interface("lo"):
+        assert "available interfaces: " in message and "lo" in message
+
+
+@pytest.mark.timeout(60)
+def test_host_identity() -> None:
+    ident = env_mod.host_identity()
+    assert ident == env_mod.host_identity()
+    assert ident.startswith(socket.gethostname() + "/")
+    assert len(ident) == len(socket.gethostname()) + 13

@@ -1,0 +1,336 @@
+"""Tests of ringreduce-run (ringreduce/run.py), run as a file with small scripts from
+tests/scripts/. Each script gets a unique marker argument so leftover processes can be found
+(psutil when installed, else a /proc scan)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN_PY = ROOT / "ringreduce" / "run.py"
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+TIMEOUT_S = 30
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX process groups")
+
+
+def _launch(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(RUN_PY), *args], capture_output=True, text=True,
+                          timeout=TIMEOUT_S, env=env, check=False)
+
+
+def _script(name: str) -> str:
+    return str(SCRIPTS / name)
+
+
+def _pids_with(marker: str) -> list[int]:
+    """Live (non-zombie) processes whose command line contains ``marker``."""
+    try:
+        import psutil
+    except ImportError:
+        psutil = None
+    if psutil is not None:
+        found = []
+        for p in psutil.process_iter(["cmdline", "status"]):
+            cmd = p.info.get("cmdline") or []
+            if p.info.get("status") != psutil.STATUS_ZOMBIE and any(marker in c for c in cmd):
+                found.append(p.pid)
+        return found
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()  # empty for zombies
+        except OSError:
+            continue
+        if marker.encode() in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def _assert_no_leftovers(marker: str, within: float = 3.0) -> None:
+    deadline = time.monotonic() + within
+    while (pids := _pids_with(marker)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in pids:  # don't leak them into later tests, then fail
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not pids, f"processes left behind with marker {marker}: {pids}"
+
+
+@pytest.fixture
+def marker() -> str:
+    return f"rrtest-{uuid.uuid4().hex}"
+
+
+def _ranked_json(stdout: str) -> dict[int, dict]:
+    out = {}
+    for line in stdout.splitlines():
+        m = re.fullmatch(r"\[rank (\d+)\] (\{.*\})", line)
+        if m:
+            out[int(m.group(1))] = json.loads(m.group(2))
+    return out
+
+
+class _Streaming:
+    """A launcher whose output lines are collected by threads while the test acts on it.
+    Start it with :func:`_streaming`, so a test that fails midway still stops the ranks."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(RUN_PY), *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        for stream, sink in ((self.proc.stdout, self.stdout), (self.proc.stderr, self.stderr)):
+            threading.Thread(target=self._read, args=(stream, sink), daemon=True).start()
+
+    def _read(self, stream, sink: list[str]) -> None:
+        for line in stream:
+            sink.append(line)
+            self.lines.put(line)
+
+    def wait_for(self, pattern: str, count: int) -> None:
+        seen = 0
+        deadline = time.monotonic() + TIMEOUT_S
+        while seen < count:
+            line = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            seen += re.search(pattern, line) is not None
+
+    def finish(self) -> int:
+        try:
+            return self.proc.wait(timeout=TIMEOUT_S)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            time.sleep(0.1)  # let the reader threads drain
+
+
+@contextlib.contextmanager
+def _streaming(*args: str) -> Iterator[_Streaming]:
+    job = _Streaming(*args)
+    try:
+        yield job
+    finally:
+        if job.proc.poll() is None:  # the test failed before stopping it
+            job.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.2)
+            job.proc.send_signal(signal.SIGTERM)  # a second signal: SIGKILL to every rank
+        job.finish()
+
+
+@pytest.mark.timeout(60)
+def test_env_of_ranks(marker: str) -> None:
+    r = _launch("-n", "3", _script("print_env.py"), marker, "--flag")
+    assert r.returncode == 0, r.stderr
+    ranks = _ranked_json(r.stdout)
+    assert sorted(ranks) == [0, 1, 2], r.stdout
+    port = ranks[0]["MASTER_PORT"]
+    assert port is not None and 0 < int(port) < 65536
+    secret = ranks[0]["RINGREDUCE_SECRET"]
+    assert re.fullmatch(r"[0-9a-f]{32}", secret)
+    for rank, info in ranks.items():
+        assert info["RANK"] == info["LOCAL_RANK"] == info["ROLE_RANK"] == str(rank)
+        assert info["WORLD_SIZE"] == info["LOCAL_WORLD_SIZE"] == info["ROLE_WORLD_SIZE"] == "3"
+        assert info["MASTER_ADDR"] == "127.0.0.1" and info["MASTER_PORT"] == port
+        assert info["GROUP_RANK"] == "0" and info["PYTHONUNBUFFERED"] == "1"
+        assert info["TORCHELASTIC_RUN_ID"] == ranks[0]["TORCHELASTIC_RUN_ID"]
+        assert info["TORCHELASTIC_USE_AGENT_STORE"] == "False"
+        assert info["RINGREDUCE_SECRET"] == secret
+        assert info["argv"] == [marker, "--flag"]
+        assert info["own_group"], "each rank must lead its own process group"
+    _assert_no_leftovers(marker)
+
+
+@pytest.mark.timeout(60)
+def test_given_port_addr_and_secret_are_kept(marker: str) -> None:
+    env = dict(os.environ, RINGREDUCE_SECRET="s3cret")
+    r = _launch("-n", "2", "--master-port", "29999", "--master-addr", "localhost",
+                _script("print_env.py"), marker, env=env)
+    assert r.returncode == 0, r.stderr
+    ranks = _ranked_json(r.stdout)
+    assert {i["MASTER_PORT"] for i in ranks.values()} == {"29999"}
+    assert {i["MASTER_ADDR"] for i in ranks.values()} == {"localhost"}
+    assert {i["RINGREDUCE_SECRET"] for i in ranks.values()} == {"s3cret"}
+
+
+@pytest.mark.timeout(60)
+def test_fresh_secret_per_job(marker: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "RINGREDUCE_SECRET"}
+    secrets = set()
+    for _ in range(2):
+        r = _launch("-n", "1", _script("print_env.py"), marker, env=env)
+        assert r.returncode == 0, r.stderr
+        secrets.add(_ranked_json(r.stdout)[0]["RINGREDUCE_SECRET"])
+    assert len(secrets) == 2
+
+
+@pytest.mark.timeout(60)
+def test_module_mode(marker: str) -> None:
+    env = dict(os.environ, PYTHONPATH=str(SCRIPTS))
+    for args in (["-m", "print_env"], ["-mprint_env"]):
+        r = _launch("-n", "2", *args, marker, "x", env=env)
+        assert r.returncode == 0, r.stderr
+        ranks = _ranked_json(r.stdout)
+        assert sorted(ranks) == [0, 1]
+        assert all(i["main"] == "__main__" and i["argv"] == [marker, "x"]
+                   for i in ranks.values())
+
+
+@pytest.mark.timeout(60)
+def test_failing_rank_stops_the_others(marker: str) -> None:
+    start = time.monotonic()
+    r = _launch("-n", "4", _script("fail_rank1.py"), marker)
+    elapsed = time.monotonic() - start
+    assert r.returncode == 3, r.stderr
+    assert elapsed < 10, f"launcher took {elapsed:.1f} s to stop the sleeping ranks"
+    last = r.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"ringreduce-run: rank 1 \(pid \d+\) exited with code 3; "
+                        r"terminated the other 3 ranks", last), r.stderr
+    _assert_no_leftovers(marker)
+
+
+@pytest.mark.timeout(60)
+def test_ranks_ignoring_sigterm_get_sigkill(marker: str) -> None:
+    start = time.monotonic()
+    r = _launch("-n", "3", "--grace-period", "1", _script("fail_rank1.py"), marker,
+                "--ignore-term")
+    elapsed = time.monotonic() - start
+    assert r.returncode == 3, r.stderr
+    assert 1.0 <= elapsed < 10, elapsed
+    assert "sending SIGKILL to rank(s) 0, 2" in r.stderr
+    assert "rank 1 (pid" in r.stderr.strip().splitlines()[-1]
+    _assert_no_leftovers(marker)
+
+
+@pytest.mark.timeout(60)
+def test_rank_killed_by_signal(marker: str) -> None:
+    r = _launch("-n", "3", _script("sigkill_rank1.py"), marker)
+    assert r.returncode == 128 + signal.SIGKILL, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"ringreduce-run: rank 1 \(pid \d+\) was killed by signal SIGKILL; "
+                        r"terminated the other 2 ranks", last), r.stderr
+    _assert_no_leftovers(marker)
+
+
+@pytest.mark.timeout(60)
+def test_output_prefix() -> None:
+    r = _launch("-n", "2", _script("output.py"))
+    assert r.returncode == 0, r.stderr
+    for rank in (0, 1):
+        rank_out = [x for x in r.stdout.splitlines() if x.startswith(f"[rank {rank}] ")]
+        assert rank_out == [f"[rank {rank}] out line 1 from {rank}",
+                            f"[rank {rank}] out line 2 from {rank}",
+                            f"[rank {rank}] partial from {rank}"]
+        assert f"[rank {rank}] err line from {rank}" in r.stderr.splitlines()
+    assert all(x.startswith("[rank ") for x in r.stdout.splitlines())
+
+
+@pytest.mark.timeout(60)
+def test_no_prefix() -> None:
+    r = _launch("-n", "2", "--no-prefix", _script("output.py"))
+    assert r.returncode == 0, r.stderr
+    assert "[rank" not in r.stdout + r.stderr
+    # Raw output: the ranks' partial last lines may run into each other's lines.
+    for rank in (0, 1):
+        assert f"out line 1 from {rank}" in r.stdout
+        assert f"err line from {rank}" in r.stderr
+
+
+@pytest.mark.timeout(60)
+def test_sigint_is_forwarded(marker: str) -> None:
+    with _streaming("-n", "3", _script("sleeper.py"), marker) as job:
+        job.wait_for(r"^\[rank \d\] ready", 3)
+        start = time.monotonic()
+        job.proc.send_signal(signal.SIGINT)
+        code = job.finish()
+    assert time.monotonic() - start < 5
+    assert code == 128 + signal.SIGINT
+    out = "".join(job.stdout)
+    for rank in range(3):
+        assert f"[rank {rank}] interrupted {rank}" in out, out
+    assert job.stderr[-1].startswith("ringreduce-run: received SIGINT; stopped 3 ranks")
+    _assert_no_leftovers(marker)
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_to_launcher_leaves_no_processes(marker: str) -> None:
+    with _streaming("-n", "2", "--grace-period", "1", _script("sleeper.py"), marker,
+                    "--ignore-term", "--grandchild") as job:
+        job.wait_for(r"ready", 2)
+        deadline = time.monotonic() + 10
+        while len(set(_pids_with(marker)) - {job.proc.pid}) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the grandchildren may still be starting
+        ranks_and_children = set(_pids_with(marker)) - {job.proc.pid}
+        assert len(ranks_and_children) == 4  # two ranks, two grandchildren
+        job.proc.send_signal(signal.SIGTERM)
+        code = job.finish()
+    assert code == 128 + signal.SIGTERM
+    assert any("sending SIGKILL" in line for line in job.stderr), job.stderr
+    _assert_no_leftovers(marker)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux")
+def test_ranks_die_with_a_killed_launcher(marker: str) -> None:
+    with _streaming("-n", "2", _script("sleeper.py"), marker) as job:
+        job.wait_for(r"ready", 2)
+        job.proc.send_signal(signal.SIGKILL)
+        job.finish()
+    _assert_no_leftovers(marker, within=5.0)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("args, message", [
+    (["-n", "0", "x.py"], "at least 1"),
+    (["-n", "two", "x.py"], "not a whole number"),
+    (["-n", "2", "no_such_script.py"], "script 'no_such_script.py' not found"),
+    (["-n", "2"], "no program given"),
+    (["-n", "2", "-m"], "no program given"),
+    (["x.py"], "-n"),
+    (["-n", "2", "--master-port", "70000", "x.py"], "not a TCP port"),
+])
+def test_usage_errors(args: list[str], message: str) -> None:
+    r = _launch(*args)
+    assert r.returncode == 2
+    assert message in r.stderr, r.stderr
+
+
+@pytest.mark.timeout(60)
+def test_help_lists_tunables() -> None:
+    r = _launch("--help")
+    assert r.returncode == 0
+    assert "RINGREDUCE_TIMEOUT" in r.stdout and "-m module" in r.stdout
+
+
+@pytest.mark.timeout(60)
+def test_main_returns_exit_codes_in_process(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_ringreduce_run_under_test", RUN_PY)
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    assert run.main(["-n", "0", "x.py"]) == 2
+    assert run.main(["--help"]) == 0
+    assert run.main(["-n", "2", _script("output.py")]) == 0
+    out = capsys.readouterr().out
+    assert "[rank 1] out line 2 from 1" in out.splitlines()
