@@ -25,7 +25,7 @@ DTYPE_CODES = {
 # rr::ReduceOp
 OP_CODES = {"sum": 0, "avg": 1, "prod": 2, "min": 3, "max": 4}
 # rr::Algorithm
-ALGO_CODES = {"auto": 0, "ring": 1, "tree": 2}
+ALGO_CODES = {"auto": 0, "ring": 1, "tree": 2, "shm": 3}
 
 _SUPPORTED = ", ".join(DTYPE_CODES)
 

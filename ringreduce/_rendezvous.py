@@ -21,6 +21,7 @@ class Peers:
     addrs: list[str]
     hosts: list[str]
     secret: str
+    prefix: str = ""  # store key prefix of this init (unique per init in the process)
 
 
 def _torch_store():
@@ -107,4 +108,4 @@ def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None
     _wait(store, keys, timeout, rank, "all ranks to publish their addresses")
     addrs = [store.get(k).decode() for k in keys]
     hosts = [store.get(p + f"host/{r}").decode() for r in range(world)]
-    return Peers(addrs=addrs, hosts=hosts, secret=secret)
+    return Peers(addrs=addrs, hosts=hosts, secret=secret, prefix=p)

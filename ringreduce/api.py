@@ -112,10 +112,35 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *,
     host = bind if ":" not in bind else f"[{bind}]"
     peers = _rendezvous.exchange(store, rank, world, f"{host}:{listener.port}",
                                  secret or tun.secret, options["connect_timeout"])
+    options.update(_shm_options(tun.transport, peers, rank, world))
     comm = _C.Communicator(rank, world, listener, peers.addrs, peers.secret, options)
-    log.debug("rank %d connected to %d peers from %s", rank, world - 1, bind)
+    log.debug("rank %d connected to %d peers from %s (shared memory: %s)", rank, world - 1, bind,
+              comm.uses_shm)
     _state._DEFAULT[0] = _state.Group(rank=rank, world_size=world, comm=comm, hosts=peers.hosts,
                                       options=options, local_rank=info.local_rank)
+
+
+def _shm_options(transport: str, peers: Any, rank: int, world: int) -> dict:
+    """Shared memory when every rank is on this host (RINGREDUCE_TRANSPORT=auto|shm)."""
+    import hashlib
+    import os
+
+    one_host = len(set(peers.hosts)) == 1
+    if transport == "tcp" or (transport == "auto" and not one_host):
+        return {}
+    if not one_host:
+        hosts = sorted(set(peers.hosts))
+        raise ValueError(
+            f"RINGREDUCE_TRANSPORT=shm needs every rank on one host, but ranks run on "
+            f"{len(hosts)} hosts ({', '.join(h.split('/')[0] for h in hosts[:4])}); use auto or tcp")
+    # Unguessable, per-job and per-init name: derived from the secret and the store prefix.
+    tag = hashlib.sha256(f"{peers.secret}/{peers.prefix}".encode()).hexdigest()[:24]
+    local = sum(1 for h in peers.hosts if h == peers.hosts[rank])
+    return {
+        "shm_prefix": f"/rr-{tag}",
+        # Spinning steals a core from a peer when ranks outnumber cores: yield at once then.
+        "shm_spin": 2000 if local <= (os.cpu_count() or 1) else 0,
+    }
 
 
 def _load_tuning(path: Optional[str]) -> dict:

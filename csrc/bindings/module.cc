@@ -32,11 +32,47 @@ Options optionsFromDict(const py::dict& d) {
     else if (k == "beta_ns_per_byte") o.betaNsPerByte = v.cast<double>();
     else if (k == "tree_threshold_bytes") o.treeThresholdBytes = v.cast<int64_t>();
     else if (k == "broadcast_tree_max_bytes") o.broadcastTreeMaxBytes = v.cast<size_t>();
+    else if (k.rfind("shm_", 0) == 0) continue;  // see shmFromDict
     else throw InvalidArgument("unknown option '" + k + "'");
   }
   if (o.timeoutSec <= 0) throw InvalidArgument("timeout must be > 0 seconds");
   if (o.segmentBytes < 64) throw InvalidArgument("segment_bytes must be >= 64");
   return o;
+}
+
+// Shared-memory settings; "shm_prefix" empty or absent = no shared memory.
+std::string shmFromDict(const py::dict& d, transport::shm::ShmConfig* cfg) {
+  std::string prefix;
+  for (auto item : d) {
+    std::string k = py::str(item.first);
+    py::handle v = item.second;
+    if (k == "shm_prefix") prefix = v.cast<std::string>();
+    else if (k == "shm_chunk_bytes") cfg->chunkBytes = v.cast<size_t>();
+    else if (k == "shm_small_max") cfg->smallMax = v.cast<size_t>();
+    else if (k == "shm_slots") cfg->slots = v.cast<int>();
+    else if (k == "shm_spin") cfg->spinIters = v.cast<int>();
+    else if (k.rfind("shm_", 0) == 0) throw InvalidArgument("unknown option '" + k + "'");
+  }
+  if (cfg->chunkBytes < 4096 || cfg->chunkBytes % 4096)
+    throw InvalidArgument("shm_chunk_bytes must be a multiple of 4096");
+  if (cfg->slots < 2) throw InvalidArgument("shm_slots must be >= 2");
+  return prefix;
+}
+
+// Every rank creates its segment, a barrier, everyone maps its peers', a barrier, then the
+// names are removed: from here on a crash leaves nothing behind in /dev/shm.
+void setupShm(comm::Communicator& c, const std::string& prefix, const transport::shm::ShmConfig& cfg) {
+  try {
+    auto dom = std::make_unique<transport::shm::ShmDomain>(c.rank(), c.world(), prefix, cfg);
+    collectives::barrier(c);
+    dom->attach();
+    collectives::barrier(c);
+    dom->unlinkOwn();
+    c.setShm(std::move(dom));
+  } catch (const std::exception& e) {
+    c.poison(std::string("shared memory setup failed: ") + e.what(), transport::AbortCode::kOther);
+    throw;
+  }
 }
 
 // Owns the executor; what Python sees as _C.Communicator.
@@ -57,8 +93,14 @@ class PyComm {
       conns = transport::tcp::connectMesh(me, listener, addrs, Deadline::after(o.connectTimeoutSec));
       listener.close();  // nobody else may connect after init
     }
-    exec_ = std::make_unique<runtime::Executor>(
-        std::make_unique<comm::Communicator>(rank, world, std::move(conns), o));
+    transport::shm::ShmConfig scfg;
+    std::string prefix = shmFromDict(opts, &scfg);
+    auto comm = std::make_unique<comm::Communicator>(rank, world, std::move(conns), o);
+    if (!prefix.empty()) {
+      py::gil_scoped_release nogil;
+      setupShm(*comm, prefix, scfg);
+    }
+    exec_ = std::make_unique<runtime::Executor>(std::move(comm));
   }
 
   runtime::Executor& ex() {
@@ -172,5 +214,6 @@ PYBIND11_MODULE(_C, m) {
            })
       .def("abort", [](PyComm& c) { if (c.exec_) c.exec_->abort(); })
       .def("destroy", &PyComm::destroy)
-      .def_property_readonly("destroyed", [](PyComm& c) { return !c.exec_; });
+      .def_property_readonly("destroyed", [](PyComm& c) { return !c.exec_; })
+      .def_property_readonly("uses_shm", [](PyComm& c) { return c.ex().comm().shm() != nullptr; });
 }

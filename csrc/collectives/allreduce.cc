@@ -5,6 +5,7 @@
 
 #include "collectives/allreduce_impl.h"
 #include "collectives/collectives.h"
+#include "collectives/shm_algos.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -17,7 +18,13 @@ void allreduce(Communicator& c, void* buf, size_t count, DataType dtype, ReduceO
     c.skip();
     return;
   }
-  Algorithm a = algo == Algorithm::kAuto ? chooseAllreduce(c.options(), c.world(), bytes) : algo;
+  // Shared memory serves "auto" when every rank is on this host; an explicit ring/tree
+  // request runs the TCP algorithm (useful for comparisons).
+  Algorithm a = algo;
+  if (a == Algorithm::kAuto)
+    a = c.shm() ? Algorithm::kShm : chooseAllreduce(c.options(), c.world(), bytes);
+  if (a == Algorithm::kShm && !c.shm())
+    RR_THROW(InvalidArgument, "algo=shm needs every rank on one host with shared memory enabled");
   RR_LOG(log::kTrace, "allreduce #", c.seq() + 1, ": ", bytes, " bytes ", toString(dtype), " ",
          toString(op), " -> ", toString(a), algo == Algorithm::kAuto ? " (auto)" : "");
   transport::FrameHeader h = c.begin(CollectiveKind::kAllReduce, dtype, op, 0, a, count, bytes);
@@ -26,16 +33,19 @@ void allreduce(Communicator& c, void* buf, size_t count, DataType dtype, ReduceO
   args.op = op;
   args.count = count;
   args.dst = static_cast<char*>(buf);
-  if (isHalf(dtype)) {
-    float* acc = reinterpret_cast<float*>(c.scratch().get(comm::ScratchArena::kAcc, count * 4));
-    reduce::widen(dtype, buf, acc, count);
-    args.acc = reinterpret_cast<char*>(acc);
-  } else {
-    args.acc = args.dst;
-  }
+  args.acc = args.dst;
   args.accElem = elementSize(accumulateType(dtype));
   args.reduceFn = reduce::getReduceFn(accumulateType(dtype), op);
-  if (a == Algorithm::kRing)
+  const bool shmLarge = a == Algorithm::kShm && bytes > c.shm()->config().smallMax;
+  if (isHalf(dtype) && !shmLarge) {
+    // Partial results travel and accumulate in float32; rounded once at the end.
+    float* acc = reinterpret_cast<float*>(c.scratch().get(comm::ScratchArena::kAcc, count * 4));
+    if (a != Algorithm::kShm) reduce::widen(dtype, buf, acc, count);
+    args.acc = reinterpret_cast<char*>(acc);
+  }
+  if (a == Algorithm::kShm)
+    shm::allreduce(c, h, args);
+  else if (a == Algorithm::kRing)
     allreduceRing(c, h, args);
   else
     allreduceTree(c, h, args);

@@ -2,6 +2,7 @@
 // After ceil(log2 n) rounds every rank has (transitively) heard from every other rank,
 // for any n, not only powers of two. Frames carry no payload.
 #include "collectives/collectives.h"
+#include "collectives/shm_algos.h"
 #include "core/chunking.h"
 
 namespace rr::collectives {
@@ -12,8 +13,12 @@ void barrier(Communicator& c) {
     c.skip();
     return;
   }
-  transport::FrameHeader h =
-      c.begin(CollectiveKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0, Algorithm::kTree, 0, 0);
+  transport::FrameHeader h = c.begin(CollectiveKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0,
+                                     c.shm() ? Algorithm::kShm : Algorithm::kTree, 0, 0);
+  if (c.shm()) {
+    shm::barrier(c, h);
+    return;
+  }
   uint32_t round = 0;
   for (int dist = 1; dist < n; dist <<= 1, ++round) {
     h.step = round;

@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "collectives/collectives.h"
+#include "collectives/shm_algos.h"
 #include "core/chunking.h"
 
 namespace rr::collectives {
@@ -86,10 +87,12 @@ void broadcast(Communicator& c, void* buf, size_t count, DataType dtype, int roo
     return;
   }
   const bool tree = bytes <= c.options().broadcastTreeMaxBytes || c.world() == 2;
-  Algorithm a = tree ? Algorithm::kTree : Algorithm::kRing;
+  Algorithm a = c.shm() ? Algorithm::kShm : tree ? Algorithm::kTree : Algorithm::kRing;
   transport::FrameHeader h =
       c.begin(CollectiveKind::kBroadcast, dtype, ReduceOp::kSum, root, a, count, bytes);
-  if (tree)
+  if (a == Algorithm::kShm)
+    shm::broadcast(c, h, static_cast<char*>(buf), bytes, root);
+  else if (tree)
     binomial(c, h, static_cast<char*>(buf), bytes, root);
   else
     chain(c, h, static_cast<char*>(buf), bytes, root);

@@ -115,6 +115,31 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
   }
 }
 
+void Communicator::checkAlive(int peer) {
+  if (aborted_.load()) RR_THROW(Error, "communicator aborted during ", describeCurrent());
+  if (deadline_.expired()) {
+    RR_THROW(TimeoutError, "rank ", rank_, ": ", describeCurrent(), " timed out after ",
+             opts_.timeoutSec, " s waiting (shared memory) for rank ", peer,
+             " (is that rank stuck, or did it skip this collective? raise timeout= or "
+             "RINGREDUCE_TIMEOUT for slow steps)");
+  }
+  if (peer >= 0 && gone_[static_cast<size_t>(peer)])
+    throw PeerError(peer, detail::concat("rank ", peer, " (", conn(peer).peerHost(),
+                                         ") left the job (destroy() or normal exit) while rank ",
+                                         rank_, " waited for it in ", describeCurrent()));
+  pfds_.clear();
+  pfdPeer_.clear();
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_ || gone_[static_cast<size_t>(p)]) continue;
+    pfds_.push_back({conn(p).fd(), POLLIN, 0});
+    pfdPeer_.push_back(p);
+  }
+  if (pfds_.empty() || ::poll(pfds_.data(), pfds_.size(), 0) <= 0) return;
+  for (size_t i = 0; i < pfds_.size(); ++i)
+    if (pfds_[i].revents && conn(pfdPeer_[i]).checkIdle() == Connection::Idle::kGoodbye)
+      gone_[static_cast<size_t>(pfdPeer_[i])] = 1;
+}
+
 void Communicator::sendRecv(int sendPeer, SendOp* s, int recvPeer, RecvOp* r) {
   bool sDone = s == nullptr, rDone = r == nullptr;
   while (!sDone || !rDone) {

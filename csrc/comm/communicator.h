@@ -18,6 +18,7 @@
 #include "core/deadline.h"
 #include "core/params.h"
 #include "core/types.h"
+#include "transport/shm/domain.h"
 #include "transport/transport.h"
 
 namespace rr::comm {
@@ -56,6 +57,13 @@ class Communicator {
 
   ScratchArena& scratch() { return scratch_; }
 
+  // Shared memory among all ranks (all on one host), or null: collectives then use TCP.
+  transport::shm::ShmDomain* shm() { return shm_.get(); }
+  void setShm(std::unique_ptr<transport::shm::ShmDomain> d) { shm_ = std::move(d); }
+  // For waits outside poll (shared memory): throw on abort, deadline (naming `peer`, the
+  // rank waited for, when >= 0) or a peer whose connection shows EOF/abort. Cheap.
+  void checkAlive(int peer);
+
   // Record the first failure, tell every peer (abort frames) and close all connections.
   // Later begin() calls throw a clear "unusable" error.
   void poison(const std::string& reason, transport::AbortCode code);
@@ -80,6 +88,7 @@ class Communicator {
   uint64_t seq_ = 0;
   Deadline deadline_ = Deadline::never();
   ScratchArena scratch_;
+  std::unique_ptr<transport::shm::ShmDomain> shm_;
   std::vector<pollfd> pfds_;      // reused by waitIo: no allocation per wait
   std::vector<int> pfdPeer_;      // peer rank of each pfds_ entry (-1: wake fd)
   std::vector<uint8_t> early_;    // peer sent data for a later collective: stop watching it

@@ -61,6 +61,7 @@ const char* toString(Algorithm a) {
     case Algorithm::kAuto: return "auto";
     case Algorithm::kRing: return "ring";
     case Algorithm::kTree: return "tree";
+    case Algorithm::kShm: return "shm";
   }
   return "unknown-algo";
 }

@@ -34,7 +34,8 @@ enum class CollectiveKind : uint8_t {
   kGoodbye = 101,  // the peer called destroy(): an EOF after this is not a crash
 };
 
-enum class Algorithm : uint8_t { kAuto = 0, kRing = 1, kTree = 2 };
+// kShm: the shared-memory algorithms, used by "auto" when every rank is on one host.
+enum class Algorithm : uint8_t { kAuto = 0, kRing = 1, kTree = 2, kShm = 3 };
 
 size_t elementSize(DataType t);
 const char* toString(DataType t);

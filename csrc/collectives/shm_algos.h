@@ -1,0 +1,13 @@
+// Shared-memory collectives (all ranks on one host); see each .cc for the schedule.
+#pragma once
+
+#include "collectives/allreduce_impl.h"
+
+namespace rr::collectives::shm {
+
+void allreduce(comm::Communicator& c, const transport::FrameHeader& h, const AllreduceArgs& a);
+void broadcast(comm::Communicator& c, const transport::FrameHeader& h, char* buf, size_t bytes,
+               int root);
+void barrier(comm::Communicator& c, const transport::FrameHeader& h);
+
+}  // namespace rr::collectives::shm

@@ -1,0 +1,170 @@
+// Shared-memory all-reduce for ranks on one host.
+//
+// Small (payload <= smallMax): one flag round. Every rank writes its input into its line
+// (lineRound), then reduces all n lines itself in rank order -- identical bits everywhere.
+//
+// Large: the buffer is cut into chunks of chunkBytes; chunk k is split into n slices and
+// rank r owns slice r. Per chunk, with K chunks in flight:
+//
+//   publish:  copy my input's slices p != r into my slot        -> pub = g + 1
+//   reduce:   slice r = in_0 OP in_1 OP ... OP in_{n-1}, reading my own input directly
+//             and peers' slices from their slots while hot      -> red = g + 1
+//             (result written to my slot's slice r and my output)
+//   collect:  copy each peer p's reduced slice p into my output -> fin = g + 1
+//
+// A slot is rewritten only after every peer's fin passed the chunk it held. Each rank
+// touches its data about twice (copy in, copy out) plus the reduction of its own slice.
+#include <algorithm>
+#include <cstring>
+
+#include "collectives/allreduce_impl.h"
+#include "collectives/shm_algos.h"
+#include "collectives/shm_common.h"
+#include "core/chunking.h"
+
+namespace rr::collectives::shm {
+namespace {
+
+using transport::shm::Control;
+
+void small(comm::Communicator& c, const transport::FrameHeader& h, const AllreduceArgs& a,
+           size_t bytes) {
+  ShmDomain& d = *c.shm();
+  const int n = d.world(), me = d.rank();
+  lineRound(c, h, a.dst, bytes);
+  // acc = in_0 OP in_1 ... in rank order (own input read from our line, as peers see it).
+  char* acc = a.acc;
+  if (isHalf(a.dtype)) {
+    float* f = reinterpret_cast<float*>(acc);
+    reduce::widen(a.dtype, d.linePayload(0, h.seq), f, a.count);
+    float* tmp = reinterpret_cast<float*>(c.scratch().get(comm::ScratchArena::kRecv, a.count * 4));
+    for (int r = 1; r < n; ++r) {
+      reduce::widen(a.dtype, d.linePayload(r, h.seq), tmp, a.count);
+      a.reduceFn(f, tmp, a.count);
+    }
+  } else {
+    std::memcpy(acc, d.linePayload(0, h.seq), bytes);
+    for (int r = 1; r < n; ++r) a.reduceFn(acc, d.linePayload(r, h.seq), a.count);
+  }
+  lineRelease(c, h.seq);
+  (void)me;
+  if (a.needsFinalize()) reduce::finalize(a.dtype, a.op, n, a.acc, a.dst, a.count);
+}
+
+void large(comm::Communicator& c, const transport::FrameHeader& h, const AllreduceArgs& a) {
+  ShmDomain& d = *c.shm();
+  const int n = d.world(), me = d.rank();
+  const size_t es = elementSize(a.dtype);
+  const size_t ce = d.config().chunkBytes / es;  // elements per chunk
+  const size_t G = chunking::numSegments(a.count, ce);
+  const uint32_t base = d.chunkBase(), K = static_cast<uint32_t>(d.config().slots);
+  lineRound(c, h, nullptr, 0);
+  lineRelease(c, h.seq);
+  Control& mine = d.ctl(me);
+  char* out = a.dst;
+  float* accF = isHalf(a.dtype)
+                    ? reinterpret_cast<float*>(c.scratch().get(comm::ScratchArena::kAcc, ce * 4))
+                    : nullptr;
+  float* tmpF = isHalf(a.dtype)
+                    ? reinterpret_cast<float*>(c.scratch().get(comm::ScratchArena::kRecv, ce * 4))
+                    : nullptr;
+  auto chunkLen = [&](size_t k) { return std::min(ce, a.count - k * ce); };
+  auto slice = [&](size_t k, int p, size_t* off, size_t* len) {
+    size_t cl = chunkLen(k);
+    *off = chunking::chunkOffset(cl, n, p);  // within the chunk
+    *len = chunking::chunkLen(cl, n, p);
+  };
+  size_t P = 0, R = 0, F = 0;
+  int lag = -1;
+  // Slot g % K is free once every peer consumed chunk g - K (wrap-around compare: true for
+  // the first K chunks ever).
+  auto canPublish = [&] {
+    return P < G && P < R + K &&
+           allReached(d, [](Control& x) -> auto& { return x.fin.v; },
+                      base + static_cast<uint32_t>(P) - K + 1, &lag);
+  };
+  auto canReduce = [&] {
+    return R < P && allReached(d, [](Control& x) -> auto& { return x.pub.v; },
+                               base + static_cast<uint32_t>(R) + 1, &lag);
+  };
+  auto canCollect = [&] {
+    return F < R && allReached(d, [](Control& x) -> auto& { return x.red.v; },
+                               base + static_cast<uint32_t>(F) + 1, &lag);
+  };
+  while (F < G) {
+    bool progressed = false;
+    if (canPublish()) {
+      uint32_t g = base + static_cast<uint32_t>(P);
+      char* s = d.slot(me, g);
+      const char* in = out + P * ce * es;
+      for (int p = 0; p < n; ++p) {
+        if (p == me) continue;
+        size_t off, len;
+        slice(P, p, &off, &len);
+        std::memcpy(s + off * es, in + off * es, len * es);
+      }
+      mine.pub.v.store(g + 1, std::memory_order_release);
+      d.notify();
+      ++P;
+      progressed = true;
+    }
+    if (canReduce()) {
+      uint32_t g = base + static_cast<uint32_t>(R);
+      size_t off, len;
+      slice(R, me, &off, &len);
+      char* mySlot = d.slot(me, g) + off * es;
+      char* dstSlice = out + (R * ce + off) * es;
+      auto input = [&](int q) -> const char* {
+        return q == me ? dstSlice : d.slot(q, g) + off * es;
+      };
+      if (len > 0) {
+        if (accF) {
+          reduce::widen(a.dtype, input(0), accF, len);
+          for (int q = 1; q < n; ++q) {
+            reduce::widen(a.dtype, input(q), tmpF, len);
+            a.reduceFn(accF, tmpF, len);
+          }
+          reduce::finalize(a.dtype, a.op, n, accF, mySlot, len);
+        } else {
+          std::memcpy(mySlot, input(0), len * es);
+          for (int q = 1; q < n; ++q) a.reduceFn(mySlot, input(q), len);
+          if (a.op == ReduceOp::kAvg) reduce::finalize(a.dtype, a.op, n, mySlot, mySlot, len);
+        }
+        std::memcpy(dstSlice, mySlot, len * es);
+      }
+      mine.red.v.store(g + 1, std::memory_order_release);
+      d.notify();
+      ++R;
+      progressed = true;
+    }
+    if (canCollect()) {
+      uint32_t g = base + static_cast<uint32_t>(F);
+      for (int p = 0; p < n; ++p) {
+        if (p == me) continue;
+        size_t off, len;
+        slice(F, p, &off, &len);
+        std::memcpy(out + (F * ce + off) * es, d.slot(p, g) + off * es, len * es);
+      }
+      mine.fin.v.store(g + 1, std::memory_order_release);
+      d.notify();
+      ++F;
+      progressed = true;
+    }
+    if (!progressed)
+      waitFor(c, [&] { return canPublish() || canReduce() || canCollect(); }, [&] { return lag; });
+  }
+  c.addBytesDone(a.count * es);
+  d.advanceChunks(static_cast<uint32_t>(G));
+}
+
+}  // namespace
+
+void allreduce(comm::Communicator& c, const transport::FrameHeader& h, const AllreduceArgs& a) {
+  const size_t bytes = a.count * elementSize(a.dtype);
+  if (bytes <= c.shm()->config().smallMax)
+    small(c, h, a, bytes);
+  else
+    large(c, h, a);
+}
+
+}  // namespace rr::collectives::shm

@@ -1,0 +1,69 @@
+// Shared-memory broadcast and barrier.
+//
+// Broadcast, small: the root's payload rides in its line (one flag round). Large: the root
+// copies chunk k into slot k % K and bumps pub; every other rank copies it out and bumps
+// fin; the root reuses a slot once every fin passed the chunk it held. Each byte is copied
+// once by the root and once by each receiver.
+//
+// Barrier: the line round itself -- a rank leaves it only after every rank wrote its line.
+#include <algorithm>
+#include <cstring>
+
+#include "collectives/shm_algos.h"
+#include "collectives/shm_common.h"
+#include "core/chunking.h"
+
+namespace rr::collectives::shm {
+
+using transport::shm::Control;
+
+void broadcast(comm::Communicator& c, const transport::FrameHeader& h, char* buf, size_t bytes,
+               int root) {
+  ShmDomain& d = *c.shm();
+  const int me = d.rank();
+  if (bytes <= d.config().smallMax) {
+    lineRound(c, h, me == root ? buf : nullptr, me == root ? bytes : 0);
+    if (me != root) std::memcpy(buf, d.linePayload(root, h.seq), bytes);
+    lineRelease(c, h.seq);
+    return;
+  }
+  lineRound(c, h, nullptr, 0);
+  lineRelease(c, h.seq);
+  const size_t cb = d.config().chunkBytes;
+  const size_t G = chunking::numSegments(bytes, cb);
+  const uint32_t base = d.chunkBase(), K = static_cast<uint32_t>(d.config().slots);
+  Control& mine = d.ctl(me);
+  int lag = -1;
+  for (size_t k = 0; k < G; ++k) {
+    const uint32_t g = base + static_cast<uint32_t>(k);
+    const size_t len = std::min(cb, bytes - k * cb);
+    if (me == root) {
+      waitFor(c, [&] { return allReached(d, [](Control& x) -> auto& { return x.fin.v; }, g - K + 1, &lag); },
+              [&] { return lag; });
+      std::memcpy(d.slot(me, g), buf + k * cb, len);
+      mine.pub.v.store(g + 1, std::memory_order_release);
+    } else {
+      std::atomic<uint32_t>& rp = d.ctl(root).pub.v;
+      waitFor(c, [&] { return transport::shm::reached(rp.load(std::memory_order_acquire), g + 1); },
+              [&] { return root; });
+      std::memcpy(buf + k * cb, d.slot(root, g), len);
+      mine.fin.v.store(g + 1, std::memory_order_release);
+    }
+    d.notify();
+  }
+  // Keep every counter of every rank in step, whatever its role was.
+  const uint32_t end = base + static_cast<uint32_t>(G);
+  mine.pub.v.store(end, std::memory_order_release);
+  mine.red.v.store(end, std::memory_order_release);
+  mine.fin.v.store(end, std::memory_order_release);
+  d.notify();
+  c.addBytesDone(bytes);
+  d.advanceChunks(static_cast<uint32_t>(G));
+}
+
+void barrier(comm::Communicator& c, const transport::FrameHeader& h) {
+  lineRound(c, h, nullptr, 0);
+  lineRelease(c, h.seq);
+}
+
+}  // namespace rr::collectives::shm

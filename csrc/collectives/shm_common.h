@@ -1,0 +1,42 @@
+// Building blocks of the shared-memory collectives (internal to collectives/).
+#pragma once
+
+#include <cstddef>
+
+#include "comm/communicator.h"
+
+namespace rr::collectives::shm {
+
+using transport::shm::ShmDomain;
+
+// The one-flag round every shared-memory collective starts with: this rank writes its line
+// for h.seq (descriptor + `bytes` of payload, which may be 0), then waits for every peer's
+// line of the same seq and checks their descriptors against h (MismatchError naming the
+// field otherwise). When it returns, every rank has entered this collective, and peers'
+// payloads can be read with linePayload(peer, h.seq) until lineRelease().
+void lineRound(comm::Communicator& c, const transport::FrameHeader& h, const void* payload,
+               size_t bytes);
+// This rank has finished reading peers' lines of seq: they may reuse them.
+void lineRelease(comm::Communicator& c, uint64_t seq);
+
+// Wait until pred() holds, checking deadline/peer liveness; `lagging()` names the rank
+// being waited for in errors.
+template <typename Pred, typename Lag>
+void waitFor(comm::Communicator& c, Pred pred, Lag lagging) {
+  c.shm()->waitUntil(pred, [&] { c.checkAlive(lagging()); });
+}
+
+// True when every rank's counter (selected by `field`) has reached `target`.
+template <typename Field>
+bool allReached(ShmDomain& d, Field field, uint32_t target, int* lag) {
+  for (int r = 0; r < d.world(); ++r) {
+    if (r == d.rank()) continue;
+    if (!transport::shm::reached(field(d.ctl(r)).load(std::memory_order_acquire), target)) {
+      *lag = r;
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace rr::collectives::shm

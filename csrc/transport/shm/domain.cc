@@ -1,0 +1,101 @@
+#include "transport/shm/domain.h"
+
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <new>
+
+#include "core/error.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define RR_CPU_RELAX() _mm_pause()
+#else
+#define RR_CPU_RELAX() __asm__ __volatile__("" ::: "memory")
+#endif
+
+namespace rr::transport::shm {
+namespace {
+
+size_t roundUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+void futexWait(std::atomic<uint32_t>* addr, uint32_t expected, long ns) {
+  timespec ts{0, ns};
+  // Not FUTEX_PRIVATE: the word lives in memory shared between processes.
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void futexWake(std::atomic<uint32_t>* addr) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAKE, 1 << 30, nullptr, nullptr, 0);
+}
+
+}  // namespace
+
+ShmDomain::ShmDomain(int rank, int world, const std::string& prefix, const ShmConfig& cfg)
+    : rank_(rank), world_(world), cfg_(cfg), prefix_(prefix) {
+  RR_CHECK(cfg_.slots >= 2 && cfg_.chunkBytes >= 4096 && cfg_.chunkBytes % 64 == 0,
+           "bad shm config");
+  lineOff_ = roundUp(sizeof(Control), 4096);
+  lineBytes_ = roundUp(sizeof(LineHeader) + cfg_.smallMax, 64);
+  slotOff_ = roundUp(lineOff_ + 2 * lineBytes_, 4096);
+  total_ = slotOff_ + static_cast<size_t>(cfg_.slots) * cfg_.chunkBytes;
+  own_ = Segment::create(prefix_ + "-" + std::to_string(rank_), total_);
+  new (own_.data()) Control();
+  for (int i = 0; i < 2; ++i)
+    new (own_.data() + lineOff_ + static_cast<size_t>(i) * lineBytes_) LineHeader();
+  peers_.resize(static_cast<size_t>(world_));
+  base_.assign(static_cast<size_t>(world_), nullptr);
+  base_[static_cast<size_t>(rank_)] = own_.data();
+}
+
+void ShmDomain::attach() {
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) continue;
+    peers_[static_cast<size_t>(r)] = Segment::open(prefix_ + "-" + std::to_string(r), total_);
+    base_[static_cast<size_t>(r)] = peers_[static_cast<size_t>(r)].data();
+  }
+}
+
+void ShmDomain::waitUntil(const std::function<bool()>& ready, const std::function<void()>& check) {
+  if (ready()) return;
+  for (int i = 0; i < cfg_.spinIters; ++i) {
+    RR_CPU_RELAX();
+    if (ready()) return;
+  }
+  for (int i = 0; i < cfg_.yieldIters; ++i) {
+    ::sched_yield();
+    if (ready()) return;
+  }
+  Control& me = ctl(rank_);
+  while (true) {
+    uint32_t bell = me.bell.v.load(std::memory_order_acquire);
+    me.sleeping.v.store(1, std::memory_order_seq_cst);
+    if (ready()) {
+      me.sleeping.v.store(0, std::memory_order_relaxed);
+      return;
+    }
+    futexWait(&me.bell.v, bell, 2'000'000);  // 2 ms: bounded so `check` runs regularly
+    me.sleeping.v.store(0, std::memory_order_relaxed);
+    if (ready()) return;
+    check();
+  }
+}
+
+void ShmDomain::notify() {
+  // Pairs with the seq_cst store of `sleeping` in waitUntil: either the sleeper sees our
+  // update when it re-checks, or we see it sleeping here and ring its bell.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) continue;
+    Control& c = ctl(r);
+    if (c.sleeping.v.load(std::memory_order_relaxed)) {
+      c.bell.v.fetch_add(1, std::memory_order_release);
+      futexWake(&c.bell.v);
+    }
+  }
+}
+
+}  // namespace rr::transport::shm

@@ -1,0 +1,118 @@
+// ShmDomain: the shared-memory state of one communicator whose ranks share a host.
+//
+// Every rank owns one segment (segment.h) and maps every peer's:
+//
+//   [ Control: doorbell, sleeping flag, progress counters, each in its own cache line ]
+//   [ Line 0 | Line 1 ]  header (seq + collective descriptor + <= 40 payload bytes in the
+//                        same cache line) followed by up to smallMax payload bytes
+//   [ Slot 0 | ... | Slot K-1 ]  chunk buffers for pipelined large collectives
+//
+// Lines are used by parity of the collective sequence number; a rank rewrites a line only
+// after every peer reported (lineDone) that it finished reading the previous use, so no
+// trailing barrier is needed. Slot k holds global chunk g with g % K == k; counters
+// pub/red/fin (global chunk index + 1) say how far a rank has published, reduced and
+// consumed, and are never reset, so collectives chain without extra synchronisation.
+//
+// Waiting spins briefly, then yields, then sleeps on the rank's own futex doorbell that
+// peers ring after updating a counter; every wait calls `check` every few milliseconds,
+// which enforces the deadline and notices dead peers.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "transport/shm/segment.h"
+
+namespace rr::transport::shm {
+
+struct alignas(64) Word32 {
+  std::atomic<uint32_t> v{0};
+};
+struct alignas(64) Word64 {
+  std::atomic<uint64_t> v{0};
+};
+
+struct Control {
+  Word32 bell;      // futex doorbell of the owner
+  Word32 sleeping;  // 1 while the owner sleeps on its bell
+  Word32 pub;       // chunks published into slots (global index + 1)
+  Word32 red;       // chunks whose owner slice is reduced
+  Word32 fin;       // chunks fully consumed by the owner
+  Word64 lineDone;  // last seq whose peer lines the owner has finished reading
+};
+
+struct alignas(64) LineHeader {
+  std::atomic<uint64_t> seq;  // written last (release): the line is complete
+  uint8_t kind, dtype, op, algo;
+  int32_t root;
+  uint64_t count;
+  uint8_t inlineData[40];  // first payload bytes share the cache line with seq
+};
+static_assert(sizeof(LineHeader) == 64, "line header is one cache line");
+
+struct ShmConfig {
+  size_t smallMax = 16 * 1024;    // largest payload of the one-round small path
+  size_t chunkBytes = 512 * 1024; // pipelining unit of large collectives
+  int slots = 4;                  // chunks in flight
+  int spinIters = 2000;           // 0 when oversubscribed (more ranks than cores)
+  int yieldIters = 50;
+};
+
+class ShmDomain {
+ public:
+  // Creates this rank's segment "<prefix>-<rank>".
+  ShmDomain(int rank, int world, const std::string& prefix, const ShmConfig& cfg);
+  // Map every peer's segment (they must all exist: call after a barrier).
+  void attach();
+  // Remove our name from /dev/shm (after every peer attached).
+  void unlinkOwn() { own_.unlink(); }
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  const ShmConfig& config() const { return cfg_; }
+
+  Control& ctl(int r) { return *reinterpret_cast<Control*>(base_[static_cast<size_t>(r)]); }
+  LineHeader& line(int r, uint64_t seq) {
+    return *reinterpret_cast<LineHeader*>(base_[static_cast<size_t>(r)] + lineOff_ +
+                                          (seq & 1) * lineBytes_);
+  }
+  // Payload of a line: starts in the header's inline bytes and continues after it.
+  char* linePayload(int r, uint64_t seq) {
+    return reinterpret_cast<char*>(line(r, seq).inlineData);
+  }
+  char* slot(int r, uint32_t g) {
+    return base_[static_cast<size_t>(r)] + slotOff_ + (g % static_cast<uint32_t>(cfg_.slots)) * cfg_.chunkBytes;
+  }
+
+  // Where the next chunked collective's chunks start (identical on every rank).
+  uint32_t chunkBase() const { return chunkBase_; }
+  void advanceChunks(uint32_t n) { chunkBase_ += n; }
+  // Seq of the previous collective that used line (seq & 1), 0 if none.
+  uint64_t& linePrevSeq(uint64_t seq) { return linePrev_[seq & 1]; }
+
+  // Spin, yield, then sleep until ready() holds; `check` runs every few ms while sleeping
+  // and throws to give up (deadline, dead peer).
+  void waitUntil(const std::function<bool()>& ready, const std::function<void()>& check);
+  // Wake peers sleeping on their doorbell after this rank updated its counters/lines.
+  void notify();
+
+ private:
+  int rank_, world_;
+  ShmConfig cfg_;
+  std::string prefix_;
+  size_t lineOff_ = 0, lineBytes_ = 0, slotOff_ = 0, total_ = 0;
+  Segment own_;
+  std::vector<Segment> peers_;
+  std::vector<char*> base_;
+  uint32_t chunkBase_ = 0;
+  uint64_t linePrev_[2] = {0, 0};
+};
+
+// Wrap-around aware "a >= b" for the u32 counters.
+inline bool reached(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) >= 0; }
+
+}  // namespace rr::transport::shm

@@ -1,0 +1,96 @@
+#include "transport/shm/segment.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <utility>
+
+#include "core/error.h"
+
+namespace rr::transport::shm {
+
+Segment::~Segment() {
+  if (addr_) ::munmap(addr_, size_);
+  if (owner_ && linked_) ::shm_unlink(name_.c_str());
+}
+
+Segment& Segment::operator=(Segment&& o) noexcept {
+  if (this != &o) {
+    if (addr_) ::munmap(addr_, size_);
+    if (owner_ && linked_) ::shm_unlink(name_.c_str());
+    addr_ = std::exchange(o.addr_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+    name_ = std::move(o.name_);
+    owner_ = std::exchange(o.owner_, false);
+    linked_ = std::exchange(o.linked_, false);
+  }
+  return *this;
+}
+
+Segment Segment::create(const std::string& name, size_t bytes) {
+  // O_EXCL: a leftover of a killed job with the same name is removed and recreated, never
+  // silently shared (names include a fresh per-job secret, so this is only a stale file).
+  int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0 && errno == EEXIST) {
+    ::shm_unlink(name.c_str());
+    fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  }
+  if (fd < 0)
+    RR_THROW(Error, "cannot create shared memory segment ", name, ": ", std::strerror(errno),
+             " (is /dev/shm mounted and writable? set RINGREDUCE_TRANSPORT=tcp to avoid it)");
+  Segment s;
+  s.name_ = name;
+  s.owner_ = true;
+  s.linked_ = true;
+  int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (rc != 0) {
+    ::close(fd);
+    RR_THROW(Error, "cannot allocate ", bytes >> 10, " KiB of shared memory for ", name, ": ",
+             std::strerror(rc),
+             " (/dev/shm is full or too small: free it, enlarge it (docker --shm-size), or set "
+             "RINGREDUCE_TRANSPORT=tcp)");
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) RR_THROW(Error, "mmap of ", name, " failed: ", std::strerror(errno));
+  s.addr_ = p;
+  s.size_ = bytes;
+  std::memset(p, 0, bytes);  // pre-fault every page now, not in the first collective
+  return s;
+}
+
+Segment Segment::open(const std::string& name, size_t bytes) {
+  int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0)
+    RR_THROW(Error, "cannot open peer shared memory segment ", name, ": ", std::strerror(errno),
+             " (are the ranks in different containers with private /dev/shm? set "
+             "RINGREDUCE_TRANSPORT=tcp)");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
+    ::close(fd);
+    RR_THROW(Error, "peer shared memory segment ", name, " has the wrong size (",
+             static_cast<long long>(st.st_size), " bytes, expected ", bytes,
+             "): are all ranks running the same ringreduce version and settings?");
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) RR_THROW(Error, "mmap of ", name, " failed: ", std::strerror(errno));
+  Segment s;
+  s.addr_ = p;
+  s.size_ = bytes;
+  s.name_ = name;
+  return s;
+}
+
+void Segment::unlink() {
+  if (owner_ && linked_) {
+    ::shm_unlink(name_.c_str());
+    linked_ = false;
+  }
+}
+
+}  // namespace rr::transport::shm

@@ -1,0 +1,40 @@
+// One POSIX shared-memory segment: created by its owner (mode 0600, name derived from the
+// job secret so other users/jobs cannot guess it), mapped by its peers, pre-faulted so no
+// page fault lands on the hot path, and unlinked as soon as every peer has mapped it, so
+// nothing is left in /dev/shm even if the owner is SIGKILLed afterwards.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace rr::transport::shm {
+
+class Segment {
+ public:
+  Segment() = default;
+  ~Segment();
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+  Segment(Segment&& o) noexcept { *this = std::move(o); }
+  Segment& operator=(Segment&& o) noexcept;
+
+  // Create, size (posix_fallocate: a full /dev/shm is a clear error, not a later SIGBUS),
+  // map and pre-fault. Throws rr::Error naming the segment and what to do.
+  static Segment create(const std::string& name, size_t bytes);
+  // Map a peer's segment (it must exist with exactly `bytes`).
+  static Segment open(const std::string& name, size_t bytes);
+
+  void unlink();  // remove the name (mapping stays valid); idempotent
+  char* data() const { return static_cast<char*>(addr_); }
+  size_t size() const { return size_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  void* addr_ = nullptr;
+  size_t size_ = 0;
+  std::string name_;
+  bool owner_ = false;
+  bool linked_ = false;
+};
+
+}  // namespace rr::transport::shm

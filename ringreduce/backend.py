@@ -1,0 +1,365 @@
+"""The "ringreduce" torch.distributed backend.
+
+Importing this module registers it, so that::
+
+    import ringreduce.backend  # (import ringreduce does this)
+    dist.init_process_group("ringreduce")        # or init_process_group("cpu:ringreduce")
+    model = torch.nn.parallel.DistributedDataParallel(model)
+
+runs torch's own DDP -- and dist.all_reduce, broadcast, barrier, all_gather,
+all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, reduce, gather, scatter --
+over the ringreduce core. Collectives are asynchronous: each returns a Work whose wait()
+blocks with the GIL released and whose get_future() is completed by a background thread
+(ringreduce.ddp.futures), as torch's C++ DDP reducer expects.
+
+The process group is a Python subclass of torch.distributed.ProcessGroup (the way
+PyTorch's test_c10d_pypg.py builds one). It runs on ringreduce's default communicator: it
+creates it (rendezvous through the store torch hands to the backend) unless the program
+already called ringreduce.init(), in which case it reuses it. Subgroups smaller than the
+world are not supported yet (the core has one communicator per process).
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from . import _state, api
+from .ddp.futures import Completion
+
+__all__ = ["ProcessGroupRingReduce", "create_process_group", "BACKEND_NAME"]
+
+BACKEND_NAME = "ringreduce"
+
+_OPS = {"SUM": "sum", "AVG": "avg", "PRODUCT": "prod", "MIN": "min", "MAX": "max"}
+
+
+def _op(opts: Any) -> str:
+    red = getattr(opts, "reduceOp", None)
+    if red is None:
+        return "sum"
+    kind = getattr(red, "op", red)
+    name = getattr(kind, "name", str(kind).rsplit(".", 1)[-1]).upper()
+    if name not in _OPS:
+        raise ValueError(
+            f"the ringreduce backend does not support ReduceOp.{name}; use SUM, AVG, PRODUCT, "
+            f"MIN or MAX (for bitwise ops use a gloo group: dist.new_group(backend='gloo'))")
+    return _OPS[name]
+
+
+class _Work(dist._Work):
+    """A collective in flight: wait() blocks until done (GIL released) and raises its
+    error; get_future() returns a torch Future of the collective's output tensors."""
+
+    def __init__(self, completion: Completion):
+        super().__init__()
+        self._c = completion
+
+    def wait(self, timeout: Optional[timedelta] = None) -> bool:
+        exc = self._c.finish()
+        if exc is not None:
+            raise exc
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self._c.future()
+
+    def is_completed(self) -> bool:
+        return self._c.is_completed()
+
+    def is_success(self) -> bool:
+        return self._c.is_completed() and self._c.exception() is None
+
+    def exception(self) -> Optional[BaseException]:
+        return self._c.exception()
+
+    def result(self) -> list:
+        self.wait()
+        v = self._c.value
+        return v if isinstance(v, list) else []
+
+    def synchronize(self) -> None:
+        self.wait()
+
+
+def _work(rr_work: Any, value: Any, after: Optional[Callable[[], None]] = None) -> _Work:
+    return _Work(Completion(rr_work, value, after))
+
+
+def _done(value: Any) -> _Work:
+    return _Work(Completion(None, value))
+
+
+def _inplace(t: torch.Tensor) -> tuple[torch.Tensor, Optional[Callable[[], None]]]:
+    """A contiguous tensor sharing memory with `t` when possible (plus the copy-back needed
+    when it is not); .detach() so in-place collectives on parameters are allowed."""
+    if t.device.type != "cpu":
+        raise ValueError(f"the ringreduce backend handles CPU tensors; got one on {t.device} "
+                         f"(use nccl for CUDA tensors: init_process_group('cpu:ringreduce,"
+                         f"cuda:nccl'))")
+    d = t.detach()
+    if d.is_contiguous():
+        return d, None
+    tmp = d.contiguous()
+
+    def back() -> None:
+        with torch.no_grad():
+            d.copy_(tmp)
+    return tmp, back
+
+
+def _chain(*fns: Optional[Callable[[], None]]) -> Optional[Callable[[], None]]:
+    fs = [f for f in fns if f is not None]
+    if not fs:
+        return None
+
+    def run() -> None:
+        for f in fs:
+            f()
+    return run
+
+
+class ProcessGroupRingReduce(dist.ProcessGroup):
+    """torch.distributed process group backed by ringreduce's default communicator."""
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: timedelta):
+        try:
+            super().__init__(store, rank, size)
+        except TypeError:  # older torch: (rank, size) only
+            super().__init__(rank, size)
+        self._rank = rank
+        self._size = size
+        self._owns = False
+        g = _state._DEFAULT[0]
+        if g is None:
+            secs = timeout.total_seconds() if isinstance(timeout, timedelta) else None
+            api.init(rank=rank, world_size=size, store=store, timeout=secs)
+            self._owns = True
+        elif g.world_size != size or g.rank != rank:
+            raise NotImplementedError(
+                f"the ringreduce backend runs on ringreduce's default communicator (rank "
+                f"{g.rank} of {g.world_size}), but this group wants rank {rank} of {size}; "
+                f"subgroups are not supported yet -- create them with backend='gloo'")
+        self._lock = threading.Lock()
+
+    # -- identity
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def getRank(self) -> int:
+        return self._rank
+
+    def getSize(self) -> int:
+        return self._size
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupRingReduce(rank={self._rank}, size={self._size})"
+
+    # -- collectives
+    def allreduce(self, tensors: list, opts: Any = None) -> _Work:
+        op = _op(opts)
+        if len(tensors) != 1:
+            return self.allreduce_coalesced(tensors, opts)
+        buf, back = _inplace(tensors[0])
+        return _work(api.allreduce(buf, op=op, async_op=True), tensors, back)
+
+    def allreduce_coalesced(self, tensors: list, opts: Any = None) -> _Work:
+        op = _op(opts)
+        if not tensors:
+            return _done(tensors)
+        bufs = [t.detach() for t in tensors]
+        return _work(api.allreduce_coalesced(bufs, op=op, async_op=True), tensors)
+
+    def broadcast(self, tensors: list, opts: Any = None) -> _Work:
+        root = int(getattr(opts, "rootRank", 0)) if opts is not None else 0
+        if len(tensors) != 1:
+            raise ValueError("the ringreduce backend broadcasts one tensor per call")
+        buf, back = _inplace(tensors[0])
+        return _work(api.broadcast(buf, src=root, async_op=True), tensors, back)
+
+    def barrier(self, opts: Any = None) -> _Work:
+        return _work(api.barrier(async_op=True), [])
+
+    def allgather(self, output_tensors: list, input_tensors: list, opts: Any = None) -> _Work:
+        if len(input_tensors) != 1 or len(output_tensors) != 1:
+            raise ValueError("the ringreduce backend gathers one tensor per call")
+        outs, inp = output_tensors[0], input_tensors[0]
+        if len(outs) != self._size:
+            raise ValueError(f"all_gather: tensor_list has {len(outs)} tensors; it needs "
+                             f"world_size = {self._size}")
+        for o in outs:
+            if o.numel() != inp.numel() or o.dtype != inp.dtype:
+                raise ValueError(
+                    f"all_gather: every output must match the input ({inp.numel()} elements "
+                    f"of {inp.dtype}); got {o.numel()} of {o.dtype} (use all_gather_object "
+                    f"or pad for uneven sizes)")
+        src, _ = _inplace(inp)
+        flat = torch.empty((self._size,) + tuple(src.shape), dtype=src.dtype)
+
+        def scatter_out() -> None:
+            with torch.no_grad():
+                for r, o in enumerate(outs):
+                    o.copy_(flat[r].view(o.shape))
+        return _work(api.allgather(src, out=flat, async_op=True), output_tensors, scatter_out)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
+                          opts: Any = None) -> _Work:
+        src, _ = _inplace(input)
+        dst, back = _inplace(output)
+        if dst.numel() != src.numel() * self._size:
+            raise ValueError(f"all_gather_into_tensor: output has {output.numel()} elements; "
+                             f"it needs world_size * input.numel() = {src.numel() * self._size}")
+        return _work(api.allgather(src, out=dst, async_op=True), [output], back)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,
+                        opts: Any = None) -> _Work:
+        return self.all_gather_single(output, input, opts)
+
+    def allgather_into_tensor_coalesced(self, outputs: list, inputs: list,
+                                        opts: Any = None) -> _Work:
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return self._last(works, outputs)
+
+    def reduce_scatter(self, output_tensors: list, input_tensors: list,
+                       opts: Any = None) -> _Work:
+        if len(output_tensors) != 1 or len(input_tensors) != 1:
+            raise ValueError("the ringreduce backend reduce-scatters one tensor per call")
+        out, ins = output_tensors[0], input_tensors[0]
+        if len(ins) != self._size:
+            raise ValueError(f"reduce_scatter: input_list has {len(ins)} tensors; it needs "
+                             f"world_size = {self._size}")
+        flat = torch.cat([t.detach().reshape(-1) for t in ins])
+        dst, back = _inplace(out)
+        if dst.numel() * self._size != flat.numel():
+            raise ValueError("reduce_scatter: every input must have output.numel() elements")
+        return _work(api.reduce_scatter(flat, out=dst.view(-1), op=_op(opts), async_op=True),
+                     output_tensors, back)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
+                              opts: Any = None) -> _Work:
+        src, _ = _inplace(input)
+        dst, back = _inplace(output)
+        if dst.numel() * self._size != src.numel():
+            raise ValueError(f"reduce_scatter_tensor: input has {input.numel()} elements; it "
+                             f"needs world_size * output.numel() = {dst.numel() * self._size}")
+        return _work(api.reduce_scatter(src.view(-1), out=dst.view(-1), op=_op(opts),
+                                        async_op=True), [output], back)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor,
+                             opts: Any = None) -> _Work:
+        return self.reduce_scatter_single(output, input, opts)
+
+    def reduce_scatter_tensor_coalesced(self, outputs: list, inputs: list,
+                                        opts: Any = None) -> _Work:
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return self._last(works, outputs)
+
+    def reduce(self, tensors: list, opts: Any = None) -> _Work:
+        root = int(getattr(opts, "rootRank", 0))
+        t = tensors[0]
+        if self._rank == root:
+            buf, back = _inplace(t)
+            return _work(api.allreduce(buf, op=_op(opts), async_op=True), tensors, back)
+        tmp = t.detach().contiguous().clone()  # non-roots keep their input, as gloo does
+        return _work(api.allreduce(tmp, op=_op(opts), async_op=True), tensors)
+
+    def gather(self, output_tensors: list, input_tensors: list, opts: Any = None) -> _Work:
+        root = int(getattr(opts, "rootRank", 0))
+        inp = input_tensors[0].detach().contiguous()
+        flat = torch.empty((self._size,) + tuple(inp.shape), dtype=inp.dtype)
+        outs = output_tensors[0] if self._rank == root and output_tensors else []
+
+        def copy_out() -> None:
+            with torch.no_grad():
+                for r, o in enumerate(outs):
+                    o.copy_(flat[r].view(o.shape))
+        return _work(api.allgather(inp, out=flat, async_op=True), output_tensors, copy_out)
+
+    def scatter(self, output_tensors: list, input_tensors: list, opts: Any = None) -> _Work:
+        root = int(getattr(opts, "rootRank", 0))
+        out = output_tensors[0]
+        n = out.numel()
+        if self._rank == root:
+            flat = torch.cat([t.detach().reshape(-1) for t in input_tensors[0]])
+        else:
+            flat = torch.empty(n * self._size, dtype=out.dtype)
+
+        def copy_out() -> None:
+            with torch.no_grad():
+                out.copy_(flat[self._rank * n:(self._rank + 1) * n].view(out.shape))
+        return _work(api.broadcast(flat, src=root, async_op=True), output_tensors, copy_out)
+
+    def alltoall_base(self, *args: Any, **kwargs: Any) -> _Work:
+        raise NotImplementedError("the ringreduce backend has no all_to_all yet; use a gloo "
+                                  "group (dist.new_group(backend='gloo')) for it")
+
+    alltoall = alltoall_base
+
+    def send(self, *args: Any, **kwargs: Any) -> _Work:
+        raise NotImplementedError("the ringreduce backend has no point-to-point send/recv; use "
+                                  "a gloo group (dist.new_group(backend='gloo')) for it")
+
+    recv = send
+    recv_anysource = send
+
+    # -- lifecycle
+    def _last(self, works: list, value: Any) -> _Work:
+        # Collectives complete in submission order: the last one done means all are.
+        if not works:
+            return _done(value)
+        last = works[-1]._c
+        prev = [w._c for w in works[:-1]]
+
+        def after() -> None:
+            for c in prev:
+                exc = c.finish()
+                if exc is not None:
+                    raise exc
+        return _work(_WaitAll(last), value, after)
+
+    def shutdown(self) -> None:
+        if self._owns and _state._DEFAULT[0] is not None:
+            api.destroy()
+        self._owns = False
+
+    def abort(self) -> None:
+        g = _state._DEFAULT[0]
+        if self._owns and g is not None and g.comm is not None:
+            g.comm.abort()
+        self.shutdown()
+
+
+class _WaitAll:
+    """Adapts a Completion to the rr Work interface (wait / is_completed)."""
+
+    def __init__(self, c: Completion):
+        self._c = c
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        exc = self._c.finish()
+        if exc is not None:
+            raise exc
+        return True
+
+    def is_completed(self) -> bool:
+        return self._c.is_completed()
+
+
+def create_process_group(store: Any, rank: int, size: int,
+                         timeout: timedelta) -> ProcessGroupRingReduce:
+    """The creator function torch.distributed calls for init_process_group('ringreduce')."""
+    return ProcessGroupRingReduce(store, rank, size, timeout)
+
+
+def register() -> None:
+    """Register the "ringreduce" backend with torch.distributed (idempotent)."""
+    if BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
+        return
+    dist.Backend.register_backend(BACKEND_NAME, create_process_group, devices=["cpu"])
+
+
+register()

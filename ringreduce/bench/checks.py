@@ -1,0 +1,120 @@
+"""Buffers for one case, filled with rank-dependent values, and what every rank must get back.
+
+Rank r's input element i is ((r + i) % 4) + 1: small integers, so sums and products are
+exact in every dtype and a block that went to the wrong place or rank shows up as wrong.
+Floating-point results are compared with a tolerance of a few ulps of the dtype (the
+reduction order and avg's division may round differently); integers must match exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from collections.abc import Iterable
+from typing import Any, Optional
+
+import torch
+
+from .metrics import Case
+
+TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+                "bfloat16": torch.bfloat16, "int8": torch.int8, "uint8": torch.uint8,
+                "int32": torch.int32, "int64": torch.int64}
+
+
+def pattern(rank: int, count: int) -> torch.Tensor:
+    """Rank `rank`'s input values as int64."""
+    return (torch.arange(count, dtype=torch.int64) + rank) % 4 + 1
+
+
+def _reduce(parts: Iterable[torch.Tensor], redop: str, world: int,
+            dtype: torch.dtype) -> torch.Tensor:
+    """Reference reduction in float64 (floats) or int64 (integers), cast once at the end.
+    `parts` is consumed one tensor at a time, so only two full-size temporaries live."""
+    floating = dtype.is_floating_point
+    it = iter(parts)
+    acc = next(it).to(torch.float64 if floating else torch.int64)
+    for p in it:
+        p = p.to(acc.dtype)
+        if redop in ("sum", "avg"):
+            acc = acc + p
+        elif redop == "prod":
+            acc = acc * p
+        elif redop == "min":
+            acc = torch.minimum(acc, p)
+        elif redop == "max":
+            acc = torch.maximum(acc, p)
+        else:
+            raise ValueError(f"unknown reduce op {redop!r}")
+    if redop == "avg":
+        acc = acc / world if floating else torch.div(acc, world, rounding_mode="trunc")
+    return acc.to(dtype)
+
+
+@dataclass
+class Buffers:
+    """Input/output tensors of one case on this rank; `out` is `inp` for in-place ops."""
+
+    inp: torch.Tensor
+    out: torch.Tensor
+    initial: Optional[torch.Tensor]  # what `inp` is reset to before each checked iteration
+    expected: Optional[torch.Tensor]  # None when not checking
+
+    def reset(self) -> None:
+        """Restore the input (in-place ops overwrite it) and clear a separate output."""
+        if self.initial is not None:
+            self.inp.copy_(self.initial)
+        if self.out is not self.inp:
+            self.out.zero_()
+
+
+def make_buffers(case: Case, dtype: str, rank: int, world: int, redop: str, root: int,
+                 check: bool) -> Buffers:
+    """Allocate and fill this rank's buffers; with `check`, also the expected output."""
+    td = TORCH_DTYPES[dtype]
+    op = case.op
+    if op == "barrier":
+        empty = torch.empty(0, dtype=td)
+        return Buffers(empty, empty, None, None)
+    if op == "broadcast":
+        inp = pattern(root, case.in_count).to(td) if rank == root \
+            else torch.zeros(case.in_count, dtype=td)
+    else:
+        inp = pattern(rank, case.in_count).to(td)
+    inplace = op in ("allreduce", "broadcast")
+    out = inp if inplace else torch.zeros(case.out_count, dtype=td)
+    if not check:
+        return Buffers(inp, out, None, None)
+    initial = inp.clone() if inplace else None
+    if op == "allreduce":
+        exp = _reduce((pattern(r, case.count) for r in range(world)), redop, world, td)
+    elif op == "broadcast":
+        exp = pattern(root, case.count).to(td)
+    elif op == "allgather":
+        exp = torch.cat([pattern(r, case.in_count) for r in range(world)]).to(td)
+    elif op == "reduce_scatter":
+        k = case.out_count
+        full = _reduce((pattern(r, case.in_count) for r in range(world)), redop, world, td)
+        exp = full[rank * k:(rank + 1) * k].clone()
+    else:
+        raise ValueError(f"unknown collective {op!r}")
+    return Buffers(inp, out, initial, exp)
+
+
+def count_wrong(result: torch.Tensor, expected: Optional[torch.Tensor]) -> int:
+    """Elements of `result` that differ from `expected` beyond the dtype's tolerance."""
+    if expected is None or result.numel() == 0:
+        return 0
+    if not result.dtype.is_floating_point:
+        return int((result != expected).sum())
+    eps = torch.finfo(result.dtype).eps
+    r, e = result.to(torch.float64), expected.to(torch.float64)
+    tol = 4 * eps * e.abs().clamp(min=1.0)
+    ok = (r == e) | ((r - e).abs() <= tol)
+    return int((~ok).sum())
+
+
+def as_numpy(t: torch.Tensor) -> Any:
+    """A numpy view of a CPU tensor (for mpi4py); bfloat16 has no numpy type."""
+    if t.dtype == torch.bfloat16:
+        raise TypeError("bfloat16 has no numpy/MPI datatype")
+    return t.numpy()

@@ -1,0 +1,206 @@
+"""Command line of ringreduce-bench: options in the spirit of nccl-tests, size parsing and the
+size sweep. Pure functions, no I/O, so tests can cover them without starting ranks."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Sequence
+
+PROG = "ringreduce-bench"
+OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter", "barrier")
+REDOPS = ("sum", "avg", "prod", "min", "max")
+DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64")
+ANCHORS = ("gloo", "mpi")
+_DTYPE_ALIASES = {"float": "float32", "double": "float64", "half": "float16", "bf16": "bfloat16",
+                  "fp32": "float32", "fp64": "float64", "fp16": "float16", "int": "int32",
+                  "char": "int8", "long": "int64"}
+_OP_ALIASES = {"all_reduce": "allreduce", "all_gather": "allgather", "bcast": "broadcast",
+               "reducescatter": "reduce_scatter", "reduce-scatter": "reduce_scatter"}
+_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Bytes from "8", "64K", "256M", "1G", "1.5M", "64KiB", "4kb" (suffixes are powers of
+    1024, as in nccl-tests)."""
+    m = _SIZE_RE.match(str(text))
+    if not m:
+        raise ValueError(f"{text!r} is not a size; write a number of bytes with an optional "
+                         "K, M, G or T suffix, e.g. 8, 64K, 256M, 1G")
+    value = float(m.group(1)) * _SUFFIX[m.group(2).upper()]
+    if value != int(value):
+        raise ValueError(f"{text!r} is not a whole number of bytes")
+    return int(value)
+
+
+def format_size(n: int) -> str:
+    """Short human form of a byte count: 8B, 64K, 1M, 1.5M."""
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale:
+            v = n / scale
+            return f"{v:.0f}{unit}" if v == int(v) else f"{v:.3g}{unit}"
+    return f"{n}B"
+
+
+def size_sweep(begin: int, end: int, factor: float = 2.0, step: int = 0) -> list[int]:
+    """Sizes from begin to end (inclusive), multiplying by `factor`, or adding `step` bytes
+    when step > 0 (nccl-tests' -f / --stepbytes)."""
+    if begin < 0 or end < begin:
+        raise ValueError(f"need 0 <= minbytes <= maxbytes, got -b {begin} -e {end}")
+    if step <= 0 and factor <= 1:
+        raise ValueError(f"-f must be > 1 (got {factor}), or give --stepbytes")
+    if step <= 0 and begin == 0:
+        raise ValueError("-b 0 with -f would never grow; start at 1 byte or more")
+    sizes, s = [], begin
+    while s <= end:
+        sizes.append(s)
+        nxt = s + step if step > 0 else int(s * factor)
+        s = nxt if nxt > s else s + 1
+    return sizes
+
+
+def _size_arg(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"got {v}; need at least 1")
+    return v
+
+
+def _nonneg(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"got {v}; need 0 or more")
+    return v
+
+
+def _ops(text: str) -> list[str]:
+    out: list[str] = []
+    for word in text.lower().split(","):
+        word = _OP_ALIASES.get(word.strip(), word.strip())
+        if word == "all":
+            out.extend(OPS)
+        elif word in OPS:
+            out.append(word)
+        else:
+            raise argparse.ArgumentTypeError(
+                f"unknown operation {word!r}; use one of {', '.join(OPS)} or all")
+    return list(dict.fromkeys(out))
+
+
+def _dtype(text: str) -> str:
+    name = _DTYPE_ALIASES.get(text.lower(), text.lower())
+    if name not in DTYPES:
+        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; use one of {', '.join(DTYPES)}")
+    return name
+
+
+def _anchors(text: str) -> list[str]:
+    names = [w.strip().lower() for w in text.split(",") if w.strip()]
+    bad = [w for w in names if w not in ANCHORS]
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"unknown library {bad[0]!r} for --compare; use {' or '.join(ANCHORS)} "
+            "(comma-separated)")
+    return list(dict.fromkeys(names))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Microbenchmark ringreduce collectives (nccl-tests conventions), optionally "
+                    "side by side with torch.distributed gloo and Open MPI.",
+        epilog="examples:\n"
+               "  ringreduce-bench -n 2 -b 8 -e 64M -f 2 --compare gloo --plot bw.png\n"
+               "  ringreduce-bench -n 4 -o all -d bfloat16 --check\n"
+               "  torchrun --nproc-per-node 8 -m ringreduce.bench -b 1K -e 1G\n"
+               "  ringreduce-bench --tune --tune-out tuning.json   # then RINGREDUCE_TUNING_FILE\n"
+               "busbw follows nccl-tests: algbw * 2(n-1)/n for allreduce, (n-1)/n for allgather "
+               "and reduce_scatter (size = the whole gathered/scattered buffer), 1 for broadcast.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    a = p.add_argument
+    a("-n", "--nproc", type=_positive, default=None, metavar="N",
+      help="start N local ranks (default 2); ignored when already a rank of a job started by "
+           "ringreduce-run, torchrun, srun or mpirun")
+    a("-b", "--minbytes", type=_size_arg, default=parse_size("8"), metavar="SIZE",
+      help="smallest message size (default 8; suffixes K M G)")
+    a("-e", "--maxbytes", type=_size_arg, default=parse_size("64M"), metavar="SIZE",
+      help="largest message size (default 64M)")
+    a("-f", "--stepfactor", type=float, default=2.0, metavar="F",
+      help="multiply the size by F each step (default 2)")
+    a("--stepbytes", type=_size_arg, default=0, metavar="SIZE",
+      help="add SIZE each step instead of multiplying")
+    a("-o", "--collective", dest="ops", type=_ops, default=["allreduce"], metavar="OP",
+      help=f"collective(s), comma-separated: {', '.join(OPS)}, all (default allreduce)")
+    a("-d", "--dtype", type=_dtype, default="float32", help="element type (default float32)")
+    a("--op", "--redop", dest="redop", choices=REDOPS, default="sum",
+      help="reduction for allreduce and reduce_scatter (default sum)")
+    a("-r", "--root", type=_nonneg, default=0, help="broadcast root (default 0)")
+    a("--algo", choices=("auto", "ring", "tree", "shm"), default="auto",
+      help="allreduce algorithm (default auto: shared memory within a host when enabled, "
+           "else the cost model picks ring or tree per size)")
+    a("--transport", choices=("auto", "tcp", "shm"), default=None,
+      help="set RINGREDUCE_TRANSPORT for the ranks (default: inherited, auto); the header "
+           "shows the transport actually used")
+    a("-w", "--warmup", type=_nonneg, default=5, help="warm-up iterations per size (default 5)")
+    a("-i", "--iters", type=_positive, default=20, help="timed iterations per size (default 20)")
+    a("-c", "--check", action="store_true",
+      help="verify every iteration's result; wrong elements go to the #wrong column")
+    a("--compare", type=_anchors, default=[], metavar="LIBS",
+      help="also measure gloo (torch.distributed) and/or mpi (mpi4py + Open MPI), e.g. gloo,mpi")
+    a("--mpirun-args", default="", metavar="ARGS",
+      help="extra mpirun arguments for the mpi anchor, e.g. '--mca btl tcp,self'")
+    a("--json", metavar="FILE", help="write all results (with per-iteration times) as JSON")
+    a("--csv", metavar="FILE", help="write one row per library and size as CSV")
+    a("--plot", metavar="FILE.png", help="draw busbw vs size for every library (matplotlib)")
+    a("--timeout", type=float, default=300.0, metavar="SECONDS",
+      help="per-collective timeout for ringreduce and gloo (default 300)")
+    a("--progress", choices=("auto", "always", "never"), default="auto",
+      help="progress bar on stderr of rank 0 (auto: when stderr is a terminal)")
+    a("--tune", action="store_true",
+      help="fit the cost model's alpha (us/message) and beta (ns/byte) and print the ring/tree "
+           "crossover instead of sweeping")
+    a("--tune-out", metavar="FILE.json", help="with --tune: write the fit for RINGREDUCE_TUNING_FILE")
+    a("--mpi-results", help=argparse.SUPPRESS)  # set by the launcher: the mpirun job's output
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse and cross-check the command line (errors exit with code 2, like argparse)."""
+    p = build_parser()
+    args = p.parse_args(argv)
+    try:
+        args.sizes = size_sweep(args.minbytes, args.maxbytes, args.stepfactor, args.stepbytes)
+    except ValueError as e:
+        p.error(str(e))
+    if args.tune_out and not args.tune:
+        p.error("--tune-out needs --tune")
+    if args.timeout <= 0:
+        p.error("--timeout must be > 0 seconds")
+    return args
+
+
+def strip_nproc(argv: Sequence[str]) -> list[str]:
+    """argv without -n/--nproc (the launcher passes the rest on to the ranks)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("-n", "--nproc"):
+            skip = True
+        elif not (a.startswith("--nproc=") or (a.startswith("-n") and a[2:].isdigit())):
+            out.append(a)
+    return out

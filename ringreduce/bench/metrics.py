@@ -1,0 +1,150 @@
+"""Sizes, counts and bandwidth formulas, following nccl-tests (doc/PERFORMANCE.md).
+
+* ``size`` is the byte count nccl-tests prints: the buffer of allreduce and broadcast, the
+  whole *gathered output* of allgather (n blocks) and the whole *input* of reduce_scatter
+  (n blocks). ``count`` is size / element size.
+* algbw = size / time; busbw = algbw * factor, with factor 2(n-1)/n for allreduce, (n-1)/n
+  for allgather and reduce_scatter, 1 for broadcast. busbw is comparable to the hardware's
+  bandwidth whatever the number of ranks. Barrier moves no data: time only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+ELEMENT_SIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1,
+                "int32": 4, "int64": 8}
+
+
+def bus_factor(op: str, world: int) -> float:
+    """busbw / algbw for `op` on `world` ranks (nccl-tests)."""
+    n = max(1, int(world))
+    if op == "allreduce":
+        return 2.0 * (n - 1) / n
+    if op in ("allgather", "reduce_scatter"):
+        return (n - 1) / n
+    if op == "broadcast":
+        return 1.0
+    if op == "barrier":
+        return 0.0
+    raise ValueError(f"unknown collective {op!r}")
+
+
+def algbw_gbps(size_bytes: int, seconds: float) -> float:
+    """Algorithm bandwidth in GB/s (1e9 bytes per second, as nccl-tests)."""
+    return size_bytes / seconds / 1e9 if seconds > 0 else 0.0
+
+
+def busbw_gbps(op: str, world: int, size_bytes: int, seconds: float) -> float:
+    return algbw_gbps(size_bytes, seconds) * bus_factor(op, world)
+
+
+def median(xs: list[float]) -> float:
+    s = sorted(xs)
+    if not s:
+        return float("nan")
+    k = len(s) // 2
+    return s[k] if len(s) % 2 else (s[k - 1] + s[k]) / 2
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100): the smallest value with at least q% of the
+    samples at or below it; with 20 samples p99 is the maximum."""
+    s = sorted(xs)
+    if not s:
+        return float("nan")
+    k = max(1, math.ceil(q / 100.0 * len(s)))
+    return s[k - 1]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One message size of one collective, rounded as nccl-tests rounds it."""
+
+    op: str
+    size: int  # bytes, nccl-tests convention (see module docstring)
+    count: int  # elements in `size`
+    in_count: int  # elements each rank passes in
+    out_count: int  # elements each rank gets out
+
+
+def make_case(op: str, requested: int, dtype: str, world: int) -> Case:
+    """Round `requested` bytes down to whole elements (and whole blocks of n for allgather
+    and reduce_scatter), at least one element per rank."""
+    es, n = ELEMENT_SIZE[dtype], max(1, world)
+    if op == "barrier":
+        return Case(op, 0, 0, 0, 0)
+    count = max(1, requested // es)
+    if op in ("allgather", "reduce_scatter"):
+        count = max(n, count // n * n)
+        k = count // n
+        return Case(op, count * es, count, k if op == "allgather" else count,
+                    count if op == "allgather" else k)
+    if op in ("allreduce", "broadcast"):
+        return Case(op, count * es, count, count, count)
+    raise ValueError(f"unknown collective {op!r}")
+
+
+def make_cases(op: str, sizes: list[int], dtype: str, world: int) -> list[Case]:
+    """Cases for a sweep, duplicates (after rounding) dropped; barrier runs once."""
+    if op == "barrier":
+        return [make_case(op, 0, dtype, world)]
+    seen, out = set(), []
+    for s in sizes:
+        c = make_case(op, s, dtype, world)
+        if c.size not in seen:
+            seen.add(c.size)
+            out.append(c)
+    return out
+
+
+@dataclass
+class Row:
+    """Result of one library at one size: per-iteration times (max over ranks)."""
+
+    op: str
+    lib: str
+    size: int
+    count: int
+    dtype: str
+    redop: str
+    root: int
+    algo: str
+    world: int
+    times: list[float] = field(default_factory=list)  # seconds
+    wrong: int | None = None  # None: not checked
+
+    @property
+    def time_us(self) -> float:
+        return median(self.times) * 1e6
+
+    @property
+    def p99_us(self) -> float:
+        return percentile(self.times, 99) * 1e6
+
+    @property
+    def algbw(self) -> float:
+        return algbw_gbps(self.size, median(self.times)) if self.op != "barrier" else 0.0
+
+    @property
+    def busbw(self) -> float:
+        return busbw_gbps(self.op, self.world, self.size, median(self.times)) \
+            if self.op != "barrier" else 0.0
+
+    def as_dict(self, with_times: bool = True) -> dict:
+        d = {"op": self.op, "library": self.lib, "size": self.size, "count": self.count,
+             "type": self.dtype, "redop": self.redop, "root": self.root, "algo": self.algo,
+             "world_size": self.world, "time_us": self.time_us, "p99_us": self.p99_us,
+             "algbw_gbps": self.algbw, "busbw_gbps": self.busbw, "wrong": self.wrong,
+             "iters": len(self.times)}
+        if with_times:
+            d["times_us"] = [t * 1e6 for t in self.times]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Row:
+        return cls(op=d["op"], lib=d["library"], size=d["size"], count=d["count"],
+                   dtype=d["type"], redop=d["redop"], root=d["root"], algo=d["algo"],
+                   world=d["world_size"], times=[t * 1e-6 for t in d.get("times_us", [])],
+                   wrong=d.get("wrong"))

@@ -1,0 +1,51 @@
+"""--plot FILE.png: bus bandwidth against message size (log x), one line per library and one
+panel per collective. matplotlib (the [bench] extra) with the Agg backend: no display needed."""
+
+from __future__ import annotations
+
+from .cli import format_size
+from .metrics import Row
+
+_STYLE = {"ringreduce": ("C0", "o"), "gloo": ("C1", "s"), "mpi": ("C2", "^")}
+
+
+def plot(rows: list[Row], meta: dict, path: str) -> str | None:
+    """Draw the figure into `path`; returns why not, or None when the file was written."""
+    try:
+        import matplotlib
+    except ImportError:
+        return "--plot needs matplotlib: pip install matplotlib (or ringreduce[bench])"
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    ops = [op for op in meta["ops"] if op != "barrier" and any(r.op == op for r in rows)]
+    if not ops:
+        return "nothing to plot: barrier has no message size (use -o with another collective)"
+    ncols = min(2, len(ops))
+    nrows = (len(ops) + ncols - 1) // ncols
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.4 * ncols, 4.6 * nrows), squeeze=False)
+    for ax in axes.flat[len(ops):]:
+        ax.set_visible(False)
+    hosts = ", ".join(f"{h} x{c}" for h, c in meta["hosts"].items())
+    for ax, op in zip(axes.flat, ops):
+        libs = list(dict.fromkeys(r.lib for r in rows if r.op == op))
+        for lib in libs:
+            pts = sorted((r.size, r.busbw) for r in rows if r.op == op and r.lib == lib)
+            color, marker = _STYLE.get(lib, (None, "x"))
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, ms=4,
+                    color=color, label=lib)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: format_size(int(x))))
+        ax.set_xlabel("message size (bytes, nccl-tests convention)")
+        ax.set_ylabel("bus bandwidth (GB/s)")
+        ax.set_title(f"{op}, {meta['world_size']} ranks, {meta['dtype']}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"ringreduce-bench on {hosts} (transport {meta['transport']}, "
+                 f"median of {meta['iters']} iterations)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None

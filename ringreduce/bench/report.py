@@ -1,0 +1,154 @@
+"""Output of a sweep: the nccl-tests-style table, JSON and CSV files, and the plot."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import platform
+import time
+from argparse import Namespace
+from collections import Counter
+
+from .metrics import Row
+
+CSV_FIELDS = ("op", "library", "size", "count", "type", "redop", "root", "algo", "world_size",
+              "time_us", "p99_us", "algbw_gbps", "busbw_gbps", "wrong", "iters")
+_REDUCING = ("allreduce", "reduce_scatter")
+
+
+def make_meta(args: Namespace, world: int, hosts: list, notes: dict, transport: str) -> dict:
+    """What the run measured, for the table header and the JSON file."""
+    import ringreduce
+
+    counts = Counter(hosts or [platform.node()])
+    return {
+        "tool": "ringreduce-bench", "ringreduce_version": ringreduce.__version__,
+        "world_size": world, "hosts": dict(counts), "ops": list(args.ops), "dtype": args.dtype,
+        "redop": args.redop, "root": args.root, "algo": args.algo,
+        "transport": transport,
+        "transport_requested": args.transport or os.environ.get("RINGREDUCE_TRANSPORT", "auto"),
+        "warmup": args.warmup, "iters": args.iters, "check": bool(args.check),
+        "compare": list(args.compare), "libraries": dict(notes),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def _fmt(x: float, width: int, prec: int = 2) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-".rjust(width)
+    return f"{x:{width}.{prec}f}"
+
+
+def speedup(mine: Row, other: Row | None, p99: bool = False) -> float:
+    """other's time / ringreduce's time (= ringreduce busbw / other busbw): > 1 is faster."""
+    if other is None:
+        return float("nan")
+    a, b = (mine.p99_us, other.p99_us) if p99 else (mine.time_us, other.time_us)
+    return b / a if a > 0 else float("nan")
+
+
+def _header(meta: dict, skipped: list[dict]) -> list[str]:
+    hosts = ", ".join(f"{h} x{c}" for h, c in meta["hosts"].items())
+    transport = f"{meta['transport']} (RINGREDUCE_TRANSPORT={meta['transport_requested']})"
+    out = [f"# ringreduce-bench (ringreduce {meta['ringreduce_version']}): "
+           f"{meta['world_size']} ranks on {hosts}",
+           f"#  collectives {','.join(meta['ops'])}  type {meta['dtype']}  redop {meta['redop']}"
+           f"  root {meta['root']}  algo {meta['algo']}  transport {transport}",
+           f"#  warmup {meta['warmup']}  iters {meta['iters']}  check {int(meta['check'])}"
+           "  time = median over iterations of the slowest rank; p99 likewise"]
+    for name, note in meta["libraries"].items():
+        out.append(f"#  compare: {name}: {note}")
+    for s in skipped:
+        what = "" if s["op"] == "*" else f" for {s['op']}"
+        out.append(f"#  compare: {s['library']} skipped{what}: {s['reason']}")
+    return out
+
+
+def _op_table(op: str, rows: list[Row], anchors: list[str]) -> list[str]:
+    mine = [r for r in rows if r.op == op and r.lib == "ringreduce"]
+    by = {(r.lib, r.size): r for r in rows if r.op == op}
+    head = (f"#{'size':>11} {'count':>12} {'type':>9} {'redop':>6} {'root':>5} {'algo':>6} "
+            f"{'time(us)':>10} {'p99(us)':>10} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} "
+            f"{'#wrong':>7}")
+    unit = f"#{'(B)':>11} {'(elements)':>12}"
+    for a in anchors:
+        head += f" | {a + '(us)':>10} {a + ' busbw':>11} {'x' + a:>7} {'x' + a + '99':>8}"
+    out = [f"#", f"# {op}", head, unit]
+    for r in mine:
+        redop = r.redop if op in _REDUCING else "-"
+        root = str(r.root) if op == "broadcast" else "-"
+        wrong = "N/A" if r.wrong is None else str(r.wrong)
+        bw = op != "barrier"
+        line = (f"{r.size:>12} {r.count:>12} {r.dtype if bw else '-':>9} {redop:>6} {root:>5} "
+                f"{r.algo:>6} {_fmt(r.time_us, 10)} {_fmt(r.p99_us, 10)} "
+                f"{_fmt(r.algbw if bw else None, 11, 3)} {_fmt(r.busbw if bw else None, 11, 3)} "
+                f"{wrong:>7}")
+        for a in anchors:
+            o = by.get((a, r.size))
+            line += (f" | {_fmt(o.time_us if o else None, 10)} "
+                     f"{_fmt(o.busbw if (o and bw) else None, 11, 3)} "
+                     f"{_fmt(speedup(r, o), 7)} {_fmt(speedup(r, o, p99=True), 8)}")
+        out.append(line)
+    return out
+
+
+def _geomean(xs: list[float]) -> float:
+    xs = [x for x in xs if x > 0 and not math.isnan(x)]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def table(rows: list[Row], meta: dict, skipped: list[dict]) -> str:
+    """The whole report as printed on rank 0."""
+    present = {r.lib for r in rows}
+    anchors = [a for a in ("gloo", "mpi") if a in present]
+    out = _header(meta, skipped)
+    ops = [op for op in meta["ops"] if any(r.op == op for r in rows)]
+    for op in ops:
+        out += _op_table(op, rows, anchors)
+    mine = [r for r in rows if r.lib == "ringreduce"]
+    if any(r.wrong is not None for r in mine):
+        bad = sum(r.wrong or 0 for r in mine)
+        out.append(f"# Out of bounds values : {bad} {'OK' if bad == 0 else 'FAILED'}")
+    by = {(r.op, r.lib, r.size): r for r in rows}
+    for a in anchors:
+        theirs = [r for r in rows if r.lib == a and r.op != "barrier"]
+        sp = [speedup(r, by.get((r.op, a, r.size))) for r in mine]
+        if theirs:
+            out.append(f"# {a} avg bus bandwidth : {sum(r.busbw for r in theirs) / len(theirs):.4g}")
+        out.append(f"# ringreduce vs {a}: time ratio {a}/ringreduce, geometric mean over sizes "
+                   f"{_geomean(sp):.3g}x (> 1: ringreduce faster)")
+    bw = [r.busbw for r in mine if r.op != "barrier"]
+    out.append(f"# Avg bus bandwidth    : {sum(bw) / len(bw) if bw else 0.0:.4g}")
+    return "\n".join(out)
+
+
+def to_json(rows: list[Row], meta: dict, skipped: list[dict]) -> dict:
+    return {"meta": meta, "results": [r.as_dict() for r in rows], "skipped": skipped}
+
+
+def write_csv(path: str, rows: list[Row]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow(r.as_dict(with_times=False))
+
+
+def write_outputs(args: Namespace, rows: list[Row], meta: dict, skipped: list[dict]) -> None:
+    """--json / --csv / --plot files (rank 0)."""
+    import sys
+
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(to_json(rows, meta, skipped), f, indent=1)
+        print(f"# wrote {args.json}", file=sys.stderr)
+    if args.csv:
+        write_csv(args.csv, rows)
+        print(f"# wrote {args.csv}", file=sys.stderr)
+    if args.plot:
+        from . import plot
+
+        why = plot.plot(rows, meta, args.plot)
+        print(f"# {why or 'wrote ' + args.plot}", file=sys.stderr)

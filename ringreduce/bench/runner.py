@@ -1,0 +1,184 @@
+"""What each rank runs: join the job, set up the anchors, sweep the sizes, report on rank 0.
+
+Timing (per library and size): a barrier, the warm-up iterations, a barrier, then each timed
+iteration is bracketed by perf_counter on every rank. The per-iteration times are then
+all-reduced with max (an iteration lasts until its slowest rank is done), and the table
+shows the median and p99 over iterations. Libraries are interleaved per size (ringreduce,
+then each anchor, at the same size) so that they share the machine's noise. With --check,
+inputs are reset and the ranks re-synchronised (outside the timed region) before every
+iteration, and every result is verified.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from argparse import Namespace
+from typing import Any, Callable
+
+import numpy as np
+
+from . import anchors, progress, report
+from .checks import count_wrong, make_buffers
+from .metrics import Case, Row, make_case, make_cases
+
+Reducer = Callable[[np.ndarray, str], np.ndarray]
+
+
+def measure(lib: anchors.Lib, case: Case, b: Any, args: Namespace) -> tuple[list[float], int]:
+    """This rank's per-iteration times (seconds) and wrong-element count for one case."""
+    run, redop, root = lib.run, args.redop, args.root
+    lib.barrier()
+    for _ in range(args.warmup):
+        run(case, b, redop, root)
+    lib.barrier()
+    times, wrong = [], 0
+    clock = time.perf_counter
+    for _ in range(args.iters):
+        if args.check:
+            b.reset()
+            lib.barrier()
+        t0 = clock()
+        run(case, b, redop, root)
+        times.append(clock() - t0)
+        if args.check:
+            wrong += count_wrong(b.out, b.expected)
+    return times, wrong
+
+
+def _trial(lib: anchors.Lib, case: Case, args: Namespace, rank: int, world: int,
+           reduce_: Reducer) -> str | None:
+    """Run `case` once; None if it worked on every rank, else why not (agreed by all)."""
+    reason = None
+    try:
+        b = make_buffers(case, args.dtype, rank, world, args.redop, args.root, False)
+        lib.run(case, b, args.redop, args.root)
+    except Exception as e:  # unsupported dtype/op in that library, typically
+        reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    ok = reduce_(np.array([0 if reason else 1], dtype=np.int64), "min")[0]
+    if ok:
+        return None
+    return reason or "failed on another rank"
+
+
+def sweep(args: Namespace, libs: list[anchors.Lib], reduce_: Reducer, rank: int, world: int,
+          bar: progress.Progress | None = None) -> tuple[list[Row], list[dict]]:
+    """Measure every op x size x library; returns rows (identical on all ranks) and skips."""
+    rows: list[Row] = []
+    skipped: list[dict] = []
+    for op in args.ops:
+        cases = make_cases(op, args.sizes, args.dtype, world)
+        active = []
+        for lib in libs:
+            why = _trial(lib, make_case(op, 8, args.dtype, world), args, rank, world, reduce_)
+            if why:
+                skipped.append({"library": lib.name, "op": op, "reason": why})
+            else:
+                active.append(lib)
+        skipped_w = sum(progress.weight(c.size) for c in cases) * (len(libs) - len(active))
+        if bar:
+            bar.step(skipped_w)
+        for case in cases:
+            b = make_buffers(case, args.dtype, rank, world, args.redop, args.root, args.check)
+            for lib in active:
+                times, wrong = measure(lib, case, b, args)
+                t = reduce_(np.array(times, dtype=np.float64), "max")
+                w = int(reduce_(np.array([wrong], dtype=np.int64), "sum")[0])
+                rows.append(Row(op=op, lib=lib.name, size=case.size, count=case.count,
+                                dtype=args.dtype, redop=args.redop, root=args.root,
+                                algo=lib.algo(case), world=world, times=[float(x) for x in t],
+                                wrong=w if args.check else None))
+                if bar:
+                    bar.step(progress.weight(case.size), f"{op} {case.size} B {lib.name}")
+            del b
+    return rows, skipped
+
+
+def _total_work(args: Namespace, world: int, nlibs: int) -> float:
+    return sum(progress.weight(c.size) for op in args.ops
+               for c in make_cases(op, args.sizes, args.dtype, world)) * nlibs
+
+
+def _load_mpi_results(path: str) -> tuple[list[Row], list[dict], str]:
+    with open(path) as f:
+        data = json.load(f)
+    if data.get("error"):
+        return [], [{"library": "mpi", "op": "*", "reason": data["error"]}], ""
+    return ([Row.from_dict(d) for d in data["results"]], data.get("skipped", []),
+            data.get("note", ""))
+
+
+def _anchor_libs(args: Namespace, rank: int, world: int) -> tuple[list[anchors.Lib], list[dict]]:
+    from ringreduce import _env, _rendezvous
+
+    libs: list[anchors.Lib] = []
+    skipped: list[dict] = []
+    for name in args.compare:
+        if name == "gloo":
+            why = anchors.gloo_unavailable()
+            if why is None:
+                info, tun = _env.detect_launch(), _env.tunables()
+                store = _rendezvous.make_store(info.master_addr, info.master_port, rank, world,
+                                               tun.connect_timeout, tun.use_agent_store)
+                libs.append(anchors.Gloo(store, rank, world, args.timeout))
+        elif args.mpi_results:
+            continue  # measured by a separate mpirun job; merged on rank 0
+        elif _env.detect_launch().source != "openmpi":
+            why = ("needs ranks started by mpirun: use -n N (the bench then runs its own "
+                   "mpirun job) or launch the bench with mpirun")
+        else:
+            why = anchors.mpi_unavailable()
+            if why is None:
+                libs.append(anchors.MPI())
+        if why:
+            skipped.append({"library": name, "op": "*", "reason": why})
+    return libs, skipped
+
+
+def run_rank(args: Namespace) -> int:
+    """Entry point of one rank of the benchmark job; returns the exit code."""
+    import torch
+
+    import ringreduce as rr
+
+    torch.set_num_threads(1)  # checks and fills must not compete with the peers' cores
+    if args.transport:
+        os.environ["RINGREDUCE_TRANSPORT"] = args.transport
+    rr.init(timeout=args.timeout)
+    libs: list[anchors.Lib] = []
+    try:
+        me = anchors.RingReduce(args.algo)
+        rank, world = me.group.rank, me.group.world_size
+        if args.tune:
+            from . import tune
+
+            return tune.run(args, me, rank, world)
+        extra, skipped = _anchor_libs(args, rank, world)
+        libs = [me, *extra]
+        bar = progress.Progress(_total_work(args, world, len(libs)),
+                                rank == 0 and progress.wanted(args.progress))
+        try:
+            rows, more = sweep(args, libs, me.allreduce_np, rank, world, bar)
+        finally:
+            bar.close()
+        skipped += more
+        notes = {lib.name: lib.note for lib in extra}
+        if args.mpi_results and rank == 0:
+            mrows, mskip, mnote = _load_mpi_results(args.mpi_results)
+            rows += mrows
+            skipped += mskip
+            if mnote:
+                notes["mpi"] = mnote + " (separate mpirun job before this run, not interleaved)"
+        wrong = sum(r.wrong or 0 for r in rows if r.lib == "ringreduce")
+        if rank == 0:
+            meta = report.make_meta(args, world, me.group.hosts, notes, me.transport)
+            print(report.table(rows, meta, skipped), flush=True)
+            report.write_outputs(args, rows, meta, skipped)
+        return 1 if wrong else 0
+    finally:
+        for lib in reversed(libs[1:]):
+            lib.close()
+        rr.destroy()
+        sys.stdout.flush()

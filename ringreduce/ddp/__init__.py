@@ -1,0 +1,8 @@
+"""Data parallelism over ringreduce: a DistributedDataParallel wrapper with bucketed,
+overlapped gradient all-reduce, and torch-compatible communication hooks."""
+
+from . import hooks
+from .hooks import GradBucket
+from .wrapper import DistributedDataParallel
+
+__all__ = ["DistributedDataParallel", "GradBucket", "hooks"]

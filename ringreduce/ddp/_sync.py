@@ -1,0 +1,149 @@
+"""Construction-time agreement across ranks: parameter shapes, then rank 0's state.
+
+Both run on the default ringreduce communicator, in the same order on every rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import torch
+
+from .. import api
+
+# Tensors are broadcast as raw bytes, packed into chunks of at most this size (as torch
+# DDP's _sync_module_states packs 250 MB): one collective per chunk, whatever the dtypes.
+BROADCAST_CHUNK_BYTES = 256 * 1024 * 1024
+
+
+def _describe(p: torch.Tensor) -> str:
+    return f"{tuple(p.shape)} {str(p.dtype).replace('torch.', '')}" + (
+        "" if p.requires_grad else " (requires_grad=False)")
+
+
+def _hash64(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little", signed=True)
+
+
+def verify_shapes(names: Sequence[str], params: Sequence[torch.Tensor], rank: int,
+                  world: int) -> None:
+    """Raise ValueError on every rank when the ranks' parameter lists differ, naming the
+    first parameter that differs (index, name, shape and dtype on each rank)."""
+    descs = [_describe(p) for p in params]
+    summary = torch.tensor([len(params), _hash64("|".join(descs))], dtype=torch.int64)
+    gathered = api.allgather(summary)  # (world, 2)
+    if bool((gathered == gathered[0]).all()):
+        return
+    # Something differs: every rank saw the same gathered table, so all take this path.
+    nmax = int(gathered[:, 0].max())
+    mine = torch.full((nmax,), 0, dtype=torch.int64)
+    for i, d in enumerate(descs):
+        mine[i] = _hash64(d) or 1  # 0 marks "no parameter here"
+    table = api.allgather(mine)  # (world, nmax)
+    diff = (table != table[0]).any(dim=0).nonzero()
+    first = int(diff[0]) if diff.numel() else min(int(n) for n in gathered[:, 0])
+    # Gather a fixed-size encoding of parameter `first` from every rank, for the message.
+    enc = torch.zeros(12, dtype=torch.int64)
+    if first < len(params):
+        p = params[first]
+        enc[0] = 1
+        enc[1] = p.dim()
+        enc[2] = _DTYPES.index(p.dtype) if p.dtype in _DTYPES else -1
+        enc[3] = int(p.requires_grad)
+        for k, s in enumerate(list(p.shape)[:8]):
+            enc[4 + k] = s
+    encs = api.allgather(enc)
+    per_rank = []
+    for r in range(world):
+        e = encs[r].tolist()
+        if not e[0]:
+            per_rank.append(f"rank {r}: no such parameter (it has {int(gathered[r, 0])})")
+            continue
+        shape = tuple(e[4:4 + min(e[1], 8)])
+        dt = str(_DTYPES[e[2]]).replace("torch.", "") if e[2] >= 0 else "?"
+        per_rank.append(f"rank {r}: {shape} {dt}" + ("" if e[3] else " (requires_grad=False)"))
+    name = names[first] if first < len(names) else f"#{first}"
+    raise ValueError(
+        f"DistributedDataParallel: the model differs across ranks at parameter {first} "
+        f"('{name}' on rank {rank}): " + "; ".join(per_rank) +
+        ". Every rank must construct the same model (same layers, shapes, dtypes and "
+        "requires_grad) before wrapping it.")
+
+
+_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
+           torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64,
+           torch.complex128]
+
+
+def _byte_view(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def broadcast_tensors(tensors: Sequence[torch.Tensor], src: int = 0, rank: int = 0,
+                      chunk_bytes: int = BROADCAST_CHUNK_BYTES) -> None:
+    """Overwrite every tensor with rank `src`'s values, moving raw bytes in a few
+    collectives (broadcast never reduces, so dtypes may share one byte buffer)."""
+    tensors = [t for t in tensors if t.numel() > 0]
+    i = 0
+    while i < len(tensors):
+        group, size = [], 0
+        while i < len(tensors) and (not group or size + _nbytes(tensors[i]) + 16 <= chunk_bytes):
+            group.append(tensors[i])
+            size += _nbytes(tensors[i]) + 16
+            i += 1
+        offs, total = _layout(group)
+        flat = torch.empty(total, dtype=torch.uint8)
+        if rank == src:
+            _pack(flat, group, offs)
+        api.broadcast(flat, src=src)
+        if rank != src:
+            _unpack(flat, group, offs)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _layout(tensors: Sequence[torch.Tensor]) -> tuple[list[int], int]:
+    """Byte offsets of each tensor in a packed buffer (16-byte aligned, so that a slice can
+    be viewed as the tensor's dtype) and the total size."""
+    offs, off = [], 0
+    for t in tensors:
+        off = (off + 15) // 16 * 16
+        offs.append(off)
+        off += _nbytes(t)
+    return offs, off
+
+
+def _pack(flat: torch.Tensor, tensors: Sequence[torch.Tensor], offs: Sequence[int]) -> None:
+    for t, off in zip(tensors, offs):
+        flat[off:off + _nbytes(t)].copy_(_byte_view(t))
+
+
+def _unpack(flat: torch.Tensor, tensors: Sequence[torch.Tensor], offs: Sequence[int]) -> None:
+    with torch.no_grad():
+        for t, off in zip(tensors, offs):
+            t.copy_(flat[off:off + _nbytes(t)].view(t.dtype).view(t.shape))
+
+
+class BufferSync:
+    """Per-forward broadcast of module buffers from rank 0 (broadcast_buffers=True): one
+    byte-packed collective for all buffers, with a reusable staging buffer."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self._flat = torch.empty(0, dtype=torch.uint8)
+
+    def __call__(self, buffers: Sequence[torch.Tensor]) -> None:
+        buffers = [b for b in buffers if b.numel() > 0]
+        if not buffers:
+            return
+        offs, size = _layout(buffers)
+        if self._flat.numel() != size:
+            self._flat = torch.empty(size, dtype=torch.uint8)
+        if self.rank == 0:
+            _pack(self._flat, buffers, offs)
+        api.broadcast(self._flat, src=0)
+        if self.rank != 0:
+            _unpack(self._flat, buffers, offs)

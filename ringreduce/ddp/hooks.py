@@ -1,0 +1,117 @@
+"""DDP communication hooks, with torch's signature: ``hook(state, bucket) -> Future``.
+
+A hook receives a GradBucket whose flat buffer holds the bucket's local gradients (not yet
+divided by the world size) and returns a torch.futures.Future whose value is the reduced
+flat tensor (or a one-element list holding it) with the same number of elements. The
+wrapper copies that value back into the bucket. Hooks are called in bucket-index order on
+every rank, so any collectives they issue are matched across ranks.
+
+Built-ins: allreduce_hook (what the wrapper does without a hook), fp16_compress_hook and
+bf16_compress_hook (halve the bytes on the wire; the core reduces in fp32 and rounds once).
+Hooks written for torch's DDP that call ``dist.all_reduce(..., async_op=True).get_future()``
+work too, when a torch process group is initialised (e.g. with the "ringreduce" backend).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from .futures import allreduce_future
+
+__all__ = ["GradBucket", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
+           "noop_hook"]
+
+CommHook = Callable[[Any, "GradBucket"], torch.futures.Future]
+
+
+class GradBucket:
+    """What a comm hook sees of one bucket (the API of torch.distributed.GradBucket)."""
+
+    def __init__(self, index: int, buffer: torch.Tensor, gradients: list, parameters: list,
+                 is_last: bool, world_size: int):
+        self._index = index
+        self._buffer = buffer
+        self._gradients = gradients
+        self._parameters = parameters
+        self._is_last = is_last
+        self._world_size = world_size
+
+    def index(self) -> int:
+        """Bucket index: 0 is the first bucket reduced in backward."""
+        return self._index
+
+    def buffer(self) -> torch.Tensor:
+        """The flat 1-D buffer of the bucket's gradients."""
+        return self._buffer
+
+    def set_buffer(self, buffer: torch.Tensor) -> None:
+        """Replace the bucket's buffer (same number of elements)."""
+        if buffer.numel() != self._buffer.numel():
+            raise ValueError(f"set_buffer: expected {self._buffer.numel()} elements, "
+                             f"got {buffer.numel()}")
+        self._buffer.copy_(buffer.reshape(-1))
+
+    def gradients(self) -> list:
+        """Per-parameter views into buffer(), shaped like the parameters."""
+        return list(self._gradients)
+
+    def parameters(self) -> list:
+        """The parameters whose gradients are in this bucket, in bucket order."""
+        return list(self._parameters)
+
+    def is_last(self) -> bool:
+        """True for the last bucket reduced in this iteration."""
+        return self._is_last
+
+    def world_size(self) -> int:
+        return self._world_size
+
+
+def _div_world(state: Any, bucket: GradBucket) -> int:
+    ws = getattr(state, "world_size", None)
+    if ws is None and hasattr(state, "size"):
+        try:
+            ws = state.size()  # a torch ProcessGroup passed as state, as torch's hooks take
+        except TypeError:
+            ws = None
+    return int(ws) if ws else bucket.world_size()
+
+
+def allreduce_hook(state: Any, bucket: GradBucket) -> torch.futures.Future:
+    """Average the bucket over ranks (in place)."""
+    buf = bucket.buffer()
+    buf.div_(_div_world(state, bucket))
+    return allreduce_future(buf, "sum")
+
+
+def _compress_hook(dtype: torch.dtype) -> CommHook:
+    def hook(state: Any, bucket: GradBucket) -> torch.futures.Future:
+        buf = bucket.buffer()
+        compressed = buf.to(dtype).div_(_div_world(state, bucket))
+        fut = allreduce_future(compressed, "sum")
+
+        def decompress(f: torch.futures.Future) -> torch.Tensor:
+            buf.copy_(f.value()[0])
+            return buf
+
+        return fut.then(decompress)
+
+    hook.__name__ = f"{str(dtype).replace('torch.', '')}_compress_hook"
+    return hook
+
+
+fp16_compress_hook = _compress_hook(torch.float16)
+fp16_compress_hook.__doc__ = """Send the bucket as float16: cast, divide by the world size,
+all-reduce, cast back into the bucket. Halves the bytes on the wire; tolerance ~1e-3."""
+bf16_compress_hook = _compress_hook(torch.bfloat16)
+bf16_compress_hook.__doc__ = """Send the bucket as bfloat16 (fp32's range, 8 bits of
+mantissa): cast, divide by the world size, all-reduce, cast back into the bucket."""
+
+
+def noop_hook(state: Any, bucket: GradBucket) -> torch.futures.Future:
+    """No communication: each rank keeps its local gradients (for measuring overhead)."""
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut

@@ -1,0 +1,416 @@
+"""Reducer: bucketed gradient all-reduce overlapped with backward.
+
+Contract (what every rank does, in the same order, so collectives always match):
+  * forward (grad enabled, sync on): prepare() opens an iteration; with unused-parameter
+    detection it marks the parameters not reachable from the outputs ready (zeros).
+  * backward: each parameter's post-accumulate-grad hook copies its gradient into its slot of
+    a flat bucket buffer (or the gradient already is that slot: gradient_as_bucket_view).
+    When a bucket's last slot is filled the bucket is ready; ready buckets are launched
+    (async all-reduce, or the comm hook) strictly in bucket-index order: a bucket that is
+    ready early waits for all lower-index buckets to be launched.
+  * end of backward (engine callback, queued by the first hook): parameters that got no
+    gradient are filled with zeros so that every bucket is launched on every rank, the
+    works are waited for in order and the averaged gradients written back. A missing
+    gradient without find_unused_parameters raises after the collectives completed, so the
+    other ranks are not left hanging.
+  * after the first synchronised iteration, buckets are rebuilt in the gradient-ready order
+    rank 0 observed (broadcast, so all ranks agree).
+
+Threads: everything here runs on the thread running forward/backward (the autograd engine
+runs CPU backward on the calling thread); the core runs the collectives on its own worker.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+from .. import api
+from .buckets import FIRST_BUCKET_BYTES, assign_buckets, complete_order
+from .hooks import GradBucket
+
+
+@dataclass
+class Bucket:
+    index: int
+    members: list  # parameter indices, in bucket order
+    buffer: torch.Tensor  # flat, dtype of its parameters
+    views: list  # per member, a view of `buffer` shaped like the parameter
+    offsets: list = field(default_factory=list)
+
+
+@dataclass
+class Stats:
+    """Timings of the last synchronised backward (seconds)."""
+
+    wait_s: float = 0.0  # end-of-backward time spent waiting for collectives (unhidden)
+    finalize_s: float = 0.0  # whole end-of-backward callback (wait + write-back)
+    launch_times: list = field(default_factory=list)  # perf_counter() of each bucket launch
+    iterations: int = 0
+
+
+class Reducer:
+    def __init__(self, params: list, names: list, world_size: int, rank: int, cap: int,
+                 first_cap: int = FIRST_BUCKET_BYTES, gradient_as_bucket_view: bool = False,
+                 find_unused_parameters: bool = False, static_graph: bool = False):
+        self.params = params
+        self.names = names
+        self.n = len(params)
+        self.world = world_size
+        self.rank = rank
+        self.cap = cap
+        self.first_cap = first_cap
+        self.grad_as_view = gradient_as_bucket_view
+        self.find_unused = find_unused_parameters
+        self.static_graph = static_graph
+        self.comm_hook: Optional[Callable] = None
+        self.comm_hook_state: Any = None
+        self.stats = Stats()
+        self._index_of = {id(p): i for i, p in enumerate(params)}
+        self._static_unused: Optional[list] = None  # static_graph: learned in iteration 1
+        self._rebuilt = False
+        self.buckets: list[Bucket] = []
+        self._loc: list = [None] * self.n  # param index -> (bucket, slot)
+        self._build([i for i in reversed(range(self.n))])
+        self._reset()
+        ref = weakref.ref(self)
+        self._handles = [p.register_post_accumulate_grad_hook(_make_hook(ref, i))
+                         for i, p in enumerate(params)]
+
+    # ------------------------------------------------------------------ buckets
+    def _build(self, order: list) -> None:
+        groups = assign_buckets(order, [p.numel() * p.element_size() for p in self.params],
+                                [p.dtype for p in self.params], self.cap, self.first_cap)
+        old = self.buckets
+        buckets = []
+        for bi, members in enumerate(groups):
+            dtype = self.params[members[0]].dtype
+            total = sum(self.params[i].numel() for i in members)
+            buf = torch.zeros(total, dtype=dtype)
+            views, offs, off = [], [], 0
+            for k, i in enumerate(members):
+                p = self.params[i]
+                views.append(buf[off:off + p.numel()].view(p.shape))
+                offs.append(off)
+                self._loc[i] = (bi, k)
+                off += p.numel()
+            buckets.append(Bucket(bi, list(members), buf, views, offs))
+        if self.grad_as_view and old:
+            # Gradients are views into the old buckets: move them into the new ones.
+            old_views = {i: b.views[k] for b in old for k, i in enumerate(b.members)}
+            for b in buckets:
+                for k, i in enumerate(b.members):
+                    g = self.params[i].grad
+                    if g is not None and _same(g, old_views[i]):
+                        b.views[k].copy_(g)
+                        self.params[i].grad = b.views[k]
+        self.buckets = buckets
+
+    def bucket_indices(self) -> list:
+        """Parameter indices of each bucket, bucket 0 first (reduced first)."""
+        return [list(b.members) for b in self.buckets]
+
+    # ------------------------------------------------------------------ iteration state
+    def _reset(self) -> None:
+        nb = len(self.buckets)
+        self._open = False
+        self._fired_any = False
+        self._launched_any = False
+        self._callback_queued = False
+        self._pending = [len(b.members) for b in self.buckets]
+        self._ready = [False] * self.n
+        self._fired = [False] * self.n
+        self._next = 0
+        self._works: list = [None] * nb
+        self._order: list = []
+
+    def _detect_unused(self) -> bool:
+        return self.find_unused or (self.static_graph and self._static_unused is None)
+
+    def close_open_iteration(self) -> None:
+        """Called at the start of every forward: a new forward ends the previous iteration."""
+        if self._open:
+            self._close_stale()
+        self._reset()
+
+    def prepare(self, outputs: Any) -> None:
+        """Called at the end of a forward that will be followed by a synchronised backward."""
+        if self._open:
+            self._close_stale()
+        self._reset()
+        self._open = True
+        self.stats.launch_times = []
+        if self._detect_unused():
+            used = self._reachable(outputs)
+            unused = [i for i in range(self.n) if i not in used]
+        elif self.static_graph:
+            unused = self._static_unused or []
+        else:
+            unused = []
+        for i in unused:
+            self._mark_ready(i, have_grad=False)
+
+    def _close_stale(self) -> None:
+        """The previous synchronised forward's iteration never finished."""
+        if self._fired_any:
+            self._reset()
+            raise RuntimeError(
+                "DistributedDataParallel: expected to have finished reduction in the prior "
+                "iteration before starting a new one. The previous backward did not complete "
+                "(did it raise?), so ranks may now disagree on which gradients were reduced. "
+                "Re-create the process group and the DDP model to recover.")
+        if self._launched_any or self._detect_unused():
+            # A forward (grad enabled) without backward after unused parameters were marked
+            # ready: finish the iteration exactly as a backward would, so that every rank
+            # issues the same collectives (others may have launched buckets).
+            self._finalize(from_engine=False)
+
+    def _reachable(self, outputs: Any) -> set:
+        """Indices of parameters reachable from the outputs' autograd graph."""
+        used: set = set()
+        stack = []
+        for t in _tensors(outputs):
+            if t.grad_fn is not None:
+                stack.append(t.grad_fn)
+            elif t.requires_grad and id(t) in self._index_of:
+                used.add(self._index_of[id(t)])
+        seen: set = set()
+        while stack:
+            fn = stack.pop()
+            if fn is None or fn in seen:
+                continue
+            seen.add(fn)
+            var = getattr(fn, "variable", None)
+            if var is not None:
+                i = self._index_of.get(id(var))
+                if i is not None:
+                    used.add(i)
+            for nxt, _ in fn.next_functions:
+                if nxt is not None and nxt not in seen:
+                    stack.append(nxt)
+        return used
+
+    # ------------------------------------------------------------------ hooks
+    def _on_grad(self, i: int) -> None:
+        if not self._open:
+            return  # no_sync(), or a backward not preceded by a DDP forward
+        if not self._callback_queued:
+            torch.autograd.Variable._execution_engine.queue_callback(self._engine_callback)
+            self._callback_queued = True
+        if self._ready[i]:
+            why = ("it was marked unused after forward (not reachable from the outputs) but "
+                   "received a gradient" if not self._fired[i] else
+                   "it received its gradient twice in one backward (reentrant backward, e.g. "
+                   "torch.utils.checkpoint with use_reentrant=True, or the same parameter used "
+                   "in several backward passes)")
+            raise RuntimeError(
+                f"DistributedDataParallel: parameter '{self.names[i]}' was marked ready twice: "
+                f"{why}. Use static_graph=True for a fixed graph with reentrant checkpointing, "
+                f"or torch.utils.checkpoint(..., use_reentrant=False).")
+        self._fired_any = True
+        self._fired[i] = True
+        if not self._rebuilt:
+            self._order.append(i)
+        self._mark_ready(i, have_grad=True)
+
+    def _mark_ready(self, i: int, have_grad: bool) -> None:
+        b, k = self._loc[i]
+        view = self.buckets[b].views[k]
+        p = self.params[i]
+        g = p.grad
+        if have_grad and g is not None:
+            if self.grad_as_view:
+                if not _same(g, view):
+                    view.copy_(g)
+                    p.grad = view
+            else:
+                view.copy_(g)
+        elif not (self.grad_as_view and g is not None and _same(g, view)):
+            # No gradient this iteration: contribute zeros. (A gradient that already is this
+            # slot -- gradient_as_bucket_view -- is contributed as it is, as torch does.)
+            view.zero_()
+        self._ready[i] = True
+        self._pending[b] -= 1
+        if self._pending[b] == 0:
+            while self._next < len(self.buckets) and self._pending[self._next] == 0:
+                self._launch(self._next)
+                self._next += 1
+
+    def _launch(self, b: int) -> None:
+        bucket = self.buckets[b]
+        self._launched_any = True
+        self.stats.launch_times.append(time.perf_counter())
+        if self.comm_hook is not None:
+            gb = GradBucket(b, bucket.buffer, bucket.views,
+                            [self.params[i] for i in bucket.members],
+                            b == len(self.buckets) - 1, self.world)
+            fut = self.comm_hook(self.comm_hook_state, gb)
+            if not isinstance(fut, torch.futures.Future):
+                raise TypeError(
+                    f"comm hook {getattr(self.comm_hook, '__name__', self.comm_hook)} returned "
+                    f"{type(fut).__name__}; it must return a torch.futures.Future whose value "
+                    f"is the reduced bucket tensor")
+            self._works[b] = fut
+        else:
+            self._works[b] = api.allreduce(bucket.buffer, op="avg", async_op=True)
+
+    # ------------------------------------------------------------------ end of backward
+    def _engine_callback(self) -> None:
+        self._finalize(from_engine=True)
+
+    def _finalize(self, from_engine: bool) -> None:
+        t0 = time.perf_counter()
+        wait_s = 0.0
+        error: Optional[str] = None
+        rebuild = False
+        order: list = []
+        try:
+            missing = [i for i in range(self.n) if not self._ready[i]]
+            for i in missing:  # launch every remaining bucket: the collectives must match
+                self._mark_ready(i, have_grad=False)
+            detect = self._detect_unused()
+            used_map = None
+            if detect:
+                # Which parameters got a gradient on any rank (max of 0/1 flags).
+                used_map = torch.tensor(self._fired, dtype=torch.int32)
+                used_work = api.allreduce(used_map, op="max", async_op=True)
+            elif missing and from_engine:
+                error = self._unused_error(missing)
+            # Without a backward (a forward whose iteration is closed by the next forward)
+            # gradients are only written where some rank produced one (detect mode).
+            write = from_engine or detect
+            global_unused = None
+            if detect:
+                tw = time.perf_counter()
+                for b in range(len(self.buckets)):
+                    self._wait(b)
+                used_work.wait()
+                wait_s += time.perf_counter() - tw
+                global_unused = [not bool(u) for u in used_map.tolist()]
+                for b in range(len(self.buckets)):
+                    self._write_back(b, global_unused)
+            else:
+                for b in range(len(self.buckets)):
+                    tw = time.perf_counter()
+                    self._wait(b)
+                    wait_s += time.perf_counter() - tw
+                    if write:
+                        self._write_back(b, None)
+            if self.static_graph and self._static_unused is None and global_unused is not None:
+                self._static_unused = [i for i, u in enumerate(global_unused) if u]
+            rebuild = (not self._rebuilt and self._fired_any and error is None and from_engine)
+            order = list(self._order)
+        finally:
+            self._reset()
+        if rebuild:
+            self._rebuild(order)
+        self.stats.wait_s = wait_s
+        self.stats.finalize_s = time.perf_counter() - t0
+        self.stats.iterations += 1
+        if error is not None:
+            raise RuntimeError(error)
+
+    def _wait(self, b: int) -> None:
+        w = self._works[b]
+        if self.comm_hook is None:
+            w.wait()
+            return
+        value = w.wait()
+        if isinstance(value, (list, tuple)):
+            if len(value) != 1:
+                raise RuntimeError(f"comm hook result for bucket {b} holds {len(value)} "
+                                   f"tensors; return exactly one (the reduced bucket)")
+            value = value[0]
+        buf = self.buckets[b].buffer
+        if not isinstance(value, torch.Tensor) or value.numel() != buf.numel():
+            raise RuntimeError(
+                f"comm hook result for bucket {b} must be a tensor of {buf.numel()} elements, "
+                f"got {type(value).__name__}"
+                + (f" of {value.numel()}" if isinstance(value, torch.Tensor) else ""))
+        if not _same(value.reshape(-1), buf):
+            buf.copy_(value.reshape(-1))
+
+    def _write_back(self, b: int, global_unused: Optional[list]) -> None:
+        bucket = self.buckets[b]
+        for k, i in enumerate(bucket.members):
+            if global_unused is not None and global_unused[i]:
+                continue  # no rank produced a gradient: leave .grad as it is (torch does)
+            p = self.params[i]
+            view = bucket.views[k]
+            g = p.grad
+            if self.grad_as_view:
+                if g is None or not _same(g, view):
+                    p.grad = view
+            elif g is None:
+                p.grad = view.clone()
+            else:
+                g.copy_(view)
+
+    def _unused_error(self, missing: list) -> str:
+        names = ", ".join(f"'{self.names[i]}'" for i in missing[:10])
+        more = f" (and {len(missing) - 10} more)" if len(missing) > 10 else ""
+        return (
+            f"DistributedDataParallel on rank {self.rank}: {len(missing)} parameter(s) did not "
+            f"receive a gradient in this backward: {names}{more}. This error indicates that "
+            f"your module has parameters that were not used in producing loss. You can enable "
+            f"unused parameter detection by passing the keyword argument "
+            f"`find_unused_parameters=True` to DistributedDataParallel, and by making sure all "
+            f"`forward` function outputs participate in calculating loss. (The gradients were "
+            f"still reduced on all ranks, with zeros for these parameters, so no rank hangs.)")
+
+    def _rebuild(self, observed: list) -> None:
+        """Rebuild buckets in rank 0's observed gradient-ready order (one broadcast)."""
+        self._rebuilt = True
+        order = complete_order(observed, self.n, range(self.n))
+        t = torch.tensor(order, dtype=torch.int64)
+        api.broadcast(t, src=0)
+        order = t.tolist()
+        if [list(b.members) for b in self.buckets] == self._groups_for(order):
+            return
+        self._build(order)
+        self._reset()
+
+    def _groups_for(self, order: list) -> list:
+        return assign_buckets(order, [p.numel() * p.element_size() for p in self.params],
+                              [p.dtype for p in self.params], self.cap, self.first_cap)
+
+    def remove_hooks(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+def _make_hook(ref: "weakref.ref[Reducer]", i: int) -> Callable:
+    def hook(_p: torch.Tensor) -> None:
+        r = ref()
+        if r is not None:
+            r._on_grad(i)
+    return hook
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype
+
+
+def _tensors(obj: Any) -> list:
+    """All tensors in a (nested) forward output."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    try:
+        from torch.utils._pytree import tree_leaves
+    except ImportError:  # pragma: no cover
+        tree_leaves = None
+    if tree_leaves is not None:
+        return [t for t in tree_leaves(obj) if isinstance(t, torch.Tensor)]
+    out: list = []
+    if isinstance(obj, dict):
+        for v in obj.values():
+            out.extend(_tensors(v))
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            out.extend(_tensors(v))
+    return out

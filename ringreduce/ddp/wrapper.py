@@ -1,0 +1,205 @@
+"""ringreduce.DistributedDataParallel: a drop-in for torch.nn.parallel.DistributedDataParallel
+on CPU modules, reducing gradients over the ringreduce communicator.
+
+    import ringreduce as rr
+    from ringreduce.ddp import DistributedDataParallel as DDP
+    rr.init()
+    model = DDP(model)                       # same arguments as torch's where they matter
+    loss_fn(model(x), y).backward()          # gradients averaged across ranks, overlapped
+    optimizer.step()
+
+Differences from torch's wrapper: CPU modules only (device_ids/output_device must be None),
+one process group (the default ringreduce communicator; process_group must be None), and no
+join() for uneven inputs yet. With world size 1 the wrapper is a pass-through (no hooks, no
+copies; comm hooks are not called).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from .. import _state
+from ._sync import BufferSync, broadcast_tensors, verify_shapes
+from .buckets import FIRST_BUCKET_BYTES, cap_bytes
+from .reducer import Reducer
+
+__all__ = ["DistributedDataParallel"]
+
+# torch arguments we accept only at their defaults (value -> why unsupported)
+_UNSUPPORTED_DEFAULTS = {
+    "check_reduction": False,
+    "delay_all_reduce_named_params": None,
+    "param_to_hook_all_reduce": None,
+    "mixed_precision": None,
+    "device_mesh": None,
+    "skip_all_reduce_unused_params": False,
+    "bucket_cap_mb_list": None,
+    "batched_grad_copy": False,
+    "forward_sync_buffers": None,
+}
+
+
+class DistributedDataParallel(nn.Module):
+    """Data-parallel wrapper: every rank holds a replica; gradients are averaged in buckets,
+    overlapped with backward.
+
+    Args (as torch.nn.parallel.DistributedDataParallel):
+        module: the model (CPU parameters). Every rank must build the same architecture;
+            construction checks shapes across ranks and copies rank 0's parameters and
+            buffers to all ranks (unless init_sync=False).
+        broadcast_buffers: broadcast rank 0's buffers (e.g. BatchNorm running stats) at the
+            start of each forward.
+        bucket_cap_mb: bucket size cap in MiB (default 25); the first bucket is 1 MiB so
+            communication starts early in backward.
+        find_unused_parameters: allow parameters that get no gradient in an iteration
+            (traverses the autograd graph after each forward, and reduces a used-flags map at
+            the end of backward; parameters unused on every rank keep their .grad).
+        gradient_as_bucket_view: make .grad views into the flat buckets (saves a copy and
+            the memory of a second gradient copy).
+        static_graph: the set of used parameters is the same every iteration: it is learned
+            in the first iteration and not re-detected afterwards.
+    """
+
+    def __init__(self, module: nn.Module, device_ids: Optional[list] = None,
+                 output_device: Any = None, dim: int = 0,
+                 broadcast_buffers: Optional[bool] = True, init_sync: bool = True,
+                 process_group: Any = None, bucket_cap_mb: Optional[float] = None,
+                 find_unused_parameters: bool = False, check_reduction: bool = False,
+                 gradient_as_bucket_view: bool = False, static_graph: bool = False,
+                 **kwargs: Any) -> None:
+        super().__init__()
+        for name, value in [("check_reduction", check_reduction), *kwargs.items()]:
+            if name not in _UNSUPPORTED_DEFAULTS:
+                raise TypeError(f"DistributedDataParallel got an unexpected argument {name!r}")
+            if value != _UNSUPPORTED_DEFAULTS[name]:
+                raise NotImplementedError(
+                    f"ringreduce DistributedDataParallel does not support {name}={value!r} yet; "
+                    f"leave it at its default, or use torch.nn.parallel.DistributedDataParallel "
+                    f"over the 'ringreduce' backend")
+        if process_group is not None:
+            raise NotImplementedError(
+                "ringreduce DistributedDataParallel reduces over the default ringreduce "
+                "communicator; pass process_group=None (or use torch's DDP with "
+                "process_group= on the 'ringreduce' backend)")
+        params_all = list(module.named_parameters())
+        for n, p in params_all:
+            if p.device.type != "cpu":
+                raise NotImplementedError(
+                    f"parameter '{n}' is on {p.device}; this build of ringreduce reduces host "
+                    f"memory only. Keep the module on the CPU, or use torch's DDP with nccl "
+                    f"for GPU modules")
+        if device_ids not in (None, []) or output_device is not None:
+            raise ValueError(
+                "device_ids and output_device must be None for CPU modules (as torch DDP "
+                f"requires), got device_ids={device_ids!r}, output_device={output_device!r}")
+        g = _state.current("DistributedDataParallel()")
+        self.module = module
+        self.device_ids = None
+        self.output_device = None
+        self.dim = dim
+        self.broadcast_buffers = bool(broadcast_buffers) if broadcast_buffers is not None else True
+        self.find_unused_parameters = find_unused_parameters
+        self.gradient_as_bucket_view = gradient_as_bucket_view
+        self.static_graph = static_graph
+        self.bucket_bytes_cap = cap_bytes(bucket_cap_mb if bucket_cap_mb is not None else 25)
+        self.require_backward_grad_sync = True
+        self.require_forward_param_sync = True
+        self._rank = g.rank
+        self._world = g.world_size
+
+        ignore = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()) or ())
+        params = [(n, p) for n, p in params_all if n not in ignore]
+        self._buffer_list = [b for n, b in module.named_buffers() if n not in ignore]
+        self.reducer: Optional[Reducer] = None
+        self._buffer_sync: Optional[BufferSync] = None
+        if self._world == 1:
+            return
+        verify_shapes([n for n, _ in params], [p for _, p in params], self._rank, self._world)
+        if init_sync:
+            broadcast_tensors([p for _, p in params] + self._buffer_list, 0, self._rank)
+        self._buffer_sync = BufferSync(self._rank)
+        trainable = [(n, p) for n, p in params if p.requires_grad]
+        if not trainable:
+            return
+        self.reducer = Reducer(
+            [p for _, p in trainable], [n for n, _ in trainable], self._world, self._rank,
+            self.bucket_bytes_cap, FIRST_BUCKET_BYTES, gradient_as_bucket_view,
+            find_unused_parameters, static_graph)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        if self._world == 1:
+            return self.module(*inputs, **kwargs)
+        grad_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
+        if self.reducer is not None:
+            self.reducer.close_open_iteration()
+        if self.require_forward_param_sync and self.broadcast_buffers and self._buffer_list:
+            self._buffer_sync(self._buffer_list)
+        out = self.module(*inputs, **kwargs)
+        self.require_forward_param_sync = grad_sync
+        if grad_sync and self.reducer is not None:
+            self.reducer.prepare(out)
+        return out
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Skip gradient reduction for the backward passes of forwards run inside this
+        context: gradients accumulate locally and are reduced with the first backward after
+        it (as torch DDP's no_sync)."""
+        old = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = old
+
+    # ------------------------------------------------------------------ hooks
+    def register_comm_hook(self, state: Any, hook: Callable) -> None:
+        """Reduce each bucket with ``hook(state, bucket) -> torch.futures.Future`` instead
+        of the built-in average (see ringreduce.ddp.hooks: fp16_compress_hook,
+        bf16_compress_hook; torch's hook signature). Register once, before training."""
+        if not callable(hook):
+            raise TypeError("register_comm_hook: hook must be callable as hook(state, bucket)")
+        if getattr(self, "_comm_hook_set", False):
+            raise RuntimeError("register_comm_hook can only be called once")
+        self._comm_hook_set = True
+        if self.reducer is not None:
+            if self.reducer.stats.iterations:
+                raise RuntimeError("register_comm_hook must be called before the first "
+                                   "backward")
+            self.reducer.comm_hook = hook
+            self.reducer.comm_hook_state = state
+
+    def _register_builtin_comm_hook(self, comm_hook_type: Any) -> None:
+        from . import hooks
+
+        name = str(getattr(comm_hook_type, "name", comm_hook_type)).upper()
+        table = {"ALLREDUCE": hooks.allreduce_hook, "FP16_COMPRESS": hooks.fp16_compress_hook}
+        if name not in table:
+            raise ValueError(f"unknown built-in comm hook {comm_hook_type!r}")
+        self.register_comm_hook(None, table[name])
+
+    # ------------------------------------------------------------------ introspection
+    def bucket_parameter_names(self) -> list:
+        """Names of the parameters in each bucket, bucket 0 (reduced first) first."""
+        if self.reducer is None:
+            return []
+        return [[self.reducer.names[i] for i in b] for b in self.reducer.bucket_indices()]
+
+    def _get_ddp_logging_data(self) -> dict:
+        r = self.reducer
+        return {
+            "world_size": self._world,
+            "rank": self._rank,
+            "bucket_cap_bytes": self.bucket_bytes_cap,
+            "num_buckets": len(r.buckets) if r else 0,
+            "find_unused_parameters": self.find_unused_parameters,
+            "gradient_as_bucket_view": self.gradient_as_bucket_view,
+            "static_graph": self.static_graph,
+            "comm_wait_s": r.stats.wait_s if r else 0.0,
+        }
