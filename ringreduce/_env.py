@@ -527,11 +527,13 @@ def host_identity() -> str:
 
     Hostname plus a digest of the kernel boot id (two containers or machines with the same
     hostname differ), the IPC namespace and the device of /dev/shm (containers on one kernel
-    with private /dev/shm differ). Used to decide which peers may use the shm transport.
+    with private /dev/shm differ) and the network namespace. Used to decide which peers may use the shm transport.
     """
     facts: Sequence[str] = (
         _read_text("/proc/sys/kernel/random/boot_id"),
         _safe_readlink("/proc/self/ns/ipc"),
+        # Separate network namespaces (containers, emulated clusters) count as separate hosts.
+        _safe_readlink("/proc/self/ns/net"),
         _shm_device(),
     )
     digest = hashlib.sha256("\n".join(facts).encode()).hexdigest()[:12]

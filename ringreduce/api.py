@@ -121,26 +121,45 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *,
 
 
 def _shm_options(transport: str, peers: Any, rank: int, world: int) -> dict:
-    """Shared memory when every rank is on this host (RINGREDUCE_TRANSPORT=auto|shm)."""
+    """Plan shared memory from the ranks' host identities (RINGREDUCE_TRANSPORT=auto|shm).
+
+    One host: every collective uses shared memory. Several hosts with the same number
+    (>= 2) of ranks each: hierarchical all-reduce (shared memory inside, TCP between hosts).
+    Otherwise TCP only.
+    """
     import hashlib
     import os
 
-    one_host = len(set(peers.hosts)) == 1
-    if transport == "tcp" or (transport == "auto" and not one_host):
+    by_host: dict = {}
+    for r, h in enumerate(peers.hosts):
+        by_host.setdefault(h, []).append(r)
+    groups = sorted(by_host.values())
+    one_host = len(groups) == 1
+    if transport == "tcp":
         return {}
-    if not one_host:
-        hosts = sorted(set(peers.hosts))
+    if transport == "shm" and not one_host:
         raise ValueError(
             f"RINGREDUCE_TRANSPORT=shm needs every rank on one host, but ranks run on "
-            f"{len(hosts)} hosts ({', '.join(h.split('/')[0] for h in hosts[:4])}); use auto or tcp")
+            f"{len(groups)} hosts ({', '.join(sorted({h.split('/')[0] for h in by_host}))[:200]});"
+            f" use auto (hierarchical) or tcp")
+    mine = by_host[peers.hosts[rank]]
+    local = len(mine)
+    if not one_host and (local < 2 or any(len(g) != local for g in groups)):
+        log.debug("rank %d: hosts have %s ranks: TCP only", rank, [len(g) for g in groups])
+        return {}
     # Unguessable, per-job and per-init name: derived from the secret and the store prefix.
     tag = hashlib.sha256(f"{peers.secret}/{peers.prefix}".encode()).hexdigest()[:24]
-    local = sum(1 for h in peers.hosts if h == peers.hosts[rank])
-    return {
+    idx = mine.index(rank)
+    opts = {
         "shm_prefix": f"/rr-{tag}",
+        "shm_members": mine,
         # Spinning steals a core from a peer when ranks outnumber cores: yield at once then.
         "shm_spin": 2000 if local <= (os.cpu_count() or 1) else 0,
     }
+    if not one_host:
+        opts["shm_slice_peers"] = [g[idx] for g in groups]
+    log.debug("rank %d: %s plan, local ranks %s", rank, "shm" if one_host else "hier", mine)
+    return opts
 
 
 def _load_tuning(path: Optional[str]) -> dict:

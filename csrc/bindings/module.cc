@@ -2,6 +2,8 @@
 // pointers + element counts (the Python layer validated the tensors/arrays and keeps them
 // alive), releases the GIL around everything that can block, and maps C++ exceptions to
 // Python classes.
+#include <algorithm>
+
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -41,12 +43,23 @@ Options optionsFromDict(const py::dict& d) {
 }
 
 // Shared-memory settings; "shm_prefix" empty or absent = no shared memory.
-std::string shmFromDict(const py::dict& d, transport::shm::ShmConfig* cfg) {
-  std::string prefix;
+struct ShmPlan {
+  std::string prefix;          // empty: no shared memory
+  std::vector<int> members;    // global ranks on this host, ascending
+  std::vector<int> slicePeers; // hierarchical ring peers (one per host), ascending
+  transport::shm::ShmConfig cfg;
+};
+
+ShmPlan shmFromDict(const py::dict& d) {
+  ShmPlan plan;
+  transport::shm::ShmConfig* cfg = &plan.cfg;
+  std::string& prefix = plan.prefix;
   for (auto item : d) {
     std::string k = py::str(item.first);
     py::handle v = item.second;
     if (k == "shm_prefix") prefix = v.cast<std::string>();
+    else if (k == "shm_members") plan.members = v.cast<std::vector<int>>();
+    else if (k == "shm_slice_peers") plan.slicePeers = v.cast<std::vector<int>>();
     else if (k == "shm_chunk_bytes") cfg->chunkBytes = v.cast<size_t>();
     else if (k == "shm_small_max") cfg->smallMax = v.cast<size_t>();
     else if (k == "shm_slots") cfg->slots = v.cast<int>();
@@ -56,19 +69,25 @@ std::string shmFromDict(const py::dict& d, transport::shm::ShmConfig* cfg) {
   if (cfg->chunkBytes < 4096 || cfg->chunkBytes % 4096)
     throw InvalidArgument("shm_chunk_bytes must be a multiple of 4096");
   if (cfg->slots < 2) throw InvalidArgument("shm_slots must be >= 2");
-  return prefix;
+  return plan;
 }
 
 // Every rank creates its segment, a barrier, everyone maps its peers', a barrier, then the
 // names are removed: from here on a crash leaves nothing behind in /dev/shm.
-void setupShm(comm::Communicator& c, const std::string& prefix, const transport::shm::ShmConfig& cfg) {
+void setupShm(comm::Communicator& c, const ShmPlan& plan) {
   try {
-    auto dom = std::make_unique<transport::shm::ShmDomain>(c.rank(), c.world(), prefix, cfg);
+    std::vector<int> members = plan.members;
+    if (members.empty())
+      for (int r = 0; r < c.world(); ++r) members.push_back(r);
+    auto it = std::find(members.begin(), members.end(), c.rank());
+    if (it == members.end()) throw InvalidArgument("shm_members must include this rank");
+    int local = static_cast<int>(it - members.begin());
+    auto dom = std::make_unique<transport::shm::ShmDomain>(local, members, plan.prefix, plan.cfg);
     collectives::barrier(c);
     dom->attach();
     collectives::barrier(c);
     dom->unlinkOwn();
-    c.setShm(std::move(dom));
+    c.setShm(std::move(dom), plan.slicePeers);
   } catch (const std::exception& e) {
     c.poison(std::string("shared memory setup failed: ") + e.what(), transport::AbortCode::kOther);
     throw;
@@ -93,12 +112,11 @@ class PyComm {
       conns = transport::tcp::connectMesh(me, listener, addrs, Deadline::after(o.connectTimeoutSec));
       listener.close();  // nobody else may connect after init
     }
-    transport::shm::ShmConfig scfg;
-    std::string prefix = shmFromDict(opts, &scfg);
+    ShmPlan plan = shmFromDict(opts);
     auto comm = std::make_unique<comm::Communicator>(rank, world, std::move(conns), o);
-    if (!prefix.empty()) {
+    if (!plan.prefix.empty()) {
       py::gil_scoped_release nogil;
-      setupShm(*comm, prefix, scfg);
+      setupShm(*comm, plan);
     }
     exec_ = std::make_unique<runtime::Executor>(std::move(comm));
   }
@@ -215,5 +233,10 @@ PYBIND11_MODULE(_C, m) {
       .def("abort", [](PyComm& c) { if (c.exec_) c.exec_->abort(); })
       .def("destroy", &PyComm::destroy)
       .def_property_readonly("destroyed", [](PyComm& c) { return !c.exec_; })
-      .def_property_readonly("uses_shm", [](PyComm& c) { return c.ex().comm().shm() != nullptr; });
+      .def_property_readonly("uses_shm", [](PyComm& c) { return c.ex().comm().shm() != nullptr; })
+      .def_property_readonly("plan", [](PyComm& c) {
+        auto& cm = c.ex().comm();
+        if (!cm.shm()) return std::string("tcp");
+        return std::string(cm.shmAll() ? "shm" : "hier");
+      });
 }

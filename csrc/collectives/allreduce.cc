@@ -21,10 +21,14 @@ void allreduce(Communicator& c, void* buf, size_t count, DataType dtype, ReduceO
   // Shared memory serves "auto" when every rank is on this host; an explicit ring/tree
   // request runs the TCP algorithm (useful for comparisons).
   Algorithm a = algo;
-  if (a == Algorithm::kAuto)
-    a = c.shm() ? Algorithm::kShm : chooseAllreduce(c.options(), c.world(), bytes);
-  if (a == Algorithm::kShm && !c.shm())
+  if (a == Algorithm::kAuto) {
+    a = c.shmAll() ? Algorithm::kShm : chooseAllreduce(c.options(), c.world(), bytes);
+    if (a == Algorithm::kRing && c.shm()) a = Algorithm::kHier;
+  }
+  if (a == Algorithm::kShm && !c.shmAll())
     RR_THROW(InvalidArgument, "algo=shm needs every rank on one host with shared memory enabled");
+  if (a == Algorithm::kHier && (!c.shm() || c.shmAll()))
+    RR_THROW(InvalidArgument, "algo=hier needs several hosts with the same number (>= 2) of ranks");
   RR_LOG(log::kTrace, "allreduce #", c.seq() + 1, ": ", bytes, " bytes ", toString(dtype), " ",
          toString(op), " -> ", toString(a), algo == Algorithm::kAuto ? " (auto)" : "");
   transport::FrameHeader h = c.begin(CollectiveKind::kAllReduce, dtype, op, 0, a, count, bytes);
@@ -36,15 +40,18 @@ void allreduce(Communicator& c, void* buf, size_t count, DataType dtype, ReduceO
   args.acc = args.dst;
   args.accElem = elementSize(accumulateType(dtype));
   args.reduceFn = reduce::getReduceFn(accumulateType(dtype), op);
-  const bool shmLarge = a == Algorithm::kShm && bytes > c.shm()->config().smallMax;
+  const bool shmLarge =
+      (a == Algorithm::kShm || a == Algorithm::kHier) && bytes > c.shm()->config().smallMax;
   if (isHalf(dtype) && !shmLarge) {
     // Partial results travel and accumulate in float32; rounded once at the end.
     float* acc = reinterpret_cast<float*>(c.scratch().get(comm::ScratchArena::kAcc, count * 4));
-    if (a != Algorithm::kShm) reduce::widen(dtype, buf, acc, count);
+    if (a != Algorithm::kShm && a != Algorithm::kHier) reduce::widen(dtype, buf, acc, count);
     args.acc = reinterpret_cast<char*>(acc);
   }
   if (a == Algorithm::kShm)
     shm::allreduce(c, h, args);
+  else if (a == Algorithm::kHier)
+    allreduceHier(c, h, args, c.slicePeers());
   else if (a == Algorithm::kRing)
     allreduceRing(c, h, args);
   else

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "reduce/reduce.h"
@@ -20,7 +21,12 @@ struct AllreduceArgs {
   bool needsFinalize() const { return op == ReduceOp::kAvg || acc != dst; }
 };
 
-void allreduceRing(comm::Communicator& c, const transport::FrameHeader& h, const AllreduceArgs& a);
+// members: ring over these global ranks only (hierarchical all-reduce), else all ranks.
+// avg always divides by the communicator's world size.
+void allreduceRing(comm::Communicator& c, const transport::FrameHeader& h, const AllreduceArgs& a,
+                   const std::vector<int>* members = nullptr);
+void allreduceHier(comm::Communicator& c, const transport::FrameHeader& h, const AllreduceArgs& a,
+                   const std::vector<int>& slicePeers);
 void allreduceTree(comm::Communicator& c, const transport::FrameHeader& h, const AllreduceArgs& a);
 
 }  // namespace rr::collectives

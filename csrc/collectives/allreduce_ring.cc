@@ -13,9 +13,12 @@
 
 namespace rr::collectives {
 
-void allreduceRing(comm::Communicator& c, const transport::FrameHeader& h, const AllreduceArgs& a) {
-  const int n = c.world();
+void allreduceRing(comm::Communicator& c, const transport::FrameHeader& h, const AllreduceArgs& a,
+                   const std::vector<int>* members) {
+  const int n = members ? static_cast<int>(members->size()) : c.world();
+  const int world = c.world();
   RingPlan p;
+  p.members = members;
   p.count = a.count;
   p.steps = 2 * (n - 1);
   p.rsSteps = n - 1;
@@ -28,8 +31,8 @@ void allreduceRing(comm::Communicator& c, const transport::FrameHeader& h, const
   p.recvScratch = c.scratch().get(comm::ScratchArena::kRecv, p.segElems * a.accElem);
   p.reduceFn = a.reduceFn;
   if (a.needsFinalize()) {
-    p.onFinal = [&a, &p, n](size_t off, size_t len) {
-      reduce::finalize(a.dtype, a.op, n, p.acc + off * p.accElem, p.dst + off * p.dstElem, len);
+    p.onFinal = [&a, &p, world](size_t off, size_t len) {
+      reduce::finalize(a.dtype, a.op, world, p.acc + off * p.accElem, p.dst + off * p.dstElem, len);
     };
   }
   runRing(c, h, p);

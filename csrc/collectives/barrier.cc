@@ -14,8 +14,8 @@ void barrier(Communicator& c) {
     return;
   }
   transport::FrameHeader h = c.begin(CollectiveKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0,
-                                     c.shm() ? Algorithm::kShm : Algorithm::kTree, 0, 0);
-  if (c.shm()) {
+                                     c.shmAll() ? Algorithm::kShm : Algorithm::kTree, 0, 0);
+  if (c.shmAll()) {
     shm::barrier(c, h);
     return;
   }

@@ -87,7 +87,7 @@ void broadcast(Communicator& c, void* buf, size_t count, DataType dtype, int roo
     return;
   }
   const bool tree = bytes <= c.options().broadcastTreeMaxBytes || c.world() == 2;
-  Algorithm a = c.shm() ? Algorithm::kShm : tree ? Algorithm::kTree : Algorithm::kRing;
+  Algorithm a = c.shmAll() ? Algorithm::kShm : tree ? Algorithm::kTree : Algorithm::kRing;
   transport::FrameHeader h =
       c.begin(CollectiveKind::kBroadcast, dtype, ReduceOp::kSum, root, a, count, bytes);
   if (a == Algorithm::kShm)

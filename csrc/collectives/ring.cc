@@ -10,8 +10,12 @@ void runRing(comm::Communicator& c, const transport::FrameHeader& tmpl, const Ri
   using chunking::chunkLen;
   using chunking::chunkOffset;
   using chunking::mod;
-  const int n = c.world(), r = c.rank();
-  const int right = mod(r + 1, n), left = mod(r - 1, n);
+  const int n = p.members ? static_cast<int>(p.members->size()) : c.world();
+  int r = c.rank();
+  if (p.members)
+    r = static_cast<int>(std::find(p.members->begin(), p.members->end(), c.rank()) - p.members->begin());
+  auto global = [&](int i) { return p.members ? (*p.members)[static_cast<size_t>(i)] : i; };
+  const int right = global(mod(r + 1, n)), left = global(mod(r - 1, n));
   const size_t S = std::max<size_t>(1, chunking::numSegments(chunkLen(p.count, n, 0), p.segElems));
   const size_t total = static_cast<size_t>(p.steps) * S;
 

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "reduce/reduce.h"
@@ -37,6 +38,8 @@ struct RingPlan {
   size_t segElems = 1;
   reduce::ReduceFn reduceFn = nullptr;
   std::function<void(size_t off, size_t len)> onFinal;  // optional
+  // Ring over a subset of ranks (global ranks, this rank among them), or all when null.
+  const std::vector<int>* members = nullptr;
 };
 
 void runRing(comm::Communicator& c, const transport::FrameHeader& tmpl, const RingPlan& p);

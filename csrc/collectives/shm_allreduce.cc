@@ -31,22 +31,22 @@ void small(comm::Communicator& c, const transport::FrameHeader& h, const Allredu
            size_t bytes) {
   ShmDomain& d = *c.shm();
   const int n = d.world(), me = d.rank();
-  lineRound(c, h, a.dst, bytes);
+  const uint64_t rd = lineRound(c, h, a.dst, bytes);
   // acc = in_0 OP in_1 ... in rank order (own input read from our line, as peers see it).
   char* acc = a.acc;
   if (isHalf(a.dtype)) {
     float* f = reinterpret_cast<float*>(acc);
-    reduce::widen(a.dtype, d.linePayload(0, h.seq), f, a.count);
+    reduce::widen(a.dtype, d.linePayload(0, rd), f, a.count);
     float* tmp = reinterpret_cast<float*>(c.scratch().get(comm::ScratchArena::kRecv, a.count * 4));
     for (int r = 1; r < n; ++r) {
-      reduce::widen(a.dtype, d.linePayload(r, h.seq), tmp, a.count);
+      reduce::widen(a.dtype, d.linePayload(r, rd), tmp, a.count);
       a.reduceFn(f, tmp, a.count);
     }
   } else {
-    std::memcpy(acc, d.linePayload(0, h.seq), bytes);
-    for (int r = 1; r < n; ++r) a.reduceFn(acc, d.linePayload(r, h.seq), a.count);
+    std::memcpy(acc, d.linePayload(0, rd), bytes);
+    for (int r = 1; r < n; ++r) a.reduceFn(acc, d.linePayload(r, rd), a.count);
   }
-  lineRelease(c, h.seq);
+  lineRelease(c, rd);
   (void)me;
   if (a.needsFinalize()) reduce::finalize(a.dtype, a.op, n, a.acc, a.dst, a.count);
 }
@@ -58,8 +58,7 @@ void large(comm::Communicator& c, const transport::FrameHeader& h, const Allredu
   const size_t ce = d.config().chunkBytes / es;  // elements per chunk
   const size_t G = chunking::numSegments(a.count, ce);
   const uint32_t base = d.chunkBase(), K = static_cast<uint32_t>(d.config().slots);
-  lineRound(c, h, nullptr, 0);
-  lineRelease(c, h.seq);
+  lineRelease(c, lineRound(c, h, nullptr, 0));
   Control& mine = d.ctl(me);
   char* out = a.dst;
   float* accF = isHalf(a.dtype)

@@ -22,13 +22,12 @@ void broadcast(comm::Communicator& c, const transport::FrameHeader& h, char* buf
   ShmDomain& d = *c.shm();
   const int me = d.rank();
   if (bytes <= d.config().smallMax) {
-    lineRound(c, h, me == root ? buf : nullptr, me == root ? bytes : 0);
-    if (me != root) std::memcpy(buf, d.linePayload(root, h.seq), bytes);
-    lineRelease(c, h.seq);
+    const uint64_t rd = lineRound(c, h, me == root ? buf : nullptr, me == root ? bytes : 0);
+    if (me != root) std::memcpy(buf, d.linePayload(root, rd), bytes);
+    lineRelease(c, rd);
     return;
   }
-  lineRound(c, h, nullptr, 0);
-  lineRelease(c, h.seq);
+  lineRelease(c, lineRound(c, h, nullptr, 0));
   const size_t cb = d.config().chunkBytes;
   const size_t G = chunking::numSegments(bytes, cb);
   const uint32_t base = d.chunkBase(), K = static_cast<uint32_t>(d.config().slots);
@@ -62,8 +61,7 @@ void broadcast(comm::Communicator& c, const transport::FrameHeader& h, char* buf
 }
 
 void barrier(comm::Communicator& c, const transport::FrameHeader& h) {
-  lineRound(c, h, nullptr, 0);
-  lineRelease(c, h.seq);
+  lineRelease(c, lineRound(c, h, nullptr, 0));
 }
 
 }  // namespace rr::collectives::shm

@@ -6,12 +6,13 @@
 
 namespace rr::collectives::shm {
 
-void lineRound(comm::Communicator& c, const transport::FrameHeader& h, const void* payload,
-               size_t bytes) {
+uint64_t lineRound(comm::Communicator& c, const transport::FrameHeader& h, const void* payload,
+                   size_t bytes) {
   ShmDomain& d = *c.shm();
   const int n = d.world(), me = d.rank();
+  const uint64_t round = d.nextRound();
   // Rewrite our line only when every peer finished reading its previous use.
-  uint64_t prev = d.linePrevSeq(h.seq);
+  uint64_t prev = d.linePrevRound(round);
   int lag = -1;
   if (prev != 0) {
     auto done = [&] {
@@ -24,23 +25,25 @@ void lineRound(comm::Communicator& c, const transport::FrameHeader& h, const voi
     };
     waitFor(c, done, [&] { return lag; });
   }
-  d.linePrevSeq(h.seq) = h.seq;
-  transport::shm::LineHeader& L = d.line(me, h.seq);
+  d.linePrevRound(round) = round;
+  transport::shm::LineHeader& L = d.line(me, round);
+  L.seq = h.seq;
   L.kind = h.kind;
   L.dtype = h.dtype;
   L.op = h.op;
   L.algo = h.algo;
   L.root = h.root;
   L.count = h.count;
-  if (bytes) std::memcpy(d.linePayload(me, h.seq), payload, bytes);
-  L.seq.store(h.seq, std::memory_order_release);
+  if (bytes) std::memcpy(d.linePayload(me, round), payload, bytes);
+  L.round.store(round, std::memory_order_release);
   d.notify();
-  // Wait for every peer's line of this seq, then check it describes the same collective.
+  // Wait for every peer's line of this round, then check it describes the same collective.
   for (int r = 0; r < n; ++r) {
     if (r == me) continue;
-    transport::shm::LineHeader& P = d.line(r, h.seq);
-    waitFor(c, [&] { return P.seq.load(std::memory_order_acquire) == h.seq; }, [&] { return r; });
+    transport::shm::LineHeader& P = d.line(r, round);
+    waitFor(c, [&] { return P.round.load(std::memory_order_acquire) == round; }, [&] { return r; });
     transport::FrameHeader got = h;
+    got.seq = P.seq;
     got.kind = P.kind;
     got.dtype = P.dtype;
     got.op = P.op;
@@ -48,13 +51,15 @@ void lineRound(comm::Communicator& c, const transport::FrameHeader& h, const voi
     got.root = P.root;
     got.count = P.count;
     std::string mm = transport::describeMismatch(got, h);
-    if (!mm.empty()) throw MismatchError(detail::concat("rank ", r, " (shared memory): ", mm));
+    if (!mm.empty())
+      throw MismatchError(detail::concat("rank ", d.globalRank(r), " (shared memory): ", mm));
   }
+  return round;
 }
 
-void lineRelease(comm::Communicator& c, uint64_t seq) {
+void lineRelease(comm::Communicator& c, uint64_t round) {
   ShmDomain& d = *c.shm();
-  d.ctl(d.rank()).lineDone.v.store(seq, std::memory_order_release);
+  d.ctl(d.rank()).lineDone.v.store(round, std::memory_order_release);
   d.notify();
 }
 

@@ -57,9 +57,17 @@ class Communicator {
 
   ScratchArena& scratch() { return scratch_; }
 
-  // Shared memory among all ranks (all on one host), or null: collectives then use TCP.
+  // Shared memory among the ranks of this host, or null: collectives then use TCP.
   transport::shm::ShmDomain* shm() { return shm_.get(); }
-  void setShm(std::unique_ptr<transport::shm::ShmDomain> d) { shm_ = std::move(d); }
+  // True when shared memory reaches every rank (single host): all collectives use it.
+  bool shmAll() const { return shm_ && shm_->world() == world_; }
+  // With several hosts: the ranks (one per host, ascending) that share this rank's local
+  // index; hierarchical all-reduce rings over them.
+  const std::vector<int>& slicePeers() const { return slicePeers_; }
+  void setShm(std::unique_ptr<transport::shm::ShmDomain> d, std::vector<int> slicePeers) {
+    shm_ = std::move(d);
+    slicePeers_ = std::move(slicePeers);
+  }
   // For waits outside poll (shared memory): throw on abort, deadline (naming `peer`, the
   // rank waited for, when >= 0) or a peer whose connection shows EOF/abort. Cheap.
   void checkAlive(int peer);
@@ -89,6 +97,7 @@ class Communicator {
   Deadline deadline_ = Deadline::never();
   ScratchArena scratch_;
   std::unique_ptr<transport::shm::ShmDomain> shm_;
+  std::vector<int> slicePeers_;
   std::vector<pollfd> pfds_;      // reused by waitIo: no allocation per wait
   std::vector<int> pfdPeer_;      // peer rank of each pfds_ entry (-1: wake fd)
   std::vector<uint8_t> early_;    // peer sent data for a later collective: stop watching it

@@ -62,6 +62,7 @@ const char* toString(Algorithm a) {
     case Algorithm::kRing: return "ring";
     case Algorithm::kTree: return "tree";
     case Algorithm::kShm: return "shm";
+    case Algorithm::kHier: return "hier";
   }
   return "unknown-algo";
 }

@@ -35,7 +35,8 @@ enum class CollectiveKind : uint8_t {
 };
 
 // kShm: the shared-memory algorithms, used by "auto" when every rank is on one host.
-enum class Algorithm : uint8_t { kAuto = 0, kRing = 1, kTree = 2, kShm = 3 };
+// kHier: shared memory inside each host + TCP ring between hosts (allreduce_hier.cc).
+enum class Algorithm : uint8_t { kAuto = 0, kRing = 1, kTree = 2, kShm = 3, kHier = 4 };
 
 size_t elementSize(DataType t);
 const char* toString(DataType t);

@@ -27,9 +27,14 @@ namespace {
 constexpr int kThreads = 256;
 constexpr size_t kMaxBlocks = 8192;
 
-template <class T>
+// The type integer arithmetic is done in (unsigned: wraps), or T itself for floats.
+template <class T, bool = std::is_integral_v<T>>
 struct ArithOf {
-  using type = std::conditional_t<std::is_integral_v<T>, std::make_unsigned_t<T>, T>;
+  using type = std::make_unsigned_t<T>;
+};
+template <class T>
+struct ArithOf<T, false> {
+  using type = T;
 };
 
 template <class T, ReduceOp kOp>
@@ -73,10 +78,11 @@ struct alignas(sizeof(T) * N) Pack {
   T v[N];
 };
 
+// Elements of T in one 16-byte pack.
 template <class T>
-constexpr int packOf() {
-  return 16 / static_cast<int>(sizeof(T));
-}
+struct PackOf {
+  static constexpr int value = 16 / static_cast<int>(sizeof(T));
+};
 
 inline bool aligned(const void* p, size_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % bytes == 0;
@@ -102,7 +108,7 @@ __device__ __forceinline__ size_t gridThreads() {
 
 template <class T, ReduceOp kOp>
 __global__ void reduceKernel(T* dst, const T* src, size_t n, size_t nPacks) {
-  constexpr int N = packOf<T>();
+  constexpr int N = PackOf<T>::value;
   using P = Pack<T, N>;
   const size_t stride = gridThreads();
   for (size_t j = globalThread(); j < nPacks; j += stride) {
@@ -120,7 +126,7 @@ __global__ void reduceKernel(T* dst, const T* src, size_t n, size_t nPacks) {
 template <class T, ReduceOp kOp>
 int launchReduce(void* dst, const void* src, size_t n, void* stream) {
   if (n == 0) return 0;
-  constexpr int N = packOf<T>();
+  constexpr int N = PackOf<T>::value;
   const bool vec = aligned(dst, 16) && aligned(src, 16);
   const size_t nPacks = vec ? n / N : 0;
   reduceKernel<T, kOp><<<blocksFor(vec ? nPacks + (n % N) : n), kThreads, 0,

@@ -27,6 +27,9 @@
 #if !defined(RR_KERNEL_NS) || !defined(RR_KERNEL_TARGET)
 #error "define RR_KERNEL_NS and RR_KERNEL_TARGET before including reduce/reduce_kernels.h"
 #endif
+#if defined(__FAST_MATH__) || (defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__)
+#error "csrc/reduce relies on IEEE semantics (NaN tests, no reassociation): no -ffast-math"
+#endif
 
 #include <cstddef>
 #include <cstdint>
@@ -55,7 +58,7 @@ RR_KFN void storeFrom(char* p, const X& v) {
 
 // Pins a loaded vector in a register (emits nothing). Without it GCC folds the src load
 // into AVX-512 merge-masked ops (`vaddps (mem), a, r{k}` for the NaN select); on the AMD
-// Zen 5 test machine such masked memory operands cut DRAM-bound float sum from ~20 to
+// EPYC (Zen 5) test machine such masked memory operands cut DRAM-bound float sum from ~20 to
 // ~14 GB/s, while in-cache speed is unchanged.
 template <class X>
 RR_KFN void inRegister(X& v) {
@@ -79,8 +82,9 @@ RR_KFN void store(char* p, T v) {
   storeFrom(p, v);
 }
 
-// `typedef float V __attribute__((vector_size(kBytes)))` with a non-dependent element type
-// silently drops the attribute in GCC 12, so vector types are always spelled through this.
+// Inside a template, GCC 12 loses the vector attribute of a typedef whose element type is
+// not dependent (`typedef float V __attribute__((vector_size(kBytes)))` acts like float in
+// places), so vector types are always spelled through this.
 template <class T, int kBytes>
 struct VecOf {
   typedef T type __attribute__((vector_size(kBytes)));
@@ -106,7 +110,8 @@ RR_KFN void combineInto(X& a, const X& b) {
   constexpr bool kSmallScalar = sizeof(X) < sizeof(unsigned);
   if constexpr (kOp == ReduceOp::kSum || kOp == ReduceOp::kAvg) {
     if constexpr (kFloat) {
-      a = b + a;
+      const X r = a + b;
+      a = (a != a) ? a : r;
     } else if constexpr (kSmallScalar) {
       a = (X)(XU)((unsigned)(XU)a + (unsigned)(XU)b);
     } else {

@@ -34,15 +34,18 @@ void futexWake(std::atomic<uint32_t>* addr) {
 
 }  // namespace
 
-ShmDomain::ShmDomain(int rank, int world, const std::string& prefix, const ShmConfig& cfg)
-    : rank_(rank), world_(world), cfg_(cfg), prefix_(prefix) {
+ShmDomain::ShmDomain(int rank, std::vector<int> members, const std::string& prefix,
+                     const ShmConfig& cfg)
+    : rank_(rank), world_(static_cast<int>(members.size())), members_(std::move(members)),
+      cfg_(cfg), prefix_(prefix) {
+  RR_CHECK(rank_ >= 0 && rank_ < world_, "local rank ", rank_, " of ", world_);
   RR_CHECK(cfg_.slots >= 2 && cfg_.chunkBytes >= 4096 && cfg_.chunkBytes % 64 == 0,
            "bad shm config");
   lineOff_ = roundUp(sizeof(Control), 4096);
   lineBytes_ = roundUp(sizeof(LineHeader) + cfg_.smallMax, 64);
   slotOff_ = roundUp(lineOff_ + 2 * lineBytes_, 4096);
   total_ = slotOff_ + static_cast<size_t>(cfg_.slots) * cfg_.chunkBytes;
-  own_ = Segment::create(prefix_ + "-" + std::to_string(rank_), total_);
+  own_ = Segment::create(prefix_ + "-" + std::to_string(globalRank(rank_)), total_);
   new (own_.data()) Control();
   for (int i = 0; i < 2; ++i)
     new (own_.data() + lineOff_ + static_cast<size_t>(i) * lineBytes_) LineHeader();
@@ -54,7 +57,7 @@ ShmDomain::ShmDomain(int rank, int world, const std::string& prefix, const ShmCo
 void ShmDomain::attach() {
   for (int r = 0; r < world_; ++r) {
     if (r == rank_) continue;
-    peers_[static_cast<size_t>(r)] = Segment::open(prefix_ + "-" + std::to_string(r), total_);
+    peers_[static_cast<size_t>(r)] = Segment::open(prefix_ + "-" + std::to_string(globalRank(r)), total_);
     base_[static_cast<size_t>(r)] = peers_[static_cast<size_t>(r)].data();
   }
 }

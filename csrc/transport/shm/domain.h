@@ -7,9 +7,9 @@
 //                        same cache line) followed by up to smallMax payload bytes
 //   [ Slot 0 | ... | Slot K-1 ]  chunk buffers for pipelined large collectives
 //
-// Lines are used by parity of the collective sequence number; a rank rewrites a line only
-// after every peer reported (lineDone) that it finished reading the previous use, so no
-// trailing barrier is needed. Slot k holds global chunk g with g % K == k; counters
+// Lines are used by parity of a round counter (every line round of every collective, the
+// same on all local ranks); a rank rewrites a line only after every peer reported
+// (lineDone) that it finished reading the previous use, so no trailing barrier is needed. Slot k holds global chunk g with g % K == k; counters
 // pub/red/fin (global chunk index + 1) say how far a rank has published, reduced and
 // consumed, and are never reset, so collectives chain without extra synchronisation.
 //
@@ -46,11 +46,12 @@ struct Control {
 };
 
 struct alignas(64) LineHeader {
-  std::atomic<uint64_t> seq;  // written last (release): the line is complete
+  std::atomic<uint64_t> round;  // written last (release): the line is complete
+  uint64_t seq;                 // collective sequence number, checked like a frame header
   uint8_t kind, dtype, op, algo;
   int32_t root;
   uint64_t count;
-  uint8_t inlineData[40];  // first payload bytes share the cache line with seq
+  uint8_t inlineData[32];  // first payload bytes share the cache line with the flag
 };
 static_assert(sizeof(LineHeader) == 64, "line header is one cache line");
 
@@ -64,26 +65,30 @@ struct ShmConfig {
 
 class ShmDomain {
  public:
-  // Creates this rank's segment "<prefix>-<rank>".
-  ShmDomain(int rank, int world, const std::string& prefix, const ShmConfig& cfg);
+  // Creates this rank's segment "<prefix>-<global rank>". `members` are the global ranks
+  // sharing this host, ascending; this rank is members[rank].
+  ShmDomain(int rank, std::vector<int> members, const std::string& prefix, const ShmConfig& cfg);
   // Map every peer's segment (they must all exist: call after a barrier).
   void attach();
   // Remove our name from /dev/shm (after every peer attached).
   void unlinkOwn() { own_.unlink(); }
 
-  int rank() const { return rank_; }
-  int world() const { return world_; }
+  int rank() const { return rank_; }    // index among the local ranks
+  int world() const { return world_; }  // number of local ranks
+  int globalRank(int local) const { return members_[static_cast<size_t>(local)]; }
   const ShmConfig& config() const { return cfg_; }
 
   Control& ctl(int r) { return *reinterpret_cast<Control*>(base_[static_cast<size_t>(r)]); }
-  LineHeader& line(int r, uint64_t seq) {
+  LineHeader& line(int r, uint64_t round) {
     return *reinterpret_cast<LineHeader*>(base_[static_cast<size_t>(r)] + lineOff_ +
-                                          (seq & 1) * lineBytes_);
+                                          (round & 1) * lineBytes_);
   }
   // Payload of a line: starts in the header's inline bytes and continues after it.
-  char* linePayload(int r, uint64_t seq) {
-    return reinterpret_cast<char*>(line(r, seq).inlineData);
+  char* linePayload(int r, uint64_t round) {
+    return reinterpret_cast<char*>(line(r, round).inlineData);
   }
+  // Start the next line round (same numbering on every local rank).
+  uint64_t nextRound() { return ++round_; }
   char* slot(int r, uint32_t g) {
     return base_[static_cast<size_t>(r)] + slotOff_ + (g % static_cast<uint32_t>(cfg_.slots)) * cfg_.chunkBytes;
   }
@@ -91,8 +96,8 @@ class ShmDomain {
   // Where the next chunked collective's chunks start (identical on every rank).
   uint32_t chunkBase() const { return chunkBase_; }
   void advanceChunks(uint32_t n) { chunkBase_ += n; }
-  // Seq of the previous collective that used line (seq & 1), 0 if none.
-  uint64_t& linePrevSeq(uint64_t seq) { return linePrev_[seq & 1]; }
+  // Previous round that used line (round & 1), 0 if none.
+  uint64_t& linePrevRound(uint64_t round) { return linePrev_[round & 1]; }
 
   // Spin, yield, then sleep until ready() holds; `check` runs every few ms while sleeping
   // and throws to give up (deadline, dead peer).
@@ -102,6 +107,7 @@ class ShmDomain {
 
  private:
   int rank_, world_;
+  std::vector<int> members_;
   ShmConfig cfg_;
   std::string prefix_;
   size_t lineOff_ = 0, lineBytes_ = 0, slotOff_ = 0, total_ = 0;
@@ -110,6 +116,7 @@ class ShmDomain {
   std::vector<char*> base_;
   uint32_t chunkBase_ = 0;
   uint64_t linePrev_[2] = {0, 0};
+  uint64_t round_ = 0;
 };
 
 // Wrap-around aware "a >= b" for the u32 counters.

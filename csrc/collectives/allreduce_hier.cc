@@ -1,0 +1,59 @@
+// Hierarchical all-reduce for several hosts with L ranks each (shared memory inside a host,
+// TCP between hosts). The buffer is cut into L slices; local rank l drives slice l:
+//
+//   host A: a0 a1      1. all-reduce inside each host over shared memory (op sum)
+//   host B: b0 b1      2. a0 <-> b0 ring all-reduce slice 0 over TCP, a1 <-> b1 slice 1,
+//                         all slices at once, so every rank's NIC/core share works
+//                      3. inside each host, local rank l broadcasts its finished slice l
+//
+// Each slice is reduced by exactly one cross-host ring and then copied, so every rank gets
+// identical bits. avg divides once, by the total number of ranks, at the end of step 2.
+// 16-bit floats are rounded after each level (local, global), not once as in the flat case.
+#include <algorithm>
+#include <vector>
+
+#include "collectives/allreduce_impl.h"
+#include "collectives/shm_algos.h"
+#include "core/chunking.h"
+
+namespace rr::collectives {
+
+void allreduceHier(comm::Communicator& c, const transport::FrameHeader& h, const AllreduceArgs& a,
+                   const std::vector<int>& slicePeers) {
+  transport::shm::ShmDomain& d = *c.shm();
+  const int L = d.world(), me = d.rank();
+  const size_t es = elementSize(a.dtype);
+  // 1. local sum (avg finishes in step 2)
+  AllreduceArgs local = a;
+  if (a.op == ReduceOp::kAvg) local.op = ReduceOp::kSum;
+  shm::allreduce(c, h, local);
+  // 2. my slice across hosts (16-bit floats accumulate in float32 again)
+  const size_t off = chunking::chunkOffset(a.count, L, me), len = chunking::chunkLen(a.count, L, me);
+  if (len > 0 && slicePeers.size() > 1) {
+    AllreduceArgs g = a;
+    g.count = len;
+    g.dst = a.dst + off * es;
+    g.acc = g.dst;
+    if (isHalf(a.dtype)) {
+      float* acc = reinterpret_cast<float*>(c.scratch().get(comm::ScratchArena::kAcc, len * 4));
+      reduce::widen(a.dtype, g.dst, acc, len);
+      g.acc = reinterpret_cast<char*>(acc);
+    }
+    transport::FrameHeader rh = h;
+    rh.count = len;  // per-slice rings are checked against their own length
+    allreduceRing(c, rh, g, &slicePeers);
+  } else if (a.op == ReduceOp::kAvg && len > 0) {
+    reduce::finalize(a.dtype, ReduceOp::kAvg, c.world(), a.dst + off * es, a.dst + off * es, len);
+  }
+  // 3. every local rank broadcasts its finished slice to the others
+  for (int l = 0; l < L; ++l) {
+    const size_t o = chunking::chunkOffset(a.count, L, l), n = chunking::chunkLen(a.count, L, l);
+    transport::FrameHeader bh = h;
+    bh.kind = static_cast<uint8_t>(CollectiveKind::kBroadcast);
+    bh.root = l;
+    bh.count = n;
+    if (n > 0) shm::broadcast(c, bh, a.dst + o * es, n * es, l);
+  }
+}
+
+}  // namespace rr::collectives
