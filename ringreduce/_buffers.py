@@ -6,7 +6,6 @@ check happens here, before any byte moves, and each error says what to do instea
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,26 +27,33 @@ OP_CODES = {"sum": 0, "avg": 1, "prod": 2, "min": 3, "max": 4}
 ALGO_CODES = {"auto": 0, "ring": 1, "tree": 2, "shm": 3}
 
 _SUPPORTED = ", ".join(DTYPE_CODES)
+# numpy dtype object -> code, for the fast path (numpy has no native bfloat16).
+_NP_CODES = {np.dtype(k): v for k, v in DTYPE_CODES.items() if k != "bfloat16"}
+_TORCH = [None]  # the torch module once imported (saves an import lookup per call)
 
 
-@dataclass
 class Buffer:
     """A validated view of a contiguous host buffer."""
 
-    obj: Any  # the tensor/array, kept alive while the collective runs
-    ptr: int
-    count: int
-    dtype: str
-    code: int
-    shape: tuple
+    __slots__ = ("obj", "ptr", "count", "dtype", "code", "shape")
+
+    def __init__(self, obj: Any, ptr: int, count: int, dtype: str, code: int, shape: tuple):
+        self.obj = obj  # the tensor/array, kept alive while the collective runs
+        self.ptr = ptr
+        self.count = count
+        self.dtype = dtype
+        self.code = code
+        self.shape = shape
 
 
 def _torch():
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is optional for numpy users
-        return None
-    return torch
+    if _TORCH[0] is None:
+        try:
+            import torch
+        except ImportError:  # pragma: no cover - torch is optional for numpy users
+            return None
+        _TORCH[0] = torch
+    return _TORCH[0]
 
 
 def dtype_name(x: Any) -> str:
@@ -65,6 +71,11 @@ def as_buffer(x: Any, what: str, writable: bool = True) -> Buffer:
 
     Raises TypeError/ValueError naming the argument and the fix.
     """
+    if type(x) is np.ndarray:  # fast path: the checks below in their cheapest form
+        flags = x.flags
+        code = _NP_CODES.get(x.dtype)
+        if flags.c_contiguous and (flags.writeable or not writable) and code is not None:
+            return Buffer(x, x.__array_interface__["data"][0], x.size, x.dtype.name, code, x.shape)
     torch = _torch()
     if torch is not None and isinstance(x, torch.Tensor):
         if x.device.type != "cpu":
@@ -100,7 +111,7 @@ def as_buffer(x: Any, what: str, writable: bool = True) -> Buffer:
         code = DTYPE_CODES.get(name)
         if code is None:
             raise ValueError(f"{what}: dtype {x.dtype} is not supported; use one of {_SUPPORTED}")
-        return Buffer(x, x.ctypes.data, x.size, name, code, tuple(x.shape))
+        return Buffer(x, x.__array_interface__["data"][0], x.size, name, code, tuple(x.shape))
     raise TypeError(
         f"{what}: expected a torch.Tensor or numpy.ndarray, got {type(x).__name__}"
     )
@@ -108,6 +119,9 @@ def as_buffer(x: Any, what: str, writable: bool = True) -> Buffer:
 
 def op_code(op: Any) -> int:
     """Accept "sum"/"avg"/..., our ReduceOp, or torch.distributed.ReduceOp."""
+    code = OP_CODES.get(op) if type(op) is str else None
+    if code is not None:
+        return code
     name = getattr(op, "name", None) or str(op)
     name = name.lower().rsplit(".", 1)[-1]
     if name == "average":
@@ -121,7 +135,9 @@ def op_code(op: Any) -> int:
 
 
 def algo_code(algo: str) -> int:
-    code = ALGO_CODES.get(str(algo).lower())
+    code = ALGO_CODES.get(algo) if type(algo) is str else None
+    if code is None:
+        code = ALGO_CODES.get(str(algo).lower())
     if code is None:
         raise ValueError(f"unknown algo {algo!r}; use one of {', '.join(ALGO_CODES)}")
     return code

@@ -84,7 +84,9 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *,
     tun = _env.tunables()
     from . import _C
 
-    _C.set_log_level(_LEVELS.get((tun.debug or "").upper(), 1))
+    level = _LEVELS.get((tun.debug or "").upper(), 1)
+    _C.set_log_level(level)
+    _configure_logging(level)
     rank = info.rank if rank is None else int(rank)
     world = info.world_size if world_size is None else int(world_size)
     if world < 1 or not 0 <= rank < world:
@@ -114,10 +116,21 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *,
                                  secret or tun.secret, options["connect_timeout"])
     options.update(_shm_options(tun.transport, peers, rank, world))
     comm = _C.Communicator(rank, world, listener, peers.addrs, peers.secret, options)
-    log.debug("rank %d connected to %d peers from %s (shared memory: %s)", rank, world - 1, bind,
-              comm.uses_shm)
+    log.info("rank %d: connected to %d peers from %s; transport plan: %s", rank, world - 1, bind,
+             comm.plan)
     _state._DEFAULT[0] = _state.Group(rank=rank, world_size=world, comm=comm, hosts=peers.hosts,
                                       options=options, local_rank=info.local_rank)
+
+
+def _configure_logging(level: int) -> None:
+    """RINGREDUCE_DEBUG=INFO|DEBUG|TRACE also shows the Python side's messages on stderr."""
+    if level < 2 or any(getattr(h, "_ringreduce", False) for h in log.handlers):
+        return
+    h = logging.StreamHandler()
+    h._ringreduce = True  # type: ignore[attr-defined]
+    h.setFormatter(logging.Formatter("[ringreduce %(levelname)s] %(message)s"))
+    log.addHandler(h)
+    log.setLevel(logging.INFO if level == 2 else logging.DEBUG)
 
 
 def _shm_options(transport: str, peers: Any, rank: int, world: int) -> dict:
@@ -158,7 +171,8 @@ def _shm_options(transport: str, peers: Any, rank: int, world: int) -> dict:
     }
     if not one_host:
         opts["shm_slice_peers"] = [g[idx] for g in groups]
-    log.debug("rank %d: %s plan, local ranks %s", rank, "shm" if one_host else "hier", mine)
+    log.info("rank %d: %s plan, local ranks %s%s", rank, "shm" if one_host else "hier", mine,
+             "" if one_host else f", slice ring {opts['shm_slice_peers']}")
     return opts
 
 
@@ -201,13 +215,13 @@ def get_world_size() -> int:
 
 def allreduce(x: Any, op: Any = "sum", algo: str = "auto", async_op: bool = False) -> Optional[Work]:
     """Reduce `x` over all ranks, in place. op: sum, avg, prod, min, max."""
-    g = _state.current("allreduce()")
+    g = _state._DEFAULT[0] or _state.current("allreduce()")
     b = as_buffer(x, "allreduce(x)")
     opc, alc = op_code(op), algo_code(algo)
     if g.comm is None:
         return _finish(None, (), async_op=async_op)
-    return _finish(g.comm.allreduce(b.ptr, b.count, b.code, opc, alc, async_op), (x,),
-                   async_op=async_op)
+    cw = g.comm.allreduce(b.ptr, b.count, b.code, opc, alc, async_op)
+    return Work(cw, (x,)) if async_op else None
 
 
 def broadcast(x: Any, src: int = 0, async_op: bool = False) -> Optional[Work]:

@@ -29,7 +29,7 @@ void allreduce(Communicator& c, void* buf, size_t count, DataType dtype, ReduceO
     RR_THROW(InvalidArgument, "algo=shm needs every rank on one host with shared memory enabled");
   if (a == Algorithm::kHier && (!c.shm() || c.shmAll()))
     RR_THROW(InvalidArgument, "algo=hier needs several hosts with the same number (>= 2) of ranks");
-  RR_LOG(log::kTrace, "allreduce #", c.seq() + 1, ": ", bytes, " bytes ", toString(dtype), " ",
+  RR_LOG(log::kDebug, "allreduce #", c.seq() + 1, ": ", bytes, " bytes ", toString(dtype), " ",
          toString(op), " -> ", toString(a), algo == Algorithm::kAuto ? " (auto)" : "");
   transport::FrameHeader h = c.begin(CollectiveKind::kAllReduce, dtype, op, 0, a, count, bytes);
   AllreduceArgs args;

@@ -20,6 +20,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -111,7 +112,9 @@ class NcclComm : public std::enable_shared_from_this<NcclComm> {
   void init(const std::string& uniqueId);
   // Polls ncclCommGetAsyncError until it leaves ncclInProgress (non-blocking comms).
   void waitReady(const char* what, Deadline deadline);
-  void enqueued(abi::Result r, const char* what);
+  // Runs one NCCL enqueue call under callMu_ and waits out ncclInProgress; a failure
+  // aborts the communicator and throws.
+  void launch(const char* what, const std::function<abi::Result()>& call);
   std::shared_ptr<NcclWork> track(const char* what, size_t bytes, void* stream);
   void fail(std::exception_ptr e, const std::string& why);
   void watchdog();

@@ -34,9 +34,8 @@ void Executor::runSync(Task fn, std::string what) {
       // after this check before this one.
       std::unique_lock<std::mutex> ex(execMu_);
       g.unlock();
-      Work w(what);
-      execute(fn, w);
-      w.wait(-1);  // rethrows
+      std::exception_ptr e = run(fn);
+      if (e) std::rethrow_exception(e);
       return;
     }
   }
@@ -68,7 +67,7 @@ static void rethrowWithContext(comm::Communicator& c) {
   }
 }
 
-void Executor::execute(Task& fn, Work& w) {
+std::exception_ptr Executor::run(Task& fn) {
   try {
     try {
       fn(*comm_);
@@ -76,11 +75,13 @@ void Executor::execute(Task& fn, Work& w) {
       if (comm_->poisoned()) throw;  // already failed earlier: message says so
       rethrowWithContext(*comm_);
     }
-    w.complete(nullptr);
   } catch (...) {
-    w.complete(std::current_exception());
+    return std::current_exception();
   }
+  return nullptr;
 }
+
+void Executor::execute(Task& fn, Work& w) { w.complete(run(fn)); }
 
 void Executor::loop() {
   while (true) {

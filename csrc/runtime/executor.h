@@ -40,6 +40,7 @@ class Executor {
  private:
   void loop();
   void execute(Task& fn, Work& w);
+  std::exception_ptr run(Task& fn);  // the collective's failure, with context, or null
 
   std::unique_ptr<comm::Communicator> comm_;
   std::mutex mu_;               // guards queue_, stop_, busy_
