@@ -285,6 +285,16 @@ def _bad(name: str, raw: str, allowed: str) -> ValueError:
     return ValueError(f"{name}={raw!r} is not valid; allowed: {allowed}. Fix or unset {name}")
 
 
+def _p_nonneg_seconds(name: str, raw: str) -> float:
+    try:
+        v = float(raw)
+    except ValueError:
+        v = -1.0
+    if not v >= 0:
+        raise _bad(name, raw, "a number of seconds >= 0 (0 disables)")
+    return v
+
+
 def _p_seconds(name: str, raw: str) -> float:
     try:
         value = float(raw)
@@ -383,6 +393,12 @@ class Tunables:
     trace: str | None = _knob(
         "RINGREDUCE_TRACE", None, _p_str, "path",
         "Where to write a trace of this rank's collectives (for debugging).")
+    heartbeat_interval: float = _knob(
+        "RINGREDUCE_HEARTBEAT_INTERVAL", 0.5, _p_seconds, "seconds",
+        "How often each rank sends a UDP heartbeat to every peer.")
+    heartbeat_timeout: float = _knob(
+        "RINGREDUCE_HEARTBEAT_TIMEOUT", 4.0, _p_nonneg_seconds, "seconds",
+        "A peer silent this long is reported as frozen, partitioned or dead (0 disables).")
     checksum: bool = _knob(
         "RINGREDUCE_CHECKSUM", False, _p_bool, "bool",
         "Checksum every message to catch corruption (slower; for debugging).")

@@ -22,6 +22,7 @@ class Peers:
     hosts: list[str]
     secret: str
     prefix: str = ""  # store key prefix of this init (unique per init in the process)
+    hb_addrs: list = None  # UDP heartbeat "host:port" per rank
 
 
 def _torch_store():
@@ -80,7 +81,7 @@ def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str) -> 
 
 
 def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None,
-             timeout: float) -> Peers:
+             timeout: float, my_hb: str = "") -> Peers:
     """Publish this rank's address and host; return everyone's, plus the job secret."""
     _GENERATION[0] += 1
     p = f"ringreduce/{_GENERATION[0]}/"
@@ -104,8 +105,10 @@ def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None
         secret = store.get(p + "secret").decode()
     store.set(p + f"addr/{rank}", my_addr)
     store.set(p + f"host/{rank}", _env.host_identity())
+    store.set(p + f"hb/{rank}", my_hb)
     keys = [p + f"addr/{r}" for r in range(world)]
     _wait(store, keys, timeout, rank, "all ranks to publish their addresses")
     addrs = [store.get(k).decode() for k in keys]
     hosts = [store.get(p + f"host/{r}").decode() for r in range(world)]
-    return Peers(addrs=addrs, hosts=hosts, secret=secret, prefix=p)
+    hbs = [store.get(p + f"hb/{r}").decode() for r in range(world)]
+    return Peers(addrs=addrs, hosts=hosts, secret=secret, prefix=p, hb_addrs=hbs)

@@ -96,6 +96,8 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *,
         "timeout": float(timeout if timeout is not None else tun.timeout),
         "connect_timeout": float(tun.connect_timeout),
         "segment_bytes": int(tun.segment_bytes),
+        "heartbeat_interval": float(tun.heartbeat_interval),
+        "heartbeat_timeout": float(tun.heartbeat_timeout),
     }
     if tun.tree_threshold_bytes is not None:
         options["tree_threshold_bytes"] = int(tun.tree_threshold_bytes)
@@ -113,9 +115,11 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *,
     listener = _C.Listener(bind)
     host = bind if ":" not in bind else f"[{bind}]"
     peers = _rendezvous.exchange(store, rank, world, f"{host}:{listener.port}",
-                                 secret or tun.secret, options["connect_timeout"])
+                                 secret or tun.secret, options["connect_timeout"],
+                                 f"{host}:{listener.heartbeat_port}")
     options.update(_shm_options(tun.transport, peers, rank, world))
-    comm = _C.Communicator(rank, world, listener, peers.addrs, peers.secret, options)
+    comm = _C.Communicator(rank, world, listener, peers.addrs, peers.secret, options,
+                           peers.hb_addrs)
     log.info("rank %d: connected to %d peers from %s; transport plan: %s", rank, world - 1, bind,
              comm.plan)
     _state._DEFAULT[0] = _state.Group(rank=rank, world_size=world, comm=comm, hosts=peers.hosts,

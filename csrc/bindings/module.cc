@@ -34,6 +34,8 @@ Options optionsFromDict(const py::dict& d) {
     else if (k == "beta_ns_per_byte") o.betaNsPerByte = v.cast<double>();
     else if (k == "tree_threshold_bytes") o.treeThresholdBytes = v.cast<int64_t>();
     else if (k == "broadcast_tree_max_bytes") o.broadcastTreeMaxBytes = v.cast<size_t>();
+    else if (k == "heartbeat_interval") o.heartbeatIntervalSec = v.cast<double>();
+    else if (k == "heartbeat_timeout") o.heartbeatTimeoutSec = v.cast<double>();
     else if (k.rfind("shm_", 0) == 0) continue;  // see shmFromDict
     else throw InvalidArgument("unknown option '" + k + "'");
   }
@@ -94,11 +96,21 @@ void setupShm(comm::Communicator& c, const ShmPlan& plan) {
   }
 }
 
+// What Python sees as _C.Listener: the TCP listener and the UDP heartbeat socket, both
+// bound before addresses are exchanged.
+struct PyListener {
+  explicit PyListener(const std::string& host)
+      : tcp(host), hb(std::make_unique<transport::Heartbeat>(host)) {}
+  transport::tcp::Listener tcp;
+  std::unique_ptr<transport::Heartbeat> hb;
+};
+
 // Owns the executor; what Python sees as _C.Communicator.
 class PyComm {
  public:
-  PyComm(int rank, int world, transport::tcp::Listener& listener,
-         const std::vector<std::string>& addrs, const std::string& secret, const py::dict& opts) {
+  PyComm(int rank, int world, PyListener& pl, const std::vector<std::string>& addrs,
+         const std::string& secret, const py::dict& opts, const std::vector<std::string>& hbAddrs) {
+    transport::tcp::Listener& listener = pl.tcp;
     Options o = optionsFromDict(opts);
     if (world < 1 || rank < 0 || rank >= world)
       throw InvalidArgument("rank " + std::to_string(rank) + " out of range for world size " +
@@ -117,6 +129,12 @@ class PyComm {
     if (!plan.prefix.empty()) {
       py::gil_scoped_release nogil;
       setupShm(*comm, plan);
+    }
+    if (!hbAddrs.empty() && o.heartbeatTimeoutSec > 0 && pl.hb) {
+      if (static_cast<int>(hbAddrs.size()) != world)
+        throw InvalidArgument("need one heartbeat address per rank");
+      pl.hb->start(rank, hbAddrs, secret, o.heartbeatIntervalSec);
+      comm->setHeartbeat(std::move(pl.hb));
     }
     exec_ = std::make_unique<runtime::Executor>(std::move(comm));
   }
@@ -167,11 +185,12 @@ PYBIND11_MODULE(_C, m) {
                                          world, bytes);
   });
 
-  py::class_<transport::tcp::Listener>(m, "Listener")
+  py::class_<PyListener>(m, "Listener")
       .def(py::init<const std::string&>(), py::arg("host"))
-      .def_property_readonly("port", &transport::tcp::Listener::port)
-      .def_property_readonly("host", &transport::tcp::Listener::host)
-      .def("close", &transport::tcp::Listener::close);
+      .def_property_readonly("port", [](PyListener& l) { return l.tcp.port(); })
+      .def_property_readonly("heartbeat_port", [](PyListener& l) { return l.hb ? l.hb->port() : 0; })
+      .def_property_readonly("host", [](PyListener& l) { return l.tcp.host(); })
+      .def("close", [](PyListener& l) { l.tcp.close(); l.hb.reset(); });
 
   py::class_<runtime::Work, std::shared_ptr<runtime::Work>>(m, "Work")
       .def("wait",
@@ -185,10 +204,10 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("what", &runtime::Work::what);
 
   py::class_<PyComm>(m, "Communicator")
-      .def(py::init<int, int, transport::tcp::Listener&, const std::vector<std::string>&,
-                    const std::string&, const py::dict&>(),
+      .def(py::init<int, int, PyListener&, const std::vector<std::string>&, const std::string&,
+                    const py::dict&, const std::vector<std::string>&>(),
            py::arg("rank"), py::arg("world"), py::arg("listener"), py::arg("addrs"),
-           py::arg("secret"), py::arg("options"))
+           py::arg("secret"), py::arg("options"), py::arg("heartbeat_addrs") = std::vector<std::string>())
       .def_property_readonly("rank", [](PyComm& c) { return c.ex().comm().rank(); })
       .def_property_readonly("world", [](PyComm& c) { return c.ex().comm().world(); })
       .def("allreduce",

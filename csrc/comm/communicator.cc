@@ -4,6 +4,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 
@@ -26,6 +27,7 @@ Communicator::Communicator(int rank, int world, std::vector<std::unique_ptr<Conn
 }
 
 Communicator::~Communicator() {
+  if (hb_) hb_->stop();
   for (auto& c : conns_)
     if (c) c->close();
   if (wakeFd_ >= 0) ::close(wakeFd_);
@@ -55,7 +57,43 @@ FrameHeader Communicator::begin(CollectiveKind kind, DataType dtype, ReduceOp op
   bytesDone_ = 0;
   std::fill(early_.begin(), early_.end(), 0);
   deadline_ = Deadline::after(opts_.timeoutSec);
+  if (hb_) hb_->setState(h.kind, h.seq, 0);
   return h;
+}
+
+static int64_t steadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void Communicator::setHeartbeat(std::unique_ptr<transport::Heartbeat> hb) {
+  hb_ = std::move(hb);
+  hbSinceMs_ = steadyMs();
+}
+
+void Communicator::checkHeartbeats(int waitingFor) {
+  if (!hb_ || opts_.heartbeatTimeoutSec <= 0) return;
+  const int64_t limit = static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000);
+  const int64_t sinceStart = steadyMs() - hbSinceMs_;
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_ || gone_[static_cast<size_t>(p)]) continue;
+    transport::PeerStatus s = hb_->status(p);
+    int64_t age = s.ageMs >= 0 ? s.ageMs : sinceStart;
+    if (age <= limit) continue;
+    std::string doing =
+        s.ageMs < 0 ? std::string("never heard from")
+                    : s.kind == 0
+                          ? detail::concat("at its last heartbeat it was idle after collective #", s.seq)
+                          : detail::concat("at its last heartbeat it was in ",
+                                           toString(static_cast<CollectiveKind>(s.kind)), " #",
+                                           s.seq, " with ", s.bytesDone >> 10, " KiB received");
+    throw PeerError(p, detail::concat(
+        "rank ", p, " (", conn(p).peerHost(), ", pid ", s.pid, ") stopped responding: no heartbeat for ",
+        age / 1000.0, " s (process frozen or stopped, host overloaded, or network partition); ",
+        doing, "; rank ", rank_, " was in ", describeCurrent(),
+        waitingFor >= 0 ? detail::concat(" waiting for rank ", waitingFor) : std::string()));
+  }
 }
 
 std::string Communicator::describeCurrent() const {
@@ -84,8 +122,11 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
     pfds_.push_back({conn(p).fd(), ev, 0});
     pfdPeer_.push_back(p);
   }
+  // Wake at least every 250 ms to look at heartbeats while waiting.
+  const int waitingFor = recvPeer >= 0 ? recvPeer : sendPeer;
   while (true) {
     int ms = deadline_.pollMs();
+    if (hb_ && ms > 250) ms = 250;
     int n = ::poll(pfds_.data(), pfds_.size(), ms);
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -94,6 +135,7 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
     if (aborted_.load()) RR_THROW(Error, "communicator aborted during ", describeCurrent());
     if (n == 0) {
       if (deadline_.expired()) timeout(sendPeer, recvPeer);
+      checkHeartbeats(waitingFor);
       continue;
     }
     bool ready = false;
@@ -134,6 +176,7 @@ void Communicator::checkAlive(int peer) {
     pfds_.push_back({conn(p).fd(), POLLIN, 0});
     pfdPeer_.push_back(p);
   }
+  checkHeartbeats(peer);
   if (pfds_.empty() || ::poll(pfds_.data(), pfds_.size(), 0) <= 0) return;
   for (size_t i = 0; i < pfds_.size(); ++i)
     if (pfds_[i].revents && conn(pfdPeer_[i]).checkIdle() == Connection::Idle::kGoodbye)

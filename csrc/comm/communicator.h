@@ -18,6 +18,7 @@
 #include "core/deadline.h"
 #include "core/params.h"
 #include "core/types.h"
+#include "transport/heartbeat.h"
 #include "transport/shm/domain.h"
 #include "transport/transport.h"
 
@@ -53,7 +54,16 @@ class Communicator {
   void waitIo(int sendPeer, int recvPeer);
   // Drive one send and/or one receive to completion (either may be null).
   void sendRecv(int sendPeer, SendOp* s, int recvPeer, RecvOp* r);
-  void addBytesDone(size_t n) { bytesDone_ += n; }
+  void addBytesDone(size_t n) {
+    bytesDone_ += n;
+    if (hb_) hb_->setState(static_cast<uint8_t>(curKind_), seq_, bytesDone_);
+  }
+  // The collective finished (successfully or not): heartbeats say "idle".
+  void finish() {
+    if (hb_) hb_->setState(0, seq_, bytesDone_);
+  }
+  // Heartbeats run from here on; peers silent for too long fail waits (PeerError).
+  void setHeartbeat(std::unique_ptr<transport::Heartbeat> hb);
 
   ScratchArena& scratch() { return scratch_; }
 
@@ -98,6 +108,9 @@ class Communicator {
   ScratchArena scratch_;
   std::unique_ptr<transport::shm::ShmDomain> shm_;
   std::vector<int> slicePeers_;
+  std::unique_ptr<transport::Heartbeat> hb_;
+  int64_t hbSinceMs_ = 0;  // steady ms when heartbeats started
+  void checkHeartbeats(int waitingFor);
   std::vector<pollfd> pfds_;      // reused by waitIo: no allocation per wait
   std::vector<int> pfdPeer_;      // peer rank of each pfds_ entry (-1: wake fd)
   std::vector<uint8_t> early_;    // peer sent data for a later collective: stop watching it

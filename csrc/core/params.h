@@ -23,6 +23,10 @@ struct Options {
   int64_t treeThresholdBytes = -1;
   // Broadcasts up to this many bytes use the binomial tree, larger ones the chain.
   size_t broadcastTreeMaxBytes = 256 * 1024;
+  // Heartbeats (RINGREDUCE_HEARTBEAT_INTERVAL / _TIMEOUT): a peer silent for longer than
+  // the timeout is reported as frozen, partitioned or dead. 0 disables the check.
+  double heartbeatIntervalSec = 0.5;
+  double heartbeatTimeoutSec = 4.0;
 };
 
 }  // namespace rr

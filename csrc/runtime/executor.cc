@@ -71,7 +71,9 @@ std::exception_ptr Executor::run(Task& fn) {
   try {
     try {
       fn(*comm_);
+      comm_->finish();
     } catch (...) {
+      comm_->finish();
       if (comm_->poisoned()) throw;  // already failed earlier: message says so
       rethrowWithContext(*comm_);
     }

@@ -1,0 +1,181 @@
+#include "transport/heartbeat.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/sha256.h"
+
+namespace rr::transport {
+namespace {
+
+constexpr uint32_t kMagic = 0x31424852;  // "RHB1"
+
+struct Datagram {
+  uint32_t magic;
+  int32_t rank;
+  uint32_t pid;
+  uint8_t kind, pad[3];
+  uint64_t seq;
+  uint64_t bytes;
+  uint64_t counter;      // strictly increasing per sender: replays are ignored
+  uint8_t mac[16];       // truncated HMAC-SHA256 over everything above
+};
+
+int64_t nowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void sign(const std::string& secret, Datagram* d) {
+  auto m = crypto::hmacSha256(secret.data(), secret.size(), d, offsetof(Datagram, mac));
+  std::memcpy(d->mac, m.data(), sizeof(d->mac));
+}
+
+}  // namespace
+
+Heartbeat::Heartbeat(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), "0", &hints, &res) != 0 || !res)
+    RR_THROW(Error, "heartbeat: cannot resolve ", host);
+  fd_ = tcp::Fd(::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd_.valid() || ::bind(fd_.get(), res->ai_addr, res->ai_addrlen) != 0) {
+    std::string err = std::strerror(errno);
+    ::freeaddrinfo(res);
+    RR_THROW(Error, "heartbeat: cannot bind a UDP socket on ", host, ": ", err);
+  }
+  ::freeaddrinfo(res);
+  sockaddr_storage ss{};
+  socklen_t sl = sizeof(ss);
+  ::getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&ss), &sl);
+  port_ = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
+                                   : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+}
+
+Heartbeat::~Heartbeat() { stop(); }
+
+void Heartbeat::start(int rank, const std::vector<std::string>& peerAddrs,
+                      const std::string& secret, double intervalSec) {
+  rank_ = rank;
+  secret_ = secret;
+  interval_ = intervalSec;
+  nslots_ = peerAddrs.size();
+  slots_.reset(new Slot[nslots_]);
+  peerSockaddr_.assign(nslots_, {});
+  for (size_t r = 0; r < nslots_; ++r) {
+    if (static_cast<int>(r) == rank || peerAddrs[r].empty()) continue;
+    tcp::Endpoint ep = tcp::parseEndpoint(peerAddrs[r]);
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_DGRAM;
+    addrinfo* res = nullptr;
+    if (::getaddrinfo(ep.host.c_str(), std::to_string(ep.port).c_str(), &hints, &res) != 0 || !res)
+      RR_THROW(Error, "heartbeat: cannot resolve peer ", peerAddrs[r]);
+    auto* p = reinterpret_cast<uint8_t*>(res->ai_addr);
+    peerSockaddr_[r].assign(p, p + res->ai_addrlen);
+    ::freeaddrinfo(res);
+  }
+  if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) RR_THROW(Error, "heartbeat: pipe failed");
+  thread_ = std::thread([this] { loop(); });
+}
+
+void Heartbeat::stop() {
+  if (thread_.joinable()) {
+    char c = 1;
+    ssize_t w = ::write(wake_[1], &c, 1);
+    (void)w;
+    thread_.join();
+  }
+  for (int& f : wake_)
+    if (f >= 0) {
+      ::close(f);
+      f = -1;
+    }
+}
+
+PeerStatus Heartbeat::status(int peer) const {
+  PeerStatus s;
+  if (peer < 0 || static_cast<size_t>(peer) >= nslots_) return s;
+  const Slot& sl = slots_[static_cast<size_t>(peer)];
+  int64_t last = sl.lastNs.load(std::memory_order_acquire);
+  s.ageMs = last == 0 ? -1 : (nowNs() - last) / 1000000;
+  s.pid = sl.pid.load(std::memory_order_relaxed);
+  s.seq = sl.seq.load(std::memory_order_relaxed);
+  s.kind = sl.kind.load(std::memory_order_relaxed);
+  s.bytesDone = sl.bytes.load(std::memory_order_relaxed);
+  return s;
+}
+
+void Heartbeat::sendAll() {
+  static thread_local uint64_t counter = 0;
+  Datagram d{};
+  d.magic = kMagic;
+  d.rank = rank_;
+  d.pid = static_cast<uint32_t>(::getpid());
+  d.kind = kind_.load(std::memory_order_relaxed);
+  d.seq = seq_.load(std::memory_order_relaxed);
+  d.bytes = bytes_.load(std::memory_order_relaxed);
+  d.counter = ++counter;
+  sign(secret_, &d);
+  for (size_t r = 0; r < nslots_; ++r) {
+    if (peerSockaddr_[r].empty()) continue;
+    (void)::sendto(fd_.get(), &d, sizeof(d), MSG_DONTWAIT,
+                   reinterpret_cast<const sockaddr*>(peerSockaddr_[r].data()),
+                   static_cast<socklen_t>(peerSockaddr_[r].size()));
+  }
+}
+
+void Heartbeat::receiveOne() {
+  Datagram d;
+  ssize_t n = ::recv(fd_.get(), &d, sizeof(d), MSG_DONTWAIT);
+  if (n != static_cast<ssize_t>(sizeof(d)) || d.magic != kMagic) return;  // noise: ignore
+  if (d.rank < 0 || static_cast<size_t>(d.rank) >= nslots_ || d.rank == rank_) return;
+  uint8_t mac[16];
+  std::memcpy(mac, d.mac, sizeof(mac));
+  sign(secret_, &d);
+  if (std::memcmp(mac, d.mac, sizeof(mac)) != 0) return;  // not from this job
+  Slot& s = slots_[static_cast<size_t>(d.rank)];
+  // A replayed (older) datagram changes nothing. Only this thread touches lastCounter.
+  static thread_local std::vector<uint64_t> lastCounter;
+  if (lastCounter.size() != nslots_) lastCounter.assign(nslots_, 0);
+  if (d.counter <= lastCounter[static_cast<size_t>(d.rank)]) return;
+  lastCounter[static_cast<size_t>(d.rank)] = d.counter;
+  s.pid.store(d.pid, std::memory_order_relaxed);
+  s.seq.store(d.seq, std::memory_order_relaxed);
+  s.kind.store(d.kind, std::memory_order_relaxed);
+  s.bytes.store(d.bytes, std::memory_order_relaxed);
+  s.lastNs.store(nowNs(), std::memory_order_release);
+}
+
+void Heartbeat::loop() {
+  const int64_t periodNs = static_cast<int64_t>(interval_ * 1e9);
+  int64_t next = nowNs();
+  while (true) {
+    int64_t now = nowNs();
+    if (now >= next) {
+      sendAll();
+      next = now + periodNs;
+    }
+    pollfd p[2] = {{fd_.get(), POLLIN, 0}, {wake_[0], POLLIN, 0}};
+    int ms = static_cast<int>((next - now) / 1000000) + 1;
+    if (::poll(p, 2, ms) < 0 && errno != EINTR) return;
+    if (p[1].revents) return;
+    if (p[0].revents)
+      for (int i = 0; i < 64; ++i) receiveOne();
+  }
+}
+
+}  // namespace rr::transport

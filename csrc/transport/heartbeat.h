@@ -1,0 +1,78 @@
+// Heartbeats: how every rank notices, within seconds, a peer that is frozen (SIGSTOP, a
+// debugger, swapping), cut off by a partition, or dead without its sockets closing.
+//
+// A background thread sends each peer a small UDP datagram every `interval` and records
+// when it last heard from each. Datagrams are authenticated (HMAC-SHA256 with the job
+// secret, truncated) and carry the sender's pid and what it is doing (collective kind,
+// sequence number, bytes done), so an error can say what the culprit was doing. The thread
+// shares nothing with the data path but a few atomics.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transport/tcp/socket.h"
+
+namespace rr::transport {
+
+struct PeerStatus {
+  int64_t ageMs = -1;  // since the last datagram (-1: never heard)
+  uint32_t pid = 0;
+  uint64_t seq = 0;   // collective sequence number the peer is at
+  uint8_t kind = 0;   // CollectiveKind it is in (0: idle)
+  uint64_t bytesDone = 0;
+};
+
+class Heartbeat {
+ public:
+  // Binds a UDP socket on `host` (the same interface as the TCP listener), port 0.
+  explicit Heartbeat(const std::string& host);
+  ~Heartbeat();
+  int port() const { return port_; }
+
+  // Start sending to peers ("host:port" per rank; empty for this rank).
+  void start(int rank, const std::vector<std::string>& peerAddrs, const std::string& secret,
+             double intervalSec);
+  void stop();
+
+  // What this rank is doing, published in its heartbeats. Executor thread.
+  void setState(uint8_t kind, uint64_t seq, uint64_t bytesDone) {
+    kind_.store(kind, std::memory_order_relaxed);
+    seq_.store(seq, std::memory_order_relaxed);
+    bytes_.store(bytesDone, std::memory_order_relaxed);
+  }
+  PeerStatus status(int peer) const;
+  bool running() const { return thread_.joinable(); }
+
+ private:
+  void loop();
+  void sendAll();
+  void receiveOne();
+
+  struct Slot {
+    std::atomic<int64_t> lastNs{0};
+    std::atomic<uint32_t> pid{0};
+    std::atomic<uint64_t> seq{0};
+    std::atomic<uint8_t> kind{0};
+    std::atomic<uint64_t> bytes{0};
+  };
+
+  tcp::Fd fd_;
+  int port_ = 0;
+  int rank_ = 0;
+  std::string secret_;
+  double interval_ = 0.5;
+  std::vector<std::vector<uint8_t>> peerSockaddr_;  // sockaddr bytes per rank
+  std::unique_ptr<Slot[]> slots_;
+  size_t nslots_ = 0;
+  std::atomic<uint8_t> kind_{0};
+  std::atomic<uint64_t> seq_{0}, bytes_{0};
+  int wake_[2] = {-1, -1};  // pipe: stop() wakes the thread
+  std::thread thread_;
+};
+
+}  // namespace rr::transport
