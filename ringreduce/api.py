@@ -7,6 +7,7 @@ done and return None. Every rank must call the same collectives in the same orde
 
 from __future__ import annotations
 
+import atexit
 import logging
 from typing import Any, Optional, Sequence
 
@@ -122,6 +123,10 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *,
                            peers.hb_addrs)
     log.info("rank %d: connected to %d peers from %s; transport plan: %s", rank, world - 1, bind,
              comm.plan)
+    if tun.trace:
+        comm.set_tracing(True)
+    if tun.flight_recorder:
+        comm.set_flight_path(tun.flight_recorder)
     _state._DEFAULT[0] = _state.Group(rank=rank, world_size=world, comm=comm, hosts=peers.hosts,
                                       options=options, local_rank=info.local_rank)
 
@@ -198,11 +203,32 @@ def _load_tuning(path: Optional[str]) -> dict:
 
 
 def destroy() -> None:
-    """Tear down the communicator (returns promptly even if peers are gone)."""
+    """Tear down the communicator (returns promptly even if peers are gone).
+
+    With RINGREDUCE_TRACE set, writes this rank's Chrome trace first.
+    """
     g = _state._DEFAULT[0]
     _state._DEFAULT[0] = None
-    if g is not None and g.comm is not None:
+    if g is None:
+        return
+    pattern = _env.tunables().trace
+    if pattern:
+        from . import _trace
+
+        try:
+            path = _trace.write(g.comm, pattern, g.rank, g.world_size)
+            log.info("rank %d: trace written to %s", g.rank, path)
+        except OSError as e:
+            log.warning("rank %d: could not write trace %s: %s", g.rank, pattern, e)
+    if g.comm is not None:
         g.comm.destroy()
+
+
+@atexit.register
+def _destroy_at_exit() -> None:
+    # A script that forgets destroy() still says goodbye to its peers and writes its trace.
+    if _state._DEFAULT[0] is not None:
+        destroy()
 
 
 def is_initialized() -> bool:

@@ -252,6 +252,28 @@ PYBIND11_MODULE(_C, m) {
       .def("abort", [](PyComm& c) { if (c.exec_) c.exec_->abort(); })
       .def("destroy", &PyComm::destroy)
       .def_property_readonly("destroyed", [](PyComm& c) { return !c.exec_; })
+      .def("set_tracing", [](PyComm& c, bool on) { c.ex().comm().recorder().setTracing(on); })
+      .def("set_flight_path", [](PyComm& c, const std::string& p) { c.ex().comm().setFlightPath(p); })
+      .def("trace_events", [](PyComm& c) {
+        // Called after the collectives of interest finished (destroy, or a quiet moment).
+        py::list out;
+        for (const comm::Record& r : c.ex().comm().recorder().trace()) {
+          py::dict d;
+          d["seq"] = r.seq;
+          d["collective"] = toString(static_cast<CollectiveKind>(r.kind));
+          d["algo"] = toString(static_cast<Algorithm>(r.algo));
+          d["dtype"] = toString(static_cast<DataType>(r.dtype));
+          d["op"] = toString(static_cast<ReduceOp>(r.op));
+          d["root"] = r.root;
+          d["count"] = r.count;
+          d["bytes"] = r.bytes;
+          d["start_us"] = r.startUs;
+          d["end_us"] = r.endUs;
+          d["ok"] = r.ok;
+          out.append(d);
+        }
+        return out;
+      })
       .def_property_readonly("uses_shm", [](PyComm& c) { return c.ex().comm().shm() != nullptr; })
       .def_property_readonly("plan", [](PyComm& c) {
         auto& cm = c.ex().comm();

@@ -58,6 +58,16 @@ FrameHeader Communicator::begin(CollectiveKind kind, DataType dtype, ReduceOp op
   std::fill(early_.begin(), early_.end(), 0);
   deadline_ = Deadline::after(opts_.timeoutSec);
   if (hb_) hb_->setState(h.kind, h.seq, 0);
+  Record rec;
+  rec.seq = h.seq;
+  rec.kind = h.kind;
+  rec.dtype = h.dtype;
+  rec.op = h.op;
+  rec.algo = h.algo;
+  rec.root = root;
+  rec.count = count;
+  rec.bytes = bytesTotal;
+  recorder_.start(rec);
   return h;
 }
 
@@ -211,6 +221,18 @@ void Communicator::sendRecv(int sendPeer, SendOp* s, int recvPeer, RecvOp* r) {
 void Communicator::poison(const std::string& reason, transport::AbortCode code) {
   if (!failure_.empty()) return;
   failure_ = reason;
+  if (!flightPath_.empty()) {
+    std::string path = flightPath_ + ".rank" + std::to_string(rank_) + ".json";
+    if (FILE* f = std::fopen(path.c_str(), "w")) {
+      std::string r = reason;
+      for (char& ch : r)
+        if (ch == '"' || ch == '\\' || ch == '\n') ch = '\'';
+      std::fprintf(f, "{\"rank\": %d, \"world\": %d, \"error\": \"%s\",\n \"last_collectives\": %s}\n",
+                   rank_, world_, r.c_str(), recordsToJson(recorder_.flight()).c_str());
+      std::fclose(f);
+      RR_WARN("flight recorder written to ", path);
+    }
+  }
   std::string msg = detail::concat("rank ", rank_, ": ", reason);
   for (auto& c : conns_) {
     if (!c) continue;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/recorder.h"
 #include "comm/scratch.h"
 #include "core/deadline.h"
 #include "core/params.h"
@@ -58,10 +59,14 @@ class Communicator {
     bytesDone_ += n;
     if (hb_) hb_->setState(static_cast<uint8_t>(curKind_), seq_, bytesDone_);
   }
-  // The collective finished (successfully or not): heartbeats say "idle".
-  void finish() {
+  // The collective finished (ok = no exception): heartbeats say "idle", recorder notes it.
+  void finish(bool ok) {
     if (hb_) hb_->setState(0, seq_, bytesDone_);
+    recorder_.end(ok);
   }
+  Recorder& recorder() { return recorder_; }
+  // Where poison() writes the flight recorder ("" = nowhere).
+  void setFlightPath(std::string path) { flightPath_ = std::move(path); }
   // Heartbeats run from here on; peers silent for too long fail waits (PeerError).
   void setHeartbeat(std::unique_ptr<transport::Heartbeat> hb);
 
@@ -109,6 +114,8 @@ class Communicator {
   std::unique_ptr<transport::shm::ShmDomain> shm_;
   std::vector<int> slicePeers_;
   std::unique_ptr<transport::Heartbeat> hb_;
+  Recorder recorder_;
+  std::string flightPath_;
   int64_t hbSinceMs_ = 0;  // steady ms when heartbeats started
   void checkHeartbeats(int waitingFor);
   std::vector<pollfd> pfds_;      // reused by waitIo: no allocation per wait

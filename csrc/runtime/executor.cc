@@ -71,9 +71,9 @@ std::exception_ptr Executor::run(Task& fn) {
   try {
     try {
       fn(*comm_);
-      comm_->finish();
+      comm_->finish(true);
     } catch (...) {
-      comm_->finish();
+      comm_->finish(false);
       if (comm_->poisoned()) throw;  // already failed earlier: message says so
       rethrowWithContext(*comm_);
     }

@@ -1,0 +1,74 @@
+// Recorder: what this rank's collectives did and when. Always on and cheap (a few stores
+// per collective): the last kFlight records form the flight recorder, dumped as JSON when
+// the communicator fails; with tracing on, every record is kept (bounded) for a Chrome
+// trace (RINGREDUCE_TRACE). Executor thread only, except snapshot() after the fact.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/types.h"
+
+namespace rr::comm {
+
+struct Record {
+  uint64_t seq = 0;
+  uint8_t kind = 0, dtype = 0, op = 0, algo = 0;
+  int32_t root = 0;
+  uint64_t count = 0, bytes = 0;
+  int64_t startUs = 0, endUs = 0;  // wall clock (epoch) microseconds; endUs 0 = unfinished
+  bool ok = true;
+};
+
+class Recorder {
+ public:
+  static constexpr size_t kFlight = 64;
+  static constexpr size_t kMaxTrace = 1 << 20;
+
+  static int64_t nowUs() {
+    return std::chrono::duration_cast<std::chrono::microseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+  void setTracing(bool on) { tracing_ = on; }
+  void start(const Record& r) {
+    cur_ = r;
+    cur_.startUs = nowUs();
+    cur_.endUs = 0;
+    open_ = true;
+  }
+  void end(bool ok) {
+    if (!open_) return;
+    open_ = false;
+    cur_.endUs = nowUs();
+    cur_.ok = ok;
+    ring_[n_ % kFlight] = cur_;
+    ++n_;
+    if (tracing_ && trace_.size() < kMaxTrace) trace_.push_back(cur_);
+  }
+  // Last records, oldest first (including the unfinished one, if any).
+  std::vector<Record> flight() const {
+    std::vector<Record> out;
+    size_t k = n_ < kFlight ? n_ : kFlight;
+    for (size_t i = n_ - k; i < n_; ++i) out.push_back(ring_[i % kFlight]);
+    if (open_) out.push_back(cur_);
+    return out;
+  }
+  const std::vector<Record>& trace() const { return trace_; }
+  void clearTrace() { trace_.clear(); }
+
+ private:
+  Record ring_[kFlight];
+  size_t n_ = 0;
+  Record cur_;
+  bool open_ = false;
+  bool tracing_ = false;
+  std::vector<Record> trace_;
+};
+
+// JSON text of records (an array of objects), for flight-recorder dumps.
+std::string recordsToJson(const std::vector<Record>& rs);
+
+}  // namespace rr::comm

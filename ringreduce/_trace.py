@@ -1,0 +1,79 @@
+"""Chrome-trace (Perfetto) timelines of every collective, per rank (RINGREDUCE_TRACE).
+
+RINGREDUCE_TRACE=trace.json makes each rank record its collectives (start, end, bytes,
+algorithm, sequence number) in the C++ core; at destroy() (or process exit) rank r writes
+``trace.rank{r}.json`` -- or the path itself when it contains ``{rank}`` or the job has one
+rank. Open the files in https://ui.perfetto.dev or chrome://tracing; ``merge()`` combines
+them into one timeline with a row per rank. Labels given with ``label()`` (the DDP wrapper
+names its buckets this way) are drawn as instant events on a second row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Any, Iterable, Optional
+
+_LABELS: list = []  # (wall-clock us, text) recorded by label()
+_LOCK = threading.Lock()
+_MAX_LABELS = 1 << 20
+
+
+def trace_path(pattern: str, rank: int, world: int) -> str:
+    if "{rank}" in pattern:
+        return pattern.replace("{rank}", str(rank))
+    if world == 1:
+        return pattern
+    root, ext = os.path.splitext(pattern)
+    return f"{root}.rank{rank}{ext or '.json'}"
+
+
+def label(text: str) -> None:
+    """Mark the moment something happened (e.g. "bucket 3 ready") in this rank's trace."""
+    with _LOCK:
+        if len(_LABELS) < _MAX_LABELS:
+            _LABELS.append((int(time.time() * 1e6), str(text)))
+
+
+def to_chrome(events: Iterable[dict], rank: int, labels: Iterable[tuple] = ()) -> dict:
+    """Chrome trace JSON object for one rank's core events and labels."""
+    out: list[dict[str, Any]] = [
+        {"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}},
+        {"name": "thread_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": "collectives"}},
+        {"name": "thread_name", "ph": "M", "pid": rank, "tid": 1, "args": {"name": "labels"}},
+    ]
+    for e in events:
+        end = e["end_us"] or e["start_us"]
+        out.append({
+            "name": f"{e['collective']} #{e['seq']}", "cat": e["algo"], "ph": "X",
+            "ts": e["start_us"], "dur": max(0, end - e["start_us"]), "pid": rank, "tid": 0,
+            "args": {k: e[k] for k in ("seq", "algo", "dtype", "op", "root", "count", "bytes", "ok")},
+        })
+    for ts, text in labels:
+        out.append({"name": text, "ph": "i", "s": "t", "ts": ts, "pid": rank, "tid": 1})
+    return {"traceEvents": out, "displayTimeUnit": "ms"}
+
+
+def write(comm: Any, pattern: str, rank: int, world: int) -> Optional[str]:
+    """Write this rank's trace file; returns its path."""
+    with _LOCK:
+        labels = list(_LABELS)
+        _LABELS.clear()
+    path = trace_path(pattern, rank, world)
+    data = to_chrome(comm.trace_events() if comm is not None else [], rank, labels)
+    with open(path, "w") as f:
+        json.dump(data, f)
+    return path
+
+
+def merge(paths: Iterable[str], out: str) -> str:
+    """Combine per-rank trace files into one (rows stay separated by rank)."""
+    events: list = []
+    for p in paths:
+        with open(p) as f:
+            events.extend(json.load(f)["traceEvents"])
+    with open(out, "w") as f:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+    return out
