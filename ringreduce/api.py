@@ -99,6 +99,7 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *,
         "segment_bytes": int(tun.segment_bytes),
         "heartbeat_interval": float(tun.heartbeat_interval),
         "heartbeat_timeout": float(tun.heartbeat_timeout),
+        "checksum": bool(tun.checksum),
     }
     if tun.tree_threshold_bytes is not None:
         options["tree_threshold_bytes"] = int(tun.tree_threshold_bytes)

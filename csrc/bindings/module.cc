@@ -12,6 +12,7 @@
 #include "collectives/collectives.h"
 #include "comm/communicator.h"
 #include "core/chunking.h"
+#include "core/crc32c.h"
 #include "core/log.h"
 #include "reduce/reduce.h"
 #include "runtime/executor.h"
@@ -36,6 +37,7 @@ Options optionsFromDict(const py::dict& d) {
     else if (k == "broadcast_tree_max_bytes") o.broadcastTreeMaxBytes = v.cast<size_t>();
     else if (k == "heartbeat_interval") o.heartbeatIntervalSec = v.cast<double>();
     else if (k == "heartbeat_timeout") o.heartbeatTimeoutSec = v.cast<double>();
+    else if (k == "checksum") o.checksum = v.cast<bool>();
     else if (k.rfind("shm_", 0) == 0) continue;  // see shmFromDict
     else throw InvalidArgument("unknown option '" + k + "'");
   }
@@ -175,6 +177,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_log_level", &log::setLevel);
   m.def("set_log_prefix", &log::setPrefix);
   m.def("isa_name", &reduce::isaName);
+  m.def("crc32c", [](py::bytes b) {
+    std::string s = b;
+    return crc32c(s.data(), s.size());
+  });
   m.def("chunk_offset", &chunking::chunkOffset);
   m.def("chunk_len", &chunking::chunkLen);
   m.def("choose_allreduce", [](int world, size_t bytes, const py::dict& opts) {

@@ -18,6 +18,8 @@ Communicator::Communicator(int rank, int world, std::vector<std::unique_ptr<Conn
     : rank_(rank), world_(world), conns_(std::move(conns)), opts_(opts) {
   RR_CHECK(world_ >= 1 && rank_ >= 0 && rank_ < world_, "rank ", rank_, " world ", world_);
   RR_CHECK_EQ(conns_.size(), static_cast<size_t>(world_), "one connection slot per rank");
+  for (auto& c : conns_)
+    if (c) c->setChecksum(opts_.checksum);
   early_.assign(static_cast<size_t>(world_), 0);
   gone_.assign(static_cast<size_t>(world_), 0);
   wakeFd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

@@ -27,6 +27,8 @@ struct Options {
   // the timeout is reported as frozen, partitioned or dead. 0 disables the check.
   double heartbeatIntervalSec = 0.5;
   double heartbeatTimeoutSec = 4.0;
+  // RINGREDUCE_CHECKSUM: CRC32C on every TCP payload (shared memory is not checksummed).
+  bool checksum = false;
 };
 
 }  // namespace rr

@@ -26,8 +26,11 @@ struct FrameHeader {
   uint32_t step = 0;  // algorithm step (informational, for diagnostics)
   uint64_t count = 0;         // element count of the collective (per rank)
   uint64_t payloadBytes = 0;  // bytes following this header
+  uint32_t flags = 0;         // kFlagCrc: `crc` is the CRC32C of the payload
+  uint32_t crc = 0;
 };
-static_assert(sizeof(FrameHeader) == 40, "FrameHeader must stay 40 bytes");
+static_assert(sizeof(FrameHeader) == 48, "FrameHeader must stay 48 bytes");
+constexpr uint32_t kFlagCrc = 1;
 
 // Carried in FrameHeader::op of an abort frame so the peer raises the same error class.
 enum class AbortCode : uint8_t { kOther = 0, kMismatch = 1, kTimeout = 2, kPeer = 3 };

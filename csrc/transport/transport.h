@@ -61,6 +61,9 @@ class Connection {
   virtual bool progressSend(SendOp& op) = 0;
   virtual bool progressRecv(RecvOp& op) = 0;
 
+  // RINGREDUCE_CHECKSUM=1: send a CRC32C of every payload; received CRCs are always checked.
+  void setChecksum(bool on) { checksum_ = on; }
+
   // Descriptor to poll for readiness.
   virtual int fd() const = 0;
 
@@ -78,6 +81,7 @@ class Connection {
   virtual void close() = 0;
 
  protected:
+  bool checksum_ = false;
   int peer_;
   std::string peerHost_;
 };

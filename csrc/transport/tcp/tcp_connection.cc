@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/crc32c.h"
 #include "core/error.h"
 
 namespace rr::transport::tcp {
@@ -58,6 +59,10 @@ void TcpConnection::raiseAbort(const FrameHeader& h, const char* already, size_t
 bool TcpConnection::progressSend(SendOp& op) {
   constexpr size_t H = sizeof(FrameHeader);
   const size_t total = H + op.len;
+  if (op.done == 0 && checksum_) {
+    op.hdr.flags |= kFlagCrc;
+    op.hdr.crc = crc32c(op.data, op.len);
+  }
   while (op.done < total) {
     iovec iov[2];
     int n = 0;
@@ -131,6 +136,12 @@ bool TcpConnection::progressRecv(RecvOp& op) {
     if (errno == ECONNRESET) failClosed("receiving from it");
     failErrno("receiving", errno);
   }
+  if ((op.got.flags & kFlagCrc) && crc32c(op.data, op.len) != op.got.crc)
+    throw PeerError(peer_, detail::concat(
+                               "payload from rank ", peer_, " (", peerHost_, ") is corrupted: ",
+                               "CRC32C mismatch in ", toString(static_cast<CollectiveKind>(op.got.kind)),
+                               " #", op.got.seq, " step ", op.got.step, " (", op.len,
+                               " bytes); the result was discarded"));
   return true;
 }
 
