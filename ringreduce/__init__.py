@@ -45,3 +45,13 @@ __all__ = [
     "is_initialized",
     "reduce_scatter",
 ]
+
+try:
+    import torch as _torch  # noqa: F401
+except ImportError:  # numpy-only install: no DDP, no torch.distributed backend
+    pass
+else:
+    from . import backend as _backend  # noqa: F401  (registers the "ringreduce" backend)
+    from .ddp import DistributedDataParallel
+
+    __all__.append("DistributedDataParallel")

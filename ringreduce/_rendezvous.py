@@ -63,6 +63,19 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
     return store
 
 
+def torch_default_store() -> Any:
+    """torch.distributed's store when a default process group exists (it already owns
+    MASTER_PORT), else None. Our keys live under their own prefix."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.distributed_c10d._get_default_store()
+    except (ImportError, RuntimeError, AttributeError):
+        pass
+    return None
+
+
 def _timeout_error(msg: str) -> Exception:
     from ._C import CollectiveTimeout
     return CollectiveTimeout(msg)

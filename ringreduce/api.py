@@ -111,6 +111,8 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *,
     maddr = master_addr or info.master_addr
     mport = master_port or info.master_port
     if store is None:
+        store = _rendezvous.torch_default_store()
+    if store is None:
         store = _rendezvous.make_store(maddr, mport, rank, world, options["connect_timeout"],
                                        tun.use_agent_store)
     bind = _env.select_interface_address(maddr, ifname or tun.socket_ifname)

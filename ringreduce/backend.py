@@ -31,7 +31,7 @@ import torch.distributed as dist
 from . import _state, api
 from .ddp.futures import Completion
 
-__all__ = ["ProcessGroupRingReduce", "create_process_group", "BACKEND_NAME"]
+__all__ = ["BACKEND_NAME", "ProcessGroupRingReduce", "create_process_group"]
 
 BACKEND_NAME = "ringreduce"
 

@@ -91,6 +91,7 @@ void setupShm(comm::Communicator& c, const ShmPlan& plan) {
     dom->attach();
     collectives::barrier(c);
     dom->unlinkOwn();
+    collectives::barrier(c);  // when init returns anywhere, no name is left in /dev/shm
     c.setShm(std::move(dom), plan.slicePeers);
   } catch (const std::exception& e) {
     c.poison(std::string("shared memory setup failed: ") + e.what(), transport::AbortCode::kOther);

@@ -12,13 +12,16 @@ Used by the built-in DDP comm hooks and by the torch.distributed backend
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from typing import Any, Callable, Optional
 
 import torch
 
-__all__ = ["Completion", "future_of", "allreduce_future"]
+log = logging.getLogger("ringreduce")
+
+__all__ = ["Completion", "allreduce_future", "future_of"]
 
 
 class Completion:
@@ -92,7 +95,7 @@ class _Completer:
     """One daemon thread completing Futures in registration order (started lazily)."""
 
     def __init__(self) -> None:
-        self._q: "queue.SimpleQueue[Completion]" = queue.SimpleQueue()
+        self._q: queue.SimpleQueue[Completion] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
         self._pid = 0
@@ -111,13 +114,13 @@ class _Completer:
             self._q.put(c)
 
     @staticmethod
-    def _loop(q: "queue.SimpleQueue[Completion]") -> None:
+    def _loop(q: queue.SimpleQueue[Completion]) -> None:
         while True:
             c = q.get()
             try:
                 c._complete_future()
-            except BaseException:  # noqa: BLE001 - a callback's error must not kill the thread
-                pass
+            except BaseException:  # a callback's error must not kill the thread
+                log.exception("ringreduce: error completing a future")
 
 
 _COMPLETER = _Completer()

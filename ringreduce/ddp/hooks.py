@@ -20,8 +20,13 @@ import torch
 
 from .futures import allreduce_future
 
-__all__ = ["GradBucket", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
-           "noop_hook"]
+__all__ = [
+    "GradBucket",
+    "allreduce_hook",
+    "bf16_compress_hook",
+    "fp16_compress_hook",
+    "noop_hook",
+]
 
 CommHook = Callable[[Any, "GradBucket"], torch.futures.Future]
 

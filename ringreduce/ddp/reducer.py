@@ -184,7 +184,7 @@ class Reducer:
             if fn is None or fn in seen:
                 continue
             seen.add(fn)
-            var = getattr(fn, "variable", None)
+            var = getattr(fn, "variable", None) if type(fn).__name__ == "AccumulateGrad" else None
             if var is not None:
                 i = self._index_of.get(id(var))
                 if i is not None:
@@ -249,7 +249,7 @@ class Reducer:
                             [self.params[i] for i in bucket.members],
                             b == len(self.buckets) - 1, self.world)
             fut = self.comm_hook(self.comm_hook_state, gb)
-            if not isinstance(fut, torch.futures.Future):
+            if not isinstance(fut, torch._C.Future):
                 raise TypeError(
                     f"comm hook {getattr(self.comm_hook, '__name__', self.comm_hook)} returned "
                     f"{type(fut).__name__}; it must return a torch.futures.Future whose value "
@@ -284,6 +284,10 @@ class Reducer:
             # gradients are only written where some rank produced one (detect mode).
             write = from_engine or detect
             global_unused = None
+            if not detect and self._static_unused:
+                global_unused = [False] * self.n  # static graph: unused on every rank
+                for i in self._static_unused:
+                    global_unused[i] = True
             if detect:
                 tw = time.perf_counter()
                 for b in range(len(self.buckets)):
@@ -299,8 +303,9 @@ class Reducer:
                     self._wait(b)
                     wait_s += time.perf_counter() - tw
                     if write:
-                        self._write_back(b, None)
-            if self.static_graph and self._static_unused is None and global_unused is not None:
+                        self._write_back(b, global_unused)
+            if (self.static_graph and self._static_unused is None and global_unused is not None
+                    and from_engine):
                 self._static_unused = [i for i, u in enumerate(global_unused) if u]
             rebuild = (not self._rebuilt and self._fired_any and error is None and from_engine)
             order = list(self._order)
@@ -383,8 +388,14 @@ class Reducer:
             h.remove()
         self._handles = []
 
+    def __del__(self) -> None:  # the parameters may outlive the wrapper
+        try:
+            self.remove_hooks()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
 
-def _make_hook(ref: "weakref.ref[Reducer]", i: int) -> Callable:
+
+def _make_hook(ref: weakref.ref[Reducer], i: int) -> Callable:
     def hook(_p: torch.Tensor) -> None:
         r = ref()
         if r is not None:

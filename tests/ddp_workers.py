@@ -1,0 +1,561 @@
+"""Functions that run inside ranks (started by _spawn.run_world) for test_ddp.py and
+test_backend.py. Each runs many scenarios in one launch, catching each scenario's error, so
+the suite starts few processes.
+
+Every scenario compares N-rank training with a single-process reference that each rank
+computes itself on the concatenated global batch (the inputs are a pure function of the
+seed), and returns max |difference| numbers the parent checks against tolerances.
+"""
+
+from __future__ import annotations
+
+import copy
+import traceback
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import ringreduce as rr
+from ringreduce.ddp import DistributedDataParallel as DDP
+from ringreduce.ddp import hooks
+
+B = 4  # per-rank batch
+TINY_CAP_MB = 0.0005  # ~512 bytes: several buckets even for the small test models
+
+
+# ---------------------------------------------------------------------------- models, data
+
+
+class MLP(nn.Module):
+    def __init__(self, with_f64: bool = False) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(8, 16)
+        self.l2 = nn.Linear(16, 16)
+        self.l3 = nn.Linear(16, 4)
+        # A float64 parameter: buckets never mix dtypes.
+        self.scale = nn.Parameter(torch.ones(4, dtype=torch.float64)) if with_f64 else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.l3(torch.tanh(self.l2(torch.tanh(self.l1(x)))))
+        return y * self.scale.float() if self.scale is not None else y
+
+
+class ConvBN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.bn = nn.BatchNorm2d(6)
+        self.fc = nn.Linear(6 * 4 * 4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.max_pool2d(F.relu(self.bn(self.conv(x))), 2)
+        return self.fc(h.flatten(1))
+
+
+class Branchy(nn.Module):
+    """`c` is used only when asked (rank/step dependent); `never` is never used."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 16)
+        self.b = nn.Linear(16, 4)
+        self.c = nn.Linear(16, 4)
+        self.never = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, use_c: bool = True) -> torch.Tensor:
+        h = torch.tanh(self.a(x))
+        out = self.b(h)
+        return out + self.c(h) if use_c else out
+
+
+class TwoPaths(nn.Module):
+    """y = p(x) + q(x); which path is computed first decides the gradient-ready order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.p1, self.p2 = nn.Linear(8, 8), nn.Linear(8, 4)
+        self.q1, self.q2 = nn.Linear(8, 8), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor, q_first: bool = False) -> torch.Tensor:
+        if q_first:
+            q = self.q2(torch.tanh(self.q1(x)))
+            p = self.p2(torch.tanh(self.p1(x)))
+        else:
+            p = self.p2(torch.tanh(self.p1(x)))
+            q = self.q2(torch.tanh(self.q1(x)))
+        return p + q
+
+
+def batch(step: int, world: int, shape: tuple = (8,), seed: int = 0) -> tuple:
+    g = torch.Generator().manual_seed(1000 * seed + step)
+    return torch.randn((world * B,) + shape, generator=g), torch.randn(world * B, 4, generator=g)
+
+
+def shard(t: torch.Tensor, rank: int) -> torch.Tensor:
+    return t[rank * B:(rank + 1) * B]
+
+
+def maxdiff(a: nn.Module, b: nn.Module) -> float:
+    return max(float((x.detach().double() - y.detach().double()).abs().max())
+               for x, y in zip(a.parameters(), b.parameters()))
+
+
+def bufdiff(a: nn.Module, b: nn.Module) -> float:
+    return max([float((x.double() - y.double()).abs().max())
+                for x, y in zip(a.buffers(), b.buffers())] or [0.0])
+
+
+def make(model_fn: Callable[[], nn.Module], seed: int = 0) -> tuple:
+    """A model (different init per rank, to check the broadcast from rank 0) and the
+    reference: rank 0's initial weights."""
+    torch.manual_seed(seed)
+    ref = model_fn()
+    torch.manual_seed(seed + 17 * rr.get_rank())
+    model = model_fn()
+    return model, ref
+
+
+def sgd(m: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+
+
+# ---------------------------------------------------------------------------- scenarios
+
+
+def sc_plain(rank: int, world: int, steps: int = 4, **ddp_kw: Any) -> dict:
+    with_f64 = ddp_kw.pop("with_f64", False)
+    set_to_none = ddp_kw.pop("set_to_none", True)
+    hook = ddp_kw.pop("hook", None)
+    model, ref = make(lambda: MLP(with_f64))
+    ddp = DDP(model, **ddp_kw)
+    if hook is not None:
+        ddp.register_comm_hook(None, hook)
+    opt, ropt = sgd(ddp), sgd(ref)
+    for s in range(steps):
+        x, y = batch(s, world)
+        opt.zero_grad(set_to_none=set_to_none)
+        F.mse_loss(ddp(shard(x, rank)), shard(y, rank)).backward()
+        opt.step()
+        ropt.zero_grad()
+        F.mse_loss(ref(x), y).backward()
+        ropt.step()
+    out = {"diff": maxdiff(model, ref), "buckets": len(ddp.reducer.buckets)}
+    if ddp_kw.get("gradient_as_bucket_view"):
+        bufs = [(b.buffer.data_ptr(), b.buffer.data_ptr() + b.buffer.numel() * b.buffer.element_size())
+                for b in ddp.reducer.buckets]
+        out["grads_are_views"] = all(
+            p.grad is not None and any(lo <= p.grad.data_ptr() < hi for lo, hi in bufs)
+            for p in model.parameters())
+    return out
+
+
+def sc_batchnorm(rank: int, world: int, steps: int = 4) -> dict:
+    model, ref = make(ConvBN)
+    ddp = DDP(model, broadcast_buffers=True, bucket_cap_mb=TINY_CAP_MB)
+    opt, ropt = sgd(ddp), sgd(ref)
+    for s in range(steps):
+        x, y = batch(s, world, (3, 8, 8))
+        opt.zero_grad()
+        F.mse_loss(ddp(shard(x, rank)), shard(y, rank)).backward()
+        opt.step()
+        # Reference: each rank's shard normalised with its own batch statistics (as DDP
+        # does); the running statistics are rank 0's (broadcast before every forward).
+        ropt.zero_grad()
+        start = {k: v.clone() for k, v in ref.state_dict().items() if "bn." in k}
+        after0 = None
+        for r in range(world):
+            ref.load_state_dict(start, strict=False)
+            (F.mse_loss(ref(shard(x, r)), shard(y, r)) / world).backward()
+            if r == 0:
+                after0 = {k: v.clone() for k, v in ref.state_dict().items() if "bn." in k}
+        ref.load_state_dict(after0, strict=False)
+        ropt.step()
+    out = {"diff": maxdiff(model, ref)}
+    if rank == 0:
+        out["buf_diff"] = bufdiff(model, ref)
+    # One more forward: every rank gets rank 0's buffers.
+    ddp(shard(batch(99, world, (3, 8, 8))[0], rank))
+    return out
+
+
+def sc_no_sync(rank: int, world: int, steps: int = 3, micro: int = 3, **ddp_kw: Any) -> dict:
+    model, ref = make(MLP)
+    ddp = DDP(model, bucket_cap_mb=TINY_CAP_MB, **ddp_kw)
+    opt, ropt = sgd(ddp), sgd(ref)
+    for s in range(steps):
+        opt.zero_grad()
+        ropt.zero_grad()
+        for m in range(micro):
+            x, y = batch(10 * s + m, world)
+            if m < micro - 1:
+                with ddp.no_sync():
+                    F.mse_loss(ddp(shard(x, rank)), shard(y, rank)).backward()
+            else:
+                F.mse_loss(ddp(shard(x, rank)), shard(y, rank)).backward()
+            F.mse_loss(ref(x), y).backward()
+        opt.step()
+        ropt.step()
+    return {"diff": maxdiff(model, ref)}
+
+
+def sc_unused(rank: int, world: int, steps: int = 4, **ddp_kw: Any) -> dict:
+    """`c` used by some ranks only (varies per step; on the last step by none); `never`
+    by none. find_unused_parameters=True."""
+    model, ref = make(Branchy)
+    ddp = DDP(model, find_unused_parameters=True, bucket_cap_mb=TINY_CAP_MB, **ddp_kw)
+    opt, ropt = sgd(ddp), sgd(ref)
+
+    def uses_c(r: int, s: int) -> bool:
+        return s < steps - 1 and (r + s) % 2 == 0
+
+    c_grad_none = []
+    for s in range(steps):
+        x, y = batch(s, world)
+        opt.zero_grad()
+        F.mse_loss(ddp(shard(x, rank), use_c=uses_c(rank, s)), shard(y, rank)).backward()
+        c_grad_none.append(model.c.weight.grad is None)
+        opt.step()
+        ropt.zero_grad()
+        loss = sum(F.mse_loss(ref(shard(x, r), use_c=uses_c(r, s)), shard(y, r))
+                   for r in range(world)) / world
+        loss.backward()
+        ropt.step()
+    return {"diff": maxdiff(model, ref), "never_grad_none": model.never.weight.grad is None,
+            "c_grad_none": c_grad_none,
+            "c_expected_none": [not any(uses_c(r, s) for r in range(world))
+                                for s in range(steps)]}
+
+
+def sc_static_graph(rank: int, world: int, steps: int = 4) -> dict:
+    model, ref = make(Branchy)
+    ddp = DDP(model, static_graph=True, bucket_cap_mb=TINY_CAP_MB)
+    opt, ropt = sgd(ddp), sgd(ref)
+    for s in range(steps):
+        x, y = batch(s, world)
+        opt.zero_grad()
+        F.mse_loss(ddp(shard(x, rank)), shard(y, rank)).backward()
+        opt.step()
+        ropt.zero_grad()
+        F.mse_loss(ref(x), y).backward()
+        ropt.step()
+    return {"diff": maxdiff(model, ref), "never_grad_none": model.never.weight.grad is None}
+
+
+def sc_hook_order(rank: int, world: int, steps: int = 3) -> dict:
+    """A user hook sees GradBucket objects; buckets are launched in index order."""
+    model, ref = make(MLP)
+    ddp = DDP(model, bucket_cap_mb=TINY_CAP_MB)
+    seen: list = []
+
+    def hook(state: Any, bucket: hooks.GradBucket) -> torch.futures.Future:
+        assert bucket.buffer().numel() == sum(p.numel() for p in bucket.parameters())
+        assert [g.shape for g in bucket.gradients()] == [p.shape for p in bucket.parameters()]
+        seen.append((bucket.index(), bucket.is_last()))
+        return hooks.allreduce_hook(state, bucket)
+
+    ddp.register_comm_hook(None, hook)
+    opt, ropt = sgd(ddp), sgd(ref)
+    for s in range(steps):
+        x, y = batch(s, world)
+        opt.zero_grad()
+        F.mse_loss(ddp(shard(x, rank)), shard(y, rank)).backward()
+        opt.step()
+        ropt.zero_grad()
+        F.mse_loss(ref(x), y).backward()
+        ropt.step()
+    nb = len(ddp.reducer.buckets)
+    expect = [(i, i == nb - 1) for i in range(nb)] * steps
+    return {"diff": maxdiff(model, ref), "order_ok": seen == expect, "buckets": nb}
+
+
+def sc_rebuild(rank: int, world: int, steps: int = 3) -> dict:
+    """Rank 0 computes path q first, the others p first: their gradient-ready orders
+    differ; after iteration 1 every rank must use rank 0's order."""
+    model, ref = make(TwoPaths)
+    ddp = DDP(model, bucket_cap_mb=TINY_CAP_MB / 4)
+    initial = ddp.bucket_parameter_names()
+    # Rank 0's observed order, measured on a plain copy with hooks.
+    probe = copy.deepcopy(ref)
+    order: list = []
+    names = {id(p): n for n, p in probe.named_parameters()}
+    hs = [p.register_post_accumulate_grad_hook(lambda p: order.append(names[id(p)]))
+          for p in probe.parameters()]
+    probe(torch.randn(2, 8), q_first=True).sum().backward()
+    for h in hs:
+        h.remove()
+    opt, ropt = sgd(ddp), sgd(ref)
+    for s in range(steps):
+        x, y = batch(s, world)
+        opt.zero_grad()
+        F.mse_loss(ddp(shard(x, rank), q_first=rank == 0), shard(y, rank)).backward()
+        opt.step()
+        ropt.zero_grad()
+        F.mse_loss(ref(x), y).backward()
+        ropt.step()
+    return {"diff": maxdiff(model, ref), "initial": initial,
+            "after": ddp.bucket_parameter_names(), "rank0_order": order}
+
+
+def sc_unused_error(rank: int, world: int) -> dict:
+    """An unused parameter without find_unused_parameters: an actionable error on every
+    rank, not a hang; the communicator stays usable."""
+    model, _ = make(Branchy)
+    ddp = DDP(model, bucket_cap_mb=TINY_CAP_MB)
+    x, y = batch(0, world)
+    msg = None
+    try:
+        F.mse_loss(ddp(shard(x, rank)), shard(y, rank)).backward()
+    except RuntimeError as e:
+        msg = str(e)
+    t = torch.ones(3)
+    rr.allreduce(t)
+    return {"msg": msg, "comm_ok": bool((t == world).all())}
+
+
+def sc_shape_mismatch(rank: int, world: int) -> dict:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 17 if rank == world - 1 else 16))
+    try:
+        DDP(model)
+    except ValueError as e:
+        return {"msg": str(e)}
+    return {"msg": None}
+
+
+def sc_state_dict(rank: int, world: int) -> dict:
+    model, _ = make(ConvBN)
+    ddp = DDP(model)
+    keys = list(ddp.state_dict())
+    expect = ["module." + k for k in model.state_dict()]
+    # Rank 0's weights were broadcast at construction.
+    w = model.conv.weight.detach().clone()
+    rr.broadcast(w, src=0)
+    return {"keys_ok": keys == expect, "synced": bool(torch.equal(w, model.conv.weight))}
+
+
+SCENARIOS: dict = {
+    "plain": lambda r, w: sc_plain(r, w),
+    "plain_tiny_buckets_f64": lambda r, w: sc_plain(r, w, bucket_cap_mb=TINY_CAP_MB,
+                                                    with_f64=True),
+    "grad_as_view": lambda r, w: sc_plain(r, w, bucket_cap_mb=TINY_CAP_MB,
+                                          gradient_as_bucket_view=True, set_to_none=False),
+    "grad_as_view_none": lambda r, w: sc_plain(r, w, bucket_cap_mb=TINY_CAP_MB,
+                                               gradient_as_bucket_view=True),
+    "fp16_hook": lambda r, w: sc_plain(r, w, bucket_cap_mb=TINY_CAP_MB,
+                                       hook=hooks.fp16_compress_hook),
+    "bf16_hook": lambda r, w: sc_plain(r, w, hook=hooks.bf16_compress_hook),
+    "batchnorm": sc_batchnorm,
+    "no_sync": lambda r, w: sc_no_sync(r, w),
+    "no_sync_view": lambda r, w: sc_no_sync(r, w, gradient_as_bucket_view=True),
+    "unused": lambda r, w: sc_unused(r, w),
+    "unused_view": lambda r, w: sc_unused(r, w, gradient_as_bucket_view=True),
+    "static_graph": sc_static_graph,
+    "hook_order": sc_hook_order,
+    "rebuild": sc_rebuild,
+    "unused_error": sc_unused_error,
+    "shape_mismatch": sc_shape_mismatch,
+    "state_dict": sc_state_dict,
+}
+
+
+def ddp_suite(rank: int, world: int, names: Optional[list] = None) -> dict:
+    """Run the named scenarios (all by default) in order; {name: result or {"error"}}."""
+    torch.set_num_threads(1)
+    out = {}
+    for name in names or list(SCENARIOS):
+        try:
+            out[name] = SCENARIOS[name](rank, world)
+        except Exception:  # noqa: BLE001 - reported per scenario
+            out[name] = {"error": traceback.format_exc()}
+    return out
+
+
+# ---------------------------------------------------------------------------- torch backend
+
+
+def _close(a: torch.Tensor, b: Any) -> bool:
+    return bool(torch.allclose(a.double(), torch.as_tensor(b).double(), rtol=1e-6, atol=1e-6))
+
+
+def backend_collectives(rank: int, world: int) -> dict:
+    """dist.* over the "ringreduce" backend; {check: ok} (expectations from ranks' inputs)."""
+    import torch.distributed as dist
+
+    res: dict = {}
+
+    def check(name: str, fn: Callable[[], bool]) -> None:
+        try:
+            res[name] = bool(fn())
+        except Exception:  # noqa: BLE001
+            res[name] = traceback.format_exc()
+
+    n = world
+    tri = n * (n + 1) / 2  # sum of rank+1
+
+    def allreduce_ops() -> bool:
+        ok = True
+        for op, exp in [(dist.ReduceOp.SUM, tri), (dist.ReduceOp.MAX, n), (dist.ReduceOp.MIN, 1),
+                        (dist.ReduceOp.AVG, tri / n)]:
+            t = torch.full((7,), float(rank + 1))
+            dist.all_reduce(t, op=op)
+            ok &= _close(t, torch.full((7,), exp))
+        t = torch.full((5,), rank + 1, dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.PRODUCT)
+        fact = 1
+        for i in range(1, n + 1):
+            fact *= i
+        return ok and bool((t == fact).all())
+
+    def allreduce_async_future() -> bool:
+        t = torch.full((1000,), float(rank + 1))
+        w = dist.all_reduce(t, async_op=True)
+        v = w.get_future().wait()
+        w.wait()
+        return w.is_completed() and _close(v[0], torch.full((1000,), tri)) and v[0] is t
+
+    def allreduce_noncontig() -> bool:
+        base = torch.zeros(4, 6)
+        view = base[:, ::2]
+        view.fill_(rank + 1.0)
+        dist.all_reduce(view)
+        return _close(view, torch.full((4, 3), tri)) and bool((base[:, 1::2] == 0).all())
+
+    def allreduce_param_grad_enabled() -> bool:
+        p = nn.Parameter(torch.full((3,), float(rank + 1)))
+        dist.all_reduce(p.data)
+        dist.all_reduce(p)  # torch allows a leaf that requires grad, as gloo does
+        return _close(p.detach(), torch.full((3,), tri * n))
+
+    def broadcast() -> bool:
+        t = torch.arange(10.) * (rank + 1)
+        dist.broadcast(t, src=n - 1)
+        return _close(t, torch.arange(10.) * n)
+
+    def all_gather() -> bool:
+        outs = [torch.empty(2, 3) for _ in range(n)]
+        dist.all_gather(outs, torch.full((2, 3), float(rank)))
+        return all(_close(o, torch.full((2, 3), float(r))) for r, o in enumerate(outs))
+
+    def all_gather_into_tensor() -> bool:
+        out = torch.empty(n * 3)
+        dist.all_gather_into_tensor(out, torch.full((3,), float(rank)))
+        return _close(out, torch.arange(n).repeat_interleave(3).float())
+
+    def reduce_scatter() -> bool:
+        out = torch.empty(4)
+        dist.reduce_scatter(out, [torch.full((4,), float(rank + 10 * i)) for i in range(n)])
+        return _close(out, torch.full((4,), sum(range(n)) + 10.0 * rank * n))
+
+    def reduce_scatter_tensor() -> bool:
+        out = torch.empty(2)
+        inp = torch.arange(2.0 * n) + rank
+        dist.reduce_scatter_tensor(out, inp)
+        exp = (torch.arange(2.0 * n) * n + sum(range(n)))[rank * 2:(rank + 1) * 2]
+        return _close(out, exp)
+
+    def barrier() -> bool:
+        dist.barrier()
+        w = dist.barrier(async_op=True)
+        return w.wait() is not False
+
+    def objects() -> bool:
+        objs: list = [None] * n
+        dist.all_gather_object(objs, {"rank": rank, "s": "x" * rank})
+        lst = [{"from": 0}] if rank == 0 else [None]
+        dist.broadcast_object_list(lst, src=0)
+        return objs == [{"rank": r, "s": "x" * r} for r in range(n)] and lst == [{"from": 0}]
+
+    def reduce_gather_scatter() -> bool:
+        t = torch.full((3,), float(rank + 1))
+        dist.reduce(t, dst=0)
+        ok = _close(t, torch.full((3,), tri if rank == 0 else float(rank + 1)))
+        g = [torch.empty(2) for _ in range(n)] if rank == 0 else None
+        dist.gather(torch.full((2,), float(rank)), g, dst=0)
+        if rank == 0:
+            ok &= all(_close(x, torch.full((2,), float(r))) for r, x in enumerate(g))
+        o = torch.empty(2)
+        dist.scatter(o, [torch.full((2,), float(i)) for i in range(n)] if rank == 0 else None,
+                     src=0)
+        return ok and _close(o, torch.full((2,), float(rank)))
+
+    def bad_op_message() -> bool:
+        try:
+            dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BAND)
+        except Exception as e:  # noqa: BLE001
+            return "BAND" in str(e)
+        return False
+
+    for fn in (allreduce_ops, allreduce_async_future, allreduce_noncontig,
+               allreduce_param_grad_enabled, broadcast, all_gather, all_gather_into_tensor,
+               reduce_scatter, reduce_scatter_tensor, barrier, objects, reduce_gather_scatter,
+               bad_op_message):
+        check(fn.__name__, fn)
+    return res
+
+
+def backend_ddp_vs_gloo(rank: int, world: int) -> dict:
+    """torch DDP over "ringreduce" vs torch DDP over gloo: same data, same init."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+    gloo = dist.new_group(backend="gloo")
+    out: dict = {}
+    variants = {
+        "plain": ({}, None),
+        "view_small_buckets": ({"gradient_as_bucket_view": True, "bucket_cap_mb": 0.0005}, None),
+        "find_unused": ({"find_unused_parameters": True}, None),
+        "fp16_hook": ({}, default_hooks.fp16_compress_hook),
+    }
+    for name, (kw, hook) in variants.items():
+        try:
+            torch.manual_seed(1 + rank)  # different init per rank: DDP broadcasts rank 0's
+            a = Branchy() if name == "find_unused" else MLP()
+            b = copy.deepcopy(a)
+            da = TorchDDP(a, **kw)
+            db = TorchDDP(b, process_group=gloo, **kw)
+            if hook is not None:
+                da.register_comm_hook(dist.group.WORLD, hook)
+                db.register_comm_hook(gloo, hook)
+            oa, ob = sgd(da), sgd(db)
+            kw_fwd = {"use_c": rank == 0} if name == "find_unused" else {}
+            for s in range(3):
+                x, y = batch(s, world)
+                for d, o in ((da, oa), (db, ob)):
+                    o.zero_grad()
+                    F.mse_loss(d(shard(x, rank), **kw_fwd), shard(y, rank)).backward()
+                    o.step()
+            out[name] = {"diff": maxdiff(a, b)}
+        except Exception:  # noqa: BLE001
+            out[name] = {"error": traceback.format_exc()}
+    return out
+
+
+def backend_suite(rank: int, world: int, reuse: bool) -> dict:
+    """init_process_group("ringreduce"), then the checks. reuse=True: ringreduce.init()
+    ran first (by the spawn helper) and the backend must reuse its communicator."""
+    import torch.distributed as dist
+
+    from ringreduce import _rendezvous, backend
+
+    torch.set_num_threads(1)
+    if reuse:
+        # rr.init() holds MASTER_PORT's store; hand that store to torch too.
+        store = next(iter(_rendezvous._STORES.values()))
+        dist.init_process_group("ringreduce", store=store, rank=rank, world_size=world)
+    else:
+        assert not rr.is_initialized()
+        dist.init_process_group("ringreduce")
+    pg = dist.group.WORLD
+    info = {"backend": dist.get_backend(), "owns": getattr(pg, "_owns", None),
+            "rr_initialized": rr.is_initialized(),
+            "is_ours": isinstance(pg, backend.ProcessGroupRingReduce)}
+    res = {"info": info, "collectives": backend_collectives(rank, world),
+           "ddp": backend_ddp_vs_gloo(rank, world)}
+    dist.destroy_process_group()
+    res["info"]["rr_after_destroy"] = rr.is_initialized()
+    if reuse and rr.is_initialized():
+        rr.barrier()  # the user's communicator still works
+    return res

@@ -1,0 +1,188 @@
+"""Rank-side functions for test_shm.py and test_reliability.py (run through _spawn)."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import signal
+import time
+
+import numpy as np
+
+import ringreduce as rr
+from ringreduce import _state
+
+
+def plan(rank: int, world: int) -> str:
+    return _state._DEFAULT[0].comm.plan if world > 1 else "none"
+
+
+def shm_entries(rank: int, world: int) -> list:
+    """Our job's names in /dev/shm right after init (they must already be unlinked)."""
+    return sorted(os.path.basename(p) for p in glob.glob("/dev/shm/rr-*"))
+
+
+def _expected(op: str, dtype: str, world: int, n: int) -> np.ndarray:
+    ins = [((np.arange(n) % 7) + k + 1).astype(np.float64) for k in range(world)]
+    if op == "sum":
+        e = sum(ins)
+    elif op == "prod":
+        e = np.prod(ins, axis=0)
+    elif op == "min":
+        e = np.min(ins, axis=0)
+    elif op == "max":
+        e = np.max(ins, axis=0)
+    else:
+        e = sum(ins) / world if "float" in dtype else sum(ins) // world
+    return e
+
+
+def allreduce_sweep(rank: int, world: int, counts: list, dtypes: list, ops: list) -> list:
+    """Exact checks (inputs are small integers, so every dtype represents them exactly);
+    returns a digest per case so the test can compare ranks bit for bit."""
+    out = []
+    for n in counts:
+        for dt in dtypes:
+            for op in ops:
+                if dt == "bfloat16":
+                    import torch
+
+                    x = torch.from_numpy((np.arange(n) % 7 + rank + 1).astype(np.float32)).bfloat16()
+                    rr.allreduce(x, op=op)
+                    got = x.float().numpy().astype(np.float64)
+                    raw = x.view(torch.int16).numpy().tobytes()
+                else:
+                    x = (np.arange(n) % 7 + rank + 1).astype(dt)
+                    rr.allreduce(x, op=op)
+                    got = x.astype(np.float64)
+                    raw = x.tobytes()
+                e = _expected(op, dt, world, n)
+                if "int" in dt:  # integer results wrap around like C arithmetic
+                    e = e.astype(np.int64).astype(dt).astype(np.float64)
+                if dt in ("float16", "bfloat16") and op in ("avg", "prod"):
+                    ok = np.allclose(got, e, rtol=1e-2)
+                elif "float" in dt and op == "avg":
+                    ok = np.allclose(got, e, rtol=1e-6)
+                else:
+                    ok = np.array_equal(got, e)
+                if not ok:
+                    bad = int(np.argmax(got != e))
+                    raise AssertionError(f"n={n} {dt} {op}: element {bad} got {got[bad]} want {e[bad]}")
+                out.append(hashlib.sha1(raw).hexdigest()[:12])
+    return out
+
+
+def broadcast_sweep(rank: int, world: int, counts: list) -> bool:
+    for n in counts:
+        for root in range(world):
+            x = (np.arange(n, dtype=np.int64) * 3 + rank)
+            rr.broadcast(x, src=root)
+            if not np.array_equal(x, np.arange(n, dtype=np.int64) * 3 + root):
+                raise AssertionError(f"broadcast n={n} root={root} wrong")
+        rr.barrier()
+    return True
+
+
+def busy_loop(rank: int, world: int, iters: int, n: int) -> float:
+    x = np.ones(n, np.float32)
+    t = time.perf_counter()
+    for _ in range(iters):
+        x[:] = 1
+        rr.allreduce(x)
+    if not np.all(x == world):
+        raise AssertionError("oversubscribed allreduce gave a wrong result")
+    return time.perf_counter() - t
+
+
+def freeze_victim(rank: int, world: int, victim: int, n: int) -> dict:
+    """The victim SIGSTOPs itself; the others time how long until they raise."""
+    x = np.ones(n, np.float32)
+    for _ in range(5):
+        rr.allreduce(x)
+    if rank == victim:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    t = time.monotonic()
+    try:
+        for _ in range(1000):
+            rr.allreduce(x)
+    except rr.RingReduceError as e:
+        return {"type": type(e).__name__, "msg": str(e), "after": time.monotonic() - t}
+    return {"type": None, "msg": "", "after": time.monotonic() - t}
+
+
+def kill_victim(rank: int, world: int, victim: int, n: int) -> dict:
+    x = np.ones(n, np.float32)
+    for _ in range(3):
+        rr.allreduce(x)
+    if rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t = time.monotonic()
+    try:
+        for _ in range(1000):
+            rr.allreduce(x)
+    except rr.RingReduceError as e:
+        return {"type": type(e).__name__, "msg": str(e), "after": time.monotonic() - t}
+    return {"type": None, "msg": "", "after": time.monotonic() - t}
+
+
+def count_mismatch(rank: int, world: int) -> dict:
+    x = np.ones(1000 + (rank == 1) * 10, np.float32)
+    try:
+        rr.allreduce(x)
+    except rr.RingReduceError as e:
+        return {"type": type(e).__name__, "msg": str(e)}
+    return {"type": None, "msg": ""}
+
+
+def traced(rank: int, world: int, n: int) -> list:
+    x = np.ones(n, np.float32)
+    for _ in range(3):
+        rr.allreduce(x)
+    rr.broadcast(x, src=0)
+    rr.barrier()
+    events = _state._DEFAULT[0].comm.trace_events()
+    return [[e["collective"], e["seq"], e["bytes"], e["ok"]] for e in events]
+
+
+def cycles(rank: int, world: int, n_cycles: int) -> dict:
+    """init/destroy repeatedly in one process; report fds, threads and /dev/shm growth."""
+    import threading
+
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    def rss_kib() -> int:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return 0
+
+    def nthreads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    x = np.ones(4096, np.float32)
+    rr.init()
+    rr.allreduce(x)
+    rr.destroy()
+    base = (fds(), nthreads(), rss_kib(), len(glob.glob("/dev/shm/rr-*")))
+    for _ in range(n_cycles):
+        rr.init()
+        rr.allreduce(x)
+        rr.destroy()
+    end = (fds(), nthreads(), rss_kib(), len(glob.glob("/dev/shm/rr-*")))
+    return {"fds": end[0] - base[0], "threads": end[1] - base[1],
+            "rss_kib": end[2] - base[2], "shm": end[3] - base[3],
+            "py_threads": threading.active_count()}
+
+
+def checksum_run(rank: int, world: int, n: int) -> bool:
+    x = (np.arange(n) % 5 + rank).astype(np.float32)
+    rr.allreduce(x)
+    return bool(np.array_equal(x, sum((np.arange(n) % 5 + k) for k in range(world)).astype(np.float32)))
+
+
+def dump_json(obj: object) -> str:
+    return json.dumps(obj)

@@ -1,0 +1,66 @@
+"""The "ringreduce" torch.distributed backend: dist.* collectives with async Work and
+futures, and stock torch DDP over it matching torch DDP over gloo.
+
+World 2: init_process_group("ringreduce") creates ringreduce's communicator (and
+destroy_process_group tears it down). World 3: ringreduce.init() ran first and the backend
+reuses its communicator (which survives destroy_process_group).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from _spawn import run_world
+
+_ENV = {k: os.environ[k] for k in ("RINGREDUCE_TRANSPORT",) if k in os.environ}
+
+COLLECTIVES = ["allreduce_ops", "allreduce_async_future", "allreduce_noncontig",
+               "allreduce_param_grad_enabled", "broadcast", "all_gather",
+               "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "barrier",
+               "objects", "reduce_gather_scatter", "bad_op_message"]
+
+
+@pytest.fixture(scope="module", params=[(2, False), (3, True)], ids=["world2-owns",
+                                                                     "world3-reuses"])
+def suite(request):
+    world, reuse = request.param
+    results = run_world(world, "ddp_workers:backend_suite", reuse, timeout=150, env=_ENV,
+                        init=reuse)
+    return world, reuse, results
+
+
+def test_backend_registered():
+    import torch.distributed as dist
+
+    import ringreduce.backend  # noqa: F401
+
+    assert "ringreduce" in dist.Backend.backend_list
+    assert dist.Backend.backend_capability["ringreduce"] == ["cpu"]
+    assert dist.Backend.default_device_backend_map["cpu"] != "ringreduce"  # gloo stays default
+
+
+def test_process_group_lifecycle(suite):
+    _, reuse, results = suite
+    for r in results:
+        info = r["info"]
+        assert info["backend"] == "ringreduce" and info["is_ours"]
+        assert info["owns"] is (not reuse)
+        assert info["rr_after_destroy"] is reuse
+
+
+@pytest.mark.parametrize("check", COLLECTIVES)
+def test_collective(suite, check):
+    _, _, results = suite
+    for rank, r in enumerate(results):
+        assert r["collectives"][check] is True, f"rank {rank}: {r['collectives'][check]}"
+
+
+@pytest.mark.parametrize("variant,tol", [("plain", 1e-6), ("view_small_buckets", 1e-6),
+                                         ("find_unused", 1e-6), ("fp16_hook", 2e-3)])
+def test_torch_ddp_matches_gloo(suite, variant, tol):
+    _, _, results = suite
+    for rank, r in enumerate(results):
+        v = r["ddp"][variant]
+        assert "error" not in v, f"rank {rank}:\n{v['error']}"
+        assert v["diff"] < tol, f"rank {rank}: max |ringreduce - gloo| = {v['diff']}"

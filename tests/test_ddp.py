@@ -1,0 +1,289 @@
+"""ringreduce.ddp.DistributedDataParallel: N-rank training equals single-process training on
+the global batch (plain, BatchNorm buffers, no_sync accumulation, unused parameters,
+gradient_as_bucket_view, compression hooks), buckets rebuilt in rank 0's order, errors
+instead of hangs; plus the pure bucket-assignment math.
+
+The multi-rank scenarios run in one launch per world size (tests/ddp_workers.py:ddp_suite);
+each test below checks its scenario's result on every rank.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from _spawn import run_world
+from torch import nn
+
+from ringreduce.ddp.buckets import FIRST_BUCKET_BYTES, assign_buckets, cap_bytes, complete_order
+
+EXACT = 1e-5  # fp32 reductions in a different order than the single-process reference
+COMPRESSED = 2e-3  # fp16 / bf16 on the wire
+
+_ENV = {k: os.environ[k] for k in ("RINGREDUCE_TRANSPORT",) if k in os.environ}
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["world2", "world3"])
+def suite(request):
+    world = request.param
+    results = run_world(world, "ddp_workers:ddp_suite", timeout=150, env=_ENV)
+    return world, results
+
+
+def _get(suite, name):
+    world, results = suite
+    out = []
+    for rank, res in enumerate(results):
+        r = res[name]
+        assert "error" not in r, f"scenario {name} failed on rank {rank}:\n{r['error']}"
+        out.append(r)
+    return world, out
+
+
+@pytest.mark.parametrize("name", ["plain", "plain_tiny_buckets_f64", "no_sync", "no_sync_view",
+                                  "static_graph", "hook_order", "rebuild"])
+def test_matches_single_process(suite, name):
+    _, res = _get(suite, name)
+    for rank, r in enumerate(res):
+        assert r["diff"] < EXACT, f"rank {rank}: max |param - reference| = {r['diff']}"
+
+
+def test_multiple_buckets_used(suite):
+    _, res = _get(suite, "plain_tiny_buckets_f64")
+    assert all(r["buckets"] >= 3 for r in res)  # tiny cap, and the float64 parameter apart
+
+
+def test_batchnorm_buffers(suite):
+    _, res = _get(suite, "batchnorm")
+    for r in res:
+        assert r["diff"] < EXACT
+    assert res[0]["buf_diff"] < EXACT  # running stats: rank 0's, broadcast every forward
+
+
+@pytest.mark.parametrize("name", ["grad_as_view", "grad_as_view_none"])
+def test_gradient_as_bucket_view(suite, name):
+    _, res = _get(suite, name)
+    for r in res:
+        assert r["diff"] < EXACT
+        assert r["grads_are_views"]
+
+
+@pytest.mark.parametrize("name", ["fp16_hook", "bf16_hook"])
+def test_compression_hooks(suite, name):
+    _, res = _get(suite, name)
+    diffs = [r["diff"] for r in res]
+    assert max(diffs) < COMPRESSED
+    assert len(set(diffs)) == 1  # every rank applied the same reduced gradients
+
+
+@pytest.mark.parametrize("name", ["unused", "unused_view"])
+def test_find_unused_parameters(suite, name):
+    _, res = _get(suite, name)
+    for r in res:
+        assert r["diff"] < EXACT
+        assert r["never_grad_none"]  # unused on every rank: .grad untouched (None)
+        assert r["c_grad_none"] == r["c_expected_none"]
+
+
+def test_static_graph_keeps_unused_grad_none(suite):
+    _, res = _get(suite, "static_graph")
+    assert all(r["never_grad_none"] for r in res)
+
+
+def test_hook_sees_buckets_in_index_order(suite):
+    _, res = _get(suite, "hook_order")
+    for r in res:
+        assert r["order_ok"]
+        assert r["buckets"] >= 2
+
+
+def test_bucket_rebuild_agreed_across_ranks(suite):
+    _, res = _get(suite, "rebuild")
+    rank0_order = res[0]["rank0_order"]
+    expect = [rank0_order[i:i + 2] for i in range(0, len(rank0_order), 2)]
+    for r in res:
+        assert r["after"] == res[0]["after"]
+        assert r["after"] == expect, (r["after"], expect)
+        assert r["after"] != r["initial"]  # rank 0's order differs from registration order
+
+
+def test_unused_parameter_without_find_unused_errors(suite):
+    _, res = _get(suite, "unused_error")
+    for r in res:
+        assert r["msg"] is not None, "expected a RuntimeError from backward"
+        assert "find_unused_parameters=True" in r["msg"]
+        assert "never.weight" in r["msg"]
+        assert r["comm_ok"]  # collectives stayed matched: the communicator still works
+
+
+def test_shape_mismatch_names_parameter(suite):
+    world, res = _get(suite, "shape_mismatch")
+    for r in res:
+        assert r["msg"] is not None
+        assert "'1.weight'" in r["msg"] and "(17, 8)" in r["msg"] and "(16, 8)" in r["msg"]
+        assert f"rank {world - 1}: (17, 8)" in r["msg"]
+
+
+def test_state_dict_and_initial_broadcast(suite):
+    _, res = _get(suite, "state_dict")
+    assert all(r["keys_ok"] and r["synced"] for r in res)
+
+
+# ----------------------------------------------------------------------------- the example
+
+
+@pytest.mark.parametrize("ddp", ["ringreduce", "torch"])
+def test_example_train_script(tmp_path, ddp):
+    """examples/train.py (the README quick start) under ringreduce-run, with our wrapper
+    and with torch's DDP on the "ringreduce" backend; the same losses either way."""
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "LOCAL_", "TORCHELASTIC_"))}
+    cmd = [sys.executable, "-m", "ringreduce.run", "-n", "2", str(root / "examples" / "train.py"),
+           "--steps", "6", "--log-every", "3", "--ddp", ddp,
+           "--checkpoint", str(tmp_path / "ckpt.pt")]
+    p = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=120,
+                       check=False)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    losses = [line.split("loss")[1].split()[0] for line in p.stdout.splitlines()
+              if "step" in line and "loss" in line]
+    assert len(losses) == 2, p.stdout
+    assert "done: 6 steps" in p.stdout
+    state = torch.load(tmp_path / "ckpt.pt", map_location="cpu")
+    assert all(k.startswith("module.") for k in state["model"])
+    test_example_train_script.losses[ddp] = losses  # type: ignore[attr-defined]
+    if len(test_example_train_script.losses) == 2:  # type: ignore[attr-defined]
+        a, b = test_example_train_script.losses.values()  # type: ignore[attr-defined]
+        assert a == b  # both wrappers average the same gradients
+
+
+test_example_train_script.losses = {}  # type: ignore[attr-defined]
+
+
+# ----------------------------------------------------------------------------- world size 1
+
+
+@pytest.fixture
+def single_process():
+    import ringreduce as rr
+
+    created = False
+    if not rr.is_initialized():
+        rr.init(rank=0, world_size=1)
+        created = True
+    if rr.get_world_size() != 1:
+        pytest.skip("ringreduce is initialised with world size > 1 in this process")
+    yield
+    if created:
+        rr.destroy()
+
+
+def test_world_size_one_is_pass_through(single_process):
+    from ringreduce.ddp import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2))
+    ref = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2))
+    ref.load_state_dict(model.state_dict())
+    ddp = DDP(model)
+    assert ddp.reducer is None
+    assert all(getattr(p, "_post_accumulate_grad_hooks", None) is None
+               for p in model.parameters())
+    x = torch.randn(5, 4)
+    ddp(x).sum().backward()
+    ref(x).sum().backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert torch.equal(p.grad, q.grad)
+    assert list(ddp.state_dict()) == ["module." + k for k in model.state_dict()]
+    with ddp.no_sync():
+        ddp(x)
+
+
+def test_rejects_unsupported_arguments(single_process):
+    from ringreduce.ddp import DistributedDataParallel as DDP
+
+    with pytest.raises(ValueError, match="device_ids"):
+        DDP(nn.Linear(2, 2), device_ids=[0])
+    with pytest.raises(NotImplementedError, match="process_group"):
+        DDP(nn.Linear(2, 2), process_group=object())
+    with pytest.raises(NotImplementedError, match="mixed_precision"):
+        DDP(nn.Linear(2, 2), mixed_precision=object())
+    with pytest.raises(TypeError, match="unexpected"):
+        DDP(nn.Linear(2, 2), bogus=1)
+
+
+# ----------------------------------------------------------------------------- bucket math
+
+
+def _check_assignment(order, nbytes, keys, cap, first_cap, buckets):
+    flat = [i for b in buckets for i in b]
+    assert sorted(flat) == sorted(order), "every parameter exactly once"
+    pos = {i: k for k, i in enumerate(order)}
+    firsts = [pos[b[0]] for b in buckets]
+    assert firsts == sorted(firsts), "buckets ordered by their first member"
+    seen_keys: dict = {}
+    for b in buckets:
+        assert len({keys[i] for i in b}) == 1, "one dtype per bucket"
+        assert [pos[i] for i in b] == sorted(pos[i] for i in b), "order kept inside a bucket"
+        seen_keys.setdefault(keys[b[0]], []).append(b)
+    for bs in seen_keys.values():
+        for k, b in enumerate(bs):
+            limit = min(first_cap, cap) if k == 0 else cap
+            size = sum(nbytes[i] for i in b)
+            if k < len(bs) - 1:  # closed buckets reached the limit with their last member
+                assert size >= limit
+            assert size - nbytes[b[-1]] < limit, "a bucket closes as soon as it is full"
+
+
+def test_assign_buckets_exhaustive_small():
+    sizes = [0, 1, 3, 4, 7, 8, 16]
+    for n in range(6):
+        for nbytes in itertools.product(sizes, repeat=min(n, 3)):
+            nb = list(nbytes) + [5] * (n - len(nbytes))
+            for keys in ([0] * n, [i % 2 for i in range(n)]):
+                for cap, first in [(1, 1), (4, 2), (8, 8), (16, 4), (100, 1000)]:
+                    order = list(reversed(range(n)))
+                    b = assign_buckets(order, nb, keys, cap, first)
+                    _check_assignment(order, nb, keys, cap, first, b)
+
+
+def test_assign_buckets_random_orders():
+    rng = random.Random(7)
+    for _ in range(300):
+        n = rng.randint(1, 40)
+        nb = [rng.choice([0, 1, 4, 100, 4096, 1 << 20, 3 << 20]) for _ in range(n)]
+        keys = [rng.choice("ab") for _ in range(n)]
+        order = list(range(n))
+        rng.shuffle(order)
+        order = order[:rng.randint(1, n)]
+        cap = rng.choice([1, 1000, 1 << 20, 25 << 20])
+        first = rng.choice([1, FIRST_BUCKET_BYTES])
+        _check_assignment(order, nb, keys, cap, first, assign_buckets(order, nb, keys, cap, first))
+
+
+def test_assign_buckets_torch_defaults():
+    # 10 x 512 KiB float32 gradients, default limits: first bucket 1 MiB, then 25 MiB.
+    nb = [512 * 1024] * 10
+    b = assign_buckets(list(reversed(range(10))), nb, [0] * 10, cap_bytes(25))
+    assert b == [[9, 8], [7, 6, 5, 4, 3, 2, 1, 0]]
+
+
+def test_assign_buckets_rejects_bad_input():
+    with pytest.raises(ValueError):
+        assign_buckets([0, 0], [4, 4], [0, 0], 10)
+    with pytest.raises(ValueError):
+        assign_buckets([2], [4, 4], [0, 0], 10)
+    with pytest.raises(ValueError):
+        cap_bytes(0)
+
+
+def test_complete_order():
+    assert complete_order([3, 1, 3, 9], 5, range(5)) == [3, 1, 4, 2, 0]
+    assert complete_order([], 3, range(3)) == [2, 1, 0]
+    assert complete_order([0, 1, 2], 3, [0, 2]) == [0, 2]

@@ -1,0 +1,79 @@
+"""Shared-memory transport: plan selection, correctness over both paths (one-round small
+and chunked pipeline with slot reuse), odd world sizes, cleanup of /dev/shm, and
+oversubscription (more ranks than cores)."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+
+from _spawn import run_world, run_world_raw
+
+SMALL = {"RINGREDUCE_SHM_CHUNK_BYTES": "8192"}  # noqa: F841  (documentational)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport,want", [("auto", "shm"), ("shm", "shm"), ("tcp", "tcp")])
+def test_plan_follows_transport_setting(transport: str, want: str) -> None:
+    plans = run_world(2, "shm_workers:plan", env={"RINGREDUCE_TRANSPORT": transport})
+    assert plans == [want, want]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("world", [2, 3, 5])
+def test_allreduce_all_dtypes_ops_sizes(world: int) -> None:
+    # 1, 9 (inline in the line), 5000 (multi-line small path), 9001 floats > 16 KiB small
+    # limit, 1_300_007 (several 512 KiB chunks: slot reuse wraps around the 4 slots).
+    counts = [1, 9, 5000, 9001, 1_300_007]
+    dtypes = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64"]
+    ops = ["sum", "avg", "prod", "min", "max"]
+    digests = run_world(world, "shm_workers:allreduce_sweep", counts, dtypes, ops, timeout=170)
+    assert all(d == digests[0] for d in digests), "ranks disagree bit-for-bit"
+    assert len(digests[0]) > 100
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [2, 4])
+def test_broadcast_every_root_small_and_chunked(world: int) -> None:
+    assert run_world(world, "shm_workers:broadcast_sweep", [1, 3000, 700_001]) == [True] * world
+
+
+@pytest.mark.timeout(60)
+def test_no_segment_left_in_dev_shm() -> None:
+    before = set(glob.glob("/dev/shm/rr-*"))
+    seen = run_world(3, "shm_workers:shm_entries")
+    # Names are unlinked as soon as every rank mapped them, i.e. before init returns.
+    for entries in seen:
+        assert not (set("/dev/shm/" + e for e in entries) - before)
+    assert set(glob.glob("/dev/shm/rr-*")) <= before
+
+
+@pytest.mark.timeout(60)
+def test_killed_rank_leaves_nothing_and_peers_raise() -> None:
+    before = set(glob.glob("/dev/shm/rr-*"))
+    outs = run_world_raw(3, "shm_workers:kill_victim", 1, 4096, timeout=40)
+    for o in outs:
+        if o.rank == 1:
+            assert o.returncode == -9
+            continue
+        assert o.value["type"] == "PeerFailure", o.describe()
+        assert "rank 1" in o.value["msg"]
+        assert o.value["after"] < 10
+    assert set(glob.glob("/dev/shm/rr-*")) <= before
+
+
+@pytest.mark.timeout(120)
+def test_oversubscribed_eight_ranks_on_two_cores_make_progress() -> None:
+    # 8 ranks on 2 cores: waits must yield and sleep, not spin, or this takes minutes.
+    times = run_world(8, "shm_workers:busy_loop", 300, 1000, timeout=110)
+    assert max(times) < 60, times
+
+
+@pytest.mark.timeout(60)
+def test_mismatched_counts_detected_over_shm() -> None:
+    outs = run_world(3, "shm_workers:count_mismatch", timeout=40)
+    for o in outs:
+        assert o["type"] in ("CollectiveMismatch", "PeerFailure"), o
+        assert "count" in o["msg"]
