@@ -15,6 +15,7 @@
 #include "collectives/allreduce_impl.h"
 #include "collectives/shm_algos.h"
 #include "core/chunking.h"
+#include "core/error.h"
 
 namespace rr::collectives {
 
@@ -29,7 +30,8 @@ void allreduceHier(comm::Communicator& c, const transport::FrameHeader& h, const
   shm::allreduce(c, h, local);
   // 2. my slice across hosts (16-bit floats accumulate in float32 again)
   const size_t off = chunking::chunkOffset(a.count, L, me), len = chunking::chunkLen(a.count, L, me);
-  if (len > 0 && slicePeers.size() > 1) {
+  RR_CHECK(slicePeers.size() > 1, "hierarchical all-reduce needs several hosts");
+  if (len > 0) {
     AllreduceArgs g = a;
     g.count = len;
     g.dst = a.dst + off * es;
@@ -42,8 +44,6 @@ void allreduceHier(comm::Communicator& c, const transport::FrameHeader& h, const
     transport::FrameHeader rh = h;
     rh.count = len;  // per-slice rings are checked against their own length
     allreduceRing(c, rh, g, &slicePeers);
-  } else if (a.op == ReduceOp::kAvg && len > 0) {
-    reduce::finalize(a.dtype, ReduceOp::kAvg, c.world(), a.dst + off * es, a.dst + off * es, len);
   }
   // 3. every local rank broadcasts its finished slice to the others
   for (int l = 0; l < L; ++l) {

@@ -3,6 +3,7 @@
 // unit divides integers; it is the same scalar loop on every path.
 #include "reduce/reduce.h"
 
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 
@@ -87,6 +88,13 @@ void finalizeFor(Isa isa, DataType t, ReduceOp op, int world, const void* acc, v
   const KernelTable& k = kernelsFor(isa);
   const int divisor = (op == ReduceOp::kAvg) ? world : 1;
   if (isHalf(t)) {
+    // acc holds float32 here, dst 16-bit values: overlapping them is a caller bug (e.g.
+    // passing the user's 16-bit buffer as acc), so say so instead of reading garbage.
+    const uintptr_t a0 = reinterpret_cast<uintptr_t>(acc), d0 = reinterpret_cast<uintptr_t>(dst);
+    if (a0 < d0 + 2 * n && d0 < a0 + 4 * n) {
+      RR_THROW(InvalidArgument, "finalize: for ", toString(t),
+               " the float32 accumulator and the output must not overlap");
+    }
     const float* a = static_cast<const float*>(acc);
     (t == DataType::kFloat16 ? k.narrowHalf : k.narrowBf16)(a, dst, n, divisor);
     return;

@@ -1,0 +1,64 @@
+"""Builds and runs tests/cpp/reduce_check.cc, the bit-exactness check of the CPU reduce
+kernels (csrc/reduce): every dtype x op against a scalar reference, NaN propagation, integer
+wrap-around, finalize, and exhaustive float16/bfloat16 conversions. The program is run once
+per instruction set this CPU supports, with RINGREDUCE_ISA capping the public entry points
+at that path. Needs only g++, not the built extension."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD_TIMEOUT_S = 300
+RUN_TIMEOUT_S = 120
+ALL_ISAS = ("scalar", "avx2", "avx512")
+
+
+@pytest.fixture(scope="module")
+def reduce_check(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("g++ not found; install a C++17 compiler to run the reduce kernel check")
+    exe = tmp_path_factory.mktemp("reduce_check") / "reduce_check"
+    sources = sorted(str(p) for p in (ROOT / "csrc/reduce").glob("*.cc"))
+    build = subprocess.run(
+        [gxx, "-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-I", str(ROOT / "csrc"),
+         *sources, str(ROOT / "csrc/core/types.cc"), str(ROOT / "tests/cpp/reduce_check.cc"),
+         "-o", str(exe)],
+        check=False, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
+    )
+    assert build.returncode == 0, f"compiling reduce_check failed:\n{build.stderr}"
+    return exe
+
+
+def _supported_isas(exe: Path) -> list[str]:
+    out = subprocess.run([str(exe), "--list-isas"], check=False, capture_output=True,
+                         text=True, timeout=RUN_TIMEOUT_S, env=_env(None))
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+def _env(isa: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "RINGREDUCE_ISA"}
+    if isa is not None:
+        env["RINGREDUCE_ISA"] = isa
+    return env
+
+
+@pytest.mark.parametrize("isa", ALL_ISAS)
+def test_reduce_kernels_bit_exact(reduce_check: Path, isa: str) -> None:
+    supported = _supported_isas(reduce_check)
+    assert "scalar" in supported, supported
+    if isa not in supported:
+        pytest.skip(f"this CPU does not support the {isa} path (supported: {supported})")
+    run = subprocess.run([str(reduce_check)], check=False, capture_output=True, text=True,
+                         timeout=RUN_TIMEOUT_S, env=_env(isa))
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, f"reduce_check with RINGREDUCE_ISA={isa} failed:\n{out}"
+    assert f"isa={isa} " in out, out
+    assert "reduce_check:" in out and ", 0 failed" in out, out
