@@ -378,7 +378,7 @@ class Tunables:
         "RINGREDUCE_TRANSPORT", "auto", _p_choice("auto", "tcp", "shm"), "auto | tcp | shm",
         "Force one transport; auto uses shared memory within a host and TCP across hosts.")
     algo: str = _knob(
-        "RINGREDUCE_ALGO", "auto", _p_choice("auto", "ring", "tree"), "auto | ring | tree",
+        "RINGREDUCE_ALGO", "auto", _p_choice("auto", "ring", "tree", "shm"), "auto | ring | tree | shm",
         "Force the all-reduce algorithm; auto lets the cost model pick per message size.")
     segment_bytes: int = _knob(
         "RINGREDUCE_SEGMENT_BYTES", 512 * 1024, _p_positive_bytes, "bytes",

@@ -16,6 +16,7 @@ class Group:
     hosts: list = field(default_factory=list)
     options: dict = field(default_factory=dict)
     local_rank: int = 0
+    default_algo: int = 0  # RINGREDUCE_ALGO: what algo="auto" means for all-reduce
 
 
 _DEFAULT: list = [None]

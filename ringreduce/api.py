@@ -106,7 +106,8 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *,
     options.update(_load_tuning(tun.tuning_file))
     if world == 1:
         _state._DEFAULT[0] = _state.Group(rank=0, world_size=1, comm=None, options=options,
-                                          hosts=[_env.host_identity()])
+                                          hosts=[_env.host_identity()],
+                                          default_algo=algo_code(tun.algo))
         return
     maddr = master_addr or info.master_addr
     mport = master_port or info.master_port
@@ -131,7 +132,8 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *,
     if tun.flight_recorder:
         comm.set_flight_path(tun.flight_recorder)
     _state._DEFAULT[0] = _state.Group(rank=rank, world_size=world, comm=comm, hosts=peers.hosts,
-                                      options=options, local_rank=info.local_rank)
+                                      options=options, local_rank=info.local_rank,
+                                      default_algo=algo_code(tun.algo))
 
 
 def _configure_logging(level: int) -> None:
@@ -250,7 +252,7 @@ def allreduce(x: Any, op: Any = "sum", algo: str = "auto", async_op: bool = Fals
     """Reduce `x` over all ranks, in place. op: sum, avg, prod, min, max."""
     g = _state._DEFAULT[0] or _state.current("allreduce()")
     b = as_buffer(x, "allreduce(x)")
-    opc, alc = op_code(op), algo_code(algo)
+    opc, alc = op_code(op), algo_code(algo) or g.default_algo
     if g.comm is None:
         return _finish(None, (), async_op=async_op)
     cw = g.comm.allreduce(b.ptr, b.count, b.code, opc, alc, async_op)
@@ -345,7 +347,7 @@ def allreduce_coalesced(xs: Sequence[Any], op: Any = "sum", algo: str = "auto",
     if len(dt) > 1:
         raise ValueError(f"allreduce_coalesced: all inputs need one dtype, got {sorted(dt)}; "
                          f"group them by dtype")
-    opc, alc = op_code(op), algo_code(algo)
+    opc, alc = op_code(op), algo_code(algo) or g.default_algo
     if g.comm is None:
         return _finish(None, (), async_op=async_op)
     flat = _flatten(xs)
