@@ -3,13 +3,26 @@
 Plain setuptools + pybind11: no torch headers, no CMake. Every csrc/**/*.cc is compiled
 with C++17, -O3 and warnings on (-Werror when RINGREDUCE_WERROR=1, as CI sets it).
 SIMD code is selected at run time (target attributes), never with -march=native.
+
+CUDA (optional): with nvcc found and RINGREDUCE_CUDA unset/"auto" (or forced with "1"; "0"
+turns it off), csrc/**/*.cu are compiled by nvcc for RINGREDUCE_CUDA_ARCH_LIST (or
+TORCH_CUDA_ARCH_LIST; default "8.0;9.0+PTX", i.e. sm_80, sm_90 and PTX for newer GPUs),
+the C++ sources see -DRINGREDUCE_WITH_CUDA, and the CUDA runtime is linked statically. The
+static runtime loads the driver only on the first CUDA call, so the CUDA build imports and
+runs CPU collectives on machines without a GPU or driver. NCCL is never linked: it is
+dlopen'ed at run time (csrc/nccl/loader.h). Without CUDA the build is exactly the CPU one.
 """
 
 import os
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pybind11.setup_helpers import Pybind11Extension, ParallelCompile
 from setuptools import setup
+from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).parent.resolve()
 
@@ -41,4 +54,131 @@ ext = Pybind11Extension(
     + ([f"-fsanitize={os.environ['RINGREDUCE_SANITIZE']}"] if os.environ.get("RINGREDUCE_SANITIZE") else []),
 )
 
-setup(ext_modules=[ext])
+
+
+# ---- CUDA build (only when enabled; the CPU build above is untouched otherwise) ----------
+
+DEFAULT_CUDA_ARCHS = "8.0;9.0+PTX"
+
+
+def _find_nvcc():
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        home = os.environ.get(var)
+        if home and (Path(home) / "bin" / "nvcc").is_file():
+            return str(Path(home) / "bin" / "nvcc")
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    default = Path("/usr/local/cuda/bin/nvcc")
+    return str(default) if default.is_file() else None
+
+
+def _cuda_wanted():
+    """(nvcc path or None). RINGREDUCE_CUDA: "0" off, "1" required, unset/"auto" if found."""
+    mode = os.environ.get("RINGREDUCE_CUDA", "auto").strip().lower()
+    if mode in ("0", "off", "false", "no"):
+        return None
+    if mode not in ("1", "on", "true", "yes", "auto", ""):
+        raise SystemExit(f"RINGREDUCE_CUDA must be 0, 1 or auto, got {mode!r}")
+    nvcc = _find_nvcc()
+    if nvcc is None and mode != "auto" and mode != "":
+        raise SystemExit(
+            "RINGREDUCE_CUDA=1 but nvcc was not found: put the CUDA toolkit's bin/ on PATH or "
+            "set CUDA_HOME (or build without CUDA: RINGREDUCE_CUDA=0)"
+        )
+    return nvcc
+
+
+def _gencode_flags(spec):
+    """TORCH_CUDA_ARCH_LIST style ("8.0;9.0+PTX", "80 90", "sm_90a") -> nvcc -gencode flags."""
+    flags = []
+    for tok in re.split(r"[;,\s]+", spec.strip()):
+        if not tok:
+            continue
+        m = re.fullmatch(r"(?:sm_|compute_)?(\d+)(?:\.(\d+))?([af]?)(\+PTX)?", tok, re.IGNORECASE)
+        if not m:
+            raise SystemExit(
+                f"bad CUDA architecture {tok!r} in {spec!r}: use e.g. '8.0;9.0+PTX' or '80 90'"
+            )
+        major, minor, suffix, ptx = m.groups()
+        num = (major + (minor or "")) if minor is not None or len(major) == 1 else major
+        if len(num) == 1:
+            num += "0"
+        arch = num + suffix.lower()
+        flags += ["-gencode", f"arch=compute_{arch},code=sm_{arch}"]
+        if ptx:
+            flags += ["-gencode", f"arch=compute_{arch},code=compute_{arch}"]
+    if not flags:
+        raise SystemExit(f"no CUDA architectures in {spec!r}")
+    return flags
+
+
+def _cuda_lib_dirs(nvcc, probe):
+    """Directories holding libcudart_static.a, as nvcc itself would link (it knows its TOP)."""
+    dirs = []
+    try:
+        out = subprocess.run([nvcc, "-dryrun", "-c", probe, "-o", os.devnull],
+                             capture_output=True, text=True, check=False)
+        for line in (out.stdout + out.stderr).splitlines():
+            if "LIBRARIES=" in line:
+                dirs += [d for d in re.findall(r'-L"?([^"\s]+)"?', line) if not d.endswith("stubs")]
+    except OSError:
+        pass
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    dirs += [str(Path(home) / "lib64"), str(Path(home) / "lib")]
+    good = [d for d in dirs if (Path(d) / "libcudart_static.a").is_file()]
+    if not good:
+        raise SystemExit(f"libcudart_static.a not found (looked in {dirs}); set CUDA_HOME")
+    return good[:1]
+
+
+class CudaBuildExt(build_ext):
+    """Compiles csrc/**/*.cu with nvcc, then builds the extension with the objects linked in."""
+
+    nvcc = None
+
+    def build_extensions(self):
+        cu = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.cu"))
+        spec = (os.environ.get("RINGREDUCE_CUDA_ARCH_LIST") or os.environ.get("TORCH_CUDA_ARCH_LIST")
+                or DEFAULT_CUDA_ARCHS)
+        flags = ["-std=c++17", "-O3", "-I" + str(ROOT / "csrc"), "-DRINGREDUCE_WITH_CUDA",
+                 "-Xcompiler=-fPIC,-fvisibility=hidden,-Wall,-Wextra,-Wno-unused-parameter",
+                 *_gencode_flags(spec)]
+        if os.environ.get("RINGREDUCE_WERROR", "0") == "1":
+            flags += ["-Werror=all-warnings", "-Xcompiler=-Werror"]
+        out_dir = Path(self.build_temp) / "cuda"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        headers = [p for p in (ROOT / "csrc").rglob("*") if p.suffix in (".h", ".cuh")]
+        newest_header = max((p.stat().st_mtime for p in headers), default=0.0)
+        stamp = " ".join([self.nvcc, *flags])
+
+        def compile_one(src):
+            obj = out_dir / (src.replace("/", "_").replace(".cu", ".o"))
+            flag_file = obj.with_suffix(".flags")
+            fresh = (obj.is_file() and flag_file.is_file() and flag_file.read_text() == stamp
+                     and obj.stat().st_mtime >= max(newest_header, (ROOT / src).stat().st_mtime))
+            if not fresh:
+                cmd = [self.nvcc, *flags, "-c", str(ROOT / src), "-o", str(obj)]
+                print(" ".join(cmd), flush=True)
+                subprocess.run(cmd, check=True)
+                flag_file.write_text(stamp)
+            return str(obj)
+
+        jobs = max(1, int(os.environ.get("RINGREDUCE_BUILD_JOBS", "2")))
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            objects = list(pool.map(compile_one, cu))
+        lib_dirs = _cuda_lib_dirs(self.nvcc, str(ROOT / cu[0]))
+        for e in self.extensions:
+            e.extra_objects = list(e.extra_objects or []) + objects
+            e.define_macros = list(e.define_macros or []) + [("RINGREDUCE_WITH_CUDA", "1")]
+            e.library_dirs = list(e.library_dirs or []) + lib_dirs
+            e.libraries = list(e.libraries or []) + ["cudart_static", "dl", "rt", "pthread"]
+        super().build_extensions()
+
+
+_NVCC = _cuda_wanted()
+if _NVCC is not None:
+    CudaBuildExt.nvcc = _NVCC
+    setup(ext_modules=[ext], cmdclass={"build_ext": CudaBuildExt})
+else:
+    setup(ext_modules=[ext])

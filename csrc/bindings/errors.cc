@@ -20,7 +20,7 @@ void registerErrors(py::module_& m) {
     } catch (const InvalidArgument& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const TimeoutError& e) {
-      timeout(e.what());
+      py::set_error(timeout, e.what());
     } catch (const PeerError& e) {
       py::object exc = peer;
       PyObject* inst = PyObject_CallFunction(exc.ptr(), "s", e.what());
@@ -30,9 +30,9 @@ void registerErrors(py::module_& m) {
         Py_DECREF(inst);
       }
     } catch (const MismatchError& e) {
-      mismatch(e.what());
+      py::set_error(mismatch, e.what());
     } catch (const Error& e) {
-      base(e.what());
+      py::set_error(base, e.what());
     }
   });
 }

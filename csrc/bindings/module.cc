@@ -21,6 +21,10 @@
 namespace py = pybind11;
 using namespace rr;
 
+namespace rr::bindings {
+void registerGpu(pybind11::module_& m);  // gpu.cc
+}
+
 namespace {
 
 Options optionsFromDict(const py::dict& d) {
@@ -174,6 +178,7 @@ class PyComm {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "ringreduce C++ core";
   bindings::registerErrors(m);
+  bindings::registerGpu(m);  // after registerErrors: its translator must be tried first
 
   m.def("set_log_level", &log::setLevel);
   m.def("set_log_prefix", &log::setPrefix);

@@ -131,8 +131,8 @@ void reduce(DataType t, ReduceOp op, void* dst, const void* src, size_t n, void*
              " is reduced in float32; use cuda::accumulate() or widen() it first");
   }
   checkPointers(dst, src, n, "cuda::reduce");
+  if (n == 0) return;  // zero-size is a no-op everywhere, even without CUDA
   auto fn = launcher(tables().reduce[idx(t)][idx(op)], "cuda::reduce", t, op);
-  if (n == 0) return;
   check(fn(dst, src, n, stream), "cuda::reduce kernel launch");
 }
 
@@ -143,8 +143,8 @@ void accumulate(DataType t, ReduceOp op, float* acc, const void* src, size_t n, 
              " is not a 16-bit float; use cuda::reduce()");
   }
   checkPointers(acc, src, n, "cuda::accumulate");
-  auto fn = launcher(tables().accumulate[idx(t)][idx(op)], "cuda::accumulate", t, op);
   if (n == 0) return;
+  auto fn = launcher(tables().accumulate[idx(t)][idx(op)], "cuda::accumulate", t, op);
   check(fn(acc, src, n, stream), "cuda::accumulate kernel launch");
 }
 
@@ -155,8 +155,8 @@ void widen(DataType t, const void* src, float* dst, size_t n, void* stream) {
              " is not a 16-bit float (only float16 and bfloat16 are widened)");
   }
   checkPointers(src, dst, n, "cuda::widen");
-  auto fn = launcher(tables().widen[idx(t)], "cuda::widen", t, ReduceOp::kSum);
   if (n == 0) return;
+  auto fn = launcher(tables().widen[idx(t)], "cuda::widen", t, ReduceOp::kSum);
   check(fn(src, dst, n, stream), "cuda::widen kernel launch");
 }
 
@@ -172,8 +172,8 @@ void finalize(DataType t, ReduceOp op, int world, const void* acc, void* dst, si
       RR_THROW(InvalidArgument, "cuda::finalize: ", toString(t),
                " needs a float32 accumulator separate from the output");
     }
-    auto fn = launcher(tb.narrow[idx(t)], "cuda::finalize", t, op);
     if (n == 0) return;
+    auto fn = launcher(tb.narrow[idx(t)], "cuda::finalize", t, op);
     check(fn(static_cast<const float*>(acc), dst, n, divisor, stream),
           "cuda::finalize kernel launch");
     return;
@@ -182,8 +182,8 @@ void finalize(DataType t, ReduceOp op, int world, const void* acc, void* dst, si
     if (n > 0 && acc != dst) memcpyAsync(dst, acc, n * elementSize(t), stream);
     return;
   }
-  auto fn = launcher(tb.divide[idx(t)], "cuda::finalize", t, op);
   if (n == 0) return;
+  auto fn = launcher(tb.divide[idx(t)], "cuda::finalize", t, op);
   check(fn(acc, dst, n, divisor, stream), "cuda::finalize kernel launch");
 }
 

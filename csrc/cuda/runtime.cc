@@ -14,7 +14,7 @@ namespace rr::cuda {
 namespace {
 
 constexpr const char* kNoCudaBuild =
-    "ringreduce was built without CUDA (nvcc was not found at build time, or "
+    "CUDA is not available: ringreduce was built without CUDA (nvcc was not found at build time, or "
     "RINGREDUCE_CUDA=0); reinstall with nvcc on PATH (or CUDA_HOME set) and RINGREDUCE_CUDA=1, "
     "e.g. RINGREDUCE_CUDA=1 pip install --no-build-isolation .";
 
@@ -59,6 +59,11 @@ std::string errorString(int code) {
 void check(int code, const char* what) {
   if (code == raw::kSuccess) return;
   raw::getLastError();  // a non-sticky error must not resurface in the next call
+  if (code == raw::kErrorNoDevice || code == raw::kErrorInsufficientDriver) {
+    throw CudaUnavailable(detail::concat("no CUDA device: ", what, " failed with ",
+                                         errorName(code), " (", errorString(code),
+                                         "); check nvidia-smi and CUDA_VISIBLE_DEVICES"));
+  }
   throw CudaError(code, detail::concat(what, " failed: ", errorName(code), ": ",
                                        errorString(code)));
 }
@@ -178,7 +183,7 @@ std::string errorString(int) { return ""; }
 
 DeviceStatus deviceStatus() {
   DeviceStatus s;
-  s.reason = std::string("no CUDA device usable: ") + kNoCudaBuild;
+  s.reason = kNoCudaBuild;
   return s;
 }
 

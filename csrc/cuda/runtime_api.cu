@@ -9,6 +9,8 @@ namespace rr::cuda::raw {
 
 static_assert(kSuccess == cudaSuccess, "cudaSuccess changed");
 static_assert(kErrorNotReady == cudaErrorNotReady, "cudaErrorNotReady changed");
+static_assert(kErrorInsufficientDriver == cudaErrorInsufficientDriver, "code changed");
+static_assert(kErrorNoDevice == cudaErrorNoDevice, "cudaErrorNoDevice changed");
 static_assert(cudaMemoryTypeUnregistered == 0 && cudaMemoryTypeHost == 1 &&
                   cudaMemoryTypeDevice == 2 && cudaMemoryTypeManaged == 3,
               "cudaMemoryType values changed");

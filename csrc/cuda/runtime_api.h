@@ -8,7 +8,9 @@
 namespace rr::cuda::raw {
 
 constexpr int kSuccess = 0;
-constexpr int kErrorNotReady = 600;  // cudaErrorNotReady, checked in runtime_api.cu
+constexpr int kErrorNotReady = 600;  // cudaErrorNotReady (values checked in runtime_api.cu)
+constexpr int kErrorInsufficientDriver = 35;  // no driver, or one older than this runtime
+constexpr int kErrorNoDevice = 100;
 
 int getDeviceCount(int* count);
 int driverVersion(int* version);

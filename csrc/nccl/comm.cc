@@ -132,7 +132,9 @@ std::shared_ptr<NcclComm> NcclComm::create(const Library& lib, const std::string
     RR_THROW(InvalidArgument, "NCCL: rank ", rank, " out of range for world size ", world);
   }
   if (!(timeoutSec > 0)) RR_THROW(InvalidArgument, "NCCL: timeout must be > 0 seconds");
-  cuda::setDevice(device);  // "no CUDA device ..." before NCCL is touched
+  cuda::requireDevice(device);  // "no CUDA device ..." before NCCL is touched
+  // NCCL binds the communicator to the current device; the caller's is restored after.
+  DeviceGuard dg(device);
   std::shared_ptr<NcclComm> c(new NcclComm(lib, rank, world, device, timeoutSec));
   c->init(uniqueId);
   c->watchdog_ = std::thread([raw = c.get()] { raw->watchdog(); });
@@ -172,9 +174,9 @@ void NcclComm::init(const std::string& uniqueId) {
             "ncclCommInitRank cannot be bounded by the timeout if a rank never joins");
     lib_.check(lib_.commInitRank(&comm_, world_, id, rank_), "ncclCommInitRank");
   }
+  // The barrier all-reduces this word; its value is never read, so it is not initialised
+  // (which would need a synchronisation with whatever the device is running).
   barrierWord_ = cuda::deviceMalloc(sizeof(int32_t));
-  cuda::memsetAsync(barrierWord_, 0, sizeof(int32_t), nullptr);
-  cuda::streamSynchronize(nullptr);
 }
 
 NcclComm::~NcclComm() {

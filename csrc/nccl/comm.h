@@ -71,7 +71,9 @@ class NcclWork {
 class NcclComm : public std::enable_shared_from_this<NcclComm> {
  public:
   // uniqueId: the 128 bytes rank 0 got from ncclGetUniqueId (shared through the store).
-  // Sets `device` current for this thread. Throws CudaUnavailable, NcclError, TimeoutError.
+  // The calling thread's current device is left as it was. Throws CudaUnavailable (no
+  // device), NcclError, or TimeoutError when not every rank joined within timeoutSec.
+  // Collective deadlines run from launch (enqueue), as torch's NCCL watchdog measures them.
   static std::shared_ptr<NcclComm> create(const Library& lib, const std::string& uniqueId,
                                           int rank, int world, int device, double timeoutSec);
   ~NcclComm();

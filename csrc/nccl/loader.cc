@@ -107,8 +107,11 @@ const Library& load(const std::vector<std::string>& candidates) {
   std::string tried, errors;
   for (const std::string& cand : candidates) {
     if (cand.empty()) continue;
-    const std::string path = isDirectory(cand) ? cand + "/" + kSoname : cand;
-    tried += (tried.empty() ? "" : ", ") + path;
+    const bool dir = isDirectory(cand);
+    const bool bare = cand.find('/') == std::string::npos;
+    const std::string path = dir ? cand + "/" + kSoname : cand;
+    tried += (tried.empty() ? "" : ", ") +
+             (bare ? "the system library path (LD_LIBRARY_PATH, ldconfig) as " + cand : cand);
     ::dlerror();
     void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (h == nullptr) {
