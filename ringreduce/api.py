@@ -100,6 +100,7 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *,
         "heartbeat_interval": float(tun.heartbeat_interval),
         "heartbeat_timeout": float(tun.heartbeat_timeout),
         "checksum": bool(tun.checksum),
+        "stall_warn": float(tun.stall_warn),
     }
     if tun.tree_threshold_bytes is not None:
         options["tree_threshold_bytes"] = int(tun.tree_threshold_bytes)

@@ -42,6 +42,12 @@ void Communicator::checkUsable() const {
              " -- destroy it and init again");
 }
 
+static int64_t steadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 FrameHeader Communicator::begin(CollectiveKind kind, DataType dtype, ReduceOp op, int root,
                                 Algorithm algo, size_t count, size_t bytesTotal) {
   checkUsable();
@@ -59,7 +65,11 @@ FrameHeader Communicator::begin(CollectiveKind kind, DataType dtype, ReduceOp op
   bytesDone_ = 0;
   std::fill(early_.begin(), early_.end(), 0);
   deadline_ = Deadline::after(opts_.timeoutSec);
-  if (hb_) hb_->setState(h.kind, h.seq, 0);
+  stallReported_ = false;
+  if (hb_) {
+    hb_->setState(h.kind, h.seq, 0);
+    beganMs_ = steadyMs();
+  }
   Record rec;
   rec.seq = h.seq;
   rec.kind = h.kind;
@@ -73,21 +83,43 @@ FrameHeader Communicator::begin(CollectiveKind kind, DataType dtype, ReduceOp op
   return h;
 }
 
-static int64_t steadyMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 void Communicator::setHeartbeat(std::unique_ptr<transport::Heartbeat> hb) {
   hb_ = std::move(hb);
   hbSinceMs_ = steadyMs();
 }
 
+void Communicator::reportStall(int64_t waitedMs) {
+  // Who is behind? Heartbeats carry every peer's collective sequence number.
+  std::string behind, ahead;
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_) continue;
+    transport::PeerStatus s = hb_->status(p);
+    if (s.seq < seq_ || (s.seq == seq_ && s.kind == 0 && s.bytesDone == 0)) {
+      behind += detail::concat(behind.empty() ? "" : "; ", "rank ", p, " (pid ", s.pid, ") is ",
+                               s.kind ? "at " : "idle after ",
+                               s.kind ? toString(static_cast<CollectiveKind>(s.kind)) : "collective",
+                               " #", s.seq);
+    } else {
+      ahead += detail::concat(ahead.empty() ? "" : ", ", p);
+    }
+  }
+  RR_WARN("stall: rank ", rank_, " has waited ", waitedMs / 1000.0, " s in ", describeCurrent(),
+          "; ", behind.empty() ? std::string("no rank reports being behind") : behind,
+          behind.empty() || ahead.empty() ? "" : "; ranks " + ahead + " are here too",
+          " (a rank stuck in user code, or one that skipped this collective?)");
+}
+
 void Communicator::checkHeartbeats(int waitingFor) {
-  if (!hb_ || opts_.heartbeatTimeoutSec <= 0) return;
+  if (!hb_) return;
+  const int64_t now = steadyMs();
+  if (!stallReported_ && opts_.stallWarnSec > 0 && beganMs_ > 0 &&
+      now - beganMs_ > static_cast<int64_t>(opts_.stallWarnSec * 1000)) {
+    stallReported_ = true;
+    reportStall(now - beganMs_);
+  }
+  if (opts_.heartbeatTimeoutSec <= 0) return;
   const int64_t limit = static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000);
-  const int64_t sinceStart = steadyMs() - hbSinceMs_;
+  const int64_t sinceStart = now - hbSinceMs_;
   for (int p = 0; p < world_; ++p) {
     if (p == rank_ || gone_[static_cast<size_t>(p)]) continue;
     transport::PeerStatus s = hb_->status(p);

@@ -117,7 +117,10 @@ class Communicator {
   Recorder recorder_;
   std::string flightPath_;
   int64_t hbSinceMs_ = 0;  // steady ms when heartbeats started
+  int64_t beganMs_ = 0;    // steady ms when the current collective began
+  bool stallReported_ = false;
   void checkHeartbeats(int waitingFor);
+  void reportStall(int64_t waitedMs);
   std::vector<pollfd> pfds_;      // reused by waitIo: no allocation per wait
   std::vector<int> pfdPeer_;      // peer rank of each pfds_ entry (-1: wake fd)
   std::vector<uint8_t> early_;    // peer sent data for a later collective: stop watching it

@@ -27,6 +27,9 @@ struct Options {
   // the timeout is reported as frozen, partitioned or dead. 0 disables the check.
   double heartbeatIntervalSec = 0.5;
   double heartbeatTimeoutSec = 4.0;
+  // RINGREDUCE_STALL_WARN: after waiting this long in one collective, log which ranks are
+  // behind (from their heartbeats) -- once per collective, on every waiting rank. 0 = off.
+  double stallWarnSec = 30.0;
   // RINGREDUCE_CHECKSUM: CRC32C on every TCP payload (shared memory is not checksummed).
   bool checksum = false;
 };
