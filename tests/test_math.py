@@ -1,0 +1,134 @@
+"""Pure math exposed by the extension (no processes, no sockets): chunking and the
+all-reduce cost model. Chunking is tested exhaustively for 1..17 parts and awkward counts
+(house style item 5); the cost model against the formula documented in
+csrc/collectives/cost_model.cc and for the properties "auto" relies on."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ringreduce import _C
+
+PARTS = range(1, 18)
+PRIMES = [2, 3, 5, 7, 11, 13, 17, 1009, 65537, 1_000_003]
+BIG = [2**31 - 1, 2**31, 2**32 + 1, 2**40 + 3, 2**62 + 5, 2**64 - 1]
+RING, TREE = 1, 2
+# Defaults of rr::Options (csrc/core/params.h) and the fixed gamma of cost_model.cc.
+ALPHA_S, BETA_S_PER_B, GAMMA_S_PER_B = 25e-6, 0.45e-9, 0.1e-9
+
+
+def _counts(parts: int) -> list[int]:
+    near = [parts - 1, parts, parts + 1, 2 * parts - 1, 2 * parts + 1, parts * parts]
+    seg = [4096, 4095, 4097, 131072 * parts + 1]
+    return sorted({c for c in [0, 1, 2, 3] + near + PRIMES + BIG + seg if c >= 0})
+
+
+@pytest.mark.parametrize("parts", PARTS)
+def test_chunks_tile_the_range(parts: int) -> None:
+    for count in _counts(parts):
+        lens = [_C.chunk_len(count, parts, i) for i in range(parts)]
+        offs = [_C.chunk_offset(count, parts, i) for i in range(parts)]
+        assert offs[0] == 0, (count, parts)
+        for i in range(parts - 1):
+            assert offs[i + 1] == offs[i] + lens[i], f"gap/overlap at chunk {i}: {count=} {parts=}"
+        assert offs[-1] + lens[-1] == count, f"chunks do not end at {count=} ({parts=})"
+        assert sum(lens) == count
+        assert max(lens) - min(lens) <= 1, f"unbalanced chunks {lens} for {count=}"
+        # Documented layout: the first count % parts chunks carry the extra element.
+        q, rem = divmod(count, parts)
+        assert lens == [q + 1] * rem + [q] * (parts - rem), (count, parts)
+
+
+def test_chunks_when_fewer_elements_than_parts() -> None:
+    for parts in PARTS:
+        for count in range(parts):
+            lens = [_C.chunk_len(count, parts, i) for i in range(parts)]
+            assert lens == [1] * count + [0] * (parts - count)
+            # Empty chunks sit at the end of the range, not past it.
+            assert all(_C.chunk_offset(count, parts, i) == count for i in range(count, parts))
+
+
+def test_chunk_arguments_are_checked_by_type() -> None:
+    with pytest.raises(TypeError):
+        _C.chunk_len(-1, 2, 0)  # size_t: a negative count is refused, not wrapped
+    with pytest.raises(TypeError):
+        _C.chunk_offset(2**64, 2, 0)
+
+
+@pytest.mark.parametrize("world", range(2, 18))
+def test_choose_tree_for_tiny_ring_for_huge(world: int) -> None:
+    for tiny in (0, 1, 4, 64, 1024):
+        assert _C.choose_allreduce(world, tiny, {}) == TREE, (world, tiny)
+    for huge in (1 << 30, 1 << 34):
+        assert _C.choose_allreduce(world, huge, {}) == RING, (world, huge)
+
+
+@pytest.mark.parametrize("world", range(2, 18))
+def test_choice_is_monotone_and_matches_prediction(world: int) -> None:
+    sizes = sorted({int(1.25 ** k) for k in range(140)} | {0})
+    choices = [_C.choose_allreduce(world, b, {}) for b in sizes]
+    first_ring = choices.index(RING)
+    assert all(c == TREE for c in choices[:first_ring])
+    assert all(c == RING for c in choices[first_ring:]), (
+        f"world {world}: ring at {sizes[first_ring]} B but tree again later")
+    for b, c in zip(sizes, choices):
+        t = _C.predict_allreduce(TREE, world, b, {})
+        r = _C.predict_allreduce(RING, world, b, {})
+        assert c == (TREE if t <= r else RING), (world, b, t, r)
+
+
+def _model(algo: int, world: int, b: int, alpha: float = ALPHA_S,
+           beta: float = BETA_S_PER_B) -> float:
+    """The alpha-beta-gamma model as documented at the top of cost_model.cc."""
+    n = world
+    if algo == TREE:
+        p = 1 << (n.bit_length() - 1)
+        lg = math.log2(p)
+        rounds = lg + (0 if p == n else 2)
+        return rounds * (alpha + b * beta) + lg * b * GAMMA_S_PER_B
+    return 2 * (n - 1) * alpha + 2 * (n - 1) / n * b * beta + (n - 1) / n * b * GAMMA_S_PER_B
+
+
+@pytest.mark.parametrize("world", range(1, 18))
+def test_predict_matches_documented_model(world: int) -> None:
+    for b in (0, 1, 1000, 65536, 1 << 20, 123_456_789):
+        for algo in (RING, TREE):
+            got = _C.predict_allreduce(algo, world, b, {})
+            want = 0.0 if world == 1 else _model(algo, world, b)
+            assert got == pytest.approx(want, rel=1e-12, abs=1e-15), (algo, world, b)
+
+
+def test_predict_grows_with_bytes_and_world() -> None:
+    for algo in (RING, TREE):
+        for world in range(2, 18):
+            ts = [_C.predict_allreduce(algo, world, b, {}) for b in (0, 10, 10**4, 10**8)]
+            assert ts == sorted(ts) and ts[0] < ts[-1]
+    # Ring latency grows linearly with the world (2(n-1) messages).
+    lat = [_C.predict_allreduce(RING, w, 0, {}) for w in range(2, 18)]
+    assert all(b > a for a, b in zip(lat, lat[1:]))
+
+
+def test_options_change_the_model() -> None:
+    opts = {"alpha_us": 50.0, "beta_ns_per_byte": 0.9}
+    for world in (2, 3, 8, 13):
+        for algo in (RING, TREE):
+            got = _C.predict_allreduce(algo, world, 10**6, opts)
+            assert got == pytest.approx(_model(algo, world, 10**6, 50e-6, 0.9e-9), rel=1e-12)
+    # A forced threshold overrides the model, inclusive of the threshold itself.
+    for world in (2, 5, 16):
+        thr = {"tree_threshold_bytes": 4096}
+        assert _C.choose_allreduce(world, 4096, thr) == TREE
+        assert _C.choose_allreduce(world, 4097, thr) == RING
+        assert _C.choose_allreduce(world, 1 << 30, {"tree_threshold_bytes": 1 << 40}) == TREE
+        assert _C.choose_allreduce(world, 1, {"tree_threshold_bytes": 0}) == RING
+
+
+def test_bad_options_are_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown option 'bogus'"):
+        _C.choose_allreduce(2, 8, {"bogus": 1})
+    with pytest.raises(ValueError, match="timeout must be > 0"):
+        _C.predict_allreduce(RING, 2, 8, {"timeout": 0.0})
+    with pytest.raises(ValueError, match="segment_bytes must be >= 64"):
+        _C.choose_allreduce(2, 8, {"segment_bytes": 8})

@@ -1,0 +1,1234 @@
+"""Functions that run inside ranks (started by _spawn.run_world), each batching many cases
+into one process launch so the suite stays fast.
+
+Every expectation is computed locally from rank-dependent inputs: each rank can generate
+every other rank's input (pattern() is a pure function of dtype, op, rank, index), so it
+knows the exact answer without trusting the library. Matrix workers do not stop at the
+first wrong answer: they collect failure messages per family and a digest of every result,
+and the parent compares the digests across ranks (results must be bit-identical).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+import socket
+import struct
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+import ringreduce as rr
+
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64"]
+FLOATS = ("float32", "float64", "float16", "bfloat16")
+OPS = ["sum", "avg", "prod", "min", "max"]
+GUARD = 5  # elements of sentinel on each side of every buffer handed to the library
+SENTINEL = 0x5A
+MAX_FAILS = 25  # per family, so one systematic bug does not flood the report
+
+_ES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1,
+       "int32": 4, "int64": 8}
+
+
+# ---------------------------------------------------------------------------- buffers
+
+
+def tdtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def storage_np(dtype: str) -> np.dtype:
+    """The numpy dtype holding values of `dtype` exactly (bfloat16 values live in float32)."""
+    return np.dtype(np.float32 if dtype == "bfloat16" else dtype)
+
+
+def raw_bytes(x: Any) -> bytes:
+    if isinstance(x, torch.Tensor):
+        return x.detach().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return np.ascontiguousarray(x).tobytes()
+
+
+def values(x: Any) -> np.ndarray:
+    """x's values as a numpy array of storage_np(dtype) (a copy)."""
+    if isinstance(x, torch.Tensor):
+        t = x.detach()
+        return (t.float() if t.dtype == torch.bfloat16 else t).numpy().copy()
+    return np.array(x, copy=True)
+
+
+def digest(x: Any) -> str:
+    return hashlib.sha256(raw_bytes(x)).hexdigest()[:32]
+
+
+class Buf:
+    """A tensor/array view of n elements with GUARD sentinel elements on each side, so
+    writes outside the buffer are caught. `view` is what the library gets (it has a
+    non-zero storage offset / is a slice, as real model buffers often are)."""
+
+    def __init__(self, dtype: str, container: str, n: int, shape: tuple | None = None,
+                 vals: np.ndarray | None = None, raw: np.ndarray | None = None):
+        self.dtype, self.container, self.n, self.es = dtype, container, n, _ES[dtype]
+        total = n + 2 * GUARD
+        if container == "numpy":
+            if dtype == "bfloat16":
+                raise ValueError("numpy has no bfloat16")
+            self.base = np.empty(total, dtype=dtype)
+            self.base.view(np.uint8)[:] = SENTINEL
+            v = self.base[GUARD:GUARD + n]
+            if raw is not None:
+                v.view(np.uint8)[:] = raw
+            elif vals is not None:
+                v[...] = vals.astype(dtype)
+        else:
+            self.base = torch.empty(total, dtype=tdtype(dtype))
+            self.base.view(torch.uint8).fill_(SENTINEL)
+            v = self.base[GUARD:GUARD + n]
+            if raw is not None:
+                v.view(torch.uint8).copy_(torch.from_numpy(np.ascontiguousarray(raw)))
+            elif vals is not None:
+                v.copy_(torch.from_numpy(np.ascontiguousarray(vals)).to(tdtype(dtype)))
+        self.view = v.reshape(shape) if shape is not None else v
+
+    def guard_errors(self) -> list[str]:
+        b = raw_bytes(self.base)
+        g = GUARD * self.es
+        errs = []
+        if any(c != SENTINEL for c in b[:g]):
+            errs.append("wrote before the start of the buffer")
+        if any(c != SENTINEL for c in b[len(b) - g:]):
+            errs.append("wrote past the end of the buffer")
+        return errs
+
+
+def rand_bytes(seed: list, n_bytes: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, n_bytes, dtype=np.uint8)
+
+
+# ----------------------------------------------------------------- inputs and answers
+
+_M1 = np.uint64(0x9E3779B97F4A7C15)
+_M2 = np.uint64(0xC2B2AE3D27D4EB4F)
+
+
+def pattern(dtype: str, op: str, rank: int, n: int, salt: int = 0) -> np.ndarray:
+    """Rank r's input: exact in `dtype`, chosen so that float sums/products of up to 17
+    ranks are exact even in 16-bit floats (so results can be compared bit for bit), while
+    integers cover the full range (so sums and products wrap)."""
+    i = np.arange(n, dtype=np.int64) + salt * 7919
+    r = rank
+    if dtype in FLOATS:
+        if op in ("sum", "avg"):
+            v = (((i * 7 + r * 13) % 17) - 8) / 4.0  # quarters in [-2, 2]
+        elif op == "prod":
+            table = np.array([1.0, -1.0, 2.0, -0.5, 0.5, 1.0, -2.0, 1.0, 0.25, 0.0])
+            v = table[(i * 3 + r * 7 + (i // 10)) % 10]
+        else:
+            v = (((i * 31 + r * 17) % 101) - 50) * 0.5
+        return v.astype(storage_np(dtype))
+    if op == "prod":  # small factors, still enough to wrap
+        if dtype == "int8":
+            return ((i * 3 + r * 5) % 7 - 3).astype(np.int8)
+        if dtype == "uint8":
+            return ((i * 3 + r * 5) % 7).astype(np.uint8)
+        if dtype == "int32":
+            return ((i * 7919 + r * 104729) % 65536 - 32768).astype(np.int32)
+        return ((i * 7919 + r * 104729) % (1 << 21) - (1 << 20)).astype(np.int64)
+    u = i.astype(np.uint64) * _M1 + np.uint64(r + 1) * _M2
+    if dtype == "int64":
+        return u.view(np.int64).copy()
+    return (u >> np.uint64(32)).astype(dtype)  # C cast: keeps the low bits (wraps)
+
+
+def reduce_np(dtype: str, op: str, inputs: list[np.ndarray], world: int) -> np.ndarray:
+    """The reference reduction, in storage_np(dtype): floats in float64 then rounded once
+    (the library accumulates 16-bit floats in float32 and rounds once), integers in their
+    own type with wrap-around, avg on integers = truncating division of the wrapped sum."""
+    if dtype in FLOATS:
+        a = np.stack([x.astype(np.float64) for x in inputs])
+        with np.errstate(all="ignore"):
+            if op in ("sum", "avg"):
+                res = a.sum(axis=0)
+                if op == "avg":
+                    res = res / world
+            elif op == "prod":
+                res = a.prod(axis=0)
+            elif op == "min":
+                res = a.min(axis=0)
+            else:
+                res = a.max(axis=0)
+        return round_to(dtype, res)
+    fn = {"sum": np.add, "avg": np.add, "prod": np.multiply, "min": np.minimum,
+          "max": np.maximum}[op]
+    with np.errstate(all="ignore"):
+        res = functools.reduce(fn, inputs)
+    if op == "avg":
+        signed = np.issubdtype(res.dtype, np.signedinteger)
+        s = res.astype(np.int64 if signed else np.uint64)
+        w = s.dtype.type(world)
+        q = s // w
+        if signed:
+            q = q + ((s % w != 0) & (s < 0)).astype(np.int64)  # floor -> truncation
+        res = q.astype(dtype)
+    return res.astype(dtype)
+
+
+def round_to(dtype: str, x64: np.ndarray) -> np.ndarray:
+    """Round float64 values to `dtype` (round to nearest even); bfloat16 as float32."""
+    if dtype == "bfloat16":
+        # float64 -> float32 -> bfloat16: double rounding is harmless here (24 >= 2*8+2).
+        return torch.from_numpy(x64.astype(np.float32)).to(torch.bfloat16).float().numpy()
+    return x64.astype(dtype)
+
+
+def compare_exact(got: np.ndarray, exp: np.ndarray, what: str) -> list[str]:
+    if got.shape != exp.shape:
+        return [f"{what}: shape {got.shape}, expected {exp.shape}"]
+    if got.dtype.kind == "f":
+        bad = ~((got == exp) | (np.isnan(got) & np.isnan(exp)))
+    else:
+        bad = got != exp
+    if not bad.any():
+        return []
+    idx = np.flatnonzero(bad.reshape(-1))
+    g, e = got.reshape(-1), exp.reshape(-1)
+    k = int(idx[0])
+    return [(f"{what}: {idx.size} of {got.size} elements wrong; first at [{k}]: "
+            f"got {g[k]!r}, expected {e[k]!r}")]
+
+
+def compare_close(got64: np.ndarray, exp64: np.ndarray, tol: np.ndarray, what: str) -> list[str]:
+    err = np.abs(got64 - exp64)
+    bad = ~(err <= tol)
+    if not bad.any():
+        return []
+    k = int(np.flatnonzero(bad)[0])
+    return [(f"{what}: {int(bad.sum())} of {got64.size} elements outside tolerance; first at "
+            f"[{k}]: got {got64[k]!r}, expected {exp64[k]!r} (tol {tol[k]:.3g})")]
+
+
+def container_for(dtype: str, k: int) -> str:
+    return "torch" if dtype == "bfloat16" or k % 2 else "numpy"
+
+
+# ---------------------------------------------------------------------- recorder
+
+
+class Recorder:
+    """Runs cases, keeps failure messages and result digests per family. After a
+    RingReduceError the communicator is unusable, so the remaining cases are skipped."""
+
+    def __init__(self) -> None:
+        self.fails: dict[str, list[str]] = {}
+        self.digests: dict[str, dict[str, str]] = {}
+        self.counts: dict[str, int] = {}
+        self.extra: dict[str, Any] = {}
+        self.fatal: str | None = None
+
+    def case(self, family: str, name: str, fn: Callable[[], tuple[list[str], str | None]]
+             ) -> None:
+        fails = self.fails.setdefault(family, [])
+        self.digests.setdefault(family, {})
+        self.counts[family] = self.counts.get(family, 0) + 1
+        if self.fatal is not None:
+            return
+        try:
+            errs, dig = fn()
+        except rr.RingReduceError as e:
+            self.fatal = f"{family}/{name}: {type(e).__name__}: {e}"
+            fails.append(self.fatal)
+            return
+        except Exception as e:  # noqa: BLE001 - a wrong exception is a failed case
+            errs, dig = [f"raised {type(e).__name__}: {e}"], None
+        if errs and len(fails) < MAX_FAILS:
+            fails.extend(f"{name}: {m}" for m in errs)
+        if dig is not None:
+            self.digests[family][name] = dig
+
+    def result(self) -> dict:
+        return {"fails": self.fails, "digests": self.digests, "counts": self.counts,
+                "extra": self.extra, "fatal": self.fatal}
+
+
+# ----------------------------------------------------------------------- allreduce
+
+
+def allreduce_case(rank: int, world: int, dtype: str, op: str, algo: str, n: int,
+                   container: str, shape: tuple | None = None, salt: int = 0,
+                   inputs: list[np.ndarray] | None = None):
+    def run():
+        ins = inputs or [pattern(dtype, op, r, n, salt) for r in range(world)]
+        exp = reduce_np(dtype, op, ins, world)
+        b = Buf(dtype, container, n, shape, vals=ins[rank])
+        ret = rr.allreduce(b.view, op=op, algo=algo)
+        errs = [] if ret is None else [f"sync allreduce returned {ret!r}, expected None"]
+        if shape is not None and tuple(b.view.shape) != tuple(shape):
+            errs.append(f"shape changed to {tuple(b.view.shape)}")
+        errs += compare_exact(values(b.view).reshape(-1), exp, "result")
+        errs += b.guard_errors()
+        return errs, digest(b.view)
+    return run
+
+
+def random_allreduce_case(rank: int, world: int, dtype: str, op: str, algo: str, n: int,
+                          container: str, salt: int):
+    """Random normal inputs compared against float64 with a bound derived from the
+    accumulation precision (float32 for 16-bit types) plus one final rounding."""
+    def run():
+        ins = []
+        for r in range(world):
+            x = np.random.default_rng([salt, r]).standard_normal(n)
+            ins.append(round_to(dtype, x))
+        a = np.stack([x.astype(np.float64) for x in ins])
+        exp = a.sum(axis=0) / (world if op == "avg" else 1)
+        acc_eps = np.finfo(np.float64 if dtype == "float64" else np.float32).eps
+        out_eps = {"float32": 2.0 ** -23, "float64": 2.0 ** -52, "float16": 2.0 ** -10,
+                   "bfloat16": 2.0 ** -7}[dtype]
+        tol = (world * acc_eps * np.abs(a).sum(axis=0) / (world if op == "avg" else 1)
+               + out_eps * np.abs(exp) + 1e-300)
+        if dtype == "float16":
+            tol = tol + 2.0 ** -24  # subnormal spacing
+        b = Buf(dtype, container, n, vals=ins[rank])
+        rr.allreduce(b.view, op=op, algo=algo)
+        got = values(b.view).astype(np.float64)
+        return (compare_close(got, exp, tol, "random") + b.guard_errors()), digest(b.view)
+    return run
+
+
+def special_float_inputs(dtype: str, op: str, world: int, n: int) -> list[np.ndarray]:
+    """pattern() plus NaN and +-inf planted by different ranks at different indices."""
+    ins = [pattern(dtype, op, r, n, 3).astype(np.float64) for r in range(world)]
+    for j, idx in enumerate(sorted({0, n // 2, n - 1})):
+        ins[j % world][idx] = np.nan
+    if n > 6:
+        ins[(1 % world)][3] = np.inf
+        ins[(2 % world)][5] = -np.inf
+    return [x.astype(storage_np(dtype)) for x in ins]
+
+
+def once_rounded_inputs(dtype: str, world: int, n: int) -> list[np.ndarray]:
+    """One big value and (world-1) ones per element, the big one on a different rank per
+    element: exact sum 2^k + world - 1 needs one rounding; rounding partial sums to 16 bits
+    would lose the ones (2^k + 1 rounds to 2^k at spacing 2)."""
+    big = 256.0 if dtype == "bfloat16" else 2048.0
+    i = np.arange(n)
+    return [np.where(i % world == r, big, 1.0).astype(storage_np(dtype)) for r in range(world)]
+
+
+def _digest_only(run: Callable[[], tuple[list[str], str | None]]):
+    """Keep only a case's digest and guard checks (for results without a reference)."""
+    def wrapped():
+        errs, dig = run()
+        return [e for e in errs if "buffer" in e], dig
+    return wrapped
+
+
+def family_allreduce(rec: Recorder, rank: int, world: int, algo: str) -> None:
+    fam = f"allreduce_{algo}"
+    sizes = sorted({0, 1, max(world - 1, 0), world, world + 1, 1001, 20011})
+    k = 0
+    for dtype in DTYPES:
+        for op in OPS:
+            for n in sizes:
+                k += 1
+                c = container_for(dtype, k)
+                shape = (7, 143) if n == 1001 and k % 3 == 0 else (() if n == 1 and k % 4 == 0
+                                                                      else None)
+                rec.case(fam, f"{dtype}/{op}/n={n}/{c}/{shape}",
+                         allreduce_case(rank, world, dtype, op, algo, n, c, shape, salt=k))
+    # Both containers for one middle size, every dtype and op.
+    for dtype in DTYPES:
+        for op in OPS:
+            for c in ("numpy", "torch"):
+                if c == "numpy" and dtype == "bfloat16":
+                    continue
+                rec.case(fam, f"{dtype}/{op}/n=37/{c}",
+                         allreduce_case(rank, world, dtype, op, algo, 37, c, salt=5))
+    # Chunk boundaries at the 4 KiB segment: chunks of exactly one segment, and one more.
+    for n in (world * 1024, world * 1024 + 1, world * 1024 - 1):
+        rec.case(fam, f"float32/sum/segment-edge n={n}",
+                 allreduce_case(rank, world, "float32", "sum", algo, n, "numpy", salt=2))
+    for dtype in FLOATS:
+        for op in ("sum", "avg"):
+            c = container_for(dtype, len(op))
+            rec.case(fam, f"{dtype}/{op}/random",
+                     random_allreduce_case(rank, world, dtype, op, algo, 3001, c, salt=11))
+        for op in ("sum", "prod", "min", "max"):
+            n = 101
+            rec.case(fam, f"{dtype}/{op}/nan-inf",
+                     allreduce_case(rank, world, dtype, op, algo, n, container_for(dtype, 1),
+                                    inputs=special_float_inputs(dtype, op, world, n)))
+    # Arbitrary bit patterns: NaN payloads, infinities, subnormals, -0.0. min/max have an
+    # exact answer; for every op all ranks must end with the same bits (the parent compares
+    # digests), which needs a fixed combining order even where IEEE results are unordered.
+    for dtype in FLOATS:
+        for op in ("min", "max", "sum", "prod"):
+            n = 257
+            raw = [rand_bytes([41, r, len(op)], n * _ES[dtype]) for r in range(world)]
+            ins = [values(Buf(dtype, "torch", n, raw=b).view) for b in raw]
+            run = allreduce_case(rank, world, dtype, op, algo, n, "torch", inputs=ins)
+            if op in ("sum", "prod"):
+                run = _digest_only(run)
+            rec.case(fam, f"{dtype}/{op}/raw-bits", run)
+    for dtype in ("float16", "bfloat16"):
+        for op in ("sum", "avg"):
+            n = 64
+            rec.case(fam, f"{dtype}/{op}/rounded-once",
+                     allreduce_case(rank, world, dtype, op, algo, n, "torch",
+                                    inputs=once_rounded_inputs(dtype, world, n)))
+
+
+# ------------------------------------------------------------------ broadcast etc.
+
+
+def broadcast_case(rank: int, world: int, dtype: str, root: int, n: int, container: str,
+                   salt: int, shape: tuple | None = None):
+    def run():
+        es = _ES[dtype]
+        src = rand_bytes([salt, root, 1], n * es)  # raw bits: NaN payloads, -0.0, ...
+        mine = src if rank == root else rand_bytes([salt, rank, 2], n * es)
+        b = Buf(dtype, container, n, shape, raw=mine)
+        ret = rr.broadcast(b.view, src=root)
+        errs = [] if ret is None else [f"sync broadcast returned {ret!r}"]
+        got = raw_bytes(b.view)
+        if got != src.tobytes():
+            diff = next(j for j in range(len(got)) if got[j] != src[j])
+            errs.append(f"bytes differ from root {root}'s, first at byte {diff}")
+        return errs + b.guard_errors(), digest(b.view)
+    return run
+
+
+def family_broadcast(rec: Recorder, rank: int, world: int) -> None:
+    sizes = sorted({0, 1, max(world - 1, 0), 1001})
+    k = 0
+    for root in range(world):
+        for dtype in DTYPES:
+            for n in sizes:
+                k += 1
+                c = container_for(dtype, k)
+                shape = (7, 11, 13) if n == 1001 and k % 2 == 0 else None
+                rec.case("broadcast", f"root={root}/{dtype}/n={n}/{c}",
+                         broadcast_case(rank, world, dtype, root, n, c, k, shape))
+        # > 256 KiB: the pipelined chain (for world > 2), 4 KiB segments, odd length.
+        for dtype in ("float32", "int8"):
+            n = 270001 if dtype == "int8" else 70001
+            rec.case("broadcast", f"root={root}/{dtype}/chain n={n}",
+                     broadcast_case(rank, world, dtype, root, n, container_for(dtype, root),
+                                    900 + root))
+
+
+def allgather_case(rank: int, world: int, dtype: str, n: int, container: str, salt: int,
+                   give_out: bool, shape: tuple | None = None, alias: bool = False):
+    def run():
+        es = _ES[dtype]
+        ins = [rand_bytes([salt, r, 3], n * es) for r in range(world)]
+        want = np.concatenate(ins).tobytes()
+        xshape = shape if shape is not None else (n,)
+        errs: list[str] = []
+        if alias:  # x is this rank's slot of out
+            ob = Buf(dtype, container, n * world, (world,) + tuple(xshape), raw=np.concatenate(
+                [ins[rank] if r == rank else rand_bytes([salt, r, 4], n * es)
+                 for r in range(world)]))
+            x = ob.view[rank]
+            res = rr.allgather(x, out=ob.view)
+            xb = None
+        else:
+            xb = Buf(dtype, container, n, shape, raw=ins[rank])
+            ob = (Buf(dtype, container, n * world, (world,) + tuple(xshape),
+                      raw=rand_bytes([salt, rank, 5], n * world * es)) if give_out else None)
+            res = rr.allgather(xb.view, out=ob.view if ob else None)
+            if xb.guard_errors() or raw_bytes(xb.view) != ins[rank].tobytes():
+                errs.append("input was modified")
+        if ob is not None and res is not ob.view:
+            errs.append("did not return the out it was given")
+        if tuple(res.shape) != (world,) + tuple(xshape):
+            errs.append(f"out shape {tuple(res.shape)}, expected {(world,) + tuple(xshape)}")
+        if type(res) is not type(xb.view if xb else ob.view) or \
+                (isinstance(res, torch.Tensor) and res.dtype != tdtype(dtype)) or \
+                (isinstance(res, np.ndarray) and str(res.dtype) != dtype):
+            errs.append(f"out is {type(res).__name__} of {res.dtype}, expected {dtype}")
+        got = raw_bytes(res)
+        if got != want:
+            bad = [r for r in range(world) if got[r * n * es:(r + 1) * n * es] != ins[r].tobytes()]
+            errs.append(f"blocks of ranks {bad} are wrong")
+        if ob is not None:
+            errs += ob.guard_errors()
+        return errs, digest(res)
+    return run
+
+
+def family_allgather(rec: Recorder, rank: int, world: int) -> None:
+    k = 0
+    for dtype in DTYPES:
+        for n in sorted({0, 1, max(world - 1, 0), 1001, 5003}):
+            for give_out in (False, True):
+                k += 1
+                c = container_for(dtype, k)
+                rec.case("allgather", f"{dtype}/n={n}/{c}/out={give_out}",
+                         allgather_case(rank, world, dtype, n, c, k, give_out))
+    for c in ("numpy", "torch"):
+        rec.case("allgather", f"2d/{c}",
+                 allgather_case(rank, world, "float32", 6, c, 77, True, shape=(2, 3)))
+        rec.case("allgather", f"alias/{c}",
+                 allgather_case(rank, world, "int32", 9, c, 78, True, alias=True))
+        rec.case("allgather", f"0-d/{c}",
+                 allgather_case(rank, world, "float64", 1, c, 79, False, shape=()))
+
+
+def reduce_scatter_case(rank: int, world: int, dtype: str, op: str, k: int, container: str,
+                        salt: int, give_out: bool, two_d: bool = False):
+    def run():
+        total = world * k
+        ins = [pattern(dtype, op, r, total, salt) for r in range(world)]
+        exp = reduce_np(dtype, op, ins, world)[rank * k:(rank + 1) * k]
+        xshape = (world, k) if two_d else None
+        xb = Buf(dtype, container, total, xshape, vals=ins[rank])
+        before = raw_bytes(xb.view)
+        oshape = (1, k) if two_d else None
+        ob = Buf(dtype, container, k, oshape, raw=rand_bytes([salt, rank], k * _ES[dtype])) \
+            if give_out else None
+        res = rr.reduce_scatter(xb.view, out=ob.view if ob else None, op=op)
+        errs = []
+        if ob is not None and res is not ob.view:
+            errs.append("did not return the out it was given")
+        want_shape = (1, k) if two_d else (k,)
+        if tuple(res.shape) != want_shape:
+            errs.append(f"out shape {tuple(res.shape)}, expected {want_shape}")
+        errs += compare_exact(values(res).reshape(-1), exp, "block")
+        if raw_bytes(xb.view) != before:
+            errs.append("input was modified")
+        errs += xb.guard_errors() + (ob.guard_errors() if ob else [])
+        return errs, None  # blocks differ per rank by design
+    return run
+
+
+def family_reduce_scatter(rec: Recorder, rank: int, world: int) -> None:
+    j = 0
+    for dtype in DTYPES:
+        for op in OPS:
+            for k in (0, 1, 3, 1001, 2000):
+                j += 1
+                c = container_for(dtype, j)
+                rec.case("reduce_scatter", f"{dtype}/{op}/k={k}/{c}",
+                         reduce_scatter_case(rank, world, dtype, op, k, c, j, j % 3 == 0))
+    def in_place(dtype: str, op: str, k: int, c: str):
+        def run():  # out is this rank's own block of x (NCCL-style in-place)
+            ins = [pattern(dtype, op, r, world * k, 8) for r in range(world)]
+            exp = reduce_np(dtype, op, ins, world)[rank * k:(rank + 1) * k]
+            xb = Buf(dtype, c, world * k, vals=ins[rank])
+            out = xb.view[rank * k:(rank + 1) * k]
+            res = rr.reduce_scatter(xb.view, out=out, op=op)
+            return (compare_exact(values(res), exp, "in-place block") + xb.guard_errors()), None
+        return run
+
+    for dtype, op, k in (("float32", "sum", 1001), ("bfloat16", "avg", 300), ("int64", "min", 7)):
+        for c in ("numpy", "torch"):
+            if c == "numpy" and dtype == "bfloat16":
+                continue
+            rec.case("reduce_scatter", f"in-place/{dtype}/{op}/{c}", in_place(dtype, op, k, c))
+    for c in ("numpy", "torch"):
+        rec.case("reduce_scatter", f"2d/{c}",
+                 reduce_scatter_case(rank, world, "float32", "sum", 10, c, 5, False, True))
+        rec.case("reduce_scatter", f"2d-out/{c}",
+                 reduce_scatter_case(rank, world, "int64", "max", 10, c, 6, True, True))
+
+
+def coalesced_case(rank: int, world: int, dtype: str, op: str, algo: str, container: str,
+                   salt: int, async_op: bool = False):
+    shapes = [(3, 4), (0,), (1,), (1001,), (2, 3, 5), ()]
+
+    def run():
+        bufs, exps = [], []
+        for t, shp in enumerate(shapes):
+            n = int(np.prod(shp)) if shp else 1
+            ins = [pattern(dtype, op, r, n, salt + t) for r in range(world)]
+            exps.append(reduce_np(dtype, op, ins, world))
+            bufs.append(Buf(dtype, container, n, shp, vals=ins[rank]))
+        w = rr.allreduce_coalesced([b.view for b in bufs], op=op, algo=algo, async_op=async_op)
+        errs = []
+        if async_op:
+            if not isinstance(w, rr.Work):
+                return [f"async returned {type(w).__name__}, not Work"], None
+            if w.wait() is not True:
+                errs.append("wait() did not return True")
+        elif w is not None:
+            errs.append(f"sync call returned {w!r}")
+        for t, (b, e) in enumerate(zip(bufs, exps)):
+            if tuple(b.view.shape) != shapes[t]:
+                errs.append(f"tensor {t}: shape {tuple(b.view.shape)}")
+            errs += compare_exact(values(b.view).reshape(-1), e, f"tensor {t} {shapes[t]}")
+            errs += [f"tensor {t}: {m}" for m in b.guard_errors()]
+        dig = hashlib.sha256(b"".join(raw_bytes(b.view) for b in bufs)).hexdigest()[:32]
+        return errs, dig
+    return run
+
+
+def family_coalesced(rec: Recorder, rank: int, world: int) -> None:
+    j = 0
+    for dtype in ("float32", "bfloat16", "float16", "int32", "uint8", "float64"):
+        for op in ("sum", "avg", "max"):
+            for algo in ("ring", "tree", "auto"):
+                j += 1
+                c = container_for(dtype, j)
+                rec.case("coalesced", f"{dtype}/{op}/{algo}/{c}",
+                         coalesced_case(rank, world, dtype, op, algo, c, j * 10, j % 4 == 0))
+    rec.case("coalesced", "empty list", lambda: (
+        [] if rr.allreduce_coalesced([]) is None else ["empty list returned non-None"], None))
+
+
+# --------------------------------------------------------------------------- async
+
+
+def family_async(rec: Recorder, rank: int, world: int) -> None:
+    def queued():
+        errs: list[str] = []
+        n = 1001
+        i = np.arange(n)
+        # Order matters: sum then prod of the same buffer gives S**world, prod then sum not.
+        xs = [((i + r) % 3 + 1).astype(np.float64) for r in range(world)]
+        s = np.sum(xs, axis=0)
+        want_x = s ** world
+        x = Buf("float64", "numpy", n, vals=xs[rank])
+        y_root = world - 1
+        y_src = rand_bytes([7, y_root], 4 * 300)
+        y = Buf("int32", "torch", 300, raw=y_src if rank == y_root else rand_bytes([8, rank], 1200))
+        g_ins = [rand_bytes([9, r], 2 * 50) for r in range(world)]
+        g = Buf("float16", "torch", 50, raw=g_ins[rank])
+        rs_ins = [pattern("int64", "sum", r, world * 7, 4) for r in range(world)]
+        rs = Buf("int64", "numpy", world * 7, vals=rs_ins[rank])
+        cl = [Buf("bfloat16", "torch", m, vals=pattern("bfloat16", "max", rank, m, m))
+              for m in (5, 0, 17)]
+        cl_want = [reduce_np("bfloat16", "max", [pattern("bfloat16", "max", r, m, m)
+                                                 for r in range(world)], world)
+                   for m in (5, 0, 17)]
+        works = {
+            "allreduce-sum": rr.allreduce(x.view, op="sum", algo="ring", async_op=True),
+            "broadcast": rr.broadcast(y.view, src=y_root, async_op=True),
+            "allreduce-prod": rr.allreduce(x.view, op="prod", algo="tree", async_op=True),
+            "allgather": rr.allgather(g.view, async_op=True),
+            "barrier": rr.barrier(async_op=True),
+            "reduce_scatter": rr.reduce_scatter(rs.view, op="sum", async_op=True),
+            "coalesced": rr.allreduce_coalesced([b.view for b in cl], op="max", async_op=True),
+        }
+        for name, w in works.items():
+            if not isinstance(w, rr.Work):
+                errs.append(f"{name}: async_op=True returned {type(w).__name__}, not Work")
+        for name, w in reversed(list(works.items())):  # wait in reverse order
+            if w.wait() is not True:
+                errs.append(f"{name}: wait() returned False without a timeout")
+            if not w.is_completed():
+                errs.append(f"{name}: is_completed() False after wait()")
+        errs += compare_exact(values(x.view), want_x, "allreduce sum then prod (order!)")
+        if raw_bytes(y.view) != y_src.tobytes():
+            errs.append("broadcast result wrong")
+        ag = works["allgather"].result()
+        if tuple(ag.shape) != (world, 50) or raw_bytes(ag) != np.concatenate(g_ins).tobytes():
+            errs.append("allgather result() wrong")
+        rs_out = works["reduce_scatter"].result()
+        errs += compare_exact(values(rs_out), reduce_np("int64", "sum", rs_ins, world)
+                              [rank * 7:(rank + 1) * 7], "reduce_scatter result()")
+        for b, want in zip(cl, cl_want):
+            errs += compare_exact(values(b.view), want, "coalesced")
+        for b in (x, y, g, rs, *cl):
+            errs += b.guard_errors()
+        return errs, digest(x.view)
+
+    def many_then_sync():
+        # 20 queued async all-reduces, then a sync one: when it returns, all queued ones
+        # (submitted earlier) must have completed, in order.
+        errs = []
+        bufs = [Buf("int32", "numpy", 333, vals=pattern("int32", "sum", rank, 333, t))
+                for t in range(20)]
+        works = [rr.allreduce(b.view, op="sum", async_op=True) for b in bufs]
+        last = Buf("int32", "torch", 10, vals=pattern("int32", "max", rank, 10, 99))
+        rr.allreduce(last.view, op="max")
+        not_done = [t for t, w in enumerate(works) if not w.is_completed()]
+        if not_done:
+            errs.append(f"async works {not_done} not completed after a later sync collective")
+        for t, (b, w) in enumerate(zip(bufs, works)):
+            w.wait()
+            want = reduce_np("int32", "sum", [pattern("int32", "sum", r, 333, t)
+                                              for r in range(world)], world)
+            errs += compare_exact(values(b.view), want, f"work {t}")
+        errs += compare_exact(values(last.view), reduce_np(
+            "int32", "max", [pattern("int32", "max", r, 10, 99) for r in range(world)], world),
+            "sync after async")
+        return errs, None
+
+    def wait_timeout():
+        # The last rank joins 1 s late: a short wait(timeout) on the others returns False.
+        errs = []
+        late = world - 1
+        if rank == late:
+            time.sleep(1.0)
+        x = Buf("float32", "torch", 100, vals=pattern("float32", "sum", rank, 100, 1))
+        w = rr.allreduce(x.view, async_op=True)
+        if rank != late and world > 1:
+            if w.wait(timeout=0.05) is not False:
+                errs.append("wait(timeout=0.05) did not return False while a peer was late")
+            if w.is_completed():
+                errs.append("is_completed() True while a peer was late")
+        if w.wait() is not True:
+            errs.append("wait() did not return True")
+        if w.wait(timeout=0.01) is not True:
+            errs.append("a second wait() on a finished Work did not return True")
+        errs += compare_exact(values(x.view), reduce_np(
+            "float32", "sum", [pattern("float32", "sum", r, 100, 1) for r in range(world)],
+            world), "late allreduce")
+        return errs, digest(x.view)
+
+    rec.case("async", "queued mixed collectives", queued)
+    rec.case("async", "20 async then sync", many_then_sync)
+    rec.case("async", "wait timeout", wait_timeout)
+
+
+def family_barrier(rec: Recorder, rank: int, world: int) -> None:
+    stamps = []
+
+    def run():
+        for k in range(3):
+            time.sleep(0.1 * ((rank + k) % world))  # a different rank arrives last each time
+            t_in = time.time()
+            if k == 1:
+                w = rr.barrier(async_op=True)
+                w.wait()
+            else:
+                rr.barrier()
+            stamps.append((t_in, time.time()))
+        return [], None
+
+    rec.case("barrier", "staggered", run)
+    rec.extra["barrier_stamps"] = stamps
+
+
+def family_basics(rec: Recorder, rank: int, world: int) -> None:
+    def run():
+        errs = []
+        if rr.get_rank() != rank or rr.get_world_size() != world or not rr.is_initialized():
+            errs.append(f"get_rank/get_world_size/is_initialized: {rr.get_rank()} "
+                        f"{rr.get_world_size()} {rr.is_initialized()}")
+        try:
+            rr.init()
+            errs.append("a second init() did not raise")
+        except RuntimeError as e:
+            if "destroy" not in str(e):
+                errs.append(f"second init(): unhelpful message {e}")
+        return errs, None
+    rec.case("basics", "rank/world/init twice", run)
+
+
+def family_large(rec: Recorder, rank: int, world: int) -> None:
+    """Messages of several MiB with algo="auto": over shared memory they take the chunked,
+    pipelined path through more chunks than it has slots (512 KiB chunks, 4 slots), with
+    odd tails; over TCP thousands of 4 KiB segments."""
+    for dtype, op, n in (("float32", "sum", 1_000_003), ("bfloat16", "avg", 700_001),
+                         ("int8", "max", 3_000_017), ("float64", "prod", 400_009)):
+        rec.case("large", f"allreduce {dtype}/{op}/n={n}",
+                 allreduce_case(rank, world, dtype, op, "auto", n, container_for(dtype, n),
+                                salt=n % 97))
+    rec.case("large", "broadcast 3 MB", broadcast_case(rank, world, "uint8", world - 1,
+                                                       3_000_001, "numpy", 31))
+
+
+FAMILIES: dict[str, Callable[[Recorder, int, int], None]] = {
+    "basics": family_basics,
+    "allreduce_ring": lambda rec, r, w: family_allreduce(rec, r, w, "ring"),
+    "allreduce_tree": lambda rec, r, w: family_allreduce(rec, r, w, "tree"),
+    "allreduce_auto": lambda rec, r, w: family_allreduce(rec, r, w, "auto"),
+    "broadcast": family_broadcast,
+    "allgather": family_allgather,
+    "reduce_scatter": family_reduce_scatter,
+    "coalesced": family_coalesced,
+    "async": family_async,
+    "barrier": family_barrier,
+    "large": family_large,
+}
+
+
+def matrix(rank: int, world: int, families: list[str]) -> dict:
+    """Run the named families (see FAMILIES) in order; return the Recorder's findings."""
+    rec = Recorder()
+    t0 = time.time()
+    timings = {}
+    for fam in families:
+        t = time.time()
+        FAMILIES[fam](rec, rank, world)
+        timings[fam] = round(time.time() - t, 3)
+    rec.extra["timings"] = timings
+    rec.extra["total_s"] = round(time.time() - t0, 3)
+    return rec.result()
+
+
+def big_allreduce(rank: int, world: int, container: str, algo: str) -> dict:
+    """16 MiB float32 ring sum with the default 512 KiB segments; integer-valued inputs so
+    the answer is exact."""
+    n = 4 * 1024 * 1024
+    i = np.arange(n, dtype=np.int64)
+    x = ((i % 1000) + 3 * rank).astype(np.float32)
+    want = (world * (i % 1000) + 3 * world * (world - 1) // 2).astype(np.float32)
+    buf = torch.from_numpy(x) if container == "torch" else x
+    t = time.time()
+    rr.allreduce(buf, op="sum", algo=algo)
+    el = time.time() - t
+    got = values(buf)
+    errs = compare_exact(got, want, f"16 MiB {algo} sum")
+    return {"errs": errs, "digest": digest(buf), "seconds": el}
+
+
+# =================================================================== error paths
+# Workers for tests/test_errors.py. They catch the errors they provoke and return what
+# they saw (type, message, timing) so the parent can assert on every rank's story.
+
+
+def _exc_info(e: BaseException, t0: float) -> dict:
+    return {"type": type(e).__name__, "msg": str(e), "elapsed": time.time() - t0,
+            "is_rr": isinstance(e, rr.RingReduceError), "is_timeout": isinstance(e, TimeoutError),
+            "peer_rank": getattr(e, "peer_rank", None)}
+
+
+def _expect_raise(fn: Callable[[], Any], exc: type, pattern: str, what: str) -> list[str]:
+    try:
+        fn()
+    except exc as e:
+        if not re.search(pattern, str(e), re.IGNORECASE):
+            return [f"{what}: {type(e).__name__} message {str(e)!r} does not match {pattern!r}"]
+        return []
+    except Exception as e:  # noqa: BLE001
+        return [f"{what}: raised {type(e).__name__}: {e}, expected {exc.__name__}"]
+    return [f"{what}: did not raise (expected {exc.__name__} matching {pattern!r})"]
+
+
+def bad_inputs(rank: int, world: int) -> list[str]:
+    """Only the last rank makes the bad calls: if any of them consumed a sequence number or
+    moved a byte, the correct collectives afterwards would mismatch or hang."""
+    errs: list[str] = []
+    if rank == world - 1:
+        ro = np.arange(6, dtype=np.float32)
+        ro.flags.writeable = False
+        leaf = torch.ones(3, requires_grad=True)
+        sparse = torch.eye(3).to_sparse()
+        x = np.arange(8, dtype=np.float32)
+        x_before = x.copy()
+        n = 4
+        cases: list[tuple[str, Callable[[], Any], type, str]] = [
+            ("non-contiguous tensor", lambda: rr.allreduce(torch.ones(4, 4).t()), ValueError,
+             r"not contiguous.*contiguous\(\)"),
+            ("strided tensor", lambda: rr.broadcast(torch.ones(10)[::2]), ValueError,
+             "not contiguous"),
+            ("non-contiguous array", lambda: rr.allreduce(np.ones((4, 4)).T), ValueError,
+             "not C-contiguous.*ascontiguousarray"),
+            ("complex tensor", lambda: rr.allreduce(torch.ones(3, dtype=torch.complex64)),
+             ValueError, r"complex64 is not supported.*float32"),
+            ("complex array", lambda: rr.allreduce(np.ones(3, np.complex128)), ValueError,
+             "complex128 is not supported"),
+            ("bool tensor", lambda: rr.allreduce(torch.ones(3, dtype=torch.bool)), ValueError,
+             "bool is not supported"),
+            ("bool array", lambda: rr.broadcast(np.ones(3, bool)), ValueError, "not supported"),
+            ("int16 tensor", lambda: rr.allreduce(torch.ones(3, dtype=torch.int16)), ValueError,
+             "int16 is not supported"),
+            ("uint32 array", lambda: rr.allreduce(np.ones(3, np.uint32)), ValueError,
+             "uint32 is not supported"),
+            ("read-only array", lambda: rr.allreduce(ro), ValueError, "read-only"),
+            ("read-only broadcast", lambda: rr.broadcast(ro), ValueError, "read-only"),
+            ("meta-device tensor", lambda: rr.allreduce(torch.empty(3, device="meta")),
+             ValueError, r"meta.*\.cpu\(\)"),
+            ("sparse tensor", lambda: rr.allreduce(sparse), ValueError, "sparse.*to_dense"),
+            ("leaf requiring grad", lambda: rr.allreduce(leaf), ValueError,
+             "requires grad.*detach"),
+            ("list", lambda: rr.allreduce([1.0, 2.0]), TypeError,
+             "expected a torch.Tensor or numpy.ndarray, got list"),
+            ("python float", lambda: rr.broadcast(1.0), TypeError, "got float"),
+            ("bad op", lambda: rr.allreduce(x, op="mean"), ValueError,
+             "unsupported reduce op 'mean'.*sum, avg, prod, min, max"),
+            ("op None", lambda: rr.allreduce(x, op=None), ValueError, "unsupported reduce op"),
+            ("bad algo", lambda: rr.allreduce(x, algo="star"), ValueError,
+             "unknown algo 'star'.*auto, ring, tree"),
+            ("bad algo coalesced", lambda: rr.allreduce_coalesced([x], algo="x"), ValueError,
+             "unknown algo"),
+            ("bad op reduce_scatter", lambda: rr.reduce_scatter(np.ones(world * 2), op="mean"),
+             ValueError, "unsupported reduce op"),
+            ("broadcast src=world", lambda: rr.broadcast(x, src=world), ValueError,
+             rf"src={world}.*world size {world}"),
+            ("broadcast src=-1", lambda: rr.broadcast(x, src=-1), ValueError, "src=-1"),
+            ("allgather out too big",
+             lambda: rr.allgather(np.ones(n, np.float32), out=np.empty(world * n + 1, np.float32)),
+             ValueError, rf"out must hold.*{world * n}.*got {world * n + 1}"),
+            ("allgather out too small",
+             lambda: rr.allgather(torch.ones(n), out=torch.empty(world * n - 1)),
+             ValueError, "out must hold"),
+            ("allgather out dtype",
+             lambda: rr.allgather(np.ones(n, np.float32), out=np.empty(world * n, np.float64)),
+             ValueError, "out must hold.*float32.*float64"),
+            ("allgather out non-contiguous",
+             lambda: rr.allgather(torch.ones(2), out=torch.empty(world * 2, 2)[:, 0]), ValueError,
+             r"allgather\(out\).*not contiguous"),
+            ("allgather out read-only",
+             lambda: rr.allgather(np.ones(1, np.float32),
+                                  out=np.broadcast_to(np.float32(0), (world,))), ValueError,
+             "allgather\\(out\\)"),
+            ("reduce_scatter out size",
+             lambda: rr.reduce_scatter(np.ones(world * 3), out=np.empty(4)), ValueError,
+             "out must hold 3 elements"),
+            ("reduce_scatter out dtype",
+             lambda: rr.reduce_scatter(torch.ones(world * 3), out=torch.empty(3, dtype=torch.int32)),
+             ValueError, "out must hold 3 elements of float32"),
+            ("coalesced mixed dtypes",
+             lambda: rr.allreduce_coalesced([torch.ones(2), torch.ones(2, dtype=torch.float64)]),
+             ValueError, "one dtype.*group them by dtype"),
+            ("coalesced bad member",
+             lambda: rr.allreduce_coalesced([torch.ones(2), torch.ones(3, 3).t()]), ValueError,
+             r"xs\[1\].*not contiguous"),
+        ]
+        if world > 1:
+            cases.append(("reduce_scatter count not a multiple",
+                          lambda: rr.reduce_scatter(np.ones(world * 3 + 1)), ValueError,
+                          (rf"{world * 3 + 1} elements, not a multiple of world_size {world}.*pad "
+                          rf"it to {world * 4}")))
+        for what, fn, exc, pat in cases:
+            errs += _expect_raise(fn, exc, pat, what)
+        if not np.array_equal(x, x_before):
+            errs.append("a rejected call modified its input")
+    # The communicator is still usable, and in step on every rank.
+    for t, dt in enumerate(("float32", "int64")):
+        ins = [pattern(dt, "sum", r, 1001, t) for r in range(world)]
+        b = Buf(dt, "torch", 1001, vals=ins[rank])
+        rr.allreduce(b.view)
+        errs += compare_exact(values(b.view), reduce_np(dt, "sum", ins, world),
+                              f"allreduce after rejected calls ({dt})")
+    # A read-only input is fine where the collective only reads it.
+    ro_in = np.full(3, rank, dtype=np.int32)
+    ro_in.flags.writeable = False
+    got = rr.allgather(ro_in)
+    errs += compare_exact(got, np.repeat(np.arange(world, dtype=np.int32), 3).reshape(world, 3),
+                          "allgather of a read-only array")
+    # torch.distributed.ReduceOp values are accepted too.
+    import torch.distributed as dist
+
+    for op, name in ((dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.AVG, "avg"),
+                     (dist.ReduceOp.PRODUCT, "prod"), (dist.ReduceOp.MIN, "min"),
+                     (dist.ReduceOp.MAX, "max")):
+        ins = [pattern("int32", name, r, 17, 1) for r in range(world)]
+        v = ins[rank].copy()
+        rr.allreduce(v, op=op)
+        errs += compare_exact(v, reduce_np("int32", name, ins, world), f"op={op}")
+    return errs
+
+
+def peer_kill(rank: int, world: int, algo: str, stamp_file: str) -> dict:
+    """Rank 1 SIGKILLs itself while an all-reduce is on the wire; the others loop over
+    all-reduces and report what they raised, when, and what a later call says."""
+    import signal
+
+    n = (1 << 20) if algo == "ring" else (1 << 16)
+    x = np.ones(n, dtype=np.float32)
+    t_end = time.time() + 30
+    it = 0
+    while time.time() < t_end:
+        it += 1
+        x.fill(1.0)
+        if rank == 1 and it == 4:
+            w = rr.allreduce(x, algo=algo, async_op=True)
+            time.sleep(0.002)
+            with open(stamp_file, "w") as f:
+                f.write(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+            w.wait()  # not reached
+        t0 = time.time()
+        try:
+            rr.allreduce(x, algo=algo)
+        except Exception as e:  # noqa: BLE001
+            info = _exc_info(e, t0)
+            info["t_err"] = time.time()
+            info["iterations"] = it
+            try:
+                rr.allreduce(x, algo=algo)
+                info["after"] = None
+            except Exception as e2:  # noqa: BLE001
+                info["after"] = f"{type(e2).__name__}: {e2}"
+            t = time.time()
+            rr.destroy()
+            info["destroy_s"] = time.time() - t
+            return info
+        if x[0] != world:
+            return {"type": None, "msg": f"wrong sum {x[0]} at iteration {it}"}
+    return {"type": None, "msg": f"no error after {it} iterations"}
+
+
+MISMATCHES: dict[str, tuple[str, Callable[[int, bool], Any]]] = {
+    # name: (phrase the error must contain, call(rank, odd_one_out))
+    "count": ("count mismatch", lambda r, odd: rr.allreduce(np.ones(101 if odd else 100))),
+    "dtype": ("dtype mismatch",
+              lambda r, odd: rr.allreduce(np.ones(64, np.int32 if odd else np.float32))),
+    "dtype-width": ("dtype mismatch",
+                    lambda r, odd: rr.allreduce(np.ones(64, np.int64 if odd else np.float64))),
+    "op": ("op mismatch", lambda r, odd: rr.allreduce(np.ones(64), op="max" if odd else "sum")),
+    "algo": ("algorithm mismatch",
+             lambda r, odd: rr.allreduce(np.ones(1000), algo="tree" if odd else "ring")),
+    "kind": ("collective mismatch",
+             lambda r, odd: rr.broadcast(np.ones(64)) if odd else rr.allreduce(np.ones(64))),
+    "barrier-vs-allreduce": ("collective mismatch",
+                             lambda r, odd: rr.barrier() if odd else rr.allreduce(np.ones(8))),
+    "broadcast-count": ("count mismatch",
+                        lambda r, odd: rr.broadcast(np.ones(33 if odd else 32), src=0)),
+    "allgather-count": ("count mismatch",
+                        lambda r, odd: rr.allgather(np.ones(5 if odd else 4))),
+    "reduce_scatter-count": ("count mismatch", lambda r, odd: rr.reduce_scatter(
+        np.ones(rr.get_world_size() * (3 if odd else 2)))),
+    "reduce_scatter-op": ("op mismatch", lambda r, odd: rr.reduce_scatter(
+        np.ones(rr.get_world_size() * 4), op="min" if odd else "max")),
+    "broadcast-root": ("root mismatch",
+                       lambda r, odd: rr.broadcast(np.full(64, float(r)), src=1 if odd else 0)),
+}
+
+
+_SYNC_STORE: list = []
+
+
+def store_barrier(rank: int, world: int, tag: str) -> None:
+    """Out-of-band barrier through the job's TCPStore, for tests that must keep ranks in
+    step without the library (which may be failing on purpose)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    if not _SYNC_STORE:
+        _SYNC_STORE.append(dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                         is_master=False, timeout=timedelta(seconds=60),
+                                         wait_for_workers=False))
+    store = _SYNC_STORE[0]
+    store.set(f"tests/{tag}/{rank}", "1")
+    store.wait([f"tests/{tag}/{r}" for r in range(world)])
+
+
+def mismatch(rank: int, world: int, names: list[str]) -> list[dict]:
+    """For each scenario the last rank disagrees with the others. Each scenario runs on a
+    fresh communicator (destroy + init again) after a correct all-reduce proves it works;
+    ranks line up through the store before each scenario (otherwise fast ranks may reach
+    the mismatch, and abort, while a slow one is still finishing the correct all-reduce)."""
+    out = []
+    for k, name in enumerate(names):
+        phrase, call = MISMATCHES[name]
+        if k > 0:
+            rr.init(timeout=10)
+        res: dict[str, Any] = {"name": name, "phrase": phrase}
+        try:
+            v = np.full(10, float(rank))
+            rr.allreduce(v)
+            res["fresh_comm_ok"] = bool(np.all(v == world * (world - 1) / 2))
+        except Exception as e:  # noqa: BLE001
+            res["fresh_comm_ok"] = f"{type(e).__name__}: {e}"
+        store_barrier(rank, world, f"mismatch-{k}")
+        t0 = time.time()
+        try:
+            call(rank, rank == world - 1)
+            res.update({"type": None, "msg": "no error", "elapsed": time.time() - t0})
+        except Exception as e:  # noqa: BLE001
+            res.update(_exc_info(e, t0))
+        # The collective after a mismatch must not silently succeed either.
+        try:
+            rr.allreduce(np.ones(4))
+            res["after"] = None
+        except Exception as e:  # noqa: BLE001
+            res["after"] = f"{type(e).__name__}: {e}"
+        out.append(res)
+        rr.destroy()
+        if k + 1 < len(names):  # (rank 0 hosts the store: no store call after the last)
+            store_barrier(rank, world, f"mismatch-{k}-destroyed")
+    return out
+
+
+def collective_timeout(rank: int, world: int, async_op: bool) -> dict:
+    """init(timeout=2); the last rank sleeps 4 s before its all-reduce. Then every rank
+    destroys and initialises again in the same process, and a correct all-reduce follows."""
+    rr.init(timeout=2)
+    late = world - 1
+    res: dict[str, Any] = {}
+    x = np.ones(1000, dtype=np.float32)
+    if rank == late:
+        time.sleep(4)
+    t0 = time.time()
+    try:
+        w = rr.allreduce(x, algo="ring", async_op=async_op)
+        if async_op:
+            res["queued_s"] = time.time() - t0
+            w.wait()
+        res["first"] = {"type": None}
+    except Exception as e:  # noqa: BLE001
+        res["first"] = _exc_info(e, t0)
+    try:
+        rr.barrier()
+        res["after"] = None
+    except Exception as e:  # noqa: BLE001
+        res["after"] = f"{type(e).__name__}: {e}"
+    t = time.time()
+    rr.destroy()
+    res["destroy_s"] = time.time() - t
+    res["initialized_after_destroy"] = rr.is_initialized()
+    rr.init(timeout=20)
+    v = np.full(5, rank + 1, dtype=np.int64)
+    rr.allreduce(v)
+    res["reinit_sum"] = v.tolist()
+    rr.barrier()
+    rr.destroy()
+    return res
+
+
+def init_only(rank: int, world: int) -> dict:
+    """init() and report how it went (for wrong-secret tests)."""
+    t0 = time.time()
+    try:
+        rr.init()
+    except Exception as e:  # noqa: BLE001
+        return _exc_info(e, t0)
+    try:
+        x = np.ones(4)
+        rr.allreduce(x)
+        return {"type": None, "elapsed": time.time() - t0, "sum": x.tolist()}
+    finally:
+        rr.destroy()
+
+
+_HELLO = struct.Struct("<IIii16s")
+_AUTH = struct.Struct("<IIiiii16s32s")
+_ACK = struct.Struct("<II32s")
+_MAGIC = 0x31485252
+
+
+def _recv_all(s: socket.socket, n: int | None = None) -> bytes:
+    buf = b""
+    while n is None or len(buf) < n:
+        try:
+            chunk = s.recv(65536 if n is None else n - len(buf))
+        except (ConnectionResetError, socket.timeout):
+            break
+        if not chunk:
+            break
+        buf += chunk
+    return buf
+
+
+def strangers(rank: int, world: int) -> dict:
+    """Before rank 1's init, four strangers connect to rank 0's listener (address read from
+    the store): a wrong-secret handshake, garbage, an immediate close, and a silent one.
+    Rank 0 must refuse them all and still accept the real rank 1."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    seen: dict[str, Any] = {}
+    threads = []
+    if rank == 1:
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                              is_master=False, timeout=timedelta(seconds=30),
+                              wait_for_workers=False)
+        key = "ringreduce/1/addr/0"
+        store.wait([key])
+        host, port = store.get(key).decode().rsplit(":", 1)
+        socks = {k: socket.create_connection((host.strip("[]"), int(port)), timeout=30)
+                 for k in ("bad_mac", "garbage", "closer", "silent")}
+        socks["closer"].close()
+
+        def bad_mac(s: socket.socket) -> None:
+            hello = _HELLO.unpack(_recv_all(s, _HELLO.size))
+            seen["hello"] = [hello[0], hello[1], hello[2], hello[3]]
+            s.sendall(_AUTH.pack(_MAGIC, 1, 1, world, 0, 0, os.urandom(16), os.urandom(32)))
+            ack = _recv_all(s, _ACK.size)
+            seen["bad_mac_ack"] = list(_ACK.unpack(ack)[:2]) if len(ack) == _ACK.size else None
+
+        def garbage(s: socket.socket) -> None:
+            s.sendall(b"GET / HTTP/1.0\r\n\r\n" + b"\x00" * 100)
+            data = _recv_all(s)
+            seen["garbage_ack"] = (list(_ACK.unpack(data[-_ACK.size:])[:2])
+                                   if len(data) == _HELLO.size + _ACK.size else len(data))
+
+        for fn, k in ((bad_mac, "bad_mac"), (garbage, "garbage")):
+            th = threading.Thread(target=fn, args=(socks[k],), daemon=True)
+            th.start()
+            threads.append(th)
+    t0 = time.time()
+    rr.init()
+    seen["init_s"] = time.time() - t0
+    x = np.full(3, rank + 1.0)
+    rr.allreduce(x)
+    seen["sum"] = x.tolist()
+    for th in threads:
+        th.join(10)
+    if rank == 1:
+        socks["silent"].close()
+    return seen
+
+
+def stuck_rank_named(rank: int, world: int) -> dict:
+    """init(timeout=2). The last rank sleeps 4 s before its all-reduce; rank 0 joins 0.5 s
+    after the others, so rank 1's deadline (waiting for rank 0, itself waiting for the last
+    rank) fires first. Returns what each rank raised."""
+    rr.init(timeout=2)
+    if rank == world - 1:
+        time.sleep(4)
+    elif rank == 0:
+        time.sleep(0.5)
+    t0 = time.time()
+    try:
+        rr.allreduce(np.ones(1000, dtype=np.float32), algo="ring")
+        return {"type": None}
+    except Exception as e:  # noqa: BLE001
+        return _exc_info(e, t0)
+    finally:
+        rr.destroy()
+
+
+def hang(rank: int, world: int, seconds: float) -> None:
+    """The last rank sleeps (for tests of the spawn helper's hard timeout)."""
+    if rank == world - 1:
+        time.sleep(seconds)
+
+
+def fail_on(rank: int, world: int, bad_rank: int) -> int:
+    """Raises on `bad_rank` (for tests of the spawn helper's error reporting)."""
+    if rank == bad_rank:
+        raise ValueError(f"deliberate failure on rank {rank}")
+    return rank * 10
+
+
+def fire_and_forget(rank: int, world: int, n: int) -> list[bool]:
+    """Async all-reduces whose Work handle (and buffer) the caller drops at once, as with
+    torch.distributed, where the Work keeps its tensors alive until the collective is done.
+    Then fresh arrays are allocated; they must stay intact and the process must survive."""
+    import gc
+
+    intact = []
+    for _ in range(5):
+        rr.allreduce(np.ones(n, dtype=np.float32), async_op=True)  # handle dropped here
+        gc.collect()
+        fresh = [np.full(n, 7.0, dtype=np.float32) for _ in range(4)]
+        rr.barrier()
+        intact.append(all(bool((f == 7.0).all()) for f in fresh))
+    return intact
+
+
+def destroy_with_pending(rank: int, world: int) -> dict:
+    """destroy() while async collectives are queued: it returns promptly and every pending
+    Work fails with a RingReduceError (none hangs); afterwards the API says to init."""
+    xs = [np.ones(200_000, dtype=np.float32) for _ in range(6)]
+    works = [rr.allreduce(x, async_op=True) for x in xs]
+    t = time.time()
+    rr.destroy()
+    res: dict[str, Any] = {"destroy_s": time.time() - t, "works": []}
+    for w in works:
+        t = time.time()
+        try:
+            done = w.wait(timeout=10)
+            res["works"].append({"type": None, "done": done})
+        except Exception as e:  # noqa: BLE001
+            res["works"].append(_exc_info(e, t))
+    try:
+        rr.allreduce(np.ones(3))
+        res["after"] = None
+    except Exception as e:  # noqa: BLE001
+        res["after"] = f"{type(e).__name__}: {e}"
+    return res
