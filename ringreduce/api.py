@@ -8,6 +8,7 @@ done and return None. Every rank must call the same collectives in the same orde
 from __future__ import annotations
 
 import atexit
+import collections
 import logging
 from typing import Any, Optional, Sequence
 
@@ -17,6 +18,18 @@ from ._buffers import algo_code, as_buffer, op_code
 log = logging.getLogger("ringreduce")
 
 _LEVELS = {"": 1, "WARN": 1, "INFO": 2, "DEBUG": 3, "TRACE": 4}
+
+
+# Buffers of queued/running async collectives, oldest first. The C++ core only holds raw
+# pointers, so these references keep the memory alive even if the caller drops its Work
+# handle; entries go once their collective completed (the executor runs in order).
+_INFLIGHT: "collections.deque" = collections.deque()
+
+
+def _track(cwork: Any, keep: tuple) -> None:
+    while _INFLIGHT and _INFLIGHT[0][0].is_completed():
+        _INFLIGHT.popleft()
+    _INFLIGHT.append((cwork, keep))
 
 
 class Work:
@@ -32,6 +45,8 @@ class Work:
         self._after = after
         self._result = result
         self._finished = cwork is None
+        if cwork is not None:
+            _track(cwork, keep)
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Block until done (or `timeout` seconds); raise if the collective failed.
@@ -217,6 +232,7 @@ def destroy() -> None:
     _state._DEFAULT[0] = None
     if g is None:
         return
+    # destroy() fails whatever is still queued; the buffers stay referenced until then.
     pattern = _env.tunables().trace
     if pattern:
         from . import _trace
@@ -228,6 +244,7 @@ def destroy() -> None:
             log.warning("rank %d: could not write trace %s: %s", g.rank, pattern, e)
     if g.comm is not None:
         g.comm.destroy()
+    _INFLIGHT.clear()  # the executor has stopped: nothing can touch those buffers now
 
 
 @atexit.register

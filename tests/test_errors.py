@@ -150,18 +150,11 @@ def test_mismatched_collectives_are_detected(world: int, transport: str) -> None
     _check_mismatch(outs, world)
 
 
-_NO_FRAME_REASON = (
-    "over TCP a rank that receives a frame from a peer it is not currently reading from "
-    "assumes it belongs to a later collective (TcpConnection::checkIdle only looks for abort "
-    "frames; Communicator::waitIo then stops watching that peer), so when the disagreeing "
-    "ranks wait on each other the mismatch is not detected and every rank times out after "
-    "RINGREDUCE_TIMEOUT (default 600 s) instead")
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("transport,world", [
-    ("tcp", 2), ("shm", 2), ("shm", 3),
-    pytest.param("tcp", 3, marks=pytest.mark.xfail(strict=True, reason=_NO_FRAME_REASON)),
+    ("tcp", 2), ("shm", 2), ("shm", 3), ("tcp", 3),
 ])
 def test_mismatched_kinds_are_detected(world: int, transport: str) -> None:
     """The last rank broadcasts while the others all-reduce (world 3: the tree all-reduce
@@ -172,15 +165,13 @@ def test_mismatched_kinds_are_detected(world: int, transport: str) -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("transport", [
-    pytest.param("tcp", marks=pytest.mark.xfail(strict=True, reason=(
-        "TCP binomial broadcast: ranks that believe they are the root only send, and only "
-        "receivers check frame headers, so disagreeing roots are not detected: world 2 "
-        "returns silently with each rank keeping its own data; world 3 succeeds on two "
-        "ranks and the third times out (csrc/collectives/broadcast.cc, binomial())"))),
-    "shm",
+@pytest.mark.parametrize("transport,world", [
+    pytest.param("tcp", 2, marks=pytest.mark.xfail(strict=True, reason=(
+        "known limitation: when every rank believes it is the root of a TCP broadcast, all "
+        "of them only send and none reads a header in that call; the mismatch surfaces at "
+        "the next collective (seq check) instead"))),
+    ("tcp", 3), ("shm", 2), ("shm", 3),
 ])
-@pytest.mark.parametrize("world", [2, 3])
 def test_mismatched_broadcast_roots_are_detected(world: int, transport: str) -> None:
     outs = run_world_raw(world, workers.mismatch, ["broadcast-root"], timeout=40,
                          env=_env(transport, RINGREDUCE_TIMEOUT="4"))
@@ -233,12 +224,6 @@ def _staggered(transport: str) -> list[dict]:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, reason=(
-    "a timeout names only the rank this rank waited on directly: rank 1 (waiting on rank 0) "
-    "times out first and its abort reaches rank 0 before rank 0's own deadline, so neither "
-    "message names rank 2, the one that never arrived (Communicator::timeout in "
-    "csrc/comm/communicator.cc reports the direct peer only, not which rank has not entered "
-    "the collective although heartbeats carry every peer's sequence number)"))
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_timeout_names_the_rank_that_never_arrived(transport: str) -> None:
     res = _staggered(transport)
@@ -249,12 +234,6 @@ def test_timeout_names_the_rank_that_never_arrived(transport: str) -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, reason=(
-    "when the late rank finally sends, its peers have aborted and closed their sockets: "
-    "TcpConnection::progressSend turns EPIPE/ECONNRESET into 'closed the connection ... "
-    "the peer process probably exited or crashed' (failClosed) without reading the abort "
-    "frame the peer sent before closing, which says it timed out "
-    "(csrc/transport/tcp/tcp_connection.cc)"))
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_late_rank_learns_why_its_peers_gave_up(transport: str) -> None:
     res = _staggered(transport)
@@ -385,12 +364,6 @@ def test_destroy_with_pending_async_work(transport: str) -> None:
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.xfail(strict=True, reason=(
-    "use after free: the buffers of an async collective are kept alive only by the Python "
-    "Work object (ringreduce/api.py, Work._keep); when the caller drops the handle the "
-    "array is freed while the executor thread still reads/writes it through the raw pointer "
-    "captured in csrc/bindings/module.cc -- observed: SIGSEGV, 'failed while sending: Bad "
-    "address' (EFAULT), or corrupted later allocations"))
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_async_buffers_outlive_a_dropped_handle(transport: str) -> None:
     res = run_world(2, workers.fire_and_forget, 300_000, timeout=40, env=_env(transport))

@@ -188,8 +188,17 @@ PYBIND11_MODULE(_C, m) {
     std::string s = b;
     return crc32c(s.data(), s.size());
   });
-  m.def("chunk_offset", &chunking::chunkOffset);
-  m.def("chunk_len", &chunking::chunkLen);
+  auto checkParts = [](int parts, int i) {
+    if (parts < 1 || i < 0 || i >= parts) throw InvalidArgument("need parts >= 1 and 0 <= i < parts");
+  };
+  m.def("chunk_offset", [checkParts](size_t count, int parts, int i) {
+    checkParts(parts, i);
+    return chunking::chunkOffset(count, parts, i);
+  });
+  m.def("chunk_len", [checkParts](size_t count, int parts, int i) {
+    checkParts(parts, i);
+    return chunking::chunkLen(count, parts, i);
+  });
   m.def("choose_allreduce", [](int world, size_t bytes, const py::dict& opts) {
     return static_cast<int>(collectives::chooseAllreduce(optionsFromDict(opts), world, bytes));
   });

@@ -61,6 +61,7 @@ FrameHeader Communicator::begin(CollectiveKind kind, DataType dtype, ReduceOp op
   h.count = count;
   curKind_ = kind;
   curAlgo_ = algo;
+  curHeader_ = h;
   bytesTotal_ = bytesTotal;
   bytesDone_ = 0;
   std::fill(early_.begin(), early_.end(), 0);
@@ -86,6 +87,20 @@ FrameHeader Communicator::begin(CollectiveKind kind, DataType dtype, ReduceOp op
 void Communicator::setHeartbeat(std::unique_ptr<transport::Heartbeat> hb) {
   hb_ = std::move(hb);
   hbSinceMs_ = steadyMs();
+}
+
+std::string Communicator::behindSummary() {
+  if (!hb_) return "";
+  std::string behind;
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_) continue;
+    transport::PeerStatus s = hb_->status(p);
+    if (s.ageMs >= 0 && (s.seq < seq_ || (s.seq == seq_ && s.kind == 0)))
+      behind += detail::concat(behind.empty() ? "" : ", ", "rank ", p, s.kind ? " (at " : " (idle after ",
+                               s.kind ? toString(static_cast<CollectiveKind>(s.kind)) : "collective",
+                               " #", s.seq, ")");
+  }
+  return behind.empty() ? "" : "; by their heartbeats, ranks not in this collective yet: " + behind;
 }
 
 void Communicator::reportStall(int64_t waitedMs) {
@@ -116,6 +131,19 @@ void Communicator::checkHeartbeats(int waitingFor) {
       now - beganMs_ > static_cast<int64_t>(opts_.stallWarnSec * 1000)) {
     stallReported_ = true;
     reportStall(now - beganMs_);
+  }
+  // A peer whose heartbeat shows it in this very collective number but a different
+  // collective has issued the collectives in another order: no data need ever cross for
+  // that (both may wait to receive), so this is the only way to see it before the timeout.
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_ || gone_[static_cast<size_t>(p)]) continue;
+    transport::PeerStatus s = hb_->status(p);
+    if (s.ageMs >= 0 && s.seq == seq_ && s.kind != 0 && s.kind != static_cast<uint8_t>(curKind_))
+      throw MismatchError(detail::concat(
+          "collective mismatch: rank ", p, " (", conn(p).peerHost(), ") is in ",
+          toString(static_cast<CollectiveKind>(s.kind)), " #", s.seq, " while rank ", rank_,
+          " is in ", toString(curKind_), " #", seq_,
+          " (every rank must issue the same collectives in the same order)"));
   }
   if (opts_.heartbeatTimeoutSec <= 0) return;
   const int64_t limit = static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000);
@@ -190,7 +218,7 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
         ready = true;  // progress calls will surface errors on this connection
       } else {
         // Throws on EOF / abort; otherwise stop watching this peer.
-        if (conn(p).checkIdle() == Connection::Idle::kGoodbye)
+        if (conn(p).checkIdle(&curHeader_) == Connection::Idle::kGoodbye)
           gone_[static_cast<size_t>(p)] = 1;
         else
           early_[static_cast<size_t>(p)] = 1;
@@ -205,7 +233,7 @@ void Communicator::checkAlive(int peer) {
   if (aborted_.load()) RR_THROW(Error, "communicator aborted during ", describeCurrent());
   if (deadline_.expired()) {
     RR_THROW(TimeoutError, "rank ", rank_, ": ", describeCurrent(), " timed out after ",
-             opts_.timeoutSec, " s waiting (shared memory) for rank ", peer,
+             opts_.timeoutSec, " s waiting (shared memory) for rank ", peer, behindSummary(),
              " (is that rank stuck, or did it skip this collective? raise timeout= or "
              "RINGREDUCE_TIMEOUT for slow steps)");
   }
@@ -223,7 +251,7 @@ void Communicator::checkAlive(int peer) {
   checkHeartbeats(peer);
   if (pfds_.empty() || ::poll(pfds_.data(), pfds_.size(), 0) <= 0) return;
   for (size_t i = 0; i < pfds_.size(); ++i)
-    if (pfds_[i].revents && conn(pfdPeer_[i]).checkIdle() == Connection::Idle::kGoodbye)
+    if (pfds_[i].revents && conn(pfdPeer_[i]).checkIdle(&curHeader_) == Connection::Idle::kGoodbye)
       gone_[static_cast<size_t>(pfdPeer_[i])] = 1;
 }
 
@@ -247,7 +275,7 @@ void Communicator::sendRecv(int sendPeer, SendOp* s, int recvPeer, RecvOp* r) {
   if (sendPeer >= 0)
     who += (who.empty() ? "" : " and ") + std::string("waiting to send to ") + name(sendPeer);
   RR_THROW(TimeoutError, "rank ", rank_, ": ", describeCurrent(), " timed out after ",
-           opts_.timeoutSec, " s ", who,
+           opts_.timeoutSec, " s ", who, behindSummary(),
            " (is that rank stuck, or did it skip this collective? raise timeout= or "
            "RINGREDUCE_TIMEOUT for slow steps)");
 }
@@ -267,7 +295,7 @@ void Communicator::poison(const std::string& reason, transport::AbortCode code) 
       RR_WARN("flight recorder written to ", path);
     }
   }
-  std::string msg = detail::concat("rank ", rank_, ": ", reason);
+  const std::string& msg = reason;  // receivers prefix "rank <us> (<host>) failed: "
   for (auto& c : conns_) {
     if (!c) continue;
     c->sendAbort(code, msg);

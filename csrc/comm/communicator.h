@@ -121,6 +121,7 @@ class Communicator {
   bool stallReported_ = false;
   void checkHeartbeats(int waitingFor);
   void reportStall(int64_t waitedMs);
+  std::string behindSummary();  // "; ... ranks not in this collective yet: 2 (idle after #4)"
   std::vector<pollfd> pfds_;      // reused by waitIo: no allocation per wait
   std::vector<int> pfdPeer_;      // peer rank of each pfds_ entry (-1: wake fd)
   std::vector<uint8_t> early_;    // peer sent data for a later collective: stop watching it
@@ -130,6 +131,7 @@ class Communicator {
   std::atomic<bool> aborted_{false};
   // Current collective, for messages.
   CollectiveKind curKind_ = CollectiveKind::kBarrier;
+  FrameHeader curHeader_;  // header of the current collective (checkIdle compares it)
   Algorithm curAlgo_ = Algorithm::kAuto;
   size_t bytesTotal_ = 0, bytesDone_ = 0;
 };

@@ -113,8 +113,9 @@ PeerStatus Heartbeat::status(int peer) const {
   int64_t last = sl.lastNs.load(std::memory_order_acquire);
   s.ageMs = last == 0 ? -1 : (nowNs() - last) / 1000000;
   s.pid = sl.pid.load(std::memory_order_relaxed);
-  s.seq = sl.seq.load(std::memory_order_relaxed);
-  s.kind = sl.kind.load(std::memory_order_relaxed);
+  uint64_t st = sl.state.load(std::memory_order_relaxed);
+  s.seq = st & ((uint64_t{1} << 56) - 1);
+  s.kind = static_cast<uint8_t>(st >> 56);
   s.bytesDone = sl.bytes.load(std::memory_order_relaxed);
   return s;
 }
@@ -125,8 +126,9 @@ void Heartbeat::sendAll() {
   d.magic = kMagic;
   d.rank = rank_;
   d.pid = static_cast<uint32_t>(::getpid());
-  d.kind = kind_.load(std::memory_order_relaxed);
-  d.seq = seq_.load(std::memory_order_relaxed);
+  uint64_t st = state_.load(std::memory_order_relaxed);
+  d.kind = static_cast<uint8_t>(st >> 56);
+  d.seq = st & ((uint64_t{1} << 56) - 1);
   d.bytes = bytes_.load(std::memory_order_relaxed);
   d.counter = ++counter;
   sign(secret_, &d);
@@ -154,8 +156,8 @@ void Heartbeat::receiveOne() {
   if (d.counter <= lastCounter[static_cast<size_t>(d.rank)]) return;
   lastCounter[static_cast<size_t>(d.rank)] = d.counter;
   s.pid.store(d.pid, std::memory_order_relaxed);
-  s.seq.store(d.seq, std::memory_order_relaxed);
-  s.kind.store(d.kind, std::memory_order_relaxed);
+  s.state.store((static_cast<uint64_t>(d.kind) << 56) | (d.seq & ((uint64_t{1} << 56) - 1)),
+                std::memory_order_relaxed);
   s.bytes.store(d.bytes, std::memory_order_relaxed);
   s.lastNs.store(nowNs(), std::memory_order_release);
 }

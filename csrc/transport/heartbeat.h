@@ -40,9 +40,11 @@ class Heartbeat {
   void stop();
 
   // What this rank is doing, published in its heartbeats. Executor thread.
+  // kind and seq share one atomic word so a datagram never pairs one collective's kind
+  // with another's sequence number (peers compare them to detect mismatches).
   void setState(uint8_t kind, uint64_t seq, uint64_t bytesDone) {
-    kind_.store(kind, std::memory_order_relaxed);
-    seq_.store(seq, std::memory_order_relaxed);
+    state_.store((static_cast<uint64_t>(kind) << 56) | (seq & ((uint64_t{1} << 56) - 1)),
+                 std::memory_order_relaxed);
     bytes_.store(bytesDone, std::memory_order_relaxed);
   }
   PeerStatus status(int peer) const;
@@ -56,8 +58,7 @@ class Heartbeat {
   struct Slot {
     std::atomic<int64_t> lastNs{0};
     std::atomic<uint32_t> pid{0};
-    std::atomic<uint64_t> seq{0};
-    std::atomic<uint8_t> kind{0};
+    std::atomic<uint64_t> state{0};  // kind << 56 | seq, as sent
     std::atomic<uint64_t> bytes{0};
   };
 
@@ -69,8 +70,7 @@ class Heartbeat {
   std::vector<std::vector<uint8_t>> peerSockaddr_;  // sockaddr bytes per rank
   std::unique_ptr<Slot[]> slots_;
   size_t nslots_ = 0;
-  std::atomic<uint8_t> kind_{0};
-  std::atomic<uint64_t> seq_{0}, bytes_{0};
+  std::atomic<uint64_t> state_{0}, bytes_{0};
   int wake_[2] = {-1, -1};  // pipe: stop() wakes the thread
   std::thread thread_;
 };

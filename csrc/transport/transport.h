@@ -71,8 +71,10 @@ class Connection {
   // it carries an abort frame or EOF, return kEarlyData if it is data of a later collective
   // (stop watching it for this collective), kGoodbye if the peer left cleanly (consumed;
   // stop watching it for good).
+  // `current` (may be null) is the header of the collective this rank is in: a frame of
+  // this or an earlier collective that does not match it is a mismatch (MismatchError).
   enum class Idle { kEarlyData, kGoodbye };
-  virtual Idle checkIdle() = 0;
+  virtual Idle checkIdle(const FrameHeader* current) = 0;
 
   // Best effort, non-blocking: tell the peer we are failing. Skipped mid-frame.
   virtual void sendAbort(AbortCode code, const std::string& reason) = 0;

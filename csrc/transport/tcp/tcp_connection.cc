@@ -84,7 +84,11 @@ bool TcpConnection::progressSend(SendOp& op) {
     }
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
     if (r < 0 && errno == EINTR) continue;
-    if (r < 0 && (errno == EPIPE || errno == ECONNRESET)) failClosed("sending to it");
+    if (r < 0 && (errno == EPIPE || errno == ECONNRESET)) {
+      int err = errno;
+      checkIdle(nullptr);  // the peer may have said why before closing: raise that instead
+      if (err == EPIPE || err == ECONNRESET) failClosed("sending to it");
+    }
     failErrno("sending", errno);
   }
   midSend_ = false;
@@ -145,7 +149,7 @@ bool TcpConnection::progressRecv(RecvOp& op) {
   return true;
 }
 
-Connection::Idle TcpConnection::checkIdle() {
+Connection::Idle TcpConnection::checkIdle(const FrameHeader* current) {
   FrameHeader h;
   ssize_t r = ::recv(fd_.get(), &h, sizeof(h), MSG_PEEK | MSG_DONTWAIT);
   if (r == 0) failClosed("waiting on other peers");
@@ -163,6 +167,20 @@ Connection::Idle TcpConnection::checkIdle() {
       h.kind == static_cast<uint8_t>(CollectiveKind::kGoodbye)) {
     ::recv(fd_.get(), &h, sizeof(h), MSG_DONTWAIT);
     return Idle::kGoodbye;
+  }
+  if (current && static_cast<size_t>(r) == sizeof(h) && h.magic == kFrameMagic &&
+      h.seq <= current->seq) {
+    // Data of this (or an older) collective from a peer this rank does not expect it from
+    // yet. In a matching run that can only be a later step of the same collective.
+    FrameHeader want = *current;
+    want.payloadBytes = h.payloadBytes;
+    std::string mm = describeMismatch(h, want);
+    if (h.seq < current->seq)
+      mm = detail::concat("collective mismatch: peer sent data of ",
+                          toString(static_cast<CollectiveKind>(h.kind)), " #", h.seq,
+                          " that this rank never received, while this rank is at ",
+                          toString(static_cast<CollectiveKind>(current->kind)), " #", current->seq);
+    if (!mm.empty()) throw MismatchError(detail::concat("rank ", peer_, " (", peerHost_, "): ", mm));
   }
   return Idle::kEarlyData;
 }

@@ -15,7 +15,7 @@ class TcpConnection final : public Connection {
   bool progressSend(SendOp& op) override;
   bool progressRecv(RecvOp& op) override;
   int fd() const override { return fd_.get(); }
-  Idle checkIdle() override;
+  Idle checkIdle(const FrameHeader* current) override;
   void sendAbort(AbortCode code, const std::string& reason) override;
   void sendGoodbye() override;
   void close() override;
