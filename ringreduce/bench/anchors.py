@@ -97,7 +97,8 @@ class RingReduce(Lib):
             from ringreduce import _C
 
             opts = {k: v for k, v in self.group.options.items() if k in _COST_KEYS}
-            return {1: "ring", 2: "tree", 3: "shm"}.get(_C.choose_allreduce(n, case.size, opts), "?")
+            code = _C.choose_allreduce(n, case.size, opts)
+            return {1: "ring", 2: "tree", 3: "shm"}.get(code, "?")
         if op == "broadcast":
             limit = self.group.options.get("broadcast_tree_max_bytes", _BROADCAST_TREE_MAX_BYTES)
             return "shm" if shm else "tree" if case.size <= limit or n == 2 else "chain"

@@ -8,9 +8,9 @@ reduction order and avg's division may round differently); integers must match e
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Iterable
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -56,8 +56,8 @@ class Buffers:
 
     inp: torch.Tensor
     out: torch.Tensor
-    initial: Optional[torch.Tensor]  # what `inp` is reset to before each checked iteration
-    expected: Optional[torch.Tensor]  # None when not checking
+    initial: torch.Tensor | None  # what `inp` is reset to before each checked iteration
+    expected: torch.Tensor | None  # None when not checking
 
     def reset(self) -> None:
         """Restore the input (in-place ops overwrite it) and clear a separate output."""
@@ -100,7 +100,7 @@ def make_buffers(case: Case, dtype: str, rank: int, world: int, redop: str, root
     return Buffers(inp, out, initial, exp)
 
 
-def count_wrong(result: torch.Tensor, expected: Optional[torch.Tensor]) -> int:
+def count_wrong(result: torch.Tensor, expected: torch.Tensor | None) -> int:
     """Elements of `result` that differ from `expected` beyond the dtype's tolerance."""
     if expected is None or result.numel() == 0:
         return 0

@@ -173,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--tune", action="store_true",
       help="fit the cost model's alpha (us/message) and beta (ns/byte) and print the ring/tree "
            "crossover instead of sweeping")
-    a("--tune-out", metavar="FILE.json", help="with --tune: write the fit for RINGREDUCE_TUNING_FILE")
+    a("--tune-out", metavar="FILE.json",
+      help="with --tune: write the fit, for RINGREDUCE_TUNING_FILE")
     a("--mpi-results", help=argparse.SUPPRESS)  # set by the launcher: the mpirun job's output
     return p
 

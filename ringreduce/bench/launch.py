@@ -76,6 +76,10 @@ def run_mpi_job(args: Namespace, n: int, rank_argv: list[str], timeout: float) -
 def spawn_local(args: Namespace, argv: list[str]) -> int:
     """Start args.nproc (default 2) ranks of this benchmark; returns the job's exit code."""
     n = args.nproc or 2
+    if args.root >= n:
+        print(f"{PROG}: error: --root {args.root} is not a rank of this job (-n {n})",
+              file=sys.stderr)
+        return 2
     rank_argv = strip_nproc(argv)
     env = dict(os.environ)
     if args.transport:

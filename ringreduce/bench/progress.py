@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import IO, Optional
+from typing import IO
 
 _LATENCY_BYTES = 64 * 1024  # what one tiny step costs, in bytes-equivalent
 
@@ -21,7 +21,7 @@ def _clock(s: float) -> str:
 
 
 class Progress:
-    def __init__(self, total: float, enabled: bool, stream: Optional[IO[str]] = None,
+    def __init__(self, total: float, enabled: bool, stream: IO[str] | None = None,
                  delay: float = 2.0, width: int = 28) -> None:
         self.total = max(total, 1.0)
         self.done = 0.0
@@ -54,7 +54,7 @@ class Progress:
             self.shown = False
 
 
-def wanted(mode: str, stream: Optional[IO[str]] = None) -> bool:
+def wanted(mode: str, stream: IO[str] | None = None) -> bool:
     """--progress auto|always|never: auto shows the bar only on a terminal."""
     if mode == "always":
         return True

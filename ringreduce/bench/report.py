@@ -52,12 +52,12 @@ def speedup(mine: Row, other: Row | None, p99: bool = False) -> float:
 def _header(meta: dict, skipped: list[dict]) -> list[str]:
     hosts = ", ".join(f"{h} x{c}" for h, c in meta["hosts"].items())
     transport = f"{meta['transport']} (RINGREDUCE_TRANSPORT={meta['transport_requested']})"
-    out = [f"# ringreduce-bench (ringreduce {meta['ringreduce_version']}): "
-           f"{meta['world_size']} ranks on {hosts}",
-           f"#  collectives {','.join(meta['ops'])}  type {meta['dtype']}  redop {meta['redop']}"
-           f"  root {meta['root']}  algo {meta['algo']}  transport {transport}",
-           f"#  warmup {meta['warmup']}  iters {meta['iters']}  check {int(meta['check'])}"
-           "  time = median over iterations of the slowest rank; p99 likewise"]
+    out = [(f"# ringreduce-bench (ringreduce {meta['ringreduce_version']}): "
+            f"{meta['world_size']} ranks on {hosts}"),
+           (f"#  collectives {','.join(meta['ops'])}  type {meta['dtype']}  redop {meta['redop']}"
+            f"  root {meta['root']}  algo {meta['algo']}  transport {transport}"),
+           (f"#  warmup {meta['warmup']}  iters {meta['iters']}  check {int(meta['check'])}"
+            "  time = median over iterations of the slowest rank; p99 likewise")]
     for name, note in meta["libraries"].items():
         out.append(f"#  compare: {name}: {note}")
     for s in skipped:
@@ -75,7 +75,7 @@ def _op_table(op: str, rows: list[Row], anchors: list[str]) -> list[str]:
     unit = f"#{'(B)':>11} {'(elements)':>12}"
     for a in anchors:
         head += f" | {a + '(us)':>10} {a + ' busbw':>11} {'x' + a:>7} {'x' + a + '99':>8}"
-    out = [f"#", f"# {op}", head, unit]
+    out = ["#", f"# {op}", head, unit]
     for r in mine:
         redop = r.redop if op in _REDUCING else "-"
         root = str(r.root) if op == "broadcast" else "-"
@@ -116,7 +116,8 @@ def table(rows: list[Row], meta: dict, skipped: list[dict]) -> str:
         theirs = [r for r in rows if r.lib == a and r.op != "barrier"]
         sp = [speedup(r, by.get((r.op, a, r.size))) for r in mine]
         if theirs:
-            out.append(f"# {a} avg bus bandwidth : {sum(r.busbw for r in theirs) / len(theirs):.4g}")
+            avg = sum(r.busbw for r in theirs) / len(theirs)
+            out.append(f"# {a} avg bus bandwidth : {avg:.4g}")
         out.append(f"# ringreduce vs {a}: time ratio {a}/ringreduce, geometric mean over sizes "
                    f"{_geomean(sp):.3g}x (> 1: ringreduce faster)")
     bw = [r.busbw for r in mine if r.op != "barrier"]

@@ -27,6 +27,10 @@ from .metrics import Case, Row, make_case, make_cases
 Reducer = Callable[[np.ndarray, str], np.ndarray]
 
 
+class BenchError(Exception):
+    """A problem every rank agrees on; rank 0 prints it, every rank exits with code 1."""
+
+
 def measure(lib: anchors.Lib, case: Case, b: Any, args: Namespace) -> tuple[list[float], int]:
     """This rank's per-iteration times (seconds) and wrong-element count for one case."""
     run, redop, root = lib.run, args.redop, args.root
@@ -55,7 +59,7 @@ def _trial(lib: anchors.Lib, case: Case, args: Namespace, rank: int, world: int,
     try:
         b = make_buffers(case, args.dtype, rank, world, args.redop, args.root, False)
         lib.run(case, b, args.redop, args.root)
-    except Exception as e:  # unsupported dtype/op in that library, typically
+    except Exception as e:  # noqa: BLE001 -- unsupported dtype/op in that library, typically
         reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
     ok = reduce_(np.array([0 if reason else 1], dtype=np.int64), "min")[0]
     if ok:
@@ -73,6 +77,8 @@ def sweep(args: Namespace, libs: list[anchors.Lib], reduce_: Reducer, rank: int,
         active = []
         for lib in libs:
             why = _trial(lib, make_case(op, 8, args.dtype, world), args, rank, world, reduce_)
+            if why and lib is libs[0] and lib.name == "ringreduce":
+                raise BenchError(f"ringreduce cannot run {op} with these options: {why}")
             if why:
                 skipped.append({"library": lib.name, "op": op, "reason": why})
             else:
@@ -148,9 +154,11 @@ def run_rank(args: Namespace) -> int:
         os.environ["RINGREDUCE_TRANSPORT"] = args.transport
     rr.init(timeout=args.timeout)
     libs: list[anchors.Lib] = []
+    me = anchors.RingReduce(args.algo)
     try:
-        me = anchors.RingReduce(args.algo)
         rank, world = me.group.rank, me.group.world_size
+        if not 0 <= args.root < world:
+            raise BenchError(f"--root {args.root} is not a rank of this job ({world} ranks)")
         if args.tune:
             from . import tune
 
@@ -177,6 +185,10 @@ def run_rank(args: Namespace) -> int:
             print(report.table(rows, meta, skipped), flush=True)
             report.write_outputs(args, rows, meta, skipped)
         return 1 if wrong else 0
+    except BenchError as e:
+        if me.group.rank == 0:
+            print(f"ringreduce-bench: error: {e}", file=sys.stderr, flush=True)
+        return 1
     finally:
         for lib in reversed(libs[1:]):
             lib.close()

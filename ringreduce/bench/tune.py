@@ -78,7 +78,9 @@ def crossover(world: int, opts: dict, limit: int = 1 << 40) -> int | None:
 
 def _cross_text(world: int, opts: dict) -> str:
     c = crossover(world, opts)
-    return "ring always" if c == 0 else "tree always" if c is None else f"ring from {format_size(c)}"
+    if c is None:
+        return "tree always"
+    return "ring always" if c == 0 else f"ring from {format_size(c)}"
 
 
 def run(args: Namespace, me: RingReduce, rank: int, world: int) -> int:

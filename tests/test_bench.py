@@ -1,0 +1,337 @@
+"""ringreduce-bench: argument and size parsing, nccl-tests formulas, result checking, output
+formats, the plot, the tuning fit, and short real sweeps (2 ranks, loopback TCP)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from ringreduce.bench import checks, cli, metrics, progress, report
+from ringreduce.bench.metrics import Row, make_case
+
+ROOT = Path(__file__).resolve().parent.parent
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+_LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE")
+
+
+# ---------------------------------------------------------------- command line and sizes
+
+@pytest.mark.parametrize("text,value", [
+    ("8", 8), ("0", 0), ("64K", 65536), ("64k", 65536), ("64KiB", 65536), ("4kb", 4096),
+    ("256M", 256 << 20), ("1G", 1 << 30), ("1.5M", 3 << 19), (" 2T ", 2 << 40)])
+def test_parse_size(text, value):
+    assert cli.parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "K", "-8", "1.3", "8X", "64 K B", "1e3"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError, match="size|whole"):
+        cli.parse_size(text)
+
+
+def test_size_sweep():
+    sizes = cli.size_sweep(8, 64 << 20, 2)
+    assert sizes[0] == 8 and sizes[-1] == 64 << 20 and len(sizes) == 24
+    assert cli.size_sweep(8, 100, 4) == [8, 32]
+    assert cli.size_sweep(0, 10, step=5) == [0, 5, 10]
+    assert cli.size_sweep(5, 5) == [5]
+    with pytest.raises(ValueError):
+        cli.size_sweep(64, 8)
+    with pytest.raises(ValueError):
+        cli.size_sweep(8, 64, factor=1.0)
+    assert cli.format_size(8) == "8B" and cli.format_size(65536) == "64K"
+    assert cli.format_size(64 << 20) == "64M" and cli.format_size(3 << 19) == "1.5M"
+
+
+def test_parse_args_defaults_and_options():
+    a = cli.parse_args([])
+    assert (a.nproc, a.ops, a.dtype, a.redop, a.algo, a.warmup, a.iters, a.check) == \
+        (None, ["allreduce"], "float32", "sum", "auto", 5, 20, False)
+    assert a.sizes[0] == 8 and a.sizes[-1] == 64 << 20 and a.compare == []
+    a = cli.parse_args(["-n", "4", "-b", "1K", "-e", "1M", "-f", "4", "-o", "all", "-d", "bf16",
+                        "--op", "max", "--algo", "ring", "--transport", "tcp", "-w", "0",
+                        "-i", "3", "--check", "--compare", "gloo,mpi", "--json", "x.json",
+                        "--csv", "x.csv", "--plot", "x.png", "-r", "1"])
+    assert a.nproc == 4 and a.sizes == [1024, 4096, 16384, 65536, 262144, 1 << 20]
+    assert a.ops == list(cli.OPS) and a.dtype == "bfloat16" and a.redop == "max"
+    assert (a.algo, a.transport, a.warmup, a.iters, a.check, a.root) == ("ring", "tcp", 0, 3,
+                                                                          True, 1)
+    assert a.compare == ["gloo", "mpi"] and (a.json, a.csv, a.plot) == ("x.json", "x.csv", "x.png")
+    assert cli.parse_args(["-o", "broadcast,allreduce,all_gather"]).ops == \
+        ["broadcast", "allreduce", "allgather"]
+    assert cli.parse_args(["--tune", "--tune-out", "t.json"]).tune
+
+
+@pytest.mark.parametrize("argv", [["-o", "alltoall"], ["-d", "complex64"], ["--op", "xor"],
+                                  ["--compare", "nccl"], ["-b", "1M", "-e", "8"], ["-i", "0"],
+                                  ["-n", "0"], ["--tune-out", "t.json"], ["-b", "lots"]])
+def test_parse_args_errors(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.parse_args(argv)
+    assert e.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_strip_nproc():
+    assert cli.strip_nproc(["-n", "2", "-b", "8", "--nproc=3", "-n4", "--check"]) == \
+        ["-b", "8", "--check"]
+
+
+# ---------------------------------------------------------------- formulas
+
+@pytest.mark.parametrize("n", range(1, 9))
+def test_bus_factors(n):
+    assert metrics.bus_factor("allreduce", n) == pytest.approx(2 * (n - 1) / n)
+    assert metrics.bus_factor("allgather", n) == pytest.approx((n - 1) / n)
+    assert metrics.bus_factor("reduce_scatter", n) == pytest.approx((n - 1) / n)
+    assert metrics.bus_factor("broadcast", n) == 1.0
+    assert metrics.bus_factor("barrier", n) == 0.0
+
+
+def test_bandwidths_and_stats():
+    assert metrics.algbw_gbps(2_000_000_000, 2.0) == pytest.approx(1.0)
+    assert metrics.busbw_gbps("allreduce", 4, 1_000_000_000, 1.0) == pytest.approx(1.5)
+    assert metrics.busbw_gbps("allgather", 4, 1_000_000_000, 1.0) == pytest.approx(0.75)
+    xs = [float(i) for i in range(1, 21)]
+    assert metrics.median(xs) == 10.5 and metrics.median([3.0, 1.0, 2.0]) == 2.0
+    assert metrics.percentile(xs, 99) == 20.0 and metrics.percentile(xs, 50) == 10.0
+    r = Row("allreduce", "ringreduce", 1 << 20, 1 << 18, "float32", "sum", 0, "ring", 2,
+            times=[1e-3] * 5 + [2e-3])
+    assert r.time_us == pytest.approx(1000) and r.p99_us == pytest.approx(2000)
+    assert r.algbw == pytest.approx((1 << 20) / 1e-3 / 1e9) and r.busbw == pytest.approx(r.algbw)
+
+
+def test_cases_follow_nccl_tests_sizes():
+    c = make_case("allreduce", 10, "float32", 2)
+    assert (c.size, c.count, c.in_count, c.out_count) == (8, 2, 2, 2)
+    c = make_case("allgather", 8, "float32", 3)  # size = whole gathered output, >= 1 per rank
+    assert (c.size, c.count, c.in_count, c.out_count) == (12, 3, 1, 3)
+    c = make_case("reduce_scatter", 4096, "float16", 3)
+    assert (c.size, c.count, c.in_count, c.out_count) == (4092, 2046, 2046, 682)
+    assert make_case("broadcast", 1, "float64", 4).count == 1
+    assert len(metrics.make_cases("allgather", [8, 16, 32], "float64", 2)) == 2  # 8 -> 16: dup
+    assert metrics.make_cases("barrier", [8, 64], "float32", 2) == [make_case("barrier", 0,
+                                                                              "float32", 2)]
+
+
+# ---------------------------------------------------------------- result checking
+
+def _simulate(case, dtype, world, redop, root):
+    """Every rank's buffers after an ideal collective (computed here, in float64)."""
+    bufs = [checks.make_buffers(case, dtype, r, world, redop, root, True) for r in range(world)]
+    wide = [b.inp.to(torch.float64) for b in bufs]
+    if case.op in ("allreduce", "reduce_scatter"):
+        acc = wide[0].clone()
+        for w in wide[1:]:
+            acc = {"sum": acc + w, "avg": acc + w, "prod": acc * w,
+                   "min": torch.minimum(acc, w), "max": torch.maximum(acc, w)}[redop]
+        if redop == "avg":
+            acc = acc / world if bufs[0].inp.dtype.is_floating_point else \
+                torch.div(acc, world, rounding_mode="trunc")
+        for r, b in enumerate(bufs):
+            k = case.out_count
+            part = acc if case.op == "allreduce" else acc[r * k:(r + 1) * k]
+            b.out.copy_(part.to(b.out.dtype))
+    elif case.op == "broadcast":
+        for b in bufs:
+            b.out.copy_(bufs[root].inp.clone())
+    elif case.op == "allgather":
+        for b in bufs:
+            b.out.copy_(torch.cat([x.inp for x in bufs]))
+    return bufs
+
+
+@pytest.mark.parametrize("op", ["allreduce", "broadcast", "allgather", "reduce_scatter"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "int32", "uint8"])
+@pytest.mark.parametrize("redop", ["sum", "avg", "prod", "max"])
+@pytest.mark.parametrize("world", [1, 3])
+def test_expected_values_match_an_ideal_collective(op, dtype, redop, world):
+    case = make_case(op, 200, dtype, world)
+    for r, b in enumerate(_simulate(case, dtype, world, redop, root=world - 1)):
+        assert checks.count_wrong(b.out, b.expected) == 0, (op, dtype, redop, r)
+
+
+def test_count_wrong_catches_errors_and_reset_restores():
+    case = make_case("allreduce", 64, "float32", 2)
+    b = checks.make_buffers(case, "float32", 0, 2, "sum", 0, True)
+    b.inp.copy_(b.expected)
+    assert checks.count_wrong(b.out, b.expected) == 0
+    b.out[3] += 1
+    b.out[7] = float("nan")
+    assert checks.count_wrong(b.out, b.expected) == 2
+    b.reset()
+    assert torch.equal(b.inp, checks.pattern(0, case.count).float())
+    g = checks.make_buffers(make_case("allgather", 64, "int8", 2), "int8", 1, 2, "sum", 0, True)
+    g.out.fill_(5)
+    g.reset()
+    assert int(g.out.abs().sum()) == 0 and checks.count_wrong(g.out, g.expected) > 0
+
+
+# ---------------------------------------------------------------- output formats
+
+def _rows():
+    rows = []
+    for lib, scale in (("ringreduce", 1.0), ("gloo", 4.0)):
+        for size in (8, 65536, 64 << 20):
+            t = scale * (20e-6 + size * 1e-9)
+            rows.append(Row("allreduce", lib, size, size // 4, "float32", "sum", 0,
+                            "tree" if lib == "ringreduce" and size < 1 << 20 else
+                            ("ring" if lib == "ringreduce" else "-"), 2,
+                            times=[t, t * 1.1, t * 0.9, t * 2], wrong=0 if lib == "ringreduce"
+                            else None))
+    rows.append(Row("barrier", "ringreduce", 0, 0, "float32", "sum", 0, "dissem", 2,
+                    times=[1e-5] * 4, wrong=0))
+    return rows
+
+
+def _meta(ops=("allreduce", "barrier")):
+    a = cli.parse_args(["-o", ",".join(ops), "--compare", "gloo", "--check"])
+    return report.make_meta(a, 2, ["hostA", "hostA"], {"gloo": "torch gloo"}, "tcp")
+
+
+def test_table_has_nccl_tests_columns_ratios_and_average():
+    skipped = [{"library": "mpi", "op": "*", "reason": "mpi4py is not installed"}]
+    text = report.table(_rows(), _meta(), skipped)
+    for col in ("size", "count", "type", "redop", "root", "algo", "time(us)", "p99(us)",
+                "algbw(GB/s)", "busbw(GB/s)", "#wrong", "gloo(us)", "gloo busbw", "xgloo"):
+        assert col in text
+    assert "mpi skipped: mpi4py is not installed" in text
+    assert text.splitlines()[-1].startswith("# Avg bus bandwidth    : ")
+    line = next(ln for ln in text.splitlines() if ln.split()[:1] == ["65536"])
+    assert "tree" in line and float(line.split()[-2]) == pytest.approx(4.0, rel=1e-3)
+    assert "# Out of bounds values : 0 OK" in text and "2 ranks on hostA x2" in text
+
+
+def test_json_and_csv(tmp_path):
+    rows, meta = _rows(), _meta()
+    args = cli.parse_args(["--json", str(tmp_path / "r.json"), "--csv", str(tmp_path / "r.csv")])
+    report.write_outputs(args, rows, meta, [])
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["meta"]["world_size"] == 2 and len(data["results"]) == len(rows)
+    back = [Row.from_dict(d) for d in data["results"]]
+    assert [(r.lib, r.size, r.busbw) for r in back] == \
+        [(r.lib, r.size, pytest.approx(r.busbw)) for r in rows]
+    with open(tmp_path / "r.csv") as f:
+        table = list(csv.DictReader(f))
+    assert tuple(table[0]) == report.CSV_FIELDS and len(table) == len(rows)
+    assert float(table[2]["busbw_gbps"]) == pytest.approx(rows[2].busbw)
+
+
+def test_plot_is_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    from ringreduce.bench import plot
+
+    out = tmp_path / "bw.png"
+    assert plot.plot(_rows(), _meta(), str(out)) is None
+    assert out.read_bytes()[:8] == PNG_MAGIC and out.stat().st_size > 5000
+    assert "barrier" in plot.plot(_rows(), _meta(("barrier",)), str(tmp_path / "no.png"))
+
+
+def test_progress_bar():
+    s = io.StringIO()
+    p = progress.Progress(100.0, True, stream=s, delay=0.0)
+    p.step(50.0, "allreduce 1M")
+    assert "50.0%" in s.getvalue() and "allreduce 1M" in s.getvalue()
+    p.close()
+    quiet = io.StringIO()
+    progress.Progress(1.0, False, stream=quiet, delay=0.0).step(1.0)
+    assert quiet.getvalue() == ""
+    assert not progress.wanted("auto", io.StringIO()) and progress.wanted("always")
+
+
+# ---------------------------------------------------------------- tuning
+
+def test_tune_fit_recovers_model_constants():
+    pytest.importorskip("ringreduce._C")
+    from ringreduce.bench import tune
+
+    truth = {"alpha_us": 30.0, "beta_ns_per_byte": 0.8}
+    pts = []
+    for algo, sizes in (("tree", tune.TREE_SIZES), ("ring", tune.RING_SIZES)):
+        for s in sizes:
+            t0, da, db = tune._coeffs(algo, 2, s)
+            pts.append((algo, s, t0 + truth["alpha_us"] * da + truth["beta_ns_per_byte"] * db))
+    fit = tune.fit(pts, 2)
+    assert fit["alpha_us"] == pytest.approx(30.0, rel=1e-6)
+    assert fit["beta_ns_per_byte"] == pytest.approx(0.8, rel=1e-6)
+    c = tune.crossover(2, fit)
+    assert c and tune.crossover(2, fit) > 1
+    from ringreduce import _C
+    assert _C.choose_allreduce(2, c, fit) == 1 and _C.choose_allreduce(2, c - 1, fit) == 2
+
+
+# ---------------------------------------------------------------- real runs
+
+def _run(cmd, timeout, env_extra=None):
+    env = {k: v for k, v in os.environ.items()
+           if k not in _LAUNCH_VARS and not k.startswith(("OMPI_", "PMI_", "SLURM_"))}
+    env.update(env_extra or {})
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+    return p.returncode, out, err
+
+
+@pytest.mark.timeout(120)
+def test_short_sweep_all_collectives_checked(tmp_path):
+    rc, out, err = _run([sys.executable, "-m", "ringreduce.bench", "-n", "2", "-b", "8", "-e",
+                         "64K", "-f", "64", "-w", "1", "-i", "3", "-o", "all", "--check",
+                         "--transport", "tcp", "--progress", "never", "--json",
+                         str(tmp_path / "r.json"), "--csv", str(tmp_path / "r.csv")], 100)
+    assert rc == 0, out + err
+    assert "# Out of bounds values : 0 OK" in out and "# Avg bus bandwidth" in out
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert {r["op"] for r in data["results"]} == set(cli.OPS)
+    assert all(r["wrong"] == 0 and r["iters"] == 3 for r in data["results"])
+    assert data["meta"]["transport"] == "tcp" and data["meta"]["world_size"] == 2
+    assert (tmp_path / "r.csv").read_text().startswith("op,library,size")
+
+
+@pytest.mark.timeout(120)
+def test_compare_gloo_under_a_launcher(tmp_path):
+    """One rank per process under ringreduce-run (as under torchrun), gloo interleaved."""
+    png = tmp_path / "bw.png"
+    rc, out, err = _run([sys.executable, "-m", "ringreduce.run", "-n", "2", "--no-prefix", "-m",
+                         "ringreduce.bench", "-b", "8", "-e", "4K", "-f", "16", "-w", "1",
+                         "-i", "3", "--compare", "gloo,mpi", "--plot", str(png),
+                         "--progress", "never"], 100,
+                        {"RINGREDUCE_TRANSPORT": "tcp", "GLOO_SOCKET_IFNAME": "lo"})
+    assert rc == 0, out + err
+    assert "xgloo" in out and "compare: gloo:" in out
+    assert "mpi skipped: needs ranks started by mpirun" in out
+    lines = [ln for ln in out.splitlines() if ln.strip() and not ln.startswith("#")]
+    assert [int(ln.split()[0]) for ln in lines] == [8, 128, 2048]
+    assert all(len(ln.split("|")) == 2 for ln in lines)
+    if "matplotlib" not in err:
+        assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_compare_mpi_job():
+    from ringreduce.bench import launch
+
+    cmd = launch.mpi_command(2, [], "x.json")
+    if isinstance(cmd, str):
+        pytest.skip(cmd)
+    rc, out, err = _run([sys.executable, "-m", "ringreduce.bench", "-n", "2", "-b", "8", "-e",
+                         "64", "-w", "1", "-i", "3", "--compare", "mpi", "--transport", "tcp"],
+                        100)
+    assert rc == 0, out + err
+    assert "compare: mpi: " in out and "xmpi" in out
