@@ -118,12 +118,15 @@ def _target_name(target: Target) -> str:
 def run_world_raw(world_size: int, target: Target, *args: Any, timeout: float = 60,
                   env: Mapping[str, str] | None = None,
                   rank_env: Mapping[int, Mapping[str, str]] | None = None,
-                  init: bool = True) -> list[RankOutcome]:
+                  init: bool = True, master_addr: str = "127.0.0.1",
+                  rank_prefix: Mapping[int, list] | None = None) -> list[RankOutcome]:
     """Run ``target(rank, world_size, *args)`` on `world_size` fresh processes.
 
     env: extra environment for every rank (e.g. RINGREDUCE_SEGMENT_BYTES); rank_env: extra
     environment per rank, applied after env. init=False leaves rr.init()/destroy() to the
-    target. Returns one RankOutcome per rank, in rank order; never raises for rank failures.
+    target. master_addr and rank_prefix place ranks elsewhere, e.g. in network namespaces:
+    rank_prefix={1: ["ip", "netns", "exec", "rr1"]}. Returns one RankOutcome per rank, in
+    rank order; never raises for rank failures.
     """
     name = _target_name(target)
     payload = json.dumps(list(args))  # fail here, not in the child, on non-JSON args
@@ -151,7 +154,7 @@ def run_world_raw(world_size: int, target: Target, *args: Any, timeout: float = 
                 "RANK": str(rank),
                 "WORLD_SIZE": str(world_size),
                 "LOCAL_RANK": str(rank),
-                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_ADDR": master_addr,
                 "MASTER_PORT": str(port),
                 "RINGREDUCE_SECRET": secret,
                 "PYTHONPATH": pythonpath,
@@ -171,7 +174,8 @@ def run_world_raw(world_size: int, target: Target, *args: Any, timeout: float = 
             err = open(tmp / f"stderr_{rank}.txt", "w+b")  # noqa: SIM115
             files.append((out, err))
             procs[rank] = subprocess.Popen(
-                [sys.executable, "-c", "import _spawn; _spawn._child_main()"],
+                list((rank_prefix or {}).get(rank, []))
+                + [sys.executable, "-c", "import _spawn; _spawn._child_main()"],
                 env=e, cwd=str(ROOT), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                 start_new_session=True)
         deadline = start + timeout + _GRACE_S
@@ -233,11 +237,13 @@ def run_world_raw(world_size: int, target: Target, *args: Any, timeout: float = 
 def run_world(world_size: int, target: Target, *args: Any, timeout: float = 60,
               env: Mapping[str, str] | None = None,
               rank_env: Mapping[int, Mapping[str, str]] | None = None,
-              init: bool = True) -> list[Any]:
+              init: bool = True, master_addr: str = "127.0.0.1",
+              rank_prefix: Mapping[int, list] | None = None) -> list[Any]:
     """Like run_world_raw, but return each rank's value (rank order) and raise
     AssertionError with every rank's story if any rank raised, died or timed out."""
     outcomes = run_world_raw(world_size, target, *args, timeout=timeout, env=env,
-                             rank_env=rank_env, init=init)
+                             rank_env=rank_env, init=init, master_addr=master_addr,
+                             rank_prefix=rank_prefix)
     if not all(o.ok for o in outcomes):
         bad = [o.rank for o in outcomes if not o.ok]
         raise AssertionError(

@@ -186,3 +186,39 @@ def checksum_run(rank: int, world: int, n: int) -> bool:
 
 def dump_json(obj: object) -> str:
     return json.dumps(obj)
+
+
+def hier_sweep(rank: int, world: int, counts: list) -> dict:
+    """Results across emulated hosts, with the plan each rank chose."""
+    for n in counts:
+        for dt, op in (("float32", "sum"), ("int32", "max"), ("float64", "avg"), ("int64", "sum")):
+            x = (np.arange(n) % 7 + rank + 1).astype(dt)
+            rr.allreduce(x, op=op)
+            e = _expected(op, dt, world, n)
+            if not np.allclose(x.astype(np.float64), e, rtol=1e-12):
+                raise AssertionError(f"n={n} {dt} {op} wrong: {x[:4]} vs {e[:4]}")
+        b = np.arange(n, dtype=np.int32) + rank
+        rr.broadcast(b, src=world - 1)
+        assert np.array_equal(b, np.arange(n, dtype=np.int32) + world - 1)
+        g = rr.allgather(np.full(3, rank, np.int64))
+        assert np.array_equal(g[:, 0], np.arange(world))
+    rr.barrier()
+    return {"plan": _state._DEFAULT[0].comm.plan}
+
+
+def link_cut(rank: int, world: int, n: int) -> dict:
+    """Loop all-reduces until the test cuts a link; report how each rank failed."""
+    x = np.ones(n, np.float32)
+    rr.allreduce(x)
+    with open(f"/tmp/rr_linkcut_ready_{os.environ['MASTER_PORT']}_{rank}", "w"):
+        pass
+    t = None
+    try:
+        for _ in range(200000):
+            rr.allreduce(x)
+            if t is None and os.path.exists(f"/tmp/rr_linkcut_cut_{os.environ['MASTER_PORT']}"):
+                t = time.monotonic()
+    except rr.RingReduceError as e:
+        return {"type": type(e).__name__, "msg": str(e),
+                "after": time.monotonic() - (t or time.monotonic())}
+    return {"type": None, "msg": "", "after": 0}

@@ -41,9 +41,9 @@ void allreduceHier(comm::Communicator& c, const transport::FrameHeader& h, const
       reduce::widen(a.dtype, g.dst, acc, len);
       g.acc = reinterpret_cast<char*>(acc);
     }
-    transport::FrameHeader rh = h;
-    rh.count = len;  // per-slice rings are checked against their own length
-    allreduceRing(c, rh, g, &slicePeers);
+    // Frames keep the collective's total count: a peer checks them (also as early data)
+    // against the header of the collective it is in.
+    allreduceRing(c, h, g, &slicePeers);
   }
   // 3. every local rank broadcasts its finished slice to the others
   for (int l = 0; l < L; ++l) {

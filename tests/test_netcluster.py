@@ -1,0 +1,123 @@
+"""Emulated multi-host runs: each "host" is a network namespace with its own address
+(../shared/tools/netcluster.sh), so ranks in different namespaces count as different
+hosts (their host identity includes the network namespace). Checks results, the transport
+plan (hierarchical with several ranks per host, TCP with one), and that cutting a host's
+link makes every rank raise within the heartbeat deadline. Needs root and `ip netns`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from _spawn import free_port, run_world, run_world_raw
+
+TOOL = Path(__file__).resolve().parents[2] / "shared" / "tools" / "netcluster.sh"
+
+
+def _skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root for network namespaces"
+    if not shutil.which("ip"):
+        return "iproute2 (ip) is not installed"
+    if not TOOL.exists():
+        return f"{TOOL} not found (the shared tools live beside the checkout)"
+    probe = subprocess.run(["ip", "netns", "add", "rrprobe"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"cannot create network namespaces: {probe.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", "rrprobe"], capture_output=True)
+    return None
+
+
+_REASON = _skip_reason()
+pytestmark = [pytest.mark.netns,
+              pytest.mark.skipif(_REASON is not None, reason=_REASON or "")]
+
+
+class Cluster:
+    def __init__(self, hosts: int, rate: str = "none"):
+        self.hosts = hosts
+        subprocess.run(["bash", str(TOOL), "down", str(hosts)], capture_output=True)
+        subprocess.run(["bash", str(TOOL), "up", str(hosts), rate], check=True,
+                       capture_output=True, timeout=60)
+
+    def prefix(self, per_host: int) -> dict:
+        return {r: ["ip", "netns", "exec", f"rr{r // per_host}"]
+                for r in range(self.hosts * per_host)}
+
+    def link(self, host: int, state: str) -> None:
+        subprocess.run(["bash", str(TOOL), "link", str(host), state], check=True, timeout=20)
+
+    def down(self) -> None:
+        subprocess.run(["bash", str(TOOL), "down", str(self.hosts)], capture_output=True,
+                       timeout=60)
+
+
+@pytest.fixture
+def cluster_factory():
+    made: list = []
+
+    def make(hosts: int, rate: str = "none") -> Cluster:
+        c = Cluster(hosts, rate)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.down()
+
+
+ENV = {"RINGREDUCE_CONNECT_TIMEOUT": "30", "RINGREDUCE_HEARTBEAT_TIMEOUT": "3"}
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("hosts,per_host,plan", [(2, 2, "hier"), (3, 1, "tcp"), (2, 1, "tcp"),
+                                                  (4, 1, "tcp")])
+def test_results_and_plan_across_hosts(cluster_factory, hosts: int, per_host: int,
+                                       plan: str) -> None:
+    c = cluster_factory(hosts)
+    world = hosts * per_host
+    res = run_world(world, "shm_workers:hier_sweep", [1, 7, 1001, 300_007], timeout=120,
+                    env=ENV, master_addr="10.77.0.1", rank_prefix=c.prefix(per_host))
+    assert [r["plan"] for r in res] == [plan] * world
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("per_host", [1, 2])
+def test_cut_link_raises_on_every_rank(cluster_factory, per_host: int) -> None:
+    c = cluster_factory(2)
+    world = 2 * per_host
+    port = free_port()
+    env = dict(ENV, MASTER_PORT=str(port))
+    ready = [Path(f"/tmp/rr_linkcut_ready_{port}_{r}") for r in range(world)]
+    cut = Path(f"/tmp/rr_linkcut_cut_{port}")
+
+    def cutter() -> None:
+        deadline = time.monotonic() + 60
+        while not all(p.exists() for p in ready) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        cut.touch()
+        c.link(1, "down")  # host 1 (ranks on rr1) loses its link
+
+    th = threading.Thread(target=cutter, daemon=True)
+    th.start()
+    try:
+        outs = run_world_raw(world, "shm_workers:link_cut", 4096, timeout=90, env=env,
+                             master_addr="10.77.0.1", rank_prefix=c.prefix(per_host))
+    finally:
+        th.join(timeout=5)
+        for p in ready + [cut]:
+            p.unlink(missing_ok=True)
+    for o in outs:
+        assert o.has_result, o.describe()
+        v = o.value
+        assert v["type"] in ("PeerFailure", "CollectiveTimeout"), o.describe()
+        # Heartbeats (3 s here) catch the partition; allow for the 2-core machine.
+        assert v["after"] < 10, v
+        assert "stopped responding" in v["msg"] or "failed" in v["msg"], v["msg"]
