@@ -8,10 +8,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import error_workers
 import numpy as np
 import pytest
 import torch
-import workers
 from _spawn import run_world, run_world_raw
 
 import ringreduce as rr
@@ -56,7 +56,7 @@ def test_bad_inputs_raise_before_any_data_moves(world: int) -> None:
     """Only the last rank makes ~30 bad calls; then every rank runs correct collectives,
     which would mismatch or hang had any bad call started one."""
     env = {"RINGREDUCE_TIMEOUT": "15"}
-    res = run_world(world, workers.bad_inputs, timeout=60, env=env)
+    res = run_world(world, error_workers.bad_inputs, timeout=60, env=env)
     for r, errs in enumerate(res):
         assert errs == [], f"rank {r}:\n" + "\n".join(errs)
 
@@ -73,7 +73,7 @@ KILL_CASES = [(2, "ring", "tcp"), (2, "tree", "tcp"), (4, "ring", "tcp"), (4, "t
 def test_killed_peer_raises_peer_failure_everywhere(world: int, algo: str, transport: str,
                                                     tmp_path: Path) -> None:
     stamp = tmp_path / "killed_at"
-    outs = run_world_raw(world, workers.peer_kill, algo, str(stamp), timeout=60,
+    outs = run_world_raw(world, error_workers.peer_kill, algo, str(stamp), timeout=60,
                          env=_env(transport, RINGREDUCE_TIMEOUT="30"))
     story = "\n".join(o.describe() for o in outs)
     assert outs[1].returncode == -9 and not outs[1].has_result, f"rank 1 did not die:\n{story}"
@@ -97,7 +97,7 @@ def test_killed_peer_raises_peer_failure_everywhere(world: int, algo: str, trans
 # ------------------------------------------------------------------- mismatches
 
 
-MISMATCH_NAMES = [n for n in workers.MISMATCHES if n not in ("broadcast-root", "kind")]
+MISMATCH_NAMES = [n for n in error_workers.MISMATCHES if n not in ("broadcast-root", "kind")]
 
 
 def _check_mismatch(outs: list, world: int) -> None:
@@ -145,7 +145,7 @@ def _check_mismatch(outs: list, world: int) -> None:
 @pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("world", [2, 3])
 def test_mismatched_collectives_are_detected(world: int, transport: str) -> None:
-    outs = run_world_raw(world, workers.mismatch, MISMATCH_NAMES, timeout=90,
+    outs = run_world_raw(world, error_workers.mismatch, MISMATCH_NAMES, timeout=90,
                          env=_env(transport, RINGREDUCE_TIMEOUT="10"))
     _check_mismatch(outs, world)
 
@@ -159,7 +159,7 @@ def test_mismatched_collectives_are_detected(world: int, transport: str) -> None
 def test_mismatched_kinds_are_detected(world: int, transport: str) -> None:
     """The last rank broadcasts while the others all-reduce (world 3: the tree all-reduce
     waits for the last rank's fold while that rank waits for the broadcast from rank 0)."""
-    outs = run_world_raw(world, workers.mismatch, ["kind"], timeout=40,
+    outs = run_world_raw(world, error_workers.mismatch, ["kind"], timeout=40,
                          env=_env(transport, RINGREDUCE_TIMEOUT="4"))
     _check_mismatch(outs, world)
 
@@ -173,7 +173,7 @@ def test_mismatched_kinds_are_detected(world: int, transport: str) -> None:
     ("tcp", 3), ("shm", 2), ("shm", 3),
 ])
 def test_mismatched_broadcast_roots_are_detected(world: int, transport: str) -> None:
-    outs = run_world_raw(world, workers.mismatch, ["broadcast-root"], timeout=40,
+    outs = run_world_raw(world, error_workers.mismatch, ["broadcast-root"], timeout=40,
                          env=_env(transport, RINGREDUCE_TIMEOUT="4"))
     _check_mismatch(outs, world)
 
@@ -186,7 +186,7 @@ def test_mismatched_broadcast_roots_are_detected(world: int, transport: str) -> 
 @pytest.mark.parametrize("world,async_op", [(2, True), (3, False)])
 def test_stuck_rank_times_out_then_reinit_works(world: int, async_op: bool,
                                                 transport: str) -> None:
-    res = run_world(world, workers.collective_timeout, async_op, timeout=60, init=False,
+    res = run_world(world, error_workers.collective_timeout, async_op, timeout=60, init=False,
                     env=_env(transport, RINGREDUCE_CONNECT_TIMEOUT="30"))
     late = world - 1
     for r, v in enumerate(res):
@@ -215,10 +215,10 @@ _stagger_cache: dict[str, list] = {}
 
 
 def _staggered(transport: str) -> list[dict]:
-    """workers.stuck_rank_named on 3 ranks, run once per transport for the two tests below."""
+    """error_workers.stuck_rank_named on 3 ranks, run once per transport for the two tests below."""
     if transport not in _stagger_cache:
         _stagger_cache[transport] = run_world(
-            3, workers.stuck_rank_named, timeout=30, init=False,
+            3, error_workers.stuck_rank_named, timeout=30, init=False,
             env=_env(transport, RINGREDUCE_CONNECT_TIMEOUT="30"))
     return _stagger_cache[transport]
 
@@ -249,7 +249,7 @@ def test_late_rank_learns_why_its_peers_gave_up(transport: str) -> None:
 @pytest.mark.parametrize("world", [2, 3])
 def test_wrong_secret_is_refused(world: int) -> None:
     odd = world - 1
-    outs = run_world_raw(world, workers.init_only, timeout=40, init=False,
+    outs = run_world_raw(world, error_workers.init_only, timeout=40, init=False,
                          env={"RINGREDUCE_CONNECT_TIMEOUT": "5"},
                          rank_env={odd: {"RINGREDUCE_SECRET": "not-the-job-secret"}})
     story = "\n".join(o.describe() for o in outs)
@@ -268,7 +268,7 @@ def test_wrong_secret_is_refused(world: int) -> None:
 
 @pytest.mark.timeout(60)
 def test_strangers_on_the_listening_port_are_refused() -> None:
-    res = run_world(2, workers.strangers, timeout=45, init=False,
+    res = run_world(2, error_workers.strangers, timeout=45, init=False,
                     env={"RINGREDUCE_CONNECT_TIMEOUT": "20"})
     for r, v in enumerate(res):
         assert v["sum"] == [3.0, 3.0, 3.0], f"rank {r}: {v}"
@@ -324,7 +324,7 @@ def test_spawn_helper_kills_a_hung_world_and_reports_failures() -> None:
     import time
 
     t0 = time.monotonic()
-    outs = run_world_raw(2, workers.hang, 600, timeout=8, init=False)
+    outs = run_world_raw(2, error_workers.hang, 600, timeout=8, init=False)
     assert time.monotonic() - t0 < 20
     assert outs[0].ok and not outs[0].timed_out
     assert outs[1].timed_out and not outs[1].ok
@@ -334,11 +334,11 @@ def test_spawn_helper_kills_a_hung_world_and_reports_failures() -> None:
     assert "most recent call first" in outs[1].stderr
     assert not any(_alive(o.pid) for o in outs)
     with pytest.raises(AssertionError) as info:
-        run_world(2, workers.fail_on, 1, timeout=30)
+        run_world(2, error_workers.fail_on, 1, timeout=30)
     text = str(info.value)
     assert "rank(s) [1] failed" in text and "deliberate failure on rank 1" in text
     assert "Traceback" in text and "fail_on" in text
-    assert run_world(2, workers.fail_on, 5, timeout=30) == [0, 10]
+    assert run_world(2, error_workers.fail_on, 5, timeout=30) == [0, 10]
 
 
 # ------------------------------------------------------------------ async lifetime
@@ -347,7 +347,7 @@ def test_spawn_helper_kills_a_hung_world_and_reports_failures() -> None:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_destroy_with_pending_async_work(transport: str) -> None:
-    res = run_world(2, workers.destroy_with_pending, timeout=40, env=_env(transport))
+    res = run_world(2, error_workers.destroy_with_pending, timeout=40, env=_env(transport))
     for r, v in enumerate(res):
         assert v["destroy_s"] < 3.0, f"rank {r}: destroy() took {v['destroy_s']:.1f} s"
         for k, w in enumerate(v["works"]):
@@ -366,6 +366,6 @@ def test_destroy_with_pending_async_work(transport: str) -> None:
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_async_buffers_outlive_a_dropped_handle(transport: str) -> None:
-    res = run_world(2, workers.fire_and_forget, 300_000, timeout=40, env=_env(transport))
+    res = run_world(2, error_workers.fire_and_forget, 300_000, timeout=40, env=_env(transport))
     for r, intact in enumerate(res):
         assert all(intact), f"rank {r}: later allocations were overwritten: {intact}"

@@ -1,0 +1,474 @@
+"""Functions that run inside ranks (started by _spawn.run_world) for tests/test_errors.py:
+bad inputs, a peer killed mid-collective, ranks that disagree, timeouts, wrong secrets and
+strangers on the listening port, destroy() with work pending, dropped async handles, and
+the spawn helper's own failure reporting.
+
+They catch the errors they provoke and return what they saw (type, message, timing) so the
+parent can assert on every rank's story. Inputs and reference answers come from the shared
+helpers in tests/workers.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import struct
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from workers import Buf, compare_exact, pattern, reduce_np, values
+
+import ringreduce as rr
+
+
+def _exc_info(e: BaseException, t0: float) -> dict:
+    return {"type": type(e).__name__, "msg": str(e), "elapsed": time.time() - t0,
+            "is_rr": isinstance(e, rr.RingReduceError), "is_timeout": isinstance(e, TimeoutError),
+            "peer_rank": getattr(e, "peer_rank", None)}
+
+
+def _expect_raise(fn: Callable[[], Any], exc: type, pattern: str, what: str) -> list[str]:
+    try:
+        fn()
+    except exc as e:
+        if not re.search(pattern, str(e), re.IGNORECASE):
+            return [f"{what}: {type(e).__name__} message {str(e)!r} does not match {pattern!r}"]
+        return []
+    except Exception as e:  # noqa: BLE001
+        return [f"{what}: raised {type(e).__name__}: {e}, expected {exc.__name__}"]
+    return [f"{what}: did not raise (expected {exc.__name__} matching {pattern!r})"]
+
+
+def bad_inputs(rank: int, world: int) -> list[str]:
+    """Only the last rank makes the bad calls: if any of them consumed a sequence number or
+    moved a byte, the correct collectives afterwards would mismatch or hang."""
+    errs: list[str] = []
+    if rank == world - 1:
+        ro = np.arange(6, dtype=np.float32)
+        ro.flags.writeable = False
+        leaf = torch.ones(3, requires_grad=True)
+        sparse = torch.eye(3).to_sparse()
+        x = np.arange(8, dtype=np.float32)
+        x_before = x.copy()
+        n = 4
+        cases: list[tuple[str, Callable[[], Any], type, str]] = [
+            ("non-contiguous tensor", lambda: rr.allreduce(torch.ones(4, 4).t()), ValueError,
+             r"not contiguous.*contiguous\(\)"),
+            ("strided tensor", lambda: rr.broadcast(torch.ones(10)[::2]), ValueError,
+             "not contiguous"),
+            ("non-contiguous array", lambda: rr.allreduce(np.ones((4, 4)).T), ValueError,
+             "not C-contiguous.*ascontiguousarray"),
+            ("complex tensor", lambda: rr.allreduce(torch.ones(3, dtype=torch.complex64)),
+             ValueError, r"complex64 is not supported.*float32"),
+            ("complex array", lambda: rr.allreduce(np.ones(3, np.complex128)), ValueError,
+             "complex128 is not supported"),
+            ("bool tensor", lambda: rr.allreduce(torch.ones(3, dtype=torch.bool)), ValueError,
+             "bool is not supported"),
+            ("bool array", lambda: rr.broadcast(np.ones(3, bool)), ValueError, "not supported"),
+            ("int16 tensor", lambda: rr.allreduce(torch.ones(3, dtype=torch.int16)), ValueError,
+             "int16 is not supported"),
+            ("uint32 array", lambda: rr.allreduce(np.ones(3, np.uint32)), ValueError,
+             "uint32 is not supported"),
+            ("read-only array", lambda: rr.allreduce(ro), ValueError, "read-only"),
+            ("read-only broadcast", lambda: rr.broadcast(ro), ValueError, "read-only"),
+            ("meta-device tensor", lambda: rr.allreduce(torch.empty(3, device="meta")),
+             ValueError, r"meta.*\.cpu\(\)"),
+            ("sparse tensor", lambda: rr.allreduce(sparse), ValueError, "sparse.*to_dense"),
+            ("leaf requiring grad", lambda: rr.allreduce(leaf), ValueError,
+             "requires grad.*detach"),
+            ("list", lambda: rr.allreduce([1.0, 2.0]), TypeError,
+             "expected a torch.Tensor or numpy.ndarray, got list"),
+            ("python float", lambda: rr.broadcast(1.0), TypeError, "got float"),
+            ("bad op", lambda: rr.allreduce(x, op="mean"), ValueError,
+             "unsupported reduce op 'mean'.*sum, avg, prod, min, max"),
+            ("op None", lambda: rr.allreduce(x, op=None), ValueError, "unsupported reduce op"),
+            ("bad algo", lambda: rr.allreduce(x, algo="star"), ValueError,
+             "unknown algo 'star'.*auto, ring, tree"),
+            ("bad algo coalesced", lambda: rr.allreduce_coalesced([x], algo="x"), ValueError,
+             "unknown algo"),
+            ("bad op reduce_scatter", lambda: rr.reduce_scatter(np.ones(world * 2), op="mean"),
+             ValueError, "unsupported reduce op"),
+            ("broadcast src=world", lambda: rr.broadcast(x, src=world), ValueError,
+             rf"src={world}.*world size {world}"),
+            ("broadcast src=-1", lambda: rr.broadcast(x, src=-1), ValueError, "src=-1"),
+            ("allgather out too big",
+             lambda: rr.allgather(np.ones(n, np.float32), out=np.empty(world * n + 1, np.float32)),
+             ValueError, rf"out must hold.*{world * n}.*got {world * n + 1}"),
+            ("allgather out too small",
+             lambda: rr.allgather(torch.ones(n), out=torch.empty(world * n - 1)),
+             ValueError, "out must hold"),
+            ("allgather out dtype",
+             lambda: rr.allgather(np.ones(n, np.float32), out=np.empty(world * n, np.float64)),
+             ValueError, "out must hold.*float32.*float64"),
+            ("allgather out non-contiguous",
+             lambda: rr.allgather(torch.ones(2), out=torch.empty(world * 2, 2)[:, 0]), ValueError,
+             r"allgather\(out\).*not contiguous"),
+            ("allgather out read-only",
+             lambda: rr.allgather(np.ones(1, np.float32),
+                                  out=np.broadcast_to(np.float32(0), (world,))), ValueError,
+             "allgather\\(out\\)"),
+            ("reduce_scatter out size",
+             lambda: rr.reduce_scatter(np.ones(world * 3), out=np.empty(4)), ValueError,
+             "out must hold 3 elements"),
+            ("reduce_scatter out dtype",
+             lambda: rr.reduce_scatter(torch.ones(world * 3), out=torch.empty(3, dtype=torch.int32)),
+             ValueError, "out must hold 3 elements of float32"),
+            ("coalesced mixed dtypes",
+             lambda: rr.allreduce_coalesced([torch.ones(2), torch.ones(2, dtype=torch.float64)]),
+             ValueError, "one dtype.*group them by dtype"),
+            ("coalesced bad member",
+             lambda: rr.allreduce_coalesced([torch.ones(2), torch.ones(3, 3).t()]), ValueError,
+             r"xs\[1\].*not contiguous"),
+        ]
+        if world > 1:
+            cases.append(("reduce_scatter count not a multiple",
+                          lambda: rr.reduce_scatter(np.ones(world * 3 + 1)), ValueError,
+                          (rf"{world * 3 + 1} elements, not a multiple of world_size {world}.*pad "
+                          rf"it to {world * 4}")))
+        for what, fn, exc, pat in cases:
+            errs += _expect_raise(fn, exc, pat, what)
+        if not np.array_equal(x, x_before):
+            errs.append("a rejected call modified its input")
+    # The communicator is still usable, and in step on every rank.
+    for t, dt in enumerate(("float32", "int64")):
+        ins = [pattern(dt, "sum", r, 1001, t) for r in range(world)]
+        b = Buf(dt, "torch", 1001, vals=ins[rank])
+        rr.allreduce(b.view)
+        errs += compare_exact(values(b.view), reduce_np(dt, "sum", ins, world),
+                              f"allreduce after rejected calls ({dt})")
+    # A read-only input is fine where the collective only reads it.
+    ro_in = np.full(3, rank, dtype=np.int32)
+    ro_in.flags.writeable = False
+    got = rr.allgather(ro_in)
+    errs += compare_exact(got, np.repeat(np.arange(world, dtype=np.int32), 3).reshape(world, 3),
+                          "allgather of a read-only array")
+    # torch.distributed.ReduceOp values are accepted too.
+    import torch.distributed as dist
+
+    for op, name in ((dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.AVG, "avg"),
+                     (dist.ReduceOp.PRODUCT, "prod"), (dist.ReduceOp.MIN, "min"),
+                     (dist.ReduceOp.MAX, "max")):
+        ins = [pattern("int32", name, r, 17, 1) for r in range(world)]
+        v = ins[rank].copy()
+        rr.allreduce(v, op=op)
+        errs += compare_exact(v, reduce_np("int32", name, ins, world), f"op={op}")
+    return errs
+
+
+def peer_kill(rank: int, world: int, algo: str, stamp_file: str) -> dict:
+    """Rank 1 SIGKILLs itself while an all-reduce is on the wire; the others loop over
+    all-reduces and report what they raised, when, and what a later call says."""
+    import signal
+
+    n = (1 << 20) if algo == "ring" else (1 << 16)
+    x = np.ones(n, dtype=np.float32)
+    t_end = time.time() + 30
+    it = 0
+    while time.time() < t_end:
+        it += 1
+        x.fill(1.0)
+        if rank == 1 and it == 4:
+            w = rr.allreduce(x, algo=algo, async_op=True)
+            time.sleep(0.002)
+            with open(stamp_file, "w") as f:
+                f.write(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+            w.wait()  # not reached
+        t0 = time.time()
+        try:
+            rr.allreduce(x, algo=algo)
+        except Exception as e:  # noqa: BLE001
+            info = _exc_info(e, t0)
+            info["t_err"] = time.time()
+            info["iterations"] = it
+            try:
+                rr.allreduce(x, algo=algo)
+                info["after"] = None
+            except Exception as e2:  # noqa: BLE001
+                info["after"] = f"{type(e2).__name__}: {e2}"
+            t = time.time()
+            rr.destroy()
+            info["destroy_s"] = time.time() - t
+            return info
+        if x[0] != world:
+            return {"type": None, "msg": f"wrong sum {x[0]} at iteration {it}"}
+    return {"type": None, "msg": f"no error after {it} iterations"}
+
+
+MISMATCHES: dict[str, tuple[str, Callable[[int, bool], Any]]] = {
+    # name: (phrase the error must contain, call(rank, odd_one_out))
+    "count": ("count mismatch", lambda r, odd: rr.allreduce(np.ones(101 if odd else 100))),
+    "dtype": ("dtype mismatch",
+              lambda r, odd: rr.allreduce(np.ones(64, np.int32 if odd else np.float32))),
+    "dtype-width": ("dtype mismatch",
+                    lambda r, odd: rr.allreduce(np.ones(64, np.int64 if odd else np.float64))),
+    "op": ("op mismatch", lambda r, odd: rr.allreduce(np.ones(64), op="max" if odd else "sum")),
+    "algo": ("algorithm mismatch",
+             lambda r, odd: rr.allreduce(np.ones(1000), algo="tree" if odd else "ring")),
+    "kind": ("collective mismatch",
+             lambda r, odd: rr.broadcast(np.ones(64)) if odd else rr.allreduce(np.ones(64))),
+    "barrier-vs-allreduce": ("collective mismatch",
+                             lambda r, odd: rr.barrier() if odd else rr.allreduce(np.ones(8))),
+    "broadcast-count": ("count mismatch",
+                        lambda r, odd: rr.broadcast(np.ones(33 if odd else 32), src=0)),
+    "allgather-count": ("count mismatch",
+                        lambda r, odd: rr.allgather(np.ones(5 if odd else 4))),
+    "reduce_scatter-count": ("count mismatch", lambda r, odd: rr.reduce_scatter(
+        np.ones(rr.get_world_size() * (3 if odd else 2)))),
+    "reduce_scatter-op": ("op mismatch", lambda r, odd: rr.reduce_scatter(
+        np.ones(rr.get_world_size() * 4), op="min" if odd else "max")),
+    "broadcast-root": ("root mismatch",
+                       lambda r, odd: rr.broadcast(np.full(64, float(r)), src=1 if odd else 0)),
+}
+
+
+_SYNC_STORE: list = []
+
+
+def store_barrier(rank: int, world: int, tag: str) -> None:
+    """Out-of-band barrier through the job's TCPStore, for tests that must keep ranks in
+    step without the library (which may be failing on purpose)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    if not _SYNC_STORE:
+        _SYNC_STORE.append(dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                         is_master=False, timeout=timedelta(seconds=60),
+                                         wait_for_workers=False))
+    store = _SYNC_STORE[0]
+    store.set(f"tests/{tag}/{rank}", "1")
+    store.wait([f"tests/{tag}/{r}" for r in range(world)])
+
+
+def mismatch(rank: int, world: int, names: list[str]) -> list[dict]:
+    """For each scenario the last rank disagrees with the others. Each scenario runs on a
+    fresh communicator (destroy + init again) after a correct all-reduce proves it works;
+    ranks line up through the store before each scenario (otherwise fast ranks may reach
+    the mismatch, and abort, while a slow one is still finishing the correct all-reduce)."""
+    out = []
+    for k, name in enumerate(names):
+        phrase, call = MISMATCHES[name]
+        if k > 0:
+            rr.init(timeout=10)
+        res: dict[str, Any] = {"name": name, "phrase": phrase}
+        try:
+            v = np.full(10, float(rank))
+            rr.allreduce(v)
+            res["fresh_comm_ok"] = bool(np.all(v == world * (world - 1) / 2))
+        except Exception as e:  # noqa: BLE001
+            res["fresh_comm_ok"] = f"{type(e).__name__}: {e}"
+        store_barrier(rank, world, f"mismatch-{k}")
+        t0 = time.time()
+        try:
+            call(rank, rank == world - 1)
+            res.update({"type": None, "msg": "no error", "elapsed": time.time() - t0})
+        except Exception as e:  # noqa: BLE001
+            res.update(_exc_info(e, t0))
+        # The collective after a mismatch must not silently succeed either.
+        try:
+            rr.allreduce(np.ones(4))
+            res["after"] = None
+        except Exception as e:  # noqa: BLE001
+            res["after"] = f"{type(e).__name__}: {e}"
+        out.append(res)
+        rr.destroy()
+        if k + 1 < len(names):  # (rank 0 hosts the store: no store call after the last)
+            store_barrier(rank, world, f"mismatch-{k}-destroyed")
+    return out
+
+
+def collective_timeout(rank: int, world: int, async_op: bool) -> dict:
+    """init(timeout=2); the last rank sleeps 4 s before its all-reduce. Then every rank
+    destroys and initialises again in the same process, and a correct all-reduce follows."""
+    rr.init(timeout=2)
+    late = world - 1
+    res: dict[str, Any] = {}
+    x = np.ones(1000, dtype=np.float32)
+    if rank == late:
+        time.sleep(4)
+    t0 = time.time()
+    try:
+        w = rr.allreduce(x, algo="ring", async_op=async_op)
+        if async_op:
+            res["queued_s"] = time.time() - t0
+            w.wait()
+        res["first"] = {"type": None}
+    except Exception as e:  # noqa: BLE001
+        res["first"] = _exc_info(e, t0)
+    try:
+        rr.barrier()
+        res["after"] = None
+    except Exception as e:  # noqa: BLE001
+        res["after"] = f"{type(e).__name__}: {e}"
+    t = time.time()
+    rr.destroy()
+    res["destroy_s"] = time.time() - t
+    res["initialized_after_destroy"] = rr.is_initialized()
+    rr.init(timeout=20)
+    v = np.full(5, rank + 1, dtype=np.int64)
+    rr.allreduce(v)
+    res["reinit_sum"] = v.tolist()
+    rr.barrier()
+    rr.destroy()
+    return res
+
+
+def init_only(rank: int, world: int) -> dict:
+    """init() and report how it went (for wrong-secret tests)."""
+    t0 = time.time()
+    try:
+        rr.init()
+    except Exception as e:  # noqa: BLE001
+        return _exc_info(e, t0)
+    try:
+        x = np.ones(4)
+        rr.allreduce(x)
+        return {"type": None, "elapsed": time.time() - t0, "sum": x.tolist()}
+    finally:
+        rr.destroy()
+
+
+_HELLO = struct.Struct("<IIii16s")
+_AUTH = struct.Struct("<IIiiii16s32s")
+_ACK = struct.Struct("<II32s")
+_MAGIC = 0x31485252
+
+
+def _recv_all(s: socket.socket, n: int | None = None) -> bytes:
+    buf = b""
+    while n is None or len(buf) < n:
+        try:
+            chunk = s.recv(65536 if n is None else n - len(buf))
+        except (ConnectionResetError, socket.timeout):
+            break
+        if not chunk:
+            break
+        buf += chunk
+    return buf
+
+
+def strangers(rank: int, world: int) -> dict:
+    """Before rank 1's init, four strangers connect to rank 0's listener (address read from
+    the store): a wrong-secret handshake, garbage, an immediate close, and a silent one.
+    Rank 0 must refuse them all and still accept the real rank 1."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    seen: dict[str, Any] = {}
+    threads = []
+    if rank == 1:
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                              is_master=False, timeout=timedelta(seconds=30),
+                              wait_for_workers=False)
+        key = "ringreduce/1/addr/0"
+        store.wait([key])
+        host, port = store.get(key).decode().rsplit(":", 1)
+        socks = {k: socket.create_connection((host.strip("[]"), int(port)), timeout=30)
+                 for k in ("bad_mac", "garbage", "closer", "silent")}
+        socks["closer"].close()
+
+        def bad_mac(s: socket.socket) -> None:
+            hello = _HELLO.unpack(_recv_all(s, _HELLO.size))
+            seen["hello"] = [hello[0], hello[1], hello[2], hello[3]]
+            s.sendall(_AUTH.pack(_MAGIC, 1, 1, world, 0, 0, os.urandom(16), os.urandom(32)))
+            ack = _recv_all(s, _ACK.size)
+            seen["bad_mac_ack"] = list(_ACK.unpack(ack)[:2]) if len(ack) == _ACK.size else None
+
+        def garbage(s: socket.socket) -> None:
+            s.sendall(b"GET / HTTP/1.0\r\n\r\n" + b"\x00" * 100)
+            data = _recv_all(s)
+            seen["garbage_ack"] = (list(_ACK.unpack(data[-_ACK.size:])[:2])
+                                   if len(data) == _HELLO.size + _ACK.size else len(data))
+
+        for fn, k in ((bad_mac, "bad_mac"), (garbage, "garbage")):
+            th = threading.Thread(target=fn, args=(socks[k],), daemon=True)
+            th.start()
+            threads.append(th)
+    t0 = time.time()
+    rr.init()
+    seen["init_s"] = time.time() - t0
+    x = np.full(3, rank + 1.0)
+    rr.allreduce(x)
+    seen["sum"] = x.tolist()
+    for th in threads:
+        th.join(10)
+    if rank == 1:
+        socks["silent"].close()
+    return seen
+
+
+def stuck_rank_named(rank: int, world: int) -> dict:
+    """init(timeout=2). The last rank sleeps 4 s before its all-reduce; rank 0 joins 0.5 s
+    after the others, so rank 1's deadline (waiting for rank 0, itself waiting for the last
+    rank) fires first. Returns what each rank raised."""
+    rr.init(timeout=2)
+    if rank == world - 1:
+        time.sleep(4)
+    elif rank == 0:
+        time.sleep(0.5)
+    t0 = time.time()
+    try:
+        rr.allreduce(np.ones(1000, dtype=np.float32), algo="ring")
+        return {"type": None}
+    except Exception as e:  # noqa: BLE001
+        return _exc_info(e, t0)
+    finally:
+        rr.destroy()
+
+
+def hang(rank: int, world: int, seconds: float) -> None:
+    """The last rank sleeps (for tests of the spawn helper's hard timeout)."""
+    if rank == world - 1:
+        time.sleep(seconds)
+
+
+def fail_on(rank: int, world: int, bad_rank: int) -> int:
+    """Raises on `bad_rank` (for tests of the spawn helper's error reporting)."""
+    if rank == bad_rank:
+        raise ValueError(f"deliberate failure on rank {rank}")
+    return rank * 10
+
+
+def fire_and_forget(rank: int, world: int, n: int) -> list[bool]:
+    """Async all-reduces whose Work handle (and buffer) the caller drops at once, as with
+    torch.distributed, where the Work keeps its tensors alive until the collective is done.
+    Then fresh arrays are allocated; they must stay intact and the process must survive."""
+    import gc
+
+    intact = []
+    for _ in range(5):
+        rr.allreduce(np.ones(n, dtype=np.float32), async_op=True)  # handle dropped here
+        gc.collect()
+        fresh = [np.full(n, 7.0, dtype=np.float32) for _ in range(4)]
+        rr.barrier()
+        intact.append(all(bool((f == 7.0).all()) for f in fresh))
+    return intact
+
+
+def destroy_with_pending(rank: int, world: int) -> dict:
+    """destroy() while async collectives are queued: it returns promptly and every pending
+    Work fails with a RingReduceError (none hangs); afterwards the API says to init."""
+    xs = [np.ones(200_000, dtype=np.float32) for _ in range(6)]
+    works = [rr.allreduce(x, async_op=True) for x in xs]
+    t = time.time()
+    rr.destroy()
+    res: dict[str, Any] = {"destroy_s": time.time() - t, "works": []}
+    for w in works:
+        t = time.time()
+        try:
+            done = w.wait(timeout=10)
+            res["works"].append({"type": None, "done": done})
+        except Exception as e:  # noqa: BLE001
+            res["works"].append(_exc_info(e, t))
+    try:
+        rr.allreduce(np.ones(3))
+        res["after"] = None
+    except Exception as e:  # noqa: BLE001
+        res["after"] = f"{type(e).__name__}: {e}"
+    return res
