@@ -83,22 +83,7 @@ def as_buffer(x: Any, what: str, writable: bool = True) -> Buffer:
                 f"{what}: tensor is on {x.device}, but this build moves host memory only; "
                 f"call .cpu() first (GPU tensors are not supported yet)"
             )
-        if x.is_sparse or x.layout != torch.strided:
-            raise ValueError(f"{what}: sparse tensors are not supported; call .to_dense() first")
-        if not x.is_contiguous():
-            raise ValueError(
-                f"{what}: tensor is not contiguous (strides {tuple(x.stride())}); "
-                f"pass x.contiguous() and copy the result back, or use a contiguous buffer"
-            )
-        name = str(x.dtype).replace("torch.", "")
-        code = DTYPE_CODES.get(name)
-        if code is None:
-            raise ValueError(f"{what}: dtype {x.dtype} is not supported; use one of {_SUPPORTED}")
-        if writable and x.requires_grad and x.is_leaf and torch.is_grad_enabled():
-            raise ValueError(
-                f"{what}: in-place collective on a leaf tensor that requires grad; "
-                f"pass x.detach() or x.data (as for parameters), or wrap in torch.no_grad()"
-            )
+        name, code = check_torch_tensor(x, what, writable)
         return Buffer(x, x.data_ptr(), x.numel(), name, code, tuple(x.shape))
     if isinstance(x, np.ndarray):
         if not x.flags.c_contiguous:
@@ -115,6 +100,29 @@ def as_buffer(x: Any, what: str, writable: bool = True) -> Buffer:
     raise TypeError(
         f"{what}: expected a torch.Tensor or numpy.ndarray, got {type(x).__name__}"
     )
+
+
+def check_torch_tensor(x: Any, what: str, writable: bool) -> tuple:
+    """Device-independent checks of a torch tensor (layout, contiguity, dtype, autograd);
+    returns (dtype name, dtype code). Shared by the host and the CUDA adapters."""
+    torch = _torch()
+    if x.is_sparse or x.layout != torch.strided:
+        raise ValueError(f"{what}: sparse tensors are not supported; call .to_dense() first")
+    if not x.is_contiguous():
+        raise ValueError(
+            f"{what}: tensor is not contiguous (strides {tuple(x.stride())}); "
+            f"pass x.contiguous() and copy the result back, or use a contiguous buffer"
+        )
+    name = str(x.dtype).replace("torch.", "")
+    code = DTYPE_CODES.get(name)
+    if code is None:
+        raise ValueError(f"{what}: dtype {x.dtype} is not supported; use one of {_SUPPORTED}")
+    if writable and x.requires_grad and x.is_leaf and torch.is_grad_enabled():
+        raise ValueError(
+            f"{what}: in-place collective on a leaf tensor that requires grad; "
+            f"pass x.detach() or x.data (as for parameters), or wrap in torch.no_grad()"
+        )
+    return name, code
 
 
 def op_code(op: Any) -> int:

@@ -30,7 +30,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import _C
-from ._buffers import DTYPE_CODES, op_code
+from ._buffers import DTYPE_CODES, check_torch_tensor, op_code
 
 # The compiled GPU module (csrc/bindings/gpu.cc), or None in an extension built before it.
 _gpu = getattr(_C, "gpu", None)
@@ -202,22 +202,7 @@ def _from_torch(x: Any, what: str, writable: bool, stream: int | None) -> CudaBu
             f"{what}: tensor is on {x.device}, not a CUDA device; host tensors go through "
             f"ringreduce's CPU path (pass it to ringreduce.allreduce as it is)"
         )
-    if x.is_sparse or x.layout != torch.strided:
-        raise ValueError(f"{what}: sparse tensors are not supported; call .to_dense() first")
-    if not x.is_contiguous():
-        raise ValueError(
-            f"{what}: tensor is not contiguous (strides {tuple(x.stride())}); pass "
-            f"x.contiguous() and copy the result back, or use a contiguous buffer"
-        )
-    name = str(x.dtype).replace("torch.", "")
-    code = DTYPE_CODES.get(name)
-    if code is None:
-        raise ValueError(f"{what}: dtype {x.dtype} is not supported; use one of {_SUPPORTED}")
-    if writable and x.requires_grad and x.is_leaf and torch.is_grad_enabled():
-        raise ValueError(
-            f"{what}: in-place collective on a leaf tensor that requires grad; pass x.detach() "
-            f"or x.data (as for parameters), or wrap the call in torch.no_grad()"
-        )
+    name, code = check_torch_tensor(x, what, writable)
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     if stream is None:
         stream = int(torch.cuda.current_stream(dev).cuda_stream)

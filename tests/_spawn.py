@@ -1,7 +1,7 @@
 """The one spawn helper of the test suite: run a function on N fresh ranks and collect results.
 
     from _spawn import run_world
-    results = run_world(3, workers.allreduce_matrix, {"sizes": [1, 7]}, timeout=60)
+    results = run_world(3, workers.matrix, ["allreduce"], timeout=60)
 
 Each rank is a fresh ``python -c`` process (a new session, so the whole process group can be
 killed) with RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT / RINGREDUCE_SECRET set.

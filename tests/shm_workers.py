@@ -96,28 +96,14 @@ def busy_loop(rank: int, world: int, iters: int, n: int) -> float:
     return time.perf_counter() - t
 
 
-def freeze_victim(rank: int, world: int, victim: int, n: int) -> dict:
-    """The victim SIGSTOPs itself; the others time how long until they raise."""
+def victim(rank: int, world: int, victim: int, n: int, how: str) -> dict:
+    """The victim stops itself (how="stop": SIGSTOP, frozen with sockets open; "kill":
+    SIGKILL); the others time how long until they raise."""
     x = np.ones(n, np.float32)
     for _ in range(5):
         rr.allreduce(x)
     if rank == victim:
-        os.kill(os.getpid(), signal.SIGSTOP)
-    t = time.monotonic()
-    try:
-        for _ in range(1000):
-            rr.allreduce(x)
-    except rr.RingReduceError as e:
-        return {"type": type(e).__name__, "msg": str(e), "after": time.monotonic() - t}
-    return {"type": None, "msg": "", "after": time.monotonic() - t}
-
-
-def kill_victim(rank: int, world: int, victim: int, n: int) -> dict:
-    x = np.ones(n, np.float32)
-    for _ in range(3):
-        rr.allreduce(x)
-    if rank == victim:
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGSTOP if how == "stop" else signal.SIGKILL)
     t = time.monotonic()
     try:
         for _ in range(1000):

@@ -53,7 +53,7 @@ def test_no_segment_left_in_dev_shm() -> None:
 @pytest.mark.timeout(60)
 def test_killed_rank_leaves_nothing_and_peers_raise() -> None:
     before = set(glob.glob("/dev/shm/rr-*"))
-    outs = run_world_raw(3, "shm_workers:kill_victim", 1, 4096, timeout=40)
+    outs = run_world_raw(3, "shm_workers:victim", 1, 4096, "kill", timeout=40)
     for o in outs:
         if o.rank == 1:
             assert o.returncode == -9

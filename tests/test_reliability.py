@@ -1,0 +1,84 @@
+"""Failure detection beyond closed sockets, and the debugging aids: a frozen (SIGSTOPped)
+peer is named on every rank within the heartbeat deadline; traces and flight-recorder
+dumps are valid JSON with the expected events; the payload checksum keeps results right;
+init/destroy cycles leak no fds, threads or /dev/shm entries."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from _spawn import run_world, run_world_raw
+
+TRANSPORTS = ["tcp", "shm"]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("world,victim", [(2, 1), (3, 0), (4, 2)])
+def test_frozen_peer_is_named_on_every_rank(transport: str, world: int, victim: int) -> None:
+    env = {"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_HEARTBEAT_TIMEOUT": "2"}
+    outs = run_world_raw(world, "shm_workers:victim", victim, 1024, "stop", timeout=40, env=env)
+    for o in outs:
+        if o.rank == victim:
+            continue  # stopped, then killed by the spawn helper
+        assert o.has_result, o.describe()
+        v = o.value
+        assert v["type"] in ("PeerFailure", "CollectiveMismatch", "CollectiveTimeout"), v
+        assert f"rank {victim}" in v["msg"], v["msg"]
+        assert v["after"] < 8, v  # 2 s heartbeat timeout + slack for a loaded 2-core box
+
+
+@pytest.mark.timeout(60)
+def test_trace_file_is_chrome_json(tmp_path) -> None:
+    pattern = str(tmp_path / "trace.json")
+    events = run_world(2, "shm_workers:traced", 1000, env={"RINGREDUCE_TRACE": pattern})
+    assert [e[0] for e in events[0]] == ["allreduce"] * 3 + ["broadcast", "barrier"]
+    for r in range(2):
+        data = json.loads((tmp_path / f"trace.rank{r}.json").read_text())
+        spans = [e for e in data["traceEvents"] if e.get("ph") == "X"]
+        assert [s["name"].split(" #")[0] for s in spans] == \
+            ["allreduce"] * 3 + ["broadcast", "barrier"]
+        assert all(s["pid"] == r and s["dur"] >= 0 and s["args"]["ok"] for s in spans)
+        assert spans[0]["args"]["bytes"] == 4000
+
+
+@pytest.mark.timeout(60)
+def test_flight_recorder_dumped_on_failure(tmp_path) -> None:
+    path = str(tmp_path / "flight")
+    env = {"RINGREDUCE_FLIGHT_RECORDER": path, "RINGREDUCE_TRANSPORT": "tcp"}
+    outs = run_world_raw(3, "shm_workers:victim", 2, 1024, "kill", timeout=40, env=env)
+    for r in (0, 1):
+        assert outs[r].value["type"] == "PeerFailure", outs[r].describe()
+        dump = json.loads((tmp_path / f"flight.rank{r}.json").read_text())
+        assert dump["rank"] == r and "rank 2" in dump["error"]
+        states = [c["state"] for c in dump["last_collectives"]]
+        assert states[-1] == "failed" and states.count("ok") >= 5
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world", [2, 3])
+def test_checksummed_results_are_right(world: int) -> None:
+    env = {"RINGREDUCE_CHECKSUM": "1", "RINGREDUCE_TRANSPORT": "tcp",
+           "RINGREDUCE_SEGMENT_BYTES": "4096"}
+    assert run_world(world, "shm_workers:checksum_run", 100_003, env=env) == [True] * world
+
+
+def test_crc32c_known_value() -> None:
+    from ringreduce import _C
+
+    assert _C.crc32c(b"123456789") == 0xE3069283
+    assert _C.crc32c(b"") == 0
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_init_destroy_cycles_leak_nothing(transport: str) -> None:
+    n = 30 if os.environ.get("CI") else 100
+    res = run_world(2, "shm_workers:cycles", n, timeout=220, init=False,
+                    env={"RINGREDUCE_TRANSPORT": transport})
+    for r in res:
+        assert r["fds"] <= 0 and r["threads"] <= 0 and r["shm"] <= 0, r
+        assert r["rss_kib"] < 10 * 1024, r
