@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import collections
 import logging
+import os
 from typing import Any, Optional, Sequence
 
 from . import _buffers, _env, _rendezvous, _state
@@ -139,6 +140,9 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *,
                                  secret or tun.secret, options["connect_timeout"],
                                  f"{host}:{listener.heartbeat_port}")
     options.update(_shm_options(tun.transport, peers, rank, world))
+    # Busy-poll sockets briefly only when every local rank can have its own core.
+    local = sum(1 for h in peers.hosts if h == peers.hosts[rank])
+    options["spin_us"] = 250.0 if local <= (os.cpu_count() or 1) else 0.0
     comm = _C.Communicator(rank, world, listener, peers.addrs, peers.secret, options,
                            peers.hb_addrs)
     log.info("rank %d: connected to %d peers from %s; transport plan: %s", rank, world - 1, bind,

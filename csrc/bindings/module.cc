@@ -43,6 +43,7 @@ Options optionsFromDict(const py::dict& d) {
     else if (k == "heartbeat_timeout") o.heartbeatTimeoutSec = v.cast<double>();
     else if (k == "checksum") o.checksum = v.cast<bool>();
     else if (k == "stall_warn") o.stallWarnSec = v.cast<double>();
+    else if (k == "spin_us") o.spinUs = v.cast<double>();
     else if (k.rfind("shm_", 0) == 0) continue;  // see shmFromDict
     else throw InvalidArgument("unknown option '" + k + "'");
   }

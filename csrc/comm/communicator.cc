@@ -196,6 +196,14 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
   }
   // Wake at least every 250 ms to look at heartbeats while waiting.
   const int waitingFor = recvPeer >= 0 ? recvPeer : sendPeer;
+  if (opts_.spinUs > 0) {
+    // Spin phase: non-blocking polls for a few tens of microseconds (see Options::spinUs).
+    auto until = std::chrono::steady_clock::now() +
+                 std::chrono::nanoseconds(static_cast<int64_t>(opts_.spinUs * 1000));
+    do {
+      if (::poll(pfds_.data(), pfds_.size(), 0) > 0) break;
+    } while (std::chrono::steady_clock::now() < until);
+  }
   while (true) {
     int ms = deadline_.pollMs();
     if (hb_ && ms > 250) ms = 250;

@@ -67,6 +67,17 @@ def _trial(lib: anchors.Lib, case: Case, args: Namespace, rank: int, world: int,
     return reason or "failed on another rank"
 
 
+def _settle(libs: list[anchors.Lib], case: Case, args: Namespace, rank: int, world: int) -> None:
+    """Untimed rounds of the first case for every library: the first timed size otherwise
+    pays for cold caches, thread start-up and connection warm-up (seen as 10x outliers)."""
+    b = make_buffers(case, args.dtype, rank, world, args.redop, args.root, False)
+    for lib in libs:
+        lib.barrier()
+        for _ in range(max(50, args.warmup)):
+            lib.run(case, b, args.redop, args.root)
+    del b
+
+
 def sweep(args: Namespace, libs: list[anchors.Lib], reduce_: Reducer, rank: int, world: int,
           bar: progress.Progress | None = None) -> tuple[list[Row], list[dict]]:
     """Measure every op x size x library; returns rows (identical on all ranks) and skips."""
@@ -86,6 +97,7 @@ def sweep(args: Namespace, libs: list[anchors.Lib], reduce_: Reducer, rank: int,
         skipped_w = sum(progress.weight(c.size) for c in cases) * (len(libs) - len(active))
         if bar:
             bar.step(skipped_w)
+        _settle(active, cases[0], args, rank, world)
         for case in cases:
             b = make_buffers(case, args.dtype, rank, world, args.redop, args.root, args.check)
             for lib in active:

@@ -55,6 +55,15 @@ void setNoDelay(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
+// Fixed 4 MiB socket buffers (set before connect/listen so the window scale fits): a ring
+// step's segments stay in flight while the receiver reduces, and small exchanges do not
+// depend on where the kernel's buffer auto-tuning happens to be.
+static void setBuffers(int fd) {
+  int sz = 4 << 20;
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
+}
+
 namespace {
 struct AddrList {
   addrinfo* head = nullptr;
@@ -88,6 +97,7 @@ Fd listenOn(const std::string& host, int port, int* boundPort) {
     }
     int one = 1;
     ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    setBuffers(fd.get());
     if (::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd.get(), 128) != 0) {
       lastErr = std::strerror(errno);
       continue;
@@ -117,6 +127,7 @@ Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what) {
         continue;
       }
       setNonBlocking(fd.get());
+      setBuffers(fd.get());
       int rc = ::connect(fd.get(), ai->ai_addr, ai->ai_addrlen);
       if (rc != 0 && errno != EINPROGRESS) {
         lastErr = std::strerror(errno);
