@@ -6,7 +6,7 @@ check happens here, before any byte moves, and each error says what to do instea
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -100,6 +100,33 @@ def as_buffer(x: Any, what: str, writable: bool = True) -> Buffer:
     raise TypeError(
         f"{what}: expected a torch.Tensor or numpy.ndarray, got {type(x).__name__}"
     )
+
+
+_TORCH_FAST: dict = {}  # torch dtype -> code, built on first use
+
+
+def torch_tensor_type() -> Any:
+    """torch.Tensor if torch is imported, else a type nothing is an instance of."""
+    torch = _TORCH[0]
+    return torch.Tensor if torch is not None else _Never
+
+
+class _Never:
+    pass
+
+
+def torch_fast_code(x: Any) -> Optional[int]:
+    """Dtype code of a plain contiguous CPU tensor that needs no further checks, else None
+    (the caller then takes the general path, which explains what is wrong)."""
+    if not _TORCH_FAST:
+        torch = _torch()
+        for name, code in DTYPE_CODES.items():
+            _TORCH_FAST[getattr(torch, name)] = code
+    code = _TORCH_FAST.get(x.dtype)
+    if (code is None or not x.is_cpu or x.requires_grad or x.layout is not _TORCH[0].strided
+            or not x.is_contiguous()):
+        return None
+    return code
 
 
 def check_torch_tensor(x: Any, what: str, writable: bool) -> tuple:

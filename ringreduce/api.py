@@ -13,6 +13,8 @@ import logging
 import os
 from typing import Any, Optional, Sequence
 
+import numpy as _np
+
 from . import _buffers, _env, _rendezvous, _state
 from ._buffers import algo_code, as_buffer, op_code
 
@@ -201,7 +203,7 @@ def _shm_options(transport: str, peers: Any, rank: int, world: int) -> dict:
         "shm_prefix": f"/rr-{tag}",
         "shm_members": mine,
         # Spinning steals a core from a peer when ranks outnumber cores: yield at once then.
-        "shm_spin": 2000 if local <= (os.cpu_count() or 1) else 0,
+        "shm_spin_us": 250.0 if local <= (os.cpu_count() or 1) else 0.0,
     }
     if not one_host:
         opts["shm_slice_peers"] = [g[idx] for g in groups]
@@ -273,6 +275,22 @@ def get_world_size() -> int:
 def allreduce(x: Any, op: Any = "sum", algo: str = "auto", async_op: bool = False) -> Optional[Work]:
     """Reduce `x` over all ranks, in place. op: sum, avg, prod, min, max."""
     g = _state._DEFAULT[0] or _state.current("allreduce()")
+    if not async_op and g.comm is not None:
+        # Fast paths for latency-bound calls (a few microseconds matter for small
+        # messages); anything unusual falls through to the checks below.
+        opc = _buffers.OP_CODES.get(op) if type(op) is str else None
+        alc = _buffers.ALGO_CODES.get(algo) if type(algo) is str else None
+        if opc is not None and alc is not None:
+            tx = type(x)
+            if tx is _np.ndarray:
+                if g.comm.allreduce_fast(x, opc, alc or g.default_algo):
+                    return None
+            elif tx is _buffers.torch_tensor_type():
+                code = _buffers.torch_fast_code(x)
+                if code is not None:
+                    g.comm.allreduce(x.data_ptr(), x.numel(), code, opc, alc or g.default_algo,
+                                     False)
+                    return None
     b = as_buffer(x, "allreduce(x)")
     opc, alc = op_code(op), algo_code(algo) or g.default_algo
     if g.comm is None:

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include <pybind11/functional.h>
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -73,7 +74,7 @@ ShmPlan shmFromDict(const py::dict& d) {
     else if (k == "shm_chunk_bytes") cfg->chunkBytes = v.cast<size_t>();
     else if (k == "shm_small_max") cfg->smallMax = v.cast<size_t>();
     else if (k == "shm_slots") cfg->slots = v.cast<int>();
-    else if (k == "shm_spin") cfg->spinIters = v.cast<int>();
+    else if (k == "shm_spin_us") cfg->spinUs = v.cast<double>();
     else if (k.rfind("shm_", 0) == 0) throw InvalidArgument("unknown option '" + k + "'");
   }
   if (cfg->chunkBytes < 4096 || cfg->chunkBytes % 4096)
@@ -113,6 +114,18 @@ struct PyListener {
   transport::tcp::Listener tcp;
   std::unique_ptr<transport::Heartbeat> hb;
 };
+
+// DataType of a native-endian numpy dtype we support, or -1.
+int numpyDtypeCode(const py::dtype& dt) {
+  char bo = dt.byteorder();
+  if (bo == '>') return -1;
+  char kind = dt.kind();
+  ssize_t size = dt.itemsize();
+  if (kind == 'f') return size == 4 ? 0 : size == 8 ? 1 : size == 2 ? 2 : -1;
+  if (kind == 'i') return size == 1 ? 4 : size == 4 ? 6 : size == 8 ? 7 : -1;
+  if (kind == 'u') return size == 1 ? 5 : -1;
+  return -1;
+}
 
 // Owns the executor; what Python sees as _C.Communicator.
 class PyComm {
@@ -241,6 +254,25 @@ PYBIND11_MODULE(_C, m) {
                                       static_cast<Algorithm>(algo));
              };
              return c.run(fn, "allreduce", async);
+           })
+      .def("allreduce_fast",
+           // Synchronous all-reduce of a numpy array with every check done here: the small-
+           // message path without Python-side attribute lookups. Returns False (nothing
+           // done) when the array needs the general path, which also produces the errors.
+           [](PyComm& c, py::handle obj, int op, int algo) {
+             if (!py::isinstance<py::array>(obj)) return false;
+             auto a = py::reinterpret_borrow<py::array>(obj);
+             int code = numpyDtypeCode(a.dtype());
+             if (code < 0 || !(a.flags() & py::array::c_style) || !a.writeable()) return false;
+             void* ptr = a.mutable_data();
+             size_t count = static_cast<size_t>(a.size());
+             auto fn = [=](comm::Communicator& cm) {
+               collectives::allreduce(cm, ptr, count, static_cast<DataType>(code),
+                                      static_cast<ReduceOp>(op), static_cast<Algorithm>(algo));
+             };
+             py::gil_scoped_release nogil;
+             c.ex().runSync(fn, "allreduce");
+             return true;
            })
       .def("broadcast",
            [](PyComm& c, uintptr_t ptr, size_t count, int dtype, int root, bool async) {

@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <new>
 
 #include "core/error.h"
@@ -64,9 +65,15 @@ void ShmDomain::attach() {
 
 void ShmDomain::waitUntil(const std::function<bool()>& ready, const std::function<void()>& check) {
   if (ready()) return;
-  for (int i = 0; i < cfg_.spinIters; ++i) {
-    RR_CPU_RELAX();
-    if (ready()) return;
+  if (cfg_.spinUs > 0) {
+    const auto until = std::chrono::steady_clock::now() +
+                       std::chrono::nanoseconds(static_cast<int64_t>(cfg_.spinUs * 1000));
+    do {
+      for (int i = 0; i < 64; ++i) {
+        RR_CPU_RELAX();
+        if (ready()) return;
+      }
+    } while (std::chrono::steady_clock::now() < until);
   }
   for (int i = 0; i < cfg_.yieldIters; ++i) {
     ::sched_yield();

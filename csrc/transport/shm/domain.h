@@ -59,7 +59,10 @@ struct ShmConfig {
   size_t smallMax = 16 * 1024;    // largest payload of the one-round small path
   size_t chunkBytes = 512 * 1024; // pipelining unit of large collectives
   int slots = 4;                  // chunks in flight
-  int spinIters = 2000;           // 0 when oversubscribed (more ranks than cores)
+  // Spin this long before yielding (0 when ranks outnumber cores). Longer than a futex
+  // wake-up on a busy VM (~100-150 us), or two ranks fall into waking each other up on
+  // every message instead of catching each other while spinning.
+  double spinUs = 250.0;
   int yieldIters = 50;
 };
 
