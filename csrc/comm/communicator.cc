@@ -13,6 +13,10 @@
 
 namespace rr::comm {
 
+namespace {
+constexpr size_t kSpinMaxBytes = 256 * 1024;
+}  // namespace
+
 Communicator::Communicator(int rank, int world, std::vector<std::unique_ptr<Connection>> conns,
                            Options opts)
     : rank_(rank), world_(world), conns_(std::move(conns)), opts_(opts) {
@@ -196,8 +200,9 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
   }
   // Wake at least every 250 ms to look at heartbeats while waiting.
   const int waitingFor = recvPeer >= 0 ? recvPeer : sendPeer;
-  if (opts_.spinUs > 0) {
-    // Spin phase: non-blocking polls for a few tens of microseconds (see Options::spinUs).
+  // Spin phase (see Options::spinUs), for latency-bound collectives only: a large transfer
+  // waits often and amortises wake-ups, and spinning would take CPU from the network stack.
+  if (opts_.spinUs > 0 && bytesTotal_ <= kSpinMaxBytes) {
     auto until = std::chrono::steady_clock::now() +
                  std::chrono::nanoseconds(static_cast<int64_t>(opts_.spinUs * 1000));
     do {
