@@ -144,7 +144,7 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *,
     options.update(_shm_options(tun.transport, peers, rank, world))
     # Busy-poll sockets briefly only when every local rank can have its own core.
     local = sum(1 for h in peers.hosts if h == peers.hosts[rank])
-    options["spin_us"] = 250.0 if local <= (os.cpu_count() or 1) else 0.0
+    options["spin_us"] = 1000.0 if local <= (os.cpu_count() or 1) else 0.0
     comm = _C.Communicator(rank, world, listener, peers.addrs, peers.secret, options,
                            peers.hb_addrs)
     log.info("rank %d: connected to %d peers from %s; transport plan: %s", rank, world - 1, bind,
@@ -203,7 +203,7 @@ def _shm_options(transport: str, peers: Any, rank: int, world: int) -> dict:
         "shm_prefix": f"/rr-{tag}",
         "shm_members": mine,
         # Spinning steals a core from a peer when ranks outnumber cores: yield at once then.
-        "shm_spin_us": 250.0 if local <= (os.cpu_count() or 1) else 0.0,
+        "shm_spin_us": 1000.0 if local <= (os.cpu_count() or 1) else 0.0,
     }
     if not one_host:
         opts["shm_slice_peers"] = [g[idx] for g in groups]

@@ -25,10 +25,13 @@ void lineRelease(comm::Communicator& c, uint64_t round);
 template <typename Pred, typename Lag>
 void waitFor(comm::Communicator& c, Pred pred, Lag lagging) {
   ShmDomain& d = *c.shm();
-  d.waitUntil(pred, [&] {
-    int l = lagging();
-    c.checkAlive(l < 0 ? -1 : d.globalRank(l));
-  });
+  d.waitUntil(
+      pred,
+      [&] {
+        int l = lagging();
+        c.checkAlive(l < 0 ? -1 : d.globalRank(l));
+      },
+      c.spinAllowed());
 }
 
 // True when every rank's counter (selected by `field`) has reached `target`.

@@ -202,7 +202,7 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
   const int waitingFor = recvPeer >= 0 ? recvPeer : sendPeer;
   // Spin phase (see Options::spinUs), for latency-bound collectives only: a large transfer
   // waits often and amortises wake-ups, and spinning would take CPU from the network stack.
-  if (opts_.spinUs > 0 && bytesTotal_ <= kSpinMaxBytes) {
+  if (spinAllowed_ && opts_.spinUs > 0 && bytesTotal_ <= kSpinMaxBytes) {
     auto until = std::chrono::steady_clock::now() +
                  std::chrono::nanoseconds(static_cast<int64_t>(opts_.spinUs * 1000));
     do {

@@ -72,6 +72,12 @@ class Communicator {
 
   ScratchArena& scratch() { return scratch_; }
 
+  // Whether waits may busy-spin: yes for a synchronous call running on the caller's thread
+  // (latency is what it waits for), no on the worker thread, which runs async work beside
+  // the caller's computation (e.g. DDP's backward) and must not take its core.
+  void setSpinAllowed(bool on) { spinAllowed_ = on; }
+  bool spinAllowed() const { return spinAllowed_; }
+
   // Shared memory among the ranks of this host, or null: collectives then use TCP.
   transport::shm::ShmDomain* shm() { return shm_.get(); }
   // True when shared memory reaches every rank (single host): all collectives use it.
@@ -116,6 +122,7 @@ class Communicator {
   std::unique_ptr<transport::Heartbeat> hb_;
   Recorder recorder_;
   std::string flightPath_;
+  bool spinAllowed_ = true;
   int64_t hbSinceMs_ = 0;  // steady ms when heartbeats started
   int64_t beganMs_ = 0;    // steady ms when the current collective began
   bool stallReported_ = false;

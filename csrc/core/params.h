@@ -33,7 +33,7 @@ struct Options {
   // Busy-poll sockets this long before sleeping in poll(2): a small message's answer
   // usually arrives within microseconds, and a wake-up costs tens of them. Python sets 0
   // when ranks outnumber cores (spinning would steal the peer's core).
-  double spinUs = 250.0;
+  double spinUs = 1000.0;
   // RINGREDUCE_CHECKSUM: CRC32C on every TCP payload (shared memory is not checksummed).
   bool checksum = false;
 };

@@ -34,6 +34,7 @@ void Executor::runSync(Task fn, std::string what) {
       // after this check before this one.
       std::unique_lock<std::mutex> ex(execMu_);
       g.unlock();
+      comm_->setSpinAllowed(true);
       std::exception_ptr e = run(fn);
       if (e) std::rethrow_exception(e);
       return;
@@ -98,6 +99,7 @@ void Executor::loop() {
     }
     {
       std::lock_guard<std::mutex> ex(execMu_);
+      comm_->setSpinAllowed(false);
       execute(item.first, *item.second);
     }
     std::lock_guard<std::mutex> g(mu_);

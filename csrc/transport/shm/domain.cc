@@ -63,9 +63,10 @@ void ShmDomain::attach() {
   }
 }
 
-void ShmDomain::waitUntil(const std::function<bool()>& ready, const std::function<void()>& check) {
+void ShmDomain::waitUntil(const std::function<bool()>& ready, const std::function<void()>& check,
+                          bool spin) {
   if (ready()) return;
-  if (cfg_.spinUs > 0) {
+  if (spin && cfg_.spinUs > 0) {
     const auto until = std::chrono::steady_clock::now() +
                        std::chrono::nanoseconds(static_cast<int64_t>(cfg_.spinUs * 1000));
     do {

@@ -62,7 +62,7 @@ struct ShmConfig {
   // Spin this long before yielding (0 when ranks outnumber cores). Longer than a futex
   // wake-up on a busy VM (~100-150 us), or two ranks fall into waking each other up on
   // every message instead of catching each other while spinning.
-  double spinUs = 250.0;
+  double spinUs = 1000.0;
   int yieldIters = 50;
 };
 
@@ -104,7 +104,9 @@ class ShmDomain {
 
   // Spin, yield, then sleep until ready() holds; `check` runs every few ms while sleeping
   // and throws to give up (deadline, dead peer).
-  void waitUntil(const std::function<bool()>& ready, const std::function<void()>& check);
+  // spin=false skips the spin phase (see Communicator::spinAllowed).
+  void waitUntil(const std::function<bool()>& ready, const std::function<void()>& check,
+                 bool spin = true);
   // Wake peers sleeping on their doorbell after this rank updated its counters/lines.
   void notify();
 
