@@ -143,7 +143,7 @@ def write_outputs(args: Namespace, rows: list[Row], meta: dict, skipped: list[di
 
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(to_json(rows, meta, skipped), f, indent=1)
+            json.dump(to_json(rows, meta, skipped), f, separators=(",", ":"))
         print(f"# wrote {args.json}", file=sys.stderr)
     if args.csv:
         write_csv(args.csv, rows)
