@@ -29,9 +29,11 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .. import api
+from .. import _env, _trace, api
 from .buckets import FIRST_BUCKET_BYTES, assign_buckets, complete_order
 from .hooks import GradBucket
+
+_TRACING = bool(_env.tunables().trace)
 
 
 @dataclass
@@ -244,6 +246,8 @@ class Reducer:
         bucket = self.buckets[b]
         self._launched_any = True
         self.stats.launch_times.append(time.perf_counter())
+        if _TRACING:  # RINGREDUCE_TRACE: mark the launch, to see overlap with backward
+            _trace.label(f"ddp bucket {b} launched ({bucket.buffer.numel() * bucket.buffer.element_size() >> 10} KiB)")
         if self.comm_hook is not None:
             gb = GradBucket(b, bucket.buffer, bucket.views,
                             [self.params[i] for i in bucket.members],
