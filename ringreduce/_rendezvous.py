@@ -96,6 +96,21 @@ def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str) -> 
 def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None,
              timeout: float, my_hb: str = "") -> Peers:
     """Publish this rank's address and host; return everyone's, plus the job secret."""
+    from ._C import RingReduceError
+
+    try:
+        return _exchange(store, rank, world, my_addr, secret, timeout, my_hb)
+    except RingReduceError:
+        raise
+    except RuntimeError as e:  # torch's DistStoreError / DistNetworkError: the store is gone
+        raise RingReduceError(
+            f"rank {rank}: the rendezvous store failed during init ({type(e).__name__}: "
+            f"{str(e).strip().splitlines()[0] if str(e).strip() else e!r}); the store lives in "
+            f"rank 0 (or the launcher's agent) -- did it exit or crash?") from e
+
+
+def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None,
+              timeout: float, my_hb: str) -> Peers:
     _GENERATION[0] += 1
     p = f"ringreduce/{_GENERATION[0]}/"
     n = store.add(p + f"claim/{rank}", 1)

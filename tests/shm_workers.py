@@ -208,3 +208,30 @@ def link_cut(rank: int, world: int, n: int) -> dict:
         return {"type": type(e).__name__, "msg": str(e),
                 "after": time.monotonic() - (t or time.monotonic())}
     return {"type": None, "msg": "", "after": 0}
+
+
+def flood_target(rank: int, world: int, outdir: str, seconds: float) -> dict:
+    """Publish this rank's listening and heartbeat addresses (from the store), then run
+    checked all-reduces for `seconds` while the test floods those ports."""
+    from ringreduce import _rendezvous
+
+    store = list(_rendezvous._STORES.values())[0]
+    p = f"ringreduce/{_rendezvous._GENERATION[0]}/"
+    info = {"tcp": store.get(p + f"addr/{rank}").decode(),
+            "udp": store.get(p + f"hb/{rank}").decode()}
+    with open(os.path.join(outdir, f"addr_{rank}.json"), "w") as f:
+        json.dump(info, f)
+    iters = wrong = 0
+    end = time.monotonic() + seconds
+    want = sum((np.arange(10_000) % 11 + k) for k in range(world)).astype(np.float32)
+    while True:
+        x = (np.arange(10_000) % 11 + rank).astype(np.float32)
+        rr.allreduce(x)
+        wrong += int(np.count_nonzero(x != want))
+        iters += 1
+        if iters % 50 == 0:  # stop together: every rank must run the same collectives
+            stop = np.array([time.monotonic() > end], np.int32)
+            rr.allreduce(stop, op="max")
+            if stop[0]:
+                break
+    return {"iters": iters, "wrong": wrong}

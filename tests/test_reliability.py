@@ -82,3 +82,57 @@ def test_init_destroy_cycles_leak_nothing(transport: str) -> None:
     for r in res:
         assert r["fds"] <= 0 and r["threads"] <= 0 and r["shm"] <= 0, r
         assert r["rss_kib"] < 10 * 1024, r
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_strangers_cannot_disturb_a_running_job(tmp_path, transport: str) -> None:
+    """10,000 garbage heartbeat datagrams and 1,000 connection attempts per rank during a
+    running all-reduce loop: no wrong result, no failure (listeners are closed after init,
+    heartbeats without the job's HMAC are dropped)."""
+    import random
+    import socket
+    import threading
+    import time
+
+    world = 2
+    stats = {"udp": 0, "tcp_refused": 0, "tcp_accepted": 0}
+
+    def attacker() -> None:
+        deadline = time.monotonic() + 30
+        files = [tmp_path / f"addr_{r}.json" for r in range(world)]
+        while not all(f.exists() for f in files) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        rng = random.Random(7)
+        for f in files:
+            info = json.loads(f.read_text())
+            host, port = info["udp"].rsplit(":", 1)
+            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            for i in range(10_000):
+                size = rng.choice([1, 16, 44, 84, 85, 200, 1400])
+                data = bytes(rng.getrandbits(8) for _ in range(min(size, 64))) * (size // 64 + 1)
+                u.sendto(data[:size], (host, int(port)))
+                stats["udp"] += 1
+            u.close()
+            host, port = info["tcp"].rsplit(":", 1)
+            for i in range(1000):
+                s = socket.socket()
+                s.settimeout(1)
+                try:
+                    s.connect((host, int(port)))
+                    s.sendall(b"\x00garbage" * 8)
+                    stats["tcp_accepted"] += 1
+                except OSError:
+                    stats["tcp_refused"] += 1
+                finally:
+                    s.close()
+
+    th = threading.Thread(target=attacker, daemon=True)
+    th.start()
+    res = run_world(world, "shm_workers:flood_target", str(tmp_path), 6.0, timeout=60,
+                    env={"RINGREDUCE_TRANSPORT": transport})
+    th.join(timeout=30)
+    assert stats["udp"] == 10_000 * world and stats["tcp_refused"] == 1000 * world, stats
+    for r in res:
+        assert r["wrong"] == 0 and r["iters"] > 50, r
