@@ -52,6 +52,6 @@ except ImportError:  # numpy-only install: no DDP, no torch.distributed backend
     pass
 else:
     from . import backend as _backend  # noqa: F401  (registers the "ringreduce" backend)
-    from .ddp import DistributedDataParallel
+    from .ddp import DistributedDataParallel  # noqa: F401  (exported via __all__ below)
 
     __all__.append("DistributedDataParallel")

@@ -6,7 +6,7 @@ check happens here, before any byte moves, and each error says what to do instea
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +35,7 @@ _TORCH = [None]  # the torch module once imported (saves an import lookup per ca
 class Buffer:
     """A validated view of a contiguous host buffer."""
 
-    __slots__ = ("obj", "ptr", "count", "dtype", "code", "shape")
+    __slots__ = ("code", "count", "dtype", "obj", "ptr", "shape")
 
     def __init__(self, obj: Any, ptr: int, count: int, dtype: str, code: int, shape: tuple):
         self.obj = obj  # the tensor/array, kept alive while the collective runs
@@ -115,7 +115,7 @@ class _Never:
     pass
 
 
-def torch_fast_code(x: Any) -> Optional[int]:
+def torch_fast_code(x: Any) -> int | None:
     """Dtype code of a plain contiguous CPU tensor that needs no further checks, else None
     (the caller then takes the general path, which explains what is wrong)."""
     if not _TORCH_FAST:

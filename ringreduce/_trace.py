@@ -14,7 +14,8 @@ import json
 import os
 import threading
 import time
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 _LABELS: list = []  # (wall-clock us, text) recorded by label()
 _LOCK = threading.Lock()
@@ -56,7 +57,7 @@ def to_chrome(events: Iterable[dict], rank: int, labels: Iterable[tuple] = ()) -
     return {"traceEvents": out, "displayTimeUnit": "ms"}
 
 
-def write(comm: Any, pattern: str, rank: int, world: int) -> Optional[str]:
+def write(comm: Any, pattern: str, rank: int, world: int) -> str | None:
     """Write this rank's trace file; returns its path."""
     with _LOCK:
         labels = list(_LABELS)

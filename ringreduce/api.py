@@ -11,7 +11,8 @@ import atexit
 import collections
 import logging
 import os
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as _np
 
@@ -26,7 +27,7 @@ _LEVELS = {"": 1, "WARN": 1, "INFO": 2, "DEBUG": 3, "TRACE": 4}
 # Buffers of queued/running async collectives, oldest first. The C++ core only holds raw
 # pointers, so these references keep the memory alive even if the caller drops its Work
 # handle; entries go once their collective completed (the executor runs in order).
-_INFLIGHT: "collections.deque" = collections.deque()
+_INFLIGHT: collections.deque = collections.deque()
 
 
 def _track(cwork: Any, keep: tuple) -> None:
@@ -51,7 +52,7 @@ class Work:
         if cwork is not None:
             _track(cwork, keep)
 
-    def wait(self, timeout: Optional[float] = None) -> bool:
+    def wait(self, timeout: float | None = None) -> bool:
         """Block until done (or `timeout` seconds); raise if the collective failed.
 
         Returns False only when `timeout` passed first; the collective's own deadline
@@ -77,7 +78,7 @@ class Work:
 
 
 def _finish(cwork: Any, keep: tuple, after: Any = None, result: Any = None,
-            async_op: bool = False) -> Optional[Work]:
+            async_op: bool = False) -> Work | None:
     w = Work(cwork, keep, after, result)
     if async_op:
         return w
@@ -86,10 +87,10 @@ def _finish(cwork: Any, keep: tuple, after: Any = None, result: Any = None,
     return None
 
 
-def init(rank: Optional[int] = None, world_size: Optional[int] = None, *,
-         master_addr: Optional[str] = None, master_port: Optional[int] = None,
-         store: Any = None, timeout: Optional[float] = None, secret: Optional[str] = None,
-         ifname: Optional[str] = None) -> None:
+def init(rank: int | None = None, world_size: int | None = None, *,
+         master_addr: str | None = None, master_port: int | None = None,
+         store: Any = None, timeout: float | None = None, secret: str | None = None,
+         ifname: str | None = None) -> None:
     """Join the job. Arguments left as None come from the environment (torchrun,
     ringreduce-run, SLURM, Open MPI or PMI variables; see ringreduce._env).
 
@@ -212,7 +213,7 @@ def _shm_options(transport: str, peers: Any, rank: int, world: int) -> dict:
     return opts
 
 
-def _load_tuning(path: Optional[str]) -> dict:
+def _load_tuning(path: str | None) -> dict:
     if not path:
         return {}
     import json
@@ -272,7 +273,7 @@ def get_world_size() -> int:
     return _state.current("get_world_size()").world_size
 
 
-def allreduce(x: Any, op: Any = "sum", algo: str = "auto", async_op: bool = False) -> Optional[Work]:
+def allreduce(x: Any, op: Any = "sum", algo: str = "auto", async_op: bool = False) -> Work | None:
     """Reduce `x` over all ranks, in place. op: sum, avg, prod, min, max."""
     g = _state._DEFAULT[0] or _state.current("allreduce()")
     if not async_op and g.comm is not None:
@@ -299,7 +300,7 @@ def allreduce(x: Any, op: Any = "sum", algo: str = "auto", async_op: bool = Fals
     return Work(cw, (x,)) if async_op else None
 
 
-def broadcast(x: Any, src: int = 0, async_op: bool = False) -> Optional[Work]:
+def broadcast(x: Any, src: int = 0, async_op: bool = False) -> Work | None:
     """Copy rank `src`'s `x` into `x` on every rank."""
     g = _state.current("broadcast()")
     if not 0 <= int(src) < g.world_size:
@@ -311,7 +312,7 @@ def broadcast(x: Any, src: int = 0, async_op: bool = False) -> Optional[Work]:
                    async_op=async_op)
 
 
-def barrier(async_op: bool = False) -> Optional[Work]:
+def barrier(async_op: bool = False) -> Work | None:
     """Wait until every rank reached this barrier."""
     g = _state.current("barrier()")
     if g.comm is None:
@@ -376,7 +377,7 @@ def reduce_scatter(x: Any, out: Any = None, op: Any = "sum", async_op: bool = Fa
 
 
 def allreduce_coalesced(xs: Sequence[Any], op: Any = "sum", algo: str = "auto",
-                        async_op: bool = False) -> Optional[Work]:
+                        async_op: bool = False) -> Work | None:
     """All-reduce a list of same-dtype tensors/arrays through one flat buffer (one
     collective instead of len(xs)); results are written back into each."""
     g = _state.current("allreduce_coalesced()")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -59,7 +59,7 @@ class _Work(dist._Work):
         super().__init__()
         self._c = completion
 
-    def wait(self, timeout: Optional[timedelta] = None) -> bool:
+    def wait(self, timeout: timedelta | None = None) -> bool:
         exc = self._c.finish()
         if exc is not None:
             raise exc
@@ -74,7 +74,7 @@ class _Work(dist._Work):
     def is_success(self) -> bool:
         return self._c.is_completed() and self._c.exception() is None
 
-    def exception(self) -> Optional[BaseException]:
+    def exception(self) -> BaseException | None:
         return self._c.exception()
 
     def result(self) -> list:
@@ -86,7 +86,7 @@ class _Work(dist._Work):
         self.wait()
 
 
-def _work(rr_work: Any, value: Any, after: Optional[Callable[[], None]] = None) -> _Work:
+def _work(rr_work: Any, value: Any, after: Callable[[], None] | None = None) -> _Work:
     return _Work(Completion(rr_work, value, after))
 
 
@@ -94,7 +94,7 @@ def _done(value: Any) -> _Work:
     return _Work(Completion(None, value))
 
 
-def _inplace(t: torch.Tensor) -> tuple[torch.Tensor, Optional[Callable[[], None]]]:
+def _inplace(t: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None] | None]:
     """A contiguous tensor sharing memory with `t` when possible (plus the copy-back needed
     when it is not); .detach() so in-place collectives on parameters are allowed."""
     if t.device.type != "cpu":
@@ -112,7 +112,7 @@ def _inplace(t: torch.Tensor) -> tuple[torch.Tensor, Optional[Callable[[], None]
     return tmp, back
 
 
-def _chain(*fns: Optional[Callable[[], None]]) -> Optional[Callable[[], None]]:
+def _chain(*fns: Callable[[], None] | None) -> Callable[[], None] | None:
     fs = [f for f in fns if f is not None]
     if not fs:
         return None
@@ -339,7 +339,7 @@ class _WaitAll:
     def __init__(self, c: Completion):
         self._c = c
 
-    def wait(self, timeout: Optional[float] = None) -> bool:
+    def wait(self, timeout: float | None = None) -> bool:
         exc = self._c.finish()
         if exc is not None:
             raise exc

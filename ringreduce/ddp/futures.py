@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 
@@ -32,16 +32,16 @@ class Completion:
     the completer thread and a caller's wait() may call finish().
     """
 
-    def __init__(self, work: Any, value: Any, after: Optional[Callable[[], None]] = None):
+    def __init__(self, work: Any, value: Any, after: Callable[[], None] | None = None):
         self.work = work
         self.value = value
         self.after = after
         self._lock = threading.Lock()
         self._done = False
-        self._exc: Optional[BaseException] = None
-        self._future: Optional[torch.futures.Future] = None
+        self._exc: BaseException | None = None
+        self._future: torch.futures.Future | None = None
 
-    def finish(self) -> Optional[BaseException]:
+    def finish(self) -> BaseException | None:
         """Wait for the collective, run `after` once; return its exception (or None)."""
         with self._lock:
             if not self._done:
@@ -61,7 +61,7 @@ class Completion:
             return True
         return self.work is None or self.work.is_completed()
 
-    def exception(self) -> Optional[BaseException]:
+    def exception(self) -> BaseException | None:
         return self._exc
 
     def future(self) -> torch.futures.Future:
@@ -84,7 +84,7 @@ class Completion:
             _set(fut, exc, self.value)
 
 
-def _set(fut: torch.futures.Future, exc: Optional[BaseException], value: Any) -> None:
+def _set(fut: torch.futures.Future, exc: BaseException | None, value: Any) -> None:
     if exc is not None:
         fut.set_exception(exc)
     else:
@@ -97,7 +97,7 @@ class _Completer:
     def __init__(self) -> None:
         self._q: queue.SimpleQueue[Completion] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
         self._pid = 0
 
     def submit(self, c: Completion) -> None:
@@ -126,7 +126,7 @@ class _Completer:
 _COMPLETER = _Completer()
 
 
-def future_of(work: Any, value: Any, after: Optional[Callable[[], None]] = None
+def future_of(work: Any, value: Any, after: Callable[[], None] | None = None
               ) -> torch.futures.Future:
     """A Future that gets `value` once rr Work `work` completed (and `after` ran)."""
     return Completion(work, value, after).future()

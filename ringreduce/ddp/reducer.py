@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 
@@ -69,11 +69,11 @@ class Reducer:
         self.grad_as_view = gradient_as_bucket_view
         self.find_unused = find_unused_parameters
         self.static_graph = static_graph
-        self.comm_hook: Optional[Callable] = None
+        self.comm_hook: Callable | None = None
         self.comm_hook_state: Any = None
         self.stats = Stats()
         self._index_of = {id(p): i for i, p in enumerate(params)}
-        self._static_unused: Optional[list] = None  # static_graph: learned in iteration 1
+        self._static_unused: list | None = None  # static_graph: learned in iteration 1
         self._rebuilt = False
         self.buckets: list[Bucket] = []
         self._loc: list = [None] * self.n  # param index -> (bucket, slot)
@@ -269,7 +269,7 @@ class Reducer:
     def _finalize(self, from_engine: bool) -> None:
         t0 = time.perf_counter()
         wait_s = 0.0
-        error: Optional[str] = None
+        error: str | None = None
         rebuild = False
         order: list = []
         try:
@@ -343,7 +343,7 @@ class Reducer:
         if not _same(value.reshape(-1), buf):
             buf.copy_(value.reshape(-1))
 
-    def _write_back(self, b: int, global_unused: Optional[list]) -> None:
+    def _write_back(self, b: int, global_unused: list | None) -> None:
         bucket = self.buckets[b]
         for k, i in enumerate(bucket.members):
             if global_unused is not None and global_unused[i]:
@@ -395,7 +395,7 @@ class Reducer:
     def __del__(self) -> None:  # the parameters may outlive the wrapper
         try:
             self.remove_hooks()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
+        except Exception:  # noqa: BLE001, S110 - interpreter shutdown
             pass
 
 

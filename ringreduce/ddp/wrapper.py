@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -65,10 +65,10 @@ class DistributedDataParallel(nn.Module):
             in the first iteration and not re-detected afterwards.
     """
 
-    def __init__(self, module: nn.Module, device_ids: Optional[list] = None,
+    def __init__(self, module: nn.Module, device_ids: list | None = None,
                  output_device: Any = None, dim: int = 0,
-                 broadcast_buffers: Optional[bool] = True, init_sync: bool = True,
-                 process_group: Any = None, bucket_cap_mb: Optional[float] = None,
+                 broadcast_buffers: bool | None = True, init_sync: bool = True,
+                 process_group: Any = None, bucket_cap_mb: float | None = None,
                  find_unused_parameters: bool = False, check_reduction: bool = False,
                  gradient_as_bucket_view: bool = False, static_graph: bool = False,
                  **kwargs: Any) -> None:
@@ -115,8 +115,8 @@ class DistributedDataParallel(nn.Module):
         ignore = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()) or ())
         params = [(n, p) for n, p in params_all if n not in ignore]
         self._buffer_list = [b for n, b in module.named_buffers() if n not in ignore]
-        self.reducer: Optional[Reducer] = None
-        self._buffer_sync: Optional[BufferSync] = None
+        self.reducer: Reducer | None = None
+        self._buffer_sync: BufferSync | None = None
         if self._world == 1:
             return
         verify_shapes([n for n, _ in params], [p for _, p in params], self._rank, self._world)
