@@ -5,6 +5,34 @@
 #include "core/error.h"
 
 namespace rr::collectives::shm {
+namespace {
+
+// A line carries the same collective descriptor as a TCP frame header; these two keep the
+// field list in one place so mismatch checks see every field on both transports.
+void describe(const transport::FrameHeader& h, transport::shm::LineHeader* L) {
+  L->seq = h.seq;
+  L->kind = h.kind;
+  L->dtype = h.dtype;
+  L->op = h.op;
+  L->algo = h.algo;
+  L->root = h.root;
+  L->count = h.count;
+}
+
+transport::FrameHeader described(const transport::shm::LineHeader& L,
+                                 const transport::FrameHeader& base) {
+  transport::FrameHeader h = base;
+  h.seq = L.seq;
+  h.kind = L.kind;
+  h.dtype = L.dtype;
+  h.op = L.op;
+  h.algo = L.algo;
+  h.root = L.root;
+  h.count = L.count;
+  return h;
+}
+
+}  // namespace
 
 uint64_t lineRound(comm::Communicator& c, const transport::FrameHeader& h, const void* payload,
                    size_t bytes) {
@@ -27,13 +55,7 @@ uint64_t lineRound(comm::Communicator& c, const transport::FrameHeader& h, const
   }
   d.linePrevRound(round) = round;
   transport::shm::LineHeader& L = d.line(me, round);
-  L.seq = h.seq;
-  L.kind = h.kind;
-  L.dtype = h.dtype;
-  L.op = h.op;
-  L.algo = h.algo;
-  L.root = h.root;
-  L.count = h.count;
+  describe(h, &L);
   if (bytes) std::memcpy(d.linePayload(me, round), payload, bytes);
   L.round.store(round, std::memory_order_release);
   d.notify();
@@ -42,15 +64,7 @@ uint64_t lineRound(comm::Communicator& c, const transport::FrameHeader& h, const
     if (r == me) continue;
     transport::shm::LineHeader& P = d.line(r, round);
     waitFor(c, [&] { return P.round.load(std::memory_order_acquire) == round; }, [&] { return r; });
-    transport::FrameHeader got = h;
-    got.seq = P.seq;
-    got.kind = P.kind;
-    got.dtype = P.dtype;
-    got.op = P.op;
-    got.algo = P.algo;
-    got.root = P.root;
-    got.count = P.count;
-    std::string mm = transport::describeMismatch(got, h);
+    std::string mm = transport::describeMismatch(described(P, h), h);
     if (!mm.empty())
       throw MismatchError(detail::concat("rank ", d.globalRank(r), " (shared memory): ", mm));
   }
