@@ -17,9 +17,9 @@ from .. import api
 BROADCAST_CHUNK_BYTES = 256 * 1024 * 1024
 
 
-def _describe(p: torch.Tensor) -> str:
+def _describe(p: torch.Tensor, is_buffer: bool = False) -> str:
     return f"{tuple(p.shape)} {str(p.dtype).replace('torch.', '')}" + (
-        "" if p.requires_grad else " (requires_grad=False)")
+        "" if p.requires_grad or is_buffer else " (requires_grad=False)")
 
 
 def _hash64(text: str) -> int:
@@ -27,10 +27,16 @@ def _hash64(text: str) -> int:
 
 
 def verify_shapes(names: Sequence[str], params: Sequence[torch.Tensor], rank: int,
-                  world: int) -> None:
+                  world: int, num_buffers: int = 0) -> None:
     """Raise ValueError on every rank when the ranks' parameter lists differ, naming the
-    first parameter that differs (index, name, shape and dtype on each rank)."""
-    descs = [_describe(p) for p in params]
+    first parameter that differs (index, name, shape and dtype on each rank).
+
+    The last `num_buffers` entries of `params` are buffers (checked the same way, without
+    requires_grad): ranks whose buffers differ would otherwise fail later, in the buffer
+    broadcast, with a less helpful count mismatch. One all-gather when the ranks agree.
+    """
+    nparams = len(params) - num_buffers
+    descs = [_describe(p, i >= nparams) for i, p in enumerate(params)]
     summary = torch.tensor([len(params), _hash64("|".join(descs))], dtype=torch.int64)
     gathered = api.allgather(summary)  # (world, 2)
     if bool((gathered == gathered[0]).all()):
@@ -50,7 +56,7 @@ def verify_shapes(names: Sequence[str], params: Sequence[torch.Tensor], rank: in
         enc[0] = 1
         enc[1] = p.dim()
         enc[2] = _DTYPES.index(p.dtype) if p.dtype in _DTYPES else -1
-        enc[3] = int(p.requires_grad)
+        enc[3] = int(p.requires_grad or first >= nparams)
         for k, s in enumerate(list(p.shape)[:8]):
             enc[4 + k] = s
     encs = api.allgather(enc)
@@ -58,15 +64,22 @@ def verify_shapes(names: Sequence[str], params: Sequence[torch.Tensor], rank: in
     for r in range(world):
         e = encs[r].tolist()
         if not e[0]:
-            per_rank.append(f"rank {r}: no such parameter (it has {int(gathered[r, 0])})")
+            per_rank.append(f"rank {r}: none (it has only {int(gathered[r, 0])} "
+                            + ("parameters and buffers)" if num_buffers else "parameters)"))
             continue
         shape = tuple(e[4:4 + min(e[1], 8)])
         dt = str(_DTYPES[e[2]]).replace("torch.", "") if e[2] >= 0 else "?"
         per_rank.append(f"rank {r}: {shape} {dt}" + ("" if e[3] else " (requires_grad=False)"))
-    name = names[first] if first < len(names) else f"#{first}"
+    name = f"'{names[first]}'" if first < len(names) else "absent"
+    # Which ranks disagree with rank 0 at that entry (all do the same arithmetic).
+    odd = [r for r in range(world) if r and not bool((encs[r] == encs[0]).all())]
+    who = f"; rank(s) {odd} differ from rank 0" if odd else ""
+    kind, idx = ("buffer", first - nparams) if nparams <= first < len(params) else (
+        "parameter", first)
     raise ValueError(
-        f"DistributedDataParallel: the model differs across ranks at parameter {first} "
-        f"('{name}' on rank {rank}): " + "; ".join(per_rank) +
+        f"DistributedDataParallel: the model differs across ranks at {kind} {idx} "
+        f"({name} on rank {rank}{who}): "
+        + "; ".join(per_rank) +
         ". Every rank must construct the same model (same layers, shapes, dtypes and "
         "requires_grad) before wrapping it.")
 
@@ -128,22 +141,23 @@ def _unpack(flat: torch.Tensor, tensors: Sequence[torch.Tensor], offs: Sequence[
 
 
 class BufferSync:
-    """Per-forward broadcast of module buffers from rank 0 (broadcast_buffers=True): one
+    """Per-forward broadcast of module buffers from rank `src` (0; inside join() the
+    highest rank still training) when broadcast_buffers=True: one
     byte-packed collective for all buffers, with a reusable staging buffer."""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
         self._flat = torch.empty(0, dtype=torch.uint8)
 
-    def __call__(self, buffers: Sequence[torch.Tensor]) -> None:
+    def __call__(self, buffers: Sequence[torch.Tensor], src: int = 0) -> None:
         buffers = [b for b in buffers if b.numel() > 0]
         if not buffers:
             return
         offs, size = _layout(buffers)
         if self._flat.numel() != size:
             self._flat = torch.empty(size, dtype=torch.uint8)
-        if self.rank == 0:
+        if self.rank == src:
             _pack(self._flat, buffers, offs)
-        api.broadcast(self._flat, src=0)
-        if self.rank != 0:
+        api.broadcast(self._flat, src=src)
+        if self.rank != src:
             _unpack(self._flat, buffers, offs)
