@@ -15,6 +15,12 @@ Contract (what every rank does, in the same order, so collectives always match):
     other ranks are not left hanging.
   * after the first synchronised iteration, buckets are rebuilt in the gradient-ready order
     rank 0 observed (broadcast, so all ranks agree).
+  * inside DistributedDataParallel.join() (join_mode): every synchronised iteration is
+    finalised (also one whose backward never ran: at the next forward, or when the rank
+    leaves the join body), and the rebuild / static-graph learning happen at the first
+    finalise whatever it saw, so a rank that ran out of inputs can replay the exact
+    schedule with shadow_iteration(): zero buckets in bucket-index order, the used-map
+    reduction when detecting unused parameters, the rebuild broadcast once.
 
 Threads: everything here runs on the thread running forward/backward (the autograd engine
 runs CPU backward on the calling thread); the core runs the collectives on its own worker.
@@ -29,7 +35,7 @@ from typing import Any, Callable
 
 import torch
 
-from .. import _env, _trace, api
+from .. import _C, _env, _trace, api
 from .buckets import FIRST_BUCKET_BYTES, assign_buckets, complete_order
 from .hooks import GradBucket
 
@@ -70,6 +76,10 @@ class Reducer:
         self.find_unused = find_unused_parameters
         self.static_graph = static_graph
         self.comm_hook: Callable | None = None
+        # join(): True while inside a join context; join_divisor: the number of ranks still
+        # training this iteration when join(divide_by_initial_world_size=False), else None.
+        self.join_mode = False
+        self.join_divisor: int | None = None
         self.comm_hook_state: Any = None
         self.stats = Stats()
         self._index_of = {id(p): i for i, p in enumerate(params)}
@@ -165,10 +175,11 @@ class Reducer:
                 "iteration before starting a new one. The previous backward did not complete "
                 "(did it raise?), so ranks may now disagree on which gradients were reduced. "
                 "Re-create the process group and the DDP model to recover.")
-        if self._launched_any or self._detect_unused():
+        if self._launched_any or self._detect_unused() or self.join_mode:
             # A forward (grad enabled) without backward after unused parameters were marked
             # ready: finish the iteration exactly as a backward would, so that every rank
-            # issues the same collectives (others may have launched buckets).
+            # issues the same collectives (others may have launched buckets; inside join()
+            # a joined rank shadows every synchronised iteration).
             self._finalize(from_engine=False)
 
     def _reachable(self, outputs: Any) -> set:
@@ -260,7 +271,11 @@ class Reducer:
                     f"is the reduced bucket tensor")
             self._works[b] = fut
         else:
-            self._works[b] = api.allreduce(bucket.buffer, op="avg", async_op=True)
+            self._works[b] = api.allreduce(bucket.buffer, op=self._op(), async_op=True)
+
+    def _op(self) -> str:
+        # join(divide_by_initial_world_size=False): sum, then divide by the active count.
+        return "avg" if self.join_divisor is None else "sum"
 
     # ------------------------------------------------------------------ end of backward
     def _engine_callback(self) -> None:
@@ -309,10 +324,16 @@ class Reducer:
                     if write:
                         self._write_back(b, global_unused)
             if (self.static_graph and self._static_unused is None and global_unused is not None
-                    and from_engine):
+                    and (from_engine or self.join_mode)):
                 self._static_unused = [i for i, u in enumerate(global_unused) if u]
-            rebuild = (not self._rebuilt and self._fired_any and error is None and from_engine)
+            # Inside join() the rebuild must not depend on what this rank saw: joined ranks
+            # replay it unconditionally after the first shadowed iteration.
+            rebuild = not self._rebuilt and (
+                self.join_mode or (self._fired_any and error is None and from_engine))
             order = list(self._order)
+        except _C.RingReduceError as e:
+            _add_hint(e, self.join_mode)
+            raise
         finally:
             self._reset()
         if rebuild:
@@ -327,6 +348,8 @@ class Reducer:
         w = self._works[b]
         if self.comm_hook is None:
             w.wait()
+            if self.join_divisor is not None:
+                self.buckets[b].buffer.div_(self.join_divisor)
             return
         value = w.wait()
         if isinstance(value, (list, tuple)):
@@ -383,6 +406,36 @@ class Reducer:
         self._build(order)
         self._reset()
 
+    # ------------------------------------------------------------------ join()
+    def shadow_iteration(self) -> None:
+        """On a rank that has left the join() body: issue exactly the collectives that the
+        ranks still training issue for one synchronised iteration, contributing zeros.
+        Bucket buffers are fresh zeros (this rank's .grad is left alone); the same op and
+        comm hook as the active ranks, in bucket-index order."""
+        works = []
+        for b, bucket in enumerate(self.buckets):
+            buf = torch.zeros_like(bucket.buffer)
+            if self.comm_hook is not None:
+                views = [buf[off:off + self.params[i].numel()].view(self.params[i].shape)
+                         for off, i in zip(bucket.offsets, bucket.members)]
+                gb = GradBucket(b, buf, views, [self.params[i] for i in bucket.members],
+                                b == len(self.buckets) - 1, self.world)
+                works.append(self.comm_hook(self.comm_hook_state, gb))
+            else:
+                works.append(api.allreduce(buf, op=self._op(), async_op=True))
+        detect = self._detect_unused()
+        if detect:
+            used_map = torch.zeros(self.n, dtype=torch.int32)
+            used_work = api.allreduce(used_map, op="max", async_op=True)
+        for w in works:
+            w.wait()
+        if detect:
+            used_work.wait()
+            if self.static_graph and self._static_unused is None:
+                self._static_unused = [i for i, u in enumerate(used_map.tolist()) if not u]
+        if not self._rebuilt:
+            self._rebuild([])  # rank 0's order (or, if rank 0 joined, registration order)
+
     def _groups_for(self, order: list) -> list:
         return assign_buckets(order, [p.numel() * p.element_size() for p in self.params],
                               [p.dtype for p in self.params], self.cap, self.first_cap)
@@ -397,6 +450,20 @@ class Reducer:
             self.remove_hooks()
         except Exception:  # noqa: BLE001, S110 - interpreter shutdown
             pass
+
+
+def _add_hint(e: BaseException, in_join: bool) -> None:
+    """A peer failed during the gradient all-reduce: say what to do (the exception keeps
+    its type and message; the note shows in the traceback, Python >= 3.11)."""
+    if not hasattr(e, "add_note"):
+        return
+    e.add_note(
+        "DistributedDataParallel: the gradient all-reduce of this backward failed, so the "
+        ".grad tensors are not (all) averaged across ranks: do not call optimizer.step(). "
+        + ("" if in_join else "If a rank stopped early because ranks have different "
+           "numbers of batches, wrap the training loop in `with model.join():`. ")
+        + "The communicator is unusable: ringreduce.destroy(), ringreduce.init() and "
+        "re-create the DDP model (e.g. from a checkpoint) to continue.")
 
 
 def _make_hook(ref: weakref.ref[Reducer], i: int) -> Callable:

@@ -8,10 +8,20 @@ on CPU modules, reducing gradients over the ringreduce communicator.
     loss_fn(model(x), y).backward()          # gradients averaged across ranks, overlapped
     optimizer.step()
 
+Uneven inputs (ranks with different numbers of batches): wrap the loop in ``model.join()``
+(torch's semantics, see DistributedDataParallel.join and ringreduce/ddp/join.py): a rank
+that runs out of batches shadows the others' collectives with zero gradients until every
+rank is done, then all ranks take the model of the rank that ran longest. Without join(), a
+rank that stops early makes the others fail with an error naming it (it left, or its
+process died), never a hang; the same holds for a rank killed during backward
+(PeerFailure from backward()), and ranks whose models differ get a ValueError at
+construction naming the first differing parameter or buffer.
+
 Differences from torch's wrapper: CPU modules only (device_ids/output_device must be None),
-one process group (the default ringreduce communicator; process_group must be None), and no
-join() for uneven inputs yet. With world size 1 the wrapper is a pass-through (no hooks, no
-copies; comm hooks are not called).
+one process group (the default ringreduce communicator; process_group must be None); join()
+is a method of this wrapper only (it is not a torch Joinable, so it cannot be combined with
+other joinables in torch.distributed.algorithms.join.Join). With world size 1 the wrapper is
+a pass-through (no hooks, no copies; comm hooks are not called; join() does nothing).
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from torch import nn
 from .. import _state
 from ._sync import BufferSync, broadcast_tensors, verify_shapes
 from .buckets import FIRST_BUCKET_BYTES, cap_bytes
+from .join import Join
 from .reducer import Reducer
 
 __all__ = ["DistributedDataParallel"]
@@ -114,12 +125,20 @@ class DistributedDataParallel(nn.Module):
 
         ignore = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()) or ())
         params = [(n, p) for n, p in params_all if n not in ignore]
-        self._buffer_list = [b for n, b in module.named_buffers() if n not in ignore]
+        buffers = [(n, b) for n, b in module.named_buffers() if n not in ignore]
+        self._buffer_list = [b for _, b in buffers]
+        self._sync_params = params  # what join() makes identical at the end
+        self._join: Join | None = None
+        self._join_in_error = False
         self.reducer: Reducer | None = None
         self._buffer_sync: BufferSync | None = None
         if self._world == 1:
             return
-        verify_shapes([n for n, _ in params], [p for _, p in params], self._rank, self._world)
+        # Buffers are checked too when they are synchronised (init or every forward).
+        checked = buffers if (init_sync or self.broadcast_buffers) else []
+        verify_shapes([n for n, _ in params] + [n for n, _ in checked],
+                      [p for _, p in params] + [b for _, b in checked], self._rank,
+                      self._world, num_buffers=len(checked))
         if init_sync:
             broadcast_tensors([p for _, p in params] + self._buffer_list, 0, self._rank)
         self._buffer_sync = BufferSync(self._rank)
@@ -138,8 +157,13 @@ class DistributedDataParallel(nn.Module):
         grad_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
         if self.reducer is not None:
             self.reducer.close_open_iteration()
-        if self.require_forward_param_sync and self.broadcast_buffers and self._buffer_list:
-            self._buffer_sync(self._buffer_list)
+        sync_buffers = bool(self.require_forward_param_sync and self.broadcast_buffers
+                            and self._buffer_list)
+        src = 0
+        if self._join is not None:  # inside join(): tell the others this rank still trains
+            src = self._join.notify(grad_sync, sync_buffers)
+        if sync_buffers:
+            self._buffer_sync(self._buffer_list, src)
         out = self.module(*inputs, **kwargs)
         self.require_forward_param_sync = grad_sync
         if grad_sync and self.reducer is not None:
@@ -157,6 +181,49 @@ class DistributedDataParallel(nn.Module):
             yield
         finally:
             self.require_backward_grad_sync = old
+
+    def join(self, divide_by_initial_world_size: bool = True, enable: bool = True,
+             throw_on_early_termination: bool = False) -> Join:
+        """Context manager for training with uneven inputs (torch DDP's join()).
+
+            with model.join():
+                for x, y in my_shard:               # ranks may have different lengths
+                    loss_fn(model(x), y).backward()
+                    opt.step(); opt.zero_grad()
+
+        Every forward inside the context (on every rank, whatever the grad mode) takes
+        part in one small all-reduce of "still training" flags. A rank that leaves the body
+        shadows the others: for each iteration they still run it contributes zero
+        gradients to every bucket, in their bucket order, until all ranks have left; then
+        parameters (and buffers, with broadcast_buffers) are broadcast from the rank that
+        ran the most iterations (the highest such rank), so every rank ends with the same
+        model. Joined ranks do not step their optimizers; optimizer state (e.g. momentum)
+        is not synchronised, as in torch.
+
+        Args:
+            divide_by_initial_world_size: True (default) divides the summed gradients by
+                the initial world size, so every sample weighs the same; False divides by
+                the number of ranks still training in that iteration (parity with a
+                smaller world). With a comm hook the hook does the division, as in torch.
+            enable: False makes the context a no-op (inputs known to be even).
+            throw_on_early_termination: as soon as any rank runs out, every rank raises a
+                RuntimeError naming the rank(s) that ran out, at the same iteration (active
+                ranks from forward(), joined ranks when leaving the context); the process
+                group stays usable.
+
+        Inside the context: no_sync() and torch.no_grad() forwards are shadowed correctly
+        (the flags carry "synchronised backward" and "buffer broadcast" bits), as are
+        find_unused_parameters, static_graph, gradient_as_bucket_view, comm hooks and the
+        first-iteration bucket rebuild. Buffers are broadcast from the highest rank still
+        training (torch does the same: rank 0 may have stopped). Ranks that disagree about
+        a forward's grad mode / no_sync() get an error on every rank. Not supported: other
+        collectives in the loop (e.g. SyncBatchNorm, a metric all-reduce) -- the joined
+        ranks do not know about them: use throw_on_early_termination=True then (torch's
+        advice too); combining with other torch Joinables (ZeroRedundancyOptimizer).
+        A non-join error inside the body on one rank is not shadowed: the other ranks fail
+        at their collective timeout (RINGREDUCE_TIMEOUT) or when that rank's process exits.
+        """
+        return Join(self, divide_by_initial_world_size, enable, throw_on_early_termination)
 
     # ------------------------------------------------------------------ hooks
     def register_comm_hook(self, state: Any, hook: Callable) -> None:
