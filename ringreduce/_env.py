@@ -330,6 +330,32 @@ def _p_bool(name: str, raw: str) -> bool:
     raise _bad(name, raw, "/".join(_TRUE + _FALSE) + " (case-insensitive)")
 
 
+FAULT_COLLECTIVES = {"any": 0, "allreduce": 1, "broadcast": 2, "barrier": 3, "allgather": 4,
+                     "reduce_scatter": 5}
+_FAULT_FORMAT = ("rank=R[,collective=any|allreduce|broadcast|barrier|allgather|reduce_scatter]"
+                 "[,seq=N][,at=begin|mid|end][,action=kill|stop|exit|hang][,stamp=PATH]")
+
+
+def _p_fault(name: str, raw: str) -> dict:
+    """RINGREDUCE_FAULT (tests only): rank R injects a fault at a point of a collective."""
+    spec = {"rank": None, "collective": "any", "seq": "1", "at": "mid", "action": "kill",
+            "stamp": ""}
+    for part in raw.split(","):
+        key, eq, value = part.partition("=")
+        key = key.strip()
+        if not eq or key not in spec:
+            raise _bad(name, raw, _FAULT_FORMAT)
+        spec[key] = value.strip()
+    ok = (spec["rank"] is not None and spec["rank"].isdigit() and spec["seq"].isdigit()
+          and int(spec["seq"]) >= 1 and spec["collective"] in FAULT_COLLECTIVES
+          and spec["at"] in ("begin", "mid", "end")
+          and spec["action"] in ("kill", "stop", "exit", "hang"))
+    if not ok:
+        raise _bad(name, raw, _FAULT_FORMAT)
+    spec["rank"], spec["seq"] = int(spec["rank"]), int(spec["seq"])
+    return spec
+
+
 def _p_choice(*choices: str, upper: bool = False) -> Callable[[str, str], str]:
     def parse(name: str, raw: str) -> str:
         value = raw.strip().upper() if upper else raw.strip().lower()
@@ -408,6 +434,16 @@ class Tunables:
     checksum: bool = _knob(
         "RINGREDUCE_CHECKSUM", False, _p_bool, "bool",
         "Checksum every message to catch corruption (slower; for debugging).")
+    call_sites: bool = _knob(
+        "RINGREDUCE_CALL_SITES", True, _p_bool, "bool",
+        "Remember which line of the program issued each collective, for stall reports, "
+        "errors and the flight recorder.")
+    fault: dict | None = _knob(
+        "RINGREDUCE_FAULT", None, _p_fault, _FAULT_FORMAT,
+        "Fault injection for testing failure handling: rank R kills (SIGKILL), stops "
+        "(SIGSTOP), exits or hangs itself at the begin, middle (first wait for a peer) or "
+        "end of its first matching collective with sequence number >= N; PATH receives the "
+        "time of the fault.")
     use_agent_store: bool = _knob(
         "TORCHELASTIC_USE_AGENT_STORE", False, _p_bool, "bool",
         "Set by torchrun: connect to the launcher's TCPStore instead of hosting one on "

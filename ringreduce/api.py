@@ -154,9 +154,30 @@ def init(rank: int | None = None, world_size: int | None = None, *,
         comm.set_tracing(True)
     if tun.flight_recorder:
         comm.set_flight_path(tun.flight_recorder)
+    _set_call_sites(tun.call_sites)
+    f = tun.fault
+    if f is not None and f["rank"] == rank:
+        comm.set_fault(_env.FAULT_COLLECTIVES[f["collective"]], f["seq"], f["at"], f["action"],
+                       f["stamp"])
+        log.warning("rank %d: RINGREDUCE_FAULT armed: %s", rank, f)
     _state._DEFAULT[0] = _state.Group(rank=rank, world_size=world, comm=comm, hosts=peers.hosts,
                                       options=options, local_rank=info.local_rank,
                                       default_algo=algo_code(tun.algo))
+
+
+def _set_call_sites(on: bool) -> None:
+    """Call sites are the first frame outside ringreduce and torch (torch.distributed's
+    wrappers, autograd's backward) -- the user's line."""
+    import importlib.util
+
+    from . import _C
+
+    skip = [os.path.dirname(os.path.abspath(__file__)) + os.sep]
+    spec = importlib.util.find_spec("torch")
+    if spec is not None and spec.origin:
+        skip.append(os.path.dirname(spec.origin) + os.sep)
+    _C.set_call_site_skip(skip)
+    _C.set_call_sites(on)
 
 
 def _configure_logging(level: int) -> None:

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Union
@@ -119,14 +119,16 @@ def run_world_raw(world_size: int, target: Target, *args: Any, timeout: float = 
                   env: Mapping[str, str] | None = None,
                   rank_env: Mapping[int, Mapping[str, str]] | None = None,
                   init: bool = True, master_addr: str = "127.0.0.1",
-                  rank_prefix: Mapping[int, list] | None = None) -> list[RankOutcome]:
+                  rank_prefix: Mapping[int, list] | None = None,
+                  expendable: Collection[int] = ()) -> list[RankOutcome]:
     """Run ``target(rank, world_size, *args)`` on `world_size` fresh processes.
 
     env: extra environment for every rank (e.g. RINGREDUCE_SEGMENT_BYTES); rank_env: extra
     environment per rank, applied after env. init=False leaves rr.init()/destroy() to the
     target. master_addr and rank_prefix place ranks elsewhere, e.g. in network namespaces:
-    rank_prefix={1: ["ip", "netns", "exec", "rr1"]}. Returns one RankOutcome per rank, in
-    rank order; never raises for rank failures.
+    rank_prefix={1: ["ip", "netns", "exec", "rr1"]}. expendable: ranks killed as soon as
+    every other rank has ended (a victim left stopped or hung on purpose). Returns one
+    RankOutcome per rank, in rank order; never raises for rank failures.
     """
     name = _target_name(target)
     payload = json.dumps(list(args))  # fail here, not in the child, on non-JSON args
@@ -185,6 +187,13 @@ def run_world_raw(world_size: int, target: Target, *args: Any, timeout: float = 
                     ended[rank] = time.monotonic() - start
             if len(ended) == world_size:
                 break
+            if expendable and all(r in ended for r in range(world_size) if r not in expendable):
+                for rank in expendable:
+                    p = procs[rank]
+                    if rank not in ended and p is not None:
+                        _kill_group(p)
+                        ended[rank] = time.monotonic() - start
+                continue
             if time.monotonic() > deadline:
                 for rank, p in enumerate(procs):
                     if rank not in ended:

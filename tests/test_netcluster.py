@@ -7,6 +7,7 @@ link makes every rank raise within the heartbeat deadline. Needs root and `ip ne
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -121,3 +122,70 @@ def test_cut_link_raises_on_every_rank(cluster_factory, per_host: int) -> None:
         # Heartbeats (3 s here) catch the partition; allow for the 2-core machine.
         assert v["after"] < 10, v
         assert "stopped responding" in v["msg"] or "failed" in v["msg"], v["msg"]
+
+
+def _run_with_link_event(c: Cluster, world: int, per_host: int, n: int, seconds: float,
+                         env: dict, event) -> tuple[list, float]:
+    """Run fault_workers:net_loop; once every rank is ready, call event() and note when."""
+    ready = f"/tmp/rr_net_ready_{free_port()}"
+    paths = [Path(f"{ready}.{r}") for r in range(world)]
+    when: list[float] = []
+
+    def trigger() -> None:
+        deadline = time.monotonic() + 60
+        while not all(p.exists() for p in paths) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        t = time.time()
+        event()
+        when.append(t)
+
+    th = threading.Thread(target=trigger, daemon=True)
+    th.start()
+    try:
+        outs = run_world_raw(world, "fault_workers:net_loop", n, seconds, ready, timeout=90,
+                             env=env, master_addr="10.77.0.1", rank_prefix=c.prefix(per_host))
+    finally:
+        th.join(timeout=5)
+        for p in paths:
+            p.unlink(missing_ok=True)
+    assert when, "the link event never happened:\n" + "\n".join(o.describe() for o in outs)
+    return outs, when[0]
+
+
+@pytest.mark.timeout(150)
+def test_partitioned_host_is_named_everywhere_within_5s(cluster_factory) -> None:
+    """Three hosts, default heartbeat settings; host 2 loses its link. Ranks on hosts 0 and
+    1 must name rank 2, and rank 2 must name one of them, each within 5 s of the cut."""
+    c = cluster_factory(3)
+    env = {"RINGREDUCE_CONNECT_TIMEOUT": "30"}
+    outs, t_cut = _run_with_link_event(c, 3, 1, 4096, 60, env, lambda: c.link(2, "down"))
+    for o in outs:
+        assert o.has_result, o.describe()
+        v = o.value
+        assert v["type"] == "PeerFailure", o.describe()
+        assert v["wrong"] == 0, v
+        other = r"rank 2\b" if o.rank != 2 else r"rank [01]\b"
+        assert re.search(other, v["msg"]), f"rank {o.rank}: {v['msg']}"
+        assert v["t_err"] - t_cut < 5.0, f"rank {o.rank}: {v['t_err'] - t_cut:.2f} s: {v['msg']}"
+
+
+@pytest.mark.timeout(150)
+def test_slow_link_is_slow_not_failed(cluster_factory) -> None:
+    """One host's link throttled to 8 Mbit/s while 1 MiB all-reduces saturate it: the job
+    must go on (heartbeats share the congested link) with every result right."""
+    c = cluster_factory(2)
+    env = {"RINGREDUCE_CONNECT_TIMEOUT": "30", "RINGREDUCE_HEARTBEAT_TIMEOUT": "2"}
+
+    def throttle() -> None:
+        subprocess.run(["ip", "netns", "exec", "rr1", "tc", "qdisc", "add", "dev", "eth0",
+                        "root", "tbf", "rate", "8mbit", "burst", "32kb", "latency", "50ms"],
+                       check=True, timeout=20)
+
+    outs, _ = _run_with_link_event(c, 2, 1, 1 << 18, 8, env, throttle)
+    for o in outs:
+        assert o.has_result, o.describe()
+        v = o.value
+        assert v["type"] is None, f"rank {o.rank}: {v['type']}: {v['msg']}"
+        # Unthrottled, this loop runs hundreds of iterations: the link really was slow.
+        assert v["wrong"] == 0 and 5 <= v["iters"] < 100, v

@@ -9,9 +9,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "bindings/callsite.h"
 #include "bindings/errors.h"
 #include "collectives/collectives.h"
 #include "comm/communicator.h"
+#include "comm/site.h"
 #include "core/chunking.h"
 #include "core/crc32c.h"
 #include "core/log.h"
@@ -169,12 +171,13 @@ class PyComm {
   // Run `fn` as a collective: queued and returned as Work when async, else run to completion.
   py::object run(runtime::Task fn, const std::string& what, bool async) {
     auto& e = ex();
+    uint32_t site = bindings::currentCallSite();
     if (async) {
-      std::shared_ptr<runtime::Work> w = e.submit(std::move(fn), what);
+      std::shared_ptr<runtime::Work> w = e.submit(std::move(fn), what, site);
       return py::cast(w);
     }
     py::gil_scoped_release nogil;
-    e.runSync(std::move(fn), what);
+    e.runSync(std::move(fn), what, site);
     return py::none();
   }
 
@@ -198,6 +201,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_log_level", &log::setLevel);
   m.def("set_log_prefix", &log::setPrefix);
   m.def("isa_name", &reduce::isaName);
+  m.def("set_call_site_skip", &bindings::setCallSiteSkip,
+        "Frames from files under these prefixes are not call sites (ringreduce, torch).");
+  m.def("set_call_sites", &bindings::setCallSitesEnabled);
+  m.def("current_call_site", [] { return comm::siteName(bindings::currentCallSite()); });
   m.def("crc32c", [](py::bytes b) {
     std::string s = b;
     return crc32c(s.data(), s.size());
@@ -270,8 +277,9 @@ PYBIND11_MODULE(_C, m) {
                collectives::allreduce(cm, ptr, count, static_cast<DataType>(code),
                                       static_cast<ReduceOp>(op), static_cast<Algorithm>(algo));
              };
+             uint32_t site = bindings::currentCallSite();
              py::gil_scoped_release nogil;
-             c.ex().runSync(fn, "allreduce");
+             c.ex().runSync(fn, "allreduce", site);
              return true;
            })
       .def("broadcast",
@@ -309,6 +317,21 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("destroyed", [](PyComm& c) { return !c.exec_; })
       .def("set_tracing", [](PyComm& c, bool on) { c.ex().comm().recorder().setTracing(on); })
       .def("set_flight_path", [](PyComm& c, const std::string& p) { c.ex().comm().setFlightPath(p); })
+      .def("set_fault",
+           // Fault injection (RINGREDUCE_FAULT; see comm/fault.h). Before any collective.
+           [](PyComm& c, int kind, uint64_t seq, const std::string& point,
+              const std::string& action, const std::string& stamp) {
+             comm::FaultPlan f;
+             f.armed = true;
+             f.kind = static_cast<uint8_t>(kind);
+             f.seq = seq;
+             f.point = comm::faultPointFromString(point);
+             f.action = comm::faultActionFromString(action);
+             f.stampPath = stamp;
+             c.ex().comm().setFault(std::move(f));
+           },
+           py::arg("kind"), py::arg("seq"), py::arg("point"), py::arg("action"),
+           py::arg("stamp") = "")
       .def("trace_events", [](PyComm& c) {
         // Called after the collectives of interest finished (destroy, or a quiet moment).
         py::list out;

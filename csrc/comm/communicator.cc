@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "comm/site.h"
 #include "core/log.h"
 
 namespace rr::comm {
@@ -71,6 +72,7 @@ FrameHeader Communicator::begin(CollectiveKind kind, DataType dtype, ReduceOp op
   std::fill(early_.begin(), early_.end(), 0);
   deadline_ = Deadline::after(opts_.timeoutSec);
   stallReported_ = false;
+  faultWaited_ = false;
   if (hb_) {
     hb_->setState(h.kind, h.seq, 0);
     beganMs_ = steadyMs();
@@ -84,8 +86,39 @@ FrameHeader Communicator::begin(CollectiveKind kind, DataType dtype, ReduceOp op
   rec.root = root;
   rec.count = count;
   rec.bytes = bytesTotal;
+  rec.site = site_;
   recorder_.start(rec);
+  if (fault_.armed) maybeFault(FaultPlan::Point::kBegin);
   return h;
+}
+
+void Communicator::setSite(uint32_t site) {
+  if (site == site_) return;
+  site_ = site;
+  std::string name = siteName(site);
+  siteText_ = name.empty() ? std::string() : " called from " + name;
+  if (hb_) hb_->setSite(name);
+}
+
+void Communicator::maybeFault(FaultPlan::Point p) {
+  const auto kind = static_cast<uint8_t>(curKind_);
+  bool hit = fault_.matches(kind, seq_, p) ||
+             // kMid in a collective that never had to wait: at its end.
+             (p == FaultPlan::Point::kEnd && !faultWaited_ &&
+              fault_.matches(kind, seq_, FaultPlan::Point::kMid));
+  if (!hit) return;
+  fault_.armed = false;  // one fault per process
+  fireFault(fault_, rank_, describeCurrent().c_str());
+}
+
+std::string Communicator::peerDoing(int peer, const transport::PeerStatus& s,
+                                    const char* note) const {
+  std::string site = hb_ ? hb_->site(peer) : std::string();
+  return detail::concat(
+      s.kind ? "at " : "idle after ",
+      s.kind ? toString(static_cast<CollectiveKind>(s.kind)) : "collective", " #", s.seq,
+      s.kind ? detail::concat(" with ", s.bytesDone >> 10, " KiB received") : std::string(), note,
+      site.empty() ? std::string() : "; last call site " + site);
 }
 
 void Communicator::setHeartbeat(std::unique_ptr<transport::Heartbeat> hb) {
@@ -93,38 +126,67 @@ void Communicator::setHeartbeat(std::unique_ptr<transport::Heartbeat> hb) {
   hbSinceMs_ = steadyMs();
 }
 
-std::string Communicator::behindSummary() {
+std::string Communicator::waitChain(int first, int* end) {
+  *end = -1;
+  if (!hb_ || first < 0 || first >= world_) return "";
+  std::string chain = detail::concat("; wait chain: rank ", rank_);
+  std::vector<uint8_t> seen(static_cast<size_t>(world_), 0);
+  seen[static_cast<size_t>(rank_)] = 1;
+  for (int p = first;;) {
+    chain += detail::concat(" -> rank ", p);
+    seen[static_cast<size_t>(p)] = 1;
+    *end = p;
+    transport::PeerStatus s = hb_->status(p);
+    if (s.ageMs < 0) return chain + " (never heard from)";
+    if (s.kind == 0 || s.seq != seq_)
+      return chain + detail::concat(" (not in this collective: ", peerDoing(p, s), ")");
+    if (s.waitingFor < 0 || s.waitingFor >= world_)
+      return chain + detail::concat(" (", peerDoing(p, s, " and waits for no rank: stuck outside "
+                                                          "communication, e.g. in a callback, a "
+                                                          "signal handler or a hung device"), ")");
+    if (seen[static_cast<size_t>(s.waitingFor)])
+      return chain + detail::concat(" -> rank ", s.waitingFor, " (a cycle)");
+    p = s.waitingFor;
+  }
+}
+
+std::string Communicator::diagnosis(int waitingFor) {
+  int end = -1;
+  std::string chain = waitChain(waitingFor, &end);
+  return chain + behindSummary(end);
+}
+
+std::string Communicator::behindSummary(int exclude) {
   if (!hb_) return "";
   std::string behind;
   for (int p = 0; p < world_; ++p) {
-    if (p == rank_) continue;
+    if (p == rank_ || p == exclude) continue;
     transport::PeerStatus s = hb_->status(p);
     if (s.ageMs >= 0 && (s.seq < seq_ || (s.seq == seq_ && s.kind == 0)))
-      behind += detail::concat(behind.empty() ? "" : ", ", "rank ", p, s.kind ? " (at " : " (idle after ",
-                               s.kind ? toString(static_cast<CollectiveKind>(s.kind)) : "collective",
-                               " #", s.seq, ")");
+      behind += detail::concat(behind.empty() ? "" : ", ", "rank ", p, " (", peerDoing(p, s), ")");
   }
   return behind.empty() ? "" : "; by their heartbeats, ranks not in this collective yet: " + behind;
 }
 
-void Communicator::reportStall(int64_t waitedMs) {
-  // Who is behind? Heartbeats carry every peer's collective sequence number.
+void Communicator::reportStall(int64_t waitedMs, int waitingFor) {
+  int end = -1;
+  // Who is behind? Heartbeats carry every peer's collective sequence number and call site.
   std::string behind, ahead;
   for (int p = 0; p < world_; ++p) {
     if (p == rank_) continue;
     transport::PeerStatus s = hb_->status(p);
-    if (s.seq < seq_ || (s.seq == seq_ && s.kind == 0 && s.bytesDone == 0)) {
-      behind += detail::concat(behind.empty() ? "" : "; ", "rank ", p, " (pid ", s.pid, ") is ",
-                               s.kind ? "at " : "idle after ",
-                               s.kind ? toString(static_cast<CollectiveKind>(s.kind)) : "collective",
-                               " #", s.seq);
-    } else {
+    if (s.seq < seq_ || (s.seq == seq_ && s.kind == 0 && s.bytesDone == 0))
+      behind += detail::concat(behind.empty() ? "" : "; ", "rank ", p, " (", conn(p).peerHost(),
+                               ", pid ", s.pid, ") is ", peerDoing(p, s));
+    else
       ahead += detail::concat(ahead.empty() ? "" : ", ", p);
-    }
   }
   RR_WARN("stall: rank ", rank_, " has waited ", waitedMs / 1000.0, " s in ", describeCurrent(),
           "; ", behind.empty() ? std::string("no rank reports being behind") : behind,
-          behind.empty() || ahead.empty() ? "" : "; ranks " + ahead + " are here too",
+          waitChain(waitingFor, &end),
+          behind.empty() ? "" : "; others (" + (ahead.empty() ? "" : "ranks " + ahead + " and ") +
+                                    "this rank) at " + toString(curKind_) + " #" +
+                                    std::to_string(seq_),
           " (a rank stuck in user code, or one that skipped this collective?)");
 }
 
@@ -134,7 +196,7 @@ void Communicator::checkHeartbeats(int waitingFor) {
   if (!stallReported_ && opts_.stallWarnSec > 0 && beganMs_ > 0 &&
       now - beganMs_ > static_cast<int64_t>(opts_.stallWarnSec * 1000)) {
     stallReported_ = true;
-    reportStall(now - beganMs_);
+    reportStall(now - beganMs_, waitingFor);
   }
   // A peer whose heartbeat shows it in this very collective number but a different
   // collective has issued the collectives in another order: no data need ever cross for
@@ -157,13 +219,8 @@ void Communicator::checkHeartbeats(int waitingFor) {
     transport::PeerStatus s = hb_->status(p);
     int64_t age = s.ageMs >= 0 ? s.ageMs : sinceStart;
     if (age <= limit) continue;
-    std::string doing =
-        s.ageMs < 0 ? std::string("never heard from")
-                    : s.kind == 0
-                          ? detail::concat("at its last heartbeat it was idle after collective #", s.seq)
-                          : detail::concat("at its last heartbeat it was in ",
-                                           toString(static_cast<CollectiveKind>(s.kind)), " #",
-                                           s.seq, " with ", s.bytesDone >> 10, " KiB received");
+    std::string doing = s.ageMs < 0 ? std::string("never heard from")
+                                    : "at its last heartbeat it was " + peerDoing(p, s);
     throw PeerError(p, detail::concat(
         "rank ", p, " (", conn(p).peerHost(), ", pid ", s.pid, ") stopped responding: no heartbeat for ",
         age / 1000.0, " s (process frozen or stopped, host overloaded, or network partition); ",
@@ -179,10 +236,11 @@ std::string Communicator::describeCurrent() const {
                 static_cast<unsigned long long>(seq_), toString(curAlgo_),
                 static_cast<double>(bytesDone_) / 1048576.0,
                 static_cast<double>(bytesTotal_) / 1048576.0);
-  return buf;
+  return buf + siteText_;
 }
 
 void Communicator::waitIo(int sendPeer, int recvPeer) {
+  noteWait();
   pfds_.clear();
   pfdPeer_.clear();
   pfds_.push_back({wakeFd_, POLLIN, 0});
@@ -200,6 +258,7 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
   }
   // Wake at least every 250 ms to look at heartbeats while waiting.
   const int waitingFor = recvPeer >= 0 ? recvPeer : sendPeer;
+  if (hb_) hb_->setWaiting(waitingFor);
   // Spin phase (see Options::spinUs), for latency-bound collectives only: a large transfer
   // waits often and amortises wake-ups, and spinning would take CPU from the network stack.
   if (spinAllowed_ && opts_.spinUs > 0 && bytesTotal_ <= kSpinMaxBytes) {
@@ -243,10 +302,12 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
 }
 
 void Communicator::checkAlive(int peer) {
+  noteWait();
+  if (hb_ && peer >= 0) hb_->setWaiting(peer);
   if (aborted_.load()) RR_THROW(Error, "communicator aborted during ", describeCurrent());
   if (deadline_.expired()) {
     RR_THROW(TimeoutError, "rank ", rank_, ": ", describeCurrent(), " timed out after ",
-             opts_.timeoutSec, " s waiting (shared memory) for rank ", peer, behindSummary(),
+             opts_.timeoutSec, " s waiting (shared memory) for rank ", peer, diagnosis(peer),
              " (is that rank stuck, or did it skip this collective? raise timeout= or "
              "RINGREDUCE_TIMEOUT for slow steps)");
   }
@@ -288,7 +349,7 @@ void Communicator::sendRecv(int sendPeer, SendOp* s, int recvPeer, RecvOp* r) {
   if (sendPeer >= 0)
     who += (who.empty() ? "" : " and ") + std::string("waiting to send to ") + name(sendPeer);
   RR_THROW(TimeoutError, "rank ", rank_, ": ", describeCurrent(), " timed out after ",
-           opts_.timeoutSec, " s ", who, behindSummary(),
+           opts_.timeoutSec, " s ", who, diagnosis(recvPeer >= 0 ? recvPeer : sendPeer),
            " (is that rank stuck, or did it skip this collective? raise timeout= or "
            "RINGREDUCE_TIMEOUT for slow steps)");
 }

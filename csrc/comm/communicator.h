@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/fault.h"
 #include "comm/recorder.h"
 #include "comm/scratch.h"
 #include "core/deadline.h"
@@ -61,9 +62,14 @@ class Communicator {
   }
   // The collective finished (ok = no exception): heartbeats say "idle", recorder notes it.
   void finish(bool ok) {
+    if (ok && fault_.armed) maybeFault(FaultPlan::Point::kEnd);
     if (hb_) hb_->setState(0, seq_, bytesDone_);
     recorder_.end(ok);
   }
+  // The Python line that issues the next collective (comm/site.h id). Executor thread.
+  void setSite(uint32_t site);
+  // Arm fault injection (RINGREDUCE_FAULT) on this rank.
+  void setFault(FaultPlan plan) { fault_ = std::move(plan); }
   Recorder& recorder() { return recorder_; }
   // Where poison() writes the flight recorder ("" = nowhere).
   void setFlightPath(std::string path) { flightPath_ = std::move(path); }
@@ -127,8 +133,26 @@ class Communicator {
   int64_t beganMs_ = 0;    // steady ms when the current collective began
   bool stallReported_ = false;
   void checkHeartbeats(int waitingFor);
-  void reportStall(int64_t waitedMs);
-  std::string behindSummary();  // "; ... ranks not in this collective yet: 2 (idle after #4)"
+  void maybeFault(FaultPlan::Point p);
+  // First wait of the collective: the FaultPlan kMid point.
+  void noteWait() {
+    if (faultWaited_) return;
+    faultWaited_ = true;
+    if (fault_.armed) maybeFault(FaultPlan::Point::kMid);
+  }
+  // "at allreduce #5 with 64 KiB received<note>; last call site train.py:57", from heartbeats.
+  std::string peerDoing(int peer, const transport::PeerStatus& s, const char* note = "") const;
+  FaultPlan fault_;
+  bool faultWaited_ = false;  // the current collective has waited (FaultPlan kMid)
+  uint32_t site_ = 0;
+  std::string siteText_;      // siteName(site_): " called from train.py:57" or 
+  void reportStall(int64_t waitedMs, int waitingFor);
+  // "; ... ranks not in this collective yet: rank 2 (idle after collective #4; ...)"
+  std::string behindSummary(int exclude = -1);
+  // "; wait chain: rank 0 -> rank 2 -> rank 1 (...)": follow the peers' heartbeats from
+  // `first` (the rank this one waits for) to the rank that waits for nobody; *end = it.
+  std::string waitChain(int first, int* end);
+  std::string diagnosis(int waitingFor);  // waitChain + behindSummary of the others
   std::vector<pollfd> pfds_;      // reused by waitIo: no allocation per wait
   std::vector<int> pfdPeer_;      // peer rank of each pfds_ entry (-1: wake fd)
   std::vector<uint8_t> early_;    // peer sent data for a later collective: stop watching it

@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "comm/site.h"
+
 namespace rr::comm {
 
 std::string recordsToJson(const std::vector<Record>& rs) {
@@ -16,7 +18,9 @@ std::string recordsToJson(const std::vector<Record>& rs) {
        << toString(static_cast<ReduceOp>(r.op)) << "\", \"root\": " << r.root
        << ", \"count\": " << r.count << ", \"bytes\": " << r.bytes
        << ", \"start_us\": " << r.startUs << ", \"end_us\": " << r.endUs << ", \"state\": \""
-       << (r.endUs == 0 ? "running" : r.ok ? "ok" : "failed") << "\"}";
+       << (r.endUs == 0 ? "running" : r.ok ? "ok" : "failed") << "\", \"site\": \"";
+    for (char ch : siteName(r.site)) os << (ch == '"' || ch == '\\' || static_cast<unsigned char>(ch) < 0x20 ? '\'' : ch);
+    os << "\"}";
   }
   os << "]";
   return os.str();

@@ -18,6 +18,7 @@ struct Record {
   uint8_t kind = 0, dtype = 0, op = 0, algo = 0;
   int32_t root = 0;
   uint64_t count = 0, bytes = 0;
+  uint32_t site = 0;  // comm/site.h id of the Python line that issued it
   int64_t startUs = 0, endUs = 0;  // wall clock (epoch) microseconds; endUs 0 = unfinished
   bool ok = true;
 };

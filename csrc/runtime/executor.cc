@@ -11,8 +11,8 @@ Executor::Executor(std::unique_ptr<comm::Communicator> comm)
 
 Executor::~Executor() { shutdown(); }
 
-std::shared_ptr<Work> Executor::submit(Task fn, std::string what) {
-  auto w = std::make_shared<Work>(std::move(what));
+std::shared_ptr<Work> Executor::submit(Task fn, std::string what, uint32_t site) {
+  auto w = std::make_shared<Work>(std::move(what), site);
   {
     std::lock_guard<std::mutex> g(mu_);
     if (stop_) {
@@ -25,7 +25,7 @@ std::shared_ptr<Work> Executor::submit(Task fn, std::string what) {
   return w;
 }
 
-void Executor::runSync(Task fn, std::string what) {
+void Executor::runSync(Task fn, std::string what, uint32_t site) {
   {
     std::unique_lock<std::mutex> g(mu_);
     if (stop_) RR_THROW(Error, "communicator was destroyed");
@@ -35,12 +35,13 @@ void Executor::runSync(Task fn, std::string what) {
       std::unique_lock<std::mutex> ex(execMu_);
       g.unlock();
       comm_->setSpinAllowed(true);
+      comm_->setSite(site);
       std::exception_ptr e = run(fn);
       if (e) std::rethrow_exception(e);
       return;
     }
   }
-  submit(std::move(fn), std::move(what))->wait(-1);
+  submit(std::move(fn), std::move(what), site)->wait(-1);
 }
 
 // Wrap a failure with what this rank was doing, keeping its type.
@@ -100,6 +101,7 @@ void Executor::loop() {
     {
       std::lock_guard<std::mutex> ex(execMu_);
       comm_->setSpinAllowed(false);
+      comm_->setSite(item.second->site());
       execute(item.first, *item.second);
     }
     std::lock_guard<std::mutex> g(mu_);

@@ -26,9 +26,10 @@ class Executor {
   ~Executor();
 
   // Queue a collective; the Work completes when it has run (or failed).
-  std::shared_ptr<Work> submit(Task fn, std::string what);
+  // `site`: where in the user's program it was issued (comm/site.h id, 0 = unknown).
+  std::shared_ptr<Work> submit(Task fn, std::string what, uint32_t site = 0);
   // Run a collective now on this thread if nothing is queued, else queue it and wait.
-  void runSync(Task fn, std::string what);
+  void runSync(Task fn, std::string what, uint32_t site = 0);
 
   // Fail the running collective and everything queued, promptly. Thread-safe.
   void abort();

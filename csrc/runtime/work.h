@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <exception>
 #include <mutex>
 #include <string>
@@ -12,7 +13,7 @@ namespace rr::runtime {
 
 class Work {
  public:
-  explicit Work(std::string what) : what_(std::move(what)) {}
+  explicit Work(std::string what, uint32_t site = 0) : what_(std::move(what)), site_(site) {}
 
   void complete(std::exception_ptr e) {
     {
@@ -43,9 +44,11 @@ class Work {
     return exc_;
   }
   const std::string& what() const { return what_; }
+  uint32_t site() const { return site_; }  // comm/site.h id of the issuing Python line
 
  private:
   std::string what_;
+  uint32_t site_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;

@@ -23,10 +23,12 @@ struct Datagram {
   uint32_t magic;
   int32_t rank;
   uint32_t pid;
-  uint8_t kind, pad[3];
+  int32_t waiting;  // the rank the sender is blocked on (-1: none)
+  uint8_t kind, pad[7];
   uint64_t seq;
   uint64_t bytes;
   uint64_t counter;      // strictly increasing per sender: replays are ignored
+  char site[kSiteBytes];  // NUL-terminated call site of the sender's collective
   uint8_t mac[16];       // truncated HMAC-SHA256 over everything above
 };
 
@@ -75,6 +77,10 @@ void Heartbeat::start(int rank, const std::vector<std::string>& peerAddrs,
   nslots_ = peerAddrs.size();
   slots_.reset(new Slot[nslots_]);
   peerSockaddr_.assign(nslots_, {});
+  {
+    std::lock_guard<std::mutex> g(siteMu_);
+    peerSite_.assign(nslots_, std::string());
+  }
   for (size_t r = 0; r < nslots_; ++r) {
     if (static_cast<int>(r) == rank || peerAddrs[r].empty()) continue;
     tcp::Endpoint ep = tcp::parseEndpoint(peerAddrs[r]);
@@ -117,7 +123,18 @@ PeerStatus Heartbeat::status(int peer) const {
   s.seq = st & ((uint64_t{1} << 56) - 1);
   s.kind = static_cast<uint8_t>(st >> 56);
   s.bytesDone = sl.bytes.load(std::memory_order_relaxed);
+  s.waitingFor = sl.waiting.load(std::memory_order_relaxed);
   return s;
+}
+
+void Heartbeat::setSite(const std::string& site) {
+  std::lock_guard<std::mutex> g(siteMu_);
+  site_ = site.size() < kSiteBytes ? site : site.substr(site.size() - (kSiteBytes - 1));
+}
+
+std::string Heartbeat::site(int peer) const {
+  std::lock_guard<std::mutex> g(siteMu_);
+  return peer >= 0 && static_cast<size_t>(peer) < peerSite_.size() ? peerSite_[peer] : "";
 }
 
 void Heartbeat::sendAll() {
@@ -130,7 +147,12 @@ void Heartbeat::sendAll() {
   d.kind = static_cast<uint8_t>(st >> 56);
   d.seq = st & ((uint64_t{1} << 56) - 1);
   d.bytes = bytes_.load(std::memory_order_relaxed);
+  d.waiting = waiting_.load(std::memory_order_relaxed);
   d.counter = ++counter;
+  {
+    std::lock_guard<std::mutex> g(siteMu_);
+    std::memcpy(d.site, site_.data(), site_.size());  // < kSiteBytes; the rest stays 0
+  }
   sign(secret_, &d);
   for (size_t r = 0; r < nslots_; ++r) {
     if (peerSockaddr_[r].empty()) continue;
@@ -159,6 +181,12 @@ void Heartbeat::receiveOne() {
   s.state.store((static_cast<uint64_t>(d.kind) << 56) | (d.seq & ((uint64_t{1} << 56) - 1)),
                 std::memory_order_relaxed);
   s.bytes.store(d.bytes, std::memory_order_relaxed);
+  s.waiting.store(d.waiting, std::memory_order_relaxed);
+  d.site[kSiteBytes - 1] = 0;
+  {
+    std::lock_guard<std::mutex> g(siteMu_);
+    peerSite_[static_cast<size_t>(d.rank)].assign(d.site);
+  }
   s.lastNs.store(nowNs(), std::memory_order_release);
 }
 

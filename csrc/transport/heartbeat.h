@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,7 +26,10 @@ struct PeerStatus {
   uint64_t seq = 0;   // collective sequence number the peer is at
   uint8_t kind = 0;   // CollectiveKind it is in (0: idle)
   uint64_t bytesDone = 0;
+  int waitingFor = -1;  // the rank it was blocked on (-1: none)
 };
+
+constexpr size_t kSiteBytes = 48;  // call site carried in a heartbeat ("train.py:57")
 
 class Heartbeat {
  public:
@@ -46,8 +50,17 @@ class Heartbeat {
     state_.store((static_cast<uint64_t>(kind) << 56) | (seq & ((uint64_t{1} << 56) - 1)),
                  std::memory_order_relaxed);
     bytes_.store(bytesDone, std::memory_order_relaxed);
+    waiting_.store(-1, std::memory_order_relaxed);
   }
+  // The rank this one is blocked on inside the current collective (-1: none), so peers can
+  // follow the chain of waits to the rank that holds everyone up.
+  void setWaiting(int peer) { waiting_.store(peer, std::memory_order_relaxed); }
+  // Where this rank's current (or last) collective was issued; sent with every heartbeat.
+  // Truncated to kSiteBytes - 1 (the tail is kept). Any thread.
+  void setSite(const std::string& site);
   PeerStatus status(int peer) const;
+  // The call site peer `peer` last reported ("" if none). Takes a lock: for reports only.
+  std::string site(int peer) const;
   bool running() const { return thread_.joinable(); }
 
  private:
@@ -60,6 +73,7 @@ class Heartbeat {
     std::atomic<uint32_t> pid{0};
     std::atomic<uint64_t> state{0};  // kind << 56 | seq, as sent
     std::atomic<uint64_t> bytes{0};
+    std::atomic<int> waiting{-1};
   };
 
   tcp::Fd fd_;
@@ -71,6 +85,10 @@ class Heartbeat {
   std::unique_ptr<Slot[]> slots_;
   size_t nslots_ = 0;
   std::atomic<uint64_t> state_{0}, bytes_{0};
+  std::atomic<int> waiting_{-1};
+  mutable std::mutex siteMu_;  // guards site_ and peerSite_
+  std::string site_;
+  std::vector<std::string> peerSite_;
   int wake_[2] = {-1, -1};  // pipe: stop() wakes the thread
   std::thread thread_;
 };

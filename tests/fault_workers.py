@@ -1,0 +1,90 @@
+"""Rank functions for tests/test_faults.py: loop over one collective with rank-dependent
+inputs (every result checked against numpy) while RINGREDUCE_FAULT makes one rank kill,
+stop, exit or hang itself at a chosen point; report what each survivor raised and when."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+import ringreduce as rr
+
+
+def _inputs(rank: int, world: int, it: int, n: int) -> list[np.ndarray]:
+    return [((np.arange(n, dtype=np.int64) * (r + 3) + it * 7 + r) % 1000).astype(np.float32)
+            for r in range(world)]
+
+
+def _one(collective: str, rank: int, world: int, it: int, n: int, algo: str) -> bool:
+    """Run one collective; True when the result is right."""
+    xs = _inputs(rank, world, it, n)
+    x = xs[rank].copy()
+    if collective == "allreduce":
+        rr.allreduce(x, algo=algo)
+        return bool(np.array_equal(x, np.sum(xs, axis=0, dtype=np.float32)))
+    if collective == "broadcast":
+        root = it % world
+        rr.broadcast(x, src=root)
+        return bool(np.array_equal(x, xs[root]))
+    if collective == "allgather":
+        out = rr.allgather(x)
+        return bool(np.array_equal(out, np.stack(xs)))
+    if collective == "reduce_scatter":
+        k = n // world
+        out = rr.reduce_scatter(x[:k * world])
+        full = np.sum([a[:k * world] for a in xs], axis=0, dtype=np.float32)
+        return bool(np.array_equal(out, full[rank * k:(rank + 1) * k]))
+    if collective == "barrier":
+        rr.barrier()
+        return True
+    raise ValueError(collective)
+
+
+def fault_loop(rank: int, world: int, collective: str, n: int, algo: str,
+               limit_s: float = 40.0) -> dict:
+    """Loop until the injected fault surfaces as an exception (or limit_s passes)."""
+    wrong = it = 0
+    t_end = time.time() + limit_s
+    while time.time() < t_end:
+        it += 1
+        try:
+            if not _one(collective, rank, world, it, n, algo):
+                wrong += 1
+        except rr.RingReduceError as e:
+            out = {"type": type(e).__name__, "msg": str(e), "t_err": time.time(),
+                   "peer_rank": getattr(e, "peer_rank", None), "iters": it, "wrong": wrong}
+            try:
+                rr.barrier()
+                out["after"] = None
+            except rr.RingReduceError as e2:
+                out["after"] = str(e2)
+            t0 = time.monotonic()
+            rr.destroy()
+            out["destroy_s"] = time.monotonic() - t0
+            return out
+    return {"type": None, "msg": "", "t_err": time.time(), "iters": it, "wrong": wrong}
+
+
+def net_loop(rank: int, world: int, n: int, seconds: float, ready: str) -> dict:
+    """Checked all-reduces for `seconds` (ranks stop together) while the test cuts or
+    throttles links; touches `ready`.<rank> once the first all-reduce is through."""
+    x = np.ones(n, np.float32)
+    rr.allreduce(x)
+    with open(f"{ready}.{rank}", "w"):
+        pass
+    wrong = it = 0
+    end = time.monotonic() + seconds
+    try:
+        while True:
+            it += 1
+            if not _one("allreduce", rank, world, it, n, "auto"):
+                wrong += 1
+            if it % 5 == 0:
+                stop = np.array([time.monotonic() > end], np.int32)
+                rr.allreduce(stop, op="max")
+                if stop[0]:
+                    return {"type": None, "msg": "", "iters": it, "wrong": wrong}
+    except rr.RingReduceError as e:
+        return {"type": type(e).__name__, "msg": str(e), "t_err": time.time(), "iters": it,
+                "wrong": wrong}
