@@ -6,6 +6,8 @@ TORCHELASTIC_USE_AGENT_STORE says so, or any torch Store the caller passes."""
 from __future__ import annotations
 
 import secrets
+import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -49,18 +51,36 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
         return _STORES[key]
     dist = _torch_store()
     is_master = rank == 0 and not use_agent_store
-    try:
-        store = dist.TCPStore(master_addr, master_port, world_size=None, is_master=is_master,
-                              timeout=timedelta(seconds=timeout), wait_for_workers=False)
-    except Exception as e:  # torch raises RuntimeError/DistNetworkError with its own text
-        what = "start the store on" if is_master else "reach the store at"
-        hint = ("is the port already in use? pick another MASTER_PORT" if is_master else
-                "is rank 0 running, and is MASTER_ADDR reachable from this host?")
+    what = "start the store on" if is_master else "reach the store at"
+    hint = ("is the port already in use? pick another MASTER_PORT" if is_master else
+            "is rank 0 running, and is MASTER_ADDR reachable from this host?")
+    # TCPStore's own timeout does not cover a server that accepts and never answers (another
+    # program on MASTER_PORT): build it on a helper thread and stop waiting at the deadline.
+    box: list = []
+
+    def build() -> None:
+        try:
+            box.append(dist.TCPStore(master_addr, master_port, world_size=None,
+                                     is_master=is_master, timeout=timedelta(seconds=timeout),
+                                     wait_for_workers=False))
+        except Exception as e:  # noqa: BLE001 - torch's RuntimeError/DistNetworkError, re-raised
+            box.append(e)
+
+    t = threading.Thread(target=build, name="ringreduce-store-connect", daemon=True)
+    t.start()
+    t.join(timeout + 1.0)
+    if not box:
+        raise _timeout_error(
+            f"rank {rank} could not {what} {master_addr}:{master_port} within {timeout:.0f} s: "
+            f"something accepted the connection but never answered like a torch TCPStore "
+            f"({hint})")
+    if isinstance(box[0], Exception):
+        e = box[0]
         raise _timeout_error(
             f"rank {rank} could not {what} {master_addr}:{master_port} within {timeout:.0f} s: "
             f"{e} ({hint})") from e
-    _STORES[key] = store
-    return store
+    _STORES[key] = box[0]
+    return box[0]
 
 
 def torch_default_store() -> Any:
@@ -81,16 +101,43 @@ def _timeout_error(msg: str) -> Exception:
     return CollectiveTimeout(msg)
 
 
-def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str) -> None:
+def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,
+          prefix: str) -> None:
+    """Wait for `keys`, polling, so that a rank that failed its own init checks (and said
+    so under prefix + "failed") stops everyone at once instead of at the timeout."""
+    deadline = time.monotonic() + timeout
+    pause = 0.002
+    while not store.check(keys):
+        if store.check([prefix + "failed"]):
+            kind, _, msg = store.get(prefix + "failed").decode().partition("\n")
+            msg = f"rank {rank}: init stopped because another rank failed: {msg}"
+            if kind == "ValueError":  # bad settings: the same class on every rank
+                raise ValueError(msg)
+            raise _timeout_error(msg) if kind == "CollectiveTimeout" else _rr_error(msg)
+        if time.monotonic() > deadline:
+            missing = [k for k in keys if not store.check([k])]
+            raise _fail(store, prefix, _timeout_error(
+                f"rank {rank}: timed out after {timeout:.0f} s waiting for {what}: missing "
+                f"{', '.join(k.rsplit('/', 2)[-2] + '/' + k.rsplit('/', 1)[-1] for k in missing[:8])}"
+                f"{' ...' if len(missing) > 8 else ''} (did every rank start, with the same "
+                f"WORLD_SIZE and MASTER_ADDR/MASTER_PORT?)"))
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
+
+
+def _fail(store: Any, prefix: str, error: Exception) -> Exception:
+    """Tell the other ranks why this one gives up (they stop waiting at their next poll),
+    return `error`."""
     try:
-        store.wait(keys, timedelta(seconds=timeout))
-    except Exception as e:
-        missing = [k for k in keys if not store.check([k])]
-        raise _timeout_error(
-            f"rank {rank}: timed out after {timeout:.0f} s waiting for {what}: missing "
-            f"{', '.join(k.rsplit('/', 2)[-2] + '/' + k.rsplit('/', 1)[-1] for k in missing[:8])}"
-            f"{' ...' if len(missing) > 8 else ''} (did every rank start, with the same "
-            f"WORLD_SIZE and MASTER_ADDR/MASTER_PORT?)") from e
+        store.set(prefix + "failed", f"{type(error).__name__}\n{error}")
+    except RuntimeError:
+        pass  # the store is gone: the others will find out themselves
+    return error
+
+
+def _rr_error(msg: str) -> Exception:
+    from ._C import RingReduceError
+    return RingReduceError(msg)
 
 
 def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None,
@@ -100,7 +147,9 @@ def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None
 
     try:
         return _exchange(store, rank, world, my_addr, secret, timeout, my_hb)
-    except RingReduceError:
+    except (ValueError, RingReduceError):
+        if rank == 0:  # usually the store's host: give the others time to read "failed"
+            time.sleep(0.5)
         raise
     except RuntimeError as e:  # torch's DistStoreError / DistNetworkError: the store is gone
         raise RingReduceError(
@@ -115,27 +164,27 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
     p = f"ringreduce/{_GENERATION[0]}/"
     n = store.add(p + f"claim/{rank}", 1)
     if n > 1:
-        raise ValueError(
+        raise _fail(store, p, ValueError(
             f"rank {rank} was claimed by {n} processes; every process needs a distinct RANK "
-            f"in [0, {world})")
+            f"in [0, {world})"))
     if rank == 0:
         store.set(p + "world", str(world))
         if secret is None:
             store.set(p + "secret", secrets.token_hex(32))
-    _wait(store, [p + "world"], timeout, rank, "rank 0 to publish the world size")
+    _wait(store, [p + "world"], timeout, rank, "rank 0 to publish the world size", p)
     w0 = int(store.get(p + "world"))
     if w0 != world:
-        raise ValueError(
+        raise _fail(store, p, ValueError(
             f"rank 0 runs with WORLD_SIZE={w0} but rank {rank} with {world}; start every rank "
-            f"with the same world size")
+            f"with the same world size"))
     if secret is None:
-        _wait(store, [p + "secret"], timeout, rank, "rank 0 to publish the job secret")
+        _wait(store, [p + "secret"], timeout, rank, "rank 0 to publish the job secret", p)
         secret = store.get(p + "secret").decode()
     store.set(p + f"addr/{rank}", my_addr)
     store.set(p + f"host/{rank}", _env.host_identity())
     store.set(p + f"hb/{rank}", my_hb)
     keys = [p + f"addr/{r}" for r in range(world)]
-    _wait(store, keys, timeout, rank, "all ranks to publish their addresses")
+    _wait(store, keys, timeout, rank, "all ranks to publish their addresses", p)
     addrs = [store.get(k).decode() for k in keys]
     hosts = [store.get(p + f"host/{r}").decode() for r in range(world)]
     hbs = [store.get(p + f"hb/{r}").decode() for r in range(world)]

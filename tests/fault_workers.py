@@ -88,3 +88,41 @@ def net_loop(rank: int, world: int, n: int, seconds: float, ready: str) -> dict:
     except rr.RingReduceError as e:
         return {"type": type(e).__name__, "msg": str(e), "t_err": time.time(), "iters": it,
                 "wrong": wrong}
+
+
+def init_outcome(rank: int, world: int, behave: dict) -> dict:
+    """rr.init() with one rank misbehaving (behave maps str(rank) to "absent": never calls
+    init; "store_then_die": hosts the store, then exits before publishing anything).
+    Returns what init raised and how long it took."""
+    import os
+
+    action = behave.get(str(rank), "init")
+    if action == "absent":
+        time.sleep(300)
+    if action == "store_then_die":
+        from ringreduce import _rendezvous
+
+        _rendezvous.make_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), rank,
+                               world, 30.0, False)
+        time.sleep(1.5)
+        os._exit(3)
+    t0 = time.time()
+    try:
+        rr.init()
+    except Exception as e:  # noqa: BLE001 - ValueError or a ringreduce error, both reported
+        return {"type": type(e).__name__, "msg": str(e), "elapsed": time.time() - t0,
+                "is_rr": isinstance(e, rr.RingReduceError)}
+    rr.destroy()
+    return {"type": None, "msg": "", "elapsed": time.time() - t0, "is_rr": False}
+
+
+def late_rank(rank: int, world: int, late: int, sleep_s: float) -> dict:
+    """Rank `late` spends sleep_s in "user code" before its sixth all-reduce; everyone's
+    results are checked (the others wait, log a stall report, and succeed)."""
+    wrong = 0
+    for it in range(1, 9):
+        if rank == late and it == 6:
+            time.sleep(sleep_s)
+        if not _one("allreduce", rank, world, it, 1000, "auto"):
+            wrong += 1
+    return {"wrong": wrong}

@@ -169,24 +169,31 @@ std::string Communicator::behindSummary(int exclude) {
 }
 
 void Communicator::reportStall(int64_t waitedMs, int waitingFor) {
-  int end = -1;
   // Who is behind? Heartbeats carry every peer's collective sequence number and call site.
   std::string behind, ahead;
+  int nAhead = 0;
+  std::vector<uint8_t> isBehind(static_cast<size_t>(world_), 0);
   for (int p = 0; p < world_; ++p) {
     if (p == rank_) continue;
     transport::PeerStatus s = hb_->status(p);
-    if (s.seq < seq_ || (s.seq == seq_ && s.kind == 0 && s.bytesDone == 0))
+    if (s.seq < seq_ || (s.seq == seq_ && s.kind == 0 && s.bytesDone == 0)) {
+      isBehind[static_cast<size_t>(p)] = 1;
       behind += detail::concat(behind.empty() ? "" : "; ", "rank ", p, " (", conn(p).peerHost(),
                                ", pid ", s.pid, ") is ", peerDoing(p, s));
-    else
-      ahead += detail::concat(ahead.empty() ? "" : ", ", p);
+    } else {
+      ahead += detail::concat(nAhead++ ? ", " : "", p);
+    }
   }
+  int end = -1;
+  std::string chain = waitChain(waitingFor, &end);
+  if (end >= 0 && isBehind[static_cast<size_t>(end)]) chain.clear();  // named above already
+  std::string here;
+  if (!behind.empty())
+    here = detail::concat("; others (", nAhead ? (nAhead == 1 ? "rank " : "ranks ") + ahead + " and "
+                                               : std::string(),
+                          "this rank) at ", toString(curKind_), " #", seq_);
   RR_WARN("stall: rank ", rank_, " has waited ", waitedMs / 1000.0, " s in ", describeCurrent(),
-          "; ", behind.empty() ? std::string("no rank reports being behind") : behind,
-          waitChain(waitingFor, &end),
-          behind.empty() ? "" : "; others (" + (ahead.empty() ? "" : "ranks " + ahead + " and ") +
-                                    "this rank) at " + toString(curKind_) + " #" +
-                                    std::to_string(seq_),
+          "; ", behind.empty() ? std::string("no rank reports being behind") : behind, here, chain,
           " (a rank stuck in user code, or one that skipped this collective?)");
 }
 

@@ -1,0 +1,102 @@
+"""Init and rendezvous never hang: a rank that never joins, a wrong WORLD_SIZE, a duplicate
+RANK, an unreachable MASTER_ADDR, a MASTER_PORT in use and a store host that dies all end
+init on every rank with an actionable message -- at once where one rank knows what is
+wrong (it tells the others through the store), else within RINGREDUCE_CONNECT_TIMEOUT."""
+
+from __future__ import annotations
+
+import re
+import socket
+
+import pytest
+
+from _spawn import free_port, run_world_raw
+
+CONNECT = "4"
+
+
+def _outcomes(world: int, behave: dict, expendable=(), **kw) -> list:
+    env = {"RINGREDUCE_CONNECT_TIMEOUT": CONNECT, **kw.pop("env", {})}
+    outs = run_world_raw(world, "fault_workers:init_outcome", behave, timeout=40, init=False,
+                         env=env, expendable=expendable, **kw)
+    return outs
+
+
+def _story(outs: list) -> str:
+    return "\n".join(o.describe() for o in outs)
+
+
+@pytest.mark.timeout(60)
+def test_rank_that_never_joins_is_named() -> None:
+    outs = _outcomes(3, {"2": "absent"}, expendable=[2])
+    for o in outs[:2]:
+        assert o.ok, _story(outs)
+        v = o.value
+        assert v["type"] == "CollectiveTimeout", v
+        assert "addr/2" in v["msg"] and "WORLD_SIZE" in v["msg"], v["msg"]
+        assert v["elapsed"] < float(CONNECT) + 3, v
+
+
+@pytest.mark.timeout(60)
+def test_wrong_world_size_stops_every_rank_at_once() -> None:
+    outs = _outcomes(3, {}, rank_env={2: {"WORLD_SIZE": "4"}})
+    story = _story(outs)
+    assert outs[2].ok and outs[2].value["type"] == "ValueError", story
+    assert "WORLD_SIZE=3 but rank 2 with 4" in outs[2].value["msg"], story
+    for o in outs[:2]:
+        v = o.value
+        assert v["type"] == "ValueError" and "another rank failed" in v["msg"], story
+        assert "WORLD_SIZE=3 but rank 2 with 4" in v["msg"], story
+        assert v["elapsed"] < 3, f"rank {o.rank} learnt of it only after {v['elapsed']:.1f} s"
+
+
+@pytest.mark.timeout(60)
+def test_duplicate_rank_stops_every_rank_at_once() -> None:
+    outs = _outcomes(3, {}, rank_env={2: {"RANK": "1"}})
+    story = _story(outs)
+    msgs = [o.value["msg"] for o in outs if o.ok and o.value["type"]]
+    assert len(msgs) == 3, story
+    assert all("claimed by 2 processes" in m for m in msgs), story
+    assert all(o.value["elapsed"] < 3 for o in outs), story
+
+
+@pytest.mark.timeout(60)
+def test_unreachable_master_addr() -> None:
+    outs = _outcomes(2, {}, rank_env={1: {"MASTER_ADDR": "10.255.255.1"}})
+    story = _story(outs)
+    v1 = outs[1].value
+    assert outs[1].ok and v1["type"] == "CollectiveTimeout", story
+    assert re.search(r"rank 1 could not reach the store at 10\.255\.255\.1:\d+", v1["msg"]), story
+    assert "MASTER_ADDR reachable" in v1["msg"], story
+    assert v1["elapsed"] < float(CONNECT) + 6, story
+    v0 = outs[0].value
+    assert v0["type"] == "CollectiveTimeout" and "addr/1" in v0["msg"], story
+
+
+@pytest.mark.timeout(60)
+def test_master_port_in_use() -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen(8)
+        port = squatter.getsockname()[1]
+        outs = _outcomes(2, {}, env={"MASTER_PORT": str(port)})
+    story = _story(outs)
+    v0 = outs[0].value
+    assert outs[0].ok and v0["is_rr"], story
+    assert f"could not start the store on 127.0.0.1:{port}" in v0["msg"], story
+    assert "port already in use" in v0["msg"], story
+    assert v0["elapsed"] < 5, story
+    v1 = outs[1].value  # reached the squatter, which never answers: timed out
+    assert outs[1].ok and v1["is_rr"] and v1["elapsed"] < float(CONNECT) + 6, story
+
+
+@pytest.mark.timeout(60)
+def test_store_host_dying_during_init() -> None:
+    outs = _outcomes(3, {"0": "store_then_die"}, env={"RINGREDUCE_CONNECT_TIMEOUT": "30"})
+    story = _story(outs)
+    assert outs[0].returncode == 3, story
+    for o in outs[1:]:
+        v = o.value
+        assert o.ok and v["is_rr"], story
+        assert "store failed during init" in v["msg"] and "rank 0" in v["msg"], v["msg"]
+        assert v["elapsed"] < 10, story
