@@ -77,3 +77,49 @@ def test_mismatched_counts_detected_over_shm() -> None:
     for o in outs:
         assert o["type"] in ("CollectiveMismatch", "PeerFailure"), o
         assert "count" in o["msg"]
+
+
+@pytest.fixture
+def tiny_dev_shm(tmp_path):
+    """A mount namespace whose /dev/shm is a 64 KiB tmpfs; yields the command prefix that
+    runs a process in it (every rank of a world must share it, like one host)."""
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("nsenter")):
+        pytest.skip("needs root, unshare and nsenter to give the ranks a tiny /dev/shm")
+    d = tmp_path / "ns"
+    d.mkdir()
+    ns = d / "mnt"
+    ns.touch()
+    run = lambda *a: subprocess.run(list(a), capture_output=True, text=True, timeout=20)  # noqa: E731
+    steps = [run("mount", "--bind", str(d), str(d)), run("mount", "--make-private", str(d)),
+             run("unshare", f"--mount={ns}", "--propagation", "private", "mount", "-t",
+                 "tmpfs", "-o", "size=64k", "tmpfs", "/dev/shm")]
+    bad = next((r for r in steps if r.returncode != 0), None)
+    if bad is not None:
+        run("umount", str(ns))
+        run("umount", str(d))
+        pytest.skip(f"cannot build a mount namespace: {bad.args}: {bad.stderr.strip()}")
+    try:
+        yield ["nsenter", f"--mount={ns}"]
+        left = run("nsenter", f"--mount={ns}", "ls", "-A", "/dev/shm")
+        assert left.returncode == 0 and left.stdout.strip() == "", \
+            f"left behind in the full /dev/shm: {left.stdout!r}"
+    finally:
+        run("umount", str(ns))
+        run("umount", str(d))
+
+
+@pytest.mark.timeout(60)
+def test_full_dev_shm_is_a_clear_error_on_every_rank(tiny_dev_shm: list) -> None:
+    outs = run_world_raw(2, "fault_workers:init_outcome", {}, timeout=40, init=False,
+                         env={"RINGREDUCE_TRANSPORT": "shm"},
+                         rank_prefix={0: tiny_dev_shm, 1: tiny_dev_shm})
+    story = "\n".join(o.describe() for o in outs)
+    msgs = [o.value["msg"] for o in outs if o.ok and o.value["type"]]
+    assert len(msgs) == 2, story
+    assert any("/dev/shm is full or too small" in m and "RINGREDUCE_TRANSPORT=tcp" in m
+               for m in msgs), story
+    assert all("shared memory" in m for m in msgs), story
+    assert all(o.value["elapsed"] < 10 for o in outs), story

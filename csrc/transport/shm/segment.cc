@@ -49,6 +49,7 @@ Segment Segment::create(const std::string& name, size_t bytes) {
   int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
   if (rc != 0) {
     ::close(fd);
+    ::shm_unlink(name.c_str());  // leave no half-made name behind
     RR_THROW(Error, "cannot allocate ", bytes >> 10, " KiB of shared memory for ", name, ": ",
              std::strerror(rc),
              " (/dev/shm is full or too small: free it, enlarge it (docker --shm-size), or set "
@@ -56,7 +57,11 @@ Segment Segment::create(const std::string& name, size_t bytes) {
   }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   ::close(fd);
-  if (p == MAP_FAILED) RR_THROW(Error, "mmap of ", name, " failed: ", std::strerror(errno));
+  if (p == MAP_FAILED) {
+    int err = errno;
+    ::shm_unlink(name.c_str());
+    RR_THROW(Error, "mmap of ", name, " failed: ", std::strerror(err));
+  }
   s.addr_ = p;
   s.size_ = bytes;
   std::memset(p, 0, bytes);  // pre-fault every page now, not in the first collective
