@@ -86,7 +86,9 @@ int acceptHandshakeImpl(int fd, const Identity& me, Deadline d, bool (*isExpecte
     *reason = std::string(statusText(status)) + detail;
     return -1;
   };
-  if (auth.magic != kHelloMagic || auth.version != kVersion) return refuse(kBadMagic, "");
+  // `pad` is outside the MAC: anything but the zero a real peer sends is a forgery or noise.
+  if (auth.magic != kHelloMagic || auth.version != kVersion || auth.pad != 0)
+    return refuse(kBadMagic, "");
   crypto::Digest want = mac(me.secret, 'C', hello.nonce, auth.nonce, auth.rank, auth.world, auth.target);
   crypto::Digest got;
   std::memcpy(got.data(), auth.mac, 32);
