@@ -438,7 +438,7 @@ class Tunables:
         "RINGREDUCE_CALL_SITES", True, _p_bool, "bool",
         "Remember which line of the program issued each collective, for stall reports, "
         "errors and the flight recorder.")
-    fault: dict | None = _knob(
+    fault: dict | None = _knob(  # noqa: RUF009 - default None
         "RINGREDUCE_FAULT", None, _p_fault, _FAULT_FORMAT,
         "Fault injection for testing failure handling: rank R kills (SIGKILL), stops "
         "(SIGSTOP), exits or hangs itself at the begin, middle (first wait for a peer) or "

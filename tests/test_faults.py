@@ -15,7 +15,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from _spawn import run_world_raw
 
 # (transport, algo, world, victim, action, point, collective): every transport/algorithm

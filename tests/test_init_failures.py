@@ -9,8 +9,7 @@ import re
 import socket
 
 import pytest
-
-from _spawn import free_port, run_world_raw
+from _spawn import run_world_raw
 
 CONNECT = "4"
 

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from _spawn import free_port, run_world, run_world_raw
 
 TOOL = Path(__file__).resolve().parents[2] / "shared" / "tools" / "netcluster.sh"
