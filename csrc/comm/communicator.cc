@@ -236,6 +236,14 @@ void Communicator::checkHeartbeats(int waitingFor) {
   }
 }
 
+std::string Communicator::peerContext(int peer) const {
+  if (!hb_ || peer < 0 || peer >= world_ || peer == rank_) return "";
+  transport::PeerStatus s = hb_->status(peer);
+  if (s.ageMs < 0) return "";
+  return detail::concat("; rank ", peer, " (pid ", s.pid, ") was last heard ", s.ageMs / 1000.0,
+                        " s earlier, ", peerDoing(peer, s));
+}
+
 std::string Communicator::describeCurrent() const {
   char buf[160];
   std::snprintf(buf, sizeof(buf), "%s #%llu (%s, %.1f MiB received, buffer %.1f MiB)",

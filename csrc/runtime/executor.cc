@@ -58,8 +58,11 @@ static void rethrowWithContext(comm::Communicator& c) {
     c.poison(e.what(), transport::AbortCode::kTimeout);
     throw TimeoutError(e.what() + ctx);
   } catch (const PeerError& e) {
-    c.poison(e.what(), transport::AbortCode::kPeer);
-    throw PeerError(e.peer(), e.what() + ctx);
+    // A closed socket says nothing of what the peer was doing: its heartbeats do.
+    std::string msg = e.what();
+    if (msg.find("no heartbeat for") == std::string::npos) msg += c.peerContext(e.peer());
+    c.poison(msg, transport::AbortCode::kPeer);
+    throw PeerError(e.peer(), msg + ctx);
   } catch (const Error& e) {
     c.poison(e.what(), transport::AbortCode::kOther);
     throw Error(e.what() + ctx);
