@@ -132,19 +132,20 @@ def traced(rank: int, world: int, n: int) -> list:
     return [[e["collective"], e["seq"], e["bytes"], e["ok"]] for e in events]
 
 
+def _rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
 def cycles(rank: int, world: int, n_cycles: int) -> dict:
     """init/destroy repeatedly in one process; report fds, threads and /dev/shm growth."""
     import threading
 
     def fds() -> int:
         return len(os.listdir("/proc/self/fd"))
-
-    def rss_kib() -> int:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-        return 0
 
     def nthreads() -> int:
         return len(os.listdir("/proc/self/task"))
@@ -153,12 +154,12 @@ def cycles(rank: int, world: int, n_cycles: int) -> dict:
     rr.init()
     rr.allreduce(x)
     rr.destroy()
-    base = (fds(), nthreads(), rss_kib(), len(glob.glob("/dev/shm/rr-*")))
+    base = (fds(), nthreads(), _rss_kib(), len(glob.glob("/dev/shm/rr-*")))
     for _ in range(n_cycles):
         rr.init()
         rr.allreduce(x)
         rr.destroy()
-    end = (fds(), nthreads(), rss_kib(), len(glob.glob("/dev/shm/rr-*")))
+    end = (fds(), nthreads(), _rss_kib(), len(glob.glob("/dev/shm/rr-*")))
     return {"fds": end[0] - base[0], "threads": end[1] - base[1],
             "rss_kib": end[2] - base[2], "shm": end[3] - base[3],
             "py_threads": threading.active_count()}
@@ -229,9 +230,11 @@ def flood_target(rank: int, world: int, outdir: str, seconds: float) -> dict:
         rr.allreduce(x)
         wrong += int(np.count_nonzero(x != want))
         iters += 1
+        if iters == 50:
+            rss0 = _rss_kib()  # warm: buffers and arenas exist; the flood starts about now
         if iters % 50 == 0:  # stop together: every rank must run the same collectives
             stop = np.array([time.monotonic() > end], np.int32)
             rr.allreduce(stop, op="max")
             if stop[0]:
                 break
-    return {"iters": iters, "wrong": wrong}
+    return {"iters": iters, "wrong": wrong, "rss_growth_kib": _rss_kib() - rss0}

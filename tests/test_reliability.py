@@ -134,3 +134,4 @@ def test_strangers_cannot_disturb_a_running_job(tmp_path, transport: str) -> Non
     assert stats["udp"] == 10_000 * world and stats["tcp_refused"] == 1000 * world, stats
     for r in res:
         assert r["wrong"] == 0 and r["iters"] > 50, r
+        assert r["rss_growth_kib"] < 10 * 1024, f"memory grew during the flood: {r}"
