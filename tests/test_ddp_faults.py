@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from _spawn import run_world, run_world_raw
+from test_ddp import _get  # one helper to unpack scenario results, shared with test_ddp
 
 EXACT = 1e-5  # fp32 reductions in a different order than the single-process replay
 DETECT_S = 5.0
@@ -65,16 +66,6 @@ def _maxdiff(a: list, b: list) -> float:
 def suite(request):
     world = request.param
     return world, run_world(world, W.join_suite, timeout=60)
-
-
-def _get(suite, name):
-    world, results = suite
-    out = []
-    for rank, res in enumerate(results):
-        r = res[name]
-        assert "error" not in r, f"scenario {name} failed on rank {rank}:\n{r['error']}"
-        out.append(r)
-    return world, out
 
 
 JOIN_CASES = {  # scenario: replay arguments (micro-batches per step, forwards per step)
