@@ -80,8 +80,8 @@ def as_buffer(x: Any, what: str, writable: bool = True) -> Buffer:
     if torch is not None and isinstance(x, torch.Tensor):
         if x.device.type != "cpu":
             raise ValueError(
-                f"{what}: tensor is on {x.device}, but this build moves host memory only; "
-                f"call .cpu() first (GPU tensors are not supported yet)"
+                f"{what}: tensor is on {x.device}; ringreduce moves host and CUDA memory "
+                f"only: call .cpu() or .cuda() first"
             )
         name, code = check_torch_tensor(x, what, writable)
         return Buffer(x, x.data_ptr(), x.numel(), name, code, tuple(x.shape))

@@ -1,8 +1,13 @@
-"""Public API: init/destroy and collectives on torch CPU tensors and numpy arrays.
+"""Public API: init/destroy and collectives on torch tensors (CPU or CUDA), numpy arrays and
+CUDA arrays (CuPy, ``__cuda_array_interface__``, DLPack).
 
 Collectives work in place (allreduce, broadcast) or into an output buffer (allgather,
 reduce_scatter). With async_op=True they return a Work handle; otherwise they block until
 done and return None. Every rank must call the same collectives in the same order.
+
+CUDA inputs go through ringreduce/_gpu_route.py (``backend="auto"|"nccl"|"staged"``): NCCL
+when every rank can use it, else staged through pinned host memory. The CUDA checks run only
+after the CPU fast paths' type checks failed, so host calls pay nothing for them.
 """
 
 from __future__ import annotations
@@ -128,6 +133,7 @@ def init(rank: int | None = None, world_size: int | None = None, *,
         _state._DEFAULT[0] = _state.Group(rank=0, world_size=1, comm=None, options=options,
                                           hosts=[_env.host_identity()],
                                           default_algo=algo_code(tun.algo))
+        _bind_cuda(_state._DEFAULT[0], None, "ringreduce/")
         return
     maddr = master_addr or info.master_addr
     mport = master_port or info.master_port
@@ -163,6 +169,14 @@ def init(rank: int | None = None, world_size: int | None = None, *,
     _state._DEFAULT[0] = _state.Group(rank=rank, world_size=world, comm=comm, hosts=peers.hosts,
                                       options=options, local_rank=info.local_rank,
                                       default_algo=algo_code(tun.algo))
+    _bind_cuda(_state._DEFAULT[0], store, f"ringreduce/{peers.prefix}/")
+
+
+def _bind_cuda(group: Any, store: Any, prefix: str) -> None:
+    """Keep the store for the group's first CUDA collective (NCCL verdict and unique id)."""
+    from . import _gpu_route
+
+    _gpu_route.bind(group, store, prefix)
 
 
 def _set_call_sites(on: bool) -> None:
@@ -270,8 +284,11 @@ def destroy() -> None:
             log.info("rank %d: trace written to %s", g.rank, path)
         except OSError as e:
             log.warning("rank %d: could not write trace %s: %s", g.rank, pattern, e)
-    if g.comm is not None:
-        g.comm.destroy()
+    try:
+        _gpu().reset()  # NCCL communicator and pinned host buffers of this group
+    finally:
+        if g.comm is not None:
+            g.comm.destroy()
     _INFLIGHT.clear()  # the executor has stopped: nothing can touch those buffers now
 
 
@@ -294,10 +311,40 @@ def get_world_size() -> int:
     return _state.current("get_world_size()").world_size
 
 
-def allreduce(x: Any, op: Any = "sum", algo: str = "auto", async_op: bool = False) -> Work | None:
-    """Reduce `x` over all ranks, in place. op: sum, avg, prod, min, max."""
+def _gpu() -> Any:
+    from . import _gpu_route
+
+    return _gpu_route
+
+
+def _cuda(xs: Sequence[Any], backend: str) -> bool:
+    """True when some input is a CUDA array (or backend says so): _gpu_route takes the call.
+    numpy arrays and CPU tensors with backend "auto" answer without importing anything."""
+    if backend == "auto":
+        for x in xs:
+            tx = type(x)
+            if tx is _np.ndarray or x is None:
+                continue
+            if isinstance(x, _buffers.torch_tensor_type()):
+                if x.is_cuda:
+                    break
+                continue
+            if hasattr(x, "__cuda_array_interface__") or hasattr(x, "__dlpack_device__") \
+                    or getattr(x, "is_cuda", False):
+                break
+        else:
+            return False
+    return _gpu().wants(xs, backend)
+
+
+def allreduce(x: Any, op: Any = "sum", algo: str = "auto", async_op: bool = False,
+              backend: str = "auto") -> Work | None:
+    """Reduce `x` over all ranks, in place. op: sum, avg, prod, min, max.
+
+    backend (CUDA inputs): "auto" (NCCL when every rank can use it, else staged), "nccl",
+    "staged" (alias "host": through pinned host memory and the CPU collective)."""
     g = _state._DEFAULT[0] or _state.current("allreduce()")
-    if not async_op and g.comm is not None:
+    if not async_op and g.comm is not None and backend == "auto":
         # Fast paths for latency-bound calls (a few microseconds matter for small
         # messages); anything unusual falls through to the checks below.
         opc = _buffers.OP_CODES.get(op) if type(op) is str else None
@@ -313,6 +360,8 @@ def allreduce(x: Any, op: Any = "sum", algo: str = "auto", async_op: bool = Fals
                     g.comm.allreduce(x.data_ptr(), x.numel(), code, opc, alc or g.default_algo,
                                      False)
                     return None
+    if _cuda((x,), backend):
+        return _gpu().allreduce(g, x, op, algo, async_op, backend)
     b = as_buffer(x, "allreduce(x)")
     opc, alc = op_code(op), algo_code(algo) or g.default_algo
     if g.comm is None:
@@ -321,11 +370,14 @@ def allreduce(x: Any, op: Any = "sum", algo: str = "auto", async_op: bool = Fals
     return Work(cw, (x,)) if async_op else None
 
 
-def broadcast(x: Any, src: int = 0, async_op: bool = False) -> Work | None:
-    """Copy rank `src`'s `x` into `x` on every rank."""
+def broadcast(x: Any, src: int = 0, async_op: bool = False,
+              backend: str = "auto") -> Work | None:
+    """Copy rank `src`'s `x` into `x` on every rank. backend: as for allreduce."""
     g = _state.current("broadcast()")
     if not 0 <= int(src) < g.world_size:
         raise ValueError(f"broadcast src={src} is not a rank of this job (world size {g.world_size})")
+    if _cuda((x,), backend):
+        return _gpu().broadcast(g, x, int(src), async_op, backend)
     b = as_buffer(x, "broadcast(x)")
     if g.comm is None:
         return _finish(None, (), async_op=async_op)
@@ -341,12 +393,15 @@ def barrier(async_op: bool = False) -> Work | None:
     return _finish(g.comm.barrier(async_op), (), async_op=async_op)
 
 
-def allgather(x: Any, out: Any = None, async_op: bool = False) -> Any:
-    """Gather every rank's `x` into `out` of shape (world_size, *x.shape).
+def allgather(x: Any, out: Any = None, async_op: bool = False, backend: str = "auto") -> Any:
+    """Gather every rank's `x` into `out` of shape (world_size, *x.shape). backend: as for
+    allreduce.
 
     Returns `out` (allocated when None), or a Work whose result() is `out` when async.
     """
     g = _state.current("allgather()")
+    if _cuda((x, out), backend):
+        return _gpu().allgather(g, x, out, async_op, backend)
     b = as_buffer(x, "allgather(x)", writable=False)
     if out is None:
         out = _buffers.empty_like_shape(x, (g.world_size,) + b.shape)
@@ -365,13 +420,16 @@ def allgather(x: Any, out: Any = None, async_op: bool = False) -> Any:
     return out
 
 
-def reduce_scatter(x: Any, out: Any = None, op: Any = "sum", async_op: bool = False) -> Any:
+def reduce_scatter(x: Any, out: Any = None, op: Any = "sum", async_op: bool = False,
+                   backend: str = "auto") -> Any:
     """Reduce `x` (world_size * k elements) over ranks; rank r gets block r (k elements).
 
     `out` defaults to shape (x.shape[0] // world_size, *x.shape[1:]) when the first
-    dimension divides, else a flat array of k elements.
+    dimension divides, else a flat array of k elements. backend: as for allreduce.
     """
     g = _state.current("reduce_scatter()")
+    if _cuda((x, out), backend):
+        return _gpu().reduce_scatter(g, x, out, op, async_op, backend)
     b = as_buffer(x, "reduce_scatter(x)", writable=False)
     n = g.world_size
     if b.count % n:
@@ -398,10 +456,13 @@ def reduce_scatter(x: Any, out: Any = None, op: Any = "sum", async_op: bool = Fa
 
 
 def allreduce_coalesced(xs: Sequence[Any], op: Any = "sum", algo: str = "auto",
-                        async_op: bool = False) -> Work | None:
+                        async_op: bool = False, backend: str = "auto") -> Work | None:
     """All-reduce a list of same-dtype tensors/arrays through one flat buffer (one
-    collective instead of len(xs)); results are written back into each."""
+    collective instead of len(xs)); results are written back into each. backend: as for
+    allreduce (all of xs on one CUDA device, or all in host memory)."""
     g = _state.current("allreduce_coalesced()")
+    if xs and _cuda(tuple(xs), backend):
+        return _gpu().allreduce_coalesced(g, xs, op, algo, async_op, backend)
     bufs = [as_buffer(x, f"allreduce_coalesced(xs[{i}])") for i, x in enumerate(xs)]
     if not bufs:
         return _finish(None, (), async_op=async_op)

@@ -445,13 +445,17 @@ def nccl_available() -> tuple:
 
 
 def select_backend(x: Any, backend: str = "auto") -> str:
-    """The path a collective on ``x`` takes: "cpu" for host arrays, "nccl" for CUDA arrays.
+    """The path a collective on ``x`` takes on this process: "cpu" for host arrays,
+    "nccl" or "staged" for CUDA arrays.
 
-    ``backend``: "auto" (NCCL for CUDA arrays when it is usable), "nccl" (required) or a
-    host path name ("cpu", "tcp", "shm", returned for host arrays). CUDA arrays without a
-    usable NCCL raise with the reason and what to do (the staged TCP/shm path for CUDA
-    buffers is planned -- see _C.gpu.plan_staging -- but not wired into the collectives).
+    ``backend``: "auto" (NCCL for CUDA arrays when it is usable here, else staged through
+    pinned host memory), "nccl" (required), "staged"/"host" (required), or a host path name
+    ("cpu", "tcp", "shm", returned for host arrays). A CUDA array that can take neither
+    path raises with the reason and what to do. The collectives agree on NCCL across ranks
+    first (ringreduce/_gpu_route.py); this is the local half of that decision.
     """
+    from . import _gpu_route, _gpu_staging
+
     backend = str(backend).lower()
     if not is_cuda_array(x):
         if backend == "nccl":
@@ -459,19 +463,16 @@ def select_backend(x: Any, backend: str = "auto") -> str:
                 "backend='nccl' needs CUDA tensors; this one is in host memory (move it with "
                 ".cuda(), or use backend='auto')"
             )
-        return "cpu" if backend == "auto" else backend
-    if backend not in ("auto", "nccl"):
+        return "cpu" if backend in ("auto", "staged", "host") else backend
+    if backend not in _gpu_route.BACKENDS:
         raise ValueError(
-            f"backend={backend!r} moves host memory only; for a CUDA tensor use backend='auto' "
-            f"or 'nccl', or move it to the CPU with .cpu()"
+            f"backend={backend!r} moves host memory only; for a CUDA tensor use backend='auto', "
+            f"'nccl' or 'staged', or move it to the CPU with .cpu()"
         )
-    ok, reason = nccl_available()
-    if not ok:
-        raise NcclUnavailable(
-            f"CUDA tensors need NCCL here: {reason}\n(alternatively move the tensor to the CPU "
-            f"with .cpu() and back)"
-        )
-    return "nccl"
+    name = _gpu_route.normalize_backend(backend)
+    nccl = (False, "not needed") if name == "staged" else nccl_available()
+    staging = (True, "") if name == "nccl" else _gpu_staging.stager_status(_is_torch_tensor(x))
+    return _gpu_route.decide(name, nccl, staging)
 
 
 # ---------------------------------------------------------------------------------------

@@ -18,9 +18,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gpu_common import (  # noqa: F401
+    _CUDA_OK,
+    _CUDA_REASON,
+    _HAS_MODULE,
+    _NVCC,
+    CSRC,
+    DTYPES,
+    OPS,
+    ROOT,
+    TAGS,
+    _py,
+    needs_gpu,
+    needs_module,
+)
 
-from gpu_common import (CSRC, DTYPES, OPS, ROOT, TAGS, _CUDA_OK, _CUDA_REASON, _HAS_MODULE,  # noqa: F401
-                        _NVCC, _py, needs_gpu, needs_module)
 from ringreduce import _C, gpu
 
 # ---------------------------------------------------------------------------------------
@@ -493,7 +505,10 @@ def test_select_backend():
         gpu.select_backend(FakeCAI(), "tcp")
     ok, _ = gpu.nccl_available() if _HAS_MODULE else (False, "")
     if not ok:
-        with pytest.raises(gpu.NcclUnavailable, match="CUDA tensors need NCCL"):
+        with pytest.raises(gpu.NcclUnavailable, match="backend='nccl' cannot be used"):
+            gpu.select_backend(FakeCAI(), "nccl")
+    if not _CUDA_OK:  # neither NCCL nor staging: one error naming both reasons
+        with pytest.raises(gpu.CudaUnavailable, match="cannot be staged.*NCCL is not usable"):
             gpu.select_backend(FakeCAI())
 
 

@@ -119,6 +119,20 @@ void registerGpu(py::module_& m) {
     return d;
   }, py::arg("ptr"));
 
+  // ---- staging primitives (ringreduce/_gpu_staging.py, for non-torch CUDA arrays) ----
+  // Pinned host memory as an integer address; the caller frees it with host_free_pinned.
+  g.def("host_alloc_pinned", [](size_t bytes) {
+    return reinterpret_cast<uintptr_t>(cuda::hostAllocPinned(bytes));
+  }, py::arg("bytes"));
+  g.def("host_free_pinned", [](uintptr_t ptr) { cuda::hostFreePinned(asPtr(ptr)); },
+        py::arg("ptr"));
+  // cudaMemcpyAsync(cudaMemcpyDefault) on `stream`: enqueues only, returns at once.
+  g.def("memcpy_async", [](uintptr_t dst, uintptr_t src, size_t bytes, uintptr_t stream) {
+    cuda::memcpyAsync(asPtr(dst), asPtr(src), bytes, asPtr(stream));
+  }, py::arg("dst"), py::arg("src"), py::arg("bytes"), py::arg("stream"));
+  g.def("stream_synchronize", [](uintptr_t stream) { cuda::streamSynchronize(asPtr(stream)); },
+        py::arg("stream"), py::call_guard<py::gil_scoped_release>());
+
   // ---- reduce kernels ----
   g.def("kernel_table", [] {
     py::list out;

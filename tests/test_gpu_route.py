@@ -1,0 +1,328 @@
+"""CUDA inputs in ringreduce's collectives (ringreduce/_gpu_route.py, _gpu_staging.py).
+
+Checked here without a GPU: the routing decisions (auto/nccl/staged, the group-wide NCCL
+verdict), the errors when no device exists, the argument checks on CUDA inputs (they raise
+before any byte moves), and the whole staged orchestration -- copy in, CPU collective, copy
+back, async Work, pool reuse -- on 1 and 2 ranks with fake CUDA buffers that live in host
+memory and a stager that copies with memmove. Marked ``gpu``: the same on real devices
+(staged on 1 GPU; NCCL only with >= 2 GPUs).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+import torch
+from _spawn import run_world
+from gpu_common import _CUDA_OK, _CUDA_REASON
+
+import ringreduce as rr
+from ringreduce import _gpu_route, _gpu_staging, gpu
+
+# ---------------------------------------------------------------------------------------
+# Fakes: CUDA-looking buffers in host memory, and a stager that memmoves
+# ---------------------------------------------------------------------------------------
+
+
+class NpCuda:
+    """A numpy array presented through __cuda_array_interface__ (v3) as a CUDA array."""
+
+    def __init__(self, a: np.ndarray, device: int = 0, stream: int = 1):
+        self.a = a
+        self.__cuda_array_interface__ = {
+            "shape": a.shape, "typestr": a.dtype.str, "data": (a.ctypes.data, False),
+            "version": 3, "strides": None if a.flags.c_contiguous else a.strides,
+            "stream": stream}
+        self.device = type("Dev", (), {"id": device})()
+
+
+class FakeCudaTensor(torch.Tensor):
+    """A CPU tensor that says it is on cuda:<dev> (the adapters only read metadata)."""
+
+    _dev = 0
+
+    @staticmethod
+    def of(t: torch.Tensor, dev: int = 0) -> FakeCudaTensor:
+        x = torch.Tensor._make_subclass(FakeCudaTensor, t)
+        x._dev = dev
+        return x
+
+    @property
+    def device(self):
+        return torch.device("cuda", self._dev)
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+class MemmoveStager(_gpu_staging.Stager):
+    """Staging with memmove: the fakes' "device" memory is host memory. Logs every step."""
+
+    name = "memmove"
+
+    def __init__(self):
+        self.log: list = []
+
+    def stream_of(self, b):
+        return f"s{b.stream}"
+
+    def alloc(self, dtype, count, device):
+        a = np.zeros(max(count, 1) * gpu._ITEMSIZE[dtype], dtype=np.uint8)
+        self.log.append(("alloc", dtype, count))
+        return _gpu_staging.HostBuf(a, a.ctypes.data, dtype, count)
+
+    def to_host(self, host, offset, b, stream):
+        self.log.append(("to_host", offset, b.count, stream))
+        ctypes.memmove(host.ptr + offset * gpu._ITEMSIZE[b.dtype], b.ptr, b.nbytes)
+
+    def to_device(self, b, host, offset, stream):
+        self.log.append(("to_device", offset, b.count, stream))
+        ctypes.memmove(b.ptr, host.ptr + offset * gpu._ITEMSIZE[b.dtype], b.nbytes)
+
+    def synchronize(self, stream):
+        self.log.append(("sync", stream))
+
+
+def _fake_gpu(monkeypatch, nccl=(False, "no NCCL (test)"), staging=(True, "fake")):
+    stager = MemmoveStager()
+    monkeypatch.setattr(_gpu_staging, "make_stager", lambda torch_tensor: stager)
+    monkeypatch.setattr(_gpu_staging, "stager_status", lambda torch_tensor: staging)
+    monkeypatch.setattr(gpu, "nccl_available", lambda: nccl)
+    return stager
+
+
+@pytest.fixture
+def world1():
+    rr.init(0, 1)
+    yield
+    rr.destroy()
+
+
+# ---------------------------------------------------------------------------------------
+# Decisions
+# ---------------------------------------------------------------------------------------
+
+
+def test_decide_matrix():
+    yes, no = (True, "ok"), (False, "libnccl.so.2 not found")
+    assert _gpu_route.decide("auto", yes, yes) == "nccl"
+    assert _gpu_route.decide("auto", no, yes) == "staged"
+    assert _gpu_route.decide("staged", yes, yes) == "staged"
+    assert _gpu_route.decide("nccl", yes, no) == "nccl"
+    with pytest.raises(gpu.NcclUnavailable, match="backend='nccl' cannot be used: libnccl"):
+        _gpu_route.decide("nccl", no, yes)
+    with pytest.raises(gpu.CudaUnavailable, match="cannot be staged.*no dev.*NCCL is not usable"):
+        _gpu_route.decide("auto", no, (False, "no dev"))
+    with pytest.raises(gpu.CudaUnavailable, match="cannot be staged.*no dev; move"):
+        _gpu_route.decide("staged", yes, (False, "no dev"))
+    assert _gpu_route.normalize_backend("HOST") == "staged"
+    with pytest.raises(ValueError, match="unknown backend 'gloo'"):
+        _gpu_route.normalize_backend("gloo")
+
+
+def test_agree_needs_every_rank_and_distinct_devices():
+    hosts = ["a", "a", "b"]
+    assert _gpu_route.agree([(True, 0, ""), (True, 1, ""), (True, 0, "")], hosts)[0]
+    ok, why = _gpu_route.agree([(True, 0, ""), (False, 1, "no NCCL"), (True, 0, "")], hosts)
+    assert not ok and why == "rank 1: no NCCL"
+    ok, why = _gpu_route.agree([(True, 0, ""), (True, 0, ""), (True, 0, "")], hosts)
+    assert not ok and "ranks 0 and 1 share cuda:0" in why
+
+
+def test_select_backend_with_fakes(monkeypatch):
+    monkeypatch.setattr(gpu, "nccl_available", lambda: (True, "NCCL 2.x"))
+    monkeypatch.setattr(_gpu_staging, "stager_status", lambda t: (True, ""))
+    x = NpCuda(np.zeros(4, np.float32))
+    assert gpu.select_backend(x) == "nccl"
+    assert gpu.select_backend(x, "staged") == "staged"
+    assert gpu.select_backend(FakeCudaTensor.of(torch.zeros(3)), "host") == "staged"
+    assert gpu.select_backend(np.zeros(3), "staged") == "cpu"
+    monkeypatch.setattr(gpu, "nccl_available", lambda: (False, "no libnccl"))
+    assert gpu.select_backend(x) == "staged"
+    with pytest.raises(gpu.NcclUnavailable, match="no libnccl"):
+        gpu.select_backend(x, "nccl")
+    with pytest.raises(ValueError, match="host memory only"):
+        gpu.select_backend(x, "tcp")
+
+
+def test_no_device_errors_are_clear(world1):
+    """Without fakes: CUDA-looking inputs on this machine get the real verdict."""
+    if _CUDA_OK:
+        pytest.skip("a CUDA device is present: the no-device errors cannot show")
+    x = NpCuda(np.ones(4, np.float32))
+    with pytest.raises(gpu.CudaUnavailable, match="cannot be staged through host memory"):
+        rr.allreduce(x)
+    with pytest.raises((gpu.NcclUnavailable, gpu.CudaUnavailable)):
+        rr.allreduce(x, backend="nccl")
+    t = FakeCudaTensor.of(torch.ones(4))
+    with pytest.raises(gpu.CudaUnavailable, match="torch sees no CUDA device"):
+        rr.allreduce(t, backend="staged")
+    assert np.all(x.a == 1)  # nothing moved
+
+
+# ---------------------------------------------------------------------------------------
+# Argument checks before any byte moves
+# ---------------------------------------------------------------------------------------
+
+
+def test_cuda_argument_checks_raise_before_data_moves(world1, monkeypatch):
+    st = _fake_gpu(monkeypatch)
+    a = NpCuda(np.ones(8, np.float32))
+    with pytest.raises(ValueError, match="different devices.*cuda:0, cuda:1"):
+        rr.allgather(a, NpCuda(np.zeros(8, np.float32), device=1))
+    with pytest.raises(ValueError, match="one dtype"):
+        rr.allgather(a, NpCuda(np.zeros(8, np.float64)))
+    with pytest.raises(ValueError, match="host memory but the other buffers"):
+        rr.allgather(a, np.zeros(8, np.float32))
+    with pytest.raises(ValueError, match="host memory but the other buffers"):
+        rr.allreduce_coalesced([FakeCudaTensor.of(torch.ones(2)), torch.ones(2)])
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        rr.allreduce(NpCuda(np.ones((4, 4), np.float32)[:, ::2]))
+    with pytest.raises(ValueError, match="typestr '<c8' is not supported"):
+        rr.allreduce(NpCuda(np.ones(4, np.complex64)))
+    with pytest.raises(ValueError, match="not contiguous"):
+        rr.broadcast(FakeCudaTensor.of(torch.ones(4, 4).t()))
+    with pytest.raises(ValueError, match="dtype torch.complex64 is not supported"):
+        rr.broadcast(FakeCudaTensor.of(torch.ones(4, dtype=torch.complex64)))
+    with pytest.raises(ValueError, match="different devices"):
+        rr.allreduce_coalesced([FakeCudaTensor.of(torch.ones(2), 0),
+                                FakeCudaTensor.of(torch.ones(2), 1)])
+    with pytest.raises(ValueError, match="mixes torch CUDA tensors"):
+        rr.allreduce_coalesced([FakeCudaTensor.of(torch.ones(2)), NpCuda(np.ones(2, np.float32))])
+    with pytest.raises(ValueError, match="out must hold 8 elements"):
+        rr.allgather(a, NpCuda(np.zeros(5, np.float32)))
+    with pytest.raises(ValueError, match="pass out="):
+        rr.allgather(a)
+    with pytest.raises(ValueError, match="unknown backend"):
+        rr.allreduce(a, backend="mpi")
+    assert st.log == []
+
+
+def test_host_arrays_with_backends(world1):
+    x = np.ones(4, np.float32)
+    with pytest.raises(ValueError, match="backend='nccl' needs CUDA tensors"):
+        rr.allreduce(x, backend="nccl")
+    rr.allreduce(x, backend="staged")  # host arrays: the CPU path whatever the backend
+    rr.allreduce(torch.ones(3), backend="host")
+    assert rr.allgather(x, backend="staged").shape == (1, 4)
+
+
+# ---------------------------------------------------------------------------------------
+# The staged path on fakes
+# ---------------------------------------------------------------------------------------
+
+
+def test_staged_world1_copies_and_pool(world1, monkeypatch):
+    st = _fake_gpu(monkeypatch)
+    a = NpCuda(np.arange(6, dtype=np.float32), stream=7)
+    out = NpCuda(np.zeros((1, 6), np.float32), stream=7)
+    assert rr.allgather(a, out) is out
+    assert np.array_equal(out.a[0], a.a)
+    assert [e[0] for e in st.log] == ["alloc", "to_host", "sync", "to_device", "sync"]
+    assert st.log[2] == ("sync", "s7")
+    st.log.clear()
+    w = rr.reduce_scatter(a, NpCuda(np.zeros(6, np.float32)), async_op=True)
+    assert w.wait() and w.result().a.tolist() == a.a.tolist()
+    assert "alloc" not in [e[0] for e in st.log]  # the pinned buffer was reused
+    rr.allreduce(a)  # world 1: nothing to move
+    rr.allreduce_coalesced([a, a])
+
+
+def _ranks_staged(rank: int, world: int) -> dict:
+    """Runs in each rank: every collective through the staged path on fake CUDA buffers."""
+    import numpy as np
+    import test_gpu_route as T
+
+    mp = pytest.MonkeyPatch()
+    st = T._fake_gpu(mp)
+    x = T.NpCuda(np.arange(8, dtype=np.float32) + rank)
+    rr.allreduce(x, op="sum")
+    t = T.FakeCudaTensor.of(torch.full((4,), float(rank + 1)))
+    w = rr.allreduce(t, op="max", async_op=True)
+    before = t.tolist()
+    w.wait()
+    b = T.NpCuda(np.full(3, rank, np.int64))
+    rr.broadcast(b, src=world - 1)
+    g = rr.allgather(T.NpCuda(np.full(2, rank, np.int32)), T.NpCuda(np.zeros((world, 2), np.int32)))
+    rs = rr.reduce_scatter(T.FakeCudaTensor.of(torch.arange(2 * world, dtype=torch.float64)),
+                           T.FakeCudaTensor.of(torch.zeros(2, dtype=torch.float64)))
+    xs = [T.FakeCudaTensor.of(torch.full((2,), float(rank))),
+          T.FakeCudaTensor.of(torch.full((3,), float(2 * rank)))]
+    wc = rr.allreduce_coalesced(xs, op="sum", async_op=True)
+    wc.wait()
+    verdict = _gpu_route.state(rr._state._DEFAULT[0]).verdict
+    mp.undo()
+    return {"x": x.a.tolist(), "t": torch.Tensor.as_subclass(t, torch.Tensor).tolist(),
+            "before": before, "b": b.a.tolist(), "g": g.a.tolist(),
+            "rs": torch.Tensor.as_subclass(rs, torch.Tensor).tolist(),
+            "xs": [torch.Tensor.as_subclass(v, torch.Tensor).tolist() for v in xs],
+            "verdict": list(verdict), "syncs": sum(e[0] == "sync" for e in st.log)}
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_staged_collectives_across_ranks(world):
+    res = run_world(world, _ranks_staged, timeout=90)
+    s = world * (world - 1) / 2
+    for r, out in enumerate(res):
+        assert out["x"] == [world * i + s for i in range(8)]
+        assert out["t"] == [float(world)] * 4
+        assert out["before"] == [float(r + 1)] * 4  # the copy back waits for wait()
+        assert out["b"] == [world - 1] * 3
+        assert out["g"] == [[q, q] for q in range(world)]
+        assert out["rs"] == [world * (2 * r), world * (2 * r + 1)]
+        assert out["xs"] == [[s] * 2, [2 * s] * 3]
+        assert out["verdict"][0] is False and out["verdict"][1].startswith("rank 0: no NCCL")
+        assert out["syncs"] > 0
+
+
+# ---------------------------------------------------------------------------------------
+# On real devices (skipped here)
+# ---------------------------------------------------------------------------------------
+
+
+def _ranks_real(rank: int, world: int, backend: str) -> dict:
+    import torch
+
+    ngpu = torch.cuda.device_count()
+    dev = rank % ngpu
+    torch.cuda.set_device(dev)
+    x = torch.arange(1000, dtype=torch.float32, device=dev) + rank
+    rr.allreduce(x, backend=backend)
+    out = rr.allgather(torch.full((5,), float(rank), device=dev), backend=backend)
+    y = torch.full((7,), float(rank), device=dev, dtype=torch.bfloat16)
+    w = rr.allreduce(y, op="max", async_op=True, backend=backend)
+    w.wait()
+    torch.cuda.synchronize()
+    return {"x": x.cpu().tolist(), "out": out.cpu().tolist(), "y": y.float().cpu().tolist()}
+
+
+def _check_real(res, world):
+    s = world * (world - 1) / 2
+    ref = (np.arange(1000) * world + s).tolist()
+    for out in res:
+        assert out["x"] == ref
+        assert out["out"] == [[float(r)] * 5 for r in range(world)]
+        assert out["y"] == [float(world - 1)] * 7
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA_OK, reason=_CUDA_REASON)
+def test_real_staged_two_ranks_one_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA")
+    _check_real(run_world(2, _ranks_real, "staged", timeout=120), 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA_OK, reason=_CUDA_REASON)
+def test_real_nccl_two_gpus():
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        pytest.skip("NCCL needs one device per rank: fewer than 2 GPUs visible")
+    ok, why = gpu.nccl_available()
+    if not ok:
+        pytest.skip(why)
+    _check_real(run_world(2, _ranks_real, "nccl", timeout=180), 2)
+    _check_real(run_world(2, _ranks_real, "auto", timeout=180), 2)
