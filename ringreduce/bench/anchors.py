@@ -56,6 +56,13 @@ class RingReduce(Lib):
         self.algo_arg = algo
 
     def run(self, case: Case, b: Buffers, redop: str, root: int) -> None:
+        self._run(case, b, redop, root)
+        if b.inp.is_cuda:  # NCCL calls only enqueue: time the finished collective
+            import torch
+
+            torch.cuda.synchronize()
+
+    def _run(self, case: Case, b: Buffers, redop: str, root: int) -> None:
         rr, op = self.rr, case.op
         if op == "allreduce":
             rr.allreduce(b.inp, op=redop, algo=self.algo_arg)
@@ -165,6 +172,31 @@ class Gloo(Lib):
     def close(self) -> None:
         if self.dist.is_initialized():
             self.dist.destroy_process_group()
+
+
+class Nccl(Gloo):
+    """torch.distributed with the NCCL backend on the same CUDA buffers (--device cuda)."""
+
+    name = "nccl"
+
+    def __init__(self, store: Any, rank: int, world: int, timeout: float) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.torch = torch
+        dist.init_process_group("nccl", store=dist.PrefixStore("ringreduce-bench/nccl", store),
+                                rank=rank, world_size=world, timeout=timedelta(seconds=timeout),
+                                device_id=torch.device("cuda", torch.cuda.current_device()))
+        self.note = f"torch {torch.__version__} nccl {'.'.join(map(str, torch.cuda.nccl.version()))}"
+        self._ag = dist.all_gather_into_tensor
+        self._rs = dist.reduce_scatter_tensor
+        r = dist.ReduceOp
+        self._ops = {"sum": r.SUM, "avg": r.AVG, "prod": r.PRODUCT, "min": r.MIN, "max": r.MAX}
+
+    def run(self, case: Case, b: Buffers, redop: str, root: int) -> None:
+        super().run(case, b, redop, root)
+        self.torch.cuda.synchronize()  # the timer must bracket the finished collective
 
 
 def mpi_unavailable() -> str | None:

@@ -11,7 +11,7 @@ PROG = "ringreduce-bench"
 OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter", "barrier")
 REDOPS = ("sum", "avg", "prod", "min", "max")
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64")
-ANCHORS = ("gloo", "mpi")
+ANCHORS = ("gloo", "mpi", "nccl")
 _DTYPE_ALIASES = {"float": "float32", "double": "float64", "half": "float16", "bf16": "bfloat16",
                   "fp32": "float32", "fp64": "float64", "fp16": "float16", "int": "int32",
                   "char": "int8", "long": "int64"}
@@ -160,7 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("-c", "--check", action="store_true",
       help="verify every iteration's result; wrong elements go to the #wrong column")
     a("--compare", type=_anchors, default=[], metavar="LIBS",
-      help="also measure gloo (torch.distributed) and/or mpi (mpi4py + Open MPI), e.g. gloo,mpi")
+      help="also measure gloo (torch.distributed), mpi (mpi4py + Open MPI) and/or nccl "
+           "(torch.distributed's NCCL backend; needs --device cuda), e.g. gloo,mpi")
+    a("--device", choices=("cpu", "cuda"), default="cpu",
+      help="where the buffers live (default cpu); cuda puts rank r on cuda:(LOCAL_RANK %% "
+           "devices) and ringreduce takes its CUDA path (backend auto)")
     a("--mpirun-args", default="", metavar="ARGS",
       help="extra mpirun arguments for the mpi anchor, e.g. '--mca btl tcp,self'")
     a("--json", metavar="FILE", help="write all results (with per-iteration times) as JSON")
@@ -191,7 +195,32 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--tune-out needs --tune")
     if args.timeout <= 0:
         p.error("--timeout must be > 0 seconds")
+    if "nccl" in args.compare and args.device != "cuda":
+        p.error("--compare nccl needs --device cuda (NCCL moves CUDA buffers only)")
     return args
+
+
+def cuda_problem(args: argparse.Namespace) -> str | None:
+    """Why --device cuda / --compare nccl cannot run here ("no CUDA device: ..."), or None.
+    Checked before any rank is spawned."""
+    if args.device != "cuda":
+        return None
+    try:
+        import torch
+    except ImportError:
+        return "no CUDA device: torch is not installed"
+    if not torch.cuda.is_available():
+        from ringreduce import gpu
+
+        ok, why = gpu.cuda_status()
+        return "no CUDA device: " + (why if not ok else "torch.cuda.is_available() is False "
+                                     "(a CPU-only torch build?)")
+    if "nccl" in args.compare:
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_nccl_available():
+            return "no NCCL: this torch build has no NCCL backend (--compare nccl)"
+    return None
 
 
 def strip_nproc(argv: Sequence[str]) -> list[str]:

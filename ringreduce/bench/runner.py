@@ -21,7 +21,8 @@ from typing import Any, Callable
 import numpy as np
 
 from . import anchors, progress, report
-from .checks import count_wrong, make_buffers
+from .checks import Buffers, count_wrong
+from .checks import make_buffers as _make_host_buffers
 from .metrics import Case, Row, make_case, make_cases
 
 Reducer = Callable[[np.ndarray, str], np.ndarray]
@@ -29,6 +30,21 @@ Reducer = Callable[[np.ndarray, str], np.ndarray]
 
 class BenchError(Exception):
     """A problem every rank agrees on; rank 0 prints it, every rank exits with code 1."""
+
+
+_DEVICE: list = [None]  # torch.device of --device cuda (set by run_rank), else None
+
+
+def make_buffers(*args: Any) -> Buffers:
+    """checks.make_buffers, moved to this rank's CUDA device with --device cuda."""
+    b = _make_host_buffers(*args)
+    dev = _DEVICE[0]
+    if dev is None:
+        return b
+    inp = b.inp.to(dev)
+    out = inp if b.out is b.inp else b.out.to(dev)
+    mv = (lambda t: None if t is None else t.to(dev))
+    return Buffers(inp, out, mv(b.initial), mv(b.expected))
 
 
 def measure(lib: anchors.Lib, case: Case, b: Any, args: Namespace) -> tuple[list[float], int]:
@@ -134,7 +150,15 @@ def _anchor_libs(args: Namespace, rank: int, world: int) -> tuple[list[anchors.L
     libs: list[anchors.Lib] = []
     skipped: list[dict] = []
     for name in args.compare:
-        if name == "gloo":
+        if name == "nccl":
+            why = "gloo is also requested: torch has one default process group per run; " \
+                  "compare gloo and nccl in separate runs" if "gloo" in args.compare else None
+            if why is None:
+                info, tun = _env.detect_launch(), _env.tunables()
+                store = _rendezvous.make_store(info.master_addr, info.master_port, rank, world,
+                                               tun.connect_timeout, tun.use_agent_store)
+                libs.append(anchors.Nccl(store, rank, world, args.timeout))
+        elif name == "gloo":
             why = anchors.gloo_unavailable()
             if why is None:
                 info, tun = _env.detect_launch(), _env.tunables()
@@ -164,6 +188,12 @@ def run_rank(args: Namespace) -> int:
     torch.set_num_threads(1)  # checks and fills must not compete with the peers' cores
     if args.transport:
         os.environ["RINGREDUCE_TRANSPORT"] = args.transport
+    if getattr(args, "device", "cpu") == "cuda":
+        from ringreduce import _env
+
+        local = _env.detect_launch().local_rank
+        _DEVICE[0] = torch.device("cuda", local % torch.cuda.device_count())
+        torch.cuda.set_device(_DEVICE[0])
     rr.init(timeout=args.timeout)
     libs: list[anchors.Lib] = []
     me = anchors.RingReduce(args.algo)

@@ -36,6 +36,7 @@ from typing import Any, Callable
 import torch
 
 from .. import _C, _env, _trace, api
+from ._cuda import GradEvents
 from .buckets import FIRST_BUCKET_BYTES, assign_buckets, complete_order
 from .hooks import GradBucket
 
@@ -102,7 +103,7 @@ class Reducer:
         for bi, members in enumerate(groups):
             dtype = self.params[members[0]].dtype
             total = sum(self.params[i].numel() for i in members)
-            buf = torch.zeros(total, dtype=dtype)
+            buf = torch.zeros(total, dtype=dtype, device=self.params[members[0]].device)
             views, offs, off = [], [], 0
             for k, i in enumerate(members):
                 p = self.params[i]
@@ -121,6 +122,7 @@ class Reducer:
                         b.views[k].copy_(g)
                         self.params[i].grad = b.views[k]
         self.buckets = buckets
+        self._events = GradEvents(len(buckets)) if buckets and buckets[0].buffer.is_cuda else None
 
     def bucket_indices(self) -> list:
         """Parameter indices of each bucket, bucket 0 first (reduced first)."""
@@ -246,6 +248,8 @@ class Reducer:
             # No gradient this iteration: contribute zeros. (A gradient that already is this
             # slot -- gradient_as_bucket_view -- is contributed as it is, as torch does.)
             view.zero_()
+        if self._events is not None:  # CUDA: the launch waits for this copy's stream
+            self._events.record(b)
         self._ready[i] = True
         self._pending[b] -= 1
         if self._pending[b] == 0:
@@ -256,6 +260,8 @@ class Reducer:
     def _launch(self, b: int) -> None:
         bucket = self.buckets[b]
         self._launched_any = True
+        if self._events is not None:
+            self._events.wait_all(b)
         self.stats.launch_times.append(time.perf_counter())
         if _TRACING:  # RINGREDUCE_TRACE: mark the launch, to see overlap with backward
             _trace.label(f"ddp bucket {b} launched ({bucket.buffer.numel() * bucket.buffer.element_size() >> 10} KiB)")

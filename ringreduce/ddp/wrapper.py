@@ -17,7 +17,11 @@ process died), never a hang; the same holds for a rank killed during backward
 (PeerFailure from backward()), and ranks whose models differ get a ValueError at
 construction naming the first differing parameter or buffer.
 
-Differences from torch's wrapper: CPU modules only (device_ids/output_device must be None),
+CUDA modules (one device per process, device_ids None or [that device], like torch) reduce
+their gradient buckets through ringreduce.allreduce's CUDA dispatch: NCCL when every rank can
+use it, else staged through pinned host memory; see ddp/_cuda.py for the stream ordering.
+
+Differences from torch's wrapper: single-device modules only (CPU or one CUDA device),
 one process group (the default ringreduce communicator; process_group must be None); join()
 is a method of this wrapper only (it is not a torch Joinable, so it cannot be combined with
 other joinables in torch.distributed.algorithms.join.Join). With world size 1 the wrapper is
@@ -34,6 +38,7 @@ import torch
 from torch import nn
 
 from .. import _state
+from . import _cuda
 from ._sync import BufferSync, broadcast_tensors, verify_shapes
 from .buckets import FIRST_BUCKET_BYTES, cap_bytes
 from .join import Join
@@ -98,20 +103,14 @@ class DistributedDataParallel(nn.Module):
                 "communicator; pass process_group=None (or use torch's DDP with "
                 "process_group= on the 'ringreduce' backend)")
         params_all = list(module.named_parameters())
-        for n, p in params_all:
-            if p.device.type != "cpu":
-                raise NotImplementedError(
-                    f"parameter '{n}' is on {p.device}; this build of ringreduce reduces host "
-                    f"memory only. Keep the module on the CPU, or use torch's DDP with nccl "
-                    f"for GPU modules")
-        if device_ids not in (None, []) or output_device is not None:
-            raise ValueError(
-                "device_ids and output_device must be None for CPU modules (as torch DDP "
-                f"requires), got device_ids={device_ids!r}, output_device={output_device!r}")
+        device = _cuda.module_device(params_all)
+        ids, out_dev = _cuda.check_device_args(device, device_ids, output_device)
         g = _state.current("DistributedDataParallel()")
+        if device is not None:
+            _cuda.require_cuda_comm(device)
         self.module = module
-        self.device_ids = None
-        self.output_device = None
+        self.device_ids = ids
+        self.output_device = out_dev
         self.dim = dim
         self.broadcast_buffers = bool(broadcast_buffers) if broadcast_buffers is not None else True
         self.find_unused_parameters = find_unused_parameters
