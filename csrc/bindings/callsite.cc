@@ -15,16 +15,26 @@ constexpr uint32_t kSkip = UINT32_MAX;   // cache value: frame in a skipped dire
 constexpr size_t kMaxCache = 1 << 16;    // (code, line) pairs remembered
 constexpr int kMaxDepth = 64;            // frames walked at most
 
+// A frame's position is (code object, last instruction): cheap to read, unlike the line
+// number (a walk of the line table), which is computed only on a cache miss.
 struct Key {
   const void* code;
-  int line;
-  bool operator==(const Key& o) const { return code == o.code && line == o.line; }
+  int lasti;
+  bool operator==(const Key& o) const { return code == o.code && lasti == o.lasti; }
 };
 struct KeyHash {
   size_t operator()(const Key& k) const {
-    return std::hash<const void*>()(k.code) * 31u + static_cast<size_t>(k.line);
+    return std::hash<const void*>()(k.code) * 31u + static_cast<size_t>(k.lasti);
   }
 };
+
+int lastInstruction(PyFrameObject* f) {
+#if PY_VERSION_HEX >= 0x030B0000
+  return PyFrame_GetLasti(f);
+#else
+  return f->f_lasti;
+#endif
+}
 
 bool g_enabled = true;
 std::vector<std::string> g_skip;
@@ -60,13 +70,13 @@ uint32_t currentCallSite() {
   uint32_t id = comm::kNoSite;
   for (int depth = 0; f && depth < kMaxDepth; ++depth) {
     PyCodeObject* code = PyFrame_GetCode(f);  // new reference
-    Key k{code, PyFrame_GetLineNumber(f)};
+    Key k{code, lastInstruction(f)};
     uint32_t v;
     auto it = g_cache.find(k);
     if (it != g_cache.end()) {
       v = it->second;
     } else {
-      v = classify(code, k.line);
+      v = classify(code, PyFrame_GetLineNumber(f));
       if (g_cache.size() < kMaxCache) {
         Py_INCREF(code);
         g_cache.emplace(k, v);

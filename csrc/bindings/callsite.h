@@ -1,6 +1,6 @@
 // Which line of the user's program issued a collective: the innermost Python frame outside
 // the skipped directories (ringreduce itself, torch), as "file.py:LINE" interned to a
-// comm/site.h id. Cached per (code object, line): a hit costs a few pointer walks.
+// comm/site.h id. Cached per (code object, instruction): a hit costs a few pointer walks.
 #pragma once
 
 #include <cstdint>
