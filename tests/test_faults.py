@@ -93,7 +93,7 @@ def test_fault_is_named_on_every_rank(tmp_path: Path, transport: str, algo: str,
                          FAST_HB)
     # Dead (kill/exit): EOF, milliseconds. Stopped: 1 s of heartbeat silence + slack for five
     # processes on two cores.
-    _check(outs, t_fault, victim, action, 4.0 if action == "stop" else 3.0)
+    _check(outs, t_fault, victim, action, 2.5 if action == "stop" else 2.0)
 
 
 @pytest.mark.timeout(90)
