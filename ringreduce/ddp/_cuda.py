@@ -73,6 +73,7 @@ def require_cuda_comm(device: torch.device) -> None:
         return
     nccl_ok, nccl_why = gpu.nccl_available()
     if not nccl_ok:
+        nccl_why, why = " ".join(nccl_why.split()), " ".join(why.split())  # one line
         raise RuntimeError(
             f"DistributedDataParallel: the module is on {device} but neither NCCL ({nccl_why}) "
             f"nor staging through host memory ({why}) is usable here; keep the module on the "
