@@ -12,6 +12,7 @@ over TCP, callable on torch CPU tensors and numpy arrays::
 from ._C import CollectiveMismatch, CollectiveTimeout, PeerFailure, RingReduceError
 from .api import (
     Work,
+    abort,
     allgather,
     allreduce,
     allreduce_coalesced,
@@ -33,6 +34,7 @@ __all__ = [
     "PeerFailure",
     "RingReduceError",
     "Work",
+    "abort",
     "allgather",
     "allreduce",
     "allreduce_coalesced",

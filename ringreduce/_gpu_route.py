@@ -171,6 +171,14 @@ def state(group: Any) -> CudaState:
     return st
 
 
+def abort(reason: str) -> None:
+    """Abort the group's NCCL communicator, if any (thread-safe; see api.abort)."""
+    st = _STATE[0]
+    nccl = st.nccl if st is not None else None
+    if nccl is not None:
+        nccl.abort(reason)
+
+
 def reset() -> None:
     st, _STATE[0] = _STATE[0], None
     if st is not None:

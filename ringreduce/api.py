@@ -292,6 +292,22 @@ def destroy() -> None:
     _INFLIGHT.clear()  # the executor has stopped: nothing can touch those buffers now
 
 
+def abort() -> None:
+    """Make the collective running now, and every later one, fail at once; thread-safe.
+
+    For a watchdog thread of your own (or a signal handler) that decides the job must stop:
+    the blocked call raises ``RingReduceError`` ("communicator aborted during ...") within
+    milliseconds, its peers are told (they raise naming this rank), and later calls are
+    refused until ``destroy()`` and ``init()``. No-op when not initialised.
+    """
+    g = _state._DEFAULT[0]
+    if g is None:
+        return
+    if g.comm is not None:
+        g.comm.abort()
+    _gpu().abort("ringreduce.abort() was called")
+
+
 @atexit.register
 def _destroy_at_exit() -> None:
     # A script that forgets destroy() still says goodbye to its peers and writes its trace.

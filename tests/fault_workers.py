@@ -126,3 +126,33 @@ def late_rank(rank: int, world: int, late: int, sleep_s: float) -> dict:
         if not _one("allreduce", rank, world, it, 1000, "auto"):
             wrong += 1
     return {"wrong": wrong}
+
+
+def aborter(rank: int, world: int, delay_s: float) -> dict:
+    """The last rank never joins the second all-reduce; rank 0 calls rr.abort() from a
+    watchdog thread after delay_s. Everyone reports what they raised and when."""
+    import threading
+
+    x = np.ones(1000, np.float32)
+    rr.allreduce(x)
+    if rank == world - 1:
+        time.sleep(delay_s + 2)  # "stuck in user code"; the others give up meanwhile
+        t0 = time.time()
+        try:
+            rr.allreduce(x, algo="ring")
+        except rr.RingReduceError as e:
+            return {"type": type(e).__name__, "msg": str(e), "t": time.time(), "t0": t0}
+        return {"type": None}
+    if rank == 0:
+        threading.Timer(delay_s, rr.abort).start()
+    t0 = time.time()
+    try:
+        rr.allreduce(x, algo="ring")
+    except rr.RingReduceError as e:
+        out = {"type": type(e).__name__, "msg": str(e), "t": time.time(), "t0": t0}
+    else:
+        out = {"type": None}
+    t1 = time.monotonic()
+    rr.destroy()
+    out["destroy_s"] = time.monotonic() - t1
+    return out
