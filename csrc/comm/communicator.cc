@@ -8,8 +8,8 @@
 #include <cstdio>
 #include <cstring>
 
-#include "core/error.h"
 #include "comm/site.h"
+#include "core/error.h"
 #include "core/log.h"
 
 namespace rr::comm {
