@@ -4,6 +4,7 @@ stop, exit or hang itself at a chosen point; report what each survivor raised an
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -67,24 +68,34 @@ def fault_loop(rank: int, world: int, collective: str, n: int, algo: str,
 
 
 def net_loop(rank: int, world: int, n: int, seconds: float, ready: str) -> dict:
-    """Checked all-reduces for `seconds` (ranks stop together) while the test cuts or
-    throttles links; touches `ready`.<rank> once the first all-reduce is through."""
+    """Checked all-reduces while the test cuts or throttles links: touches `ready`.<rank>
+    once the first all-reduce is through; the test touches `ready`.event once its link
+    change is in place, and the ranks stop together `seconds` after that (or 60 s after
+    starting). Counts the iterations run after the event."""
     x = np.ones(n, np.float32)
     rr.allreduce(x)
     with open(f"{ready}.{rank}", "w"):
         pass
-    wrong = it = 0
-    end = time.monotonic() + seconds
+    wrong = it = after = 0
+    t_event = None
+    give_up = time.monotonic() + 60
     try:
         while True:
             it += 1
             if not _one("allreduce", rank, world, it, n, "auto"):
                 wrong += 1
+            if t_event is None and os.path.exists(f"{ready}.event"):
+                t_event = time.monotonic()
+            elif t_event is not None:
+                after += 1
             if it % 5 == 0:
-                stop = np.array([time.monotonic() > end], np.int32)
+                now = time.monotonic()
+                stop = np.array([now > give_up or (t_event is not None and now > t_event + seconds)],
+                                np.int32)
                 rr.allreduce(stop, op="max")
                 if stop[0]:
-                    return {"type": None, "msg": "", "iters": it, "wrong": wrong}
+                    return {"type": None, "msg": "", "iters": it, "after_event": after,
+                            "wrong": wrong}
     except rr.RingReduceError as e:
         return {"type": type(e).__name__, "msg": str(e), "t_err": time.time(), "iters": it,
                 "wrong": wrong}
