@@ -167,3 +167,26 @@ def aborter(rank: int, world: int, delay_s: float) -> dict:
     rr.destroy()
     out["destroy_s"] = time.monotonic() - t1
     return out
+
+
+def backend_fault_loop(rank: int, world: int, limit_s: float = 30.0) -> dict:
+    """Stock torch.distributed code on the "ringreduce" backend while RINGREDUCE_FAULT hits
+    a rank: survivors must get an exception from dist.all_reduce, not a hang."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("ringreduce")
+    t = torch.ones(4096)
+    t_end = time.time() + limit_s
+    it = 0
+    try:
+        while time.time() < t_end:
+            it += 1
+            t.fill_(float(rank))
+            dist.all_reduce(t)
+            if not bool((t == world * (world - 1) / 2).all()):
+                return {"type": "wrong result", "msg": "", "iters": it}
+    except Exception as e:  # noqa: BLE001 - whatever torch passes up is what users see
+        return {"type": type(e).__name__, "msg": str(e), "t_err": time.time(), "iters": it,
+                "is_rr": isinstance(e, rr.RingReduceError)}
+    return {"type": None, "msg": "", "iters": it}

@@ -173,3 +173,24 @@ def test_abort_from_a_watchdog_thread(transport: str) -> None:
     assert r1["t"] - r0["t"] < 1.0, story
     assert r2["type"] is not None and "rank 0" in r2["msg"], story
     assert r0["destroy_s"] < 5 and r1["destroy_s"] < 5, story
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("action", ["kill", "stop"])
+def test_torch_backend_survivors_raise_with_the_users_line(tmp_path: Path, action: str) -> None:
+    """dist.all_reduce on the "ringreduce" backend: the victim's peers get a ringreduce
+    PeerFailure naming it, and the call site is the user's line, not torch's wrapper."""
+    stamp = tmp_path / "fault_at"
+    env = {"RINGREDUCE_FAULT": f"rank=1,collective=allreduce,seq=8,at=mid,action={action},"
+                               f"stamp={stamp}", **FAST_HB}
+    outs = run_world_raw(3, "fault_workers:backend_fault_loop", timeout=45, init=False,
+                         env=env, expendable=[1])
+    story = "\n".join(o.describe() for o in outs)
+    t_fault = float(stamp.read_text())
+    for o in (outs[0], outs[2]):
+        assert o.ok, story
+        r = o.value
+        assert r["is_rr"] and r["type"] == "PeerFailure", f"rank {o.rank}: {r}"
+        assert re.search(r"\brank 1\b", r["msg"]), r["msg"]
+        assert "called from fault_workers.py:" in r["msg"], r["msg"]
+        assert r["t_err"] - t_fault < 2.5, f"rank {o.rank}: {r['t_err'] - t_fault:.2f} s"
