@@ -337,6 +337,7 @@ _HELLO = struct.Struct("<IIii16s")
 _AUTH = struct.Struct("<IIiiii16s32s")
 _ACK = struct.Struct("<II32s")
 _MAGIC = 0x31485252
+_VERSION = 2  # csrc/transport/tcp/handshake.cc kVersion
 
 
 def _recv_all(s: socket.socket, n: int | None = None) -> bytes:
@@ -376,7 +377,7 @@ def strangers(rank: int, world: int) -> dict:
         def bad_mac(s: socket.socket) -> None:
             hello = _HELLO.unpack(_recv_all(s, _HELLO.size))
             seen["hello"] = [hello[0], hello[1], hello[2], hello[3]]
-            s.sendall(_AUTH.pack(_MAGIC, 1, 1, world, 0, 0, os.urandom(16), os.urandom(32)))
+            s.sendall(_AUTH.pack(_MAGIC, _VERSION, 1, world, 0, 0, os.urandom(16), os.urandom(32)))
             ack = _recv_all(s, _ACK.size)
             seen["bad_mac_ack"] = list(_ACK.unpack(ack)[:2]) if len(ack) == _ACK.size else None
 

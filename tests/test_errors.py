@@ -276,7 +276,7 @@ def test_strangers_on_the_listening_port_are_refused() -> None:
         assert v["sum"] == [3.0, 3.0, 3.0], f"rank {r}: {v}"
     seen = res[1]
     magic = 0x31485252
-    assert seen["hello"][:3] == [magic, 1, 0], f"rank 0's hello: {seen['hello']}"
+    assert seen["hello"][:3] == [magic, error_workers._VERSION, 0], f"rank 0's hello: {seen['hello']}"
     assert seen["bad_mac_ack"] == [magic, 5], f"wrong-secret handshake: {seen['bad_mac_ack']}"
     assert seen["garbage_ack"] == [magic, 1], f"garbage: {seen['garbage_ack']}"
     # The silent stranger may hold rank 0 up for its 5 s handshake window, not longer.

@@ -29,7 +29,7 @@ from pathlib import Path
 import fuzz_workers
 import pytest
 from _spawn import run_world_raw
-from error_workers import _ACK, _AUTH, _HELLO, _MAGIC, _recv_all
+from error_workers import _ACK, _AUTH, _HELLO, _MAGIC, _VERSION, _recv_all
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_TIMEOUT_S = 300
@@ -137,14 +137,14 @@ def _auth_mac(secret: str, hello_nonce: bytes, nonce: bytes, rank: int, world: i
 
 def _signed_auth(secret: str, hello_nonce: bytes, rank: int, world: int, target: int) -> bytes:
     nonce = os.urandom(16)
-    return _AUTH.pack(_MAGIC, 1, rank, world, target, 0, nonce,
+    return _AUTH.pack(_MAGIC, _VERSION, rank, world, target, 0, nonce,
                       _auth_mac(secret, hello_nonce, nonce, rank, world, target))
 
 
 def _expected_status(msg: bytes, hello_nonce: bytes, secret: str, me: int, world: int) -> int:
     """The listener's refusal code for these 72 bytes (handshake.cc's order of checks)."""
     magic, version, rank, w, target, pad, nonce, mac = _AUTH.unpack(msg[:_AUTH.size])
-    if magic != _MAGIC or version != 1 or pad != 0:
+    if magic != _MAGIC or version != _VERSION or pad != 0:
         return 1  # kBadMagic
     if not hmac.compare_digest(mac, _auth_mac(secret, hello_nonce, nonce, rank, w, target)):
         return 5  # kBadAuth
@@ -169,7 +169,7 @@ def _one_stranger(host: str, port: int, me: int, world: int, secret: str, rng: r
         s.settimeout(10)
         raw = _recv_all(s, _HELLO.size)
         hello = _HELLO.unpack(raw)
-        if list(hello[:4]) != [_MAGIC, 1, me, world]:
+        if list(hello[:4]) != [_MAGIC, _VERSION, me, world]:
             stats["errors"].append(f"rank {me} sent hello {hello[:4]}")
             return
         nonce = hello[4]
@@ -180,7 +180,7 @@ def _one_stranger(host: str, port: int, me: int, world: int, secret: str, rng: r
         elif kind == 1:  # the listener's own hello, mutated, padded out to an Auth
             msg = _flip(raw, rng, rng.randint(1, 3)) + os.urandom(_AUTH.size - _HELLO.size)
         elif kind == 2:  # well-formed, claims the missing rank, MAC without the secret
-            msg = _AUTH.pack(_MAGIC, 1, valid_claim, world, me, 0, os.urandom(16), os.urandom(32))
+            msg = _AUTH.pack(_MAGIC, _VERSION, valid_claim, world, me, 0, os.urandom(16), os.urandom(32))
         elif kind == 3:  # replay: signed for an earlier hello's nonce
             msg = stale[rng.randrange(len(stale))] if stale else os.urandom(_AUTH.size)
         elif kind == 4:  # knows the secret, claims what it may not

@@ -31,6 +31,7 @@ namespace {
 
 // Mirrors of the handshake messages (csrc/transport/tcp/handshake.cc).
 constexpr uint32_t kHelloMagic = 0x31485252;
+constexpr uint32_t kWireVersion = 2;  // handshake.cc kVersion
 struct Hello {
   uint32_t magic, version;
   int32_t rank, world;
@@ -70,7 +71,7 @@ crypto::Digest hsMac(const std::string& secret, char tag, const uint8_t* n1, con
 
 Auth signedAuth(const std::string& secret, const uint8_t* helloNonce, const uint8_t* nonce,
                 int32_t rank, int32_t world, int32_t target) {
-  Auth a{kHelloMagic, 1, rank, world, target, 0, {}, {}};
+  Auth a{kHelloMagic, kWireVersion, rank, world, target, 0, {}, {}};
   std::memcpy(a.nonce, nonce, 16);
   auto m = hsMac(secret, 'C', helloNonce, a.nonce, rank, world, target);
   std::memcpy(a.mac, m.data(), 32);
@@ -83,7 +84,7 @@ std::deque<Bytes> gOldAuths;  // valid Auth messages of earlier handshakes (stal
 uint32_t predictAccept(const Bytes& m, const Hello& hello, const tcp::Identity& me, bool expected) {
   Auth a;
   std::memcpy(&a, m.data(), sizeof(a));
-  if (a.magic != kHelloMagic || a.version != 1 || a.pad != 0) return kBadMagic;
+  if (a.magic != kHelloMagic || a.version != kWireVersion || a.pad != 0) return kBadMagic;
   auto want = hsMac(me.secret, 'C', hello.nonce, a.nonce, a.rank, a.world, a.target);
   if (std::memcmp(want.data(), a.mac, 32) != 0) return kBadAuth;
   if (a.world != me.world) return kWrongWorld;
@@ -132,7 +133,7 @@ void runAcceptCase(Rng& rng) {
   } else {
     Hello hello;
     if (!tcp::readFull(my, &hello, sizeof(hello), Deadline::after(10), &err)) fail("hello: ", err);
-    FZ_CHECK(hello.magic == kHelloMagic && hello.version == 1 && hello.rank == me.rank &&
+    FZ_CHECK(hello.magic == kHelloMagic && hello.version == kWireVersion && hello.rank == me.rank &&
                  hello.world == me.world,
              "the listener's hello names rank ", hello.rank, " of ", hello.world);
     const size_t higher = static_cast<size_t>(me.world - me.rank - 1);  // ranks that connect here
@@ -263,13 +264,13 @@ void runConnectCase(Rng& rng) {
   });
   int my = sv[1];
   std::string err;
-  Hello hello{kHelloMagic, 1, target, me.world, {}};
+  Hello hello{kHelloMagic, kWireVersion, target, me.world, {}};
   rng.fill(hello.nonce, 16);
   Bytes hb = asBytes(hello);
   if (mode == kHelloFlip) hb[rng.below(hb.size())] ^= static_cast<uint8_t>(1u << rng.below(8));
   if (mode == kHelloTrunc || mode == kHelloStall) hb.resize(rng.below(hb.size()));
   std::memcpy(&hello, hb.data(), std::min(hb.size(), sizeof(hello)));
-  bool helloOk = hb.size() == sizeof(Hello) && hello.magic == kHelloMagic && hello.version == 1 &&
+  bool helloOk = hb.size() == sizeof(Hello) && hello.magic == kHelloMagic && hello.version == kWireVersion &&
                  hello.rank == target;  // world and nonce are not the connector's to check
   if (!hb.empty() && !tcp::writeFull(my, hb.data(), hb.size(), Deadline::after(10), &err))
     fail("hello: ", err);
@@ -286,7 +287,7 @@ void runConnectCase(Rng& rng) {
   }
   if (helloOk) {
     auto m = hsMac(me.secret, 'C', hello.nonce, a.nonce, me.rank, me.world, target);
-    FZ_CHECK(a.magic == kHelloMagic && a.version == 1 && a.rank == me.rank &&
+    FZ_CHECK(a.magic == kHelloMagic && a.version == kWireVersion && a.rank == me.rank &&
                  a.world == me.world && a.target == target && a.pad == 0 &&
                  std::memcmp(m.data(), a.mac, 32) == 0,
              "the connector's authentication message is wrong");

@@ -11,7 +11,7 @@ namespace rr::transport::tcp {
 namespace {
 
 constexpr uint32_t kHelloMagic = 0x31485252;  // "RRH1"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: heartbeats carry call site and wait target
 
 enum Status : uint32_t {
   kOk = 0,
