@@ -426,7 +426,7 @@ class Tunables:
         "RINGREDUCE_HEARTBEAT_TIMEOUT", 4.0, _p_nonneg_seconds, "seconds",
         "A peer silent this long is reported as frozen, partitioned or dead (0 disables).")
     stall_warn: float = _knob(
-        "RINGREDUCE_STALL_WARN", 30.0, _p_nonneg_seconds, "seconds",
+        "RINGREDUCE_STALL_WARN", 10.0, _p_nonneg_seconds, "seconds",
         "After waiting this long in one collective, log which ranks are behind (0 = off).")
     flight_recorder: str | None = _knob(
         "RINGREDUCE_FLIGHT_RECORDER", None, _p_str, "path",

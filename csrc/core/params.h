@@ -29,7 +29,7 @@ struct Options {
   double heartbeatTimeoutSec = 4.0;
   // RINGREDUCE_STALL_WARN: after waiting this long in one collective, log which ranks are
   // behind (from their heartbeats) -- once per collective, on every waiting rank. 0 = off.
-  double stallWarnSec = 30.0;
+  double stallWarnSec = 10.0;
   // Busy-poll sockets this long before sleeping in poll(2): a small message's answer
   // usually arrives within microseconds, and a wake-up costs tens of them. Python sets 0
   // when ranks outnumber cores (spinning would steal the peer's core).
