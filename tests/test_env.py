@@ -229,6 +229,13 @@ def test_empty_values_mean_default() -> None:
     ("RINGREDUCE_TREE_THRESHOLD_BYTES", "-5", "whole number of bytes"),
     ("RINGREDUCE_CHECKSUM", "maybe", "true"),
     ("TORCHELASTIC_USE_AGENT_STORE", "2", "false"),
+    ("RINGREDUCE_CALL_SITES", "sometimes", "true"),
+    ("RINGREDUCE_FAULT", "collective=allreduce", "rank=R"),          # no rank
+    ("RINGREDUCE_FAULT", "rank=1,action=explode", "action=kill|stop|exit|hang"),
+    ("RINGREDUCE_FAULT", "rank=1,at=middle", "at=begin|mid|end"),
+    ("RINGREDUCE_FAULT", "rank=1,seq=0", "seq=N"),
+    ("RINGREDUCE_FAULT", "rank=1,collective=gather", "collective=any|allreduce"),
+    ("RINGREDUCE_FAULT", "rank=1;seq=2", "rank=R"),
 ])
 def test_bad_tunables(name: str, raw: str, allowed: str) -> None:
     with pytest.raises(ValueError) as exc:
@@ -236,6 +243,16 @@ def test_bad_tunables(name: str, raw: str, allowed: str) -> None:
     message = str(exc.value)
     assert message.startswith(f"{name}={raw!r} is not valid; allowed: ")
     assert allowed in message
+
+
+def test_fault_spec_parsed() -> None:
+    f = env_mod.tunables({"RINGREDUCE_FAULT": "rank=2, collective=broadcast, seq=7, at=end, "
+                                             "action=stop, stamp=/tmp/t"}).fault
+    assert f == {"rank": 2, "collective": "broadcast", "seq": 7, "at": "end", "action": "stop",
+                 "stamp": "/tmp/t"}
+    assert env_mod.tunables({"RINGREDUCE_FAULT": "rank=0"}).fault == {
+        "rank": 0, "collective": "any", "seq": 1, "at": "mid", "action": "kill", "stamp": ""}
+    assert env_mod.tunables({}).fault is None and env_mod.tunables({}).call_sites is True
 
 
 @pytest.mark.timeout(60)
