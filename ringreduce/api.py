@@ -133,7 +133,7 @@ def init(rank: int | None = None, world_size: int | None = None, *,
         _state._DEFAULT[0] = _state.Group(rank=0, world_size=1, comm=None, options=options,
                                           hosts=[_env.host_identity()],
                                           default_algo=algo_code(tun.algo))
-        _bind_cuda(_state._DEFAULT[0], None, "ringreduce/")
+        _gpu().bind(_state._DEFAULT[0], None, "ringreduce/")
         return
     maddr = master_addr or info.master_addr
     mport = master_port or info.master_port
@@ -169,14 +169,9 @@ def init(rank: int | None = None, world_size: int | None = None, *,
     _state._DEFAULT[0] = _state.Group(rank=rank, world_size=world, comm=comm, hosts=peers.hosts,
                                       options=options, local_rank=info.local_rank,
                                       default_algo=algo_code(tun.algo))
-    _bind_cuda(_state._DEFAULT[0], store, f"ringreduce/{peers.prefix}/")
-
-
-def _bind_cuda(group: Any, store: Any, prefix: str) -> None:
-    """Keep the store for the group's first CUDA collective (NCCL verdict and unique id)."""
-    from . import _gpu_route
-
-    _gpu_route.bind(group, store, prefix)
+    # The store serves the group's first CUDA collective (NCCL verdict and unique id), under
+    # this init's own key prefix.
+    _gpu().bind(_state._DEFAULT[0], store, peers.prefix + "cuda/")
 
 
 def _set_call_sites(on: bool) -> None:
