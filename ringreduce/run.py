@@ -21,7 +21,9 @@ import argparse
 import ctypes
 import os
 import queue
+import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -84,10 +86,47 @@ def _port(text: str) -> int:
     return value
 
 
+_PYTHON_NAME = re.compile(r"python[0-9.]*$")
+
+
+def _is_python(word: str) -> bool:
+    """Whether ``word`` names a Python interpreter (mpirun's habit: ``-n 2 python x.py``)."""
+    if word == sys.executable:
+        return True
+    return bool(_PYTHON_NAME.match(os.path.basename(word))) and shutil.which(word) is not None
+
+
+def _command(program: list[str], no_python: bool) -> list[str]:
+    """The command each rank runs, or a _UsageError saying what is wrong with ``program``."""
+    if not program or program == ["-m"] or program[:2] == ["-m", ""]:
+        raise _UsageError("no program given: pass a script (train.py) or -m module, "
+                          "followed by its arguments")
+    if no_python:
+        if program[0] == "-m" or shutil.which(program[0]) is None:
+            raise _UsageError(f"--no-python: {program[0]!r} is not an executable on PATH "
+                              "or a path to one; drop --no-python to run a Python script")
+        return list(program)
+    python = sys.executable
+    if _is_python(program[0]):  # `python train.py`: run it with the interpreter named
+        python, program = shutil.which(program[0]) or program[0], program[1:]
+        if program[:1] == ["-u"]:
+            program = program[1:]
+        if not program or program in (["-m"], ["-c"]):
+            raise _UsageError(f"no program given after {python!r}: pass a script or -m module")
+        if program[0] == "-c":
+            return [python, "-u", *program]
+    if program[0] != "-m" and not os.path.isfile(program[0]):
+        raise _UsageError(f"script {program[0]!r} not found; pass the path to a Python "
+                          "file, use -m module to run a module, or --no-python to run an "
+                          "executable")
+    return [python, "-u", *program]
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG,
-        usage=f"{PROG} -n N [options] (script.py | -m module) [args...]",
+        usage=f"{PROG} -n N [options] ([python] script.py | -m module | --no-python cmd) "
+              "[args...]",
         description="Start N local ranks of a Python program with torchrun-compatible "
                     "environment variables.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -98,6 +137,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="MASTER_ADDR given to the ranks (default: 127.0.0.1)")
     p.add_argument("--master-port", type=_port, default=None,
                    help="MASTER_PORT given to the ranks (default: a free port)")
+    p.add_argument("--no-python", action="store_true",
+                   help="run the program as an executable instead of a Python script "
+                        "(torchrun's --no-python)")
     p.add_argument("--no-prefix", action="store_true",
                    help="don't prefix output lines with '[rank K] '")
     p.add_argument("--grace-period", type=float, default=DEFAULT_GRACE_S, metavar="SECONDS",
@@ -333,12 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.epilog = _epilog()
     try:
         opts = parser.parse_args(opts_argv)
-        if not program or program == ["-m"] or program[:2] == ["-m", ""]:
-            raise _UsageError("no program given: pass a script (train.py) or -m module, "
-                              "followed by its arguments")
-        if program[0] != "-m" and not os.path.isfile(program[0]):
-            raise _UsageError(f"script {program[0]!r} not found; pass the path to a Python "
-                              "file, or use -m module to run a module")
+        cmd = _command(program, opts.no_python)
         if not opts.grace_period >= 0:
             raise _UsageError("--grace-period must be a number of seconds >= 0")
     except SystemExit as e:  # argparse: --help, or a usage error it already printed
@@ -351,7 +388,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     port = opts.master_port or _free_port()
     secret = os.environ.get("RINGREDUCE_SECRET") or secrets.token_hex(16)
     run_id = os.environ.get("TORCHELASTIC_RUN_ID") or uuid.uuid4().hex
-    cmd = [sys.executable, "-u", *program]
     base = dict(os.environ)
     preexec = _parent_death_signal()
 

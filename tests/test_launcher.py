@@ -197,6 +197,28 @@ def test_module_mode(marker: str) -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("python", ["python3", sys.executable])
+def test_interpreter_before_the_script(marker: str, python: str) -> None:
+    """mpirun's habit, ``ringreduce-run -n 2 python train.py``, runs the script."""
+    env = dict(os.environ, PYTHONPATH=str(SCRIPTS))
+    for args in ([python, _script("print_env.py")], [python, "-u", "-m", "print_env"]):
+        r = _launch("-n", "2", *args, marker, "x", env=env)
+        assert r.returncode == 0, r.stderr
+        ranks = _ranked_json(r.stdout)
+        assert sorted(ranks) == [0, 1]
+        assert all(i["argv"] == [marker, "x"] and i["RANK"] == str(k) for k, i in ranks.items())
+    _assert_no_leftovers(marker)
+
+
+@pytest.mark.timeout(60)
+def test_no_python_runs_an_executable(marker: str) -> None:
+    """torchrun's --no-python: the program is an executable, run as given."""
+    r = _launch("-n", "2", "--no-python", "sh", "-c", 'echo "rank=$RANK of $WORLD_SIZE"', marker)
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.splitlines()) == ["[rank 0] rank=0 of 2", "[rank 1] rank=1 of 2"]
+
+
+@pytest.mark.timeout(60)
 def test_failing_rank_stops_the_others(marker: str) -> None:
     start = time.monotonic()
     r = _launch("-n", "4", _script("fail_rank1.py"), marker)
@@ -306,6 +328,9 @@ def test_ranks_die_with_a_killed_launcher(marker: str) -> None:
     (["-n", "2", "no_such_script.py"], "script 'no_such_script.py' not found"),
     (["-n", "2"], "no program given"),
     (["-n", "2", "-m"], "no program given"),
+    (["-n", "2", "python"], "no program given after"),
+    (["-n", "2", "python", "no_such_script.py"], "script 'no_such_script.py' not found"),
+    (["-n", "2", "--no-python", "no-such-executable"], "is not an executable on PATH"),
     (["x.py"], "-n"),
     (["-n", "2", "--master-port", "70000", "x.py"], "not a TCP port"),
 ])
