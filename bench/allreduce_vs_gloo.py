@@ -3,7 +3,9 @@
 torch.distributed's gloo measured in the same run (interleaved per size).
 
     python bench/allreduce_vs_gloo.py                 # table, bench/allreduce_vs_gloo.{json,png}
-    python bench/allreduce_vs_gloo.py -i 50 --check   # extra ringreduce-bench options win
+    python bench/allreduce_vs_gloo.py -i 50           # extra ringreduce-bench options win
+
+Results are checked on every iteration (--check): a wrong result makes the run fail.
 
 It is a thin wrapper over `ringreduce-bench`; afterwards it prints ringreduce's speedup over
 gloo at the sizes the issue sets targets for.
@@ -26,7 +28,7 @@ def main(argv: list[str]) -> int:
 
     out_json = os.path.join(HERE, "allreduce_vs_gloo.json")
     args = ["-n", "2", "-o", "allreduce", "-d", "float32", "-b", "8", "-e", "64M", "-f", "2",
-            "-w", "5", "-i", "20", "--transport", "tcp", "--compare", "gloo",
+            "-w", "5", "-i", "20", "--transport", "tcp", "--compare", "gloo", "--check",
             "--json", out_json, "--plot", os.path.join(HERE, "allreduce_vs_gloo.png"), *argv]
     rc = bench_main(args)
     if rc != 0 or not os.path.exists(out_json):

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -52,6 +53,9 @@ def parse_args(argv: list) -> argparse.Namespace:
     p.add_argument("--grad-view", action="store_true",
                    help="also measure both wrappers with gradient_as_bucket_view=True")
     p.add_argument("--json", default=None, help="write results here (rank 0)")
+    p.add_argument("--check", action="store_true",
+                   help="after timing, assert that every DDP mode left identical parameters "
+                        "on all ranks and that the wrappers agree with torch DDP on gloo")
     return p.parse_args(argv)
 
 
@@ -236,6 +240,7 @@ def run_rank(args: argparse.Namespace) -> None:
         return statistics.median(vals) if vals else float("nan")
 
     results = {}
+    local_step = med([row["step"] for row in by_name(modes, "local").rows])
     for md in modes:
         r = {f"{k}_ms": med([row[k] for row in md.rows]) * 1e3
              for k in ("step", "forward", "backward", "optimizer", "cpu")}
@@ -246,31 +251,71 @@ def run_rank(args: argparse.Namespace) -> None:
             r["unhidden_comm_ms"] = tail * 1e3
             r["comm_alone_ms"] = c * 1e3
             r["overlap"] = max(0.0, min(1.0, 1 - tail / c))
+            # What communication costs the step: this rank's step minus its step with no
+            # communication at all (the same model, data and optimizer).
+            r["exposed_comm_ms"] = (r["step_ms"] / 1e3 - local_step) * 1e3
         if md.stats is not None:
             r["wait_ms"] = med([row["wait"] for row in md.rows]) * 1e3
         results[md.name] = r
     # Paired ratio: step i of ringreduce over step i of torch-gloo (run back to back).
-    by = {md.name: md for md in modes}
     results["ringreduce"]["paired_ratio"] = med(
-        [a["step"] / b["step"] for a, b in zip(by["ringreduce"].rows, by["torch-gloo"].rows)])
-    # Report the slowest rank's medians (a step is as slow as its slowest rank).
+        [a["step"] / b["step"] for a, b in zip(by_name(modes, "ringreduce").rows,
+                                               by_name(modes, "torch-gloo").rows)])
+    checked = check_models(modes, rank, world) if args.check else None
     gathered: list = [None] * world
     dist.all_gather_object(gathered, results)
     if rank == 0:
-        worst = {name: {k: max(g[name][k] for g in gathered) for k in results[name]}
-                 for name in results}
-        report(args, world, nparams, len(sizes), worst)
+        report(args, world, nparams, len(sizes), slowest_rank(gathered), checked)
     dist.destroy_process_group()
     rr.destroy()
 
 
+def by_name(modes: list, name: str) -> Mode:
+    return next(md for md in modes if md.name == name)
+
+
+def slowest_rank(per_rank: list) -> dict:
+    """Per mode, every column of the rank whose median step was slowest (a step is as slow
+    as its slowest rank), tagged with that rank: columns are never mixed across ranks."""
+    out = {}
+    for name in per_rank[0]:
+        rank = max(range(len(per_rank)), key=lambda r: per_rank[r][name]["step_ms"])
+        out[name] = dict(per_rank[rank][name], rank=rank)
+    return out
+
+
+def check_models(modes: list, rank: int, world: int) -> dict:
+    """--check: every DDP mode must leave identical parameters on every rank, and the
+    wrappers must agree with each other (same start, data and number of synced steps).
+    Raises AssertionError (so the run fails) when they do not; returns what was checked."""
+    import torch
+    import torch.distributed as dist
+
+    flat = {md.name: torch.cat([p.detach().reshape(-1) for p in md.model.parameters()])
+            for md in modes if md.name != "local"}
+    for name, v in flat.items():
+        copies = [torch.empty_like(v) for _ in range(world)]
+        dist.all_gather(copies, v)
+        for r, c in enumerate(copies):
+            assert torch.equal(c, v), f"--check: {name}: rank {r}'s parameters differ from rank {rank}'s"
+    ref = flat["torch-gloo"]
+    worst = {}
+    for name, v in flat.items():
+        diff = (v - ref).abs().max().item()
+        assert torch.allclose(v, ref, rtol=1e-4, atol=1e-5), (
+            f"--check: {name} ended {diff:.3g} away from torch DDP on gloo (max abs difference)")
+        worst[name] = diff
+    return {"ranks_identical": True, "max_abs_diff_vs_torch_gloo": worst}
+
+
 def report(args: argparse.Namespace, world: int, nparams: int, nbuckets: int,
-           res: dict) -> None:
+           res: dict, checked: dict | None) -> None:
     print(f"# DDP training step, {args.model} ({nparams / 1e6:.1f}M parameters, "
           f"{nbuckets} buckets of <= {args.bucket_cap_mb:g} MiB), {world} ranks, "
-          f"{args.threads} thread(s)/rank; medians, slowest rank")
+          f"{args.threads} thread(s)/rank; medians of the slowest rank (per mode, all columns "
+          f"from that rank)")
     cols = ["step_ms", "forward_ms", "backward_ms", "unhidden_comm_ms", "optimizer_ms",
-            "comm_alone_ms", "overlap", "cpu_ms"]
+            "comm_alone_ms", "overlap", "exposed_comm_ms", "cpu_ms"]
     print(f"| {'mode':11s} | " + " | ".join(f"{c.removesuffix('_ms'):>13s}"
                                            for c in cols) + " |")
     print("|" + "-" * 13 + "|" + "|".join("-" * 15 + ":" for _ in cols) + "|")
@@ -278,7 +323,7 @@ def report(args: argparse.Namespace, world: int, nparams: int, nbuckets: int,
         cells = []
         for c in cols:
             v = r.get(c)
-            cells.append(f"{'-':>13s}" if v is None else
+            cells.append(f"{'-':>13s}" if v is None or (c == "overlap" and math.isnan(v)) else
                          f"{v * 100:12.0f}%" if c == "overlap" else f"{v:13.1f}")
         print(f"| {name:11s} | " + " | ".join(cells) + " |")
     mine, gloo = res["ringreduce"]["step_ms"], res["torch-gloo"]["step_ms"]
@@ -286,15 +331,25 @@ def report(args: argparse.Namespace, world: int, nparams: int, nbuckets: int,
     paired = res["ringreduce"]["paired_ratio"]
     print("# times in ms; unhidden_comm: last gradient ready -> backward() returns (the "
           "reduction backward did not hide, plus the write-back); overlap = 1 - unhidden / "
-          "comm_alone; cpu: process CPU time per step (all threads)")
+          "comm_alone; exposed_comm: step - the no-communication step of the same rank; "
+          "cpu: process CPU time per step (all threads)")
     print(f"# ringreduce end-of-backward wait for collectives (instrumented): "
           f"{res['ringreduce'].get('wait_ms', float('nan')):.1f} ms")
     print(f"# step time ratio ringreduce / torch-gloo = {ratio:.2f} (of medians), "
           f"{paired:.2f} (median of step-by-step pairs) "
           f"(target <= {TARGET}: {'met' if max(ratio, paired) <= TARGET else 'NOT met'})")
+    if checked is not None:
+        print("# --check: parameters identical on every rank; max |difference| vs torch DDP "
+              "on gloo: " + ", ".join(f"{k} {v:.2g}" for k, v in
+                                       checked["max_abs_diff_vs_torch_gloo"].items()))
     if args.json:
+        from ringreduce.bench.machine import describe
+
         with open(args.json, "w") as f:
-            json.dump({"model": args.model, "params": nparams, "world": world,
+            json.dump({"command": "python bench/ddp_step.py " + " ".join(sys.argv[1:]),
+                       "machine": describe(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                       "check": checked, "method": "medians per rank; per mode the slowest "
+                       "rank's row", "model": args.model, "params": nparams, "world": world,
                        "threads": args.threads, "buckets": nbuckets,
                        "bucket_cap_mb": args.bucket_cap_mb, "results": res,
                        "ratio_vs_gloo": ratio, "paired_ratio_vs_gloo": paired}, f, indent=2)

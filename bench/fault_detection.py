@@ -35,8 +35,10 @@ VICTIM = 1
 def _worker(lib: str, fault: str, out: str, stamp: str) -> None:
     import numpy as np
 
-    rank = int(os.environ["RANK"])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     n = 16 * 1024
+    expect = world * (world + 1) / 2  # every rank contributes rank + 1
+    wrong = [0]  # iterations whose result was not the expected sum (checked every time)
     if lib == "gloo":
         from datetime import timedelta
 
@@ -47,7 +49,9 @@ def _worker(lib: str, fault: str, out: str, stamp: str) -> None:
         x = torch.ones(n)
 
         def step() -> None:
+            x.fill_(rank + 1)
             dist.all_reduce(x)
+            wrong[0] += int(not bool((x == expect).all()))
     else:
         import ringreduce as rr
 
@@ -55,7 +59,9 @@ def _worker(lib: str, fault: str, out: str, stamp: str) -> None:
         x = np.ones(n, np.float32)
 
         def step() -> None:
+            x.fill(rank + 1)
             rr.allreduce(x)
+            wrong[0] += int(not (x == expect).all())
     for _ in range(20):
         step()
     if rank == VICTIM:
@@ -66,7 +72,8 @@ def _worker(lib: str, fault: str, out: str, stamp: str) -> None:
         while True:
             step()
     except Exception as e:  # noqa: BLE001 - whatever the library raises is the result
-        res = {"t": time.time(), "type": type(e).__name__, "msg": str(e)[:400]}
+        res = {"t": time.time(), "type": type(e).__name__, "msg": str(e)[:400],
+               "wrong": wrong[0]}
     with open(out, "w") as f:
         json.dump(res, f)
     os._exit(0)  # do not wait in teardown for the dead peer
@@ -118,11 +125,13 @@ def run_once(lib: str, fault: str, world: int, limit: float) -> list[dict]:
     for r in survivors:
         path = os.path.join(tmp, f"out{r}")
         if t_fault is None or not os.path.exists(path):
-            rows.append({"rank": r, "latency": limit, "named": False, "type": None, "msg": ""})
+            rows.append({"rank": r, "latency": limit, "named": False, "type": None, "msg": "",
+                         "wrong": 0})
             continue
         with open(path) as f:
             res = json.load(f)
         rows.append({"rank": r, "latency": res["t"] - t_fault, "type": res["type"],
+                     "wrong": res["wrong"],
                      "msg": res["msg"], "named": bool(re.search(rf"\brank {VICTIM}\b", res["msg"]))})
     return rows
 
@@ -164,6 +173,8 @@ def main(argv: list | None = None) -> int:
     if a.worker:
         _worker(*a.worker)
         return 0
+    from ringreduce.bench.machine import describe
+
     if a.replot:
         with open(a.replot) as f:
             _plot(json.load(f)["results"], a.nproc, a.plot)
@@ -177,16 +188,21 @@ def main(argv: list | None = None) -> int:
             results[f"{lib}/{fault}"] = {
                 "median_s": statistics.median(lat), "max_s": max(lat),
                 "named_victim": sum(r["named"] for r in rows), "survivors": len(rows),
+                "wrong_results": sum(r["wrong"] for r in rows),
                 "example": next((r["msg"] for r in rows if r["msg"]), "")}
             s = results[f"{lib}/{fault}"]
             print(f"{lib:15s} {fault:5s} median {s['median_s']:7.3f} s  max {s['max_s']:7.3f} s  "
-                  f"named rank {VICTIM}: {s['named_victim']}/{s['survivors']}", flush=True)
+                  f"named rank {VICTIM}: {s['named_victim']}/{s['survivors']}  "
+                  f"wrong results: {s['wrong_results']}", flush=True)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"world": a.nproc, "victim": VICTIM, "results": results}, f, indent=1)
+            json.dump({"command": "python bench/fault_detection.py " + " ".join(argv or sys.argv[1:]),
+                       "machine": describe(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                       "check": "every all-reduce result checked (wrong_results)",
+                       "world": a.nproc, "victim": VICTIM, "results": results}, f, indent=1)
     if a.plot:
         _plot(results, a.nproc, a.plot)
-    return 0
+    return 1 if any(s["wrong_results"] for s in results.values()) else 0
 
 
 if __name__ == "__main__":

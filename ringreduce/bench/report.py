@@ -11,6 +11,7 @@ import time
 from argparse import Namespace
 from collections import Counter
 
+from . import machine
 from .metrics import Row
 
 CSV_FIELDS = ("op", "library", "size", "count", "type", "redop", "root", "algo", "world_size",
@@ -31,7 +32,7 @@ def make_meta(args: Namespace, world: int, hosts: list, notes: dict, transport: 
         "transport_requested": args.transport or os.environ.get("RINGREDUCE_TRANSPORT", "auto"),
         "warmup": args.warmup, "iters": args.iters, "check": bool(args.check),
         "compare": list(args.compare), "libraries": dict(notes),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine.describe(),
     }
 
 
@@ -58,6 +59,11 @@ def _header(meta: dict, skipped: list[dict]) -> list[str]:
             f"  root {meta['root']}  algo {meta['algo']}  transport {transport}"),
            (f"#  warmup {meta['warmup']}  iters {meta['iters']}  check {int(meta['check'])}"
             "  time = median over iterations of the slowest rank; p99 likewise")]
+    m = meta.get("machine")
+    if m:
+        out.append(f"#  machine: {m['cpu_model']} ({m['cpus_usable']}/{m['cpus']} CPUs usable"
+                   f"{', ' + m['hypervisor'] + ' guest' if m.get('hypervisor') else ''}), "
+                   f"torch {m['torch']}, commit {m['ringreduce_commit']}")
     for name, note in meta["libraries"].items():
         out.append(f"#  compare: {name}: {note}")
     for s in skipped:
