@@ -295,12 +295,13 @@ def _cmd_up(a: argparse.Namespace) -> int:
 
 
 def _cmd_run(a: argparse.Namespace) -> int:
-    """Start `cmd` once per rank inside its host, torchrun-style environment, and wait."""
+    """Start a.cmd once per rank inside its host, torchrun-style environment, and wait."""
     import socket
 
-    cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
+    cmd = a.cmd
     if not cmd:
-        print("netcluster run: give the command after --", file=sys.stderr)
+        print("netcluster run: give the command after --, e.g. run 2 -- python3 job.py",
+              file=sys.stderr)
         return 2
     cleanup_stale()
     with socket.socket() as s:  # any free port; the rank-0 host's namespace has all free
@@ -343,8 +344,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = p.add_subparsers(dest="what", required=True)
     up = sub.add_parser("up", help="build a cluster, print how to use it, hold it until "
                         "Ctrl-C/SIGTERM or --hold seconds, then remove it")
-    run = sub.add_parser("run", help="build a cluster, run CMD once per rank inside its "
-                         "host (RANK, WORLD_SIZE, MASTER_ADDR, ... set), remove it")
+    run = sub.add_parser("run", help="build a cluster, run the command after -- once per rank "
+                         "inside its host (RANK, WORLD_SIZE, MASTER_ADDR, ... set), remove it")
     for s in (up, run):
         s.add_argument("hosts", type=int)
         s.add_argument("rate", nargs="?", default="none", help='tc rate such as "1gbit", '
@@ -352,9 +353,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     up.add_argument("--hold", type=float, default=3600.0, metavar="S")
     run.add_argument("--per-host", type=int, default=1, metavar="K", help="ranks per host")
     run.add_argument("--timeout", type=float, default=1800.0, metavar="S")
-    run.add_argument("cmd", nargs=argparse.REMAINDER)
     sub.add_parser("cleanup", help="remove clusters whose owning process is gone")
-    a = p.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)  # run's CMD: everything after --
+    a = p.parse_args(argv[:cut])
+    a.cmd = argv[cut + 1:]
     why = unavailable()
     if why:
         print(f"netcluster: {why}", file=sys.stderr)
