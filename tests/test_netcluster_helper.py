@@ -5,6 +5,7 @@ the skip reasons say what to do. Root-only parts skip like test_netcluster.py.""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -17,25 +18,36 @@ TESTS = Path(__file__).resolve().parent
 _REASON = unavailable()
 needs_netns = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
 
-# Host `dst` listens, host `src` connects and sends a byte; exit 0 when it arrived.
-_SERVER = ("import socket,sys;s=socket.socket();s.settimeout(5);s.bind((sys.argv[1],7777));"
-           "s.listen();c,_=s.accept();c.settimeout(5);sys.exit(0 if c.recv(1)==b'x' else 1)")
-_CLIENT = ("import socket,sys,time\nend=time.monotonic()+3\nwhile True:\n try:\n"
-           "  socket.create_connection((sys.argv[1],7777),timeout=1).sendall(b'x');break\n"
+# Host `dst` listens (and says so), host `src` connects and sends a byte within `patience`
+# seconds; the server exits 0 once the byte arrived.
+_SERVER = ("import socket,sys;s=socket.socket();s.settimeout(30);"
+           "s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);s.bind((sys.argv[1],7777));"
+           "s.listen();print('L',flush=True);c,_=s.accept();c.settimeout(10);"
+           "sys.exit(0 if c.recv(1)==b'x' else 1)")
+_CLIENT = ("import socket,sys,time\nend=time.monotonic()+float(sys.argv[2])\nwhile True:\n"
+           " try:\n  socket.create_connection((sys.argv[1],7777),timeout=1).sendall(b'x');break\n"
            " except OSError:\n  time.sleep(0.05)\n  if time.monotonic()>end: sys.exit(1)")
 
 
-def _talk(c: Cluster, src: int, dst: int) -> bool:
+def _talk(c: Cluster, src: int, dst: int, patience: float = 10.0) -> bool:
+    """Can host `src` open a TCP connection to host `dst`? The client starts only once the
+    server listens, so a loaded machine cannot turn a slow start into "unreachable"."""
     srv = subprocess.Popen(c.exec_prefix(dst) + [sys.executable, "-c", _SERVER, c.addr(dst)],
-                           stderr=subprocess.DEVNULL)
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        cli = subprocess.run(c.exec_prefix(src) + [sys.executable, "-c", _CLIENT, c.addr(dst)],
-                             stderr=subprocess.DEVNULL, timeout=15, check=False)
-        return cli.returncode == 0 and srv.wait(timeout=10) == 0
+        assert srv.stdout is not None
+        ready, _, _ = select.select([srv.stdout], [], [], 30)
+        assert ready and srv.stdout.readline().strip() == "L", "test server never listened"
+        cli = subprocess.run(c.exec_prefix(src) + [sys.executable, "-c", _CLIENT, c.addr(dst),
+                                                   str(patience)],
+                             stderr=subprocess.DEVNULL, timeout=patience + 30, check=False)
+        return cli.returncode == 0 and srv.wait(timeout=20) == 0
     finally:
         if srv.poll() is None:
             srv.kill()
-            srv.wait(timeout=10)
+        srv.wait(timeout=10)
+        if srv.stdout is not None:
+            srv.stdout.close()
 
 
 def _ours() -> tuple[set[str], set[str]]:
@@ -54,7 +66,7 @@ def test_two_clusters_at_once_then_nothing_left() -> None:
         assert a.tag != b.tag and a.addr(1) == b.addr(1)  # same addresses, separate bridges
         assert _talk(a, 0, 1) and _talk(b, 1, 0)
         a.link(1, "down")
-        assert not _talk(a, 0, 1), "host 1 still reachable after its link was cut"
+        assert not _talk(a, 0, 1, patience=2), "host 1 still reachable after its link was cut"
         assert _talk(b, 0, 1), "cutting a link of one cluster affected the other"
         a.link(1, "up")
         assert _talk(a, 0, 1)
@@ -73,10 +85,10 @@ def test_crashed_owner_is_cleaned_up_and_live_clusters_are_not() -> None:
     assert p.returncode == -signal.SIGKILL, p.stderr
     dead = p.stdout.strip()
     with Cluster(1) as mine:
-        nss, links = _ours()
-        assert {f"{dead}h0", f"{dead}h1"} <= nss and f"{dead}b" in links
+        # A test run beside this one may clean the dead cluster up first (its fixture calls
+        # cleanup_stale too), so assert the state afterwards, not who removed it.
         gone = cleanup_stale()
-        assert f"{dead}h0" in gone and f"{dead}b" in gone and mine.tag not in "".join(gone)
+        assert mine.tag not in "".join(gone)
         nss, links = _ours()
         assert not {n for n in nss | links if n.startswith(dead)}
         assert mine.netns(0) in nss and mine.bridge in links
