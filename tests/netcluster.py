@@ -257,12 +257,22 @@ class Cluster:
         _run(["ip", "link", "set", self.veth(host), state])
 
     def down(self) -> None:
-        """Remove every namespace and device of this cluster; safe to call twice."""
+        """Remove every namespace and device of this cluster; safe to call twice. Tries
+        every step even when one fails (then raises the first failure at the end)."""
+        steps = []
         for i in range(self.hosts):
-            _run(["ip", "netns", "del", self.netns(i)], check=False)
-            _run(["ip", "link", "del", self.veth(i)], check=False)  # gone with the ns, usually
-        _run(["ip", "link", "del", self.bridge], check=False)
-        _LIVE.discard(self.tag)
+            steps.append(["ip", "netns", "del", self.netns(i)])
+            steps.append(["ip", "link", "del", self.veth(i)])  # gone with the ns, usually
+        steps.append(["ip", "link", "del", self.bridge])
+        errors = []
+        for args in steps:
+            try:
+                _run(args, check=False)  # "does not exist" is fine: already gone
+            except NetclusterError as e:
+                errors.append(e)
+        _LIVE.discard(self.tag)  # anything left is now stale: cleanup_stale() takes it
+        if errors:
+            raise errors[0]
 
     def __enter__(self) -> Cluster:
         return self

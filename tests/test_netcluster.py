@@ -38,8 +38,14 @@ def cluster_factory() -> Iterator[Callable[..., Cluster]]:
     try:
         yield make
     finally:
-        for c in made:
-            c.down()
+        errors = []
+        for c in made:  # every cluster, even if removing an earlier one failed
+            try:
+                c.down()
+            except Exception as e:  # noqa: BLE001 - reported below, after the others
+                errors.append(e)
+        if errors:
+            raise errors[0]
 
 
 ENV = {"RINGREDUCE_CONNECT_TIMEOUT": "30", "RINGREDUCE_HEARTBEAT_TIMEOUT": "3"}
