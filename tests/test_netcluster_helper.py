@@ -10,13 +10,19 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from netcluster import Cluster, cleanup_stale, unavailable
 
 TESTS = Path(__file__).resolve().parent
 _REASON = unavailable()
-needs_netns = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+_skip_netns = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+
+
+def needs_netns(f: Callable[[], None]) -> Callable[[], None]:
+    """Marked `netns` (deselect with -m "not netns") and skipped where namespaces cannot be."""
+    return pytest.mark.netns(_skip_netns(f))
 
 # Host `dst` listens (and says so), host `src` connects and sends a byte within `patience`
 # seconds; the server exits 0 once the byte arrived.
