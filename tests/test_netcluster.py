@@ -1,75 +1,51 @@
 """Emulated multi-host runs: each "host" is a network namespace with its own address
-(../shared/tools/netcluster.sh), so ranks in different namespaces count as different
+(tests/netcluster.py builds them), so ranks in different namespaces count as different
 hosts (their host identity includes the network namespace). Checks results, the transport
 plan (hierarchical with several ranks per host, TCP with one), and that cutting a host's
-link makes every rank raise within the heartbeat deadline. Needs root and `ip netns`."""
+link makes every rank raise within the heartbeat deadline. Needs root, `ip` and (for the
+slow link only) `tc`; skipped with the reason where namespaces cannot be made."""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from _spawn import free_port, run_world, run_world_raw
+from netcluster import Cluster, cleanup_stale, tc_unavailable, unavailable
 
-TOOL = Path(__file__).resolve().parents[2] / "shared" / "tools" / "netcluster.sh"
-
-
-def _skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root for network namespaces"
-    if not shutil.which("ip"):
-        return "iproute2 (ip) is not installed"
-    if not TOOL.exists():
-        return f"{TOOL} not found (the shared tools live beside the checkout)"
-    probe = subprocess.run(["ip", "netns", "add", "rrprobe"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        return f"cannot create network namespaces: {probe.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", "rrprobe"], capture_output=True)
-    return None
-
-
-_REASON = _skip_reason()
+_REASON = unavailable()
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(_REASON is not None, reason=_REASON or "")]
 
 
-class Cluster:
-    def __init__(self, hosts: int, rate: str = "none"):
-        self.hosts = hosts
-        subprocess.run(["bash", str(TOOL), "down", str(hosts)], capture_output=True)
-        subprocess.run(["bash", str(TOOL), "up", str(hosts), rate], check=True,
-                       capture_output=True, timeout=60)
-
-    def prefix(self, per_host: int) -> dict:
-        return {r: ["ip", "netns", "exec", f"rr{r // per_host}"]
-                for r in range(self.hosts * per_host)}
-
-    def link(self, host: int, state: str) -> None:
-        subprocess.run(["bash", str(TOOL), "link", str(host), state], check=True, timeout=20)
-
-    def down(self) -> None:
-        subprocess.run(["bash", str(TOOL), "down", str(self.hosts)], capture_output=True,
-                       timeout=60)
-
-
 @pytest.fixture
-def cluster_factory():
-    made: list = []
+def cluster_factory() -> Iterator[Callable[..., Cluster]]:
+    """Builds clusters and removes them after the test, whatever the test did. Clusters a
+    crashed earlier run left behind (its process is gone) are removed first."""
+    cleanup_stale()
+    made: list[Cluster] = []
 
     def make(hosts: int, rate: str = "none") -> Cluster:
         c = Cluster(hosts, rate)
         made.append(c)
         return c
 
-    yield make
-    for c in made:
-        c.down()
+    try:
+        yield make
+    finally:
+        errors = []
+        for c in made:  # every cluster, even if removing an earlier one failed
+            try:
+                c.down()
+            except Exception as e:  # noqa: BLE001 - reported below, after the others
+                errors.append(e)
+        if errors:
+            raise errors[0]
 
 
 ENV = {"RINGREDUCE_CONNECT_TIMEOUT": "30", "RINGREDUCE_HEARTBEAT_TIMEOUT": "3"}
@@ -83,7 +59,7 @@ def test_results_and_plan_across_hosts(cluster_factory, hosts: int, per_host: in
     c = cluster_factory(hosts)
     world = hosts * per_host
     res = run_world(world, "shm_workers:hier_sweep", [1, 7, 1001, 300_007], timeout=120,
-                    env=ENV, master_addr="10.77.0.1", rank_prefix=c.prefix(per_host))
+                    env=ENV, master_addr=c.addr(0), rank_prefix=c.prefix(per_host))
     assert [r["plan"] for r in res] == [plan] * world
 
 
@@ -103,13 +79,13 @@ def test_cut_link_raises_on_every_rank(cluster_factory, per_host: int) -> None:
             time.sleep(0.05)
         time.sleep(0.5)
         cut.touch()
-        c.link(1, "down")  # host 1 (ranks on rr1) loses its link
+        c.link(1, "down")  # host 1 (its ranks) loses its link
 
     th = threading.Thread(target=cutter, daemon=True)
     th.start()
     try:
         outs = run_world_raw(world, "shm_workers:link_cut", 4096, timeout=90, env=env,
-                             master_addr="10.77.0.1", rank_prefix=c.prefix(per_host))
+                             master_addr=c.addr(0), rank_prefix=c.prefix(per_host))
     finally:
         th.join(timeout=5)
         for p in ready + [cut]:
@@ -144,7 +120,7 @@ def _run_with_link_event(c: Cluster, world: int, per_host: int, n: int, seconds:
     th.start()
     try:
         outs = run_world_raw(world, "fault_workers:net_loop", n, seconds, ready, timeout=90,
-                             env=env, master_addr="10.77.0.1", rank_prefix=c.prefix(per_host))
+                             env=env, master_addr=c.addr(0), rank_prefix=c.prefix(per_host))
     finally:
         th.join(timeout=5)
         for p in paths + [Path(f"{ready}.event")]:
@@ -171,16 +147,15 @@ def test_partitioned_host_is_named_everywhere_within_5s(cluster_factory) -> None
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.skipif(tc_unavailable() is not None, reason=tc_unavailable() or "")
 def test_slow_link_is_slow_not_failed(cluster_factory) -> None:
     """One host's link throttled to 8 Mbit/s while 1 MiB all-reduces saturate it: the job
     must go on (heartbeats share the congested link) with every result right."""
     c = cluster_factory(2)
     env = {"RINGREDUCE_CONNECT_TIMEOUT": "30", "RINGREDUCE_HEARTBEAT_TIMEOUT": "2"}
 
-    def throttle() -> None:
-        subprocess.run(["ip", "netns", "exec", "rr1", "tc", "qdisc", "add", "dev", "eth0",
-                        "root", "tbf", "rate", "8mbit", "burst", "32kb", "latency", "50ms"],
-                       check=True, timeout=20)
+    def throttle() -> None:  # host 1's outgoing traffic only
+        c.shape(1, "8mbit", burst="32kb", latency="50ms", inbound=False)
 
     outs, _ = _run_with_link_event(c, 2, 1, 1 << 18, 8, env, throttle)
     for o in outs:
