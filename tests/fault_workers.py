@@ -190,3 +190,57 @@ def backend_fault_loop(rank: int, world: int, limit_s: float = 30.0) -> dict:
         return {"type": type(e).__name__, "msg": str(e), "t_err": time.time(), "iters": it,
                 "is_rr": isinstance(e, rr.RingReduceError)}
     return {"type": None, "msg": "", "iters": it}
+
+
+def destroyer(rank: int, world: int, delay_s: float, transport_bytes: int) -> dict:
+    """Rank 0 runs synchronous all-reduces on a second thread and calls rr.destroy() from its
+    main thread while that thread is blocked inside one (the last rank arrives late): the
+    blocked call must fail with a clear error, nothing may be freed under it (no crash; run
+    under AddressSanitizer by test_destroy_under_asan), destroy() must return promptly."""
+    import threading
+
+    n = transport_bytes // 4
+    x = np.ones(n, np.float32)
+    rr.allreduce(x)
+    if rank == world - 1:
+        time.sleep(delay_s + 2)  # late: the others block in their second all-reduce
+        try:
+            rr.allreduce(x)
+        except rr.RingReduceError as e:
+            return {"type": type(e).__name__, "msg": str(e)}
+        return {"type": None}
+    if rank != 0:
+        try:
+            rr.allreduce(x)
+        except rr.RingReduceError as e:
+            return {"type": type(e).__name__, "msg": str(e)}
+        return {"type": None}
+    box: dict = {}
+    started = threading.Event()
+
+    def collective() -> None:
+        started.set()
+        try:
+            rr.allreduce(x)
+            box["type"] = None
+        except Exception as e:  # noqa: BLE001 - the test checks what it was
+            box.update(type=type(e).__name__, msg=str(e), t=time.monotonic())
+
+    t = threading.Thread(target=collective)
+    t.start()
+    started.wait()
+    time.sleep(delay_s)
+    t0 = time.monotonic()
+    rr.destroy()
+    box["destroy_s"] = time.monotonic() - t0
+    t.join(10)
+    box["joined"] = not t.is_alive()
+    if "t" in box:
+        box["raised_after_s"] = box.pop("t") - t0
+    box["module"] = rr._C.__file__
+    try:
+        rr.allreduce(x)
+        box["after"] = None
+    except Exception as e:  # noqa: BLE001
+        box["after"] = f"{type(e).__name__}: {e}"
+    return box

@@ -175,6 +175,31 @@ def test_abort_from_a_watchdog_thread(transport: str) -> None:
     assert r0["destroy_s"] < 5 and r1["destroy_s"] < 5, story
 
 
+def check_destroy_during_collective(outs: list) -> None:
+    story = "\n".join(o.describe() for o in outs)
+    assert all(o.ok for o in outs), story
+    r0 = outs[0].value
+    assert r0["joined"] and r0["destroy_s"] < 5, story
+    assert r0["type"] == "RingReduceError", story
+    assert re.search(r"destroyed .*during allreduce #\d+", r0["msg"]), story
+    assert r0["raised_after_s"] < 2, story
+    assert r0["after"] and "init()" in r0["after"], story
+    for o in outs[1:]:
+        assert o.value["type"] is not None and "rank 0" in o.value["msg"], story
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_destroy_while_another_thread_is_in_a_collective(transport: str) -> None:
+    """destroy() on the main thread while a second thread is blocked in a synchronous
+    all-reduce: that call fails at once saying the communicator was destroyed, destroy()
+    returns promptly, later calls are refused, and the peers are told (naming rank 0)."""
+    env = {"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30",
+           "RINGREDUCE_HEARTBEAT_TIMEOUT": "30"}
+    outs = run_world_raw(3, "fault_workers:destroyer", 1.0, 4 << 20, timeout=40, env=env)
+    check_destroy_during_collective(outs)
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("action", ["kill", "stop"])
 def test_torch_backend_survivors_raise_with_the_users_line(tmp_path: Path, action: str) -> None:

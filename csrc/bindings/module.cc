@@ -160,35 +160,41 @@ class PyComm {
       pl.hb->start(rank, hbAddrs, secret, o.heartbeatIntervalSec);
       comm->setHeartbeat(std::move(pl.hb));
     }
-    exec_ = std::make_unique<runtime::Executor>(std::move(comm));
+    exec_ = std::make_shared<runtime::Executor>(std::move(comm));
   }
 
-  runtime::Executor& ex() {
+  // Callers hold the GIL: it guards exec_ itself (destroy() swaps it out under the GIL).
+  runtime::Executor& ex() { return *held(); }
+
+  // A reference that keeps the executor alive while the caller uses it without the GIL: a
+  // destroy() on another thread meanwhile aborts the call but frees nothing under it.
+  std::shared_ptr<runtime::Executor> held() {
     if (!exec_) throw Error("communicator was destroyed; call ringreduce.init() again");
-    return *exec_;
+    return exec_;
   }
 
   // Run `fn` as a collective: queued and returned as Work when async, else run to completion.
   py::object run(runtime::Task fn, const std::string& what, bool async) {
-    auto& e = ex();
+    std::shared_ptr<runtime::Executor> e = held();
     uint32_t site = bindings::currentCallSite();
     if (async) {
-      std::shared_ptr<runtime::Work> w = e.submit(std::move(fn), what, site);
+      std::shared_ptr<runtime::Work> w = e->submit(std::move(fn), what, site);
       return py::cast(w);
     }
     py::gil_scoped_release nogil;
-    e.runSync(std::move(fn), what, site);
+    e->runSync(std::move(fn), what, site);
     return py::none();
   }
 
   void destroy() {
-    if (!exec_) return;
+    std::shared_ptr<runtime::Executor> e = std::move(exec_);  // under the GIL: later calls see
+    if (!e) return;                                           // "destroyed" at once
     py::gil_scoped_release nogil;
-    exec_->shutdown();
-    exec_.reset();
+    e->shutdown();  // aborts and waits out a collective running on another thread
+    e.reset();      // freed here, or by the last thread still returning from a call
   }
 
-  std::unique_ptr<runtime::Executor> exec_;
+  std::shared_ptr<runtime::Executor> exec_;
 };
 
 }  // namespace
@@ -278,8 +284,9 @@ PYBIND11_MODULE(_C, m) {
                                       static_cast<ReduceOp>(op), static_cast<Algorithm>(algo));
              };
              uint32_t site = bindings::currentCallSite();
+             std::shared_ptr<runtime::Executor> e = c.held();
              py::gil_scoped_release nogil;
-             c.ex().runSync(fn, "allreduce", site);
+             e->runSync(fn, "allreduce", site);
              return true;
            })
       .def("broadcast",

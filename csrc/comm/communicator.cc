@@ -41,7 +41,9 @@ Communicator::~Communicator() {
 }
 
 void Communicator::checkUsable() const {
-  if (aborted_.load()) RR_THROW(Error, "communicator was aborted; destroy it and init again");
+  if (aborted_.load())
+    RR_THROW(Error, destroying_.load() ? "communicator was destroyed; call ringreduce.init() again"
+                                       : "communicator was aborted; destroy it and init again");
   if (!failure_.empty())
     RR_THROW(Error, "communicator is unusable after an earlier failure: ", failure_,
              " -- destroy it and init again");
@@ -291,7 +293,7 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
       if (errno == EINTR) continue;
       RR_THROW(Error, "poll failed: ", std::strerror(errno));
     }
-    if (aborted_.load()) RR_THROW(Error, "communicator aborted during ", describeCurrent());
+    if (aborted_.load()) throwAborted();
     if (n == 0) {
       if (deadline_.expired()) timeout(sendPeer, recvPeer);
       checkHeartbeats(waitingFor);
@@ -319,7 +321,7 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
 void Communicator::checkAlive(int peer) {
   noteWait();
   if (hb_ && peer >= 0) hb_->setWaiting(peer);
-  if (aborted_.load()) RR_THROW(Error, "communicator aborted during ", describeCurrent());
+  if (aborted_.load()) throwAborted();
   if (deadline_.expired()) {
     RR_THROW(TimeoutError, "rank ", rank_, ": ", describeCurrent(), " timed out after ",
              opts_.timeoutSec, " s waiting (shared memory) for rank ", peer, diagnosis(peer),
@@ -401,7 +403,15 @@ void Communicator::farewell() {
   }
 }
 
-void Communicator::abort() {
+void Communicator::throwAborted() const {
+  if (destroying_.load())
+    RR_THROW(Error, "communicator was destroyed (ringreduce.destroy() on another thread) during ",
+             describeCurrent(), "; the collective did not complete on this rank");
+  RR_THROW(Error, "communicator aborted during ", describeCurrent());
+}
+
+void Communicator::abort(bool destroying) {
+  if (destroying) destroying_.store(true);
   aborted_.store(true);
   uint64_t one = 1;
   ssize_t w = ::write(wakeFd_, &one, sizeof(one));

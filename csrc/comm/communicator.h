@@ -108,8 +108,9 @@ class Communicator {
   // Normal shutdown: tell every peer we leave on purpose, then close. Executor thread only.
   void farewell();
 
-  // Thread-safe: make the current and every later wait fail promptly.
-  void abort();
+  // Thread-safe: make the current and every later wait fail promptly. `destroying`: the
+  // reason is destroy() on another thread (the error says so instead of "aborted").
+  void abort(bool destroying = false);
 
   // "allreduce #12 (ring, 4.0 of 16.0 MiB done)" for error messages.
   std::string describeCurrent() const;
@@ -163,6 +164,8 @@ class Communicator {
   std::string failure_;
   int wakeFd_ = -1;               // eventfd written by abort()
   std::atomic<bool> aborted_{false};
+  std::atomic<bool> destroying_{false};  // set before aborted_ by abort(true)
+  [[noreturn]] void throwAborted() const;
   // Current collective, for messages.
   CollectiveKind curKind_ = CollectiveKind::kBarrier;
   FrameHeader curHeader_;  // header of the current collective (checkIdle compares it)

@@ -33,10 +33,15 @@ void Executor::runSync(Task fn, std::string what, uint32_t site) {
       // Take execMu_ while still holding mu_ so the worker cannot start a task queued
       // after this check before this one.
       std::unique_lock<std::mutex> ex(execMu_);
+      ++inline_;
       g.unlock();
       comm_->setSpinAllowed(true);
       comm_->setSite(site);
       std::exception_ptr e = run(fn);
+      {
+        std::lock_guard<std::mutex> relock(mu_);
+        --inline_;
+      }
       if (e) std::rethrow_exception(e);
       return;
     }
@@ -119,11 +124,15 @@ void Executor::shutdown() {
     std::lock_guard<std::mutex> g(mu_);
     if (stop_ && !worker_.joinable()) return;
     stop_ = true;
-    // Anything still queued would block on peers that are shutting down too: fail it fast.
-    if (!queue_.empty() || busy_) comm_->abort();
+    // Anything still queued or running (also a synchronous call on another thread) would
+    // block on peers that are shutting down too: fail it fast.
+    if (!queue_.empty() || busy_ || inline_ > 0) comm_->abort(/*destroying=*/true);
   }
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
+  // A synchronous call on another thread holds execMu_ until its (aborted) collective has
+  // unwound: only then may the connections be used for goodbyes, or freed.
+  std::lock_guard<std::mutex> ex(execMu_);
   comm_->farewell();
 }
 

@@ -33,7 +33,8 @@ class Executor {
 
   // Fail the running collective and everything queued, promptly. Thread-safe.
   void abort();
-  // abort() if anything is running, then join the worker. Idempotent.
+  // abort() if anything is running (on the worker or inline on a caller's thread), wait for
+  // it to end, join the worker and say goodbye to the peers. Idempotent; any thread.
   void shutdown();
 
   comm::Communicator& comm() { return *comm_; }
@@ -49,6 +50,7 @@ class Executor {
   std::deque<std::pair<Task, std::shared_ptr<Work>>> queue_;
   bool stop_ = false;
   bool busy_ = false;           // worker is executing a task
+  int inline_ = 0;              // runSync calls executing on their caller's thread
   std::mutex execMu_;           // held while any collective executes (worker or inline)
   std::thread worker_;
 };
