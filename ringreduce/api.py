@@ -227,7 +227,9 @@ def _shm_options(transport: str, peers: Any, rank: int, world: int) -> dict:
     if not one_host and (local < 2 or any(len(g) != local for g in groups)):
         log.debug("rank %d: hosts have %s ranks: TCP only", rank, [len(g) for g in groups])
         return {}
-    # Unguessable, per-job and per-init name: derived from the secret and the store prefix.
+    # Common start of this init's segment names; each creator appends its rank, pid and
+    # random bytes (segment.cc), which keeps names unique and unguessable even when two
+    # jobs share a secret, and tells its peers the result.
     tag = hashlib.sha256(f"{peers.secret}/{peers.prefix}".encode()).hexdigest()[:24]
     idx = mine.index(rank)
     opts = {
