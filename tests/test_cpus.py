@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from _spawn import ROOT
+from _spawn import ROOT, run_world_raw
 
 _spec = importlib.util.spec_from_file_location("_ringreduce_cpus_under_test",
                                                ROOT / "ringreduce" / "_cpus.py")
@@ -109,3 +110,27 @@ def test_affinity_mask_is_honoured() -> None:
                          capture_output=True, text=True, timeout=20, check=True)
     assert out.stdout.strip() == "1"
 
+
+@pytest.mark.timeout(90)
+def test_two_ranks_pinned_to_one_cpu_never_spin() -> None:
+    if shutil.which("taskset") is None:
+        pytest.skip("needs taskset (util-linux)")
+    cpu = str(min(os.sched_getaffinity(0)))
+    outs = run_world_raw(2, "shm_workers:spin_choice", timeout=60,
+                         env={"RINGREDUCE_TRANSPORT": "shm", "RINGREDUCE_DEBUG": "INFO"},
+                         rank_prefix={r: ["taskset", "-c", cpu] for r in (0, 1)})
+    assert all(o.ok for o in outs), "\n".join(o.describe() for o in outs)
+    for o in outs:
+        assert o.value["affinity"] == [int(cpu)], o.value
+        assert o.value["spin_us"] == 0.0 and o.value["shm_spin_us"] == 0.0, o.value
+        assert "2 local ranks, 1 usable CPUs: waits never spin" in o.stderr, o.describe()
+
+
+@pytest.mark.timeout(90)
+def test_two_ranks_with_two_cpus_spin() -> None:
+    if cpus.usable_cpus() < 2:
+        pytest.skip("needs 2 usable CPUs")
+    outs = run_world_raw(2, "shm_workers:spin_choice", timeout=60,
+                         env={"RINGREDUCE_TRANSPORT": "shm"})
+    assert all(o.ok for o in outs), "\n".join(o.describe() for o in outs)
+    assert [(o.value["spin_us"], o.value["shm_spin_us"]) for o in outs] == [(1000.0, 1000.0)] * 2
