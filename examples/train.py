@@ -135,8 +135,10 @@ def main() -> None:
     args = parse_args()
     comm = Comm(args.ddp, args.backend)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", comm.world))
-    if args.threads or local_world > 1:  # share the cores between the local ranks
-        torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // local_world))
+    if args.threads or local_world > 1:  # share the usable cores between the local ranks
+        from ringreduce._cpus import usable_cpus  # affinity mask and cgroup quota, not cpu_count
+
+        torch.set_num_threads(args.threads or max(1, usable_cpus() // local_world))
     is_main = comm.rank == 0
 
     torch.manual_seed(args.seed)  # rank 0's initial weights are broadcast anyway

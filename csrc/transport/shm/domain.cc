@@ -38,7 +38,7 @@ void futexWake(std::atomic<uint32_t>* addr) {
 ShmDomain::ShmDomain(int rank, std::vector<int> members, const std::string& prefix,
                      const ShmConfig& cfg)
     : rank_(rank), world_(static_cast<int>(members.size())), members_(std::move(members)),
-      cfg_(cfg), prefix_(prefix) {
+      cfg_(cfg) {
   RR_CHECK(rank_ >= 0 && rank_ < world_, "local rank ", rank_, " of ", world_);
   RR_CHECK(cfg_.slots >= 2 && cfg_.chunkBytes >= 4096 && cfg_.chunkBytes % 64 == 0,
            "bad shm config");
@@ -46,7 +46,7 @@ ShmDomain::ShmDomain(int rank, std::vector<int> members, const std::string& pref
   lineBytes_ = roundUp(sizeof(LineHeader) + cfg_.smallMax, 64);
   slotOff_ = roundUp(lineOff_ + 2 * lineBytes_, 4096);
   total_ = slotOff_ + static_cast<size_t>(cfg_.slots) * cfg_.chunkBytes;
-  own_ = Segment::create(prefix_ + "-" + std::to_string(globalRank(rank_)), total_);
+  own_ = Segment::create(prefix + "-" + std::to_string(globalRank(rank_)), total_);
   new (own_.data()) Control();
   for (int i = 0; i < 2; ++i)
     new (own_.data() + lineOff_ + static_cast<size_t>(i) * lineBytes_) LineHeader();
@@ -55,10 +55,11 @@ ShmDomain::ShmDomain(int rank, std::vector<int> members, const std::string& pref
   base_[static_cast<size_t>(rank_)] = own_.data();
 }
 
-void ShmDomain::attach() {
+void ShmDomain::attach(const std::vector<std::string>& names) {
+  RR_CHECK_EQ(names.size(), static_cast<size_t>(world_), "segment names, one per local rank");
   for (int r = 0; r < world_; ++r) {
     if (r == rank_) continue;
-    peers_[static_cast<size_t>(r)] = Segment::open(prefix_ + "-" + std::to_string(globalRank(r)), total_);
+    peers_[static_cast<size_t>(r)] = Segment::open(names[static_cast<size_t>(r)], total_);
     base_[static_cast<size_t>(r)] = peers_[static_cast<size_t>(r)].data();
   }
 }

@@ -68,11 +68,13 @@ struct ShmConfig {
 
 class ShmDomain {
  public:
-  // Creates this rank's segment "<prefix>-<global rank>". `members` are the global ranks
-  // sharing this host, ascending; this rank is members[rank].
+  // Creates this rank's segment "<prefix>-<global rank>-<pid>-<random>" (segment.h).
+  // `members` are the global ranks sharing this host, ascending; this rank is members[rank].
   ShmDomain(int rank, std::vector<int> members, const std::string& prefix, const ShmConfig& cfg);
-  // Map every peer's segment (they must all exist: call after a barrier).
-  void attach();
+  // The name peers must pass to attach(); only its creator knows it until told.
+  const std::string& ownName() const { return own_.name(); }
+  // Map every peer's segment; names[r] is local rank r's ownName() (ours is ignored).
+  void attach(const std::vector<std::string>& names);
   // Remove our name from /dev/shm (after every peer attached).
   void unlinkOwn() { own_.unlink(); }
 
@@ -114,7 +116,6 @@ class ShmDomain {
   int rank_, world_;
   std::vector<int> members_;
   ShmConfig cfg_;
-  std::string prefix_;
   size_t lineOff_ = 0, lineBytes_ = 0, slotOff_ = 0, total_ = 0;
   Segment own_;
   std::vector<Segment> peers_;

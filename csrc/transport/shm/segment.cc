@@ -6,12 +6,27 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
 #include "core/error.h"
+#include "core/sha256.h"
 
 namespace rr::transport::shm {
+namespace {
+
+std::string hex(const uint8_t* p, size_t n) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string out(2 * n, '0');
+  for (size_t i = 0; i < n; ++i) {
+    out[2 * i] = kDigits[p[i] >> 4];
+    out[2 * i + 1] = kDigits[p[i] & 15];
+  }
+  return out;
+}
+
+}  // namespace
 
 Segment::~Segment() {
   if (addr_) ::munmap(addr_, size_);
@@ -31,21 +46,27 @@ Segment& Segment::operator=(Segment&& o) noexcept {
   return *this;
 }
 
-Segment Segment::create(const std::string& name, size_t bytes) {
-  // O_EXCL: a leftover of a killed job with the same name is removed and recreated, never
-  // silently shared (names include a fresh per-job secret, so this is only a stale file).
-  int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0 && errno == EEXIST) {
-    ::shm_unlink(name.c_str());
+Segment Segment::create(const std::string& prefix, size_t bytes) {
+  // 128 random bits make a clash all but impossible; the retries are for a broken or
+  // malicious random source, and never remove the name that was in the way.
+  constexpr int kAttempts = 4;
+  std::string name;
+  int fd = -1;
+  for (int attempt = 1; fd < 0; ++attempt) {
+    uint8_t rnd[16];
+    crypto::randomBytes(rnd, sizeof(rnd));
+    name = prefix + "-" + std::to_string(::getpid()) + "-" + hex(rnd, sizeof(rnd));
     fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-  }
-  if (fd < 0)
+    if (fd >= 0) break;
+    if (errno == EEXIST && attempt < kAttempts) continue;
+    if (errno == EEXIST)
+      RR_THROW(Error, "cannot create shared memory segment ", name, ": ", kAttempts,
+               " fresh random names all exist already (left alone: they belong to another "
+               "process); check that getrandom works, or set RINGREDUCE_TRANSPORT=tcp");
     RR_THROW(Error, "cannot create shared memory segment ", name, ": ", std::strerror(errno),
              " (is /dev/shm mounted and writable? set RINGREDUCE_TRANSPORT=tcp to avoid it)");
-  Segment s;
-  s.name_ = name;
-  s.owner_ = true;
-  s.linked_ = true;
+  }
+  // Every failure below removes the name we just created (ours alone), exactly once.
   int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
   if (rc != 0) {
     ::close(fd);
@@ -62,6 +83,10 @@ Segment Segment::create(const std::string& name, size_t bytes) {
     ::shm_unlink(name.c_str());
     RR_THROW(Error, "mmap of ", name, " failed: ", std::strerror(err));
   }
+  Segment s;
+  s.name_ = name;
+  s.owner_ = true;
+  s.linked_ = true;
   s.addr_ = p;
   s.size_ = bytes;
   std::memset(p, 0, bytes);  // pre-fault every page now, not in the first collective

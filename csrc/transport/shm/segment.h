@@ -1,7 +1,9 @@
-// One POSIX shared-memory segment: created by its owner (mode 0600, name derived from the
-// job secret so other users/jobs cannot guess it), mapped by its peers, pre-faulted so no
-// page fault lands on the hot path, and unlinked as soon as every peer has mapped it, so
-// nothing is left in /dev/shm even if the owner is SIGKILLed afterwards.
+// One POSIX shared-memory segment: created by its owner (mode 0600, a name of the owner's
+// choosing that ends in its pid and 128 random bits, so neither another job -- even one with
+// the same secret -- nor another user can guess or collide with it), mapped by its peers
+// (the owner tells them the name), pre-faulted so no page fault lands on the hot path, and
+// unlinked as soon as every peer has mapped it, so nothing is left in /dev/shm even if the
+// owner is SIGKILLed afterwards. Only the owner ever unlinks a name, and only its own.
 #pragma once
 
 #include <cstddef>
@@ -18,9 +20,12 @@ class Segment {
   Segment(Segment&& o) noexcept { *this = std::move(o); }
   Segment& operator=(Segment&& o) noexcept;
 
-  // Create, size (posix_fallocate: a full /dev/shm is a clear error, not a later SIGBUS),
-  // map and pre-fault. Throws rr::Error naming the segment and what to do.
-  static Segment create(const std::string& name, size_t bytes);
+  // Create "<prefix>-<pid>-<32 random hex digits>" exclusively (O_EXCL: a name that exists
+  // belongs to someone else and is left alone; a fresh random name is tried instead), size it
+  // (posix_fallocate: a full /dev/shm is a clear error, not a later SIGBUS), map and
+  // pre-fault. name() tells the peers what to open. Throws rr::Error naming the segment and
+  // what to do.
+  static Segment create(const std::string& prefix, size_t bytes);
   // Map a peer's segment (it must exist with exactly `bytes`).
   static Segment open(const std::string& name, size_t bytes);
 
