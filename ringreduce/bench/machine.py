@@ -70,16 +70,14 @@ def _version(module: str) -> str | None:
 
 def describe() -> dict[str, Any]:
     """The machine and software of this process, for a benchmark's JSON ``machine`` field."""
+    from .._cpus import usable_cpus
+
     cpu = _lscpu()
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        usable = os.cpu_count()
     return {
         "cpu_model": cpu.get("Model name") or _cpuinfo_model(),
         "cpu_vendor": cpu.get("Vendor ID"),
         "cpus": os.cpu_count(),
-        "cpus_usable": usable,
+        "cpus_usable": usable_cpus(),  # affinity mask and cgroup CPU quota
         "hypervisor": cpu.get("Hypervisor vendor"),
         "memory_gib": _mem_gib(),
         "kernel": platform.release(),
