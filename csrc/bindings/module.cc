@@ -352,6 +352,9 @@ PYBIND11_MODULE(_C, m) {
         }
         return out;
       })
+      .def("bytes_sent",
+           // Payload bytes sent over TCP by this rank so far (comm/communicator.h).
+           [](PyComm& c) { return c.ex().comm().payloadBytesSent(); })
       .def_property_readonly("uses_shm", [](PyComm& c) { return c.ex().comm().shm() != nullptr; })
       .def_property_readonly("plan", [](PyComm& c) {
         auto& cm = c.ex().comm();

@@ -69,7 +69,7 @@ void runRing(comm::Communicator& c, const transport::FrameHeader& tmpl, const Ri
         rop.reset(h, p.dst + rOff * p.dstElem, rLen * p.dstElem);
       rActive = true;
     }
-    if (sActive && c.conn(right).progressSend(sop)) {
+    if (sActive && c.progressSend(right, sop)) {
       sActive = false;
       ++su;
       progressed = true;
