@@ -47,11 +47,14 @@ Options optionsFromDict(const py::dict& d) {
     else if (k == "checksum") o.checksum = v.cast<bool>();
     else if (k == "stall_warn") o.stallWarnSec = v.cast<double>();
     else if (k == "spin_us") o.spinUs = v.cast<double>();
+    else if (k == "half_wire") o.halfWireBits = v.cast<int>();
     else if (k.rfind("shm_", 0) == 0) continue;  // see shmFromDict
     else throw InvalidArgument("unknown option '" + k + "'");
   }
   if (o.timeoutSec <= 0) throw InvalidArgument("timeout must be > 0 seconds");
   if (o.segmentBytes < 64) throw InvalidArgument("segment_bytes must be >= 64");
+  if (o.halfWireBits != 16 && o.halfWireBits != 32)
+    throw InvalidArgument("half_wire must be 16 or 32, got " + std::to_string(o.halfWireBits));
   return o;
 }
 

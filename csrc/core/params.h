@@ -19,6 +19,11 @@ struct Options {
   // per-message latency and per-byte time. RINGREDUCE_TUNING_FILE overrides them.
   double alphaUs = 25.0;
   double betaNsPerByte = 0.45;
+  // RINGREDUCE_HALF_WIRE: bits per float16/bfloat16 partial result that TCP all-reduce and
+  // reduce-scatter send. 16 halves the bytes on the wire: each hop adds in float32 and
+  // rounds to 16 bits once (as NCCL and Gloo do), so the error grows with the hops. 32 sends
+  // float32 partials and rounds once at the end. Every rank must use the same value.
+  int halfWireBits = 16;
   // Forced ring/tree switch in bytes for all-reduce; negative = use the cost model.
   int64_t treeThresholdBytes = -1;
   // Broadcasts up to this many bytes use the binomial tree, larger ones the chain.
