@@ -10,7 +10,7 @@ library; the accuracy bound from the number of roundings on each element's path.
 from __future__ import annotations
 
 import pytest
-from _spawn import run_world
+from _spawn import run_world, run_world_raw
 
 WORLDS = [2, 3, 4]
 SEG = 4096  # RINGREDUCE_SEGMENT_BYTES: large cases run through several segments per chunk
@@ -109,3 +109,15 @@ def test_bytes_on_the_wire(world: int, half_wire: int) -> None:
         for algo, es in out["once"].items():
             errs += [f"once-rounded {algo} rank {r}: {e}" for e in es]
     assert not errs, "\n".join(errs[:40])
+
+
+@pytest.mark.timeout(60)
+def test_ranks_disagreeing_on_half_wire_get_a_mismatch() -> None:
+    """RINGREDUCE_HALF_WIRE must be the same everywhere: a rank sending float32 partials to
+    one expecting 16-bit ones is caught by the frame size check, on both ranks."""
+    outs = run_world_raw(2, "wire_workers:wire_cases", [["float16", "sum", "ring", 1000, 1]], [],
+                         timeout=40, env={"RINGREDUCE_TRANSPORT": "tcp", "RINGREDUCE_TIMEOUT": "20"},
+                         rank_env={1: {"RINGREDUCE_HALF_WIRE": "32"}})
+    for o in outs:
+        assert o.exc_type == "CollectiveMismatch", o.describe()
+        assert "frame size mismatch" in (o.exc_msg or ""), o.describe()
