@@ -367,6 +367,12 @@ def _p_choice(*choices: str, upper: bool = False) -> Callable[[str, str], str]:
     return parse
 
 
+def _p_half_wire(name: str, raw: str) -> int:
+    if raw.strip() not in ("16", "32"):
+        raise _bad(name, raw, "16 (16-bit partial sums on the wire) or 32 (float32 partials)")
+    return int(raw.strip())
+
+
 def _knob(env: str, default: Any, parse: Callable[[str, str], Any], kind: str, doc: str,
           empty_is_default: bool = True, **kw: Any) -> Any:
     """Declare one tunable: its variable, default, parser, type for --help, and meaning."""
@@ -409,6 +415,11 @@ class Tunables:
     segment_bytes: int = _knob(
         "RINGREDUCE_SEGMENT_BYTES", 512 * 1024, _p_positive_bytes, "bytes",
         "Pipelining unit for large messages (accepts K/M/G suffixes).")
+    half_wire: int = _knob(
+        "RINGREDUCE_HALF_WIRE", 16, _p_half_wire, "16 | 32",
+        "Bits per float16/bfloat16 partial sum sent over TCP. 16: half the bytes, each hop "
+        "adds in float32 and rounds to 16 bits; 32: float32 partials, rounded once at the "
+        "end. Must be the same on every rank.")
     tree_threshold_bytes: int | None = _knob(
         "RINGREDUCE_TREE_THRESHOLD_BYTES", None, _p_bytes, "bytes",
         "All-reduces up to this size use the tree, larger ones the ring; overrides the cost "

@@ -271,6 +271,31 @@ def test_tune_fit_recovers_model_constants():
     assert _C.choose_allreduce(2, c, fit) == 1 and _C.choose_allreduce(2, c - 1, fit) == 2
 
 
+def test_cost_model_defaults_are_the_committed_measurement():
+    """The cost model's defaults -- alpha, beta (csrc/core/params.h, tune.DEFAULTS) and
+    gamma (cost_model.cc) -- are the values bench/measure_alpha_beta.py wrote to
+    bench/alpha_beta.json: re-measure, then update all of them."""
+    _C = pytest.importorskip("ringreduce._C")
+    from ringreduce.bench import tune
+
+    with open(ROOT / "bench" / "alpha_beta.json") as f:
+        data = json.load(f)
+    fitted = {k: data[k] for k in ("alpha_us", "beta_ns_per_byte")}
+    assert data["machine"]["cpu_model"] and data["command"].startswith(
+        "python bench/measure_alpha_beta.py")
+    assert tune.DEFAULTS == fitted
+    # A 2-rank tree with alpha = beta = 0 costs bytes * gamma (cost_model.cc).
+    zero = {"alpha_us": 0.0, "beta_ns_per_byte": 0.0}
+    gamma = _C.predict_allreduce(tune.ALGO_CODE["tree"], 2, 1 << 20, zero) * 1e9 / (1 << 20)
+    assert gamma == pytest.approx(data["gamma_ns_per_byte"], rel=1e-9)
+    for algo in tune.ALGO_CODE.values():
+        for world in (2, 3, 8):
+            for size in (8, 4096, 1 << 20, 64 << 20):  # alpha-bound ... beta-bound
+                assert _C.predict_allreduce(algo, world, size, {}) == pytest.approx(
+                    _C.predict_allreduce(algo, world, size, fitted), rel=1e-12, abs=0), (
+                    f"C++ defaults differ from bench/alpha_beta.json ({fitted})")
+
+
 # ---------------------------------------------------------------- real runs
 
 def _run(cmd, timeout, env_extra=None):

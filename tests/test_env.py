@@ -190,7 +190,9 @@ def test_tunables_parsed() -> None:
         "RINGREDUCE_SEGMENT_BYTES": "1M", "RINGREDUCE_TREE_THRESHOLD_BYTES": "0",
         "RINGREDUCE_TUNING_FILE": "/tmp/t.json", "RINGREDUCE_TRACE": "/tmp/trace-{rank}",
         "RINGREDUCE_CHECKSUM": "yes", "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "RINGREDUCE_HALF_WIRE": " 32",
     })
+    assert t.half_wire == 32 and env_mod.tunables({}).half_wire == 16
     assert (t.timeout, t.connect_timeout, t.socket_ifname) == (2.5, 30.0, "eth0")
     assert (t.secret, t.debug, t.transport, t.algo) == ("hunter2", "INFO", "shm", "tree")
     assert (t.segment_bytes, t.tree_threshold_bytes) == (1 << 20, 0)
@@ -227,6 +229,7 @@ def test_empty_values_mean_default() -> None:
     ("RINGREDUCE_SEGMENT_BYTES", "0", "positive number of bytes"),
     ("RINGREDUCE_SEGMENT_BYTES", "1.5M", "whole number of bytes"),
     ("RINGREDUCE_TREE_THRESHOLD_BYTES", "-5", "whole number of bytes"),
+    ("RINGREDUCE_HALF_WIRE", "8", "16 (16-bit partial sums on the wire) or 32"),
     ("RINGREDUCE_CHECKSUM", "maybe", "true"),
     ("TORCHELASTIC_USE_AGENT_STORE", "2", "false"),
     ("RINGREDUCE_CALL_SITES", "sometimes", "true"),
@@ -262,7 +265,7 @@ def test_describe_tunables_lists_every_knob() -> None:
                  "RINGREDUCE_SECRET", "RINGREDUCE_DEBUG", "RINGREDUCE_TRANSPORT",
                  "RINGREDUCE_ALGO", "RINGREDUCE_SEGMENT_BYTES",
                  "RINGREDUCE_TREE_THRESHOLD_BYTES", "RINGREDUCE_TUNING_FILE", "RINGREDUCE_TRACE",
-                 "RINGREDUCE_CHECKSUM", "TORCHELASTIC_USE_AGENT_STORE"):
+                 "RINGREDUCE_CHECKSUM", "RINGREDUCE_HALF_WIRE", "TORCHELASTIC_USE_AGENT_STORE"):
         assert name in text
     assert "default 600.0" in text
 

@@ -5,7 +5,9 @@ csrc/collectives/cost_model.cc and for the properties "auto" relies on."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -15,8 +17,11 @@ PARTS = range(1, 18)
 PRIMES = [2, 3, 5, 7, 11, 13, 17, 1009, 65537, 1_000_003]
 BIG = [2**31 - 1, 2**31, 2**32 + 1, 2**40 + 3, 2**62 + 5, 2**64 - 1]
 RING, TREE = 1, 2
-# Defaults of rr::Options (csrc/core/params.h) and the fixed gamma of cost_model.cc.
-ALPHA_S, BETA_S_PER_B, GAMMA_S_PER_B = 25e-6, 0.45e-9, 0.1e-9
+# Defaults of rr::Options (csrc/core/params.h) and the fixed gamma of cost_model.cc: what
+# bench/measure_alpha_beta.py measured into bench/alpha_beta.json.
+_AB = json.loads((Path(__file__).resolve().parent.parent / "bench" / "alpha_beta.json").read_text())
+ALPHA_S, BETA_S_PER_B, GAMMA_S_PER_B = (_AB["alpha_us"] * 1e-6, _AB["beta_ns_per_byte"] * 1e-9,
+                                        _AB["gamma_ns_per_byte"] * 1e-9)
 
 
 def _counts(parts: int) -> list[int]:

@@ -63,6 +63,33 @@ def test_results_and_plan_across_hosts(cluster_factory, hosts: int, per_host: in
     assert [r["plan"] for r in res] == [plan] * world
 
 
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("half_wire", [16, 32])
+def test_hier_16bit_sends_16bit_slices_across_hosts(cluster_factory, half_wire: int) -> None:
+    """float16/bfloat16 over the hierarchical plan (2 hosts x 2 ranks): local rank l's
+    cross-host ring carries slice l as 16-bit partials (float32 ones with
+    RINGREDUCE_HALF_WIRE=32); results within 2 roundings (local, then the 2-host ring) and
+    bit-identical on every rank."""
+    from test_wire import U, chunk_len, expected_ring
+
+    hosts, per_host, n = 2, 2, 20011
+    c = cluster_factory(hosts)
+    cases = [[d, op, "auto", n, k] for k, (d, op) in
+             enumerate((d, op) for d in ("float16", "bfloat16") for op in ("sum", "avg"))]
+    env = {**ENV, "RINGREDUCE_HALF_WIRE": str(half_wire), "RINGREDUCE_SEGMENT_BYTES": "4096",
+           "RINGREDUCE_TREE_THRESHOLD_BYTES": "0"}  # always the ring, i.e. hier
+    res = run_world(hosts * per_host, "wire_workers:wire_cases", cases, [], timeout=120,
+                    env=env, master_addr="10.77.0.1", rank_prefix=c.prefix(per_host))
+    for k, (dtype, op, *_) in enumerate(cases):
+        for r, out in enumerate(res):
+            host, local = divmod(r, per_host)
+            want = expected_ring(hosts, host, chunk_len(n, per_host, local), dtype, half_wire)
+            got = out["cases"][k]
+            assert got["sent"] == want, f"{dtype}/{op} rank {r}: sent {got['sent']}, want {want}"
+            assert got["err_ratio"] <= 2 * (1 + 2 * U[dtype]) + 1e-3, (dtype, op, r, got)
+        assert len({out["cases"][k]["digest"] for out in res}) == 1, f"{dtype}/{op}: ranks differ"
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("per_host", [1, 2])
 def test_cut_link_raises_on_every_rank(cluster_factory, per_host: int) -> None:

@@ -48,11 +48,14 @@ Options optionsFromDict(const py::dict& d) {
     else if (k == "checksum") o.checksum = v.cast<bool>();
     else if (k == "stall_warn") o.stallWarnSec = v.cast<double>();
     else if (k == "spin_us") o.spinUs = v.cast<double>();
+    else if (k == "half_wire") o.halfWireBits = v.cast<int>();
     else if (k.rfind("shm_", 0) == 0) continue;  // see shmFromDict
     else throw InvalidArgument("unknown option '" + k + "'");
   }
   if (o.timeoutSec <= 0) throw InvalidArgument("timeout must be > 0 seconds");
   if (o.segmentBytes < 64) throw InvalidArgument("segment_bytes must be >= 64");
+  if (o.halfWireBits != 16 && o.halfWireBits != 32)
+    throw InvalidArgument("half_wire must be 16 or 32, got " + std::to_string(o.halfWireBits));
   return o;
 }
 
@@ -387,6 +390,9 @@ PYBIND11_MODULE(_C, m) {
         }
         return out;
       })
+      .def("bytes_sent",
+           // Payload bytes sent over TCP by this rank so far (comm/communicator.h).
+           [](PyComm& c) { return c.ex().comm().payloadBytesSent(); })
       .def_property_readonly("uses_shm", [](PyComm& c) { return c.ex().comm().shm() != nullptr; })
       .def_property_readonly("plan", [](PyComm& c) {
         auto& cm = c.ex().comm();

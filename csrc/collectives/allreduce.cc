@@ -1,6 +1,8 @@
-// All-reduce entry: picks the algorithm (cost_model.cc), widens 16-bit floats into a
-// float32 accumulator so partial sums are rounded only once, and hands off to the ring or
-// the tree. Both leave the finished result in the caller's buffer.
+// All-reduce entry: picks the algorithm (cost_model.cc), sets up how 16-bit floats are
+// accumulated, and hands off to the ring or the tree. Both leave the finished result in the
+// caller's buffer. 16-bit floats always add in float32; over TCP their partial sums travel
+// as 16 bits, rounded once per hop (RINGREDUCE_HALF_WIRE=16, the default), or as float32 in
+// a widened accumulator, rounded once at the end (=32). Shared memory rounds once.
 #include <cstring>
 
 #include "collectives/allreduce_impl.h"
@@ -42,7 +44,10 @@ void allreduce(Communicator& c, void* buf, size_t count, DataType dtype, ReduceO
   args.reduceFn = reduce::getReduceFn(accumulateType(dtype), op);
   const bool shmLarge =
       (a == Algorithm::kShm || a == Algorithm::kHier) && bytes > c.shm()->config().smallMax;
-  if (isHalf(dtype) && !shmLarge) {
+  if ((a == Algorithm::kRing || a == Algorithm::kTree) && halfOnWire(c, dtype)) {
+    args.halfWire = true;  // acc stays the user's buffer: 16-bit partials on the wire
+    args.accElem = elementSize(dtype);
+  } else if (isHalf(dtype) && !shmLarge) {
     // Partial results travel and accumulate in float32; rounded once at the end.
     float* acc = reinterpret_cast<float*>(c.scratch().get(comm::ScratchArena::kAcc, count * 4));
     if (a != Algorithm::kShm && a != Algorithm::kHier) reduce::widen(dtype, buf, acc, count);

@@ -8,7 +8,8 @@
 //
 // Each slice is reduced by exactly one cross-host ring and then copied, so every rank gets
 // identical bits. avg divides once, by the total number of ranks, at the end of step 2.
-// 16-bit floats are rounded after each level (local, global), not once as in the flat case.
+// 16-bit floats are rounded after the local level, then as the cross-host ring rounds them:
+// once per hop with a 16-bit wire (RINGREDUCE_HALF_WIRE=16), else once.
 #include <algorithm>
 #include <vector>
 
@@ -28,7 +29,7 @@ void allreduceHier(comm::Communicator& c, const transport::FrameHeader& h, const
   AllreduceArgs local = a;
   if (a.op == ReduceOp::kAvg) local.op = ReduceOp::kSum;
   shm::allreduce(c, h, local);
-  // 2. my slice across hosts (16-bit floats accumulate in float32 again)
+  // 2. my slice across hosts (16-bit floats add in float32 again; see allreduce_ring.cc)
   const size_t off = chunking::chunkOffset(a.count, L, me), len = chunking::chunkLen(a.count, L, me);
   RR_CHECK(slicePeers.size() > 1, "hierarchical all-reduce needs several hosts");
   if (len > 0) {
@@ -36,7 +37,10 @@ void allreduceHier(comm::Communicator& c, const transport::FrameHeader& h, const
     g.count = len;
     g.dst = a.dst + off * es;
     g.acc = g.dst;
-    if (isHalf(a.dtype)) {
+    g.halfWire = halfOnWire(c, a.dtype);
+    if (g.halfWire) {
+      g.accElem = es;
+    } else if (isHalf(a.dtype)) {
       float* acc = reinterpret_cast<float*>(c.scratch().get(comm::ScratchArena::kAcc, len * 4));
       reduce::widen(a.dtype, g.dst, acc, len);
       g.acc = reinterpret_cast<char*>(acc);

@@ -16,10 +16,18 @@ struct AllreduceArgs {
   char* dst = nullptr;  // user buffer (in/out)
   char* acc = nullptr;  // accumulator: == dst unless dtype is 16-bit (then float32 scratch)
   size_t accElem = 0;
-  reduce::ReduceFn reduceFn = nullptr;
+  reduce::ReduceFn reduceFn = nullptr;  // of accumulateType(dtype)
+  // 16-bit partial sums on the wire (RINGREDUCE_HALF_WIRE=16; ring and tree only): acc ==
+  // dst holds 16-bit values (accElem 2); every hop widens, reduces in float32 and rounds.
+  bool halfWire = false;
   // True when acc must be post-processed into dst (avg division or rounding to 16 bits).
-  bool needsFinalize() const { return op == ReduceOp::kAvg || acc != dst; }
+  bool needsFinalize() const { return op == ReduceOp::kAvg || acc != dst || halfWire; }
 };
+
+// Whether 16-bit floats of this all-reduce / reduce-scatter travel as 16 bits over TCP.
+inline bool halfOnWire(const comm::Communicator& c, DataType t) {
+  return isHalf(t) && c.options().halfWireBits == 16;
+}
 
 // members: ring over these global ranks only (hierarchical all-reduce), else all ranks.
 // avg always divides by the communicator's world size.

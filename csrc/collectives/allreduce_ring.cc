@@ -6,6 +6,12 @@
 // segment as it completes, straight into the user's buffer. Steps n-1..2n-3 circulate the
 // finished chunks in the user's dtype. Every chunk is reduced by exactly one chain of ranks
 // and then copied, so all ranks end with bit-identical results.
+//
+// 16-bit floats: with a 16-bit wire (the default) the reduce steps send 16-bit partials too
+// -- each rank adds its values in float32 and rounds once before passing the chunk on, so a
+// chunk's sum is rounded n-1 times (n-2 hops + the final one) and each rank sends
+// 2(n-1)/n * count * 2 bytes. With RINGREDUCE_HALF_WIRE=32 the partials travel as float32
+// (`acc` is a widened copy) and are rounded once, for 1.5x the bytes.
 #include <algorithm>
 
 #include "collectives/allreduce_impl.h"
@@ -28,11 +34,20 @@ void allreduceRing(comm::Communicator& c, const transport::FrameHeader& h, const
   p.dst = a.dst;
   p.dstElem = elementSize(a.dtype);
   p.segElems = std::max<size_t>(1, c.options().segmentBytes / a.accElem);
-  p.recvScratch = c.scratch().get(comm::ScratchArena::kRecv, p.segElems * a.accElem);
+  // One scratch slot: the received segment, then (16-bit wire) two float32 segments.
+  const size_t recvBytes = (p.segElems * a.accElem + 63) / 64 * 64;
+  char* scratch = c.scratch().get(comm::ScratchArena::kRecv,
+                                  recvBytes + (a.halfWire ? 2 * p.segElems * sizeof(float) : 0));
+  p.recvScratch = scratch;
   p.reduceFn = a.reduceFn;
+  if (a.halfWire) {
+    p.halfWire = true;
+    p.half = a.dtype;
+    p.wide = reinterpret_cast<float*>(scratch + recvBytes);
+  }
   if (a.needsFinalize()) {
-    p.onFinal = [&a, &p, world](size_t off, size_t len) {
-      reduce::finalize(a.dtype, a.op, world, p.acc + off * p.accElem, p.dst + off * p.dstElem, len);
+    p.onFinal = [&a, &p, world](const char* vals, size_t off, size_t len) {
+      reduce::finalize(a.dtype, a.op, world, vals, p.dst + off * p.dstElem, len);
     };
   }
   runRing(c, h, p);

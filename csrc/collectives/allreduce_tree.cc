@@ -10,6 +10,13 @@
 //
 // For n = 2 this is a single exchange. Partners combine as (lower rank's data) OP (higher
 // rank's data), so both compute identical bits even for min/max of +0/-0 or NaN payloads.
+//
+// 16-bit floats: with a 16-bit wire (the default) every message carries 16-bit values.
+// Partners widen both sides, combine in float32 and round to 16 bits -- identical bits on
+// both -- except in the last distance round, whose float32 result is finalized (avg, one
+// rounding) directly; the unfold then sends the finished 16-bit result. That is
+// ceil(log2 n) roundings per element. RINGREDUCE_HALF_WIRE=32 sends the float32
+// accumulator instead and rounds once, for twice the bytes.
 #include <cstring>
 #include <utility>
 
@@ -21,9 +28,24 @@ namespace rr::collectives {
 void allreduceTree(comm::Communicator& c, const transport::FrameHeader& h, const AllreduceArgs& a) {
   const int n = c.world(), r = c.rank();
   const int p = chunking::floorPow2(n);
-  const size_t bytes = a.count * a.accElem;
+  const size_t bytes = a.count * a.accElem;  // every message: the whole buffer
+  const size_t wideOff = (bytes + 63) / 64 * 64;
   char* cur = a.acc;
-  char* other = c.scratch().get(comm::ScratchArena::kRecv, bytes);
+  char* other = c.scratch().get(comm::ScratchArena::kRecv,
+                                wideOff + (a.halfWire ? 2 * a.count * sizeof(float) : 0));
+  float* wide = a.halfWire ? reinterpret_cast<float*>(other + wideOff) : nullptr;
+  // lo = lo OP hi. On a 16-bit wire in float32, rounded back into lo -- but the last round's
+  // result stays in `wide` (float32) for the one final rounding.
+  auto combine = [&](char* lo, const char* hi, bool last) {
+    if (!a.halfWire) {
+      a.reduceFn(lo, hi, a.count);
+      return;
+    }
+    reduce::widen(a.dtype, lo, wide, a.count);
+    reduce::widen(a.dtype, hi, wide + a.count, a.count);
+    a.reduceFn(wide, wide + a.count, a.count);
+    if (!last) reduce::finalize(a.dtype, ReduceOp::kSum, 1, wide, lo, a.count);
+  };
   transport::SendOp s;
   transport::RecvOp rv;
   transport::FrameHeader fh = h;
@@ -36,32 +58,37 @@ void allreduceTree(comm::Communicator& c, const transport::FrameHeader& h, const
     fh.step = 1000;
     rv.reset(fh, cur, bytes);
     c.sendRecv(-1, nullptr, r - p, &rv);
-  } else {
-    if (r + p < n) {
-      fh.step = step;
-      rv.reset(fh, other, bytes);
-      c.sendRecv(-1, nullptr, r + p, &rv);
-      a.reduceFn(cur, other, a.count);  // lower (us) OP higher
-    }
-    for (int mask = 1; mask < p; mask <<= 1) {
-      int partner = r ^ mask;
-      fh.step = ++step;
-      s.reset(fh, cur, bytes);
-      rv.reset(fh, other, bytes);
-      c.sendRecv(partner, &s, partner, &rv);
-      if (r < partner) {
-        a.reduceFn(cur, other, a.count);
-      } else {
-        a.reduceFn(other, cur, a.count);  // other = partner's (lower) OP ours
-        std::swap(cur, other);
-      }
-    }
-    if (r + p < n) {
-      fh.step = 1000;
-      s.reset(fh, cur, bytes);
-      c.sendRecv(r + p, &s, -1, nullptr);
+    // A 16-bit wire delivers the finished result; float32 partials still need finishing.
+    if (!a.halfWire && a.needsFinalize()) reduce::finalize(a.dtype, a.op, n, a.acc, a.dst, a.count);
+    return;
+  }
+  if (r + p < n) {
+    fh.step = step;
+    rv.reset(fh, other, bytes);
+    c.sendRecv(-1, nullptr, r + p, &rv);
+    combine(cur, other, false);  // lower (us) OP higher
+  }
+  for (int mask = 1; mask < p; mask <<= 1) {
+    const int partner = r ^ mask;
+    const bool last = mask * 2 >= p;
+    fh.step = ++step;
+    s.reset(fh, cur, bytes);
+    rv.reset(fh, other, bytes);
+    c.sendRecv(partner, &s, partner, &rv);
+    if (r < partner) {
+      combine(cur, other, last);
+    } else {
+      combine(other, cur, last);  // other = partner's (lower) OP ours
+      std::swap(cur, other);
     }
   }
+  if (a.halfWire) reduce::finalize(a.dtype, a.op, n, wide, a.dst, a.count);
+  if (r + p < n) {  // unfold: the finished 16-bit result, or the float32 accumulator
+    fh.step = 1000;
+    s.reset(fh, a.halfWire ? a.dst : cur, bytes);
+    c.sendRecv(r + p, &s, -1, nullptr);
+  }
+  if (a.halfWire) return;
   if (cur != a.acc) std::memcpy(a.acc, cur, bytes);
   if (a.needsFinalize()) reduce::finalize(a.dtype, a.op, n, a.acc, a.dst, a.count);
 }

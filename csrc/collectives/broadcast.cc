@@ -63,7 +63,7 @@ void chain(Communicator& c, const transport::FrameHeader& h, char* buf, size_t b
       rActive = true;
     }
     bool progressed = false;
-    if (sActive && c.conn(next).progressSend(s)) {
+    if (sActive && c.progressSend(next, s)) {
       sActive = false;
       ++su;
       progressed = true;

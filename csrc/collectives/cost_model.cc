@@ -4,9 +4,12 @@
 //       rounds = log2(p) + 2 when n is not a power of two (fold and unfold)
 //   ring: 2(n-1) * alpha + 2(n-1)/n * bytes * beta + (n-1)/n * bytes * gamma
 //
-// alpha (per message) and beta (per byte on the wire) come from Options, measured on this
-// kind of machine (bench/measure_alpha_beta.py, or `ringreduce-bench --tune`); gamma, the
-// per-byte reduction cost, is small next to beta over TCP and fixed here.
+// alpha (per message) and beta (per byte on the wire) come from Options: the defaults are
+// what `python bench/measure_alpha_beta.py` fitted on 2 ranks over loopback TCP
+// (bench/alpha_beta.json, with the machine); RINGREDUCE_TUNING_FILE with the output of
+// `ringreduce-bench --tune --tune-out FILE` fits them to another machine. gamma, the per-byte
+// reduction cost, is small next to beta over TCP and fixed here: the same script measures it
+// (a memory-bound float32 add) into the same file. tests/test_bench.py checks all three.
 #include <cmath>
 
 #include "collectives/collectives.h"
@@ -15,7 +18,7 @@
 
 namespace rr::collectives {
 namespace {
-constexpr double kGammaNsPerByte = 0.1;
+constexpr double kGammaNsPerByte = 0.041;  // bench/alpha_beta.json
 }
 
 double predictAllreduce(const Options& o, Algorithm a, int world, size_t bytes) {

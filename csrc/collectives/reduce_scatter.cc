@@ -1,9 +1,12 @@
 // Ring reduce-scatter: the reduce half of the ring (ring.h) with shift 1, so that after n-1
 // steps rank r holds the complete reduction of block r. The caller's input is not modified:
-// it is copied (or widened, for 16-bit floats) into a scratch accumulator first.
+// it is copied into a scratch accumulator first. 16-bit floats travel as 16 bits (each hop
+// adds in float32 and rounds once, see ring.h) unless RINGREDUCE_HALF_WIRE=32, which widens
+// the accumulator to float32 and rounds once at the end.
 #include <algorithm>
 #include <cstring>
 
+#include "collectives/allreduce_impl.h"
 #include "collectives/collectives.h"
 #include "collectives/ring.h"
 
@@ -14,7 +17,8 @@ void reduceScatter(Communicator& c, const void* in, void* out, size_t count, Dat
   const int n = c.world();
   const size_t es = elementSize(dtype);
   const DataType at = accumulateType(dtype);
-  const size_t ae = elementSize(at);
+  const bool halfWire = halfOnWire(c, dtype);
+  const size_t ae = halfWire ? es : elementSize(at);  // acc and wire element
   const size_t total = count * static_cast<size_t>(n);
   if (count == 0 || n == 1) {
     if (count > 0 && in != out) std::memmove(out, in, count * es);  // one contribution
@@ -24,7 +28,7 @@ void reduceScatter(Communicator& c, const void* in, void* out, size_t count, Dat
   transport::FrameHeader h = c.begin(CollectiveKind::kReduceScatter, dtype, op, 0,
                                      Algorithm::kRing, count, total * es);
   char* acc = c.scratch().get(comm::ScratchArena::kAcc, total * ae);
-  if (isHalf(dtype))
+  if (isHalf(dtype) && !halfWire)
     reduce::widen(dtype, in, reinterpret_cast<float*>(acc), total);
   else
     std::memcpy(acc, in, total * es);
@@ -36,12 +40,18 @@ void reduceScatter(Communicator& c, const void* in, void* out, size_t count, Dat
   p.acc = acc;
   p.accElem = ae;
   p.segElems = std::max<size_t>(1, c.options().segmentBytes / ae);
-  p.recvScratch = c.scratch().get(comm::ScratchArena::kRecv, p.segElems * ae);
+  const size_t recvBytes = (p.segElems * ae + 63) / 64 * 64;
+  char* scratch = c.scratch().get(comm::ScratchArena::kRecv,
+                                  recvBytes + (halfWire ? 2 * p.segElems * sizeof(float) : 0));
+  p.recvScratch = scratch;
   p.reduceFn = reduce::getReduceFn(at, op);
+  p.halfWire = halfWire;
+  p.half = dtype;
+  if (halfWire) p.wide = reinterpret_cast<float*>(scratch + recvBytes);
   char* o = static_cast<char*>(out);
   const size_t base = static_cast<size_t>(c.rank()) * count;
-  p.onFinal = [&](size_t off, size_t len) {
-    reduce::finalize(dtype, op, n, acc + off * ae, o + (off - base) * es, len);
+  p.onFinal = [&](const char* vals, size_t off, size_t len) {
+    reduce::finalize(dtype, op, n, vals, o + (off - base) * es, len);
   };
   runRing(c, h, p);
 }

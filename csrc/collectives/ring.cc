@@ -5,6 +5,28 @@
 #include "core/chunking.h"
 
 namespace rr::collectives {
+namespace {
+
+// Fold the segment in p.recvScratch into acc[off, off + len) (acc = acc OP incoming) and
+// return the reduced values in the accumulate type. With a 16-bit wire they are computed in
+// p.wide and rounded back into acc -- unless this is the last reduce step and onFinal will
+// round them (one rounding per hop, none twice).
+const char* reduceSegment(const RingPlan& p, size_t off, size_t len, bool last) {
+  char* a = p.acc + off * p.accElem;
+  if (!p.halfWire) {
+    p.reduceFn(a, p.recvScratch, len);
+    return a;
+  }
+  float* mine = p.wide;
+  float* in = p.wide + p.segElems;
+  reduce::widen(p.half, a, mine, len);
+  reduce::widen(p.half, p.recvScratch, in, len);
+  p.reduceFn(mine, in, len);
+  if (!last || !p.onFinal) reduce::finalize(p.half, ReduceOp::kSum, 1, mine, a, len);
+  return reinterpret_cast<const char*>(mine);
+}
+
+}  // namespace
 
 void runRing(comm::Communicator& c, const transport::FrameHeader& tmpl, const RingPlan& p) {
   using chunking::chunkLen;
@@ -69,7 +91,7 @@ void runRing(comm::Communicator& c, const transport::FrameHeader& tmpl, const Ri
         rop.reset(h, p.dst + rOff * p.dstElem, rLen * p.dstElem);
       rActive = true;
     }
-    if (sActive && c.conn(right).progressSend(sop)) {
+    if (sActive && c.progressSend(right, sop)) {
       sActive = false;
       ++su;
       progressed = true;
@@ -78,8 +100,9 @@ void runRing(comm::Communicator& c, const transport::FrameHeader& tmpl, const Ri
       rActive = false;
       c.addBytesDone(rop.len);
       if (rStep < p.rsSteps) {
-        p.reduceFn(p.acc + rOff * p.accElem, p.recvScratch, rLen);
-        if (rStep == p.rsSteps - 1 && p.onFinal) p.onFinal(rOff, rLen);
+        const bool last = rStep == p.rsSteps - 1;
+        const char* vals = reduceSegment(p, rOff, rLen, last);
+        if (last && p.onFinal) p.onFinal(vals, rOff, rLen);
       }
       ++ru;
       progressed = true;

@@ -14,6 +14,11 @@
 // has arrived (and been reduced), so data keeps flowing while earlier segments are reduced.
 // After the last reduce step the rank owns the fully reduced chunk (rank - rsSteps - shift
 // + 1 ... see allreduce_ring.cc); `onFinal` is called on each of its segments.
+//
+// 16-bit wire (halfWire, RINGREDUCE_HALF_WIRE=16): `acc` holds float16/bfloat16 values, so
+// partial sums travel as 16 bits. Each incoming segment and this rank's own values are
+// widened into `wide`, reduced in float32 and rounded back into `acc` once per hop; at the
+// last reduce step the float32 values go to onFinal unrounded (it rounds them, once).
 #pragma once
 
 #include <cstddef>
@@ -30,14 +35,19 @@ struct RingPlan {
   int steps = 0;      // total ring steps
   int rsSteps = 0;    // the first rsSteps steps reduce, the rest copy
   int shift = 0;      // chunk index offset (reduce-scatter uses 1 so rank r ends with chunk r)
-  char* acc = nullptr;     // reduce-phase buffer (accumulate type)
+  char* acc = nullptr;     // reduce-phase buffer (accumulate type; 16-bit with halfWire)
   size_t accElem = 0;
   char* dst = nullptr;     // copy-phase buffer (user type)
   size_t dstElem = 0;
   char* recvScratch = nullptr;  // >= segElems * accElem bytes
   size_t segElems = 1;
-  reduce::ReduceFn reduceFn = nullptr;
-  std::function<void(size_t off, size_t len)> onFinal;  // optional
+  reduce::ReduceFn reduceFn = nullptr;  // of the accumulate type (float32 with halfWire)
+  bool halfWire = false;
+  DataType half = DataType::kFloat16;  // with halfWire: the 16-bit type in acc and on the wire
+  float* wide = nullptr;               // with halfWire: >= 2 * segElems floats
+  // Optional: the finished values of elements [off, off + len) in the accumulate type
+  // (float32 for 16-bit floats); `vals` is valid during the call only.
+  std::function<void(const char* vals, size_t off, size_t len)> onFinal;
   // Ring over a subset of ranks (global ranks, this rank among them), or all when null.
   const std::vector<int>* members = nullptr;
 };

@@ -350,7 +350,7 @@ void Communicator::sendRecv(int sendPeer, SendOp* s, int recvPeer, RecvOp* r) {
   bool sDone = s == nullptr, rDone = r == nullptr;
   while (!sDone || !rDone) {
     bool progressed = false;
-    if (!sDone && conn(sendPeer).progressSend(*s)) sDone = progressed = true;
+    if (!sDone && progressSend(sendPeer, *s)) sDone = progressed = true;
     if (!rDone && conn(recvPeer).progressRecv(*r)) {
       rDone = progressed = true;
       bytesDone_ += r->len;

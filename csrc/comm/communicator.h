@@ -56,6 +56,17 @@ class Communicator {
   void waitIo(int sendPeer, int recvPeer);
   // Drive one send and/or one receive to completion (either may be null).
   void sendRecv(int sendPeer, SendOp* s, int recvPeer, RecvOp* r);
+  // conn(peer).progressSend(op), counting the payload once the frame is through. Algorithms
+  // send through here (or sendRecv) so that payloadBytesSent() sees every byte.
+  bool progressSend(int peer, SendOp& op) {
+    if (!conn(peer).progressSend(op)) return false;
+    bytesSent_.fetch_add(op.len, std::memory_order_relaxed);
+    return true;
+  }
+  // Payload bytes this rank has sent to its peers over TCP since the communicator was made
+  // (frame headers and checksums excluded; shared memory is not a wire and is not counted):
+  // lets tests and benchmarks check what a collective puts on the wire. Any thread.
+  uint64_t payloadBytesSent() const { return bytesSent_.load(std::memory_order_relaxed); }
   void addBytesDone(size_t n) {
     bytesDone_ += n;
     if (hb_) hb_->setState(static_cast<uint8_t>(curKind_), seq_, bytesDone_);
@@ -171,6 +182,7 @@ class Communicator {
   FrameHeader curHeader_;  // header of the current collective (checkIdle compares it)
   Algorithm curAlgo_ = Algorithm::kAuto;
   size_t bytesTotal_ = 0, bytesDone_ = 0;
+  std::atomic<uint64_t> bytesSent_{0};  // written by the executor thread, read by any
 };
 
 }  // namespace rr::comm

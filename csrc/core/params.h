@@ -15,10 +15,18 @@ struct Options {
   double connectTimeoutSec = 120.0;
   // Pipelining unit for large messages over TCP (RINGREDUCE_SEGMENT_BYTES).
   size_t segmentBytes = 512 * 1024;
-  // Cost model (alpha-beta), measured on loopback TCP with bench/measure_alpha_beta.py:
-  // per-message latency and per-byte time. RINGREDUCE_TUNING_FILE overrides them.
-  double alphaUs = 25.0;
-  double betaNsPerByte = 0.45;
+  // Cost model (alpha-beta, collectives/cost_model.cc): per-message latency and per-byte
+  // time over TCP, as `python bench/measure_alpha_beta.py` fitted them on 2 ranks over
+  // loopback and wrote them to bench/alpha_beta.json (with the machine; tests/test_bench.py
+  // checks these equal it). RINGREDUCE_TUNING_FILE overrides them, e.g. with the output of
+  // `ringreduce-bench --tune --tune-out FILE` run on the target machine.
+  double alphaUs = 11.1;
+  double betaNsPerByte = 0.736;
+  // RINGREDUCE_HALF_WIRE: bits per float16/bfloat16 partial result that TCP all-reduce and
+  // reduce-scatter send. 16 halves the bytes on the wire: each hop adds in float32 and
+  // rounds to 16 bits once (as NCCL and Gloo do), so the error grows with the hops. 32 sends
+  // float32 partials and rounds once at the end. Every rank must use the same value.
+  int halfWireBits = 16;
   // Forced ring/tree switch in bytes for all-reduce; negative = use the cost model.
   int64_t treeThresholdBytes = -1;
   // Broadcasts up to this many bytes use the binomial tree, larger ones the chain.

@@ -7,7 +7,9 @@ wrapper copies that value back into the bucket. Hooks are called in bucket-index
 every rank, so any collectives they issue are matched across ranks.
 
 Built-ins: allreduce_hook (what the wrapper does without a hook), fp16_compress_hook and
-bf16_compress_hook (halve the bytes on the wire; the core reduces in fp32 and rounds once).
+bf16_compress_hook (halve the bytes on the wire: over TCP the partial sums travel as 16 bits
+too, each hop adding in fp32 and rounding once; RINGREDUCE_HALF_WIRE=32 sends fp32 partials
+and rounds once, for 1.5x the ring's bytes).
 Hooks written for torch's DDP that call ``dist.all_reduce(..., async_op=True).get_future()``
 work too, when a torch process group is initialised (e.g. with the "ringreduce" backend).
 """
