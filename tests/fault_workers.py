@@ -54,7 +54,8 @@ def fault_loop(rank: int, world: int, collective: str, n: int, algo: str,
                 wrong += 1
         except rr.RingReduceError as e:
             out = {"type": type(e).__name__, "msg": str(e), "t_err": time.time(),
-                   "peer_rank": getattr(e, "peer_rank", None), "iters": it, "wrong": wrong}
+                   "peer_rank": getattr(e, "peer_rank", None),
+                   "cause": getattr(e, "cause", None), "iters": it, "wrong": wrong}
             try:
                 rr.barrier()
                 out["after"] = None

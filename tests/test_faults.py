@@ -81,6 +81,11 @@ def _check(outs: list, t_fault: float, victim: int, action: str, limit_s: float)
             f"rank {o.rank} raised {latency:.2f} s after the fault (limit {limit_s} s): {r['msg']}")
         assert r["after"] and "init" in r["after"], f"rank {o.rank}: next call: {r['after']}"
         assert r["destroy_s"] < 5.0, f"rank {o.rank}: destroy took {r['destroy_s']:.1f} s"
+    # The cause is typed (PeerFailure.cause): survivors that saw the fault themselves say how
+    # it looked; the others heard of it through a survivor's abort frame.
+    direct = "silent" if action == "stop" else "closed"
+    causes = [o.value["cause"] for o in outs if o.rank != victim]
+    assert set(causes) <= {direct, "aborted"} and direct in causes, f"causes {causes}:\n{story}"
 
 
 @pytest.mark.timeout(90)

@@ -26,6 +26,7 @@ void registerErrors(py::module_& m) {
       PyObject* inst = PyObject_CallFunction(exc.ptr(), "s", e.what());
       if (inst) {
         PyObject_SetAttrString(inst, "peer_rank", py::int_(e.peer()).ptr());
+        PyObject_SetAttrString(inst, "cause", py::str(toString(e.cause())).ptr());
         PyErr_SetObject(exc.ptr(), inst);
         Py_DECREF(inst);
       }

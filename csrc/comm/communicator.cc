@@ -230,7 +230,7 @@ void Communicator::checkHeartbeats(int waitingFor) {
     if (age <= limit) continue;
     std::string doing = s.ageMs < 0 ? std::string("never heard from")
                                     : "at its last heartbeat it was " + peerDoing(p, s);
-    throw PeerError(p, detail::concat(
+    throw PeerError(p, PeerCause::kSilent, detail::concat(
         "rank ", p, " (", conn(p).peerHost(), ", pid ", s.pid, ") stopped responding: no heartbeat for ",
         age / 1000.0, " s (process frozen or stopped, host overloaded, or network partition); ",
         doing, "; rank ", rank_, " was in ", describeCurrent(),
@@ -329,7 +329,7 @@ void Communicator::checkAlive(int peer) {
              "RINGREDUCE_TIMEOUT for slow steps)");
   }
   if (peer >= 0 && gone_[static_cast<size_t>(peer)])
-    throw PeerError(peer, detail::concat("rank ", peer, " (", conn(peer).peerHost(),
+    throw PeerError(peer, PeerCause::kLeft, detail::concat("rank ", peer, " (", conn(peer).peerHost(),
                                          ") left the job (destroy() or normal exit) while rank ",
                                          rank_, " waited for it in ", describeCurrent()));
   pfds_.clear();

@@ -26,14 +26,30 @@ class TimeoutError : public Error {
   using Error::Error;
 };
 
+// Why a peer is considered failed: typed, so callers never search the message for it.
+enum class PeerCause {
+  kClosed,     // its connection closed or reset: the process exited or crashed
+  kNetwork,    // a socket error other than a close
+  kSilent,     // no heartbeat within the timeout: frozen, overloaded or partitioned
+  kLeft,       // it said goodbye (destroy() or normal exit) while data was still expected
+  kAborted,    // it failed and told us why (abort frame)
+  kProtocol,   // it sent something that is not our protocol
+  kCorrupt,    // a payload failed its checksum
+  kHandshake,  // connecting or authenticating to it failed
+};
+const char* toString(PeerCause c);
+
 // A peer died, closed its connection, sent an abort or violated the protocol.
 class PeerError : public Error {
  public:
-  PeerError(int peer, const std::string& what) : Error(what), peer_(peer) {}
+  PeerError(int peer, PeerCause cause, const std::string& what)
+      : Error(what), peer_(peer), cause_(cause) {}
   int peer() const { return peer_; }
+  PeerCause cause() const { return cause_; }
 
  private:
   int peer_;
+  PeerCause cause_;
 };
 
 // Ranks issued different collectives (kind, count, dtype, op or root differ).

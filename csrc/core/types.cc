@@ -67,4 +67,18 @@ const char* toString(Algorithm a) {
   return "unknown-algo";
 }
 
+const char* toString(PeerCause c) {
+  switch (c) {
+    case PeerCause::kClosed: return "closed";
+    case PeerCause::kNetwork: return "network";
+    case PeerCause::kSilent: return "silent";
+    case PeerCause::kLeft: return "left";
+    case PeerCause::kAborted: return "aborted";
+    case PeerCause::kProtocol: return "protocol";
+    case PeerCause::kCorrupt: return "corrupt";
+    case PeerCause::kHandshake: return "handshake";
+  }
+  return "unknown";
+}
+
 }  // namespace rr

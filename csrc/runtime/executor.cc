@@ -63,11 +63,12 @@ static void rethrowWithContext(comm::Communicator& c) {
     c.poison(e.what(), transport::AbortCode::kTimeout);
     throw TimeoutError(e.what() + ctx);
   } catch (const PeerError& e) {
-    // A closed socket says nothing of what the peer was doing: its heartbeats do.
+    // A closed socket says nothing of what the peer was doing: its heartbeats do (a silent
+    // peer's error already quotes its last heartbeat).
     std::string msg = e.what();
-    if (msg.find("no heartbeat for") == std::string::npos) msg += c.peerContext(e.peer());
+    if (e.cause() != PeerCause::kSilent) msg += c.peerContext(e.peer());
     c.poison(msg, transport::AbortCode::kPeer);
-    throw PeerError(e.peer(), msg + ctx);
+    throw PeerError(e.peer(), e.cause(), msg + ctx);
   } catch (const Error& e) {
     c.poison(e.what(), transport::AbortCode::kOther);
     throw Error(e.what() + ctx);

@@ -113,7 +113,7 @@ void connectHandshake(int fd, const Identity& me, int target, const std::string&
                       Deadline d) {
   std::string err;
   auto fail = [&](const std::string& why) -> void {
-    throw PeerError(target, detail::concat("handshake with rank ", target, " at ", targetAddr,
+    throw PeerError(target, PeerCause::kHandshake, detail::concat("handshake with rank ", target, " at ", targetAddr,
                                            " failed: ", why));
   };
   Hello hello{};

@@ -30,13 +30,13 @@ void TcpConnection::close() {
 }
 
 void TcpConnection::failClosed(const char* doing) {
-  throw PeerError(peer_, detail::concat("rank ", peer_, " (", peerHost_,
+  throw PeerError(peer_, PeerCause::kClosed, detail::concat("rank ", peer_, " (", peerHost_,
                                         ") closed the connection while this rank was ", doing,
                                         " (the peer process probably exited or crashed)"));
 }
 
 void TcpConnection::failErrno(const char* doing, int err) {
-  throw PeerError(peer_, detail::concat("connection to rank ", peer_, " (", peerHost_,
+  throw PeerError(peer_, PeerCause::kNetwork, detail::concat("connection to rank ", peer_, " (", peerHost_,
                                         ") failed while ", doing, ": ", std::strerror(err)));
 }
 
@@ -52,7 +52,7 @@ void TcpConnection::raiseAbort(const FrameHeader& h, const char* already, size_t
   switch (static_cast<AbortCode>(h.op)) {
     case AbortCode::kMismatch: throw MismatchError(msg);
     case AbortCode::kTimeout: throw TimeoutError(msg);
-    default: throw PeerError(peer_, msg);
+    default: throw PeerError(peer_, PeerCause::kAborted, msg);
   }
 }
 
@@ -118,7 +118,7 @@ bool TcpConnection::progressRecv(RecvOp& op) {
         }
         if (op.got.magic == kFrameMagic &&
             op.got.kind == static_cast<uint8_t>(CollectiveKind::kGoodbye)) {
-          throw PeerError(peer_, detail::concat(
+          throw PeerError(peer_, PeerCause::kLeft, detail::concat(
                                      "rank ", peer_, " (", peerHost_,
                                      ") left the job (it called destroy() or exited normally) "
                                      "while this rank still expected data from it -- did it "
@@ -127,7 +127,7 @@ bool TcpConnection::progressRecv(RecvOp& op) {
         std::string mm = describeMismatch(op.got, op.expect);
         if (!mm.empty()) {
           if (op.got.magic != kFrameMagic)
-            throw PeerError(peer_, detail::concat("protocol error from rank ", peer_, " (",
+            throw PeerError(peer_, PeerCause::kProtocol, detail::concat("protocol error from rank ", peer_, " (",
                                                   peerHost_, "): ", mm));
           throw MismatchError(detail::concat("rank ", peer_, " (", peerHost_, "): ", mm));
         }
@@ -141,7 +141,7 @@ bool TcpConnection::progressRecv(RecvOp& op) {
     failErrno("receiving", errno);
   }
   if ((op.got.flags & kFlagCrc) && crc32c(op.data, op.len) != op.got.crc)
-    throw PeerError(peer_, detail::concat(
+    throw PeerError(peer_, PeerCause::kCorrupt, detail::concat(
                                "payload from rank ", peer_, " (", peerHost_, ") is corrupted: ",
                                "CRC32C mismatch in ", toString(static_cast<CollectiveKind>(op.got.kind)),
                                " #", op.got.seq, " step ", op.got.step, " (", op.len,
