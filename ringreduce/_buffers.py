@@ -10,21 +10,13 @@ from typing import Any
 
 import numpy as np
 
-# Codes match rr::DataType in csrc/core/types.h.
-DTYPE_CODES = {
-    "float32": 0,
-    "float64": 1,
-    "float16": 2,
-    "bfloat16": 3,
-    "int8": 4,
-    "uint8": 5,
-    "int32": 6,
-    "int64": 7,
-}
-# rr::ReduceOp
-OP_CODES = {"sum": 0, "avg": 1, "prod": 2, "min": 3, "max": 4}
-# rr::Algorithm
-ALGO_CODES = {"auto": 0, "ring": 1, "tree": 2, "shm": 3}
+from . import _C
+
+# name -> code of rr::DataType, rr::ReduceOp and rr::Algorithm, read from the core (one table).
+DTYPE_CODES: dict[str, int] = dict(_C.DTYPE_CODES)
+OP_CODES: dict[str, int] = dict(_C.OP_CODES)
+ALGO_CODES: dict[str, int] = dict(_C.ALGO_CODES)
+check_reduction = _C.check_reduction  # ValueError when op cannot reduce that dtype
 
 _SUPPORTED = ", ".join(DTYPE_CODES)
 # numpy dtype object -> code, for the fast path (numpy has no native bfloat16).
@@ -121,7 +113,8 @@ def torch_fast_code(x: Any) -> int | None:
     if not _TORCH_FAST:
         torch = _torch()
         for name, code in DTYPE_CODES.items():
-            _TORCH_FAST[getattr(torch, name)] = code
+            if hasattr(torch, name):  # uint16/32/64 are newer than some torch builds
+                _TORCH_FAST[getattr(torch, name)] = code
     code = _TORCH_FAST.get(x.dtype)
     if (code is None or not x.is_cpu or x.requires_grad or x.layout is not _TORCH[0].strided
             or not x.is_contiguous()):

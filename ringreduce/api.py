@@ -381,6 +381,7 @@ def allreduce(x: Any, op: Any = "sum", algo: str = "auto", async_op: bool = Fals
         return _gpu().allreduce(g, x, op, algo, async_op, backend)
     b = as_buffer(x, "allreduce(x)")
     opc, alc = op_code(op), algo_code(algo) or g.default_algo
+    _buffers.check_reduction(b.code, opc)
     if g.comm is None:
         return _finish(None, (), async_op=async_op)
     cw = g.comm.allreduce(b.ptr, b.count, b.code, opc, alc, async_op)
@@ -462,6 +463,7 @@ def reduce_scatter(x: Any, out: Any = None, op: Any = "sum", async_op: bool = Fa
         raise ValueError(
             f"reduce_scatter: out must hold {k} elements of {b.dtype}, got {o.count} of {o.dtype}")
     opc = op_code(op)
+    _buffers.check_reduction(b.code, opc)
     if g.comm is None:
         _copy(out, x)
         w = Work(None, result=out)
@@ -488,6 +490,7 @@ def allreduce_coalesced(xs: Sequence[Any], op: Any = "sum", algo: str = "auto",
         raise ValueError(f"allreduce_coalesced: all inputs need one dtype, got {sorted(dt)}; "
                          f"group them by dtype")
     opc, alc = op_code(op), algo_code(algo) or g.default_algo
+    _buffers.check_reduction(bufs[0].code, opc)
     if g.comm is None:
         return _finish(None, (), async_op=async_op)
     flat = _flatten(xs)

@@ -35,7 +35,8 @@ __all__ = ["BACKEND_NAME", "ProcessGroupRingReduce", "create_process_group"]
 
 BACKEND_NAME = "ringreduce"
 
-_OPS = {"SUM": "sum", "AVG": "avg", "PRODUCT": "prod", "MIN": "min", "MAX": "max"}
+_OPS = {"SUM": "sum", "AVG": "avg", "PRODUCT": "prod", "MIN": "min", "MAX": "max",
+        "BAND": "band", "BOR": "bor", "BXOR": "bxor"}
 
 
 def _op(opts: Any) -> str:
@@ -47,7 +48,7 @@ def _op(opts: Any) -> str:
     if name not in _OPS:
         raise ValueError(
             f"the ringreduce backend does not support ReduceOp.{name}; use SUM, AVG, PRODUCT, "
-            f"MIN or MAX (for bitwise ops use a gloo group: dist.new_group(backend='gloo'))")
+            f"MIN, MAX, BAND, BOR or BXOR (or a gloo group: dist.new_group(backend='gloo'))")
     return _OPS[name]
 
 

@@ -481,16 +481,37 @@ def backend_collectives(rank: int, world: int) -> dict:
         return ok and _close(o, torch.full((2,), float(rank)))
 
     def bad_op_message() -> bool:
-        try:
-            dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BAND)
-        except Exception as e:  # noqa: BLE001
-            return "BAND" in str(e)
+        try:  # bitwise on floats: refused before anything moves, saying why
+            dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND)
+        except ValueError as e:
+            return "bitwise" in str(e)
         return False
+
+    def bitwise_ops() -> bool:
+        bits = torch.tensor([1 << rank, 0xFF, rank], dtype=torch.int32)
+        want = {dist.ReduceOp.BAND: [0 if n > 1 else 1, 0xFF, 0],  # rank 0's 0 ANDs to 0
+                dist.ReduceOp.BOR: [(1 << n) - 1, 0xFF, 0],
+                dist.ReduceOp.BXOR: [(1 << n) - 1, 0xFF * (n % 2), 0]}
+        for r in range(n):
+            want[dist.ReduceOp.BOR][2] |= r
+            want[dist.ReduceOp.BXOR][2] ^= r
+        ok = True
+        for op, exp in want.items():
+            t = bits.clone()
+            dist.all_reduce(t, op=op)
+            ok &= t.tolist() == exp
+        flags = torch.tensor([rank == 0, True, False])  # bool: SUM = or, PRODUCT = and
+        t = flags.clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        ok &= t.tolist() == [True, True, False]
+        t = flags.clone()
+        dist.all_reduce(t, op=dist.ReduceOp.PRODUCT)
+        return ok and t.tolist() == [n == 1, True, False]
 
     for fn in (allreduce_ops, allreduce_async_future, allreduce_noncontig,
                allreduce_param_grad_enabled, broadcast, all_gather, all_gather_into_tensor,
                reduce_scatter, reduce_scatter_tensor, barrier, objects, reduce_gather_scatter,
-               bad_op_message):
+               bad_op_message, bitwise_ops):
         check(fn.__name__, fn)
     return res
 

@@ -34,6 +34,9 @@ def _expected(op: str, dtype: str, world: int, n: int) -> np.ndarray:
         e = np.min(ins, axis=0)
     elif op == "max":
         e = np.max(ins, axis=0)
+    elif op in ("band", "bor", "bxor"):
+        fn = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}[op]
+        e = fn.reduce(np.stack(ins).astype(np.int64), axis=0)
     else:
         e = sum(ins) / world if "float" in dtype else sum(ins) // world
     return e
@@ -46,6 +49,13 @@ def allreduce_sweep(rank: int, world: int, counts: list, dtypes: list, ops: list
     for n in counts:
         for dt in dtypes:
             for op in ops:
+                floating = "float" in dt
+                if (op == "avg" and not floating) or (op in ("band", "bor", "bxor") and floating):
+                    try:  # refused before anything moves
+                        rr.allreduce(np.ones(n, np.float32 if floating else dt), op=op)
+                    except ValueError:
+                        continue
+                    raise AssertionError(f"{dt} {op} was accepted; it must be refused")
                 if dt == "bfloat16":
                     import torch
 

@@ -26,8 +26,9 @@ def test_allreduce_all_dtypes_ops_sizes(world: int) -> None:
     # 1, 9 (inline in the line), 5000 (multi-line small path), 9001 floats > 16 KiB small
     # limit, 1_300_007 (several 512 KiB chunks: slot reuse wraps around the 4 slots).
     counts = [1, 9, 5000, 9001, 1_300_007]
-    dtypes = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64"]
-    ops = ["sum", "avg", "prod", "min", "max"]
+    dtypes = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64",
+              "int16", "uint16", "uint32", "uint64"]
+    ops = ["sum", "avg", "prod", "min", "max", "band", "bor", "bxor"]
     digests = run_world(world, "shm_workers:allreduce_sweep", counts, dtypes, ops, timeout=170)
     assert all(d == digests[0] for d in digests), "ranks disagree bit-for-bit"
     assert len(digests[0]) > 100

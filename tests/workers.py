@@ -24,15 +24,23 @@ import torch
 import ringreduce as rr
 from ringreduce import _env, _state
 
-DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64"]
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64",
+          "bool", "int16", "uint16", "uint32", "uint64"]
 FLOATS = ("float32", "float64", "float16", "bfloat16")
-OPS = ["sum", "avg", "prod", "min", "max"]
+BITWISE = ("band", "bor", "bxor")
+OPS = ["sum", "avg", "prod", "min", "max", *BITWISE]
 GUARD = 5  # elements of sentinel on each side of every buffer handed to the library
 SENTINEL = 0x5A
 MAX_FAILS = 25  # per family, so one systematic bug does not flood the report
 
 _ES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1,
-       "int32": 4, "int64": 8}
+       "int32": 4, "int64": 8, "bool": 1, "int16": 2, "uint16": 2, "uint32": 4, "uint64": 8}
+
+
+def refused(dtype: str, op: str) -> bool:
+    """Combinations the library must refuse before any byte moves: bitwise ops on floats,
+    avg on integers and bool (the integer sum would wrap before the division)."""
+    return (op in BITWISE and dtype in FLOATS) or (op == "avg" and dtype not in FLOATS)
 
 
 # ---------------------------------------------------------------------------- buffers
@@ -105,8 +113,10 @@ class Buf:
         return errs
 
 
-def rand_bytes(seed: list, n_bytes: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 256, n_bytes, dtype=np.uint8)
+def rand_bytes(seed: list, n_bytes: int, dtype: str | None = None) -> np.ndarray:
+    """Random bytes; for bool only 0 and 1 (other bytes are not valid bools to torch)."""
+    b = np.random.default_rng(seed).integers(0, 256, n_bytes, dtype=np.uint8)
+    return b & np.uint8(1) if dtype == "bool" else b
 
 
 # ----------------------------------------------------------------- inputs and answers
@@ -130,7 +140,16 @@ def pattern(dtype: str, op: str, rank: int, n: int, salt: int = 0) -> np.ndarray
         else:
             v = (((i * 31 + r * 17) % 101) - 50) * 0.5
         return v.astype(storage_np(dtype))
+    if dtype == "bool":
+        u = i.astype(np.uint64) * _M1 + np.uint64(r + 1) * _M2
+        return ((u >> np.uint64(40)) & np.uint64(1)).astype(np.bool_)
     if op == "prod":  # small factors, still enough to wrap
+        if dtype in ("int16", "uint16"):
+            return ((i * 3 + r * 5) % 61 - (30 if dtype == "int16" else 0)).astype(dtype)
+        if dtype == "uint32":
+            return ((i * 7919 + r * 104729) % 65536).astype(np.uint32)
+        if dtype == "uint64":
+            return ((i * 7919 + r * 104729) % (1 << 21)).astype(np.uint64)
         if dtype == "int8":
             return ((i * 3 + r * 5) % 7 - 3).astype(np.int8)
         if dtype == "uint8":
@@ -139,8 +158,8 @@ def pattern(dtype: str, op: str, rank: int, n: int, salt: int = 0) -> np.ndarray
             return ((i * 7919 + r * 104729) % 65536 - 32768).astype(np.int32)
         return ((i * 7919 + r * 104729) % (1 << 21) - (1 << 20)).astype(np.int64)
     u = i.astype(np.uint64) * _M1 + np.uint64(r + 1) * _M2
-    if dtype == "int64":
-        return u.view(np.int64).copy()
+    if dtype in ("int64", "uint64"):
+        return u.view(dtype).copy()
     return (u >> np.uint64(32)).astype(dtype)  # C cast: keeps the low bits (wraps)
 
 
@@ -163,8 +182,14 @@ def reduce_np(dtype: str, op: str, inputs: list[np.ndarray], world: int) -> np.n
             else:
                 res = a.max(axis=0)
         return round_to(dtype, res)
+    if dtype == "bool":  # or, and, xor (as torch's NCCL backend reduces bool)
+        fn = {"sum": np.logical_or, "max": np.logical_or, "bor": np.logical_or,
+              "prod": np.logical_and, "min": np.logical_and, "band": np.logical_and,
+              "bxor": np.logical_xor}[op]
+        return functools.reduce(fn, inputs).astype(np.bool_)
     fn = {"sum": np.add, "avg": np.add, "prod": np.multiply, "min": np.minimum,
-          "max": np.maximum}[op]
+          "max": np.maximum, "band": np.bitwise_and, "bor": np.bitwise_or,
+          "bxor": np.bitwise_xor}[op]
     with np.errstate(all="ignore"):
         res = functools.reduce(fn, inputs)
     if op == "avg":
@@ -348,6 +373,11 @@ def family_allreduce(rec: Recorder, rank: int, world: int, algo: str) -> None:
     k = 0
     for dtype in DTYPES:
         for op in OPS:
+            if refused(dtype, op):
+                k += 1
+                rec.case(fam, f"{dtype}/{op}/refused", refused_case(
+                    rank, world, dtype, op, "allreduce", container_for(dtype, k)))
+                continue
             for n in sizes:
                 k += 1
                 c = container_for(dtype, k)
@@ -359,7 +389,7 @@ def family_allreduce(rec: Recorder, rank: int, world: int, algo: str) -> None:
     for dtype in DTYPES:
         for op in OPS:
             for c in ("numpy", "torch"):
-                if c == "numpy" and dtype == "bfloat16":
+                if (c == "numpy" and dtype == "bfloat16") or refused(dtype, op):
                     continue
                 rec.case(fam, f"{dtype}/{op}/n=37/{c}",
                          allreduce_case(rank, world, dtype, op, algo, 37, c, salt=5))
@@ -406,8 +436,8 @@ def broadcast_case(rank: int, world: int, dtype: str, root: int, n: int, contain
                    salt: int, shape: tuple | None = None):
     def run():
         es = _ES[dtype]
-        src = rand_bytes([salt, root, 1], n * es)  # raw bits: NaN payloads, -0.0, ...
-        mine = src if rank == root else rand_bytes([salt, rank, 2], n * es)
+        src = rand_bytes([salt, root, 1], n * es, dtype)  # raw bits: NaN payloads, -0.0, ...
+        mine = src if rank == root else rand_bytes([salt, rank, 2], n * es, dtype)
         b = Buf(dtype, container, n, shape, raw=mine)
         ret = rr.broadcast(b.view, src=root)
         errs = [] if ret is None else [f"sync broadcast returned {ret!r}"]
@@ -442,13 +472,13 @@ def allgather_case(rank: int, world: int, dtype: str, n: int, container: str, sa
                    give_out: bool, shape: tuple | None = None, alias: bool = False):
     def run():
         es = _ES[dtype]
-        ins = [rand_bytes([salt, r, 3], n * es) for r in range(world)]
+        ins = [rand_bytes([salt, r, 3], n * es, dtype) for r in range(world)]
         want = np.concatenate(ins).tobytes()
         xshape = shape if shape is not None else (n,)
         errs: list[str] = []
         if alias:  # x is this rank's slot of out
             ob = Buf(dtype, container, n * world, (world,) + tuple(xshape), raw=np.concatenate(
-                [ins[rank] if r == rank else rand_bytes([salt, r, 4], n * es)
+                [ins[rank] if r == rank else rand_bytes([salt, r, 4], n * es, dtype)
                  for r in range(world)]))
             x = ob.view[rank]
             res = rr.allgather(x, out=ob.view)
@@ -456,7 +486,7 @@ def allgather_case(rank: int, world: int, dtype: str, n: int, container: str, sa
         else:
             xb = Buf(dtype, container, n, shape, raw=ins[rank])
             ob = (Buf(dtype, container, n * world, (world,) + tuple(xshape),
-                      raw=rand_bytes([salt, rank, 5], n * world * es)) if give_out else None)
+                      raw=rand_bytes([salt, rank, 5], n * world * es, dtype)) if give_out else None)
             res = rr.allgather(xb.view, out=ob.view if ob else None)
             if xb.guard_errors() or raw_bytes(xb.view) != ins[rank].tobytes():
                 errs.append("input was modified")
@@ -506,7 +536,7 @@ def reduce_scatter_case(rank: int, world: int, dtype: str, op: str, k: int, cont
         xb = Buf(dtype, container, total, xshape, vals=ins[rank])
         before = raw_bytes(xb.view)
         oshape = (1, k) if two_d else None
-        ob = Buf(dtype, container, k, oshape, raw=rand_bytes([salt, rank], k * _ES[dtype])) \
+        ob = Buf(dtype, container, k, oshape, raw=rand_bytes([salt, rank], k * _ES[dtype], dtype)) \
             if give_out else None
         res = rr.reduce_scatter(xb.view, out=ob.view if ob else None, op=op)
         errs = []
@@ -527,6 +557,11 @@ def family_reduce_scatter(rec: Recorder, rank: int, world: int) -> None:
     j = 0
     for dtype in DTYPES:
         for op in OPS:
+            if refused(dtype, op):
+                j += 1
+                rec.case("reduce_scatter", f"{dtype}/{op}/refused", refused_case(
+                    rank, world, dtype, op, "reduce_scatter", container_for(dtype, j)))
+                continue
             for k in (0, 1, 3, 1001, 2000):
                 j += 1
                 c = container_for(dtype, j)
@@ -586,8 +621,14 @@ def coalesced_case(rank: int, world: int, dtype: str, op: str, algo: str, contai
 
 def family_coalesced(rec: Recorder, rank: int, world: int) -> None:
     j = 0
-    for dtype in ("float32", "bfloat16", "float16", "int32", "uint8", "float64"):
-        for op in ("sum", "avg", "max"):
+    for dtype in ("float32", "bfloat16", "float16", "int32", "uint8", "float64", "bool",
+                  "uint64"):
+        for op in ("sum", "avg", "max", "bxor"):
+            if refused(dtype, op):
+                j += 1
+                rec.case("coalesced", f"{dtype}/{op}/refused", refused_case(
+                    rank, world, dtype, op, "coalesced", container_for(dtype, j)))
+                continue
             for algo in ("ring", "tree", "auto"):
                 j += 1
                 c = container_for(dtype, j)
@@ -794,3 +835,27 @@ def big_allreduce(rank: int, world: int, container: str, algo: str) -> dict:
     got = values(buf)
     errs = compare_exact(got, want, f"16 MiB {algo} sum")
     return {"errs": errs, "digest": digest(buf), "seconds": el}
+
+
+def refused_case(rank: int, world: int, dtype: str, op: str, collective: str, container: str):
+    """A combination the library refuses: ValueError naming the problem, buffer untouched."""
+    def run():
+        n = 5
+        b = Buf(dtype, container, n * world, vals=pattern(dtype, "sum", rank, n * world))
+        before = raw_bytes(b.base)
+        try:
+            if collective == "allreduce":
+                rr.allreduce(b.view, op=op)
+            elif collective == "coalesced":
+                rr.allreduce_coalesced([b.view], op=op)
+            else:
+                rr.reduce_scatter(b.view, op=op)
+        except ValueError as e:
+            want = "bitwise" if op in BITWISE else "would wrap"
+            errs = [] if want in str(e) else [f"ValueError does not say '{want}': {e}"]
+        else:
+            errs = [f"{dtype} {op} was accepted; it must be refused"]
+        if raw_bytes(b.base) != before:
+            errs.append("the buffer changed although the call was refused")
+        return errs, None
+    return run

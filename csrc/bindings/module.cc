@@ -235,6 +235,20 @@ PYBIND11_MODULE(_C, m) {
   bindings::registerErrors(m);
   bindings::registerGpu(m);  // after registerErrors: its translator must be tried first
 
+  // The one table of codes: Python reads these instead of copying the enums (types.h).
+  py::dict dtypes, ops, algos;
+  for (int i = 0; i < kNumDataTypes; ++i) dtypes[toString(static_cast<DataType>(i))] = i;
+  for (int i = 0; i < kNumReduceOps; ++i) ops[toString(static_cast<ReduceOp>(i))] = i;
+  for (Algorithm a : {Algorithm::kAuto, Algorithm::kRing, Algorithm::kTree, Algorithm::kShm,
+                      Algorithm::kHier})
+    algos[toString(a)] = static_cast<int>(a);
+  m.attr("DTYPE_CODES") = dtypes;
+  m.attr("OP_CODES") = ops;
+  m.attr("ALGO_CODES") = algos;
+  m.def("check_reduction", [](int dtype, int op) {
+    checkReduction(static_cast<DataType>(dtype), static_cast<ReduceOp>(op));
+  }, "Raise ValueError (saying what to do) when `op` cannot reduce `dtype`.");
+
   m.def("set_log_level", &log::setLevel);
   m.def("set_log_prefix", &log::setPrefix);
   m.def("isa_name", &reduce::isaName);

@@ -15,6 +15,7 @@ namespace rr::collectives {
 
 void allreduce(Communicator& c, void* buf, size_t count, DataType dtype, ReduceOp op,
                Algorithm algo) {
+  checkReduction(dtype, op);  // before anything moves, also for one rank or no elements
   const size_t bytes = count * elementSize(dtype);
   if (count == 0 || c.world() == 1) {
     c.skip();

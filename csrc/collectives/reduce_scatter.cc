@@ -14,6 +14,7 @@ namespace rr::collectives {
 
 void reduceScatter(Communicator& c, const void* in, void* out, size_t count, DataType dtype,
                    ReduceOp op) {
+  checkReduction(dtype, op);  // before anything moves, also for one rank or no elements
   const int n = c.world();
   const size_t es = elementSize(dtype);
   const DataType at = accumulateType(dtype);

@@ -14,6 +14,11 @@ size_t elementSize(DataType t) {
     case DataType::kUInt8: return 1;
     case DataType::kInt32: return 4;
     case DataType::kInt64: return 8;
+    case DataType::kBool: return 1;
+    case DataType::kInt16: return 2;
+    case DataType::kUInt16: return 2;
+    case DataType::kUInt32: return 4;
+    case DataType::kUInt64: return 8;
   }
   throw InvalidArgument("unknown dtype code " + std::to_string(static_cast<int>(t)));
 }
@@ -28,6 +33,11 @@ const char* toString(DataType t) {
     case DataType::kUInt8: return "uint8";
     case DataType::kInt32: return "int32";
     case DataType::kInt64: return "int64";
+    case DataType::kBool: return "bool";
+    case DataType::kInt16: return "int16";
+    case DataType::kUInt16: return "uint16";
+    case DataType::kUInt32: return "uint32";
+    case DataType::kUInt64: return "uint64";
   }
   return "unknown-dtype";
 }
@@ -39,8 +49,26 @@ const char* toString(ReduceOp op) {
     case ReduceOp::kProd: return "prod";
     case ReduceOp::kMin: return "min";
     case ReduceOp::kMax: return "max";
+    case ReduceOp::kBand: return "band";
+    case ReduceOp::kBor: return "bor";
+    case ReduceOp::kBxor: return "bxor";
   }
   return "unknown-op";
+}
+
+void checkReduction(DataType t, ReduceOp op) {
+  if (static_cast<int>(t) >= kNumDataTypes)
+    RR_THROW(InvalidArgument, "unknown dtype code ", static_cast<int>(t));
+  if (static_cast<int>(op) >= kNumReduceOps)
+    RR_THROW(InvalidArgument, "unknown reduce op code ", static_cast<int>(op));
+  const bool bitwise = op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor;
+  if (bitwise && isFloating(t))
+    RR_THROW(InvalidArgument, "op=", toString(op), " is bitwise: it needs an integer or bool "
+             "dtype, got ", toString(t), " (reinterpret the bits with .view(int) first)");
+  if (op == ReduceOp::kAvg && !isFloating(t))
+    RR_THROW(InvalidArgument, "op=avg of ", toString(t), " would wrap in the integer sum before "
+             "the division; all-reduce with op=sum in a wide enough dtype and divide by the world "
+             "size yourself, or use a floating-point dtype");
 }
 
 const char* toString(CollectiveKind k) {

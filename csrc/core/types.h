@@ -16,11 +16,20 @@ enum class DataType : uint8_t {
   kUInt8 = 5,
   kInt32 = 6,
   kInt64 = 7,
+  kBool = 8,  // one byte, 0 or 1 (numpy and torch): sum/max = or, prod/min = and
+  kInt16 = 9,
+  kUInt16 = 10,
+  kUInt32 = 11,
+  kUInt64 = 12,
 };
-constexpr int kNumDataTypes = 8;
+constexpr int kNumDataTypes = 13;
 
-enum class ReduceOp : uint8_t { kSum = 0, kAvg = 1, kProd = 2, kMin = 3, kMax = 4 };
-constexpr int kNumReduceOps = 5;
+// kBand/kBor/kBxor: bitwise, integer and bool types only. kAvg: floating-point types only
+// (an integer sum would wrap before the division; see checkReduction).
+enum class ReduceOp : uint8_t {
+  kSum = 0, kAvg = 1, kProd = 2, kMin = 3, kMax = 4, kBand = 5, kBor = 6, kBxor = 7,
+};
+constexpr int kNumReduceOps = 8;
 
 // Every frame on the wire names the collective it belongs to, so two ranks that
 // issued different collectives detect it instead of exchanging garbage.
@@ -46,6 +55,13 @@ const char* toString(Algorithm a);
 
 // True for float16/bfloat16: these are reduced in float32 and rounded once.
 inline bool isHalf(DataType t) { return t == DataType::kFloat16 || t == DataType::kBFloat16; }
+inline bool isFloating(DataType t) {
+  return isHalf(t) || t == DataType::kFloat32 || t == DataType::kFloat64;
+}
+
+// Throws InvalidArgument, saying what to do, when `op` cannot reduce `t` (bitwise ops on
+// floats; avg on integers or bool, whose sum would wrap or saturate before the division).
+void checkReduction(DataType t, ReduceOp op);
 
 // The type partial results travel in during a reduction: float32 for 16-bit floats.
 inline DataType accumulateType(DataType t) { return isHalf(t) ? DataType::kFloat32 : t; }

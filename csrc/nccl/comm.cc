@@ -61,6 +61,13 @@ abi::DataType toNccl(DataType t) {
     case DataType::kUInt8: return abi::kUint8;
     case DataType::kInt32: return abi::kInt32;
     case DataType::kInt64: return abi::kInt64;
+    case DataType::kUInt32: return abi::kUint32;
+    case DataType::kUInt64: return abi::kUint64;
+    case DataType::kBool:
+    case DataType::kInt16:
+    case DataType::kUInt16:
+      RR_THROW(InvalidArgument, "NCCL has no ", toString(t), " reductions in ringreduce yet; "
+               "pass backend=\"staged\" for ", toString(t), " CUDA tensors");
   }
   RR_THROW(InvalidArgument, "NCCL: unknown dtype code ", static_cast<int>(t));
 }
@@ -72,6 +79,11 @@ abi::RedOp toNccl(ReduceOp op) {
     case ReduceOp::kProd: return abi::kProd;
     case ReduceOp::kMin: return abi::kMin;
     case ReduceOp::kMax: return abi::kMax;
+    case ReduceOp::kBand:
+    case ReduceOp::kBor:
+    case ReduceOp::kBxor:
+      RR_THROW(InvalidArgument, "NCCL has no bitwise reductions (op=", toString(op),
+               "); pass backend=\"staged\"");
   }
   RR_THROW(InvalidArgument, "NCCL: unknown reduce op code ", static_cast<int>(op));
 }

@@ -112,6 +112,11 @@ void finalizeFor(Isa isa, DataType t, ReduceOp op, int world, const void* acc, v
     case DataType::kUInt8: divideIntegers<uint8_t>(acc, dst, n, divisor); return;
     case DataType::kInt32: divideIntegers<int32_t>(acc, dst, n, divisor); return;
     case DataType::kInt64: divideIntegers<int64_t>(acc, dst, n, divisor); return;
+    case DataType::kInt16: divideIntegers<int16_t>(acc, dst, n, divisor); return;
+    case DataType::kUInt16: divideIntegers<uint16_t>(acc, dst, n, divisor); return;
+    case DataType::kUInt32: divideIntegers<uint32_t>(acc, dst, n, divisor); return;
+    case DataType::kUInt64: divideIntegers<uint64_t>(acc, dst, n, divisor); return;
+    case DataType::kBool: break;  // refused by checkReduction
     case DataType::kFloat16:
     case DataType::kBFloat16: break;  // handled above
   }

@@ -133,6 +133,12 @@ RR_KFN void combineInto(X& a, const X& b) {
     } else {
       a = (a < b) ? a : b;
     }
+  } else if constexpr (kOp == ReduceOp::kBand || kOp == ReduceOp::kBor ||
+                       kOp == ReduceOp::kBxor) {
+    static_assert(!kFloat, "bitwise ops are for integer types");
+    if constexpr (kOp == ReduceOp::kBand) a = a & b;
+    if constexpr (kOp == ReduceOp::kBor) a = a | b;
+    if constexpr (kOp == ReduceOp::kBxor) a = a ^ b;
   } else {
     static_assert(kOp == ReduceOp::kMax, "unhandled op");
     if constexpr (kFloat) {
@@ -286,14 +292,32 @@ RR_KFN void widenBf16Loop(const void* src, float* dst, size_t n) {
 }
 
 // Fills the reduce rows of a KernelTable from K<T, op>::run (a per-ISA wrapper that carries
-// the target attribute). Avg shares the sum kernel; 16-bit float rows stay null.
+// the target attribute). Floats: sum, avg (the sum kernel), prod, min, max. Integers: those
+// but avg (refused by checkReduction) plus the bitwise ops. 16-bit float rows stay null.
 template <class T, template <class, ReduceOp> class K>
 inline void fillRow(ReduceFn (&row)[kNumReduceOps]) {
   row[static_cast<int>(ReduceOp::kSum)] = &K<T, ReduceOp::kSum>::run;
-  row[static_cast<int>(ReduceOp::kAvg)] = &K<T, ReduceOp::kSum>::run;
   row[static_cast<int>(ReduceOp::kProd)] = &K<T, ReduceOp::kProd>::run;
   row[static_cast<int>(ReduceOp::kMin)] = &K<T, ReduceOp::kMin>::run;
   row[static_cast<int>(ReduceOp::kMax)] = &K<T, ReduceOp::kMax>::run;
+  if constexpr (std::is_floating_point_v<T>) {
+    row[static_cast<int>(ReduceOp::kAvg)] = &K<T, ReduceOp::kSum>::run;
+  } else {
+    row[static_cast<int>(ReduceOp::kBand)] = &K<T, ReduceOp::kBand>::run;
+    row[static_cast<int>(ReduceOp::kBor)] = &K<T, ReduceOp::kBor>::run;
+    row[static_cast<int>(ReduceOp::kBxor)] = &K<T, ReduceOp::kBxor>::run;
+  }
+}
+
+// bool is one byte holding 0 or 1: or (sum, max, bor), and (prod, min, band), xor (bxor),
+// all of which keep values in {0, 1}; as torch's NCCL backend does for bool sum/prod.
+template <template <class, ReduceOp> class K>
+inline void fillBoolRow(ReduceFn (&row)[kNumReduceOps]) {
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kBor})
+    row[static_cast<int>(op)] = &K<uint8_t, ReduceOp::kBor>::run;
+  for (ReduceOp op : {ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kBand})
+    row[static_cast<int>(op)] = &K<uint8_t, ReduceOp::kBand>::run;
+  row[static_cast<int>(ReduceOp::kBxor)] = &K<uint8_t, ReduceOp::kBxor>::run;
 }
 
 template <template <class, ReduceOp> class K>
@@ -305,8 +329,13 @@ inline void fillReduceTable(detail::KernelTable& t) {
   fillRow<double, K>(t.reduce[static_cast<int>(DataType::kFloat64)]);
   fillRow<int8_t, K>(t.reduce[static_cast<int>(DataType::kInt8)]);
   fillRow<uint8_t, K>(t.reduce[static_cast<int>(DataType::kUInt8)]);
+  fillRow<int16_t, K>(t.reduce[static_cast<int>(DataType::kInt16)]);
+  fillRow<uint16_t, K>(t.reduce[static_cast<int>(DataType::kUInt16)]);
   fillRow<int32_t, K>(t.reduce[static_cast<int>(DataType::kInt32)]);
+  fillRow<uint32_t, K>(t.reduce[static_cast<int>(DataType::kUInt32)]);
   fillRow<int64_t, K>(t.reduce[static_cast<int>(DataType::kInt64)]);
+  fillRow<uint64_t, K>(t.reduce[static_cast<int>(DataType::kUInt64)]);
+  fillBoolRow<K>(t.reduce[static_cast<int>(DataType::kBool)]);
 }
 
 }  // namespace rr::reduce::RR_KERNEL_NS

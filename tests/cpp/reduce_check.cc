@@ -88,6 +88,7 @@ T refCombine(ReduceOp op, T a, T b) {
       case ReduceOp::kProd: return std::isnan(a) ? a : a * b;
       case ReduceOp::kMin: return (a < b || std::isnan(a)) ? a : b;
       case ReduceOp::kMax: return (a > b || std::isnan(a)) ? a : b;
+      default: break;  // bitwise ops have no float kernels
     }
   } else {  // wrap: do it mod 2^64, then truncate to T's width
     const uint64_t ua = static_cast<uint64_t>(a), ub = static_cast<uint64_t>(b);
@@ -96,6 +97,9 @@ T refCombine(ReduceOp op, T a, T b) {
       case ReduceOp::kProd: return static_cast<T>(ua * ub);
       case ReduceOp::kMin: return a < b ? a : b;
       case ReduceOp::kMax: return a > b ? a : b;
+      case ReduceOp::kBand: return static_cast<T>(ua & ub);
+      case ReduceOp::kBor: return static_cast<T>(ua | ub);
+      case ReduceOp::kBxor: return static_cast<T>(ua ^ ub);
     }
   }
   return a;
@@ -189,10 +193,19 @@ struct Buf {
 const size_t kLengths[] = {0, 1, 3, 15, 16, 17, 63, 65, 1000, 4097};
 const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProd, ReduceOp::kMin,
                          ReduceOp::kMax};
+// Integers: no avg kernel (checkReduction refuses it), the bitwise ops instead.
+const ReduceOp kIntOps[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax,
+                            ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor};
+
+template <class T>
+std::vector<ReduceOp> opsFor() {
+  if constexpr (std::is_floating_point_v<T>) return {std::begin(kOps), std::end(kOps)};
+  return {std::begin(kIntOps), std::end(kIntOps)};
+}
 
 template <class T>
 void checkReduce(DataType t) {
-  for (ReduceOp op : kOps) {
+  for (ReduceOp op : opsFor<T>()) {
     for (size_t n : kLengths) {
       std::vector<T> a(n), b(n), want(n), wantSelf(n);
       for (size_t i = 0; i < n; ++i) {
@@ -247,6 +260,29 @@ void checkNanPropagation(DataType t) {
         ok &= bitsOf(d1[i]) == bitsOf(refCombine(op, a[i], b[i]));
       }
       check(ok, pathName(p) + " NaN propagation " + rr::toString(t) + " " + rr::toString(op));
+    }
+  }
+}
+
+// bool bytes hold 0 or 1: sum/max/bor = or, prod/min/band = and, bxor = xor; nothing else.
+void checkBool() {
+  const std::pair<ReduceOp, int> ops[] = {
+      {ReduceOp::kSum, '|'},  {ReduceOp::kMax, '|'},  {ReduceOp::kBor, '|'},
+      {ReduceOp::kProd, '&'}, {ReduceOp::kMin, '&'},  {ReduceOp::kBand, '&'},
+      {ReduceOp::kBxor, '^'}};
+  for (auto [op, how] : ops) {
+    for (size_t n : kLengths) {
+      std::vector<uint8_t> a(n), b(n), want(n);
+      for (size_t i = 0; i < n; ++i) {
+        a[i] = gRng() & 1;
+        b[i] = gRng() & 1;
+        want[i] = how == '|' ? (a[i] | b[i]) : how == '&' ? (a[i] & b[i]) : (a[i] ^ b[i]);
+      }
+      for (int p : allPaths()) {
+        std::vector<uint8_t> d = a;
+        reduceFn(p, DataType::kBool, op)(d.data(), b.data(), n);
+        check(d == want, pathName(p) + " bool " + rr::toString(op) + " n=" + std::to_string(n));
+      }
     }
   }
 }
@@ -427,6 +463,14 @@ void checkErrors() {
   check(throwsInvalid([] { getReduceFn(DataType::kBFloat16, ReduceOp::kMax); }), "bf16 reduce");
   check(throwsInvalid([] { getReduceFn(DataType(42), ReduceOp::kSum); }), "bad dtype");
   check(throwsInvalid([] { getReduceFn(DataType::kFloat32, ReduceOp(9)); }), "bad op");
+  check(throwsInvalid([] { getReduceFn(DataType::kInt32, ReduceOp::kAvg); }), "int avg kernel");
+  check(throwsInvalid([] { getReduceFn(DataType::kFloat64, ReduceOp::kBand); }), "float band");
+  check(throwsInvalid([] { rr::checkReduction(DataType::kBool, ReduceOp::kAvg); }), "bool avg");
+  check(throwsInvalid([] { rr::checkReduction(DataType::kInt32, ReduceOp::kAvg); }), "int avg");
+  check(throwsInvalid([] { rr::checkReduction(DataType::kFloat32, ReduceOp::kBxor); }),
+        "float bxor");
+  rr::checkReduction(DataType::kUInt64, ReduceOp::kBand);  // accepted
+  rr::checkReduction(DataType::kBFloat16, ReduceOp::kAvg);  // accepted
   float f[4] = {};
   check(throwsInvalid([&] { widen(DataType::kFloat32, f, f, 1); }), "widen f32");
   check(throwsInvalid([&] { finalize(DataType::kInt32, ReduceOp::kAvg, 0, f, f, 1); }),
@@ -534,6 +578,11 @@ int run(int argc, char** argv) {
   checkReduce<uint8_t>(DataType::kUInt8);
   checkReduce<int32_t>(DataType::kInt32);
   checkReduce<int64_t>(DataType::kInt64);
+  checkReduce<int16_t>(DataType::kInt16);
+  checkReduce<uint16_t>(DataType::kUInt16);
+  checkReduce<uint32_t>(DataType::kUInt32);
+  checkReduce<uint64_t>(DataType::kUInt64);
+  checkBool();
   checkNanPropagation<float>(DataType::kFloat32);
   checkNanPropagation<double>(DataType::kFloat64);
   checkIntegerWrap();
