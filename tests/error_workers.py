@@ -66,13 +66,19 @@ def bad_inputs(rank: int, world: int) -> list[str]:
              ValueError, r"complex64 is not supported.*float32"),
             ("complex array", lambda: rr.allreduce(np.ones(3, np.complex128)), ValueError,
              "complex128 is not supported"),
-            ("bool tensor", lambda: rr.allreduce(torch.ones(3, dtype=torch.bool)), ValueError,
-             "bool is not supported"),
-            ("bool array", lambda: rr.broadcast(np.ones(3, bool)), ValueError, "not supported"),
-            ("int16 tensor", lambda: rr.allreduce(torch.ones(3, dtype=torch.int16)), ValueError,
-             "int16 is not supported"),
-            ("uint32 array", lambda: rr.allreduce(np.ones(3, np.uint32)), ValueError,
-             "uint32 is not supported"),
+            ("bool avg", lambda: rr.allreduce(torch.ones(3, dtype=torch.bool), op="avg"),
+             ValueError, "avg of bool would wrap.*op=sum"),
+            ("int16 avg", lambda: rr.allreduce(torch.ones(3, dtype=torch.int16), op="avg"),
+             ValueError, "avg of int16 would wrap.*floating-point dtype"),
+            ("uint32 avg reduce_scatter",
+             lambda: rr.reduce_scatter(np.ones(world * 3, np.uint32), op="avg"), ValueError,
+             "avg of uint32 would wrap"),
+            ("float band", lambda: rr.allreduce(np.ones(3, np.float32), op="band"), ValueError,
+             "bitwise: it needs an integer or bool dtype, got float32"),
+            ("bfloat16 bxor coalesced", lambda: rr.allreduce_coalesced(
+                [torch.ones(3, dtype=torch.bfloat16)], op="bxor"), ValueError, "bitwise"),
+            ("float64 bor async", lambda: rr.allreduce(np.ones(3), op="bor", async_op=True),
+             ValueError, "bitwise"),
             ("read-only array", lambda: rr.allreduce(ro), ValueError, "read-only"),
             ("read-only broadcast", lambda: rr.broadcast(ro), ValueError, "read-only"),
             ("meta-device tensor", lambda: rr.allreduce(torch.empty(3, device="meta")),
@@ -84,7 +90,7 @@ def bad_inputs(rank: int, world: int) -> list[str]:
              "expected a torch.Tensor or numpy.ndarray, got list"),
             ("python float", lambda: rr.broadcast(1.0), TypeError, "got float"),
             ("bad op", lambda: rr.allreduce(x, op="mean"), ValueError,
-             "unsupported reduce op 'mean'.*sum, avg, prod, min, max"),
+             "unsupported reduce op 'mean'.*sum, avg, prod, min, max, band, bor, bxor"),
             ("op None", lambda: rr.allreduce(x, op=None), ValueError, "unsupported reduce op"),
             ("bad algo", lambda: rr.allreduce(x, algo="star"), ValueError,
              "unknown algo 'star'.*auto, ring, tree"),
@@ -151,11 +157,13 @@ def bad_inputs(rank: int, world: int) -> list[str]:
 
     for op, name in ((dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.AVG, "avg"),
                      (dist.ReduceOp.PRODUCT, "prod"), (dist.ReduceOp.MIN, "min"),
-                     (dist.ReduceOp.MAX, "max")):
-        ins = [pattern("int32", name, r, 17, 1) for r in range(world)]
+                     (dist.ReduceOp.MAX, "max"), (dist.ReduceOp.BAND, "band"),
+                     (dist.ReduceOp.BOR, "bor"), (dist.ReduceOp.BXOR, "bxor")):
+        dt = "float64" if name == "avg" else "int32"  # integer avg is refused
+        ins = [pattern(dt, name, r, 17, 1) for r in range(world)]
         v = ins[rank].copy()
         rr.allreduce(v, op=op)
-        errs += compare_exact(v, reduce_np("int32", name, ins, world), f"op={op}")
+        errs += compare_exact(v, reduce_np(dt, name, ins, world), f"op={op}")
     return errs
 
 
