@@ -20,7 +20,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from pybind11.setup_helpers import Pybind11Extension, ParallelCompile
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import traceback
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -360,7 +360,7 @@ SCENARIOS: dict = {
 }
 
 
-def ddp_suite(rank: int, world: int, names: Optional[list] = None) -> dict:
+def ddp_suite(rank: int, world: int, names: list | None = None) -> dict:
     """Run the named scenarios (all by default) in order; {name: result or {"error"}}."""
     torch.set_num_threads(1)
     out = {}

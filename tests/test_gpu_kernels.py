@@ -11,8 +11,8 @@ import sys
 import textwrap
 
 import pytest
+from gpu_common import _NVCC, CSRC, DTYPES, OPS, ROOT, TAGS, _py  # noqa: F401
 
-from gpu_common import CSRC, DTYPES, OPS, ROOT, TAGS, _NVCC, _py  # noqa: F401
 from ringreduce import _C, gpu  # noqa: F401
 
 # ---------------------------------------------------------------------------------------

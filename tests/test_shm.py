@@ -46,7 +46,7 @@ def test_no_segment_left_in_dev_shm() -> None:
     seen = run_world(3, "shm_workers:shm_entries")
     # Names are unlinked as soon as every rank mapped them, i.e. before init returns.
     for entries in seen:
-        assert not (set("/dev/shm/" + e for e in entries) - before)
+        assert not ({"/dev/shm/" + e for e in entries} - before)
     assert set(glob.glob("/dev/shm/rr-*")) <= before
 
 
