@@ -1,0 +1,81 @@
+#!/usr/bin/env python
+"""Re-run the benchmarks behind every number in README.md and bench/README.md.
+
+    python bench/reproduce.py                 # all tables, one after another (~30 min)
+    python bench/reproduce.py shm_2ranks ddp  # only these (names below)
+    python bench/reproduce.py --list          # the commands, without running them
+
+Each table has exactly one command; each writes its JSON (with result checking on, and the
+machine recorded) beside this file, where the READMEs cite it. Run on an otherwise idle
+machine: the ratios are measured in the same run as their anchors, but a busy machine
+still moves them. The emulated-cluster tables need root and iproute2 (tests/netcluster.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PY = sys.executable
+BENCH = [PY, "-m", "ringreduce.bench"]
+
+
+def _out(name: str) -> str:
+    return os.path.join("bench", name)
+
+
+def _cluster(rate: str) -> list[str]:
+    return [PY, "tests/netcluster.py", "run", "4", rate, "--timeout", "900", "--", PY, "-m",
+            "ringreduce.bench", "-b", "1M", "-e", "64M", "-f", "4", "-w", "1", "-i", "3",
+            "--compare", "gloo", "--check", "--json", _out(f"netcluster_{rate}.json")]
+
+
+# name -> command (run from the repository root). Order: cheapest and most cited first.
+TABLES: dict[str, list[str]] = {
+    "allreduce_vs_gloo": [PY, "bench/allreduce_vs_gloo.py"],
+    "shm_2ranks": [*BENCH, "-n", "2", "-b", "8", "-e", "64M", "-f", "2", "-w", "10", "-i", "30",
+                   "--compare", "gloo,mpi", "--check", "--json", _out("shm_2ranks.json"),
+                   "--plot", _out("shm_2ranks.png")],
+    "shm_4ranks": [*BENCH, "-n", "4", "-b", "1M", "-e", "64M", "-f", "2", "-w", "5", "-i", "20",
+                   "--compare", "gloo,mpi", "--check", "--json", _out("shm_4ranks.json"),
+                   "--plot", _out("shm_4ranks.png")],
+    "ddp_mlp": [PY, "bench/ddp_step.py", "--torch-rr", "--check", "--json",
+                _out("ddp_step_mlp.json")],
+    "ddp_transformer": [PY, "bench/ddp_step.py", "--model", "transformer", "--torch-rr",
+                        "--check", "--json", _out("ddp_step_transformer.json")],
+    "fault_detection": [PY, "bench/fault_detection.py", "--json", _out("fault_detection.json"),
+                        "--plot", _out("fault_detection.png")],
+    "alpha_beta": [PY, "bench/measure_alpha_beta.py"],
+    "netcluster_1gbit": _cluster("1gbit"),
+    "netcluster_10gbit": _cluster("10gbit"),
+}
+
+
+def main(argv: list[str]) -> int:
+    if "--list" in argv:
+        for name, cmd in TABLES.items():
+            print(f"{name:18s} {' '.join(cmd)}")
+        return 0
+    unknown = [a for a in argv if a not in TABLES]
+    if unknown:
+        print(f"unknown table(s) {unknown}; choose from {', '.join(TABLES)}", file=sys.stderr)
+        return 2
+    failed = []
+    for name in argv or list(TABLES):
+        print(f"== {name}: {' '.join(TABLES[name])}", flush=True)
+        t0 = time.monotonic()
+        rc = subprocess.call(TABLES[name], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+        print(f"== {name}: exit {rc} after {time.monotonic() - t0:.0f} s", flush=True)
+        if rc != 0:
+            failed.append(name)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
