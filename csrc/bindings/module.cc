@@ -16,6 +16,8 @@
 #include "comm/site.h"
 #include "core/chunking.h"
 #include "core/crc32c.h"
+#include "core/deadline.h"
+#include "core/error.h"
 #include "core/log.h"
 #include "reduce/reduce.h"
 #include "runtime/executor.h"
@@ -48,9 +50,21 @@ Options optionsFromDict(const py::dict& d) {
     else if (k == "stall_warn") o.stallWarnSec = v.cast<double>();
     else if (k == "spin_us") o.spinUs = v.cast<double>();
     else if (k.rfind("shm_", 0) == 0) continue;  // see shmFromDict
+    else if (k == "session") continue;  // this init's random id: heartbeat key (PyComm)
     else throw InvalidArgument("unknown option '" + k + "'");
   }
-  if (o.timeoutSec <= 0) throw InvalidArgument("timeout must be > 0 seconds");
+  // Every duration in seconds enters the deadline arithmetic: refuse what it cannot hold.
+  auto seconds = [](const char* name, double v, bool zeroOk) {
+    if (!(v >= 0) || (!zeroOk && v == 0) || !(v <= kMaxWaitSeconds))
+      throw InvalidArgument(detail::concat(name, "=", v, " is out of range: accepted is ",
+                                           zeroOk ? "0 <= " : "0 < ", "seconds <= ",
+                                           kMaxWaitSeconds, " (one year)"));
+  };
+  seconds("timeout", o.timeoutSec, false);
+  seconds("connect_timeout", o.connectTimeoutSec, false);
+  seconds("heartbeat_interval", o.heartbeatIntervalSec, false);
+  seconds("heartbeat_timeout", o.heartbeatTimeoutSec, true);
+  seconds("stall_warn", o.stallWarnSec, true);
   if (o.segmentBytes < 64) throw InvalidArgument("segment_bytes must be >= 64");
   return o;
 }
@@ -157,7 +171,9 @@ class PyComm {
     if (!hbAddrs.empty() && o.heartbeatTimeoutSec > 0 && pl.hb) {
       if (static_cast<int>(hbAddrs.size()) != world)
         throw InvalidArgument("need one heartbeat address per rank");
-      pl.hb->start(rank, hbAddrs, secret, o.heartbeatIntervalSec);
+      std::string session = opts.contains("session") ? opts["session"].cast<std::string>() : "";
+      pl.hb->start(rank, hbAddrs, transport::heartbeatKey(secret, session),
+                   o.heartbeatIntervalSec);
       comm->setHeartbeat(std::move(pl.hb));
     }
     exec_ = std::make_unique<runtime::Executor>(std::move(comm));
@@ -201,6 +217,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_log_level", &log::setLevel);
   m.def("set_log_prefix", &log::setPrefix);
   m.def("isa_name", &reduce::isaName);
+  // Tests only: every name lookup (numeric addresses skip it) sleeps this long first, to
+  // show that init and connect give up at their deadline instead of hanging in getaddrinfo.
+  m.def("_set_resolve_delay_for_testing", &transport::tcp::setResolveDelayForTesting);
   m.def("set_call_site_skip", &bindings::setCallSiteSkip,
         "Frames from files under these prefixes are not call sites (ringreduce, torch).");
   m.def("set_call_sites", &bindings::setCallSitesEnabled);
