@@ -32,8 +32,10 @@ _MASTER: set = set()  # keys whose store hosts the server in this process
 _LINGER: set = set()
 # How long destroy() waits for the other ranks to be done with the store before rank 0
 # stops its server (and they for rank 0's word): a rank that is gone or far behind costs
-# destroy() at most this; it gives up quietly (the store is not needed any more).
+# destroy() at most this; it gives up quietly (the store is not needed any more). After a
+# failure peers may be dead, and destroy() must return promptly: the shorter wait.
 _FAREWELL_S = 5.0
+_FAREWELL_FAILED_S = 1.0
 _GENERATION = [0]  # inits so far in this process: keys of each init live under their own prefix
 
 
@@ -132,12 +134,13 @@ def release_lingering(keep: tuple | None = None) -> None:
 
 
 def release_store(key: tuple | None, rank: int, world: int, prefix: str, timeout: float,
-                  farewell: bool = True) -> None:
+                  farewell: bool = True, failed: bool = False) -> None:
     """Drop one reference taken by make_store(); the last one closes the store.
 
     Every rank of the init that used the store calls this at destroy (prefix: that init's
     key prefix). With `farewell`, rank 0 -- it hosts the server -- first waits (at most
-    `timeout`, capped at _FAREWELL_S) until every rank said it is done with the store, then
+    `timeout`, capped at _FAREWELL_S, or _FAREWELL_FAILED_S when the communicator `failed`)
+    until every rank said it is done with the store, then
     tells them whether the server stops ("close") or stays because something else in rank
     0's process still holds the store ("keep": another make_store caller, or torch's
     process group given this store). The others wait for that word and, on "close", until
@@ -157,7 +160,7 @@ def release_store(key: tuple | None, rank: int, world: int, prefix: str, timeout
         _MASTER.discard(key)
     if not farewell:
         return
-    deadline = time.monotonic() + min(timeout, _FAREWELL_S)
+    deadline = time.monotonic() + min(timeout, _FAREWELL_FAILED_S if failed else _FAREWELL_S)
     word = b""
     try:
         store.add(prefix + "bye", 1)

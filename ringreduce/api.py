@@ -313,13 +313,16 @@ def destroy() -> None:
     try:
         _gpu().reset()  # NCCL communicator and pinned host buffers of this group
     finally:
+        failed = True
         try:
             if g.comm is not None:
                 g.comm.destroy()
+                failed = g.comm.failed_at_destroy
         finally:
             # After the communicator: the store outlives nothing that could still use it.
             _rendezvous.release_store(g.store_key, g.rank, g.world_size, g.store_prefix,
-                                      float(g.options.get("connect_timeout", 0.0)))
+                                      float(g.options.get("connect_timeout", 0.0)),
+                                      failed=failed)
     with _INFLIGHT_LOCK:
         _INFLIGHT.clear()  # the executor has stopped: nothing can touch those buffers now
 

@@ -201,10 +201,12 @@ class PyComm {
     if (!exec_) return;
     py::gil_scoped_release nogil;
     exec_->shutdown();
+    failedAtDestroy_ = exec_->comm().failed();  // the executor thread has stopped
     exec_.reset();
   }
 
   std::unique_ptr<runtime::Executor> exec_;
+  bool failedAtDestroy_ = false;
 };
 
 }  // namespace
@@ -333,6 +335,9 @@ PYBIND11_MODULE(_C, m) {
            })
       .def("abort", [](PyComm& c) { if (c.exec_) c.exec_->abort(); })
       .def("destroy", &PyComm::destroy)
+      // After destroy(): whether the communicator had failed or been aborted (then peers
+      // may be gone, and destroy's farewell through the store waits less for them).
+      .def_property_readonly("failed_at_destroy", [](PyComm& c) { return c.failedAtDestroy_; })
       .def_property_readonly("destroyed", [](PyComm& c) { return !c.exec_; })
       .def("set_tracing", [](PyComm& c, bool on) { c.ex().comm().recorder().setTracing(on); })
       .def("set_flight_path", [](PyComm& c, const std::string& p) { c.ex().comm().setFlightPath(p); })
