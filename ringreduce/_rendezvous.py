@@ -13,7 +13,6 @@ destroy(). Stores the caller or torch passed in are never released here: not our
 from __future__ import annotations
 
 import secrets
-import socket
 import sys
 import threading
 import time
@@ -30,6 +29,9 @@ _MASTER: set = set()  # keys whose store hosts the server in this process
 # can read why init failed (prefix + "failed"); the next init() adopts it (same address)
 # or drops it, and destroy() drops it.
 _LINGER: set = set()
+# (addr, port) -> the bye-ack key of the last init whose server rank 0 closed: a client of
+# the next init on that address checks it is not talking to that server in its last moments.
+_CLOSED: dict[tuple, str] = {}
 # How long destroy() waits for the other ranks to be done with the store before rank 0
 # stops its server (and they for rank 0's word): a rank that is gone or far behind costs
 # destroy() at most this; it gives up quietly (the store is not needed any more). After a
@@ -92,9 +94,17 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
         except Exception as e:  # noqa: BLE001 - torch's RuntimeError/DistNetworkError, re-raised
             box.append(e)
 
-    t = threading.Thread(target=build, name="ringreduce-store-connect", daemon=True)
-    t.start()
-    t.join(timeout + 1.0)
+    deadline = time.monotonic() + timeout
+    while True:
+        t = threading.Thread(target=build, name="ringreduce-store-connect", daemon=True)
+        t.start()
+        t.join(max(0.0, deadline - time.monotonic()) + 1.0)
+        if not box or isinstance(box[0], Exception) or not _is_old_server(key, box[0]) \
+                or time.monotonic() > deadline:
+            break
+        box.clear()  # rank 0's previous server, about to stop: drop it, connect again
+        time.sleep(0.01)
+    _CLOSED.pop(key, None)
     if not box:
         raise _timeout_error(
             f"rank {rank} could not {what} {master_addr}:{master_port} within {timeout:.0f} s: "
@@ -110,6 +120,17 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
     if is_master:
         _MASTER.add(key)
     return box[0]
+
+
+def _is_old_server(key: tuple, store: Any) -> bool:
+    """True when a client just reached the server rank 0 is closing (release_store): it
+    still has the previous init's bye-ack, which a new server cannot have."""
+    if key not in _CLOSED:
+        return False
+    try:
+        return bool(store.check([_CLOSED[key]]))
+    except RuntimeError:  # it closed under us: connect again
+        return True
 
 
 def store_key(store: Any) -> tuple | None:
@@ -138,15 +159,17 @@ def release_store(key: tuple | None, rank: int, world: int, prefix: str, timeout
     """Drop one reference taken by make_store(); the last one closes the store.
 
     Every rank of the init that used the store calls this at destroy (prefix: that init's
-    key prefix). With `farewell`, rank 0 -- it hosts the server -- first waits (at most
-    `timeout`, capped at _FAREWELL_S, or _FAREWELL_FAILED_S when the communicator `failed`)
-    until every rank said it is done with the store, then
-    tells them whether the server stops ("close") or stays because something else in rank
-    0's process still holds the store ("keep": another make_store caller, or torch's
-    process group given this store). The others wait for that word and, on "close", until
-    the port is closed, so a re-init on the same MASTER_PORT cannot reach the old server.
-    farewell=False just drops the reference. Never raises: the store has
-    served its purpose, and a missing peer only costs the wait.
+    key prefix). With `farewell`, rank 0 -- it hosts the server -- waits (at most `timeout`,
+    capped at _FAREWELL_S, or _FAREWELL_FAILED_S when the communicator `failed`) until
+    every rank said it is done with the store ("bye"), tells them whether the server stops
+    ("close") or stays because something else in its process still holds the store
+    ("keep": torch's default process group, another make_store caller), and waits until
+    they read that ("acked") before it drops the server -- a store call that finds the
+    server gone makes torch log a stack trace. After "close" the others' next make_store on
+    that address refuses the old server (_is_old_server), so a re-init on the same
+    MASTER_PORT cannot end up talking to it in its last moments.
+    farewell=False just drops the reference. Never raises: the store has served its
+    purpose, and a missing peer only costs the wait.
     """
     if key is None or key not in _REFS:
         return
@@ -155,45 +178,66 @@ def release_store(key: tuple | None, rank: int, world: int, prefix: str, timeout
     closing = False
     if _REFS[key] <= 0:
         del _STORES[key], _REFS[key]
-        # 2 references = `store` here + getrefcount's argument: nobody else holds it.
-        closing = key in _MASTER and sys.getrefcount(store) <= 2
+        # 2 references = `store` here + getrefcount's argument: no Python code holds it.
+        closing = (key in _MASTER and sys.getrefcount(store) <= 2
+                   and not _torch_holds(store))
         _MASTER.discard(key)
     if not farewell:
         return
     deadline = time.monotonic() + min(timeout, _FAREWELL_FAILED_S if failed else _FAREWELL_S)
-    word = b""
+    # Store calls block while the server's host is frozen (SIGSTOP, a debugger) for the
+    # store's own timeout, not ours: talk on a helper thread and stop waiting at the
+    # deadline. An abandoned thread ends at the store's timeout and drops its reference.
+    box = [store]
+    del store
+    words: list = []
+    t = threading.Thread(target=_farewell, args=(box, rank, world, prefix, closing, deadline,
+                                                 words),
+                         name="ringreduce-store-farewell", daemon=True)
+    t.start()
+    t.join(max(0.0, deadline - time.monotonic()) + 0.5)
+    if words == [b"close"]:  # make_store on this address must not reach this server again
+        _CLOSED[key] = prefix + "bye-ack"
+
+
+def _farewell(box: list, rank: int, world: int, prefix: str, closing: bool, deadline: float,
+              words: list) -> None:
+    """release_store's talk through the store (helper thread); drops box's reference."""
+    store = box.pop()
+    bye, ack, acked = prefix + "bye", prefix + "bye-ack", prefix + "acked"
     try:
-        store.add(prefix + "bye", 1)
+        store.add(bye, 1)
         if rank == 0:
-            while store.add(prefix + "bye", 0) < world and time.monotonic() < deadline:
-                time.sleep(0.002)
-            store.set(prefix + "bye-ack", "close" if closing else "keep")
-        else:
-            while time.monotonic() < deadline:
-                if store.check([prefix + "bye-ack"]):
-                    word = bytes(store.get(prefix + "bye-ack"))
-                    break
-                time.sleep(0.002)
+            _poll(lambda: store.add(bye, 0) >= world, deadline)
+            store.set(ack, "close" if closing else "keep")
+            _poll(lambda: store.add(acked, 0) >= world - 1, deadline)
+        elif _poll(lambda: store.check([ack]), deadline):
+            words.append(bytes(store.get(ack)))
+            store.add(acked, 1)
     except RuntimeError:  # the store is gone already (rank 0 left): nothing to wait for
-        return
+        pass
     finally:
-        del store  # the last reference: TCPStore's destructor closes its sockets
-    if word == b"close":
-        _wait_port_closed(key, deadline)
+        store = None  # the last reference: TCPStore's destructor closes its sockets
 
 
-def _wait_port_closed(key: tuple, deadline: float) -> None:
-    """Until nothing accepts connections on key's (addr, port), or the deadline. A bare
-    connect (no bytes sent) rather than a store call: torch logs a stack trace for every
-    store call that finds the server gone."""
-    addr, port = key
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((addr, port), timeout=0.5):
-                pass
-        except OSError:
-            return
-        time.sleep(0.005)
+def _poll(done: Any, deadline: float) -> bool:
+    """Call done() every 2 ms until it is true (returns True) or the deadline (False)."""
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
+
+
+def _torch_holds(store: Any) -> bool:
+    """True when torch's default process group was given `store` (wrapped in PrefixStores,
+    which keep it alive from C++, invisible to sys.getrefcount)."""
+    s = torch_default_store()
+    while s is not None:
+        if s is store:
+            return True
+        s = getattr(s, "underlying_store", None)
+    return False
 
 
 def torch_default_store() -> Any:

@@ -43,6 +43,11 @@ def store_cycles(rank: int, world: int, ports: list[int]) -> dict:
         assert np.all(x == sum(r + i for r in range(world))), x
         rr.destroy()
         fds.append(_nfds())
+        # Rank 0's destroy() stops its server before returning; other ranks may return a
+        # moment earlier, so they look until that has happened (bounded).
+        end = time.monotonic() + 3
+        while listening_ports() & set(ports[: i + 1]) and time.monotonic() < end:
+            time.sleep(0.01)
         still.append(sorted(listening_ports() & set(ports[: i + 1])))
     return {"fds": fds, "listening": still}
 
@@ -57,6 +62,9 @@ def store_same_port(rank: int, world: int, cycles: int) -> dict:
         rr.allreduce(x)
         assert np.all(x == i * world), x
         rr.destroy()
+    end = time.monotonic() + 3  # as in store_cycles
+    while int(os.environ["MASTER_PORT"]) in listening_ports() and time.monotonic() < end:
+        time.sleep(0.01)
     return {"elapsed": time.monotonic() - t0,
             "listening": int(os.environ["MASTER_PORT"]) in listening_ports()}
 

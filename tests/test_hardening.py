@@ -236,3 +236,45 @@ def test_allgather_checks_the_communicator_before_writing_out(world: int) -> Non
         for name in ("sync", "async"):
             assert v[name]["raised"] is not None, (r, name, v)
             assert v[name]["untouched"], (r, name, v)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("shared", [False, True])
+def test_store_release_closes_only_an_unshared_server(shared: bool) -> None:
+    """Rank 0's last release stops the server ("close") unless something else in its process
+    still holds the store -- here torch's default process group, given that store -- then
+    the server stays up ("keep")."""
+    import threading
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from hardening_workers import listening_ports
+
+    from ringreduce import _rendezvous
+
+    port = free_port()
+    store = _rendezvous.make_store("127.0.0.1", port, 0, 2, 10.0, False)
+    key = _rendezvous.store_key(store)
+    assert key == ("127.0.0.1", port)
+    peer = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10),
+                         wait_for_workers=False)
+    if shared:  # torch's process group keeps it (from C++, in a PrefixStore)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    del store
+    t = threading.Thread(target=_rendezvous.release_store, args=(key, 0, 2, "p/", 10.0))
+    t.start()
+    peer.add("p/bye", 1)
+    peer.wait(["p/bye-ack"], timedelta(seconds=10))
+    word = peer.get("p/bye-ack")
+    peer.add("p/acked", 1)  # rank 0 drops its server only after this
+    t.join(10)
+    assert word == (b"keep" if shared else b"close")
+    assert key not in _rendezvous._STORES
+    deadline = time.monotonic() + 5
+    while port in listening_ports() and not shared and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (port in listening_ports()) == shared
+    if shared:
+        dist.barrier()  # torch's group still works
+        dist.destroy_process_group()
