@@ -24,6 +24,7 @@ import re
 import socket
 import struct
 import subprocess
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -285,24 +286,45 @@ def _bad(name: str, raw: str, allowed: str) -> ValueError:
     return ValueError(f"{name}={raw!r} is not valid; allowed: {allowed}. Fix or unset {name}")
 
 
+# The longest wait anything may ask for (one year; the C++ core's kMaxWaitSeconds in
+# csrc/core/deadline.h is the same number). Every wait has a deadline, so infinity is no
+# value; beyond this the deadline arithmetic would overflow.
+MAX_WAIT_S = 366 * 24 * 3600.0
+
+
+def _seconds_range(allow_zero: bool) -> str:
+    low = "0 <= seconds" if allow_zero else "0 < seconds"
+    return f"{low} <= {MAX_WAIT_S:.0f} (one year; every wait needs a finite deadline)"
+
+
+def check_seconds(what: str, value: Any, allow_zero: bool = False) -> float:
+    """`value` as float seconds, or ValueError naming `what` and the accepted range
+    (negative, NaN, infinite and above MAX_WAIT_S are refused)."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what}={value!r} is not a number of seconds; accepted: "
+                         f"{_seconds_range(allow_zero)}") from None
+    if not (v >= 0 if allow_zero else v > 0) or not v <= MAX_WAIT_S:
+        raise ValueError(f"{what}={value!r} is out of range; accepted: "
+                         f"{_seconds_range(allow_zero)}")
+    return v
+
+
 def _p_nonneg_seconds(name: str, raw: str) -> float:
     try:
-        v = float(raw)
+        return check_seconds(name, float(raw), allow_zero=True)
     except ValueError:
-        v = -1.0
-    if not v >= 0:
-        raise _bad(name, raw, "a number of seconds >= 0 (0 disables)")
-    return v
+        raise _bad(name, raw, f"a number of seconds >= 0 (0 disables); "
+                   f"{_seconds_range(True)}") from None
 
 
 def _p_seconds(name: str, raw: str) -> float:
     try:
-        value = float(raw)
+        return check_seconds(name, float(raw))
     except ValueError:
-        raise _bad(name, raw, "a positive number of seconds, e.g. 600 or 2.5") from None
-    if not value > 0 or value == float("inf"):
-        raise _bad(name, raw, "a positive number of seconds, e.g. 600 or 2.5")
-    return value
+        raise _bad(name, raw, f"a positive number of seconds, e.g. 600 or 2.5; "
+                   f"{_seconds_range(False)}") from None
 
 
 def _p_bytes(name: str, raw: str) -> int:
@@ -541,12 +563,42 @@ def _is_loopback(host: str) -> bool:
     return host in ("localhost", "::1", "") or host.startswith("127.")
 
 
-def _route_source(master_addr: str) -> str:
+def resolve(host: str, port: int, timeout: float, what: str) -> list:
+    """socket.getaddrinfo(host, port, SOCK_DGRAM) with a deadline: a numeric address is
+    parsed at once (no lookup); a name is looked up on a helper thread, and after `timeout`
+    seconds this gives up (getaddrinfo has no timeout of its own, and an unreachable DNS
+    server blocks it for minutes). Raises ValueError (no such name) or CollectiveTimeout."""
     try:
-        infos = socket.getaddrinfo(master_addr, 9, type=socket.SOCK_DGRAM)
-    except socket.gaierror as e:
-        raise ValueError(f"cannot resolve MASTER_ADDR={master_addr!r} ({e}); set MASTER_ADDR "
-                         "to an address every rank can reach") from None
+        return socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM,
+                                  flags=socket.AI_NUMERICHOST)
+    except socket.gaierror:
+        pass  # a name: look it up
+    found: list = []
+    failed: list[OSError] = []
+
+    def lookup() -> None:
+        try:
+            found.append(socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM))
+        except OSError as e:
+            failed.append(e)
+
+    t = threading.Thread(target=lookup, name="ringreduce-resolve", daemon=True)
+    t.start()
+    t.join(timeout)
+    if failed:
+        raise ValueError(f"cannot resolve {what}={host!r} ({failed[0]}); set {what} to an "
+                         "address every rank can reach")
+    if not found:
+        from ._C import CollectiveTimeout
+
+        raise CollectiveTimeout(
+            f"resolving {what}={host!r} took longer than {timeout:g} s (is the DNS server "
+            f"reachable? use a numeric address, or fix /etc/hosts or resolv.conf)")
+    return found[0]
+
+
+def _route_source(master_addr: str, timeout: float) -> str:
+    infos = resolve(master_addr, 9, timeout, "MASTER_ADDR")
     infos.sort(key=lambda info: info[0] != socket.AF_INET)  # prefer IPv4
     last: OSError | None = None
     for family, _, _, _, sockaddr in infos:
@@ -561,13 +613,16 @@ def _route_source(master_addr: str) -> str:
                      "RINGREDUCE_SOCKET_IFNAME to the interface peers should use")
 
 
-def select_interface_address(master_addr: str | None, ifname: str | None) -> str:
+def select_interface_address(master_addr: str | None, ifname: str | None,
+                             timeout: float = 30.0) -> str:
     """The local address this rank should listen on and advertise to its peers.
 
     With ``ifname`` (RINGREDUCE_SOCKET_IFNAME; a comma-separated list tries each in turn)
     that interface's IPv4 address; otherwise the address of the interface that routes to
     ``master_addr``, or ``"127.0.0.1"`` when ``master_addr`` is unset or a loopback name.
     Raises ValueError, listing the available interfaces, when the interface is missing.
+    Always returns a numeric address (the C++ core then needs no name lookup); looking up a
+    MASTER_ADDR name takes at most ``timeout`` seconds (CollectiveTimeout after that).
     """
     if ifname:
         names = [n.strip() for n in ifname.split(",") if n.strip()]
@@ -580,7 +635,7 @@ def select_interface_address(master_addr: str | None, ifname: str | None) -> str
         raise ValueError(errors[-1] if len(errors) == 1 else "; ".join(errors))
     if master_addr is None or _is_loopback(master_addr.strip()):
         return "127.0.0.1"
-    return _route_source(master_addr.strip())
+    return _route_source(master_addr.strip(), timeout)
 
 
 def _read_text(path: str) -> str:

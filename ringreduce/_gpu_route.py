@@ -25,6 +25,7 @@ copy back.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any, Callable
 
@@ -109,10 +110,12 @@ class CudaState:
             else:
                 mine = f"{int(ok)}|{-1 if device is None else device}|{reason[:500]}"
                 self.store.set(f"{self.prefix}{_KEY}{g.rank}", mine)
+                keys = [f"{self.prefix}{_KEY}{r}" for r in range(g.world_size)]
+                _wait_verdicts(self.store, keys, g.rank,
+                               float(g.options.get("timeout", 600.0)))
                 entries = []
-                for r in range(g.world_size):
-                    raw = self.store.get(f"{self.prefix}{_KEY}{r}")
-                    o, d, why = bytes(raw).decode().split("|", 2)
+                for k in keys:
+                    o, d, why = bytes(self.store.get(k)).decode().split("|", 2)
                     entries.append((o == "1", int(d), why))
                 self.verdict = agree(entries, g.hosts)
         return self.verdict
@@ -140,6 +143,30 @@ class CudaState:
         if self.nccl is not None:
             nccl, self.nccl = self.nccl, None
             nccl.destroy()
+
+
+def _wait_verdicts(store: Any, keys: list, rank: int, timeout: float) -> None:
+    """Wait, at most `timeout` (the communicator's), until every rank published its NCCL
+    verdict (keys[r] is rank r's). Polls with store.check: store.get would block for the
+    store's own timeout and could not say who is missing."""
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while not store.check(keys):
+        if time.monotonic() > deadline:
+            missing = [r for r, k in enumerate(keys) if not store.check([k])]
+            if not missing:
+                return  # they arrived just now
+            from ._C import CollectiveTimeout
+
+            shown = ", ".join(str(r) for r in missing[:16]) + (" ..." if len(missing) > 16 else "")
+            raise CollectiveTimeout(
+                f"rank {rank}: the first CUDA collective waited {timeout:g} s for the NCCL "
+                f"verdict of rank{'s' if len(missing) > 1 else ''} {shown}, which never "
+                f"published it (did {'they' if len(missing) > 1 else 'it'} issue the same "
+                f"CUDA collective? every rank must call the same collectives in the same "
+                f"order; raise timeout= or RINGREDUCE_TIMEOUT if a rank is slow to get there)")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
 
 
 class _DictStore:

@@ -1,11 +1,19 @@
 """Rendezvous through a torch Store: agree on a secret, exchange listening addresses and
 host identities. No store of our own: torch.distributed.TCPStore from MASTER_ADDR and
 MASTER_PORT (as torchrun sets them), the launcher's agent store when
-TORCHELASTIC_USE_AGENT_STORE says so, or any torch Store the caller passes."""
+TORCHELASTIC_USE_AGENT_STORE says so, or any torch Store the caller passes.
+
+Ownership: a TCPStore made here is shared by reference count (make_store acquires,
+release_store releases) so init() and code of the same job that asks for the job's store
+(benchmarks running torch's gloo next to ringreduce) get one object. The last release drops
+it -- on rank 0 that stops the store server, so nothing of the job stays listening after
+destroy(). Stores the caller or torch passed in are never released here: not ours.
+"""
 
 from __future__ import annotations
 
 import secrets
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -14,7 +22,22 @@ from typing import Any
 
 from . import _env
 
-_STORES: dict[tuple, Any] = {}  # one TCPStore per (addr, port) for the process lifetime
+_STORES: dict[tuple, Any] = {}  # (addr, port) -> the TCPStore made here, while acquired
+_REFS: dict[tuple, int] = {}  # (addr, port) -> how many make_store calls hold it
+_MASTER: set = set()  # keys whose store hosts the server in this process
+# Keys whose reference a failed init left: the store stays up so that ranks still joining
+# can read why init failed (prefix + "failed"); the next init() adopts it (same address)
+# or drops it, and destroy() drops it.
+_LINGER: set = set()
+# (addr, port) -> the bye-ack key of the last init whose server rank 0 closed: a client of
+# the next init on that address checks it is not talking to that server in its last moments.
+_CLOSED: dict[tuple, str] = {}
+# How long destroy() waits for the other ranks to be done with the store before rank 0
+# stops its server (and they for rank 0's word): a rank that is gone or far behind costs
+# destroy() at most this; it gives up quietly (the store is not needed any more). After a
+# failure peers may be dead, and destroy() must return promptly: the shorter wait.
+_FAREWELL_S = 5.0
+_FAREWELL_FAILED_S = 1.0
 _GENERATION = [0]  # inits so far in this process: keys of each init live under their own prefix
 
 
@@ -25,6 +48,7 @@ class Peers:
     secret: str
     prefix: str = ""  # store key prefix of this init (unique per init in the process)
     hb_addrs: list = None  # UDP heartbeat "host:port" per rank
+    session: str = ""  # random per init (rank 0 draws it): keys this init's heartbeats
 
 
 def _torch_store():
@@ -40,14 +64,18 @@ def _torch_store():
 
 def make_store(master_addr: str | None, master_port: int | None, rank: int, world: int,
                timeout: float, use_agent_store: bool) -> Any:
-    """Create (or reuse) the TCPStore for this job."""
+    """Create (or reuse) the TCPStore for this job; pair every call with release_store()."""
     if master_addr is None or master_port is None:
         raise ValueError(
             "world_size > 1 needs a rendezvous address: set MASTER_ADDR and MASTER_PORT "
             "(ringreduce-run and torchrun do), or pass master_addr=/master_port= or store= to init()"
         )
     key = (master_addr, master_port)
+    if key in _LINGER:  # adopt the reference a failed init left
+        _LINGER.discard(key)
+        return _STORES[key]
     if key in _STORES:
+        _REFS[key] += 1
         return _STORES[key]
     dist = _torch_store()
     is_master = rank == 0 and not use_agent_store
@@ -66,9 +94,17 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
         except Exception as e:  # noqa: BLE001 - torch's RuntimeError/DistNetworkError, re-raised
             box.append(e)
 
-    t = threading.Thread(target=build, name="ringreduce-store-connect", daemon=True)
-    t.start()
-    t.join(timeout + 1.0)
+    deadline = time.monotonic() + timeout
+    while True:
+        t = threading.Thread(target=build, name="ringreduce-store-connect", daemon=True)
+        t.start()
+        t.join(max(0.0, deadline - time.monotonic()) + 1.0)
+        if not box or isinstance(box[0], Exception) or not _is_old_server(key, box[0]) \
+                or time.monotonic() > deadline:
+            break
+        box.clear()  # rank 0's previous server, about to stop: drop it, connect again
+        time.sleep(0.01)
+    _CLOSED.pop(key, None)
     if not box:
         raise _timeout_error(
             f"rank {rank} could not {what} {master_addr}:{master_port} within {timeout:.0f} s: "
@@ -80,7 +116,128 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
             f"rank {rank} could not {what} {master_addr}:{master_port} within {timeout:.0f} s: "
             f"{e} ({hint})") from e
     _STORES[key] = box[0]
+    _REFS[key] = 1
+    if is_master:
+        _MASTER.add(key)
     return box[0]
+
+
+def _is_old_server(key: tuple, store: Any) -> bool:
+    """True when a client just reached the server rank 0 is closing (release_store): it
+    still has the previous init's bye-ack, which a new server cannot have."""
+    if key not in _CLOSED:
+        return False
+    try:
+        return bool(store.check([_CLOSED[key]]))
+    except RuntimeError:  # it closed under us: connect again
+        return True
+
+
+def store_key(store: Any) -> tuple | None:
+    """The registry key of a store made by make_store, None for anyone else's store."""
+    for key, s in _STORES.items():
+        if s is store:
+            return key
+    return None
+
+
+def linger(key: tuple | None) -> None:
+    """Keep the reference of a failed init until the next init() or destroy()."""
+    if key is not None:
+        _LINGER.add(key)
+
+
+def release_lingering(keep: tuple | None = None) -> None:
+    """Drop what failed inits left (but `keep`, about to be adopted by make_store)."""
+    for key in list(_LINGER - {keep}):
+        _LINGER.discard(key)
+        release_store(key, 0, 1, "", 0.0, farewell=False)
+
+
+def release_store(key: tuple | None, rank: int, world: int, prefix: str, timeout: float,
+                  farewell: bool = True, failed: bool = False) -> None:
+    """Drop one reference taken by make_store(); the last one closes the store.
+
+    Every rank of the init that used the store calls this at destroy (prefix: that init's
+    key prefix). With `farewell`, rank 0 -- it hosts the server -- waits (at most `timeout`,
+    capped at _FAREWELL_S, or _FAREWELL_FAILED_S when the communicator `failed`) until
+    every rank said it is done with the store ("bye"), tells them whether the server stops
+    ("close") or stays because something else in its process still holds the store
+    ("keep": torch's default process group, another make_store caller), and waits until
+    they read that ("acked") before it drops the server -- a store call that finds the
+    server gone makes torch log a stack trace. After "close" the others' next make_store on
+    that address refuses the old server (_is_old_server), so a re-init on the same
+    MASTER_PORT cannot end up talking to it in its last moments.
+    farewell=False just drops the reference. Never raises: the store has served its
+    purpose, and a missing peer only costs the wait.
+    """
+    if key is None or key not in _REFS:
+        return
+    _REFS[key] -= 1
+    store = _STORES[key]
+    closing = False
+    if _REFS[key] <= 0:
+        del _STORES[key], _REFS[key]
+        # 2 references = `store` here + getrefcount's argument: no Python code holds it.
+        closing = (key in _MASTER and sys.getrefcount(store) <= 2
+                   and not _torch_holds(store))
+        _MASTER.discard(key)
+    if not farewell:
+        return
+    deadline = time.monotonic() + min(timeout, _FAREWELL_FAILED_S if failed else _FAREWELL_S)
+    # Store calls block while the server's host is frozen (SIGSTOP, a debugger) for the
+    # store's own timeout, not ours: talk on a helper thread and stop waiting at the
+    # deadline. An abandoned thread ends at the store's timeout and drops its reference.
+    box = [store]
+    del store
+    words: list = []
+    t = threading.Thread(target=_farewell, args=(box, rank, world, prefix, closing, deadline,
+                                                 words),
+                         name="ringreduce-store-farewell", daemon=True)
+    t.start()
+    t.join(max(0.0, deadline - time.monotonic()) + 0.5)
+    if words == [b"close"]:  # make_store on this address must not reach this server again
+        _CLOSED[key] = prefix + "bye-ack"
+
+
+def _farewell(box: list, rank: int, world: int, prefix: str, closing: bool, deadline: float,
+              words: list) -> None:
+    """release_store's talk through the store (helper thread); drops box's reference."""
+    store = box.pop()
+    bye, ack, acked = prefix + "bye", prefix + "bye-ack", prefix + "acked"
+    try:
+        store.add(bye, 1)
+        if rank == 0:
+            _poll(lambda: store.add(bye, 0) >= world, deadline)
+            store.set(ack, "close" if closing else "keep")
+            _poll(lambda: store.add(acked, 0) >= world - 1, deadline)
+        elif _poll(lambda: store.check([ack]), deadline):
+            words.append(bytes(store.get(ack)))
+            store.add(acked, 1)
+    except RuntimeError:  # the store is gone already (rank 0 left): nothing to wait for
+        pass
+    finally:
+        store = None  # the last reference: TCPStore's destructor closes its sockets
+
+
+def _poll(done: Any, deadline: float) -> bool:
+    """Call done() every 2 ms until it is true (returns True) or the deadline (False)."""
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
+
+
+def _torch_holds(store: Any) -> bool:
+    """True when torch's default process group was given `store` (wrapped in PrefixStores,
+    which keep it alive from C++, invisible to sys.getrefcount)."""
+    s = torch_default_store()
+    while s is not None:
+        if s is store:
+            return True
+        s = getattr(s, "underlying_store", None)
+    return False
 
 
 def torch_default_store() -> Any:
@@ -168,6 +325,8 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
             f"rank {rank} was claimed by {n} processes; every process needs a distinct RANK "
             f"in [0, {world})"))
     if rank == 0:
+        # Before "world", which everyone waits for: the session is there once that is.
+        store.set(p + "session", secrets.token_hex(16))
         store.set(p + "world", str(world))
         if secret is None:
             store.set(p + "secret", secrets.token_hex(32))
@@ -188,4 +347,6 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
     addrs = [store.get(k).decode() for k in keys]
     hosts = [store.get(p + f"host/{r}").decode() for r in range(world)]
     hbs = [store.get(p + f"hb/{r}").decode() for r in range(world)]
-    return Peers(addrs=addrs, hosts=hosts, secret=secret, prefix=p, hb_addrs=hbs)
+    session = store.get(p + "session").decode()
+    return Peers(addrs=addrs, hosts=hosts, secret=secret, prefix=p, hb_addrs=hbs,
+                 session=session)

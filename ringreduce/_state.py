@@ -17,6 +17,10 @@ class Group:
     options: dict = field(default_factory=dict)
     local_rank: int = 0
     default_algo: int = 0  # RINGREDUCE_ALGO: what algo="auto" means for all-reduce
+    # The store init made (its _rendezvous registry key; None when the caller or torch
+    # passed the store: not ours to release) and this init's key prefix in it.
+    store_key: tuple | None = None
+    store_prefix: str = ""
 
 
 _DEFAULT: list = [None]

@@ -16,6 +16,7 @@ import atexit
 import collections
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,13 +33,17 @@ _LEVELS = {"": 1, "WARN": 1, "INFO": 2, "DEBUG": 3, "TRACE": 4}
 # Buffers of queued/running async collectives, oldest first. The C++ core only holds raw
 # pointers, so these references keep the memory alive even if the caller drops its Work
 # handle; entries go once their collective completed (the executor runs in order).
+# Any thread may issue collectives: every access holds _INFLIGHT_LOCK (a check of the
+# oldest entry and its popleft must be one step, or two threads drop a running one).
 _INFLIGHT: collections.deque = collections.deque()
+_INFLIGHT_LOCK = threading.Lock()
 
 
 def _track(cwork: Any, keep: tuple) -> None:
-    while _INFLIGHT and _INFLIGHT[0][0].is_completed():
-        _INFLIGHT.popleft()
-    _INFLIGHT.append((cwork, keep))
+    with _INFLIGHT_LOCK:
+        while _INFLIGHT and _INFLIGHT[0][0].is_completed():
+            _INFLIGHT.popleft()
+        _INFLIGHT.append((cwork, keep))
 
 
 class Work:
@@ -63,6 +68,8 @@ class Work:
         Returns False only when `timeout` passed first; the collective's own deadline
         (init's timeout) still bounds the wait when timeout is None.
         """
+        if timeout is not None:
+            timeout = _env.check_seconds("Work.wait(timeout)", timeout, allow_zero=True)
         if not self._finished:
             if not self._cwork.wait(timeout):
                 return False
@@ -105,6 +112,8 @@ def init(rank: int | None = None, world_size: int | None = None, *,
     """
     if _state._DEFAULT[0] is not None:
         raise RuntimeError("ringreduce is already initialised; call ringreduce.destroy() first")
+    if timeout is not None:
+        timeout = _env.check_seconds("init(timeout)", timeout)
     info = _env.detect_launch()
     tun = _env.tunables()
     from . import _C
@@ -140,15 +149,35 @@ def init(rank: int | None = None, world_size: int | None = None, *,
     mport = master_port or info.master_port
     if store is None:
         store = _rendezvous.torch_default_store()
+    made = None  # registry key of a store made here: released at destroy
     if store is None:
+        _rendezvous.release_lingering(keep=(maddr, mport))
         store = _rendezvous.make_store(maddr, mport, rank, world, options["connect_timeout"],
                                        tun.use_agent_store)
-    bind = _env.select_interface_address(maddr, ifname or tun.socket_ifname)
+        made = _rendezvous.store_key(store)
+    try:
+        _init_comm(rank, world, info, tun, options, store, maddr, ifname, secret, made)
+    except BaseException:
+        # Ranks still joining read why from the store: keep it up until the next init()
+        # or destroy() (both release it).
+        _rendezvous.linger(made)
+        raise
+
+
+def _init_comm(rank: int, world: int, info: Any, tun: Any, options: dict, store: Any,
+               maddr: str | None, ifname: str | None, secret: str | None,
+               made: tuple | None) -> None:
+    """The part of init() after the store exists: exchange addresses, connect, publish."""
+    from . import _C
+
+    bind = _env.select_interface_address(maddr, ifname or tun.socket_ifname,
+                                         options["connect_timeout"])
     listener = _C.Listener(bind)
     host = bind if ":" not in bind else f"[{bind}]"
     peers = _rendezvous.exchange(store, rank, world, f"{host}:{listener.port}",
                                  secret or tun.secret, options["connect_timeout"],
                                  f"{host}:{listener.heartbeat_port}")
+    options["session"] = peers.session  # per-init heartbeat key: no replay across inits
     # Busy-poll (sockets and shared memory) briefly only when every local rank can have its
     # own CPU among those this process may run on (affinity mask, cgroup quota): spinning
     # steals the core a peer needs when ranks outnumber them.
@@ -174,7 +203,8 @@ def init(rank: int | None = None, world_size: int | None = None, *,
         log.warning("rank %d: RINGREDUCE_FAULT armed: %s", rank, f)
     _state._DEFAULT[0] = _state.Group(rank=rank, world_size=world, comm=comm, hosts=peers.hosts,
                                       options=options, local_rank=info.local_rank,
-                                      default_algo=algo_code(tun.algo))
+                                      default_algo=algo_code(tun.algo), store_key=made,
+                                      store_prefix=peers.prefix)
     # The store serves the group's first CUDA collective (NCCL verdict and unique id), under
     # this init's own key prefix.
     _gpu().bind(_state._DEFAULT[0], store, peers.prefix + "cuda/")
@@ -273,6 +303,7 @@ def destroy() -> None:
     """
     g = _state._DEFAULT[0]
     _state._DEFAULT[0] = None
+    _rendezvous.release_lingering()  # the store of a failed init(), if any
     if g is None:
         return
     # destroy() fails whatever is still queued; the buffers stay referenced until then.
@@ -288,9 +319,18 @@ def destroy() -> None:
     try:
         _gpu().reset()  # NCCL communicator and pinned host buffers of this group
     finally:
-        if g.comm is not None:
-            g.comm.destroy()
-    _INFLIGHT.clear()  # the executor has stopped: nothing can touch those buffers now
+        failed = True
+        try:
+            if g.comm is not None:
+                g.comm.destroy()
+                failed = g.comm.failed_at_destroy
+        finally:
+            # After the communicator: the store outlives nothing that could still use it.
+            _rendezvous.release_store(g.store_key, g.rank, g.world_size, g.store_prefix,
+                                      float(g.options.get("connect_timeout", 0.0)),
+                                      failed=failed)
+    with _INFLIGHT_LOCK:
+        _INFLIGHT.clear()  # the executor has stopped: nothing can touch those buffers now
 
 
 def abort() -> None:

@@ -240,14 +240,13 @@ _SYNC_STORE: list = []
 def store_barrier(rank: int, world: int, tag: str) -> None:
     """Out-of-band barrier through the job's TCPStore, for tests that must keep ranks in
     step without the library (which may be failing on purpose)."""
-    from datetime import timedelta
-
-    import torch.distributed as dist
+    from ringreduce import _rendezvous
 
     if not _SYNC_STORE:
-        _SYNC_STORE.append(dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                         is_master=False, timeout=timedelta(seconds=60),
-                                         wait_for_workers=False))
+        # Share (and hold) the job's store: destroy() then keeps rank 0's server running.
+        _SYNC_STORE.append(_rendezvous.make_store(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), rank, world, 60.0,
+            False))
     store = _SYNC_STORE[0]
     store.set(f"tests/{tag}/{rank}", "1")
     store.wait([f"tests/{tag}/{r}" for r in range(world)])

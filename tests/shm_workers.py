@@ -226,7 +226,7 @@ def flood_target(rank: int, world: int, outdir: str, seconds: float) -> dict:
     checked all-reduces for `seconds` while the test floods those ports."""
     from ringreduce import _rendezvous
 
-    store = list(_rendezvous._STORES.values())[0]
+    store = next(iter(_rendezvous._STORES.values()))
     p = f"ringreduce/{_rendezvous._GENERATION[0]}/"
     info = {"tcp": store.get(p + f"addr/{rank}").decode(),
             "udp": store.get(p + f"hb/{rank}").decode()}

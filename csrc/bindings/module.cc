@@ -17,6 +17,8 @@
 #include "comm/site.h"
 #include "core/chunking.h"
 #include "core/crc32c.h"
+#include "core/deadline.h"
+#include "core/error.h"
 #include "core/log.h"
 #include "reduce/reduce.h"
 #include "runtime/executor.h"
@@ -50,9 +52,21 @@ Options optionsFromDict(const py::dict& d) {
     else if (k == "spin_us") o.spinUs = v.cast<double>();
     else if (k == "half_wire") o.halfWireBits = v.cast<int>();
     else if (k.rfind("shm_", 0) == 0) continue;  // see shmFromDict
+    else if (k == "session") continue;  // this init's random id: heartbeat key (PyComm)
     else throw InvalidArgument("unknown option '" + k + "'");
   }
-  if (o.timeoutSec <= 0) throw InvalidArgument("timeout must be > 0 seconds");
+  // Every duration in seconds enters the deadline arithmetic: refuse what it cannot hold.
+  auto seconds = [](const char* name, double v, bool zeroOk) {
+    if (!(v >= 0) || (!zeroOk && v == 0) || !(v <= kMaxWaitSeconds))
+      throw InvalidArgument(detail::concat(name, "=", v, " is out of range: accepted is ",
+                                           zeroOk ? "0 <= " : "0 < ", "seconds <= ",
+                                           kMaxWaitSeconds, " (one year)"));
+  };
+  seconds("timeout", o.timeoutSec, false);
+  seconds("connect_timeout", o.connectTimeoutSec, false);
+  seconds("heartbeat_interval", o.heartbeatIntervalSec, false);
+  seconds("heartbeat_timeout", o.heartbeatTimeoutSec, true);
+  seconds("stall_warn", o.stallWarnSec, true);
   if (o.segmentBytes < 64) throw InvalidArgument("segment_bytes must be >= 64");
   if (o.halfWireBits != 16 && o.halfWireBits != 32)
     throw InvalidArgument("half_wire must be 16 or 32, got " + std::to_string(o.halfWireBits));
@@ -188,7 +202,9 @@ class PyComm {
     if (!hbAddrs.empty() && o.heartbeatTimeoutSec > 0 && pl.hb) {
       if (static_cast<int>(hbAddrs.size()) != world)
         throw InvalidArgument("need one heartbeat address per rank");
-      pl.hb->start(rank, hbAddrs, secret, o.heartbeatIntervalSec);
+      std::string session = opts.contains("session") ? opts["session"].cast<std::string>() : "";
+      pl.hb->start(rank, hbAddrs, transport::heartbeatKey(secret, session),
+                   o.heartbeatIntervalSec);
       comm->setHeartbeat(std::move(pl.hb));
     }
     exec_ = std::make_shared<runtime::Executor>(std::move(comm));
@@ -222,10 +238,12 @@ class PyComm {
     if (!e) return;                                           // "destroyed" at once
     py::gil_scoped_release nogil;
     e->shutdown();  // aborts and waits out a collective running on another thread
+    failedAtDestroy_ = e->comm().failed();  // the executor thread has stopped
     e.reset();      // freed here, or by the last thread still returning from a call
   }
 
   std::shared_ptr<runtime::Executor> exec_;
+  bool failedAtDestroy_ = false;
 };
 
 }  // namespace
@@ -252,6 +270,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_log_level", &log::setLevel);
   m.def("set_log_prefix", &log::setPrefix);
   m.def("isa_name", &reduce::isaName);
+  // Tests only: every name lookup (numeric addresses skip it) sleeps this long first, to
+  // show that init and connect give up at their deadline instead of hanging in getaddrinfo.
+  m.def("_set_resolve_delay_for_testing", &transport::tcp::setResolveDelayForTesting);
   m.def("set_call_site_skip", &bindings::setCallSiteSkip,
         "Frames from files under these prefixes are not call sites (ringreduce, torch).");
   m.def("set_call_sites", &bindings::setCallSitesEnabled);
@@ -366,6 +387,9 @@ PYBIND11_MODULE(_C, m) {
            })
       .def("abort", [](PyComm& c) { if (c.exec_) c.exec_->abort(); })
       .def("destroy", &PyComm::destroy)
+      // After destroy(): whether the communicator had failed or been aborted (then peers
+      // may be gone, and destroy's farewell through the store waits less for them).
+      .def_property_readonly("failed_at_destroy", [](PyComm& c) { return c.failedAtDestroy_; })
       .def_property_readonly("destroyed", [](PyComm& c) { return !c.exec_; })
       .def("set_tracing", [](PyComm& c, bool on) { c.ex().comm().recorder().setTracing(on); })
       .def("set_flight_path", [](PyComm& c, const std::string& p) { c.ex().comm().setFlightPath(p); })

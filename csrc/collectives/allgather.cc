@@ -13,6 +13,7 @@ void allgather(Communicator& c, const void* in, void* out, size_t count, DataTyp
   const size_t es = elementSize(dtype);
   char* dst = static_cast<char*>(out);
   char* mine = dst + static_cast<size_t>(c.rank()) * count * es;
+  c.checkUsable();  // before the first byte lands in `out`: a failed call leaves it as it was
   if (count > 0 && in != mine) std::memmove(mine, in, count * es);
   if (count == 0 || n == 1) {
     c.skip();

@@ -22,6 +22,7 @@ void reduceScatter(Communicator& c, const void* in, void* out, size_t count, Dat
   const size_t ae = halfWire ? es : elementSize(at);  // acc and wire element
   const size_t total = count * static_cast<size_t>(n);
   if (count == 0 || n == 1) {
+    c.checkUsable();  // before writing `out`: a failed call leaves it as it was
     if (count > 0 && in != out) std::memmove(out, in, count * es);  // one contribution
     c.skip();
     return;

@@ -377,9 +377,7 @@ void Communicator::poison(const std::string& reason, transport::AbortCode code) 
   if (!flightPath_.empty()) {
     std::string path = flightPath_ + ".rank" + std::to_string(rank_) + ".json";
     if (FILE* f = std::fopen(path.c_str(), "w")) {
-      std::string r = reason;
-      for (char& ch : r)
-        if (ch == '"' || ch == '\\' || ch == '\n') ch = '\'';
+      std::string r = jsonEscape(reason);
       std::fprintf(f, "{\"rank\": %d, \"world\": %d, \"error\": \"%s\",\n \"last_collectives\": %s}\n",
                    rank_, world_, r.c_str(), recordsToJson(recorder_.flight()).c_str());
       std::fclose(f);

@@ -114,6 +114,8 @@ class Communicator {
   // Later begin() calls throw a clear "unusable" error.
   void poison(const std::string& reason, transport::AbortCode code);
   bool poisoned() const { return !failure_.empty(); }
+  // Poisoned or aborted. Executor thread, or any thread once the executor has stopped.
+  bool failed() const { return poisoned() || aborted_.load(); }
   void checkUsable() const;
 
   // Normal shutdown: tell every peer we leave on purpose, then close. Executor thread only.

@@ -71,5 +71,9 @@ class Recorder {
 
 // JSON text of records (an array of objects), for flight-recorder dumps.
 std::string recordsToJson(const std::vector<Record>& rs);
+// `s` as the body of a JSON string: `"`, backslash and every control character (< 0x20, and
+// DEL) escaped, invalid UTF-8 bytes replaced by U+FFFD, so the file is always valid JSON
+// and json.loads gives back the original text.
+std::string jsonEscape(const std::string& s);
 
 }  // namespace rr::comm

@@ -6,14 +6,28 @@
 
 namespace rr {
 
+// The longest wait anything may ask for: one year (366 days). Every wait has a deadline, and
+// steady_clock's int64 nanoseconds overflow past ~292 years from its epoch, so longer
+// requests are refused where they enter (Python's ringreduce._env.MAX_WAIT_S, the same
+// number, and optionsFromDict) and clamped here as the last line of defence.
+constexpr double kMaxWaitSeconds = 366.0 * 24 * 3600;
+
+// `seconds` clamped to [0, kMaxWaitSeconds]; NaN becomes 0 (an already expired deadline
+// fails loudly at once instead of never).
+inline double clampSeconds(double seconds) {
+  if (!(seconds > 0)) return 0.0;
+  return seconds < kMaxWaitSeconds ? seconds : kMaxWaitSeconds;
+}
+
 class Deadline {
  public:
   using Clock = std::chrono::steady_clock;
 
+  // `seconds` is clamped (clampSeconds): no value can overflow the clock arithmetic.
   static Deadline after(double seconds) {
     Deadline d;
     d.at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                               std::chrono::duration<double>(seconds));
+                               std::chrono::duration<double>(clampSeconds(seconds)));
     return d;
   }
   static Deadline never() {

@@ -152,10 +152,16 @@ Digest hmacSha256(const void* key, size_t keyLen, const void* msg, size_t msgLen
   return outer.finish();
 }
 
-bool digestEqual(const Digest& a, const Digest& b) {
+bool constantTimeEqual(const void* a, const void* b, size_t n) {
+  const auto* x = static_cast<const uint8_t*>(a);
+  const auto* y = static_cast<const uint8_t*>(b);
   volatile uint8_t diff = 0;  // volatile: keep the compiler from short-circuiting the loop
-  for (size_t i = 0; i < a.size(); ++i) diff = diff | (a[i] ^ b[i]);
+  for (size_t i = 0; i < n; ++i) diff = diff | (x[i] ^ y[i]);
   return diff == 0;
+}
+
+bool digestEqual(const Digest& a, const Digest& b) {
+  return constantTimeEqual(a.data(), b.data(), a.size());
 }
 
 void randomBytes(void* out, size_t n) {

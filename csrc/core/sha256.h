@@ -36,7 +36,10 @@ class Sha256 {
 Digest sha256(const void* data, size_t n);
 // Keys longer than the 64-byte block are hashed first, as RFC 2104 says.
 Digest hmacSha256(const void* key, size_t keyLen, const void* msg, size_t msgLen);
-// Constant-time comparison of two digests (time does not depend on where they differ).
+// Constant-time comparison of n bytes (time does not depend on where they differ): use it
+// for every MAC check, so a forger cannot learn a valid MAC byte by byte from timing.
+bool constantTimeEqual(const void* a, const void* b, size_t n);
+// constantTimeEqual of two digests.
 bool digestEqual(const Digest& a, const Digest& b);
 // n cryptographically random bytes from getrandom(2) (fallback /dev/urandom);
 // throws rr::Error on failure. Blocks only until the kernel pool is initialised.

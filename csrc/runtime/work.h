@@ -9,6 +9,8 @@
 #include <mutex>
 #include <string>
 
+#include "core/deadline.h"
+
 namespace rr::runtime {
 
 class Work {
@@ -33,7 +35,8 @@ class Work {
     std::unique_lock<std::mutex> lk(mu_);
     if (timeoutSec < 0) {
       cv_.wait(lk, [&] { return done_; });
-    } else if (!cv_.wait_for(lk, std::chrono::duration<double>(timeoutSec), [&] { return done_; })) {
+    } else if (!cv_.wait_for(lk, std::chrono::duration<double>(clampSeconds(timeoutSec)),
+                             [&] { return done_; })) {
       return false;
     }
     if (exc_) std::rethrow_exception(exc_);

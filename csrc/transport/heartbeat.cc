@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "core/deadline.h"
 #include "core/error.h"
 #include "core/sha256.h"
 
@@ -38,28 +39,27 @@ int64_t nowNs() {
       .count();
 }
 
-void sign(const std::string& secret, Datagram* d) {
-  auto m = crypto::hmacSha256(secret.data(), secret.size(), d, offsetof(Datagram, mac));
+void sign(const std::string& key, Datagram* d) {
+  auto m = crypto::hmacSha256(key.data(), key.size(), d, offsetof(Datagram, mac));
   std::memcpy(d->mac, m.data(), sizeof(d->mac));
 }
 
 }  // namespace
 
+std::string heartbeatKey(const std::string& secret, const std::string& session) {
+  if (session.empty()) return secret;
+  std::string msg = "rr-heartbeat/" + session;
+  crypto::Digest k = crypto::hmacSha256(secret.data(), secret.size(), msg.data(), msg.size());
+  return std::string(reinterpret_cast<const char*>(k.data()), k.size());
+}
+
 Heartbeat::Heartbeat(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_DGRAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), "0", &hints, &res) != 0 || !res)
-    RR_THROW(Error, "heartbeat: cannot resolve ", host);
-  fd_ = tcp::Fd(::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!fd_.valid() || ::bind(fd_.get(), res->ai_addr, res->ai_addrlen) != 0) {
-    std::string err = std::strerror(errno);
-    ::freeaddrinfo(res);
-    RR_THROW(Error, "heartbeat: cannot bind a UDP socket on ", host, ": ", err);
-  }
-  ::freeaddrinfo(res);
+  auto addrs = tcp::resolve(host, 0, SOCK_DGRAM, true, Deadline::after(tcp::kResolveTimeoutSec));
+  if (addrs.empty()) RR_THROW(Error, "heartbeat: cannot resolve ", host);
+  const auto* sa = reinterpret_cast<const sockaddr*>(addrs[0].data());
+  fd_ = tcp::Fd(::socket(sa->sa_family, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd_.valid() || ::bind(fd_.get(), sa, static_cast<socklen_t>(addrs[0].size())) != 0)
+    RR_THROW(Error, "heartbeat: cannot bind a UDP socket on ", host, ": ", std::strerror(errno));
   sockaddr_storage ss{};
   socklen_t sl = sizeof(ss);
   ::getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&ss), &sl);
@@ -70,9 +70,9 @@ Heartbeat::Heartbeat(const std::string& host) {
 Heartbeat::~Heartbeat() { stop(); }
 
 void Heartbeat::start(int rank, const std::vector<std::string>& peerAddrs,
-                      const std::string& secret, double intervalSec) {
+                      const std::string& key, double intervalSec) {
   rank_ = rank;
-  secret_ = secret;
+  key_ = key;
   interval_ = intervalSec;
   nslots_ = peerAddrs.size();
   slots_.reset(new Slot[nslots_]);
@@ -81,18 +81,14 @@ void Heartbeat::start(int rank, const std::vector<std::string>& peerAddrs,
     std::lock_guard<std::mutex> g(siteMu_);
     peerSite_.assign(nslots_, std::string());
   }
+  // One deadline for all peers (numeric addresses, as init passes, need no lookup).
+  const Deadline resolveBy = Deadline::after(tcp::kResolveTimeoutSec);
   for (size_t r = 0; r < nslots_; ++r) {
     if (static_cast<int>(r) == rank || peerAddrs[r].empty()) continue;
     tcp::Endpoint ep = tcp::parseEndpoint(peerAddrs[r]);
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_DGRAM;
-    addrinfo* res = nullptr;
-    if (::getaddrinfo(ep.host.c_str(), std::to_string(ep.port).c_str(), &hints, &res) != 0 || !res)
-      RR_THROW(Error, "heartbeat: cannot resolve peer ", peerAddrs[r]);
-    auto* p = reinterpret_cast<uint8_t*>(res->ai_addr);
-    peerSockaddr_[r].assign(p, p + res->ai_addrlen);
-    ::freeaddrinfo(res);
+    auto addrs = tcp::resolve(ep.host, ep.port, SOCK_DGRAM, false, resolveBy);
+    if (addrs.empty()) RR_THROW(Error, "heartbeat: cannot resolve peer ", peerAddrs[r]);
+    peerSockaddr_[r] = std::move(addrs[0]);
   }
   if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) RR_THROW(Error, "heartbeat: pipe failed");
   thread_ = std::thread([this] { loop(); });
@@ -153,7 +149,7 @@ void Heartbeat::sendAll() {
     std::lock_guard<std::mutex> g(siteMu_);
     std::memcpy(d.site, site_.data(), site_.size());  // < kSiteBytes; the rest stays 0
   }
-  sign(secret_, &d);
+  sign(key_, &d);
   for (size_t r = 0; r < nslots_; ++r) {
     if (peerSockaddr_[r].empty()) continue;
     (void)::sendto(fd_.get(), &d, sizeof(d), MSG_DONTWAIT,
@@ -169,8 +165,9 @@ void Heartbeat::receiveOne() {
   if (d.rank < 0 || static_cast<size_t>(d.rank) >= nslots_ || d.rank == rank_) return;
   uint8_t mac[16];
   std::memcpy(mac, d.mac, sizeof(mac));
-  sign(secret_, &d);
-  if (std::memcmp(mac, d.mac, sizeof(mac)) != 0) return;  // not from this job
+  sign(key_, &d);
+  // Not from this init of this job (other secret, or an earlier init's session).
+  if (!crypto::constantTimeEqual(mac, d.mac, sizeof(mac))) return;
   Slot& s = slots_[static_cast<size_t>(d.rank)];
   // A replayed (older) datagram changes nothing. Only this thread touches lastCounter.
   static thread_local std::vector<uint64_t> lastCounter;
@@ -191,7 +188,7 @@ void Heartbeat::receiveOne() {
 }
 
 void Heartbeat::loop() {
-  const int64_t periodNs = static_cast<int64_t>(interval_ * 1e9);
+  const int64_t periodNs = static_cast<int64_t>(clampSeconds(interval_) * 1e9);
   int64_t next = nowNs();
   while (true) {
     int64_t now = nowNs();

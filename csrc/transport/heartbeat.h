@@ -31,6 +31,13 @@ struct PeerStatus {
 
 constexpr size_t kSiteBytes = 48;  // call site carried in a heartbeat ("train.py:57")
 
+// The heartbeat MAC key of one init: HMAC(job secret, "rr-heartbeat/" + session), where
+// session is a random value rank 0 draws per init. Sender counters restart with every init,
+// so keying by the secret alone would let a datagram recorded in an earlier init of the
+// same job (same secret) pass as fresh; under a per-init key it fails authentication.
+// An empty session keys by the secret itself.
+std::string heartbeatKey(const std::string& secret, const std::string& session);
+
 class Heartbeat {
  public:
   // Binds a UDP socket on `host` (the same interface as the TCP listener), port 0.
@@ -38,8 +45,9 @@ class Heartbeat {
   ~Heartbeat();
   int port() const { return port_; }
 
-  // Start sending to peers ("host:port" per rank; empty for this rank).
-  void start(int rank, const std::vector<std::string>& peerAddrs, const std::string& secret,
+  // Start sending to peers ("host:port" per rank; empty for this rank). `key` signs and
+  // checks every datagram: heartbeatKey(secret, session) in a communicator.
+  void start(int rank, const std::vector<std::string>& peerAddrs, const std::string& key,
              double intervalSec);
   void stop();
 
@@ -79,7 +87,7 @@ class Heartbeat {
   tcp::Fd fd_;
   int port_ = 0;
   int rank_ = 0;
-  std::string secret_;
+  std::string key_;  // MAC key (heartbeatKey)
   double interval_ = 0.5;
   std::vector<std::vector<uint8_t>> peerSockaddr_;  // sockaddr bytes per rank
   std::unique_ptr<Slot[]> slots_;

@@ -173,6 +173,8 @@ int selfTest(Rng& rng) {
   std::printf("self-test: real handshake captured and mirrored\n");
   for (int i = 0; i < 20; ++i) heartbeatIteration(rng);
   std::printf("self-test: forged heartbeats left PeerStatus unchanged\n");
+  heartbeatReplayAcrossInits();
+  std::printf("self-test: a heartbeat of an earlier init is refused by the next\n");
   std::printf("fuzz_wire: self-test OK\n");
   return 0;
 }

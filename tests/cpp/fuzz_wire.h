@@ -128,5 +128,9 @@ void realHandshakeCheck(Rng& rng);  // real connector <-> real acceptor, recorde
 void heartbeatSetup(Rng& rng);     // a live target Heartbeat; learns the datagram layout
 void heartbeatIteration(Rng& rng);
 void heartbeatTeardown();
+// Self-test: a datagram signed for one init (heartbeatKey(secret, session 1)) is refused by
+// a Heartbeat of the next init of the same job (session 2); the same fields signed for
+// session 2 are accepted.
+void heartbeatReplayAcrossInits();
 
 }  // namespace fuzz

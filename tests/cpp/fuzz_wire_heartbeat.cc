@@ -287,8 +287,48 @@ void runHeartbeatCase(Rng& rng) {
   FZ_CHECK(matches(r.hb->status(0), Model{}), "the target's own slot changed");
 }
 
+void replayAcrossInits() {
+  HbRig& r = *gHb;
+  const std::string k1 = heartbeatKey(r.secret, "session-of-init-1");
+  const std::string k2 = heartbeatKey(r.secret, "session-of-init-2");
+  FZ_CHECK(k1 != k2 && k1 != r.secret && heartbeatKey(r.secret, "") == r.secret,
+           "heartbeat keys do not depend on the session");
+  Heartbeat next("127.0.0.1");  // rank 0 of the next init of the same job
+  next.start(0, {"", "127.0.0.1:9", "127.0.0.1:9"}, k2, 10.0);
+  sockaddr_in to = r.to;
+  to.sin_port = htons(static_cast<uint16_t>(next.port()));
+  auto send = [&](const Bytes& b) {
+    ::sendto(r.tx, b.data(), b.size(), 0, reinterpret_cast<const sockaddr*>(&to), sizeof(to));
+  };
+  // Counter 1: what the first datagram of every init carries, so only the key tells them
+  // apart. Then a fresh datagram of init 2 from rank 2 fences (one socket, in order).
+  Dg old{1, 1111, 1, 5, 6, 1};
+  send(makeDatagram(k1, old));
+  Dg fenceDg{2, 2222, 2, 7, 8, 1};
+  Bytes fenceBytes = makeDatagram(k2, fenceDg);
+  Deadline dl = Deadline::after(5);
+  for (int i = 0; next.status(2).pid != 2222; ++i) {
+    if (dl.expired()) fail("the next init's Heartbeat never showed its own fence datagram");
+    if (i % 100 == 0) send(fenceBytes);
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  PeerStatus s = next.status(1);
+  FZ_CHECK(s.ageMs == -1 && s.pid == 0, "a heartbeat recorded in an earlier init was accepted "
+           "by the next init (pid ", s.pid, ")");
+  // The same fields under init 2's key are accepted: the refusal was the key.
+  Bytes ok = makeDatagram(k2, old);
+  dl = Deadline::after(5);
+  for (int i = 0; next.status(1).pid != 1111; ++i) {
+    if (dl.expired()) fail("a datagram signed for this init was not accepted");
+    if (i % 100 == 0) send(ok);
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  next.stop();
+}
+
 }  // namespace
 
+void heartbeatReplayAcrossInits() { replayAcrossInits(); }
 void heartbeatSetup(Rng& rng) { setupHeartbeat(rng); }
 void heartbeatIteration(Rng& rng) { runHeartbeatCase(rng); }
 void heartbeatTeardown() { teardownHeartbeat(); }

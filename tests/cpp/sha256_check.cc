@@ -130,6 +130,12 @@ void testHelpers() {
     b[i] ^= 0x01;
     check(!rr::crypto::digestEqual(a, b), "digestEqual(differs at " + std::to_string(i) + ")");
   }
+  // The truncated MACs (heartbeats: 16 bytes) go through constantTimeEqual directly.
+  check(rr::crypto::constantTimeEqual(a.data(), b.data(), 0), "constantTimeEqual(n=0)");
+  b = a;
+  b[15] ^= 0x80;
+  check(rr::crypto::constantTimeEqual(a.data(), b.data(), 15), "constantTimeEqual(prefix)");
+  check(!rr::crypto::constantTimeEqual(a.data(), b.data(), 16), "constantTimeEqual(last byte)");
   Digest z{};
   z[0] = 0xab;
   z[31] = 0x0f;

@@ -10,7 +10,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <thread>
 
 #include "core/error.h"
@@ -65,32 +70,89 @@ static void setBuffers(int fd) {
 }
 
 namespace {
-struct AddrList {
-  addrinfo* head = nullptr;
-  ~AddrList() {
-    if (head) ::freeaddrinfo(head);
-  }
+
+std::atomic<int64_t> gResolveDelayUs{0};
+
+// One lookup on a helper thread. Shared with it: the caller may give up at its deadline and
+// return while the thread is still inside getaddrinfo; whoever is last frees the state.
+struct Lookup {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  int rc = 0;
+  std::vector<std::vector<uint8_t>> addrs;
 };
 
-void resolve(const std::string& host, int port, bool passive, AddrList* out) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = passive ? AI_PASSIVE : 0;
-  std::string ps = std::to_string(port);
-  int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), ps.c_str(), &hints, &out->head);
-  if (rc != 0)
-    RR_THROW(InvalidArgument, "cannot resolve '", host, "': ", ::gai_strerror(rc),
-             " (check MASTER_ADDR / RINGREDUCE_SOCKET_IFNAME)");
+std::vector<std::vector<uint8_t>> collect(addrinfo* head) {
+  std::vector<std::vector<uint8_t>> out;
+  for (addrinfo* ai = head; ai; ai = ai->ai_next) {
+    auto* p = reinterpret_cast<const uint8_t*>(ai->ai_addr);
+    out.emplace_back(p, p + ai->ai_addrlen);
+  }
+  return out;
 }
+
 }  // namespace
 
+void setResolveDelayForTesting(double seconds) {
+  gResolveDelayUs.store(static_cast<int64_t>(clampSeconds(seconds) * 1e6));
+}
+
+std::vector<std::vector<uint8_t>> resolve(const std::string& host, int port, int socktype,
+                                          bool passive, Deadline deadline) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = socktype;
+  hints.ai_flags = (passive ? AI_PASSIVE : 0) | AI_NUMERICSERV;
+  std::string ps = std::to_string(port);
+  const char* h = host.empty() ? nullptr : host.c_str();
+  // Numeric first: never blocks, never sends a query.
+  addrinfo numeric = hints;
+  numeric.ai_flags |= AI_NUMERICHOST;
+  addrinfo* head = nullptr;
+  int rc = ::getaddrinfo(h, ps.c_str(), &numeric, &head);
+  if (rc == 0) {
+    auto out = collect(head);
+    ::freeaddrinfo(head);
+    return out;
+  }
+  if (rc != EAI_NONAME || h == nullptr)
+    RR_THROW(InvalidArgument, "cannot resolve '", host, "': ", ::gai_strerror(rc),
+             " (check MASTER_ADDR / RINGREDUCE_SOCKET_IFNAME)");
+  auto lk = std::make_shared<Lookup>();
+  std::thread([lk, host, ps, hints] {
+    int64_t delay = gResolveDelayUs.load();
+    if (delay > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay));
+    addrinfo* res = nullptr;
+    int r = ::getaddrinfo(host.c_str(), ps.c_str(), &hints, &res);
+    std::vector<std::vector<uint8_t>> got;
+    if (r == 0) {
+      got = collect(res);
+      ::freeaddrinfo(res);
+    }
+    std::lock_guard<std::mutex> g(lk->mu);
+    lk->rc = r;
+    lk->addrs = std::move(got);
+    lk->done = true;
+    lk->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> g(lk->mu);
+  int ms = deadline.pollMs();
+  if (!lk->cv.wait_for(g, std::chrono::milliseconds(ms), [&] { return lk->done; }))
+    RR_THROW(TimeoutError, "resolving '", host, "' took longer than ", ms / 1000.0,
+             " s (is the DNS server reachable? use a numeric address, or fix /etc/hosts or "
+             "resolv.conf)");
+  if (lk->rc != 0)
+    RR_THROW(InvalidArgument, "cannot resolve '", host, "': ", ::gai_strerror(lk->rc),
+             " (check MASTER_ADDR / RINGREDUCE_SOCKET_IFNAME)");
+  return std::move(lk->addrs);
+}
+
 Fd listenOn(const std::string& host, int port, int* boundPort) {
-  AddrList addrs;
-  resolve(host, port, true, &addrs);
   std::string lastErr = "no address";
-  for (addrinfo* ai = addrs.head; ai; ai = ai->ai_next) {
-    Fd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
+  for (const auto& a : resolve(host, port, SOCK_STREAM, true, Deadline::after(kResolveTimeoutSec))) {
+    const auto* sa = reinterpret_cast<const sockaddr*>(a.data());
+    Fd fd(::socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (!fd.valid()) {
       lastErr = std::strerror(errno);
       continue;
@@ -98,7 +160,8 @@ Fd listenOn(const std::string& host, int port, int* boundPort) {
     int one = 1;
     ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     setBuffers(fd.get());
-    if (::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd.get(), 128) != 0) {
+    if (::bind(fd.get(), sa, static_cast<socklen_t>(a.size())) != 0 ||
+        ::listen(fd.get(), 128) != 0) {
       lastErr = std::strerror(errno);
       continue;
     }
@@ -118,17 +181,16 @@ Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what) {
   std::string lastErr = "timed out";
   int backoffMs = 5;
   while (true) {
-    AddrList addrs;
-    resolve(ep.host, ep.port, false, &addrs);
-    for (addrinfo* ai = addrs.head; ai; ai = ai->ai_next) {
-      Fd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
+    for (const auto& a : resolve(ep.host, ep.port, SOCK_STREAM, false, deadline)) {
+      const auto* sa = reinterpret_cast<const sockaddr*>(a.data());
+      Fd fd(::socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
       if (!fd.valid()) {
         lastErr = std::strerror(errno);
         continue;
       }
       setNonBlocking(fd.get());
       setBuffers(fd.get());
-      int rc = ::connect(fd.get(), ai->ai_addr, ai->ai_addrlen);
+      int rc = ::connect(fd.get(), sa, static_cast<socklen_t>(a.size()));
       if (rc != 0 && errno != EINPROGRESS) {
         lastErr = std::strerror(errno);
         continue;

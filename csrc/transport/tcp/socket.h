@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/deadline.h"
 
@@ -43,6 +45,20 @@ struct Endpoint {
 };
 // Parse "host:port" or "[v6]:port"; throws InvalidArgument.
 Endpoint parseEndpoint(const std::string& s);
+
+// Resolve host:port (socktype SOCK_STREAM or SOCK_DGRAM; passive: for bind) into sockaddr
+// bytes, in getaddrinfo's order. A numeric address (IPv4, IPv6) is parsed without any lookup;
+// a name is looked up on a helper thread, and the caller stops waiting at the deadline
+// (getaddrinfo itself has no timeout, and a dead DNS server can block it for minutes).
+// Throws InvalidArgument (cannot resolve) or TimeoutError (no answer before the deadline).
+std::vector<std::vector<uint8_t>> resolve(const std::string& host, int port, int socktype,
+                                          bool passive, Deadline deadline);
+// How long resolve() may take where the caller has no deadline of its own (a listener's or
+// heartbeat socket's own address; ringreduce.init passes numeric addresses, so this only
+// bounds C++ callers that pass names).
+constexpr double kResolveTimeoutSec = 30.0;
+// Tests only: make every name lookup (not numeric parsing) sleep `seconds` first.
+void setResolveDelayForTesting(double seconds);
 
 // Bind and listen on host (an address, not "0.0.0.0", unless the caller insists) with an
 // ephemeral port when port == 0. Returns the listening fd; *boundPort gets the port.

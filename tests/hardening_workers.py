@@ -1,0 +1,120 @@
+"""Rank-side code of tests/test_hardening.py (issue #13: leaks, deadlines, small defects)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+import ringreduce as rr
+
+
+def _nfds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def listening_ports() -> set[int]:
+    """TCP ports anything in this network namespace listens on (/proc/net/tcp{,6})."""
+    out = set()
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(path) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if cols[3] == "0A":  # TCP_LISTEN
+                out.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return out
+
+
+def store_cycles(rank: int, world: int, ports: list[int]) -> dict:
+    """init()/allreduce/destroy() once per port (a fresh MASTER_PORT per cycle, as in-process
+    restarts do); after each destroy record this rank's open fds and which of the ports
+    used so far still listen."""
+    fds, still = [], []
+    for i, port in enumerate(ports):
+        rr.init(master_port=port, timeout=30)
+        x = np.full(8, float(rank + i))
+        rr.allreduce(x)
+        assert np.all(x == sum(r + i for r in range(world))), x
+        rr.destroy()
+        fds.append(_nfds())
+        # Rank 0's destroy() stops its server before returning; other ranks may return a
+        # moment earlier, so they look until that has happened (bounded).
+        end = time.monotonic() + 3
+        while listening_ports() & set(ports[: i + 1]) and time.monotonic() < end:
+            time.sleep(0.01)
+        still.append(sorted(listening_ports() & set(ports[: i + 1])))
+    return {"fds": fds, "listening": still}
+
+
+def store_same_port(rank: int, world: int, cycles: int) -> dict:
+    """init()/destroy() repeatedly on the same MASTER_PORT: each init must reach the new
+    store, never rank 0's old one (closed at destroy)."""
+    t0 = time.monotonic()
+    for i in range(cycles):
+        rr.init(timeout=30)
+        x = np.full(4, float(i))
+        rr.allreduce(x)
+        assert np.all(x == i * world), x
+        rr.destroy()
+    end = time.monotonic() + 3  # as in store_cycles
+    while int(os.environ["MASTER_PORT"]) in listening_ports() and time.monotonic() < end:
+        time.sleep(0.01)
+    return {"elapsed": time.monotonic() - t0,
+            "listening": int(os.environ["MASTER_PORT"]) in listening_ports()}
+
+
+# A file name with every kind of character JSON must escape (no "/": it is a base name).
+WEIRD_FILE = 'we\tird\r\x01\x1f\x7f"q\\uo\u00e9\u2603\n.py'
+
+
+def flight_weird_site(rank: int, world: int, path: str) -> dict:
+    """All-reduces issued from a 'file' whose name holds control characters; then the last
+    rank stays away past the timeout, and the others' failure (its message names the call
+    site) writes the flight recorder."""
+    x = np.ones(64, np.float32)
+    code = compile("rr.allreduce(x)", WEIRD_FILE, "exec")
+    for _ in range(3):
+        exec(code, {"rr": rr, "x": x})  # noqa: S102 - our own code, from a weird file name
+    if rank == world - 1:
+        time.sleep(4)
+        return {"type": None}
+    try:
+        for _ in range(100):
+            exec(code, {"rr": rr, "x": x})  # noqa: S102 - as above
+    except rr.RingReduceError as e:
+        return {"type": type(e).__name__, "msg": str(e)}
+    return {"type": None}
+
+
+def allgather_after_failure(rank: int, world: int) -> dict:
+    """The last rank aborts; then every rank's allgather into a sentinel-filled `out` must
+    raise and leave `out` as it was (it used to copy its own block in first)."""
+    x = np.full(16, float(rank + 1), np.float32)
+    out = np.full((world, 16), -7.0, np.float32)
+    rr.allgather(x, out)  # a working one first
+    ok = bool(np.all(out == np.arange(1, world + 1, dtype=np.float32)[:, None]))
+    if rank == world - 1:
+        rr.abort()
+    else:  # learn of the abort (PeerFailure) through a collective
+        try:
+            rr.barrier()
+        except rr.RingReduceError:
+            pass
+    res: dict[str, Any] = {"first_ok": ok}
+    for name, async_op in (("sync", False), ("async", True)):
+        out = np.full((world, 16), -7.0, np.float32)
+        try:
+            w = rr.allgather(x, out, async_op=async_op)
+            if async_op:
+                w.wait()
+            res[name] = {"raised": None}
+        except rr.RingReduceError as e:
+            res[name] = {"raised": type(e).__name__}
+        res[name]["untouched"] = bool(np.all(out == -7.0))
+    return res

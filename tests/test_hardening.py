@@ -1,0 +1,280 @@
+"""Issue #13: nothing of a job stays open after destroy(), every wait has a deadline, and
+the small defects (range-checked timeouts, locked in-flight registry, constant-time MAC
+compare, per-init heartbeat replay protection, valid flight-recorder JSON, allgather
+checks before writing)."""
+
+from __future__ import annotations
+
+import pytest
+from _spawn import free_port, run_world
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [2, 3])
+def test_destroy_closes_the_store_fresh_port_per_cycle(world: int) -> None:
+    """A new MASTER_PORT per init/destroy cycle: the fd count stops growing on every rank
+    (it grew ~9 per cycle on rank 0, 1 on the others) and no old port still listens."""
+    ports = [free_port() for _ in range(8)]
+    outs = run_world(world, "hardening_workers:store_cycles", ports, timeout=90, init=False)
+    for r, v in enumerate(outs):
+        # Cycle 1 opens what stays for the process (torch's and the library's one-time
+        # state); from then on every cycle must give back all it opened.
+        assert v["fds"][-1] <= v["fds"][1], (r, v["fds"])
+        assert v["listening"] == [[]] * len(ports), (r, v)
+
+
+@pytest.mark.timeout(120)
+def test_reinit_on_the_same_port_reaches_the_new_store() -> None:
+    outs = run_world(2, "hardening_workers:store_same_port", 5, timeout=90, init=False)
+    for v in outs:
+        assert not v["listening"], v
+        assert v["elapsed"] < 60, v
+
+
+# ---------------------------------------------------------------------------------------
+# Deadlines: name resolution and the NCCL verdict
+# ---------------------------------------------------------------------------------------
+
+
+def _slow_getaddrinfo(monkeypatch: pytest.MonkeyPatch, delay: float) -> list:
+    """socket.getaddrinfo that hangs `delay` s on names (numeric parsing stays instant)."""
+    import socket
+    import time
+
+    real = socket.getaddrinfo
+    lookups: list = []
+
+    def slow(host, port, *a, **kw):  # the real one's signature
+        if not kw.get("flags", 0) & socket.AI_NUMERICHOST:
+            lookups.append(host)
+            time.sleep(delay)
+        return real(host, port, *a, **kw)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    return lookups
+
+
+@pytest.mark.timeout(30)
+def test_python_name_lookup_gives_up_at_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from ringreduce import _C, _env
+
+    lookups = _slow_getaddrinfo(monkeypatch, 5.0)
+    t0 = time.monotonic()
+    with pytest.raises(_C.CollectiveTimeout, match=r"resolving MASTER_ADDR='localhost\.rr-test' "
+                       r"took longer than 0\.3 s.*numeric address"):
+        _env.select_interface_address("localhost.rr-test", None, timeout=0.3)
+    assert time.monotonic() - t0 < 2.0
+    assert lookups == ["localhost.rr-test"]
+    # A numeric MASTER_ADDR is never looked up.
+    assert _env.select_interface_address("127.0.0.2", None, timeout=0.3) == "127.0.0.1"
+    assert lookups == ["localhost.rr-test"]
+
+
+@pytest.mark.timeout(30)
+def test_cpp_name_lookup_gives_up_at_the_connect_deadline() -> None:
+    import time
+
+    from ringreduce import _C
+
+    _C._set_resolve_delay_for_testing(5.0)
+    try:
+        t0 = time.monotonic()
+        listener = _C.Listener("127.0.0.1")  # numeric: no lookup, so no delay
+        assert time.monotonic() - t0 < 1.0
+        opts = {"timeout": 5.0, "connect_timeout": 0.5, "heartbeat_timeout": 0.0}
+        t0 = time.monotonic()
+        with pytest.raises(_C.CollectiveTimeout, match="resolving 'localhost' took longer"):
+            _C.Communicator(1, 2, listener, ["localhost:9", f"127.0.0.1:{listener.port}"],
+                            "s" * 32, opts, [])
+        assert time.monotonic() - t0 < 2.0
+        listener.close()
+    finally:
+        _C._set_resolve_delay_for_testing(0.0)
+
+
+@pytest.mark.timeout(30)
+def test_nccl_verdict_wait_is_bounded_and_names_the_missing_rank(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from ringreduce import _C, _gpu_route, gpu
+
+    monkeypatch.setattr(gpu, "nccl_available", lambda: (True, "NCCL (test)"))
+    store = dist.HashStore()
+    group = SimpleNamespace(rank=0, world_size=3, hosts=["h0", "h1", "h2"],
+                            options={"timeout": 0.5})
+    store.set("p/cuda/1", "1|0|ok")  # rank 1 published; rank 2 never does
+    st = _gpu_route.CudaState(group, store, "p/")
+    t0 = time.monotonic()
+    with pytest.raises(_C.CollectiveTimeout, match=r"rank 0: .*NCCL verdict of rank 2,"):
+        st.nccl_verdict(0)
+    assert time.monotonic() - t0 < 2.0
+    store.set("p/cuda/2", "1|0|ok")
+    assert st.nccl_verdict(0)[0] is True
+
+
+# ---------------------------------------------------------------------------------------
+# Small defects
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [1e300, float("inf"), float("nan"), -1.0, 0.0, 366 * 86400 + 1])
+def test_timeouts_are_range_checked(bad: float) -> None:
+    import numpy as np
+
+    import ringreduce as rr
+    from ringreduce import _C
+
+    with pytest.raises(ValueError, match=r"init\(timeout\)=.*accepted: 0 < seconds <= "
+                                         r"31622400 \(one year"):
+        rr.init(0, 1, timeout=bad)
+    assert not rr.is_initialized()
+    rr.init(0, 1, timeout=366 * 86400)  # the limit itself is fine
+    try:
+        w = rr.allreduce(np.ones(2), async_op=True)
+        if bad != 0.0:  # wait(0) polls
+            with pytest.raises(ValueError, match=r"Work.wait\(timeout\)=.*0 <= seconds"):
+                w.wait(bad)
+        assert w.wait(1.0)
+    finally:
+        rr.destroy()
+    # The C++ core refuses them too (its deadline arithmetic clamps as a last resort).
+    with pytest.raises(ValueError, match="timeout=.* is out of range: accepted is 0 < "):
+        _C.choose_allreduce(2, 1024, {"timeout": bad})
+
+
+@pytest.mark.timeout(60)
+def test_inflight_registry_is_consistent_under_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many threads register async work at once. Without the lock two threads both see the
+    oldest entry completed and both pop: the second pop drops the next entry unchecked --
+    a collective still in flight, whose buffers could then be freed under the executor --
+    or finds the deque empty."""
+    import collections
+    import itertools
+    import threading
+    import time
+
+    from ringreduce import api
+
+    issued = itertools.count()
+    clock = [0]  # works issued so far: a work completes a few issues after its own
+
+    class FakeWork:
+        def __init__(self, lag: int):
+            clock[0] = next(issued)
+            self.done_at = clock[0] + lag
+
+        def done(self) -> bool:
+            return clock[0] >= self.done_at
+
+        def is_completed(self) -> bool:
+            time.sleep(0)  # give other threads the GIL here, where the race is
+            return self.done()
+
+    dropped: list = []
+
+    class CheckedDeque(collections.deque):
+        def popleft(self):
+            item = super().popleft()
+            if not item[0].done():  # completion is monotonic: popped unchecked while running
+                dropped.append(item)
+            return item
+
+    monkeypatch.setattr(api, "_INFLIGHT", CheckedDeque())
+    errors: list = []
+    start = threading.Barrier(8)
+
+    def issue(t: int) -> None:
+        try:
+            start.wait()
+            for i in range(2000):
+                api._track(FakeWork(lag=(t + i) % 4), (t, i))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=issue, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(30)
+    assert not errors, errors[:3]
+    assert not dropped, f"{len(dropped)} running collectives were dropped from the registry"
+
+
+@pytest.mark.timeout(60)
+def test_flight_recorder_json_escapes_control_characters(tmp_path) -> None:
+    import json
+
+    from _spawn import run_world_raw
+    from hardening_workers import WEIRD_FILE
+
+    path = str(tmp_path / "flight")
+    env = {"RINGREDUCE_FLIGHT_RECORDER": path, "RINGREDUCE_TRANSPORT": "tcp",
+           "RINGREDUCE_TIMEOUT": "1.5"}
+    outs = run_world_raw(2, "hardening_workers:flight_weird_site", path, timeout=40, env=env)
+    assert outs[0].has_result and outs[0].value["type"] == "CollectiveTimeout", \
+        outs[0].describe()
+    text = (tmp_path / "flight.rank0.json").read_text(encoding="utf-8")
+    dump = json.loads(text)  # strict: raw control characters are invalid JSON
+    sites = {c["site"] for c in dump["last_collectives"]}
+    assert sites == {WEIRD_FILE + ":1"}, sites
+    assert f"called from {WEIRD_FILE}:1" in dump["error"], dump["error"]
+    assert "timed out" in dump["error"] and "rank 1" in dump["error"], dump["error"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world", [2, 3])
+def test_allgather_checks_the_communicator_before_writing_out(world: int) -> None:
+    outs = run_world(world, "hardening_workers:allgather_after_failure", timeout=40)
+    for r, v in enumerate(outs):
+        assert v["first_ok"], (r, v)
+        for name in ("sync", "async"):
+            assert v[name]["raised"] is not None, (r, name, v)
+            assert v[name]["untouched"], (r, name, v)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("shared", [False, True])
+def test_store_release_closes_only_an_unshared_server(shared: bool) -> None:
+    """Rank 0's last release stops the server ("close") unless something else in its process
+    still holds the store -- here torch's default process group, given that store -- then
+    the server stays up ("keep")."""
+    import threading
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from hardening_workers import listening_ports
+
+    from ringreduce import _rendezvous
+
+    port = free_port()
+    store = _rendezvous.make_store("127.0.0.1", port, 0, 2, 10.0, False)
+    key = _rendezvous.store_key(store)
+    assert key == ("127.0.0.1", port)
+    peer = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10),
+                         wait_for_workers=False)
+    if shared:  # torch's process group keeps it (from C++, in a PrefixStore)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    del store
+    t = threading.Thread(target=_rendezvous.release_store, args=(key, 0, 2, "p/", 10.0))
+    t.start()
+    peer.add("p/bye", 1)
+    peer.wait(["p/bye-ack"], timedelta(seconds=10))
+    word = peer.get("p/bye-ack")
+    peer.add("p/acked", 1)  # rank 0 drops its server only after this
+    t.join(10)
+    assert word == (b"keep" if shared else b"close")
+    assert key not in _rendezvous._STORES
+    deadline = time.monotonic() + 5
+    while port in listening_ports() and not shared and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (port in listening_ports()) == shared
+    if shared:
+        dist.barrier()  # torch's group still works
+        dist.destroy_process_group()
