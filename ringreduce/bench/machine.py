@@ -47,14 +47,16 @@ def _mem_gib() -> float | None:
 
 
 def _git_commit() -> str | None:
-    """The checkout's commit (with '+dirty' when the tree has changes), if run from one."""
+    """The checkout's commit (with '+dirty' when tracked code has changes), if run from one."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
                               check=False, capture_output=True, text=True, timeout=5)
         if head.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "-uno"],
+        # Benchmark outputs (bench/*.json, *.png) do not count: a run rewrites them.
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "-uno", "--", ".",
+                                ":(exclude)bench/*.json", ":(exclude)bench/*.png"],
                                check=False, capture_output=True, text=True, timeout=5).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
