@@ -53,6 +53,9 @@ def parse_args(argv: list) -> argparse.Namespace:
     p.add_argument("--grad-view", action="store_true",
                    help="also measure both wrappers with gradient_as_bucket_view=True")
     p.add_argument("--json", default=None, help="write results here (rank 0)")
+    p.add_argument("--plot", default=None, help="draw the step breakdown as PNG (with --json)")
+    p.add_argument("--replot", default=None, metavar="JSON",
+                   help="only draw --plot from an earlier --json file")
     p.add_argument("--check", action="store_true",
                    help="after timing, assert that every DDP mode left identical parameters "
                         "on all ranks and that the wrappers agree with torch DDP on gloo")
@@ -353,10 +356,52 @@ def report(args: argparse.Namespace, world: int, nparams: int, nbuckets: int,
                        "threads": args.threads, "buckets": nbuckets,
                        "bucket_cap_mb": args.bucket_cap_mb, "results": res,
                        "ratio_vs_gloo": ratio, "paired_ratio_vs_gloo": paired}, f, indent=2)
+    if args.plot:
+        with open(args.json) as f:
+            plot(json.load(f), args.plot)
+
+
+def plot(data: dict, path: str) -> None:
+    """Step time per mode, split into forward, backward, the communication backward left
+    exposed, and the optimizer (medians of the slowest rank), one bar per mode."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    res = data["results"]
+    modes = list(res)
+    parts = [("forward", "forward_ms", "C0"), ("backward", None, "C1"),
+             ("unhidden comm", "unhidden_comm_ms", "C3"), ("optimizer", "optimizer_ms", "C2")]
+    fig, ax = plt.subplots(figsize=(8, 0.6 * len(modes) + 1.6))
+    left = [0.0] * len(modes)
+    for label, key, color in parts:
+        if key is None:  # backward without its unhidden tail
+            vals = [res[m]["backward_ms"] - res[m].get("unhidden_comm_ms", 0.0) for m in modes]
+        else:
+            vals = [res[m].get(key, 0.0) for m in modes]
+        ax.barh(modes, vals, left=left, color=color, label=label)
+        left = [a + b for a, b in zip(left, vals)]
+    for i, m in enumerate(modes):
+        ax.text(left[i] + 1, i, f"{res[m]['step_ms']:.0f} ms", va="center", fontsize=9)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per training step (medians of the slowest rank)")
+    ax.set_title(f"DDP step, {data['model']} ({data['params'] / 1e6:.1f}M parameters), "
+                 f"{data['world']} ranks", fontsize=10)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: list) -> int:
     args = parse_args(argv)
+    if args.replot:
+        with open(args.replot) as f:
+            plot(json.load(f), args.plot or args.replot.removesuffix(".json") + ".png")
+        return 0
+    if args.plot and not args.json:
+        sys.exit("--plot draws from the --json results: pass --json FILE too")
     if "RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" not in os.environ:
         import subprocess
 

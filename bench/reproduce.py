@@ -31,7 +31,8 @@ def _out(name: str) -> str:
 def _cluster(rate: str) -> list[str]:
     return [PY, "tests/netcluster.py", "run", "4", rate, "--timeout", "900", "--", PY, "-m",
             "ringreduce.bench", "-b", "1M", "-e", "64M", "-f", "4", "-w", "1", "-i", "3",
-            "--compare", "gloo", "--check", "--json", _out(f"netcluster_{rate}.json")]
+            "--compare", "gloo", "--check", "--json", _out(f"netcluster_{rate}.json"),
+            "--plot", _out(f"netcluster_{rate}.png")]
 
 
 # name -> command (run from the repository root). Order: cheapest and most cited first.
@@ -44,9 +45,10 @@ TABLES: dict[str, list[str]] = {
                    "--compare", "gloo,mpi", "--check", "--json", _out("shm_4ranks.json"),
                    "--plot", _out("shm_4ranks.png")],
     "ddp_mlp": [PY, "bench/ddp_step.py", "--torch-rr", "--check", "--json",
-                _out("ddp_step_mlp.json")],
+                _out("ddp_step_mlp.json"), "--plot", _out("ddp_step_mlp.png")],
     "ddp_transformer": [PY, "bench/ddp_step.py", "--model", "transformer", "--torch-rr",
-                        "--check", "--json", _out("ddp_step_transformer.json")],
+                        "--check", "--json", _out("ddp_step_transformer.json"), "--plot",
+                        _out("ddp_step_transformer.png")],
     "fault_detection": [PY, "bench/fault_detection.py", "--json", _out("fault_detection.json"),
                         "--plot", _out("fault_detection.png")],
     "alpha_beta": [PY, "bench/measure_alpha_beta.py"],

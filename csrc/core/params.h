@@ -20,8 +20,8 @@ struct Options {
   // loopback and wrote them to bench/alpha_beta.json (with the machine; tests/test_bench.py
   // checks these equal it). RINGREDUCE_TUNING_FILE overrides them, e.g. with the output of
   // `ringreduce-bench --tune --tune-out FILE` run on the target machine.
-  double alphaUs = 11.1;
-  double betaNsPerByte = 0.736;
+  double alphaUs = 8.4;
+  double betaNsPerByte = 0.176;
   // RINGREDUCE_HALF_WIRE: bits per float16/bfloat16 partial result that TCP all-reduce and
   // reduce-scatter send. 16 halves the bytes on the wire: each hop adds in float32 and
   // rounds to 16 bits once (as NCCL and Gloo do), so the error grows with the hops. 32 sends

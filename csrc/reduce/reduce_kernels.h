@@ -58,8 +58,8 @@ RR_KFN void storeFrom(char* p, const X& v) {
 
 // Pins a loaded vector in a register (emits nothing). Without it GCC folds the src load
 // into AVX-512 merge-masked ops (`vaddps (mem), a, r{k}` for the NaN select); on the AMD
-// EPYC (Zen 5) test machine such masked memory operands cut DRAM-bound float sum from ~20 to
-// ~14 GB/s, while in-cache speed is unchanged.
+// EPYC test machine (lscpu: family 25, model 17) such masked memory operands cut DRAM-bound
+// float sum from ~20 to ~14 GB/s, while in-cache speed is unchanged.
 template <class X>
 RR_KFN void inRegister(X& v) {
 #if defined(__x86_64__) || defined(__i386__)

@@ -49,3 +49,25 @@ def plot(rows: list[Row], meta: dict, path: str) -> str | None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return None
+
+
+def replot(json_path: str, path: str) -> str | None:
+    """Draw `path` from a --json file written earlier (every iteration's time is kept)."""
+    import json
+
+    with open(json_path) as f:
+        data = json.load(f)
+    rows = [Row(op=r["op"], lib=r["library"], size=r["size"], count=r["count"],
+                dtype=r["type"], redop=r["redop"], root=r["root"], algo=r["algo"],
+                world=r["world_size"], times=[t * 1e-6 for t in r["times_us"]],
+                wrong=r["wrong"]) for r in data["results"]]
+    return plot(rows, data["meta"], path)
+
+
+if __name__ == "__main__":  # python -m ringreduce.bench.plot RESULTS.json OUT.png
+    import sys
+
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m ringreduce.bench.plot RESULTS.json OUT.png")
+    why = replot(sys.argv[1], sys.argv[2])
+    sys.exit(f"not drawn: {why}" if why else 0)

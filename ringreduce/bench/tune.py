@@ -27,7 +27,7 @@ TREE_SIZES = (8, 64, 512, 4096)
 RING_SIZES = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
 ALGO_CODE = {"ring": 1, "tree": 2}
 # csrc/core/params.h's, i.e. bench/alpha_beta.json's (tests/test_bench.py checks both)
-DEFAULTS = {"alpha_us": 11.1, "beta_ns_per_byte": 0.736}
+DEFAULTS = {"alpha_us": 8.4, "beta_ns_per_byte": 0.176}
 
 
 def _coeffs(algo: str, world: int, size: int) -> tuple[float, float, float]:
