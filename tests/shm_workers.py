@@ -169,6 +169,12 @@ def cycles(rank: int, world: int, n_cycles: int) -> dict:
         rr.init()
         rr.allreduce(x)
         rr.destroy()
+    # A helper thread that destroy() joined (the store farewell) may still be leaving the
+    # kernel's task list for a moment after join() returned: wait up to 2 s for that, so
+    # only threads that stay are counted.
+    t_end = time.monotonic() + 2.0
+    while nthreads() > base[1] and time.monotonic() < t_end:
+        time.sleep(0.01)
     end = (fds(), nthreads(), _rss_kib(), len(glob.glob("/dev/shm/rr-*")))
     return {"fds": end[0] - base[0], "threads": end[1] - base[1],
             "rss_kib": end[2] - base[2], "shm": end[3] - base[3],
