@@ -28,7 +28,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -43,30 +42,6 @@ def _sig3(x: float) -> float:
 
 def _sig2(x: float) -> float:  # gamma varies by ~10% between measurements
     return float(f"{x:.2g}")
-
-
-def _cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return platform.processor() or "unknown"
-    for line in out.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "Model name":
-            return value.strip()
-    return "unknown"
-
-
-def _git_commit() -> str:
-    try:
-        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--", "csrc",
-                                "ringreduce"], capture_output=True, text=True,
-                               check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+local changes" if dirty else "")
 
 
 def _gamma_ns_per_byte() -> float:
@@ -140,11 +115,13 @@ def main(argv: list[str]) -> int:
         runs.append(run)
     sys.path.insert(0, ROOT)
     from ringreduce.bench import tune
+    from ringreduce.bench.machine import describe
 
     # Each point's fastest run: load from other processes only ever slows a run down.
     sizes = [("tree", s) for s in tune.TREE_SIZES] + [("ring", s) for s in tune.RING_SIZES]
     best = [min(r["measured_us"][i] for r in runs) for i in range(len(sizes))]
     fit = tune.fit([(a, s, t * 1e-6) for (a, s), t in zip(sizes, best)], 2)
+    machine = describe()  # the one machine record every benchmark JSON carries
     out = {
         "alpha_us": _sig3(fit["alpha_us"]),
         "beta_ns_per_byte": _sig3(fit["beta_ns_per_byte"]),
@@ -155,13 +132,8 @@ def main(argv: list[str]) -> int:
         "runs": f"ringreduce-bench -n 2 --transport tcp --tune -w {args.warmup} -i {args.iters}"
                 f", {args.repeat} time(s); fitted to each point's fastest run",
         "transport": "tcp (loopback), 2 ranks on one host",
-        "machine": {
-            "cpu_model": _cpu_model(),
-            "cpus": os.cpu_count(),
-            "kernel": platform.release(),
-            "python": platform.python_version(),
-        },
-        "ringreduce_commit": _git_commit(),
+        "machine": machine,
+        "ringreduce_commit": machine["ringreduce_commit"],
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
         "points": [{"algo": a, "bytes": s, "fastest_us": t} for (a, s), t in zip(sizes, best)],
         "all_runs": runs,
