@@ -38,10 +38,7 @@ void Executor::runSync(Task fn, std::string what, uint32_t site) {
       comm_->setSpinAllowed(true);
       comm_->setSite(site);
       std::exception_ptr e = run(fn);
-      {
-        std::lock_guard<std::mutex> relock(mu_);
-        --inline_;
-      }
+      inline_.fetch_sub(1);  // no need for mu_: shutdown() only reads it (raised under mu_)
       if (e) std::rethrow_exception(e);
       return;
     }
@@ -127,7 +124,7 @@ void Executor::shutdown() {
     stop_ = true;
     // Anything still queued or running (also a synchronous call on another thread) would
     // block on peers that are shutting down too: fail it fast.
-    if (!queue_.empty() || busy_ || inline_ > 0) comm_->abort(/*destroying=*/true);
+    if (!queue_.empty() || busy_ || inline_.load() > 0) comm_->abort(/*destroying=*/true);
   }
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();

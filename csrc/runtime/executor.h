@@ -6,6 +6,7 @@
 // a small all-reduce. Ordering is preserved because the queue is empty and `execMu_` is held.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -50,7 +51,9 @@ class Executor {
   std::deque<std::pair<Task, std::shared_ptr<Work>>> queue_;
   bool stop_ = false;
   bool busy_ = false;           // worker is executing a task
-  int inline_ = 0;              // runSync calls executing on their caller's thread
+  // runSync calls executing on their caller's thread: raised under mu_ (so shutdown() sees
+  // every call that got past its stop_ check), lowered without it (off the hot path's lock).
+  std::atomic<int> inline_{0};
   std::mutex execMu_;           // held while any collective executes (worker or inline)
   std::thread worker_;
 };
