@@ -29,9 +29,10 @@ _MASTER: set = set()  # keys whose store hosts the server in this process
 # can read why init failed (prefix + "failed"); the next init() adopts it (same address)
 # or drops it, and destroy() drops it.
 _LINGER: set = set()
-# (addr, port) -> the bye-ack key of the last init whose server rank 0 closed: a client of
-# the next init on that address checks it is not talking to that server in its last moments.
-_CLOSED: dict[tuple, str] = {}
+# (addr, port) -> (key prefix, acked) of the last init on that address whose server rank 0
+# may stop: a client of the next init there checks it is not talking to that server in its
+# last moments (acked: this rank already told rank 0 it read the answer).
+_CLOSED: dict[tuple, tuple] = {}
 # How long destroy() waits for the other ranks to be done with the store before rank 0
 # stops its server (and they for rank 0's word): a rank that is gone or far behind costs
 # destroy() at most this; it gives up quietly (the store is not needed any more). After a
@@ -95,15 +96,19 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
             box.append(e)
 
     deadline = time.monotonic() + timeout
+    pause = 0.02
     while True:
         t = threading.Thread(target=build, name="ringreduce-store-connect", daemon=True)
         t.start()
         t.join(max(0.0, deadline - time.monotonic()) + 1.0)
-        if not box or isinstance(box[0], Exception) or not _is_old_server(key, box[0]) \
+        if not box or isinstance(box[0], Exception) or not _is_old_server(key, box[0], deadline) \
                 or time.monotonic() > deadline:
             break
         box.clear()  # rank 0's previous server, about to stop: drop it, connect again
-        time.sleep(0.01)
+        # Few reconnects: a torch TCPStore server stops answering after a few dozen quick
+        # connect/close cycles (2.13, measured), which would block rank 0's farewell.
+        time.sleep(pause)
+        pause = min(2 * pause, 0.5)
     _CLOSED.pop(key, None)
     if not box:
         raise _timeout_error(
@@ -122,13 +127,28 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
     return box[0]
 
 
-def _is_old_server(key: tuple, store: Any) -> bool:
-    """True when a client just reached the server rank 0 is closing (release_store): it
-    still has the previous init's bye-ack, which a new server cannot have."""
+def _is_old_server(key: tuple, store: Any, deadline: float) -> bool:
+    """True when a client just reached the server of the previous init on this address,
+    which rank 0 stops (release_store): it has that init's "bye" key, which a new server
+    cannot have. Until rank 0 answers there, wait on this connection: "keep" -> False (it
+    stays: use it); "close" -> say "acked" if this rank had not (rank 0 then stops it at
+    once), True."""
     if key not in _CLOSED:
         return False
+    prefix, acked = _CLOSED[key]
     try:
-        return bool(store.check([_CLOSED[key]]))
+        if not store.check([prefix + "bye"]):
+            return False
+        while not store.check([prefix + "bye-ack"]):
+            if time.monotonic() > deadline:
+                return False  # rank 0 never answered: use it (its failure reads clearly)
+            time.sleep(0.01)
+        if bytes(store.get(prefix + "bye-ack")) == b"keep":
+            return False
+        if not acked:
+            store.add(prefix + "acked", 1)
+            _CLOSED[key] = (prefix, True)
+        return True
     except RuntimeError:  # it closed under us: connect again
         return True
 
@@ -196,8 +216,11 @@ def release_store(key: tuple | None, rank: int, world: int, prefix: str, timeout
                          name="ringreduce-store-farewell", daemon=True)
     t.start()
     t.join(max(0.0, deadline - time.monotonic()) + 0.5)
-    if words == [b"close"]:  # make_store on this address must not reach this server again
-        _CLOSED[key] = prefix + "bye-ack"
+    # Unless rank 0 said it keeps the server, make_store on this address must not use it
+    # again: it stops when rank 0's farewell ends, also when this rank stopped waiting for
+    # the answer first (a rank far behind), and a client still on it then fails.
+    if rank != 0 and words != [b"keep"]:
+        _CLOSED[key] = (prefix, words == [b"close"])
 
 
 def _farewell(box: list, rank: int, world: int, prefix: str, closing: bool, deadline: float,

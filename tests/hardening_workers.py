@@ -69,6 +69,28 @@ def store_same_port(rank: int, world: int, cycles: int) -> dict:
             "listening": int(os.environ["MASTER_PORT"]) in listening_ports()}
 
 
+def store_reinit_after_late_farewell(rank: int, world: int) -> dict:
+    """The last rank reaches destroy() after every farewell wait ended; rank 0 starts its
+    farewell 0.5 s after rank 1, so rank 1 stops waiting for rank 0's answer while rank 0's
+    server still runs. Rank 1's re-init on the same MASTER_PORT must not connect to that
+    server (it stops a moment later), but to rank 0's next one."""
+    from ringreduce import _rendezvous
+
+    rr.init(timeout=30)
+    x = np.ones(3)
+    rr.allreduce(x)
+    if rank == 0:
+        time.sleep(0.5)
+    elif rank == world - 1:
+        time.sleep(_rendezvous._FAREWELL_S + 2.0)
+    rr.destroy()
+    rr.init(timeout=30)
+    y = np.full(3, float(rank + 1))
+    rr.allreduce(y)
+    rr.destroy()
+    return {"sum": y.tolist()}
+
+
 # A file name with every kind of character JSON must escape (no "/": it is a base name).
 WEIRD_FILE = 'we\tird\r\x01\x1f\x7f"q\\uo\u00e9\u2603\n.py'
 
