@@ -1,4 +1,12 @@
-"""The process-wide default communicator created by ringreduce.init()."""
+"""Communicators of this process: the world that ringreduce.init() made, and its groups.
+
+A `Group` is one communicator: the world (``ringreduce.init()``) or a subset of it
+(``ringreduce.new_group``, ``Group.split``, a torch ``dist.new_group`` on the ringreduce
+backend). Each has its own connections, sequence numbers and failure state, so groups can
+be used from different threads and overlap each other. Ranks given to collectives
+(``src``/``dst``) are global (world) ranks, as in torch; ``Group.rank`` is this process's
+rank inside the group.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +14,76 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-@dataclass
+@dataclass(eq=False)
 class Group:
-    """An initialised communicator and what init learned about the job."""
+    """A communicator over some of the job's ranks (the world, or a group of it)."""
 
     rank: int
     world_size: int
-    comm: Any  # ringreduce._C.Communicator, or None for world_size 1
+    comm: Any  # ringreduce._C.Communicator, or None for a group of one
     hosts: list = field(default_factory=list)
     options: dict = field(default_factory=dict)
     local_rank: int = 0
     default_algo: int = 0  # RINGREDUCE_ALGO: what algo="auto" means for all-reduce
     # The store init made (its _rendezvous registry key; None when the caller or torch
-    # passed the store: not ours to release) and this init's key prefix in it.
+    # passed the store: not ours to release) and this communicator's key prefix in it.
     store_key: tuple | None = None
     store_prefix: str = ""
+    ranks: list = field(default_factory=list)  # global rank of each group rank
+    name: str = "world"
+    # World only: the store subgroups rendezvous through, the number of new_group() calls so
+    # far (every rank counts them, members or not: the next group's key prefix), and the
+    # live subgroups (destroyed with the world).
+    store: Any = None
+    created: int = 0
+    children: list = field(default_factory=list)
+    destroyed: bool = False
+
+    @property
+    def size(self) -> int:
+        """Number of ranks in this group."""
+        return self.world_size
+
+    def group_rank(self, global_rank: int, what: str) -> int:
+        """The rank inside this group of world rank `global_rank` (ValueError if absent)."""
+        try:
+            r = int(global_rank)
+        except (TypeError, ValueError):
+            raise TypeError(f"{what}: a rank must be an int, got {global_rank!r}") from None
+        if self.ranks:
+            try:
+                return self.ranks.index(r)
+            except ValueError:
+                raise ValueError(
+                    f"{what}: rank {r} is not in group {self.name!r} (its world ranks are "
+                    f"{_short(self.ranks)}); src/dst are world ranks, as in torch") from None
+        if not 0 <= r < self.world_size:
+            raise ValueError(f"{what}: rank {r} is not a rank of this job "
+                             f"(world size {self.world_size})")
+        return r
+
+    def split(self, color: int | None, key: int = 0) -> Group | None:
+        """MPI_Comm_split / ncclCommSplit: every member calls it; members that pass the same
+        `color` form a new group, ordered by (`key`, rank in this group). `color=None`
+        joins none (returns None)."""
+        from . import groups
+
+        return groups.split(self, color, key)
+
+    def destroy(self) -> None:
+        """Close this group's connections (its members should all call it). Destroying the
+        world (ringreduce.destroy()) destroys its groups too."""
+        from . import groups
+
+        groups.destroy_group(self)
+
+    def __repr__(self) -> str:
+        return (f"Group({self.name!r}, rank={self.rank}, size={self.world_size}, "
+                f"ranks={_short(self.ranks)})")
+
+
+def _short(xs: list) -> str:
+    return str(xs) if len(xs) <= 16 else f"[{', '.join(map(str, xs[:16]))}, ...]"
 
 
 _DEFAULT: list = [None]
@@ -34,3 +97,16 @@ def current(what: str = "this call") -> Group:
             f"(it reads RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT as torchrun and ringreduce-run set them)"
         )
     return g
+
+
+def resolve(group: Any, what: str = "this call") -> Group:
+    """The communicator a call with `group=` runs on: the world when None."""
+    if group is None:
+        return current(what)
+    if not isinstance(group, Group):
+        raise TypeError(
+            f"{what}: group must be a ringreduce Group (from ringreduce.new_group or "
+            f"Group.split) or None for the world, got {type(group).__name__}")
+    if group.destroyed:
+        raise RuntimeError(f"{what}: group {group.name!r} was destroyed")
+    return group
