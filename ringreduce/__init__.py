@@ -10,6 +10,7 @@ over TCP, callable on torch CPU tensors and numpy arrays::
 """
 
 from ._C import CollectiveMismatch, CollectiveTimeout, PeerFailure, RingReduceError
+from ._state import Group
 from .api import (
     Work,
     abort,
@@ -25,12 +26,14 @@ from .api import (
     is_initialized,
     reduce_scatter,
 )
+from .groups import new_group, world_group
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CollectiveMismatch",
     "CollectiveTimeout",
+    "Group",
     "PeerFailure",
     "RingReduceError",
     "Work",
@@ -45,7 +48,9 @@ __all__ = [
     "get_world_size",
     "init",
     "is_initialized",
+    "new_group",
     "reduce_scatter",
+    "world_group",
 ]
 
 try:

@@ -321,12 +321,13 @@ def _rr_error(msg: str) -> Exception:
 
 
 def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None,
-             timeout: float, my_hb: str = "") -> Peers:
-    """Publish this rank's address and host; return everyone's, plus the job secret."""
+             timeout: float, my_hb: str = "", prefix: str | None = None) -> Peers:
+    """Publish this rank's address and host; return everyone's, plus the job secret.
+    prefix: the keys' prefix (a group's, unique in the job); default: this init's own."""
     from ._C import RingReduceError
 
     try:
-        return _exchange(store, rank, world, my_addr, secret, timeout, my_hb)
+        return _exchange(store, rank, world, my_addr, secret, timeout, my_hb, prefix)
     except (ValueError, RingReduceError):
         if rank == 0:  # usually the store's host: give the others time to read "failed"
             time.sleep(0.5)
@@ -339,9 +340,10 @@ def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None
 
 
 def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None,
-              timeout: float, my_hb: str) -> Peers:
-    _GENERATION[0] += 1
-    p = f"ringreduce/{_GENERATION[0]}/"
+              timeout: float, my_hb: str, prefix: str | None) -> Peers:
+    if prefix is None:
+        _GENERATION[0] += 1
+    p = f"ringreduce/{_GENERATION[0]}/" if prefix is None else prefix
     n = store.add(p + f"claim/{rank}", 1)
     if n > 1:
         raise _fail(store, p, ValueError(

@@ -35,6 +35,8 @@ class Group:
     # far (every rank counts them, members or not: the next group's key prefix), and the
     # live subgroups (destroyed with the world).
     store: Any = None
+    net: tuple = (None, None)  # init's (master_addr, ifname): where groups listen
+    secret: str = ""  # the job secret: groups' connections are authenticated with it
     created: int = 0
     children: list = field(default_factory=list)
     destroyed: bool = False
@@ -45,21 +47,21 @@ class Group:
         return self.world_size
 
     def group_rank(self, global_rank: int, what: str) -> int:
-        """The rank inside this group of world rank `global_rank` (ValueError if absent)."""
+        """The rank inside this group of world rank `global_rank`; `what` names the
+        argument ("broadcast src") for the ValueError when it is not a member."""
         try:
             r = int(global_rank)
         except (TypeError, ValueError):
-            raise TypeError(f"{what}: a rank must be an int, got {global_rank!r}") from None
-        if self.ranks:
-            try:
+            raise TypeError(f"{what} must be an int rank, got {global_rank!r}") from None
+        if self.ranks and self is not _DEFAULT[0]:
+            if r in self.ranks:
                 return self.ranks.index(r)
-            except ValueError:
-                raise ValueError(
-                    f"{what}: rank {r} is not in group {self.name!r} (its world ranks are "
-                    f"{_short(self.ranks)}); src/dst are world ranks, as in torch") from None
+            raise ValueError(
+                f"{what}={r} is not in group {self.name!r} (its world ranks are "
+                f"{_short(self.ranks)}); {what.split()[-1]} is a world rank, as in torch")
         if not 0 <= r < self.world_size:
-            raise ValueError(f"{what}: rank {r} is not a rank of this job "
-                             f"(world size {self.world_size})")
+            raise ValueError(f"{what}={r} is not a rank of this job (world size "
+                             f"{self.world_size})")
         return r
 
     def split(self, color: int | None, key: int = 0) -> Group | None:

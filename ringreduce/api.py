@@ -141,7 +141,7 @@ def init(rank: int | None = None, world_size: int | None = None, *,
     options.update(_load_tuning(tun.tuning_file))
     if world == 1:
         _state._DEFAULT[0] = _state.Group(rank=0, world_size=1, comm=None, options=options,
-                                          hosts=[_env.host_identity()],
+                                          hosts=[_env.host_identity()], ranks=[0],
                                           default_algo=algo_code(tun.algo))
         _gpu().bind(_state._DEFAULT[0], None, "ringreduce/")
         return
@@ -156,7 +156,13 @@ def init(rank: int | None = None, world_size: int | None = None, *,
                                        tun.use_agent_store)
         made = _rendezvous.store_key(store)
     try:
-        _init_comm(rank, world, info, tun, options, store, maddr, ifname, secret, made)
+        g = _connect(rank, world, tun, options, store, maddr, ifname, secret or tun.secret)
+        g.local_rank, g.store_key, g.store = info.local_rank, made, store
+        g.ranks, g.net = list(range(world)), (maddr, ifname)
+        _state._DEFAULT[0] = g
+        # The store serves the group's first CUDA collective (NCCL verdict and unique id),
+        # under this init's own key prefix.
+        _gpu().bind(g, store, g.store_prefix + "cuda/")
     except BaseException:
         # Ranks still joining read why from the store: keep it up until the next init()
         # or destroy() (both release it).
@@ -164,19 +170,28 @@ def init(rank: int | None = None, world_size: int | None = None, *,
         raise
 
 
-def _init_comm(rank: int, world: int, info: Any, tun: Any, options: dict, store: Any,
-               maddr: str | None, ifname: str | None, secret: str | None,
-               made: tuple | None) -> None:
-    """The part of init() after the store exists: exchange addresses, connect, publish."""
+def _connect(rank: int, world: int, tun: Any, options: dict, store: Any,
+             maddr: str | None, ifname: str | None, secret: str | None,
+             prefix: str | None = None, name: str = "world",
+             labels: list[int] | None = None) -> _state.Group:
+    """Exchange addresses through `store` (under `prefix`: a group's; None: a new init's),
+    connect and return the communicator's Group (world_size >= 2). Used by init() and by
+    every group (ringreduce.groups), which passes the world's secret."""
     from . import _C
 
+    # The caller's options, less what a connect derives (the world's, when a group's).
+    options = {k: v for k, v in options.items()
+               if not k.startswith("shm_") and k not in ("session", "spin_us", "rank_labels",
+                                                          "group_name")}
+    if labels is not None:  # a group: messages name world ranks, and the group
+        options["rank_labels"], options["group_name"] = list(labels), name
     bind = _env.select_interface_address(maddr, ifname or tun.socket_ifname,
                                          options["connect_timeout"])
     listener = _C.Listener(bind)
     host = bind if ":" not in bind else f"[{bind}]"
-    peers = _rendezvous.exchange(store, rank, world, f"{host}:{listener.port}",
-                                 secret or tun.secret, options["connect_timeout"],
-                                 f"{host}:{listener.heartbeat_port}")
+    peers = _rendezvous.exchange(store, rank, world, f"{host}:{listener.port}", secret,
+                                 options["connect_timeout"], f"{host}:{listener.heartbeat_port}",
+                                 prefix=prefix)
     options["session"] = peers.session  # per-init heartbeat key: no replay across inits
     # Busy-poll (sockets and shared memory) briefly only when every local rank can have its
     # own CPU among those this process may run on (affinity mask, cgroup quota): spinning
@@ -184,30 +199,26 @@ def _init_comm(rank: int, world: int, info: Any, tun: Any, options: dict, store:
     local = sum(1 for h in peers.hosts if h == peers.hosts[rank])
     cpus = _cpus.usable_cpus()
     options["spin_us"] = 1000.0 if local <= cpus else 0.0
-    log.info("rank %d: %d local ranks, %d usable CPUs: %s", rank, local, cpus,
+    log.info("rank %d of %s: %d local ranks, %d usable CPUs: %s", rank, name, local, cpus,
              "waits spin briefly" if options["spin_us"] else "waits never spin")
     options.update(_shm_options(tun.transport, peers, rank, world, options["spin_us"]))
     comm = _C.Communicator(rank, world, listener, peers.addrs, peers.secret, options,
                            peers.hb_addrs)
-    log.info("rank %d: connected to %d peers from %s; transport plan: %s", rank, world - 1, bind,
-             comm.plan)
+    log.info("rank %d of %s: connected to %d peers from %s; transport plan: %s", rank, name,
+             world - 1, bind, comm.plan)
     if tun.trace:
         comm.set_tracing(True)
     if tun.flight_recorder:
         comm.set_flight_path(tun.flight_recorder)
     _set_call_sites(tun.call_sites)
     f = tun.fault
-    if f is not None and f["rank"] == rank:
+    if f is not None and f["rank"] == rank and name == "world":
         comm.set_fault(_env.FAULT_COLLECTIVES[f["collective"]], f["seq"], f["at"], f["action"],
                        f["stamp"])
         log.warning("rank %d: RINGREDUCE_FAULT armed: %s", rank, f)
-    _state._DEFAULT[0] = _state.Group(rank=rank, world_size=world, comm=comm, hosts=peers.hosts,
-                                      options=options, local_rank=info.local_rank,
-                                      default_algo=algo_code(tun.algo), store_key=made,
-                                      store_prefix=peers.prefix)
-    # The store serves the group's first CUDA collective (NCCL verdict and unique id), under
-    # this init's own key prefix.
-    _gpu().bind(_state._DEFAULT[0], store, peers.prefix + "cuda/")
+    return _state.Group(rank=rank, world_size=world, comm=comm, hosts=peers.hosts,
+                        options=options, default_algo=algo_code(tun.algo),
+                        store_prefix=peers.prefix, name=name, secret=peers.secret)
 
 
 def _set_call_sites(on: bool) -> None:
@@ -306,6 +317,11 @@ def destroy() -> None:
     _rendezvous.release_lingering()  # the store of a failed init(), if any
     if g is None:
         return
+    from . import groups
+
+    groups.destroy_children(g)
+    g.store = None  # release_store's "does anyone else hold it" count must not see ours
+    g.destroyed = True
     # destroy() fails whatever is still queued; the buffers stay referenced until then.
     pattern = _env.tunables().trace
     if pattern:
@@ -360,12 +376,14 @@ def is_initialized() -> bool:
     return _state._DEFAULT[0] is not None
 
 
-def get_rank() -> int:
-    return _state.current("get_rank()").rank
+def get_rank(group: Any = None) -> int:
+    """This process's rank in the world (or in `group`)."""
+    return _state.resolve(group, "get_rank()").rank
 
 
-def get_world_size() -> int:
-    return _state.current("get_world_size()").world_size
+def get_world_size(group: Any = None) -> int:
+    """Number of ranks in the world (or in `group`)."""
+    return _state.resolve(group, "get_world_size()").world_size
 
 
 def _gpu() -> Any:
@@ -374,7 +392,7 @@ def _gpu() -> Any:
     return _gpu_route
 
 
-def _cuda(xs: Sequence[Any], backend: str) -> bool:
+def _cuda(xs: Sequence[Any], backend: str, g: Any) -> bool:
     """True when some input is a CUDA array (or backend says so): _gpu_route takes the call.
     numpy arrays and CPU tensors with backend "auto" answer without importing anything."""
     if backend == "auto":
@@ -391,16 +409,23 @@ def _cuda(xs: Sequence[Any], backend: str) -> bool:
                 break
         else:
             return False
-    return _gpu().wants(xs, backend)
+    if _gpu().wants(xs, backend):
+        if g is not _state._DEFAULT[0]:
+            raise NotImplementedError(
+                f"CUDA buffers on group {g.name!r}: the CUDA paths (NCCL, staged) run on the "
+                f"world only for now; copy to host memory, or use torch.distributed with NCCL "
+                f"for this group")
+        return True
+    return False
 
 
 def allreduce(x: Any, op: Any = "sum", algo: str = "auto", async_op: bool = False,
-              backend: str = "auto") -> Work | None:
+              backend: str = "auto", group: Any = None) -> Work | None:
     """Reduce `x` over all ranks, in place. op: sum, avg, prod, min, max.
 
     backend (CUDA inputs): "auto" (NCCL when every rank can use it, else staged), "nccl",
     "staged" (alias "host": through pinned host memory and the CPU collective)."""
-    g = _state._DEFAULT[0] or _state.current("allreduce()")
+    g = (_state._DEFAULT[0] if group is None else None) or _state.resolve(group, "allreduce()")
     if not async_op and g.comm is not None and backend == "auto":
         # Fast paths for latency-bound calls (a few microseconds matter for small
         # messages); anything unusual falls through to the checks below.
@@ -417,7 +442,7 @@ def allreduce(x: Any, op: Any = "sum", algo: str = "auto", async_op: bool = Fals
                     g.comm.allreduce(x.data_ptr(), x.numel(), code, opc, alc or g.default_algo,
                                      False)
                     return None
-    if _cuda((x,), backend):
+    if _cuda((x,), backend, g):
         return _gpu().allreduce(g, x, op, algo, async_op, backend)
     b = as_buffer(x, "allreduce(x)")
     opc, alc = op_code(op), algo_code(algo) or g.default_algo
@@ -429,36 +454,37 @@ def allreduce(x: Any, op: Any = "sum", algo: str = "auto", async_op: bool = Fals
 
 
 def broadcast(x: Any, src: int = 0, async_op: bool = False,
-              backend: str = "auto") -> Work | None:
-    """Copy rank `src`'s `x` into `x` on every rank. backend: as for allreduce."""
-    g = _state.current("broadcast()")
-    if not 0 <= int(src) < g.world_size:
-        raise ValueError(f"broadcast src={src} is not a rank of this job (world size {g.world_size})")
-    if _cuda((x,), backend):
-        return _gpu().broadcast(g, x, int(src), async_op, backend)
+              backend: str = "auto", group: Any = None) -> Work | None:
+    """Copy rank `src`'s `x` into `x` on every rank of the group. `src` is a world rank
+    (as in torch). backend: as for allreduce."""
+    g = _state.resolve(group, "broadcast()")
+    root = g.group_rank(src, "broadcast src")
+    if _cuda((x,), backend, g):
+        return _gpu().broadcast(g, x, root, async_op, backend)
     b = as_buffer(x, "broadcast(x)")
     if g.comm is None:
         return _finish(None, (), async_op=async_op)
-    return _finish(g.comm.broadcast(b.ptr, b.count, b.code, int(src), async_op), (x,),
+    return _finish(g.comm.broadcast(b.ptr, b.count, b.code, root, async_op), (x,),
                    async_op=async_op)
 
 
-def barrier(async_op: bool = False) -> Work | None:
-    """Wait until every rank reached this barrier."""
-    g = _state.current("barrier()")
+def barrier(async_op: bool = False, group: Any = None) -> Work | None:
+    """Wait until every rank (of the group) reached this barrier."""
+    g = _state.resolve(group, "barrier()")
     if g.comm is None:
         return _finish(None, (), async_op=async_op)
     return _finish(g.comm.barrier(async_op), (), async_op=async_op)
 
 
-def allgather(x: Any, out: Any = None, async_op: bool = False, backend: str = "auto") -> Any:
+def allgather(x: Any, out: Any = None, async_op: bool = False, backend: str = "auto",
+              group: Any = None) -> Any:
     """Gather every rank's `x` into `out` of shape (world_size, *x.shape). backend: as for
     allreduce.
 
     Returns `out` (allocated when None), or a Work whose result() is `out` when async.
     """
-    g = _state.current("allgather()")
-    if _cuda((x, out), backend):
+    g = _state.resolve(group, "allgather()")
+    if _cuda((x, out), backend, g):
         return _gpu().allgather(g, x, out, async_op, backend)
     b = as_buffer(x, "allgather(x)", writable=False)
     if out is None:
@@ -479,14 +505,14 @@ def allgather(x: Any, out: Any = None, async_op: bool = False, backend: str = "a
 
 
 def reduce_scatter(x: Any, out: Any = None, op: Any = "sum", async_op: bool = False,
-                   backend: str = "auto") -> Any:
+                   backend: str = "auto", group: Any = None) -> Any:
     """Reduce `x` (world_size * k elements) over ranks; rank r gets block r (k elements).
 
     `out` defaults to shape (x.shape[0] // world_size, *x.shape[1:]) when the first
     dimension divides, else a flat array of k elements. backend: as for allreduce.
     """
-    g = _state.current("reduce_scatter()")
-    if _cuda((x, out), backend):
+    g = _state.resolve(group, "reduce_scatter()")
+    if _cuda((x, out), backend, g):
         return _gpu().reduce_scatter(g, x, out, op, async_op, backend)
     b = as_buffer(x, "reduce_scatter(x)", writable=False)
     n = g.world_size
@@ -515,12 +541,13 @@ def reduce_scatter(x: Any, out: Any = None, op: Any = "sum", async_op: bool = Fa
 
 
 def allreduce_coalesced(xs: Sequence[Any], op: Any = "sum", algo: str = "auto",
-                        async_op: bool = False, backend: str = "auto") -> Work | None:
+                        async_op: bool = False, backend: str = "auto",
+                        group: Any = None) -> Work | None:
     """All-reduce a list of same-dtype tensors/arrays through one flat buffer (one
     collective instead of len(xs)); results are written back into each. backend: as for
     allreduce (all of xs on one CUDA device, or all in host memory)."""
-    g = _state.current("allreduce_coalesced()")
-    if xs and _cuda(tuple(xs), backend):
+    g = _state.resolve(group, "allreduce_coalesced()")
+    if xs and _cuda(tuple(xs), backend, g):
         return _gpu().allreduce_coalesced(g, xs, op, algo, async_op, backend)
     bufs = [as_buffer(x, f"allreduce_coalesced(xs[{i}])") for i, x in enumerate(xs)]
     if not bufs:

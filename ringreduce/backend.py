@@ -21,6 +21,7 @@ world are not supported yet (the core has one communicator per process).
 
 from __future__ import annotations
 
+import itertools
 import threading
 from datetime import timedelta
 from typing import Any, Callable
@@ -28,7 +29,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from . import _state, api
+from . import _state, api, groups
 from .ddp.futures import Completion
 
 __all__ = ["BACKEND_NAME", "ProcessGroupRingReduce", "create_process_group"]
@@ -124,6 +125,13 @@ def _chain(*fns: Callable[[], None] | None) -> Callable[[], None] | None:
     return run
 
 
+_NAMES = itertools.count(1)
+
+
+def _next_name() -> int:
+    return next(_NAMES)
+
+
 class ProcessGroupRingReduce(dist.ProcessGroup):
     """torch.distributed process group backed by ringreduce's default communicator."""
 
@@ -136,15 +144,18 @@ class ProcessGroupRingReduce(dist.ProcessGroup):
         self._size = size
         self._owns = False
         g = _state._DEFAULT[0]
-        if g is None:
+        if g is None:  # the default process group: it makes ringreduce's world
             secs = timeout.total_seconds() if isinstance(timeout, timedelta) else None
             api.init(rank=rank, world_size=size, store=store, timeout=secs)
             self._owns = True
-        elif g.world_size != size or g.rank != rank:
-            raise NotImplementedError(
-                f"the ringreduce backend runs on ringreduce's default communicator (rank "
-                f"{g.rank} of {g.world_size}), but this group wants rank {rank} of {size}; "
-                f"subgroups are not supported yet -- create them with backend='gloo'")
+            g = _state._DEFAULT[0]
+        elif dist.is_initialized() or g.world_size != size or g.rank != rank:
+            # A torch subgroup (dist.new_group, DeviceMesh, ...): its own ringreduce group,
+            # set up through the PrefixStore torch gave it. (The default process group of a
+            # job that called ringreduce.init() first shares the world instead.)
+            g = groups.from_store(store, rank, size, f"torch group {_next_name()}")
+            self._owns = True
+        self._g = g
         self._lock = threading.Lock()
 
     # -- identity
@@ -166,24 +177,26 @@ class ProcessGroupRingReduce(dist.ProcessGroup):
         if len(tensors) != 1:
             return self.allreduce_coalesced(tensors, opts)
         buf, back = _inplace(tensors[0])
-        return _work(api.allreduce(buf, op=op, async_op=True), tensors, back)
+        return _work(api.allreduce(buf, op=op, async_op=True, group=self._g), tensors, back)
 
     def allreduce_coalesced(self, tensors: list, opts: Any = None) -> _Work:
         op = _op(opts)
         if not tensors:
             return _done(tensors)
         bufs = [t.detach() for t in tensors]
-        return _work(api.allreduce_coalesced(bufs, op=op, async_op=True), tensors)
+        return _work(api.allreduce_coalesced(bufs, op=op, async_op=True, group=self._g),
+                     tensors)
 
     def broadcast(self, tensors: list, opts: Any = None) -> _Work:
         root = int(getattr(opts, "rootRank", 0)) if opts is not None else 0
         if len(tensors) != 1:
             raise ValueError("the ringreduce backend broadcasts one tensor per call")
         buf, back = _inplace(tensors[0])
-        return _work(api.broadcast(buf, src=root, async_op=True), tensors, back)
+        return _work(api.broadcast(buf, src=self._g.ranks[root], async_op=True, group=self._g),
+                     tensors, back)
 
     def barrier(self, opts: Any = None) -> _Work:
-        return _work(api.barrier(async_op=True), [])
+        return _work(api.barrier(async_op=True, group=self._g), [])
 
     def allgather(self, output_tensors: list, input_tensors: list, opts: Any = None) -> _Work:
         if len(input_tensors) != 1 or len(output_tensors) != 1:
@@ -205,7 +218,8 @@ class ProcessGroupRingReduce(dist.ProcessGroup):
             with torch.no_grad():
                 for r, o in enumerate(outs):
                     o.copy_(flat[r].view(o.shape))
-        return _work(api.allgather(src, out=flat, async_op=True), output_tensors, scatter_out)
+        return _work(api.allgather(src, out=flat, async_op=True, group=self._g), output_tensors,
+                     scatter_out)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
                           opts: Any = None) -> _Work:
@@ -214,7 +228,7 @@ class ProcessGroupRingReduce(dist.ProcessGroup):
         if dst.numel() != src.numel() * self._size:
             raise ValueError(f"all_gather_into_tensor: output has {output.numel()} elements; "
                              f"it needs world_size * input.numel() = {src.numel() * self._size}")
-        return _work(api.allgather(src, out=dst, async_op=True), [output], back)
+        return _work(api.allgather(src, out=dst, async_op=True, group=self._g), [output], back)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,
                         opts: Any = None) -> _Work:
@@ -237,8 +251,8 @@ class ProcessGroupRingReduce(dist.ProcessGroup):
         dst, back = _inplace(out)
         if dst.numel() * self._size != flat.numel():
             raise ValueError("reduce_scatter: every input must have output.numel() elements")
-        return _work(api.reduce_scatter(flat, out=dst.view(-1), op=_op(opts), async_op=True),
-                     output_tensors, back)
+        return _work(api.reduce_scatter(flat, out=dst.view(-1), op=_op(opts), async_op=True,
+                                        group=self._g), output_tensors, back)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
                               opts: Any = None) -> _Work:
@@ -248,7 +262,7 @@ class ProcessGroupRingReduce(dist.ProcessGroup):
             raise ValueError(f"reduce_scatter_tensor: input has {input.numel()} elements; it "
                              f"needs world_size * output.numel() = {dst.numel() * self._size}")
         return _work(api.reduce_scatter(src.view(-1), out=dst.view(-1), op=_op(opts),
-                                        async_op=True), [output], back)
+                                        async_op=True, group=self._g), [output], back)
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor,
                              opts: Any = None) -> _Work:
@@ -323,13 +337,13 @@ class ProcessGroupRingReduce(dist.ProcessGroup):
         return _work(_WaitAll(last), value, after)
 
     def shutdown(self) -> None:
-        if self._owns and _state._DEFAULT[0] is not None:
-            api.destroy()
+        if self._owns and not self._g.destroyed:
+            self._g.destroy()
         self._owns = False
 
     def abort(self) -> None:
-        g = _state._DEFAULT[0]
-        if self._owns and g is not None and g.comm is not None:
+        g = self._g
+        if self._owns and not g.destroyed and g.comm is not None:
             g.comm.abort()
         self.shutdown()
 

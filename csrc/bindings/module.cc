@@ -51,6 +51,8 @@ Options optionsFromDict(const py::dict& d) {
     else if (k == "stall_warn") o.stallWarnSec = v.cast<double>();
     else if (k == "spin_us") o.spinUs = v.cast<double>();
     else if (k == "half_wire") o.halfWireBits = v.cast<int>();
+    else if (k == "rank_labels") o.rankLabels = v.cast<std::vector<int>>();
+    else if (k == "group_name") o.groupName = v.cast<std::string>();
     else if (k.rfind("shm_", 0) == 0) continue;  // see shmFromDict
     else if (k == "session") continue;  // this init's random id: heartbeat key (PyComm)
     else throw InvalidArgument("unknown option '" + k + "'");

@@ -66,7 +66,7 @@ uint64_t lineRound(comm::Communicator& c, const transport::FrameHeader& h, const
     waitFor(c, [&] { return P.round.load(std::memory_order_acquire) == round; }, [&] { return r; });
     std::string mm = transport::describeMismatch(described(P, h), h);
     if (!mm.empty())
-      throw MismatchError(detail::concat("rank ", d.globalRank(r), " (shared memory): ", mm));
+      throw MismatchError(detail::concat("rank ", c.label(d.globalRank(r)), " (shared memory): ", mm));
   }
   return round;
 }

@@ -23,8 +23,13 @@ Communicator::Communicator(int rank, int world, std::vector<std::unique_ptr<Conn
     : rank_(rank), world_(world), conns_(std::move(conns)), opts_(opts) {
   RR_CHECK(world_ >= 1 && rank_ >= 0 && rank_ < world_, "rank ", rank_, " world ", world_);
   RR_CHECK_EQ(conns_.size(), static_cast<size_t>(world_), "one connection slot per rank");
-  for (auto& c : conns_)
-    if (c) c->setChecksum(opts_.checksum);
+  if (!opts_.rankLabels.empty())
+    RR_CHECK_EQ(opts_.rankLabels.size(), static_cast<size_t>(world_), "rank_labels: one per rank");
+  for (size_t p = 0; p < conns_.size(); ++p) {
+    if (!conns_[p]) continue;
+    conns_[p]->setChecksum(opts_.checksum);
+    conns_[p]->setLabel(label(static_cast<int>(p)));
+  }
   early_.assign(static_cast<size_t>(world_), 0);
   gone_.assign(static_cast<size_t>(world_), 0);
   wakeFd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -131,11 +136,11 @@ void Communicator::setHeartbeat(std::unique_ptr<transport::Heartbeat> hb) {
 std::string Communicator::waitChain(int first, int* end) {
   *end = -1;
   if (!hb_ || first < 0 || first >= world_) return "";
-  std::string chain = detail::concat("; wait chain: rank ", rank_);
+  std::string chain = detail::concat("; wait chain: rank ", label(rank_));
   std::vector<uint8_t> seen(static_cast<size_t>(world_), 0);
   seen[static_cast<size_t>(rank_)] = 1;
   for (int p = first;;) {
-    chain += detail::concat(" -> rank ", p);
+    chain += detail::concat(" -> rank ", label(p));
     seen[static_cast<size_t>(p)] = 1;
     *end = p;
     transport::PeerStatus s = hb_->status(p);
@@ -147,7 +152,7 @@ std::string Communicator::waitChain(int first, int* end) {
                                                           "communication, e.g. in a callback, a "
                                                           "signal handler or a hung device"), ")");
     if (seen[static_cast<size_t>(s.waitingFor)])
-      return chain + detail::concat(" -> rank ", s.waitingFor, " (a cycle)");
+      return chain + detail::concat(" -> rank ", label(s.waitingFor), " (a cycle)");
     p = s.waitingFor;
   }
 }
@@ -165,7 +170,7 @@ std::string Communicator::behindSummary(int exclude) {
     if (p == rank_ || p == exclude) continue;
     transport::PeerStatus s = hb_->status(p);
     if (s.ageMs >= 0 && (s.seq < seq_ || (s.seq == seq_ && s.kind == 0)))
-      behind += detail::concat(behind.empty() ? "" : ", ", "rank ", p, " (", peerDoing(p, s), ")");
+      behind += detail::concat(behind.empty() ? "" : ", ", "rank ", label(p), " (", peerDoing(p, s), ")");
   }
   return behind.empty() ? "" : "; by their heartbeats, ranks not in this collective yet: " + behind;
 }
@@ -180,10 +185,10 @@ void Communicator::reportStall(int64_t waitedMs, int waitingFor) {
     transport::PeerStatus s = hb_->status(p);
     if (s.seq < seq_ || (s.seq == seq_ && s.kind == 0 && s.bytesDone == 0)) {
       isBehind[static_cast<size_t>(p)] = 1;
-      behind += detail::concat(behind.empty() ? "" : "; ", "rank ", p, " (", conn(p).peerHost(),
+      behind += detail::concat(behind.empty() ? "" : "; ", "rank ", label(p), " (", conn(p).peerHost(),
                                ", pid ", s.pid, ") is ", peerDoing(p, s));
     } else {
-      ahead += detail::concat(nAhead++ ? ", " : "", p);
+      ahead += detail::concat(nAhead++ ? ", " : "", label(p));
     }
   }
   int end = -1;
@@ -215,8 +220,8 @@ void Communicator::checkHeartbeats(int waitingFor) {
     transport::PeerStatus s = hb_->status(p);
     if (s.ageMs >= 0 && s.seq == seq_ && s.kind != 0 && s.kind != static_cast<uint8_t>(curKind_))
       throw MismatchError(detail::concat(
-          "collective mismatch: rank ", p, " (", conn(p).peerHost(), ") is in ",
-          toString(static_cast<CollectiveKind>(s.kind)), " #", s.seq, " while rank ", rank_,
+          "collective mismatch: rank ", label(p), " (", conn(p).peerHost(), ") is in ",
+          toString(static_cast<CollectiveKind>(s.kind)), " #", s.seq, " while rank ", label(rank_),
           " is in ", toString(curKind_), " #", seq_,
           " (every rank must issue the same collectives in the same order)"));
   }
@@ -231,10 +236,10 @@ void Communicator::checkHeartbeats(int waitingFor) {
     std::string doing = s.ageMs < 0 ? std::string("never heard from")
                                     : "at its last heartbeat it was " + peerDoing(p, s);
     throw PeerError(p, PeerCause::kSilent, detail::concat(
-        "rank ", p, " (", conn(p).peerHost(), ", pid ", s.pid, ") stopped responding: no heartbeat for ",
+        "rank ", label(p), " (", conn(p).peerHost(), ", pid ", s.pid, ") stopped responding: no heartbeat for ",
         age / 1000.0, " s (process frozen or stopped, host overloaded, or network partition); ",
-        doing, "; rank ", rank_, " was in ", describeCurrent(),
-        waitingFor >= 0 ? detail::concat(" waiting for rank ", waitingFor) : std::string()));
+        doing, "; rank ", label(rank_), " was in ", describeCurrent(),
+        waitingFor >= 0 ? detail::concat(" waiting for rank ", label(waitingFor)) : std::string()));
   }
 }
 
@@ -242,15 +247,16 @@ std::string Communicator::peerContext(int peer) const {
   if (!hb_ || peer < 0 || peer >= world_ || peer == rank_) return "";
   transport::PeerStatus s = hb_->status(peer);
   if (s.ageMs < 0) return "";
-  return detail::concat("; rank ", peer, " (pid ", s.pid, ") was last heard ", s.ageMs / 1000.0,
+  return detail::concat("; rank ", label(peer), " (pid ", s.pid, ") was last heard ", s.ageMs / 1000.0,
                         " s earlier, ", peerDoing(peer, s));
 }
 
 std::string Communicator::describeCurrent() const {
-  char buf[160];
-  std::snprintf(buf, sizeof(buf), "%s #%llu (%s, %.1f MiB received, buffer %.1f MiB)",
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), "%s #%llu%s%s (%s, %.1f MiB received, buffer %.1f MiB)",
                 toString(curKind_),
-                static_cast<unsigned long long>(seq_), toString(curAlgo_),
+                static_cast<unsigned long long>(seq_), opts_.groupName.empty() ? "" : " on ",
+                opts_.groupName.c_str(), toString(curAlgo_),
                 static_cast<double>(bytesDone_) / 1048576.0,
                 static_cast<double>(bytesTotal_) / 1048576.0);
   return buf + siteText_;
@@ -323,15 +329,15 @@ void Communicator::checkAlive(int peer) {
   if (hb_ && peer >= 0) hb_->setWaiting(peer);
   if (aborted_.load()) throwAborted();
   if (deadline_.expired()) {
-    RR_THROW(TimeoutError, "rank ", rank_, ": ", describeCurrent(), " timed out after ",
-             opts_.timeoutSec, " s waiting (shared memory) for rank ", peer, diagnosis(peer),
+    RR_THROW(TimeoutError, "rank ", label(rank_), ": ", describeCurrent(), " timed out after ",
+             opts_.timeoutSec, " s waiting (shared memory) for rank ", label(peer), diagnosis(peer),
              " (is that rank stuck, or did it skip this collective? raise timeout= or "
              "RINGREDUCE_TIMEOUT for slow steps)");
   }
   if (peer >= 0 && gone_[static_cast<size_t>(peer)])
-    throw PeerError(peer, PeerCause::kLeft, detail::concat("rank ", peer, " (", conn(peer).peerHost(),
+    throw PeerError(peer, PeerCause::kLeft, detail::concat("rank ", label(peer), " (", conn(peer).peerHost(),
                                          ") left the job (destroy() or normal exit) while rank ",
-                                         rank_, " waited for it in ", describeCurrent()));
+                                         label(rank_), " waited for it in ", describeCurrent()));
   pfds_.clear();
   pfdPeer_.clear();
   for (int p = 0; p < world_; ++p) {
@@ -361,11 +367,11 @@ void Communicator::sendRecv(int sendPeer, SendOp* s, int recvPeer, RecvOp* r) {
 
 [[noreturn]] void Communicator::timeout(int sendPeer, int recvPeer) {
   std::string who;
-  auto name = [&](int p) { return detail::concat("rank ", p, " (", conn(p).peerHost(), ")"); };
+  auto name = [&](int p) { return detail::concat("rank ", label(p), " (", conn(p).peerHost(), ")"); };
   if (recvPeer >= 0) who = "waiting for data from " + name(recvPeer);
   if (sendPeer >= 0)
     who += (who.empty() ? "" : " and ") + std::string("waiting to send to ") + name(sendPeer);
-  RR_THROW(TimeoutError, "rank ", rank_, ": ", describeCurrent(), " timed out after ",
+  RR_THROW(TimeoutError, "rank ", label(rank_), ": ", describeCurrent(), " timed out after ",
            opts_.timeoutSec, " s ", who, diagnosis(recvPeer >= 0 ? recvPeer : sendPeer),
            " (is that rank stuck, or did it skip this collective? raise timeout= or "
            "RINGREDUCE_TIMEOUT for slow steps)");

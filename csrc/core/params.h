@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
+#include <vector>
 #include <cstdint>
 
 namespace rr {
@@ -44,6 +46,10 @@ struct Options {
   double spinUs = 1000.0;
   // RINGREDUCE_CHECKSUM: CRC32C on every TCP payload (shared memory is not checksummed).
   bool checksum = false;
+  // A group's communicator: the world rank of each of its ranks (messages name world
+  // ranks, as users know them; empty = the world itself) and its name ("group3").
+  std::vector<int> rankLabels;
+  std::string groupName;
 };
 
 }  // namespace rr

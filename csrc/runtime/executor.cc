@@ -48,7 +48,7 @@ void Executor::runSync(Task fn, std::string what, uint32_t site) {
 
 // Wrap a failure with what this rank was doing, keeping its type.
 static void rethrowWithContext(comm::Communicator& c) {
-  std::string ctx = " [rank " + std::to_string(c.rank()) + " during " + c.describeCurrent() + "]";
+  std::string ctx = " [rank " + std::to_string(c.label(c.rank())) + " during " + c.describeCurrent() + "]";
   try {
     throw;
   } catch (const InvalidArgument&) {
@@ -65,7 +65,7 @@ static void rethrowWithContext(comm::Communicator& c) {
     std::string msg = e.what();
     if (e.cause() != PeerCause::kSilent) msg += c.peerContext(e.peer());
     c.poison(msg, transport::AbortCode::kPeer);
-    throw PeerError(e.peer(), e.cause(), msg + ctx);
+    throw PeerError(c.label(e.peer()), e.cause(), msg + ctx);  // users know world ranks
   } catch (const Error& e) {
     c.poison(e.what(), transport::AbortCode::kOther);
     throw Error(e.what() + ctx);

@@ -54,6 +54,8 @@ class Connection {
   Connection& operator=(const Connection&) = delete;
 
   int peer() const { return peer_; }
+  // The rank messages name the peer by (its world rank, when this is a group's connection).
+  void setLabel(int label) { label_ = label; }
   const std::string& peerHost() const { return peerHost_; }
 
   // Advance without blocking; return true once the whole frame is through. Throw
@@ -85,6 +87,7 @@ class Connection {
  protected:
   bool checksum_ = false;
   int peer_;
+  int label_ = peer_;
   std::string peerHost_;
 };
 

@@ -30,13 +30,13 @@ void TcpConnection::close() {
 }
 
 void TcpConnection::failClosed(const char* doing) {
-  throw PeerError(peer_, PeerCause::kClosed, detail::concat("rank ", peer_, " (", peerHost_,
+  throw PeerError(peer_, PeerCause::kClosed, detail::concat("rank ", label_, " (", peerHost_,
                                         ") closed the connection while this rank was ", doing,
                                         " (the peer process probably exited or crashed)"));
 }
 
 void TcpConnection::failErrno(const char* doing, int err) {
-  throw PeerError(peer_, PeerCause::kNetwork, detail::concat("connection to rank ", peer_, " (", peerHost_,
+  throw PeerError(peer_, PeerCause::kNetwork, detail::concat("connection to rank ", label_, " (", peerHost_,
                                         ") failed while ", doing, ": ", std::strerror(err)));
 }
 
@@ -48,7 +48,7 @@ void TcpConnection::raiseAbort(const FrameHeader& h, const char* already, size_t
     std::string err;
     if (readFull(fd_.get(), rest.data(), rest.size(), Deadline::after(0.5), &err)) reason += rest;
   }
-  std::string msg = detail::concat("rank ", peer_, " (", peerHost_, ") failed: ", reason);
+  std::string msg = detail::concat("rank ", label_, " (", peerHost_, ") failed: ", reason);
   switch (static_cast<AbortCode>(h.op)) {
     case AbortCode::kMismatch: throw MismatchError(msg);
     case AbortCode::kTimeout: throw TimeoutError(msg);
@@ -119,7 +119,7 @@ bool TcpConnection::progressRecv(RecvOp& op) {
         if (op.got.magic == kFrameMagic &&
             op.got.kind == static_cast<uint8_t>(CollectiveKind::kGoodbye)) {
           throw PeerError(peer_, PeerCause::kLeft, detail::concat(
-                                     "rank ", peer_, " (", peerHost_,
+                                     "rank ", label_, " (", peerHost_,
                                      ") left the job (it called destroy() or exited normally) "
                                      "while this rank still expected data from it -- did it "
                                      "skip this collective?"));
@@ -127,9 +127,9 @@ bool TcpConnection::progressRecv(RecvOp& op) {
         std::string mm = describeMismatch(op.got, op.expect);
         if (!mm.empty()) {
           if (op.got.magic != kFrameMagic)
-            throw PeerError(peer_, PeerCause::kProtocol, detail::concat("protocol error from rank ", peer_, " (",
+            throw PeerError(peer_, PeerCause::kProtocol, detail::concat("protocol error from rank ", label_, " (",
                                                   peerHost_, "): ", mm));
-          throw MismatchError(detail::concat("rank ", peer_, " (", peerHost_, "): ", mm));
+          throw MismatchError(detail::concat("rank ", label_, " (", peerHost_, "): ", mm));
         }
       }
       continue;
@@ -142,7 +142,7 @@ bool TcpConnection::progressRecv(RecvOp& op) {
   }
   if ((op.got.flags & kFlagCrc) && crc32c(op.data, op.len) != op.got.crc)
     throw PeerError(peer_, PeerCause::kCorrupt, detail::concat(
-                               "payload from rank ", peer_, " (", peerHost_, ") is corrupted: ",
+                               "payload from rank ", label_, " (", peerHost_, ") is corrupted: ",
                                "CRC32C mismatch in ", toString(static_cast<CollectiveKind>(op.got.kind)),
                                " #", op.got.seq, " step ", op.got.step, " (", op.len,
                                " bytes); the result was discarded"));
@@ -180,7 +180,7 @@ Connection::Idle TcpConnection::checkIdle(const FrameHeader* current) {
                           toString(static_cast<CollectiveKind>(h.kind)), " #", h.seq,
                           " that this rank never received, while this rank is at ",
                           toString(static_cast<CollectiveKind>(current->kind)), " #", current->seq);
-    if (!mm.empty()) throw MismatchError(detail::concat("rank ", peer_, " (", peerHost_, "): ", mm));
+    if (!mm.empty()) throw MismatchError(detail::concat("rank ", label_, " (", peerHost_, "): ", mm));
   }
   return Idle::kEarlyData;
 }

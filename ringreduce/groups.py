@@ -1,0 +1,185 @@
+"""Groups: communicators over some of the job's ranks.
+
+``new_group(ranks)`` is called by every rank of the job in the same order (like torch's
+``dist.new_group``) and returns a Group on its members, None elsewhere; ``Group.split(color,
+key)`` is MPI_Comm_split / ncclCommSplit over an existing group. Each group is its own
+communicator (connections among its members, sequence numbers, failure state, shared memory
+when its members share a host), authenticated with the job's secret and set up through the
+job's store under a key prefix every member derives from the same call count -- so groups
+can run concurrently from different threads and overlap each other. Its members rendezvous
+among themselves: ranks outside a group never wait for it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from . import _env, _rendezvous, _state
+from ._state import Group
+
+log = logging.getLogger("ringreduce")
+
+
+def world_group() -> Group:
+    """The world as a Group (what init() made): split it, or pass it as group=."""
+    return _state.current("world_group()")
+
+
+def new_group(ranks: Sequence[int] | None = None) -> Group | None:
+    """A group of the world ranks `ranks` (default: all). Every rank of the job must call
+    it, in the same order and with the same `ranks` (as torch.distributed.new_group);
+    members get their Group (group ranks follow the sorted world ranks, as in torch), other
+    ranks None."""
+    world = _state.current("new_group()")
+    n = world.world_size
+    members = list(range(n)) if ranks is None else _check_ranks(ranks, n)
+    world.created += 1  # every rank counts, member or not: the key prefix stays in step
+    idx = world.created
+    if world.rank not in members:
+        return None
+    return _make(world, members, f"{world.store_prefix}group{idx}/", f"group{idx}")
+
+
+def split(parent: Group, color: int | None, key: int = 0) -> Group | None:
+    """Group.split: see there."""
+    import numpy as np
+
+    from . import api
+
+    parent = _state.resolve(parent, "Group.split()")
+    if color is not None and (not isinstance(color, (int, np.integer)) or color < 0):
+        raise ValueError(f"Group.split: color must be an int >= 0 or None (no new group), got "
+                         f"{color!r}")
+    if not isinstance(key, (int, np.integer)):
+        raise TypeError(f"Group.split: key must be an int, got {key!r}")
+    mine = np.array([0 if color is None else 1, color or 0, key], dtype=np.int64)
+    allv = mine[None, :] if parent.comm is None else api.allgather(mine, group=parent)
+    parent.created += 1
+    idx = parent.created
+    if color is None:
+        return None
+    same = sorted((int(k), r) for r, (has, c, k) in enumerate(allv.tolist())
+                  if has and c == color)
+    members = [parent.ranks[r] for _, r in same]
+    prefix = f"{parent.store_prefix}split{idx}/c{int(color)}/"
+    return _make(_root(), members, prefix, f"{parent.name}/split{idx}:{int(color)}")
+
+
+def from_store(store: Any, rank: int, size: int, name: str) -> Group:
+    """A group for a torch process group of the ringreduce backend (torch gives it its own
+    PrefixStore and the group rank): its members tell each other their world ranks there."""
+    world = _state.current("a torch subgroup")
+    if size == 1:
+        return _register(world, _single(world, [world.rank], "ringreduce/", name))
+    timeout = float(world.options["connect_timeout"])
+    store.set(f"ringreduce/grank/{rank}", str(world.rank))
+    keys = [f"ringreduce/grank/{r}" for r in range(size)]
+    _rendezvous._wait(store, keys, timeout, rank, f"the members of {name} to start", "ringreduce/")
+    members = [int(store.get(k)) for k in keys]
+    return _connect(world, store, members, rank, "ringreduce/", name)
+
+
+def destroy_group(g: Group) -> None:
+    """Group.destroy: close the group's connections (the world: ringreduce.destroy())."""
+    from . import api
+
+    if g.destroyed:
+        return
+    if g is _state._DEFAULT[0]:
+        api.destroy()
+        return
+    g.destroyed = True
+    g.store = None
+    world = _state._DEFAULT[0]
+    if world is not None and g in world.children:
+        world.children.remove(g)
+    if g.comm is not None:
+        g.comm.destroy()
+
+
+def destroy_children(world: Group) -> None:
+    """Destroy every live group of `world` (ringreduce.destroy(); failures do not stop it)."""
+    for g in list(world.children):
+        try:
+            destroy_group(g)
+        except Exception as e:  # noqa: BLE001 - the world's destroy goes on regardless
+            log.warning("destroying %r failed: %s", g, e)
+    world.children.clear()
+
+
+def _root() -> Group:
+    world = _state._DEFAULT[0]
+    if world is None:
+        raise RuntimeError("ringreduce was destroyed: its groups are gone too")
+    return world
+
+
+def _check_ranks(ranks: Sequence[int], n: int) -> list[int]:
+    try:
+        out = sorted(int(r) for r in ranks)
+    except (TypeError, ValueError):
+        raise TypeError(f"new_group: ranks must be a sequence of ints, got {ranks!r}") from None
+    if not out:
+        raise ValueError("new_group: ranks is empty; a group needs at least one rank")
+    if len(set(out)) != len(out):
+        raise ValueError(f"new_group: ranks {list(ranks)} repeat a rank; list each rank once")
+    if out[0] < 0 or out[-1] >= n:
+        raise ValueError(f"new_group: ranks {list(ranks)} are not all in [0, {n}) (world size "
+                         f"{n})")
+    return out
+
+
+def _make(world: Group, members: list[int], prefix: str, name: str) -> Group:
+    """This rank's Group of world ranks `members` (in group-rank order)."""
+    me = members.index(world.rank)
+    if len(members) == 1:
+        return _register(world, _single(world, members, prefix, name))
+    store = world.store
+    _agree(store, prefix, me, members, float(world.options["connect_timeout"]), name)
+    return _connect(world, store, members, me, prefix, name)
+
+
+def _agree(store: Any, prefix: str, me: int, members: list[int], timeout: float,
+           name: str) -> None:
+    """Every member must have been given the same member list: group rank 0 publishes its
+    own, the others compare (a mismatch fails all of them, naming both lists)."""
+    text = ",".join(map(str, members))
+    if me == 0:
+        store.set(prefix + "members", text)
+        return
+    _rendezvous._wait(store, [prefix + "members"], timeout, me,
+                      f"world rank {members[0]} to create {name}", prefix)
+    first = store.get(prefix + "members").decode()
+    if first != text:
+        raise _rendezvous._fail(store, prefix, ValueError(
+            f"{name}: world rank {members[me]} was called with ranks [{text}] but world rank "
+            f"{members[0]} with [{first}]; every rank must create groups in the same order "
+            f"with the same ranks"))
+
+
+def _connect(world: Group, store: Any, members: list[int], me: int, prefix: str,
+             name: str) -> Group:
+    from . import api
+
+    tun = _env.tunables()
+    maddr, ifname = world.net
+    g = api._connect(me, len(members), tun, world.options, store, maddr, ifname, world.secret,
+                     prefix=prefix, name=name, labels=members)
+    g.ranks, g.local_rank, g.store = members, world.local_rank, store
+    log.info("rank %d: joined %s as rank %d of %d (world ranks %s)", world.rank, name, me,
+             len(members), members)
+    return _register(world, g)
+
+
+def _single(world: Group, members: list[int], prefix: str, name: str) -> Group:
+    return Group(rank=0, world_size=1, comm=None, hosts=[world.hosts[world.rank]]
+                 if world.hosts else [], options=world.options, local_rank=world.local_rank,
+                 default_algo=world.default_algo, store_prefix=prefix, ranks=members,
+                 name=name)
+
+
+def _register(world: Group, g: Group) -> Group:
+    world.children.append(g)
+    return g

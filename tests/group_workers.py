@@ -1,0 +1,213 @@
+"""Rank-side code of tests/test_groups.py: groups (new_group, split) checked against numpy."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+import ringreduce as rr
+
+
+def _data(rank: int, n: int, dtype: Any, salt: int = 0) -> np.ndarray:
+    """Rank-dependent values whose sums are exact in every dtype used here."""
+    return ((np.arange(n) * 7 + rank * 13 + salt) % 23).astype(dtype)
+
+
+def _check_group(g: rr.Group, members: list[int], fails: list, what: str) -> None:
+    me = rr.get_rank()
+    if g.ranks != members or g.size != len(members) or g.rank != members.index(me) \
+            or rr.get_rank(g) != g.rank or rr.get_world_size(g) != g.size:
+        fails.append(f"{what}: identity {g!r}, expected ranks {members}")
+        return
+    for n in (0, 1, 5, 1003):
+        for dt in (np.float64, np.int32, np.float32):
+            x = _data(me, n, dt)
+            want = sum(_data(r, n, dt) for r in members) if n else x.copy()
+            rr.allreduce(x, group=g)
+            if not np.array_equal(x, want):
+                fails.append(f"{what}: allreduce n={n} {dt.__name__}")
+        x = _data(me, 7, np.float64)
+        rr.allreduce(x, op="max", group=g)
+        if not np.array_equal(x, np.max([_data(r, 7, np.float64) for r in members], axis=0)):
+            fails.append(f"{what}: allreduce max")
+    for src in members:
+        x = _data(me, 301, np.float32, salt=1)
+        rr.broadcast(x, src=src, group=g)
+        if not np.array_equal(x, _data(src, 301, np.float32, salt=1)):
+            fails.append(f"{what}: broadcast src={src}")
+    out = rr.allgather(_data(me, 11, np.int64), group=g)
+    if not np.array_equal(out, np.stack([_data(r, 11, np.int64) for r in members])):
+        fails.append(f"{what}: allgather")
+    k = 6
+    x = _data(me, k * g.size, np.float64)
+    out = rr.reduce_scatter(x, group=g)
+    want = sum(_data(r, k * g.size, np.float64) for r in members)[g.rank * k:(g.rank + 1) * k]
+    if not np.array_equal(out, want):
+        fails.append(f"{what}: reduce_scatter")
+    xs = [_data(me, 3, np.float32), _data(me, 4, np.float32, salt=2)]
+    rr.allreduce_coalesced(xs, group=g)
+    if not (np.array_equal(xs[0], sum(_data(r, 3, np.float32) for r in members)) and
+            np.array_equal(xs[1], sum(_data(r, 4, np.float32, salt=2) for r in members))):
+        fails.append(f"{what}: allreduce_coalesced")
+    w = rr.allreduce(_data(me, 9, np.float64), group=g, async_op=True)
+    w.wait()
+    rr.barrier(group=g)
+
+
+def matrix(rank: int, world: int) -> dict:
+    """Every kind of group this world size allows, each checked with every collective."""
+    fails: list[str] = []
+    ranks = list(range(world))
+    shapes = {
+        "all": ranks,
+        "evens": ranks[0::2],
+        "odds": ranks[1::2],
+        "first": [0],
+        "ends": sorted({0, world - 1}),
+        "all_but_0": ranks[1:],
+    }
+    made = {}
+    for name, members in shapes.items():
+        if not members:
+            continue
+        g = rr.new_group(members)
+        if (g is None) != (rank not in members):
+            fails.append(f"new_group({members}) returned {g!r} on rank {rank}")
+            continue
+        if g is not None:
+            _check_group(g, members, fails, f"new_group {name} {members}")
+            made[name] = g
+    # split of the world: color by parity, reverse order by key; the last rank opts out.
+    color = None if (world > 2 and rank == world - 1) else rank % 2
+    s = rr.world_group().split(color, key=-rank)
+    members = sorted((r for r in ranks if not (world > 2 and r == world - 1) and r % 2 == color),
+                     reverse=True) if color is not None else []
+    if color is None:
+        if s is not None:
+            fails.append(f"split(None) returned {s!r}")
+    elif s is None:
+        fails.append("split returned None")
+    else:
+        _check_group(s, members, fails, f"split color={color} {members}")
+        # split of a split: everyone in one group, by rank
+        t = s.split(0, key=rank)
+        if t is not None:
+            _check_group(t, sorted(members), fails, "split of split")
+            t.destroy()
+    # two groups over the same ranks used at once from two threads
+    ga, gb = rr.new_group(), rr.new_group()
+    res: dict = {}
+
+    def loop(g: rr.Group, salt: int) -> None:
+        ok = True
+        for i in range(30):
+            x = _data(rank, 257, np.float64, salt=salt + i)
+            rr.allreduce(x, group=g)
+            ok &= bool(np.array_equal(x, sum(_data(r, 257, np.float64, salt=salt + i)
+                                             for r in ranks)))
+        res[salt] = ok
+
+    ts = [threading.Thread(target=loop, args=(ga, 0)), threading.Thread(target=loop, args=(gb, 100))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    if res != {0: True, 100: True}:
+        fails.append(f"two threads on two groups: {res}")
+    # bad input, before any data moves
+    g = made.get("first") if rank == 0 else None
+    if g is not None and world > 1:
+        try:
+            rr.broadcast(np.zeros(3), src=world - 1, group=g)
+            fails.append("broadcast from a rank outside the group did not raise")
+        except ValueError as e:
+            if "is not in group" not in str(e):
+                fails.append(f"bad src message: {e}")
+    for bad in ([], [0, 0], [world]):
+        try:
+            rr.new_group(bad)
+            fails.append(f"new_group({bad}) did not raise")
+        except ValueError:
+            pass
+    evens = made.get("evens")
+    if evens is not None:
+        evens.destroy()
+        try:
+            rr.allreduce(np.zeros(2), group=evens)
+            fails.append("a destroyed group still ran a collective")
+        except RuntimeError as e:
+            if "destroyed" not in str(e):
+                fails.append(f"destroyed group message: {e}")
+    # the world still works after all that (and destroy() closes the remaining groups)
+    x = _data(rank, 33, np.float64)
+    rr.allreduce(x)
+    if not np.array_equal(x, sum(_data(r, 33, np.float64) for r in ranks)):
+        fails.append("world allreduce after groups")
+    return {"fails": fails}
+
+
+def mismatch(rank: int, world: int) -> str:
+    """Rank 1 asks for a different group than the others: every member fails, naming it."""
+    ranks = [0, 1] if rank == 1 else list(range(world))
+    try:
+        rr.new_group(ranks)
+        return "ok"
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+
+
+def member_dies(rank: int, world: int) -> str:
+    """Group [1, 2] of 3 ranks: world rank 2 exits; rank 1's group all-reduce must fail
+    naming it; rank 0 (not a member) is not disturbed in the group."""
+    import os
+
+    g = rr.new_group([1, 2])
+    if rank == 2:
+        os._exit(0)
+    if rank == 0:
+        return "not a member"
+    try:
+        rr.allreduce(np.ones(4), group=g)
+        return "no error"
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+
+
+def torch_subgroups(rank: int, world: int) -> list:
+    """Stock torch code on the ringreduce backend: dist.new_group subgroups (overlapping,
+    odd sizes), each checked with the collectives torch routes to them."""
+    import torch
+    import torch.distributed as dist
+
+    fails: list = []
+    dist.init_process_group("ringreduce", rank=rank, world_size=world)
+    shapes = [[0, world - 1], list(range(1, world)), [world - 1]]
+    for members in shapes:
+        pg = dist.new_group(members)
+        if rank not in members:
+            continue
+        t = torch.arange(5, dtype=torch.float64) + 10 * rank
+        dist.all_reduce(t, group=pg)
+        want = sum(torch.arange(5, dtype=torch.float64) + 10 * r for r in members)
+        if not torch.equal(t, want):
+            fails.append(f"{members}: all_reduce {t} != {want}")
+        src = members[-1]
+        b = torch.full((3,), float(rank))
+        dist.broadcast(b, src=src, group=pg)
+        if not torch.equal(b, torch.full((3,), float(src))):
+            fails.append(f"{members}: broadcast from {src}: {b}")
+        out = torch.empty(len(members) * 2, dtype=torch.int64)
+        dist.all_gather_into_tensor(out, torch.tensor([rank, -rank]), group=pg)
+        if out.tolist() != [v for r in members for v in (r, -r)]:
+            fails.append(f"{members}: all_gather_into_tensor {out.tolist()}")
+        dist.barrier(group=pg)
+        if dist.get_world_size(pg) != len(members) or dist.get_rank(pg) != members.index(rank):
+            fails.append(f"{members}: rank/size {dist.get_rank(pg)}/{dist.get_world_size(pg)}")
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if not torch.equal(t, torch.full((4,), float(world))):
+        fails.append(f"world all_reduce after subgroups: {t}")
+    dist.destroy_process_group()
+    return fails

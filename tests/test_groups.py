@@ -1,0 +1,45 @@
+"""Groups over real processes: new_group / split of every shape at world sizes 1-5, both
+transports, each group checked with every collective against numpy (tests/group_workers.py)."""
+
+from __future__ import annotations
+
+import pytest
+from _spawn import run_world, run_world_raw
+
+SETUPS = [(1, "tcp")] + [(w, t) for w in (2, 3, 4, 5) for t in ("tcp", "shm")]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world,transport", SETUPS)
+def test_groups_matrix(world: int, transport: str) -> None:
+    outs = run_world(world, "group_workers:matrix", timeout=200,
+                     env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "60"})
+    fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o["fails"]]
+    assert not fails, "\n".join(fails[:40])
+
+
+@pytest.mark.timeout(120)
+def test_new_group_mismatch_is_named() -> None:
+    outs = run_world(3, "group_workers:mismatch", timeout=90,
+                     env={"RINGREDUCE_CONNECT_TIMEOUT": "30"})
+    assert all(o != "ok" for o in outs), outs
+    assert "ValueError" in outs[1] and "[0,1]" in outs[1] and "[0,1,2]" in outs[1], outs[1]
+    for o in outs:
+        assert "same order with the same ranks" in o, o
+
+
+@pytest.mark.timeout(120)
+def test_dead_member_is_named_on_the_group() -> None:
+    outs = run_world_raw(3, "group_workers:member_dies", timeout=90, expendable=[2],
+                         env={"RINGREDUCE_TIMEOUT": "30"})
+    assert outs[0].value == "not a member", outs[0].describe()
+    v = outs[1].value
+    assert v is not None and "PeerFailure" in v and "rank 2" in v, outs[1].describe()
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("world", [3, 4])
+def test_torch_new_group_on_ringreduce(world: int) -> None:
+    outs = run_world(world, "group_workers:torch_subgroups", timeout=120, init=False)
+    fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o]
+    assert not fails, "\n".join(fails)
