@@ -52,6 +52,8 @@ TABLES: dict[str, list[str]] = {
     "fault_detection": [PY, "bench/fault_detection.py", "--json", _out("fault_detection.json"),
                         "--plot", _out("fault_detection.png")],
     "alpha_beta": [PY, "bench/measure_alpha_beta.py"],
+    "groups": [PY, "bench/groups.py", "--json", _out("groups.json"), "--plot",
+               _out("groups.png")],
     "netcluster_1gbit": _cluster("1gbit"),
     "netcluster_10gbit": _cluster("10gbit"),
 }

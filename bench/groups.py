@@ -1,0 +1,169 @@
+#!/usr/bin/env python
+"""What a group costs, and whether a subgroup runs as fast as a world of its size.
+
+    python bench/groups.py --json bench/groups.json --plot bench/groups.png
+
+1. Creation: on a world of N = 2, 4, 8 ranks, `rr.new_group(all ranks)` is timed (median
+   of 5, each followed by Group.destroy()), and one live group's extra file descriptors,
+   threads and resident memory are read from /proc on every rank (the maximum is reported).
+2. Speed: all-reduce of 8 B .. 16 MiB (float32, results checked against the expected sum
+   on every iteration) on a 2-rank world, and on the 2-rank group [0, 1] of a 4-rank job
+   whose other ranks wait in a barrier -- same transport (shared memory, then TCP), same
+   run. Ratio = subgroup median / world median (the issue's bar: <= 1.10).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+SIZES = [8, 64 * 1024, 1 << 20, 16 << 20]
+
+
+def _proc() -> dict:
+    with open("/proc/self/status") as f:
+        st = dict(line.split(":", 1) for line in f if ":" in line)
+    return {"fds": len(os.listdir("/proc/self/fd")), "threads": int(st["Threads"]),
+            "rss_kib": int(st["VmRSS"].split()[0])}
+
+
+def _time_allreduce(g: object, rank: int, members: list[int], iters: int) -> dict:
+    import numpy as np
+
+    import ringreduce as rr
+
+    out = {}
+    for size in SIZES:
+        n = max(1, size // 4)
+        x = np.empty(n, np.float32)
+        want = float(sum(r + 1 for r in members))
+        ts = []
+        for i in range(iters + 3):
+            x.fill(rank + 1)
+            t = time.perf_counter()
+            rr.allreduce(x, group=g)
+            if i >= 3:
+                ts.append(time.perf_counter() - t)
+            if not (x == want).all():
+                raise AssertionError(f"rank {rank}: wrong all-reduce result at {size} B")
+        out[size] = statistics.median(ts) * 1e6
+    return out
+
+
+def worker(mode: str, out: str, iters: int) -> None:
+    import ringreduce as rr
+
+    rr.init()
+    rank = rr.get_rank()
+    res: dict = {}
+    if mode == "create":
+        times = []
+        for _ in range(5):
+            rr.barrier()
+            t = time.perf_counter()
+            g = rr.new_group()
+            times.append(time.perf_counter() - t)
+            g.destroy()
+        rr.barrier()
+        time.sleep(0.5)  # helper threads of the destroyed groups have left
+        before = _proc()
+        g = rr.new_group()
+        rr.allreduce(__import__("numpy").ones(4), group=g)
+        after = _proc()
+        res = {"create_ms": statistics.median(times) * 1e3,
+               **{k: after[k] - before[k] for k in before}}
+        g.destroy()
+    elif mode == "world2":
+        res = _time_allreduce(None, rank, [0, 1], iters)
+    else:  # sub2of4
+        g = rr.new_group([0, 1])
+        if g is not None:
+            res = _time_allreduce(g, rank, [0, 1], iters)
+        rr.barrier()
+    with open(out, "w") as f:
+        json.dump(res, f)
+    rr.destroy()
+
+
+def _launch(n: int, mode: str, transport: str, iters: int) -> list[dict]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tmp = tempfile.mkdtemp(prefix="rr-groups-")
+    procs = []
+    for r in range(n):
+        env = {**os.environ, "RANK": str(r), "WORLD_SIZE": str(n), "LOCAL_RANK": str(r),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "RINGREDUCE_TRANSPORT": transport}
+        procs.append(subprocess.Popen([sys.executable, __file__, "--worker", mode,
+                                       os.path.join(tmp, f"{r}.json"), str(iters)], env=env))
+    for p in procs:
+        if p.wait(timeout=600) != 0:
+            raise SystemExit(f"{mode} on {n} ranks ({transport}) failed: rank exit {p.returncode}")
+    outs = []
+    for r in range(n):
+        with open(os.path.join(tmp, f"{r}.json")) as f:
+            outs.append(json.load(f))
+    return outs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--plot", help="draw the subgroup/world ratios here (PNG)")
+    ap.add_argument("--iters", type=int, default=200)
+    a = ap.parse_args()
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from ringreduce.bench.machine import describe
+
+    create = {}
+    for n in (2, 4, 8):
+        outs = _launch(n, "create", "auto", a.iters)
+        create[n] = {k: max(o[k] for o in outs) for k in outs[0]}
+        print(f"new_group on {n} ranks: {create[n]}", flush=True)
+    speed: dict = {}
+    for transport in ("shm", "tcp"):
+        w = _launch(2, "world2", transport, a.iters)[0]
+        s = _launch(4, "sub2of4", transport, a.iters)[0]
+        speed[transport] = {int(k): {"world2_us": w[k], "sub2of4_us": s[k],
+                                     "ratio": s[k] / w[k]} for k in w}
+        for k, v in speed[transport].items():
+            print(f"{transport} {k:>9} B: world of 2 {v['world2_us']:9.1f} us, group of 2 in 4 "
+                  f"{v['sub2of4_us']:9.1f} us, ratio {v['ratio']:.2f}", flush=True)
+    res = {"machine": describe(), "create": create, "allreduce": speed,
+           "checked": True, "iters": a.iters}
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    if a.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for transport, rows in speed.items():
+            xs = sorted(rows)
+            ax.plot(xs, [rows[x]["ratio"] for x in xs], marker="o", label=transport)
+        ax.axhline(1.10, color="gray", ls="--", label="bar 1.10")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("bytes")
+        ax.set_ylabel("group of 2 in 4 / world of 2")
+        ax.set_title("all-reduce on a subgroup vs a world of its size (medians)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(a.plot, dpi=120)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        worker(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    else:
+        main()
