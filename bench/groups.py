@@ -9,7 +9,9 @@
 2. Speed: all-reduce of 8 B .. 16 MiB (float32, results checked against the expected sum
    on every iteration) on a 2-rank world, and on the 2-rank group [0, 1] of a 4-rank job
    whose other ranks wait in a barrier -- same transport (shared memory, then TCP), same
-   run. Ratio = subgroup median / world median (the issue's bar: <= 1.10).
+   run, each launched --repeat times alternately. Ratio = subgroup / world, each the
+   fastest launch's median (the issue's bar: <= 1.10); the ratio of the launches' medians
+   is recorded too.
 """
 
 from __future__ import annotations
@@ -119,6 +121,7 @@ def main() -> None:
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--plot", help="draw the subgroup/world ratios here (PNG)")
     ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--repeat", type=int, default=7, help="launches of each setup")
     a = ap.parse_args()
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from ringreduce.bench.machine import describe
@@ -130,15 +133,29 @@ def main() -> None:
         print(f"new_group on {n} ranks: {create[n]}", flush=True)
     speed: dict = {}
     for transport in ("shm", "tcp"):
-        w = _launch(2, "world2", transport, a.iters)[0]
-        s = _launch(4, "sub2of4", transport, a.iters)[0]
+        # Alternate the two setups --repeat times and take the median of their medians:
+        # one launch's timings on this VM can sit in a slow or fast mode for its whole life.
+        ws, ss = [], []
+        for _ in range(a.repeat):
+            ws.append(_launch(2, "world2", transport, a.iters)[0])
+            ss.append(_launch(4, "sub2of4", transport, a.iters)[0])
+        # A whole launch sometimes runs in a slow mode (both ranks' spinning threads on
+        # one vCPU: up to 10x at 1 MiB over shared memory, for worlds and groups alike), so
+        # the headline compares the fastest launches; the medians are kept beside them.
+        w = {k: min(r[k] for r in ws) for k in ws[0]}
+        s = {k: min(r[k] for r in ss) for k in ss[0]}
+        wm = {k: statistics.median(r[k] for r in ws) for k in ws[0]}
+        sm = {k: statistics.median(r[k] for r in ss) for k in ss[0]}
         speed[transport] = {int(k): {"world2_us": w[k], "sub2of4_us": s[k],
-                                     "ratio": s[k] / w[k]} for k in w}
+                                     "ratio": s[k] / w[k], "ratio_of_medians": sm[k] / wm[k],
+                                     "world2_runs_us": [r[k] for r in ws],
+                                     "sub2of4_runs_us": [r[k] for r in ss]} for k in w}
         for k, v in speed[transport].items():
             print(f"{transport} {k:>9} B: world of 2 {v['world2_us']:9.1f} us, group of 2 in 4 "
-                  f"{v['sub2of4_us']:9.1f} us, ratio {v['ratio']:.2f}", flush=True)
+                  f"{v['sub2of4_us']:9.1f} us, ratio {v['ratio']:.2f} (of medians "
+                  f"{v['ratio_of_medians']:.2f})", flush=True)
     res = {"machine": describe(), "create": create, "allreduce": speed,
-           "checked": True, "iters": a.iters}
+           "checked": True, "iters": a.iters, "repeat": a.repeat}
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
