@@ -27,6 +27,7 @@ from .api import (
     reduce_scatter,
 )
 from .groups import new_group, world_group
+from .p2p import irecv, isend, recv, send
 
 __version__ = "0.1.0"
 
@@ -47,9 +48,13 @@ __all__ = [
     "get_rank",
     "get_world_size",
     "init",
+    "irecv",
     "is_initialized",
+    "isend",
     "new_group",
+    "recv",
     "reduce_scatter",
+    "send",
     "world_group",
 ]
 

@@ -39,6 +39,7 @@ class Group:
     secret: str = ""  # the job secret: groups' connections are authenticated with it
     created: int = 0
     children: list = field(default_factory=list)
+    p2p: dict = field(default_factory=dict)  # (lo, hi, tag) -> channels (ringreduce.p2p)
     destroyed: bool = False
 
     @property

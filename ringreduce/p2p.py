@@ -1,0 +1,137 @@
+"""Point-to-point: send / recv / isend / irecv between two ranks, with tags.
+
+Messages from one rank to another with one tag travel on their own channel: a two-rank
+communicator used in one direction only, made the first time the two ranks talk with that
+tag (both directions at once, so two ranks that both send first still meet) and kept until
+destroy(). Each channel has its own connection, shared memory when the ranks share a host,
+and its own worker thread, so any number of isend/irecv may be outstanding at once and a
+ring exchange or a 1F1B pipeline schedule cannot deadlock on ordering between channels.
+Within a channel messages arrive in the order they were sent (MPI's non-overtaking rule);
+sender and receiver must agree on the size and dtype (a mismatch raises
+CollectiveMismatch on both). `src`/`dst` are world ranks, as in torch.
+
+The first message between two ranks on a tag waits until the other side posts its first
+operation toward this rank with that tag (both rendezvous through the job's store, at most
+RINGREDUCE_CONNECT_TIMEOUT).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from . import _buffers, _state, groups
+from ._state import Group
+
+_LOCK = threading.Lock()  # guards _MAKING and world.p2p (never held while connecting)
+_MAKING: dict = {}  # (lo, hi, tag) -> lock held by the thread making that pair
+
+
+def send(x: Any, dst: int, tag: int = 0, group: Any = None) -> None:
+    """Send `x` to world rank `dst` (blocks until `x` may be reused)."""
+    _post(x, dst, tag, group, "send", sending=True, async_op=False)
+
+
+def recv(x: Any, src: int, tag: int = 0, group: Any = None) -> None:
+    """Receive into `x` (same size and dtype as sent) from world rank `src`."""
+    _post(x, src, tag, group, "recv", sending=False, async_op=False)
+
+
+def isend(x: Any, dst: int, tag: int = 0, group: Any = None) -> Any:
+    """Start sending `x` to `dst`; returns a Work (do not modify `x` until it completes)."""
+    return _post(x, dst, tag, group, "isend", sending=True, async_op=True)
+
+
+def irecv(x: Any, src: int, tag: int = 0, group: Any = None) -> Any:
+    """Start receiving into `x` from `src`; returns a Work (read `x` after wait())."""
+    return _post(x, src, tag, group, "irecv", sending=False, async_op=True)
+
+
+def _post(x: Any, peer: int, tag: int, group: Any, what: str, sending: bool,
+          async_op: bool) -> Any:
+    from . import api
+
+    g = _state.resolve(group, f"{what}()")
+    world = _state.current(f"{what}()")
+    name = "dst" if sending else "src"
+    g.group_rank(peer, f"{what} {name}")  # must be a member of the group
+    peer = int(peer)
+    if peer == world.rank:
+        raise ValueError(f"{what}: {name}={peer} is this rank; send to another rank")
+    if not isinstance(tag, int) or not 0 <= tag < 2**31:
+        raise ValueError(f"{what}: tag must be an int in [0, 2**31), got {tag!r}")
+    _buffers.as_buffer(x, f"{what}(x)", writable=not sending)  # before any connect
+    src = world.rank if sending else peer
+    dst = peer if sending else world.rank
+    ch = _ready(world, src, dst, tag)
+    if ch is not None or not async_op:
+        if ch is None:
+            ch = _channel(world, src, dst, tag)
+        return api.broadcast(x, src=src, async_op=async_op, group=ch)
+    # The pair's first message on this tag: the peer may be blocked making another channel
+    # to us first (another tag, the other direction's first send): isend/irecv return at
+    # once and make the channel on a helper thread.
+    return api.Work(_Deferred(lambda: api.broadcast(x, src=src, async_op=True,
+                                                    group=_channel(world, src, dst, tag))),
+                    (x,))
+
+
+class _Deferred:
+    """A Work's C++ handle stand-in: `start()` runs on a helper thread and returns the
+    real Work, which wait() then waits for (errors of either step re-raised at wait())."""
+
+    def __init__(self, start: Any):
+        self._done = threading.Event()
+        self._work: Any = None
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self._work = start()
+            except BaseException as e:  # noqa: BLE001 - re-raised by wait()
+                self._error = e
+            finally:
+                self._done.set()
+
+        threading.Thread(target=run, name="ringreduce-p2p-connect", daemon=True).start()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        t0 = time.monotonic()
+        if not self._done.wait(timeout):
+            return False
+        if self._error is not None:
+            raise self._error
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - t0))
+        return self._work.wait(left)
+
+    def is_completed(self) -> bool:
+        return self._done.is_set() and (self._error is not None or self._work.is_completed())
+
+
+def _ready(world: Group, src: int, dst: int, tag: int) -> Group | None:
+    with _LOCK:
+        pair = world.p2p.get((min(src, dst), max(src, dst), tag))
+    return None if pair is None else pair[0] if src < dst else pair[1]
+
+
+def _channel(world: Group, src: int, dst: int, tag: int) -> Group:
+    """The channel src -> dst for `tag` (made with its reverse on first use)."""
+    lo, hi = min(src, dst), max(src, dst)
+    key = (lo, hi, tag)
+    with _LOCK:
+        pair = world.p2p.get(key)
+        making = _MAKING.setdefault(key, threading.Lock()) if pair is None else None
+    if pair is None:
+        assert making is not None
+        with making:  # one thread makes it; others for the same pair wait here
+            with _LOCK:
+                pair = world.p2p.get(key)
+            if pair is None:
+                base = f"{world.store_prefix}p2p/{lo}-{hi}/t{tag}/"
+                up = groups._make(world, [lo, hi], base + "up/", f"p2p {lo}->{hi} tag {tag}")
+                down = groups._make(world, [lo, hi], base + "down/",
+                                    f"p2p {hi}->{lo} tag {tag}")
+                with _LOCK:
+                    pair = world.p2p[key] = (up, down)
+    return pair[0] if src == lo else pair[1]

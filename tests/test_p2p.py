@@ -1,0 +1,36 @@
+"""Point-to-point over real processes (tests/p2p_workers.py): ring exchanges of big
+messages (isend first everywhere), dtypes, tags out of order, a 1F1B pipeline schedule,
+bad input and size mismatches, at world sizes 2-5 over TCP and shared memory."""
+
+from __future__ import annotations
+
+import pytest
+from _spawn import run_world
+
+SETUPS = [(w, t) for w in (2, 3, 5) for t in ("tcp", "shm")] + [(4, "tcp")]
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("world,transport", SETUPS)
+def test_p2p_matrix(world: int, transport: str) -> None:
+    outs = run_world(world, "p2p_workers:matrix", timeout=170,
+                     env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "60"})
+    fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o]
+    assert not fails, "\n".join(fails)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("world", [2, 4])
+def test_pipeline_1f1b(world: int) -> None:
+    outs = run_world(world, "p2p_workers:pipeline", 6, timeout=170,
+                     env={"RINGREDUCE_TIMEOUT": "60"})
+    fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o]
+    assert not fails, "\n".join(fails)
+
+
+@pytest.mark.timeout(120)
+def test_size_mismatch_is_an_error_on_both_sides() -> None:
+    outs = run_world(2, "p2p_workers:size_mismatch", timeout=90,
+                     env={"RINGREDUCE_TIMEOUT": "30"})
+    for o in outs:
+        assert o.startswith("CollectiveMismatch"), outs
