@@ -29,7 +29,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from . import _state, api, groups
+from . import _state, api, groups, p2p
 from .ddp.futures import Completion
 
 __all__ = ["BACKEND_NAME", "ProcessGroupRingReduce", "create_process_group"]
@@ -314,12 +314,17 @@ class ProcessGroupRingReduce(dist.ProcessGroup):
 
     alltoall = alltoall_base
 
-    def send(self, *args: Any, **kwargs: Any) -> _Work:
-        raise NotImplementedError("the ringreduce backend has no point-to-point send/recv; use "
-                                  "a gloo group (dist.new_group(backend='gloo')) for it")
+    def send(self, tensors: list, dst: int, tag: int = 0) -> _Work:
+        buf, _ = _inplace(tensors[0])
+        return _work(p2p.isend(buf, self._g.ranks[dst], tag=tag, group=self._g), tensors)
 
-    recv = send
-    recv_anysource = send
+    def recv(self, tensors: list, src: int, tag: int = 0) -> _Work:
+        buf, back = _inplace(tensors[0])
+        return _work(p2p.irecv(buf, self._g.ranks[src], tag=tag, group=self._g), tensors, back)
+
+    def recv_anysource(self, *args: Any, **kwargs: Any) -> _Work:
+        raise NotImplementedError("the ringreduce backend receives from a named rank only "
+                                  "(dist.recv(t, src=...)); pass src")
 
     # -- lifecycle
     def _last(self, works: list, value: Any) -> _Work:

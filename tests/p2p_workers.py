@@ -122,3 +122,40 @@ def size_mismatch(rank: int, world: int) -> str:
         return "no error"
     except Exception as e:  # noqa: BLE001
         return type(e).__name__ + ": " + str(e)
+
+
+def torch_p2p(rank: int, world: int) -> list:
+    """Stock torch point-to-point on the ringreduce backend: dist.send/recv, isend/irecv and
+    batch_isend_irecv (a ring exchange), in the world and in a subgroup."""
+    import torch
+    import torch.distributed as dist
+
+    fails: list = []
+    dist.init_process_group("ringreduce", rank=rank, world_size=world)
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    out = torch.from_numpy(_msg(rank, nxt, 5000))
+    got = torch.empty(5000)
+    ops = [dist.P2POp(dist.isend, out, nxt), dist.P2POp(dist.irecv, got, prv)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    if not torch.equal(got, torch.from_numpy(_msg(prv, rank, 5000))):
+        fails.append("batch_isend_irecv ring")
+    t = torch.zeros(3, dtype=torch.int64)
+    if rank == 0:
+        dist.send(torch.tensor([7, 8, 9]), dst=world - 1, tag=3)
+    elif rank == world - 1:
+        dist.recv(t, src=0, tag=3)
+        if t.tolist() != [7, 8, 9]:
+            fails.append(f"send/recv tag 3: {t.tolist()}")
+    sub = dist.new_group([0, world - 1])
+    if rank in (0, world - 1):
+        t = torch.full((4,), float(rank))
+        if rank == 0:
+            dist.send(t, dst=world - 1, group=sub)  # dst: a world rank, as in torch
+        else:
+            dist.recv(t, src=0, group=sub)
+            if t.tolist() != [0.0] * 4:
+                fails.append(f"subgroup send/recv: {t.tolist()}")
+    dist.barrier()
+    dist.destroy_process_group()
+    return fails

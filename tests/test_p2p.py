@@ -34,3 +34,11 @@ def test_size_mismatch_is_an_error_on_both_sides() -> None:
                      env={"RINGREDUCE_TIMEOUT": "30"})
     for o in outs:
         assert o.startswith("CollectiveMismatch"), outs
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("world", [2, 3])
+def test_torch_p2p_on_ringreduce(world: int) -> None:
+    outs = run_world(world, "p2p_workers:torch_p2p", timeout=120, init=False)
+    fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o]
+    assert not fails, "\n".join(fails)
