@@ -61,10 +61,11 @@ def _post(x: Any, peer: int, tag: int, group: Any, what: str, sending: bool,
         raise ValueError(f"{what}: {name}={peer} is this rank; send to another rank")
     if not isinstance(tag, int) or not 0 <= tag < 2**31:
         raise ValueError(f"{what}: tag must be an int in [0, 2**31), got {tag!r}")
-    _buffers.as_buffer(x, f"{what}(x)", writable=not sending)  # before any connect
     src = world.rank if sending else peer
     dst = peer if sending else world.rank
     ch = _ready(world, src, dst, tag)
+    if ch is None:  # bad input must fail before the first connect (broadcast checks it later)
+        _buffers.as_buffer(x, f"{what}(x)", writable=not sending)
     if ch is not None or not async_op:
         if ch is None:
             ch = _channel(world, src, dst, tag)
