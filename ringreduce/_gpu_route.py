@@ -269,7 +269,7 @@ def staged(g: Any, pool: _gpu_staging.HostPool, srcs: list, dsts: list, n_in: in
     async_op)`` (the CPU collective; returns its C++ work or None), copy the host output
     (``n_out`` elements, or the input buffer when None: in place) into ``dsts``
     (consecutive slices). Returns an api.Work when async_op, else None."""
-    from .api import Work
+    from ._work import Work
 
     st = pool.stager
     dtype, device = srcs[0].dtype, srcs[0].device
@@ -325,7 +325,7 @@ def _path(g: Any, backend: Any, torch_kind: bool, device: int | None) -> tuple:
 
 
 def _gpu_work(w: Any, keep: tuple, async_op: bool, result: Any = None) -> Any:
-    from .api import Work
+    from ._work import Work
 
     if not async_op:
         return None

@@ -13,90 +13,20 @@ after the CPU fast paths' type checks failed, so host calls pay nothing for them
 from __future__ import annotations
 
 import atexit
-import collections
 import logging
 import os
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as _np
 
-from . import _buffers, _cpus, _env, _rendezvous, _state
+from . import _buffers, _cpus, _env, _rendezvous, _state, _work
 from ._buffers import algo_code, as_buffer, op_code
+from ._work import Work, _finish
 
 log = logging.getLogger("ringreduce")
 
 _LEVELS = {"": 1, "WARN": 1, "INFO": 2, "DEBUG": 3, "TRACE": 4}
-
-
-# Buffers of queued/running async collectives, oldest first. The C++ core only holds raw
-# pointers, so these references keep the memory alive even if the caller drops its Work
-# handle; entries go once their collective completed (the executor runs in order).
-# Any thread may issue collectives: every access holds _INFLIGHT_LOCK (a check of the
-# oldest entry and its popleft must be one step, or two threads drop a running one).
-_INFLIGHT: collections.deque = collections.deque()
-_INFLIGHT_LOCK = threading.Lock()
-
-
-def _track(cwork: Any, keep: tuple) -> None:
-    with _INFLIGHT_LOCK:
-        while _INFLIGHT and _INFLIGHT[0][0].is_completed():
-            _INFLIGHT.popleft()
-        _INFLIGHT.append((cwork, keep))
-
-
-class Work:
-    """Handle of an asynchronous collective (like torch.distributed's Work).
-
-    Keeps the buffers alive until the collective finished; `wait()` blocks (GIL released)
-    and raises the collective's error on every rank where it failed.
-    """
-
-    def __init__(self, cwork: Any, keep: tuple = (), after: Any = None, result: Any = None):
-        self._cwork = cwork
-        self._keep = keep
-        self._after = after
-        self._result = result
-        self._finished = cwork is None
-        if cwork is not None:
-            _track(cwork, keep)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until done (or `timeout` seconds); raise if the collective failed.
-
-        Returns False only when `timeout` passed first; the collective's own deadline
-        (init's timeout) still bounds the wait when timeout is None.
-        """
-        if timeout is not None:
-            timeout = _env.check_seconds("Work.wait(timeout)", timeout, allow_zero=True)
-        if not self._finished:
-            if not self._cwork.wait(timeout):
-                return False
-            self._finished = True
-            if self._after is not None:
-                self._after()
-                self._after = None
-            self._keep = ()
-        return True
-
-    def is_completed(self) -> bool:
-        return self._finished or self._cwork.is_completed()
-
-    def result(self) -> Any:
-        """The output (tensor/array) once waited for."""
-        self.wait()
-        return self._result
-
-
-def _finish(cwork: Any, keep: tuple, after: Any = None, result: Any = None,
-            async_op: bool = False) -> Work | None:
-    w = Work(cwork, keep, after, result)
-    if async_op:
-        return w
-    if after is not None:
-        after()
-    return None
 
 
 def init(rank: int | None = None, world_size: int | None = None, *,
@@ -345,8 +275,7 @@ def destroy() -> None:
             _rendezvous.release_store(g.store_key, g.rank, g.world_size, g.store_prefix,
                                       float(g.options.get("connect_timeout", 0.0)),
                                       failed=failed)
-    with _INFLIGHT_LOCK:
-        _INFLIGHT.clear()  # the executor has stopped: nothing can touch those buffers now
+    _work.clear()  # the executors have stopped: nothing can touch those buffers now
 
 
 def abort() -> None:

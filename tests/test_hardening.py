@@ -169,7 +169,7 @@ def test_inflight_registry_is_consistent_under_threads(monkeypatch: pytest.Monke
     import threading
     import time
 
-    from ringreduce import api
+    from ringreduce import _work
 
     issued = itertools.count()
     clock = [0]  # works issued so far: a work completes a few issues after its own
@@ -195,7 +195,7 @@ def test_inflight_registry_is_consistent_under_threads(monkeypatch: pytest.Monke
                 dropped.append(item)
             return item
 
-    monkeypatch.setattr(api, "_INFLIGHT", CheckedDeque())
+    monkeypatch.setattr(_work, "_INFLIGHT", CheckedDeque())
     errors: list = []
     start = threading.Barrier(8)
 
@@ -203,7 +203,7 @@ def test_inflight_registry_is_consistent_under_threads(monkeypatch: pytest.Monke
         try:
             start.wait()
             for i in range(2000):
-                api._track(FakeWork(lag=(t + i) % 4), (t, i))
+                _work._track(FakeWork(lag=(t + i) % 4), (t, i))
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(repr(e))
 

@@ -14,16 +14,16 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from argparse import Namespace
 from typing import Any, Callable
 
 import numpy as np
 
 from . import anchors, progress, report
-from .checks import Buffers, count_wrong
+from .checks import Buffers
 from .checks import make_buffers as _make_host_buffers
 from .metrics import Case, Row, make_case, make_cases
+from .timing import measure
 
 Reducer = Callable[[np.ndarray, str], np.ndarray]
 
@@ -45,27 +45,6 @@ def make_buffers(*args: Any) -> Buffers:
     out = inp if b.out is b.inp else b.out.to(dev)
     mv = (lambda t: None if t is None else t.to(dev))
     return Buffers(inp, out, mv(b.initial), mv(b.expected))
-
-
-def measure(lib: anchors.Lib, case: Case, b: Any, args: Namespace) -> tuple[list[float], int]:
-    """This rank's per-iteration times (seconds) and wrong-element count for one case."""
-    run, redop, root = lib.run, args.redop, args.root
-    lib.barrier()
-    for _ in range(args.warmup):
-        run(case, b, redop, root)
-    lib.barrier()
-    times, wrong = [], 0
-    clock = time.perf_counter
-    for _ in range(args.iters):
-        if args.check:
-            b.reset()
-            lib.barrier()
-        t0 = clock()
-        run(case, b, redop, root)
-        times.append(clock() - t0)
-        if args.check:
-            wrong += count_wrong(b.out, b.expected)
-    return times, wrong
 
 
 def _trial(lib: anchors.Lib, case: Case, args: Namespace, rank: int, world: int,

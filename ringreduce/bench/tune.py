@@ -21,7 +21,7 @@ from .anchors import RingReduce
 from .checks import make_buffers
 from .cli import format_size
 from .metrics import make_case, median
-from .runner import measure
+from .timing import measure
 
 TREE_SIZES = (8, 64, 512, 4096)
 RING_SIZES = (1 << 20, 4 << 20, 16 << 20, 64 << 20)

@@ -1,0 +1,88 @@
+"""Work: the handle of an asynchronous collective, and the registry that keeps the buffers
+of running collectives alive (the C++ core holds raw pointers only).
+
+Used by api (host collectives), the CUDA route and point-to-point; depends on nothing else
+in the package but the environment checks.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any
+
+from . import _env
+
+# Buffers of queued/running async collectives, oldest first. The C++ core only holds raw
+# pointers, so these references keep the memory alive even if the caller drops its Work
+# handle; entries go once their collective completed (the executor runs in order).
+# Any thread may issue collectives: every access holds _INFLIGHT_LOCK (a check of the
+# oldest entry and its popleft must be one step, or two threads drop a running one).
+_INFLIGHT: collections.deque = collections.deque()
+_INFLIGHT_LOCK = threading.Lock()
+
+
+def _track(cwork: Any, keep: tuple) -> None:
+    with _INFLIGHT_LOCK:
+        while _INFLIGHT and _INFLIGHT[0][0].is_completed():
+            _INFLIGHT.popleft()
+        _INFLIGHT.append((cwork, keep))
+
+
+class Work:
+    """Handle of an asynchronous collective (like torch.distributed's Work).
+
+    Keeps the buffers alive until the collective finished; `wait()` blocks (GIL released)
+    and raises the collective's error on every rank where it failed.
+    """
+
+    def __init__(self, cwork: Any, keep: tuple = (), after: Any = None, result: Any = None):
+        self._cwork = cwork
+        self._keep = keep
+        self._after = after
+        self._result = result
+        self._finished = cwork is None
+        if cwork is not None:
+            _track(cwork, keep)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until done (or `timeout` seconds); raise if the collective failed.
+
+        Returns False only when `timeout` passed first; the collective's own deadline
+        (init's timeout) still bounds the wait when timeout is None.
+        """
+        if timeout is not None:
+            timeout = _env.check_seconds("Work.wait(timeout)", timeout, allow_zero=True)
+        if not self._finished:
+            if not self._cwork.wait(timeout):
+                return False
+            self._finished = True
+            if self._after is not None:
+                self._after()
+                self._after = None
+            self._keep = ()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._finished or self._cwork.is_completed()
+
+    def result(self) -> Any:
+        """The output (tensor/array) once waited for."""
+        self.wait()
+        return self._result
+
+
+def _finish(cwork: Any, keep: tuple, after: Any = None, result: Any = None,
+            async_op: bool = False) -> Work | None:
+    w = Work(cwork, keep, after, result)
+    if async_op:
+        return w
+    if after is not None:
+        after()
+    return None
+
+
+def clear() -> None:
+    """Forget every tracked buffer (destroy(): the executors have stopped)."""
+    with _INFLIGHT_LOCK:
+        _INFLIGHT.clear()
