@@ -16,7 +16,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from . import _env, _rendezvous, _state
+from . import _comm, _env, _rendezvous, _state
 from ._state import Group
 
 log = logging.getLogger("ringreduce")
@@ -161,11 +161,9 @@ def _agree(store: Any, prefix: str, me: int, members: list[int], timeout: float,
 
 def _connect(world: Group, store: Any, members: list[int], me: int, prefix: str,
              name: str) -> Group:
-    from . import api
-
     tun = _env.tunables()
     maddr, ifname = world.net
-    g = api._connect(me, len(members), tun, world.options, store, maddr, ifname, world.secret,
+    g = _comm.connect(me, len(members), tun, world.options, store, maddr, ifname, world.secret,
                      prefix=prefix, name=name, labels=members)
     g.ranks, g.local_rank, g.store = members, world.local_rank, store
     log.info("rank %d: joined %s as rank %d of %d (world ranks %s)", world.rank, name, me,

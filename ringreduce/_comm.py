@@ -1,0 +1,124 @@
+"""Making one communicator: exchange addresses through the store, plan shared memory,
+connect, arm what the environment asks for (tracing, flight recorder, fault injection).
+Used by init() for the world and by every group (ringreduce.groups) and p2p channel.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from . import _cpus, _env, _rendezvous, _state
+from ._buffers import algo_code
+
+log = logging.getLogger("ringreduce")
+
+
+def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
+             maddr: str | None, ifname: str | None, secret: str | None,
+             prefix: str | None = None, name: str = "world",
+             labels: list[int] | None = None) -> _state.Group:
+    """Exchange addresses through `store` (under `prefix`: a group's; None: a new init's),
+    connect and return the communicator's Group (world_size >= 2). Used by init() and by
+    every group (ringreduce.groups), which passes the world's secret."""
+    from . import _C
+
+    # The caller's options, less what a connect derives (the world's, when a group's).
+    options = {k: v for k, v in options.items()
+               if not k.startswith("shm_") and k not in ("session", "spin_us", "rank_labels",
+                                                          "group_name")}
+    if labels is not None:  # a group: messages name world ranks, and the group
+        options["rank_labels"], options["group_name"] = list(labels), name
+    bind = _env.select_interface_address(maddr, ifname or tun.socket_ifname,
+                                         options["connect_timeout"])
+    listener = _C.Listener(bind)
+    host = bind if ":" not in bind else f"[{bind}]"
+    peers = _rendezvous.exchange(store, rank, world, f"{host}:{listener.port}", secret,
+                                 options["connect_timeout"], f"{host}:{listener.heartbeat_port}",
+                                 prefix=prefix)
+    options["session"] = peers.session  # per-init heartbeat key: no replay across inits
+    # Busy-poll (sockets and shared memory) briefly only when every local rank can have its
+    # own CPU among those this process may run on (affinity mask, cgroup quota): spinning
+    # steals the core a peer needs when ranks outnumber them.
+    local = sum(1 for h in peers.hosts if h == peers.hosts[rank])
+    cpus = _cpus.usable_cpus()
+    options["spin_us"] = 1000.0 if local <= cpus else 0.0
+    log.info("rank %d of %s: %d local ranks, %d usable CPUs: %s", rank, name, local, cpus,
+             "waits spin briefly" if options["spin_us"] else "waits never spin")
+    options.update(shm_options(tun.transport, peers, rank, world, options["spin_us"]))
+    comm = _C.Communicator(rank, world, listener, peers.addrs, peers.secret, options,
+                           peers.hb_addrs)
+    log.info("rank %d of %s: connected to %d peers from %s; transport plan: %s", rank, name,
+             world - 1, bind, comm.plan)
+    if tun.trace:
+        comm.set_tracing(True)
+    if tun.flight_recorder:
+        comm.set_flight_path(tun.flight_recorder)
+    set_call_sites(tun.call_sites)
+    f = tun.fault
+    if f is not None and f["rank"] == rank and name == "world":
+        comm.set_fault(_env.FAULT_COLLECTIVES[f["collective"]], f["seq"], f["at"], f["action"],
+                       f["stamp"])
+        log.warning("rank %d: RINGREDUCE_FAULT armed: %s", rank, f)
+    return _state.Group(rank=rank, world_size=world, comm=comm, hosts=peers.hosts,
+                        options=options, default_algo=algo_code(tun.algo),
+                        store_prefix=peers.prefix, name=name, secret=peers.secret)
+
+
+def set_call_sites(on: bool) -> None:
+    """Call sites are the first frame outside ringreduce and torch (torch.distributed's
+    wrappers, autograd's backward) -- the user's line."""
+    import importlib.util
+
+    from . import _C
+
+    skip = [os.path.dirname(os.path.abspath(__file__)) + os.sep]
+    spec = importlib.util.find_spec("torch")
+    if spec is not None and spec.origin:
+        skip.append(os.path.dirname(spec.origin) + os.sep)
+    _C.set_call_site_skip(skip)
+    _C.set_call_sites(on)
+
+
+def shm_options(transport: str, peers: Any, rank: int, world: int, spin_us: float) -> dict:
+    """Plan shared memory from the ranks' host identities (RINGREDUCE_TRANSPORT=auto|shm).
+
+    One host: every collective uses shared memory. Several hosts with the same number
+    (>= 2) of ranks each: hierarchical all-reduce (shared memory inside, TCP between hosts).
+    Otherwise TCP only.
+    """
+    import hashlib
+
+    by_host: dict = {}
+    for r, h in enumerate(peers.hosts):
+        by_host.setdefault(h, []).append(r)
+    groups = sorted(by_host.values())
+    one_host = len(groups) == 1
+    if transport == "tcp":
+        return {}
+    if transport == "shm" and not one_host:
+        raise ValueError(
+            f"RINGREDUCE_TRANSPORT=shm needs every rank on one host, but ranks run on "
+            f"{len(groups)} hosts ({', '.join(sorted({h.split('/')[0] for h in by_host}))[:200]});"
+            f" use auto (hierarchical) or tcp")
+    mine = by_host[peers.hosts[rank]]
+    local = len(mine)
+    if not one_host and (local < 2 or any(len(g) != local for g in groups)):
+        log.debug("rank %d: hosts have %s ranks: TCP only", rank, [len(g) for g in groups])
+        return {}
+    # Common start of this init's segment names; each creator appends its rank, pid and
+    # random bytes (segment.cc), which keeps names unique and unguessable even when two
+    # jobs share a secret, and tells its peers the result.
+    tag = hashlib.sha256(f"{peers.secret}/{peers.prefix}".encode()).hexdigest()[:24]
+    idx = mine.index(rank)
+    opts = {
+        "shm_prefix": f"/rr-{tag}",
+        "shm_members": mine,
+        "shm_spin_us": spin_us,
+    }
+    if not one_host:
+        opts["shm_slice_peers"] = [g[idx] for g in groups]
+    log.info("rank %d: %s plan, local ranks %s%s", rank, "shm" if one_host else "hier", mine,
+             "" if one_host else f", slice ring {opts['shm_slice_peers']}")
+    return opts
