@@ -159,15 +159,16 @@ def mismatch(rank: int, world: int) -> str:
 
 
 def member_dies(rank: int, world: int) -> str:
-    """Group [1, 2] of 3 ranks: world rank 2 exits; rank 1's group all-reduce must fail
-    naming it; rank 0 (not a member) is not disturbed in the group."""
+    """Overlapping groups A = [1, 2, 3] and B = [0, 2] of 4 ranks: world rank 2 exits; every
+    member of every group it belonged to (ranks 1 and 3 in A, rank 0 in B) must fail its
+    group all-reduce naming world rank 2 -- never a hang."""
     import os
 
-    g = rr.new_group([1, 2])
+    a = rr.new_group([1, 2, 3])
+    b = rr.new_group([0, 2])
     if rank == 2:
         os._exit(0)
-    if rank == 0:
-        return "not a member"
+    g = b if rank == 0 else a
     try:
         rr.allreduce(np.ones(4), group=g)
         return "no error"
