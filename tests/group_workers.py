@@ -212,3 +212,41 @@ def torch_subgroups(rank: int, world: int) -> list:
         fails.append(f"world all_reduce after subgroups: {t}")
     dist.destroy_process_group()
     return fails
+
+
+def ddp_on_groups(rank: int, world: int) -> list:
+    """Two DDP replicas side by side: ranks [0, 1] and [2, 3] each wrap the same model with
+    process_group=their group and train on rank-dependent data; after 3 SGD steps every
+    member holds the parameters a single process computes from its group's data."""
+    import torch
+
+    fails: list = []
+    halves = rr.world_group().split(rank // 2, key=rank)
+    members = halves.ranks
+
+    def data(r: int, step: int) -> tuple:
+        gen = torch.Generator().manual_seed(1000 * r + step)
+        return torch.randn(8, 4, generator=gen), torch.randn(8, 1, generator=gen)
+
+    def make() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
+
+    model = rr.DistributedDataParallel(make(), process_group=halves)
+    ref = make()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for step in range(3):
+        x, y = data(rank, step)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        ropt.zero_grad()  # the reference: the mean of the members' gradients
+        for r in members:
+            xr, yr = data(r, step)
+            (torch.nn.functional.mse_loss(ref(xr), yr) / len(members)).backward()
+        ropt.step()
+    for (n, p), q in zip(model.module.named_parameters(), ref.parameters()):
+        if not torch.allclose(p, q, atol=1e-6):
+            fails.append(f"{n}: {p.flatten()[:3]} != reference {q.flatten()[:3]}")
+    return fails

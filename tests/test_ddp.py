@@ -210,7 +210,7 @@ def test_rejects_unsupported_arguments(single_process):
 
     with pytest.raises(ValueError, match="device_ids"):
         DDP(nn.Linear(2, 2), device_ids=[0])
-    with pytest.raises(NotImplementedError, match="process_group"):
+    with pytest.raises(TypeError, match="process_group= as a ringreduce Group"):
         DDP(nn.Linear(2, 2), process_group=object())
     with pytest.raises(NotImplementedError, match="mixed_precision"):
         DDP(nn.Linear(2, 2), mixed_precision=object())

@@ -44,3 +44,10 @@ def test_torch_new_group_on_ringreduce(world: int) -> None:
     outs = run_world(world, "group_workers:torch_subgroups", timeout=120, init=False)
     fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o]
     assert not fails, "\n".join(fails)
+
+
+@pytest.mark.timeout(150)
+def test_ddp_wrapper_on_subgroups() -> None:
+    outs = run_world(4, "group_workers:ddp_on_groups", timeout=120)
+    fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o]
+    assert not fails, "\n".join(fails)

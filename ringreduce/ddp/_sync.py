@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -27,7 +28,7 @@ def _hash64(text: str) -> int:
 
 
 def verify_shapes(names: Sequence[str], params: Sequence[torch.Tensor], rank: int,
-                  world: int, num_buffers: int = 0) -> None:
+                  world: int, num_buffers: int = 0, group: Any = None) -> None:
     """Raise ValueError on every rank when the ranks' parameter lists differ, naming the
     first parameter that differs (index, name, shape and dtype on each rank).
 
@@ -38,7 +39,7 @@ def verify_shapes(names: Sequence[str], params: Sequence[torch.Tensor], rank: in
     nparams = len(params) - num_buffers
     descs = [_describe(p, i >= nparams) for i, p in enumerate(params)]
     summary = torch.tensor([len(params), _hash64("|".join(descs))], dtype=torch.int64)
-    gathered = api.allgather(summary)  # (world, 2)
+    gathered = api.allgather(summary, group=group)  # (world, 2)
     if bool((gathered == gathered[0]).all()):
         return
     # Something differs: every rank saw the same gathered table, so all take this path.
@@ -46,7 +47,7 @@ def verify_shapes(names: Sequence[str], params: Sequence[torch.Tensor], rank: in
     mine = torch.full((nmax,), 0, dtype=torch.int64)
     for i, d in enumerate(descs):
         mine[i] = _hash64(d) or 1  # 0 marks "no parameter here"
-    table = api.allgather(mine)  # (world, nmax)
+    table = api.allgather(mine, group=group)  # (world, nmax)
     diff = (table != table[0]).any(dim=0).nonzero()
     first = int(diff[0]) if diff.numel() else min(int(n) for n in gathered[:, 0])
     # Gather a fixed-size encoding of parameter `first` from every rank, for the message.
@@ -59,7 +60,7 @@ def verify_shapes(names: Sequence[str], params: Sequence[torch.Tensor], rank: in
         enc[3] = int(p.requires_grad or first >= nparams)
         for k, s in enumerate(list(p.shape)[:8]):
             enc[4 + k] = s
-    encs = api.allgather(enc)
+    encs = api.allgather(enc, group=group)
     per_rank = []
     for r in range(world):
         e = encs[r].tolist()
@@ -89,29 +90,34 @@ _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.in
            torch.complex128]
 
 
+def _world_rank(group: Any, r: int) -> int:
+    return r if group is None else group.ranks[r]
+
+
 def _byte_view(t: torch.Tensor) -> torch.Tensor:
     return t.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
 def broadcast_tensors(tensors: Sequence[torch.Tensor], src: int = 0, rank: int = 0,
-                      chunk_bytes: int = BROADCAST_CHUNK_BYTES) -> None:
+                      chunk_bytes: int = BROADCAST_CHUNK_BYTES, group: Any = None) -> None:
     """Overwrite every tensor with rank `src`'s values, moving raw bytes in a few
-    collectives (broadcast never reduces, so dtypes may share one byte buffer)."""
+    collectives (broadcast never reduces, so dtypes may share one byte buffer). `src` and
+    `rank` are ranks in `group` (None: the world)."""
     tensors = [t for t in tensors if t.numel() > 0]
     i = 0
     while i < len(tensors):
-        group, size = [], 0
-        while i < len(tensors) and (not group or size + _nbytes(tensors[i]) + 16 <= chunk_bytes):
-            group.append(tensors[i])
+        chunk, size = [], 0
+        while i < len(tensors) and (not chunk or size + _nbytes(tensors[i]) + 16 <= chunk_bytes):
+            chunk.append(tensors[i])
             size += _nbytes(tensors[i]) + 16
             i += 1
-        offs, total = _layout(group)
+        offs, total = _layout(chunk)
         flat = torch.empty(total, dtype=torch.uint8)
         if rank == src:
-            _pack(flat, group, offs)
-        api.broadcast(flat, src=src)
+            _pack(flat, chunk, offs)
+        api.broadcast(flat, src=_world_rank(group, src), group=group)
         if rank != src:
-            _unpack(flat, group, offs)
+            _unpack(flat, chunk, offs)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -145,8 +151,9 @@ class BufferSync:
     highest rank still training) when broadcast_buffers=True: one
     byte-packed collective for all buffers, with a reusable staging buffer."""
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, group: Any = None) -> None:
         self.rank = rank
+        self.group = group
         self._flat = torch.empty(0, dtype=torch.uint8)
 
     def __call__(self, buffers: Sequence[torch.Tensor], src: int = 0) -> None:
@@ -158,6 +165,6 @@ class BufferSync:
             self._flat = torch.empty(size, dtype=torch.uint8)
         if self.rank == src:
             _pack(self._flat, buffers, offs)
-        api.broadcast(self._flat, src=src)
+        api.broadcast(self._flat, src=_world_rank(self.group, src), group=self.group)
         if self.rank != src:
             _unpack(self._flat, buffers, offs)

@@ -132,11 +132,13 @@ def future_of(work: Any, value: Any, after: Callable[[], None] | None = None
     return Completion(work, value, after).future()
 
 
-def allreduce_future(tensor: torch.Tensor, op: str = "sum") -> torch.futures.Future:
-    """Start an async ringreduce all-reduce of `tensor` (in place) and return a Future whose
-    value is ``[tensor]`` -- the building block for custom DDP comm hooks, like
-    ``dist.all_reduce(t, async_op=True).get_future()`` with torch's process groups."""
+def allreduce_future(tensor: torch.Tensor, op: str = "sum",
+                     group: Any = None) -> torch.futures.Future:
+    """Start an async ringreduce all-reduce of `tensor` (in place, over `group`: default the
+    world) and return a Future whose value is ``[tensor]`` -- the building block for custom
+    DDP comm hooks, like ``dist.all_reduce(t, async_op=True).get_future()`` with torch's
+    process groups."""
     from .. import api
 
-    work = api.allreduce(tensor, op=op, async_op=True)
+    work = api.allreduce(tensor, op=op, async_op=True, group=group)
     return future_of(work, [tensor])

@@ -37,13 +37,14 @@ class GradBucket:
     """What a comm hook sees of one bucket (the API of torch.distributed.GradBucket)."""
 
     def __init__(self, index: int, buffer: torch.Tensor, gradients: list, parameters: list,
-                 is_last: bool, world_size: int):
+                 is_last: bool, world_size: int, group: Any = None):
         self._index = index
         self._buffer = buffer
         self._gradients = gradients
         self._parameters = parameters
         self._is_last = is_last
         self._world_size = world_size
+        self._group = group  # the DDP wrapper's process_group (None: the world)
 
     def index(self) -> int:
         """Bucket index: 0 is the first bucket reduced in backward."""
@@ -86,18 +87,26 @@ def _div_world(state: Any, bucket: GradBucket) -> int:
     return int(ws) if ws else bucket.world_size()
 
 
+def _group(state: Any, bucket: GradBucket) -> Any:
+    """The group a built-in hook reduces over: `state` when it is a ringreduce Group (as
+    torch's hooks take a process group), else the DDP wrapper's."""
+    from .._state import Group
+
+    return state if isinstance(state, Group) else bucket._group
+
+
 def allreduce_hook(state: Any, bucket: GradBucket) -> torch.futures.Future:
     """Average the bucket over ranks (in place)."""
     buf = bucket.buffer()
     buf.div_(_div_world(state, bucket))
-    return allreduce_future(buf, "sum")
+    return allreduce_future(buf, "sum", _group(state, bucket))
 
 
 def _compress_hook(dtype: torch.dtype) -> CommHook:
     def hook(state: Any, bucket: GradBucket) -> torch.futures.Future:
         buf = bucket.buffer()
         compressed = buf.to(dtype).div_(_div_world(state, bucket))
-        fut = allreduce_future(compressed, "sum")
+        fut = allreduce_future(compressed, "sum", _group(state, bucket))
 
         def decompress(f: torch.futures.Future) -> torch.Tensor:
             buf.copy_(f.value()[0])

@@ -132,18 +132,18 @@ class Join:
             self.shadowed += 1
         # The model of a rank that ran the most iterations (the highest such rank) wins.
         src = torch.tensor([rank if last_joiner else -1], dtype=torch.int64)
-        api.allreduce(src, op="max")
+        api.allreduce(src, op="max", group=ddp.process_group)
         tensors = [p for _, p in ddp._sync_params]
         if ddp.broadcast_buffers:
             tensors += ddp._buffer_list
         with torch.no_grad():
-            broadcast_tensors(tensors, int(src), rank)
+            broadcast_tensors(tensors, int(src), rank, group=ddp.process_group)
 
     # ------------------------------------------------------------------ shared
     def _exchange(self, code: int) -> list:
         flags = torch.zeros(self.ddp._world, dtype=torch.int32)
         flags[self.ddp._rank] = code
-        api.allreduce(flags)
+        api.allreduce(flags, group=self.ddp.process_group)
         return flags.tolist()
 
     def _check(self, codes: list) -> list:

@@ -65,8 +65,11 @@ class Stats:
 class Reducer:
     def __init__(self, params: list, names: list, world_size: int, rank: int, cap: int,
                  first_cap: int = FIRST_BUCKET_BYTES, gradient_as_bucket_view: bool = False,
-                 find_unused_parameters: bool = False, static_graph: bool = False):
+                 find_unused_parameters: bool = False, static_graph: bool = False,
+                 group: Any = None):
         self.params = params
+        self.group = group  # process_group: a ringreduce Group, or None for the world
+        self.src0 = 0 if group is None else group.ranks[0]  # world rank of group rank 0
         self.names = names
         self.n = len(params)
         self.world = world_size
@@ -268,7 +271,7 @@ class Reducer:
         if self.comm_hook is not None:
             gb = GradBucket(b, bucket.buffer, bucket.views,
                             [self.params[i] for i in bucket.members],
-                            b == len(self.buckets) - 1, self.world)
+                            b == len(self.buckets) - 1, self.world, self.group)
             fut = self.comm_hook(self.comm_hook_state, gb)
             if not isinstance(fut, torch._C.Future):
                 raise TypeError(
@@ -277,7 +280,8 @@ class Reducer:
                     f"is the reduced bucket tensor")
             self._works[b] = fut
         else:
-            self._works[b] = api.allreduce(bucket.buffer, op=self._op(), async_op=True)
+            self._works[b] = api.allreduce(bucket.buffer, op=self._op(), async_op=True,
+                                           group=self.group)
 
     def _op(self) -> str:
         # join(divide_by_initial_world_size=False): sum, then divide by the active count.
@@ -302,7 +306,7 @@ class Reducer:
             if detect:
                 # Which parameters got a gradient on any rank (max of 0/1 flags).
                 used_map = torch.tensor(self._fired, dtype=torch.int32)
-                used_work = api.allreduce(used_map, op="max", async_op=True)
+                used_work = api.allreduce(used_map, op="max", async_op=True, group=self.group)
             elif missing and from_engine:
                 error = self._unused_error(missing)
             # Without a backward (a forward whose iteration is closed by the next forward)
@@ -405,7 +409,7 @@ class Reducer:
         self._rebuilt = True
         order = complete_order(observed, self.n, range(self.n))
         t = torch.tensor(order, dtype=torch.int64)
-        api.broadcast(t, src=0)
+        api.broadcast(t, src=self.src0, group=self.group)
         order = t.tolist()
         if [list(b.members) for b in self.buckets] == self._groups_for(order):
             return
@@ -425,14 +429,14 @@ class Reducer:
                 views = [buf[off:off + self.params[i].numel()].view(self.params[i].shape)
                          for off, i in zip(bucket.offsets, bucket.members)]
                 gb = GradBucket(b, buf, views, [self.params[i] for i in bucket.members],
-                                b == len(self.buckets) - 1, self.world)
+                                b == len(self.buckets) - 1, self.world, self.group)
                 works.append(self.comm_hook(self.comm_hook_state, gb))
             else:
-                works.append(api.allreduce(buf, op=self._op(), async_op=True))
+                works.append(api.allreduce(buf, op=self._op(), async_op=True, group=self.group))
         detect = self._detect_unused()
         if detect:
             used_map = torch.zeros(self.n, dtype=torch.int32)
-            used_work = api.allreduce(used_map, op="max", async_op=True)
+            used_work = api.allreduce(used_map, op="max", async_op=True, group=self.group)
         for w in works:
             w.wait()
         if detect:

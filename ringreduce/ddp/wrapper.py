@@ -97,15 +97,17 @@ class DistributedDataParallel(nn.Module):
                     f"ringreduce DistributedDataParallel does not support {name}={value!r} yet; "
                     f"leave it at its default, or use torch.nn.parallel.DistributedDataParallel "
                     f"over the 'ringreduce' backend")
-        if process_group is not None:
-            raise NotImplementedError(
-                "ringreduce DistributedDataParallel reduces over the default ringreduce "
-                "communicator; pass process_group=None (or use torch's DDP with "
-                "process_group= on the 'ringreduce' backend)")
+        if process_group is not None and not isinstance(process_group, _state.Group):
+            raise TypeError(
+                "ringreduce DistributedDataParallel takes process_group= as a ringreduce "
+                "Group (ringreduce.new_group / Group.split), got "
+                f"{type(process_group).__name__}; for a torch ProcessGroup use torch's DDP "
+                "over the 'ringreduce' backend")
         params_all = list(module.named_parameters())
         device = _cuda.module_device(params_all)
         ids, out_dev = _cuda.check_device_args(device, device_ids, output_device)
-        g = _state.current("DistributedDataParallel()")
+        g = _state.resolve(process_group, "DistributedDataParallel()")
+        self.process_group = process_group
         if device is not None:
             _cuda.require_cuda_comm(device)
         self.module = module
@@ -137,17 +139,18 @@ class DistributedDataParallel(nn.Module):
         checked = buffers if (init_sync or self.broadcast_buffers) else []
         verify_shapes([n for n, _ in params] + [n for n, _ in checked],
                       [p for _, p in params] + [b for _, b in checked], self._rank,
-                      self._world, num_buffers=len(checked))
+                      self._world, num_buffers=len(checked), group=process_group)
         if init_sync:
-            broadcast_tensors([p for _, p in params] + self._buffer_list, 0, self._rank)
-        self._buffer_sync = BufferSync(self._rank)
+            broadcast_tensors([p for _, p in params] + self._buffer_list, 0, self._rank,
+                              group=process_group)
+        self._buffer_sync = BufferSync(self._rank, process_group)
         trainable = [(n, p) for n, p in params if p.requires_grad]
         if not trainable:
             return
         self.reducer = Reducer(
             [p for _, p in trainable], [n for n, _ in trainable], self._world, self._rank,
             self.bucket_bytes_cap, FIRST_BUCKET_BYTES, gradient_as_bucket_view,
-            find_unused_parameters, static_graph)
+            find_unused_parameters, static_graph, process_group)
 
     # ------------------------------------------------------------------ forward
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
