@@ -149,13 +149,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _epilog() -> str:
-    """The tunables list for --help, from the sibling _env.py loaded by path: importing the
-    package would import its extension (and maybe torch) just to print help."""
+    """The tunables list for --help, from the sibling _env package loaded by path:
+    importing ringreduce would import its extension (and maybe torch) just to print help."""
     import importlib.util
 
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_env.py")
+    pkg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_env")
     try:
-        spec = importlib.util.spec_from_file_location("_ringreduce_env_for_help", path)
+        spec = importlib.util.spec_from_file_location(
+            "_ringreduce_env_for_help", os.path.join(pkg, "__init__.py"),
+            submodule_search_locations=[pkg])
         module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
         sys.modules[spec.name] = module  # type: ignore[union-attr]  # dataclasses need it
         spec.loader.exec_module(module)  # type: ignore[union-attr]

@@ -1,4 +1,4 @@
-"""Tests of ringreduce/_env.py: launch detection, SLURM hostlists, tunables, addresses.
+"""Tests of ringreduce/_env/ (loaded by path, without the extension): launch detection, SLURM hostlists, tunables, addresses.
 
 The module is loaded from its file so these tests need neither the built extension nor the
 package's __init__."""
@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parent.parent / "ringreduce" / "_env.py"
-_spec = importlib.util.spec_from_file_location("_ringreduce_env_under_test", _PATH)
+_PATH = Path(__file__).resolve().parent.parent / "ringreduce" / "_env" / "__init__.py"
+_spec = importlib.util.spec_from_file_location("_ringreduce_env_under_test", _PATH,
+                                               submodule_search_locations=[str(_PATH.parent)])
 env_mod = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = env_mod  # dataclasses look their module up here
 _spec.loader.exec_module(env_mod)

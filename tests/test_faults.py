@@ -1,6 +1,6 @@
 """Fault-injection suite: one rank kills (SIGKILL), stops (SIGSTOP), exits or hangs itself
 at a chosen point (begin / mid / end) of a chosen collective (RINGREDUCE_FAULT, see
-ringreduce/_env.py), over TCP (ring and tree) and shared memory, 2-5 ranks, rank 0 (the
+ringreduce/_env/tunables.py), over TCP (ring and tree) and shared memory, 2-5 ranks, rank 0 (the
 store host) included as the victim. Every survivor must raise a ringreduce error naming the
 victim within the promised time, measured from the moment of the fault (the victim stamps
 it), with no wrong result before it, a poisoned communicator after it and a prompt

@@ -1,0 +1,42 @@
+"""The one package that reads the environment (split by concern: launch, tunables, netif).
+
+Everything ringreduce learns from environment variables comes through here:
+
+* :func:`detect_launch` -- rank / world size / local rank and the rendezvous address, from
+  torchrun (and ``ringreduce-run``), Open MPI, SLURM or MPICH/Hydra PMI variables;
+* :func:`tunables` -- every ``RINGREDUCE_*`` knob, each declared exactly once in
+  :class:`Tunables` with its variable name, default, type and meaning;
+* :func:`select_interface_address` and :func:`host_identity` -- what this process tells its
+  peers through the rendezvous store.
+
+This package imports nothing from the rest of ringreduce (so the launcher and tests can use
+it before the C++ extension is built) and nothing outside the standard library.
+"""
+
+from __future__ import annotations
+
+from .launch import LaunchInfo, detect_launch, expand_hostlist
+from .netif import host_identity, resolve, select_interface_address
+from .tunables import (
+    FAULT_COLLECTIVES,
+    MAX_WAIT_S,
+    Tunables,
+    check_seconds,
+    describe_tunables,
+    tunables,
+)
+
+__all__ = [
+    "FAULT_COLLECTIVES",
+    "MAX_WAIT_S",
+    "LaunchInfo",
+    "Tunables",
+    "check_seconds",
+    "describe_tunables",
+    "detect_launch",
+    "expand_hostlist",
+    "host_identity",
+    "resolve",
+    "select_interface_address",
+    "tunables",
+]

@@ -1,0 +1,243 @@
+"""Rank, world size, local rank and the rendezvous address, from torchrun (and
+ringreduce-run), Open MPI, SLURM or MPICH/Hydra PMI variables.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+# --------------------------------------------------------------------------- launch detection
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    """Where this process sits in the job, as the launcher described it.
+
+    ``source`` names the launcher the values came from: ``"torchrun"`` (also set by
+    ``ringreduce-run``), ``"explicit"`` (RANK/WORLD_SIZE set by hand), ``"openmpi"``,
+    ``"slurm"``, ``"pmi"`` (MPICH/Intel MPI Hydra) or ``"default"`` (a single process).
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str | None
+    master_port: int | None
+    source: str
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
+    """``int(env[name])`` with an error that names the variable; ``default`` if unset."""
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        if default is None:
+            raise ValueError(f"{name} is not set; set it to a whole number, or launch with "
+                             "torchrun / ringreduce-run, which set it for you")
+        return default
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer; set {name} to a whole number "
+                         "(it is normally set by the launcher: check the launch command)"
+                         ) from None
+
+
+def _check_range(rank_name: str, rank: int, size_name: str, size: int) -> None:
+    if size < 1:
+        raise ValueError(f"{size_name}={size}: {size_name} must be at least 1; check the "
+                         "launch command")
+    if not 0 <= rank < size:
+        raise ValueError(f"{rank_name}={rank} but {size_name}={size}: {rank_name} must be in "
+                         f"[0, {size_name}); check the launch command or the variables "
+                         "exported to this process")
+
+
+def _master(env: Mapping[str, str]) -> tuple[str | None, int | None]:
+    addr = env.get("MASTER_ADDR", "").strip() or None
+    port: int | None = None
+    if env.get("MASTER_PORT", "").strip():
+        port = _env_int(env, "MASTER_PORT")
+        if not 0 < port < 65536:
+            raise ValueError(f"MASTER_PORT={port} is not a TCP port; set MASTER_PORT to a "
+                             "free port in 1..65535")
+    return addr, port
+
+
+def _parse_tasks_per_node(value: str) -> list[int]:
+    """Expand SLURM's compressed per-node task counts: ``"2(x3),1"`` -> ``[2, 2, 2, 1]``."""
+    counts: list[int] = []
+    for part in value.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*(?:\(x(\d+)\))?\s*", part)
+        if m is None:
+            raise ValueError(f"cannot parse {part!r}")
+        counts.extend([int(m.group(1))] * int(m.group(2) or 1))
+    return counts
+
+
+def expand_hostlist(hostlist: str) -> Iterator[str]:
+    """Yield the hosts of a SLURM hostlist, lazily, in order.
+
+    ``"node[01-03,07],gpu5"`` yields node01, node02, node03, node07, gpu5. Several bracket
+    groups in one name expand as a product (``"r[1-2]n[1-2]"`` -> r1n1, r1n2, r2n1, r2n2) and
+    zero padding follows the lower bound, as in ``scontrol show hostnames``.
+    Raises ValueError on unbalanced brackets or bad ranges.
+    """
+    for item in _split_top_level(hostlist):
+        # re.split with one group alternates: literal, bracket body, literal, ...
+        pieces = re.split(r"\[([^\[\]]*)\]", item)
+        parts: list[list[tuple[str, int]]] = []  # per piece: (first, last) ranges
+        for i, piece in enumerate(pieces):
+            if i % 2 == 1:
+                parts.append(_parse_ranges(piece, hostlist))
+            elif "[" in piece or "]" in piece:
+                raise ValueError(f"unbalanced brackets in hostlist {hostlist!r}")
+            elif piece:
+                parts.append([(piece, -1)])
+        yield from _product(parts, "")
+
+
+def _product(parts: list[list[tuple[str, int]]], prefix: str) -> Iterator[str]:
+    # Like itertools.product, but without materialising the ranges, so the first host of
+    # "n[0000000-9999999]" costs nothing.
+    if not parts:
+        yield prefix
+        return
+    for first, last in parts[0]:
+        if last < 0:  # a literal
+            yield from _product(parts[1:], prefix + first)
+            continue
+        for n in range(int(first), last + 1):
+            yield from _product(parts[1:], prefix + str(n).zfill(len(first)))
+
+
+def _split_top_level(hostlist: str) -> Iterator[str]:
+    depth, start = 0, 0
+    for i, ch in enumerate(hostlist):
+        depth += (ch == "[") - (ch == "]")
+        if depth < 0 or depth > 1:
+            raise ValueError(f"unbalanced brackets in hostlist {hostlist!r}")
+        if ch == "," and depth == 0:
+            if hostlist[start:i].strip():
+                yield hostlist[start:i].strip()
+            start = i + 1
+    if depth != 0:
+        raise ValueError(f"unbalanced brackets in hostlist {hostlist!r}")
+    if hostlist[start:].strip():
+        yield hostlist[start:].strip()
+
+
+def _parse_ranges(body: str, hostlist: str) -> list[tuple[str, int]]:
+    """``"01-03,7"`` -> ``[("01", 3), ("7", 7)]``: the first number as written (its width is
+    the zero padding) and the last as an int."""
+    out: list[tuple[str, int]] = []
+    for rng in body.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", rng)
+        if m is None or (m.group(2) is not None and int(m.group(2)) < int(m.group(1))):
+            raise ValueError(f"bad range {rng!r} in hostlist {hostlist!r}")
+        out.append((m.group(1), int(m.group(2) or m.group(1))))
+    return out
+
+
+def _slurm_master_addr(env: Mapping[str, str]) -> str | None:
+    for name in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        if env.get(name, "").strip():
+            try:
+                return next(expand_hostlist(env[name]), None)
+            except ValueError as e:
+                raise ValueError(f"{name}={env[name]!r}: {e}; set MASTER_ADDR to the host of "
+                                 "rank 0 instead") from None
+    return None
+
+
+def _slurm_master_port(env: Mapping[str, str]) -> int | None:
+    # Every task of a step sees the same job and step ids, so all agree on this port without
+    # talking; MASTER_PORT overrides it when it collides with something.
+    if not env.get("SLURM_JOB_ID", "").strip().isdigit():
+        return None
+    job = int(env["SLURM_JOB_ID"])
+    step = int(env["SLURM_STEP_ID"]) if env.get("SLURM_STEP_ID", "").isdigit() else 0
+    return 20000 + (job * 7 + step) % 20000
+
+
+def _slurm_local_world_size(env: Mapping[str, str], local_rank: int,
+                            world: int) -> tuple[str, int]:
+    """(variable it came from, number of tasks of this step on this node)."""
+    node = _env_int(env, "SLURM_NODEID", 0)
+    for name in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"):
+        if env.get(name, "").strip():
+            try:
+                counts = _parse_tasks_per_node(env[name])
+            except ValueError as e:
+                raise ValueError(f"{name}={env[name]!r}: {e}; expected a form like '4', "
+                                 "'4,2' or '2(x3),1'") from None
+            return name, counts[node] if node < len(counts) else counts[-1]
+    nodes = env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_JOB_NUM_NODES") or ""
+    if nodes.strip() == "1":
+        return "SLURM_NTASKS", world
+    # Unknown: the smallest size consistent with our local rank.
+    return "SLURM_LOCALID+1", local_rank + 1
+
+
+def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
+    """Work out rank, world size and local placement from the launcher's variables.
+
+    Precedence (first match wins): torchrun-style ``RANK``/``WORLD_SIZE`` (with
+    ``LOCAL_RANK``/``LOCAL_WORLD_SIZE``), Open MPI ``OMPI_COMM_WORLD_*``, SLURM
+    ``SLURM_PROCID``/``SLURM_NTASKS``, MPICH/Hydra ``PMI_RANK``/``PMI_SIZE``; otherwise a
+    single process (rank 0 of 1). ``MASTER_ADDR``/``MASTER_PORT`` are always taken from the
+    environment when present; under SLURM they default to the first host of the step's node
+    list and a port derived from the job id. Missing local values default to a single host
+    (local rank = rank). Raises ValueError, naming the variable, for non-integers and
+    out-of-range ranks.
+    """
+    env = os.environ if env is None else env
+    addr, port = _master(env)
+
+    if "RANK" in env or "WORLD_SIZE" in env:
+        if "RANK" not in env or "WORLD_SIZE" not in env:
+            have, miss = ("RANK", "WORLD_SIZE") if "RANK" in env else ("WORLD_SIZE", "RANK")
+            raise ValueError(f"{have} is set but {miss} is not; set both (torchrun and "
+                             "ringreduce-run do) or neither")
+        rank, world = _env_int(env, "RANK"), _env_int(env, "WORLD_SIZE")
+        _check_range("RANK", rank, "WORLD_SIZE", world)
+        lrank = _env_int(env, "LOCAL_RANK", rank)
+        lsize = _env_int(env, "LOCAL_WORLD_SIZE", world)
+        _check_range("LOCAL_RANK", lrank, "LOCAL_WORLD_SIZE", lsize)
+        source = "torchrun" if "TORCHELASTIC_RUN_ID" in env else "explicit"
+        return LaunchInfo(rank, world, lrank, lsize, addr, port, source)
+
+    if "OMPI_COMM_WORLD_RANK" in env:
+        rank = _env_int(env, "OMPI_COMM_WORLD_RANK")
+        world = _env_int(env, "OMPI_COMM_WORLD_SIZE")
+        _check_range("OMPI_COMM_WORLD_RANK", rank, "OMPI_COMM_WORLD_SIZE", world)
+        lrank = _env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", rank)
+        lsize = _env_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", world)
+        _check_range("OMPI_COMM_WORLD_LOCAL_RANK", lrank, "OMPI_COMM_WORLD_LOCAL_SIZE", lsize)
+        return LaunchInfo(rank, world, lrank, lsize, addr, port, "openmpi")
+
+    if "SLURM_PROCID" in env:
+        rank = _env_int(env, "SLURM_PROCID")
+        size_name = next((n for n in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
+                          if env.get(n, "").strip()), "SLURM_NTASKS")
+        world = _env_int(env, size_name)
+        _check_range("SLURM_PROCID", rank, size_name, world)
+        lrank = _env_int(env, "SLURM_LOCALID", 0)
+        lsize_name, lsize = _slurm_local_world_size(env, lrank, world)
+        _check_range("SLURM_LOCALID", lrank, lsize_name, lsize)
+        addr = addr if addr is not None else _slurm_master_addr(env)
+        port = port if port is not None else _slurm_master_port(env)
+        return LaunchInfo(rank, world, lrank, lsize, addr, port, "slurm")
+
+    if "PMI_RANK" in env:
+        rank, world = _env_int(env, "PMI_RANK"), _env_int(env, "PMI_SIZE")
+        _check_range("PMI_RANK", rank, "PMI_SIZE", world)
+        lrank = _env_int(env, "MPI_LOCALRANKID", rank)
+        lsize = _env_int(env, "MPI_LOCALNRANKS", world)
+        _check_range("MPI_LOCALRANKID", lrank, "MPI_LOCALNRANKS", lsize)
+        return LaunchInfo(rank, world, lrank, lsize, addr, port, "pmi")
+
+    return LaunchInfo(0, 1, 0, 1, addr, port, "default")

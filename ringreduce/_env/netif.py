@@ -1,0 +1,183 @@
+"""What this process tells its peers through the rendezvous store: the interface address
+to listen on (and bounded name resolution) and the host identity.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import socket
+import struct
+import subprocess
+import threading
+from collections.abc import Sequence
+
+# --------------------------------------------------------------------------- addresses
+
+_SIOCGIFADDR = 0x8915  # Linux ioctl: the IPv4 address of an interface
+
+
+def _interface_names() -> list[str]:
+    try:
+        return [name for _, name in socket.if_nameindex()]
+    except (AttributeError, OSError):
+        return []
+
+
+def _ipv4_from_ip_command(ifname: str) -> str | None:
+    try:
+        out = subprocess.run(["ip", "-j", "-4", "addr", "show", "dev", ifname],
+                             capture_output=True, text=True, timeout=5, check=True).stdout
+        for link in json.loads(out or "[]"):
+            for info in link.get("addr_info", []):
+                if info.get("family") == "inet" and info.get("local"):
+                    return str(info["local"])
+    except (OSError, subprocess.SubprocessError, ValueError):
+        pass
+    return None
+
+
+def _interface_ipv4(ifname: str) -> str:
+    names = _interface_names()
+    hint = (f"available interfaces: {', '.join(names) or 'none found'}. Set "
+            "RINGREDUCE_SOCKET_IFNAME to one of them, or unset it to use the interface that "
+            "routes to MASTER_ADDR")
+    try:
+        import fcntl
+
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            req = struct.pack("256s", ifname.encode()[:15])
+            return socket.inet_ntoa(fcntl.ioctl(s.fileno(), _SIOCGIFADDR, req)[20:24])
+    except OSError as e:
+        if e.errno == errno.ENODEV or (names and ifname not in names):
+            raise ValueError(f"network interface {ifname!r} does not exist; {hint}") from None
+        if e.errno == errno.EADDRNOTAVAIL:
+            raise ValueError(f"network interface {ifname!r} has no IPv4 address; {hint}"
+                             ) from None
+    except ImportError:
+        pass
+    addr = _ipv4_from_ip_command(ifname)
+    if addr is None:
+        raise ValueError(f"cannot find an IPv4 address for interface {ifname!r}; {hint}")
+    return addr
+
+
+def _is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1", "") or host.startswith("127.")
+
+
+def resolve(host: str, port: int, timeout: float, what: str) -> list:
+    """socket.getaddrinfo(host, port, SOCK_DGRAM) with a deadline: a numeric address is
+    parsed at once (no lookup); a name is looked up on a helper thread, and after `timeout`
+    seconds this gives up (getaddrinfo has no timeout of its own, and an unreachable DNS
+    server blocks it for minutes). Raises ValueError (no such name) or CollectiveTimeout."""
+    try:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM,
+                                  flags=socket.AI_NUMERICHOST)
+    except socket.gaierror:
+        pass  # a name: look it up
+    found: list = []
+    failed: list[OSError] = []
+
+    def lookup() -> None:
+        try:
+            found.append(socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM))
+        except OSError as e:
+            failed.append(e)
+
+    t = threading.Thread(target=lookup, name="ringreduce-resolve", daemon=True)
+    t.start()
+    t.join(timeout)
+    if failed:
+        raise ValueError(f"cannot resolve {what}={host!r} ({failed[0]}); set {what} to an "
+                         "address every rank can reach")
+    if not found:
+        from .._C import CollectiveTimeout
+
+        raise CollectiveTimeout(
+            f"resolving {what}={host!r} took longer than {timeout:g} s (is the DNS server "
+            f"reachable? use a numeric address, or fix /etc/hosts or resolv.conf)")
+    return found[0]
+
+
+def _route_source(master_addr: str, timeout: float) -> str:
+    infos = resolve(master_addr, 9, timeout, "MASTER_ADDR")
+    infos.sort(key=lambda info: info[0] != socket.AF_INET)  # prefer IPv4
+    last: OSError | None = None
+    for family, _, _, _, sockaddr in infos:
+        try:
+            # connect() on UDP only picks the route and source address; nothing is sent.
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect(sockaddr)
+                return str(s.getsockname()[0])
+        except OSError as e:
+            last = e
+    raise ValueError(f"no route to MASTER_ADDR={master_addr!r} ({last}); set "
+                     "RINGREDUCE_SOCKET_IFNAME to the interface peers should use")
+
+
+def select_interface_address(master_addr: str | None, ifname: str | None,
+                             timeout: float = 30.0) -> str:
+    """The local address this rank should listen on and advertise to its peers.
+
+    With ``ifname`` (RINGREDUCE_SOCKET_IFNAME; a comma-separated list tries each in turn)
+    that interface's IPv4 address; otherwise the address of the interface that routes to
+    ``master_addr``, or ``"127.0.0.1"`` when ``master_addr`` is unset or a loopback name.
+    Raises ValueError, listing the available interfaces, when the interface is missing.
+    Always returns a numeric address (the C++ core then needs no name lookup); looking up a
+    MASTER_ADDR name takes at most ``timeout`` seconds (CollectiveTimeout after that).
+    """
+    if ifname:
+        names = [n.strip() for n in ifname.split(",") if n.strip()]
+        errors: list[str] = []
+        for name in names:
+            try:
+                return _interface_ipv4(name)
+            except ValueError as e:
+                errors.append(str(e))
+        raise ValueError(errors[-1] if len(errors) == 1 else "; ".join(errors))
+    if master_addr is None or _is_loopback(master_addr.strip()):
+        return "127.0.0.1"
+    return _route_source(master_addr.strip(), timeout)
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def host_identity() -> str:
+    """A short string equal for two processes exactly when they can share memory.
+
+    Hostname plus a digest of the kernel boot id (two containers or machines with the same
+    hostname differ), the IPC namespace and the device of /dev/shm (containers on one kernel
+    with private /dev/shm differ) and the network namespace. Used to decide which peers may use the shm transport.
+    """
+    facts: Sequence[str] = (
+        _read_text("/proc/sys/kernel/random/boot_id"),
+        _safe_readlink("/proc/self/ns/ipc"),
+        # Separate network namespaces (containers, emulated clusters) count as separate hosts.
+        _safe_readlink("/proc/self/ns/net"),
+        _shm_device(),
+    )
+    digest = hashlib.sha256("\n".join(facts).encode()).hexdigest()[:12]
+    return f"{socket.gethostname()}/{digest}"
+
+
+def _safe_readlink(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
+
+
+def _shm_device() -> str:
+    try:
+        return str(os.stat("/dev/shm").st_dev)
+    except OSError:
+        return ""
