@@ -10,6 +10,7 @@ over TCP, callable on torch CPU tensors and numpy arrays::
 """
 
 from ._C import CollectiveMismatch, CollectiveTimeout, PeerFailure, RingReduceError
+from ._rooted import all_to_all, gather, reduce, scatter
 from ._state import Group
 from .api import (
     Work,
@@ -39,12 +40,14 @@ __all__ = [
     "RingReduceError",
     "Work",
     "abort",
+    "all_to_all",
     "allgather",
     "allreduce",
     "allreduce_coalesced",
     "barrier",
     "broadcast",
     "destroy",
+    "gather",
     "get_rank",
     "get_world_size",
     "init",
@@ -53,7 +56,9 @@ __all__ = [
     "isend",
     "new_group",
     "recv",
+    "reduce",
     "reduce_scatter",
+    "scatter",
     "send",
     "world_group",
 ]

@@ -29,6 +29,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from . import _rooted as rooted
 from . import _state, api, groups, p2p
 from .ddp.futures import Completion
 
@@ -274,45 +275,56 @@ class ProcessGroupRingReduce(dist.ProcessGroup):
         return self._last(works, outputs)
 
     def reduce(self, tensors: list, opts: Any = None) -> _Work:
-        root = int(getattr(opts, "rootRank", 0))
-        t = tensors[0]
-        if self._rank == root:
-            buf, back = _inplace(t)
-            return _work(api.allreduce(buf, op=_op(opts), async_op=True), tensors, back)
-        tmp = t.detach().contiguous().clone()  # non-roots keep their input, as gloo does
-        return _work(api.allreduce(tmp, op=_op(opts), async_op=True), tensors)
+        root = self._g.ranks[int(getattr(opts, "rootRank", 0))]
+        buf, back = _inplace(tensors[0])
+        return _work(rooted.reduce(buf, root, op=_op(opts), group=self._g, async_op=True),
+                     tensors, back)
 
     def gather(self, output_tensors: list, input_tensors: list, opts: Any = None) -> _Work:
         root = int(getattr(opts, "rootRank", 0))
-        inp = input_tensors[0].detach().contiguous()
-        flat = torch.empty((self._size,) + tuple(inp.shape), dtype=inp.dtype)
+        inp, _ = _inplace(input_tensors[0])
         outs = output_tensors[0] if self._rank == root and output_tensors else []
+        flat = torch.empty((self._size,) + tuple(inp.shape), dtype=inp.dtype) if outs else None
 
         def copy_out() -> None:
             with torch.no_grad():
                 for r, o in enumerate(outs):
                     o.copy_(flat[r].view(o.shape))
-        return _work(api.allgather(inp, out=flat, async_op=True), output_tensors, copy_out)
+        return _work(rooted.gather(inp, self._g.ranks[root], out=flat, group=self._g,
+                                   async_op=True), output_tensors, copy_out)
 
     def scatter(self, output_tensors: list, input_tensors: list, opts: Any = None) -> _Work:
         root = int(getattr(opts, "rootRank", 0))
-        out = output_tensors[0]
-        n = out.numel()
+        out, back = _inplace(output_tensors[0])
+        flat = None
         if self._rank == root:
             flat = torch.cat([t.detach().reshape(-1) for t in input_tensors[0]])
-        else:
-            flat = torch.empty(n * self._size, dtype=out.dtype)
+        return _work(rooted.scatter(out, self._g.ranks[root], x=flat, group=self._g,
+                                    async_op=True), output_tensors, back)
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list,
+                      input_split_sizes: list, opts: Any = None) -> _Work:
+        src, _ = _inplace(input)
+        dst, back = _inplace(output)
+        return _work(rooted.all_to_all(src, out=dst, send_counts=input_split_sizes or None,
+                                       recv_counts=output_split_sizes or None, group=self._g,
+                                       async_op=True), [output], back)
+
+    def alltoall(self, output_tensors: list, input_tensors: list, opts: Any = None) -> _Work:
+        ins = [t.detach().reshape(-1) for t in input_tensors]
+        flat_in = torch.cat(ins)
+        flat_out = torch.empty(sum(t.numel() for t in output_tensors), dtype=flat_in.dtype)
 
         def copy_out() -> None:
             with torch.no_grad():
-                out.copy_(flat[self._rank * n:(self._rank + 1) * n].view(out.shape))
-        return _work(api.broadcast(flat, src=root, async_op=True), output_tensors, copy_out)
-
-    def alltoall_base(self, *args: Any, **kwargs: Any) -> _Work:
-        raise NotImplementedError("the ringreduce backend has no all_to_all yet; use a gloo "
-                                  "group (dist.new_group(backend='gloo')) for it")
-
-    alltoall = alltoall_base
+                off = 0
+                for t in output_tensors:
+                    t.copy_(flat_out[off:off + t.numel()].view(t.shape))
+                    off += t.numel()
+        return _work(rooted.all_to_all(flat_in, out=flat_out,
+                                       send_counts=[t.numel() for t in ins],
+                                       recv_counts=[t.numel() for t in output_tensors],
+                                       group=self._g, async_op=True), output_tensors, copy_out)
 
     def send(self, tensors: list, dst: int, tag: int = 0) -> _Work:
         buf, _ = _inplace(tensors[0])

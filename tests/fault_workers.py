@@ -39,6 +39,22 @@ def _one(collective: str, rank: int, world: int, it: int, n: int, algo: str) -> 
     if collective == "barrier":
         rr.barrier()
         return True
+    root = it % world
+    if collective == "reduce":
+        rr.reduce(x, dst=root)
+        return rank != root or bool(np.array_equal(x, np.sum(xs, axis=0, dtype=np.float32)))
+    if collective == "gather":
+        out = rr.gather(x, dst=root)
+        return rank != root or bool(np.array_equal(out, np.stack(xs)))
+    if collective == "scatter":
+        k = n // world
+        out = np.empty(k, np.float32)
+        rr.scatter(out, src=root, x=xs[root][:k * world] if rank == root else None)
+        return bool(np.array_equal(out, xs[root][rank * k:(rank + 1) * k]))
+    if collective == "all_to_all":
+        k = n // world
+        out = rr.all_to_all(x[:k * world])
+        return bool(np.array_equal(out, np.concatenate([a[rank * k:(rank + 1) * k] for a in xs])))
     raise ValueError(collective)
 
 

@@ -238,7 +238,7 @@ def test_empty_values_mean_default() -> None:
     ("RINGREDUCE_FAULT", "rank=1,action=explode", "action=kill|stop|exit|hang"),
     ("RINGREDUCE_FAULT", "rank=1,at=middle", "at=begin|mid|end"),
     ("RINGREDUCE_FAULT", "rank=1,seq=0", "seq=N"),
-    ("RINGREDUCE_FAULT", "rank=1,collective=gather", "collective=any|allreduce"),
+    ("RINGREDUCE_FAULT", "rank=1,collective=alltoall", "collective=any|allreduce"),
     ("RINGREDUCE_FAULT", "rank=1;seq=2", "rank=R"),
 ])
 def test_bad_tunables(name: str, raw: str, allowed: str) -> None:
@@ -322,3 +322,11 @@ def test_host_identity() -> None:
     assert ident == env_mod.host_identity()
     assert ident.startswith(socket.gethostname() + "/")
     assert len(ident) == len(socket.gethostname()) + 13
+
+
+@pytest.mark.timeout(60)
+def test_fault_collective_names_match_the_core() -> None:
+    from ringreduce import _C
+
+    assert {k: v for k, v in env_mod.FAULT_COLLECTIVES.items() if k != "any"} == \
+        dict(_C.COLLECTIVE_CODES)

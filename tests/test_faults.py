@@ -23,8 +23,10 @@ from _spawn import run_world_raw
 _SETUPS = [("tcp", "ring"), ("tcp", "tree"), ("shm", "auto")]
 _ACTIONS = ["kill", "stop", "exit"]
 _POINTS = ["begin", "mid", "end"]
-_COLLECTIVES = {"ring": ["allreduce"], "tree": ["allreduce"],
-                "auto": ["allreduce", "broadcast", "allgather", "reduce_scatter", "barrier"]}
+_COLLECTIVES = {"ring": ["allreduce", "gather", "all_to_all"],
+                "tree": ["allreduce", "scatter", "reduce"],
+                "auto": ["allreduce", "broadcast", "allgather", "reduce_scatter", "barrier",
+                         "reduce", "all_to_all"]}
 
 
 def _cases() -> list[tuple]:

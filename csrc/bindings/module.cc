@@ -265,6 +265,14 @@ PYBIND11_MODULE(_C, m) {
   m.attr("DTYPE_CODES") = dtypes;
   m.attr("OP_CODES") = ops;
   m.attr("ALGO_CODES") = algos;
+  py::dict kinds;  // collectives (fault injection names them; _env's table is checked against it)
+  for (CollectiveKind k : {CollectiveKind::kAllReduce, CollectiveKind::kBroadcast,
+                           CollectiveKind::kBarrier, CollectiveKind::kAllGather,
+                           CollectiveKind::kReduceScatter, CollectiveKind::kReduce,
+                           CollectiveKind::kGather, CollectiveKind::kScatter,
+                           CollectiveKind::kAllToAll})
+    kinds[toString(k)] = static_cast<int>(k);
+  m.attr("COLLECTIVE_CODES") = kinds;
   m.def("check_reduction", [](int dtype, int op) {
     checkReduction(static_cast<DataType>(dtype), static_cast<ReduceOp>(op));
   }, "Raise ValueError (saying what to do) when `op` cannot reduce `dtype`.");
@@ -386,6 +394,49 @@ PYBIND11_MODULE(_C, m) {
                                           static_cast<DataType>(dtype), static_cast<ReduceOp>(op));
              };
              return c.run(fn, "reduce_scatter", async);
+           })
+      .def("reduce",
+           [](PyComm& c, uintptr_t ptr, size_t count, int dtype, int op, int root, bool async) {
+             auto fn = [=](comm::Communicator& cm) {
+               collectives::reduce(cm, reinterpret_cast<void*>(ptr), count,
+                                   static_cast<DataType>(dtype), static_cast<ReduceOp>(op), root);
+             };
+             return c.run(fn, "reduce", async);
+           })
+      .def("gather",
+           [](PyComm& c, uintptr_t in, uintptr_t out, size_t count, int dtype, int root,
+              bool async) {
+             auto fn = [=](comm::Communicator& cm) {
+               collectives::gather(cm, reinterpret_cast<const void*>(in),
+                                   reinterpret_cast<void*>(out), count,
+                                   static_cast<DataType>(dtype), root);
+             };
+             return c.run(fn, "gather", async);
+           })
+      .def("scatter",
+           [](PyComm& c, uintptr_t in, uintptr_t out, size_t count, int dtype, int root,
+              bool async) {
+             auto fn = [=](comm::Communicator& cm) {
+               collectives::scatter(cm, reinterpret_cast<const void*>(in),
+                                    reinterpret_cast<void*>(out), count,
+                                    static_cast<DataType>(dtype), root);
+             };
+             return c.run(fn, "scatter", async);
+           })
+      .def("alltoall",
+           // Counts and offsets in elements, one per rank (copied: the call may be async).
+           [](PyComm& c, uintptr_t in, std::vector<size_t> sc, std::vector<size_t> so,
+              uintptr_t out, std::vector<size_t> rc, std::vector<size_t> ro, int dtype,
+              bool async) {
+             const size_t n = static_cast<size_t>(c.ex().comm().world());
+             if (sc.size() != n || so.size() != n || rc.size() != n || ro.size() != n)
+               throw InvalidArgument("alltoall: counts and offsets need one entry per rank");
+             auto fn = [=](comm::Communicator& cm) {
+               collectives::alltoall(cm, reinterpret_cast<const void*>(in), sc.data(), so.data(),
+                                     reinterpret_cast<void*>(out), rc.data(), ro.data(),
+                                     static_cast<DataType>(dtype));
+             };
+             return c.run(fn, "alltoall", async);
            })
       .def("abort", [](PyComm& c) { if (c.exec_) c.exec_->abort(); })
       .def("destroy", &PyComm::destroy)

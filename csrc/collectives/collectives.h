@@ -24,6 +24,17 @@ void allgather(Communicator& c, const void* in, void* out, size_t count, DataTyp
 // in holds world * count elements; out receives this rank's reduced block of count.
 void reduceScatter(Communicator& c, const void* in, void* out, size_t count, DataType dtype,
                    ReduceOp op);
+// Rooted and personalised collectives (reduce.cc, gather.cc, scatter.cc, alltoall.cc).
+// reduce: root's buf receives the reduction; other ranks' buf is left as it was.
+void reduce(Communicator& c, void* buf, size_t count, DataType dtype, ReduceOp op, int root);
+// gather: root's out (world * count elements) receives every rank's in, in rank order.
+void gather(Communicator& c, const void* in, void* out, size_t count, DataType dtype, int root);
+// scatter: root's in (world * count elements) is split; rank r's out receives block r.
+void scatter(Communicator& c, const void* in, void* out, size_t count, DataType dtype, int root);
+// all_to_all: this rank sends sendCounts[p] elements from in + sendOffs[p] to rank p and
+// receives recvCounts[p] elements from rank p into out + recvOffs[p] (element units).
+void alltoall(Communicator& c, const void* in, const size_t* sendCounts, const size_t* sendOffs,
+              void* out, const size_t* recvCounts, const size_t* recvOffs, DataType dtype);
 
 // Cost model: which all-reduce algorithm "auto" runs for `bytes` on `world` ranks.
 Algorithm chooseAllreduce(const Options& o, int world, size_t bytes);

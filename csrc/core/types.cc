@@ -78,6 +78,10 @@ const char* toString(CollectiveKind k) {
     case CollectiveKind::kBarrier: return "barrier";
     case CollectiveKind::kAllGather: return "allgather";
     case CollectiveKind::kReduceScatter: return "reduce_scatter";
+    case CollectiveKind::kReduce: return "reduce";
+    case CollectiveKind::kGather: return "gather";
+    case CollectiveKind::kScatter: return "scatter";
+    case CollectiveKind::kAllToAll: return "all_to_all";
     case CollectiveKind::kAbort: return "abort";
     case CollectiveKind::kGoodbye: return "goodbye";
   }

@@ -39,6 +39,10 @@ enum class CollectiveKind : uint8_t {
   kBarrier = 3,
   kAllGather = 4,
   kReduceScatter = 5,
+  kReduce = 6,
+  kGather = 7,
+  kScatter = 8,
+  kAllToAll = 9,
   kAbort = 100,    // payload: a short UTF-8 reason; the peer is failing
   kGoodbye = 101,  // the peer called destroy(): an EOF after this is not a crash
 };

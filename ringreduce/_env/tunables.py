@@ -89,9 +89,12 @@ def _p_bool(name: str, raw: str) -> bool:
     raise _bad(name, raw, "/".join(_TRUE + _FALSE) + " (case-insensitive)")
 
 
+# Equal to _C.COLLECTIVE_CODES plus "any" (tests/test_env.py checks; this package must load
+# without the extension, so it cannot read them from there).
 FAULT_COLLECTIVES = {"any": 0, "allreduce": 1, "broadcast": 2, "barrier": 3, "allgather": 4,
-                     "reduce_scatter": 5}
-_FAULT_FORMAT = ("rank=R[,collective=any|allreduce|broadcast|barrier|allgather|reduce_scatter]"
+                     "reduce_scatter": 5, "reduce": 6, "gather": 7, "scatter": 8,
+                     "all_to_all": 9}
+_FAULT_FORMAT = ("rank=R[,collective=any|" + "|".join(list(FAULT_COLLECTIVES)[1:]) + "]"
                  "[,seq=N][,at=begin|mid|end][,action=kill|stop|exit|hang][,stamp=PATH]")
 
 

@@ -1,0 +1,174 @@
+"""Rooted and personalised collectives: reduce, gather, scatter, all_to_all.
+
+Each runs natively in the C++ core and moves the minimum bytes: reduce on a binomial tree
+(each rank sends once; the shared-memory all-reduce when every rank shares a host), gather
+and scatter directly between the root and each rank, all_to_all as a pairwise exchange
+(each block crosses the wire once). `dst`/`src` are world ranks, as in torch; `group=`
+selects a group (default: the world).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as _np
+
+from . import _buffers, _state
+from ._buffers import as_buffer, op_code
+from ._work import Work, _finish
+
+
+def _host_only(what: str, *xs: Any) -> None:
+    for x in xs:
+        if x is None or type(x) is _np.ndarray:
+            continue
+        if getattr(x, "is_cuda", False) or hasattr(x, "__cuda_array_interface__"):
+            raise ValueError(f"{what}: CUDA buffers are not supported by this collective yet; "
+                             f"copy to the host (.cpu()) or use torch.distributed with NCCL")
+
+
+def reduce(x: Any, dst: int, op: Any = "sum", group: Any = None,
+           async_op: bool = False) -> Work | None:
+    """Reduce `x` over the group's ranks into `x` on world rank `dst` (in place there);
+    the other ranks' `x` is left as it was. op: as for allreduce."""
+    g = _state.resolve(group, "reduce()")
+    root = g.group_rank(dst, "reduce dst")
+    _host_only("reduce(x)", x)
+    b = as_buffer(x, "reduce(x)")
+    opc = op_code(op)
+    _buffers.check_reduction(b.code, opc)
+    if g.comm is None:
+        return _finish(None, (), async_op=async_op)
+    return _finish(g.comm.reduce(b.ptr, b.count, b.code, opc, root, async_op), (x,),
+                   async_op=async_op)
+
+
+def gather(x: Any, dst: int, out: Any = None, group: Any = None,
+           async_op: bool = False) -> Any:
+    """Gather every rank's `x` on world rank `dst` into `out` of shape (size, *x.shape)
+    (allocated there when None). Returns `out` on dst and None elsewhere (a Work whose
+    result() is that when async)."""
+    g = _state.resolve(group, "gather()")
+    root = g.group_rank(dst, "gather dst")
+    _host_only("gather", x, out)
+    b = as_buffer(x, "gather(x)", writable=False)
+    if g.rank == root:
+        if out is None:
+            out = _buffers.empty_like_shape(x, (g.world_size,) + b.shape)
+        o = as_buffer(out, "gather(out)")
+        if o.count != b.count * g.world_size or o.code != b.code:
+            raise ValueError(
+                f"gather: out must hold size * x.numel() = {b.count * g.world_size} elements "
+                f"of {b.dtype}, got {o.count} of {o.dtype}")
+        optr = o.ptr
+    else:
+        out, optr = None, 0
+    if g.comm is None:
+        _copy_into(out, x)
+        return Work(None, result=out) if async_op else out
+    cw = g.comm.gather(b.ptr, optr, b.count, b.code, root, async_op)
+    if async_op:
+        return Work(cw, (x, out), result=out)
+    return out
+
+
+def scatter(out: Any, src: int, x: Any = None, group: Any = None,
+            async_op: bool = False) -> Any:
+    """World rank `src` splits `x` (shape (size, *out.shape), needed on src only) and rank
+    r of the group receives block r into `out`. Returns `out` (a Work when async)."""
+    g = _state.resolve(group, "scatter()")
+    root = g.group_rank(src, "scatter src")
+    _host_only("scatter", out, x)
+    o = as_buffer(out, "scatter(out)")
+    if g.rank == root:
+        if x is None:
+            raise ValueError("scatter: the source rank must pass x (shape (size, *out.shape))")
+        b = as_buffer(x, "scatter(x)", writable=False)
+        if b.count != o.count * g.world_size or b.code != o.code:
+            raise ValueError(
+                f"scatter: x must hold size * out.numel() = {o.count * g.world_size} elements "
+                f"of {o.dtype}, got {b.count} of {b.dtype}")
+        iptr = b.ptr
+    else:
+        iptr = 0
+    if g.comm is None:
+        _copy_into(out, x.reshape(out.shape) if x is not None else out)
+        return Work(None, result=out) if async_op else out
+    cw = g.comm.scatter(iptr, o.ptr, o.count, o.code, root, async_op)
+    if async_op:
+        return Work(cw, (x, out), result=out)
+    return out
+
+
+def all_to_all(x: Any, out: Any = None, send_counts: Any = None, recv_counts: Any = None,
+               group: Any = None, async_op: bool = False) -> Any:
+    """torch's all_to_all_single: rank r sends block p of `x` (along dim 0) to rank p and
+    receives rank p's block r into block p of `out`. Without counts the blocks are equal
+    (x.shape[0] divisible by the group size); send_counts / recv_counts give each block's
+    number of dim-0 rows (they must match what the peers send). Returns `out` (allocated
+    like x when None; a Work when async)."""
+    g = _state.resolve(group, "all_to_all()")
+    n = g.world_size
+    _host_only("all_to_all", x, out)
+    b = as_buffer(x, "all_to_all(x)", writable=False)
+    rows = b.shape[0] if b.shape else 1
+    per_row = b.count // rows if rows else 0
+    sc = _counts(send_counts, rows, n, "send_counts", "x")
+    if out is None:
+        rrows = sum(sc) if recv_counts is None else sum(_as_ints(recv_counts, n, "recv_counts"))
+        out = _buffers.empty_like_shape(x, (rrows,) + tuple(b.shape[1:]))
+    o = as_buffer(out, "all_to_all(out)")
+    orows = (o.shape[0] if o.shape else 1) if o.count else 0
+    rc = _counts(recv_counts, orows, n, "recv_counts", "out")
+    if o.code != b.code or (o.count and o.count // max(orows, 1) != per_row and b.count):
+        raise ValueError(f"all_to_all: out must be {b.dtype} with rows of {per_row} elements "
+                         f"like x; got {o.dtype} of shape {o.shape}")
+    if g.rank < n and sc[g.rank] != rc[g.rank]:
+        raise ValueError(f"all_to_all: this rank sends itself {sc[g.rank]} rows but expects "
+                         f"{rc[g.rank]} from itself; the counts must agree")
+    scount = [c * per_row for c in sc]
+    rcount = [c * per_row for c in rc]
+    soff = [sum(scount[:p]) for p in range(n)]
+    roff = [sum(rcount[:p]) for p in range(n)]
+    if g.comm is None:
+        _copy_into(out, x)
+        return Work(None, result=out) if async_op else out
+    cw = g.comm.alltoall(b.ptr, scount, soff, o.ptr, rcount, roff, b.code, async_op)
+    if async_op:
+        return Work(cw, (x, out), result=out)
+    return out
+
+
+def _as_ints(v: Any, n: int, name: str) -> list[int]:
+    try:
+        out = [int(c) for c in v]
+    except (TypeError, ValueError):
+        raise TypeError(f"all_to_all: {name} must be a sequence of {n} ints, got {v!r}") from None
+    if len(out) != n or any(c < 0 for c in out):
+        raise ValueError(f"all_to_all: {name} needs {n} counts >= 0 (one per rank), got {out}")
+    return out
+
+
+def _counts(v: Any, rows: int, n: int, name: str, what: str) -> list[int]:
+    if v is None:
+        if rows % n:
+            raise ValueError(f"all_to_all: {what} has {rows} rows along dim 0, not a multiple of "
+                             f"the group size {n}; pass {name} (rows per rank)")
+        return [rows // n] * n
+    out = _as_ints(v, n, name)
+    if sum(out) != rows:
+        raise ValueError(f"all_to_all: {name} {out} sum to {sum(out)} but {what} has {rows} "
+                         f"rows along dim 0")
+    return out
+
+
+def _copy_into(dst: Any, src: Any) -> None:
+    if dst is None or dst is src:
+        return
+    if hasattr(dst, "ctypes"):
+        dst.reshape(-1)[...] = _np.asarray(src).reshape(-1)
+    else:
+        import torch
+
+        with torch.no_grad():
+            dst.reshape(-1).copy_(src.reshape(-1))

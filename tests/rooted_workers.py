@@ -1,0 +1,182 @@
+"""Rank-side code of tests/test_rooted.py: reduce, gather, scatter and all_to_all checked
+against numpy references computed from rank-dependent inputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import ringreduce as rr
+
+LENGTHS = [0, 1, 3, 5, 1000, 1_000_003]
+DTYPES = [np.float32, np.float64, np.int32, np.int64, np.uint8, np.float16]
+
+
+def _x(rank: int, n: int, dtype: Any, salt: int = 0) -> np.ndarray:
+    v = (np.arange(n) * 7 + rank * 31 + salt) % 13
+    return v.astype(dtype)
+
+
+def _want(op: str, xs: list) -> np.ndarray:
+    if op == "sum":
+        acc = np.sum([x.astype(np.float64) for x in xs], axis=0)
+    elif op == "prod":
+        acc = np.prod([x.astype(np.float64) for x in xs], axis=0)
+    elif op == "max":
+        acc = np.max(xs, axis=0)
+    elif op == "min":
+        acc = np.min(xs, axis=0)
+    else:  # band
+        acc = xs[0].copy()
+        for x in xs[1:]:
+            acc &= x
+    return np.asarray(acc).astype(xs[0].dtype)
+
+
+def matrix(rank: int, world: int) -> list:
+    fails: list = []
+    ranks = list(range(world))
+    for n in LENGTHS:
+        for dt in DTYPES:
+            if n > 5000 and dt not in (np.float32, np.uint8):
+                continue
+            for op in ("sum", "max", "min", "prod", "band"):
+                if op == "band" and np.dtype(dt).kind == "f":
+                    continue
+                if op == "prod" and n > 5000:
+                    continue
+                for root in ranks if n < 5000 else [world - 1]:
+                    x = _x(rank, n, dt, salt=root)
+                    orig = x.copy()
+                    rr.reduce(x, dst=root, op=op)
+                    want = _want(op, [_x(r, n, dt, salt=root) for r in ranks])
+                    if rank == root:
+                        tol = 0 if dt != np.float16 else 1e-2
+                        if not np.allclose(x.astype(np.float64), want.astype(np.float64),
+                                           rtol=tol, atol=tol):
+                            fails.append(f"reduce {op} n={n} {np.dtype(dt).name} root={root}")
+                    elif not np.array_equal(x, orig):
+                        fails.append(f"reduce changed a non-root's x: n={n} {np.dtype(dt).name}")
+            for root in ranks if n < 5000 else [0]:
+                x = _x(rank, n, dt, salt=1)
+                out = rr.gather(x, dst=root)
+                if rank == root:
+                    want = np.stack([_x(r, n, dt, salt=1) for r in ranks])
+                    if out is None or out.shape != (world, n) or not np.array_equal(out, want):
+                        fails.append(f"gather n={n} {np.dtype(dt).name} root={root}")
+                elif out is not None:
+                    fails.append("gather returned something off the root")
+                full = np.stack([_x(r, n, dt, salt=2) for r in ranks]) if rank == root else None
+                mine = np.empty(n, dt)
+                rr.scatter(mine, src=root, x=full)
+                if not np.array_equal(mine, _x(rank, n, dt, salt=2)):
+                    fails.append(f"scatter n={n} {np.dtype(dt).name} root={root}")
+    # all_to_all: equal blocks (2-D), then uneven rows with zeros
+    for rows_per in (0, 1, 3, 4097):
+        x = np.stack([_x(rank * world + p, 2 * rows_per, np.float32).reshape(rows_per, 2)
+                      for p in ranks]).reshape(world * rows_per, 2)
+        out = rr.all_to_all(x)
+        want = np.concatenate([_x(p * world + rank, 2 * rows_per, np.float32).reshape(rows_per, 2)
+                               for p in ranks])
+        if out.shape != want.shape or not np.array_equal(out, want):
+            fails.append(f"all_to_all equal rows={rows_per}")
+
+    def cnt(a: int, b: int) -> int:  # rows rank a sends to rank b
+        return (a * 3 + b * 5) % 4
+
+    send = [cnt(rank, p) for p in ranks]
+    recv = [cnt(p, rank) for p in ranks]
+    x = np.concatenate([np.full(cnt(rank, p), rank * 100 + p, np.int64) for p in ranks])
+    out = rr.all_to_all(x, send_counts=send, recv_counts=recv)
+    want = np.concatenate([np.full(cnt(p, rank), p * 100 + rank, np.int64) for p in ranks])
+    if not np.array_equal(out, want):
+        fails.append(f"all_to_all uneven {out} != {want}")
+    # async, and on a group
+    w = rr.all_to_all(np.arange(world, dtype=np.float64) + 10 * rank, async_op=True)
+    if not np.array_equal(w.result(), np.arange(world) * 10.0 + rank):
+        fails.append("all_to_all async")
+    if world >= 3:
+        g = rr.new_group([0, world - 1])
+        if g is not None:
+            x = np.full(4, float(rank + 1))
+            rr.reduce(x, dst=world - 1, group=g)
+            if rank == world - 1 and not np.array_equal(x, np.full(4, float(world + 1))):
+                fails.append(f"reduce on a group: {x}")
+            out = rr.gather(np.array([rank]), dst=0, group=g)
+            if rank == 0 and out.tolist() != [[0], [world - 1]]:
+                fails.append(f"gather on a group: {out}")
+    # bad input, before any data moves
+    bad = [
+        ("reduce dst", lambda: rr.reduce(np.ones(3), dst=world)),
+        ("gather out size", lambda: rr.gather(np.ones(3), dst=rank, out=np.ones(2))),
+        ("scatter no x", lambda: rr.scatter(np.ones(3), src=rank)),
+        ("all_to_all rows", lambda: rr.all_to_all(np.ones(world + 1)) if world > 1
+         else (_ for _ in ()).throw(ValueError())),
+        ("all_to_all counts", lambda: rr.all_to_all(np.ones(4), send_counts=[1] * (world + 1))),
+        ("band float", lambda: rr.reduce(np.ones(3), dst=0, op="band")),
+    ]
+    for what, call in bad:
+        try:
+            call()
+            fails.append(f"bad {what} did not raise")
+        except (ValueError, TypeError):
+            pass
+    rr.barrier()
+    return fails
+
+
+def count_mismatch(rank: int, world: int) -> str:
+    """Rank 1 gathers 4 elements, the others 3: the root raises CollectiveMismatch naming
+    rank 1; senders (whose frames left) learn it at their next collective, never a hang."""
+    try:
+        rr.gather(np.ones(4 if rank == 1 else 3), dst=0)
+        rr.barrier()
+        return "no error"
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+
+
+def torch_rooted(rank: int, world: int) -> list:
+    """dist.reduce / gather / scatter / all_to_all_single on the ringreduce backend."""
+    import torch
+    import torch.distributed as dist
+
+    fails: list = []
+    dist.init_process_group("ringreduce", rank=rank, world_size=world)
+    t = torch.arange(6, dtype=torch.float32) + rank
+    dist.reduce(t, dst=world - 1)
+    if rank == world - 1 and not torch.equal(
+            t, sum(torch.arange(6, dtype=torch.float32) + r for r in range(world))):
+        fails.append(f"dist.reduce {t}")
+    gl = [torch.empty(2, dtype=torch.int64) for _ in range(world)] if rank == 0 else None
+    dist.gather(torch.tensor([rank, -rank]), gather_list=gl, dst=0)
+    if rank == 0 and [g.tolist() for g in gl] != [[r, -r] for r in range(world)]:
+        fails.append(f"dist.gather {gl}")
+    o = torch.empty(3)
+    sl = [torch.full((3,), float(r)) for r in range(world)] if rank == 1 % world else None
+    dist.scatter(o, scatter_list=sl, src=1 % world)
+    if not torch.equal(o, torch.full((3,), float(rank))):
+        fails.append(f"dist.scatter {o}")
+    x = torch.arange(world * 2, dtype=torch.float64) + 100 * rank
+    y = torch.empty_like(x)
+    dist.all_to_all_single(y, x)
+    want = torch.tensor([100.0 * p + 2 * rank + k for p in range(world) for k in range(2)],
+                        dtype=torch.float64)
+    if not torch.equal(y, want):
+        fails.append(f"all_to_all_single {y} != {want}")
+    ins = [rank + 1] * world  # rank r sends r+1 rows to everyone
+    x = torch.full((sum(ins),), float(rank))
+    outs = [p + 1 for p in range(world)]
+    y = torch.empty(sum(outs))
+    dist.all_to_all_single(y, x, output_split_sizes=outs, input_split_sizes=ins)
+    want = torch.cat([torch.full((p + 1,), float(p)) for p in range(world)])
+    if not torch.equal(y, want):
+        fails.append(f"all_to_all_single splits {y}")
+    outl = [torch.empty(1) for _ in range(world)]
+    dist.all_to_all(outl, [torch.tensor([float(rank * 10 + p)]) for p in range(world)])
+    if [o.item() for o in outl] != [float(p * 10 + rank) for p in range(world)]:
+        fails.append(f"dist.all_to_all {outl}")
+    dist.barrier()
+    dist.destroy_process_group()
+    return fails

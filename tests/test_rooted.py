@@ -1,0 +1,37 @@
+"""reduce / gather / scatter / all_to_all over real processes (tests/rooted_workers.py):
+world sizes 1-5, TCP and shared memory, dtypes, ops, every root, awkward lengths, uneven
+all_to_all counts, groups, async, bad input and mismatches; and through torch's API."""
+
+from __future__ import annotations
+
+import pytest
+from _spawn import run_world
+
+SETUPS = [(1, "tcp")] + [(w, t) for w in (2, 3, 4, 5) for t in ("tcp", "shm")]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world,transport", SETUPS)
+def test_rooted_matrix(world: int, transport: str) -> None:
+    outs = run_world(world, "rooted_workers:matrix", timeout=270,
+                     env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "60",
+                          "RINGREDUCE_SEGMENT_BYTES": "65536"})
+    fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o]
+    assert not fails, "\n".join(fails[:40])
+
+
+@pytest.mark.timeout(120)
+def test_count_mismatch_is_named() -> None:
+    outs = run_world(3, "rooted_workers:count_mismatch", timeout=90,
+                     env={"RINGREDUCE_TIMEOUT": "20", "RINGREDUCE_TRANSPORT": "tcp"})
+    assert outs[0].startswith("CollectiveMismatch") and "rank 1" in outs[0], outs
+    for o in outs[1:]:  # told by rank 0's abort at their next collective
+        assert o.startswith(("CollectiveMismatch", "PeerFailure")) and "rank 0" in o, outs
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("world", [2, 3])
+def test_torch_rooted_on_ringreduce(world: int) -> None:
+    outs = run_world(world, "rooted_workers:torch_rooted", timeout=120, init=False)
+    fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o]
+    assert not fails, "\n".join(fails)
