@@ -52,6 +52,8 @@ TABLES: dict[str, list[str]] = {
     "fault_detection": [PY, "bench/fault_detection.py", "--json", _out("fault_detection.json"),
                         "--plot", _out("fault_detection.png")],
     "alpha_beta": [PY, "bench/measure_alpha_beta.py"],
+    "rooted": [PY, "bench/rooted.py", "--json", _out("rooted.json"), "--plot",
+               _out("rooted.png")],
     "p2p": [PY, "bench/p2p.py", "--json", _out("p2p.json"), "--plot", _out("p2p.png")],
     "groups": [PY, "bench/groups.py", "--json", _out("groups.json"), "--plot",
                _out("groups.png")],
