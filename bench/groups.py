@@ -19,12 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
+
+import _local  # bench/_local.py (this script's directory is on sys.path)
 
 SIZES = [8, 64 * 1024, 1 << 20, 16 << 20]
 
@@ -95,25 +94,7 @@ def worker(mode: str, out: str, iters: int) -> None:
 
 
 def _launch(n: int, mode: str, transport: str, iters: int) -> list[dict]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    tmp = tempfile.mkdtemp(prefix="rr-groups-")
-    procs = []
-    for r in range(n):
-        env = {**os.environ, "RANK": str(r), "WORLD_SIZE": str(n), "LOCAL_RANK": str(r),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "RINGREDUCE_TRANSPORT": transport}
-        procs.append(subprocess.Popen([sys.executable, __file__, "--worker", mode,
-                                       os.path.join(tmp, f"{r}.json"), str(iters)], env=env))
-    for p in procs:
-        if p.wait(timeout=600) != 0:
-            raise SystemExit(f"{mode} on {n} ranks ({transport}) failed: rank exit {p.returncode}")
-    outs = []
-    for r in range(n):
-        with open(os.path.join(tmp, f"{r}.json")) as f:
-            outs.append(json.load(f))
-    return outs
+    return _local.launch(__file__, n, mode, iters, transport)
 
 
 def main() -> None:

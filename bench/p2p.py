@@ -17,12 +17,13 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+import _local  # bench/_local.py (this script's directory is on sys.path)
 
 BIG = 64 << 20
 
@@ -98,32 +99,16 @@ def worker(name: str, out: str, iters: int) -> None:
     finish()
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(name: str, iters: int, transport: str = "auto") -> dict:
-    tmp = tempfile.mkdtemp(prefix="rr-p2p-")
-    out = os.path.join(tmp, "r0.json")
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, out, str(iters)]
-    if name == "mpi":
-        mpirun = shutil.which("mpirun")
-        if mpirun is None:
-            return {}
-        subprocess.run([mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "2", *cmd],
-                       check=True, timeout=600)
-    else:
-        port = _port()
-        ps = [subprocess.Popen(cmd, env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2",
-                                         "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
-                                         "MASTER_PORT": str(port),
-                                         "RINGREDUCE_TRANSPORT": transport})
-              for r in range(2)]
-        for p in ps:
-            if p.wait(timeout=600):
-                raise SystemExit(f"{name} ({transport}) failed")
+    if name != "mpi":
+        return _local.launch(__file__, 2, name, iters, transport)[0]
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        return {}
+    out = os.path.join(tempfile.mkdtemp(prefix="rr-p2p-"), "r0.json")
+    subprocess.run([mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "2",
+                    sys.executable, os.path.abspath(__file__), "--worker", name, out, str(iters)],
+                   check=True, timeout=600)
     with open(out) as f:
         return json.load(f)
 

@@ -17,12 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
+
+import _local  # bench/_local.py (this script's directory is on sys.path)
 
 OPS = ["reduce", "gather", "scatter", "all_to_all", "allreduce"]
 MIB = 1 << 20
@@ -131,23 +130,7 @@ def worker(lib: str, out: str, iters: int) -> None:
 
 
 def _launch(lib: str, n: int, transport: str, iters: int) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    tmp = tempfile.mkdtemp(prefix="rr-rooted-")
-    ps = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", lib,
-                            os.path.join(tmp, f"{r}.json"), str(iters)],
-                           env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(n),
-                                "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
-                                "MASTER_PORT": str(port), "RINGREDUCE_TRANSPORT": transport})
-          for r in range(n)]
-    for p in ps:
-        if p.wait(timeout=900):
-            raise SystemExit(f"{lib} ({transport}, {n} ranks) failed")
-    per_rank = []
-    for r in range(n):
-        with open(os.path.join(tmp, f"{r}.json")) as f:
-            per_rank.append(json.load(f))
+    per_rank = _local.launch(__file__, n, lib, iters, transport, timeout=900)
     # an iteration lasts until its slowest rank is done
     return {op: statistics.median(max(pr[op][i] for pr in per_rank)
                                   for i in range(len(per_rank[0][op]))) * 1e3 for op in OPS}

@@ -1,0 +1,55 @@
+"""Start N local ranks of a bench/ script's worker and collect what each wrote (shared by
+bench/groups.py, p2p.py and rooted.py).
+
+Each rank runs ``python SCRIPT --worker MODE OUT ITERS`` with torchrun's variables set
+(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, a free MASTER_PORT) and
+RINGREDUCE_TRANSPORT; OUT is that rank's JSON file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(script: str, n: int, mode: str, iters: int, transport: str = "auto",
+           timeout: float = 600) -> list:
+    """Run the ranks to completion; each rank's JSON (None where a rank wrote none).
+    SystemExit naming the setup if a rank fails."""
+    port = free_port()
+    tmp = tempfile.mkdtemp(prefix="rr-bench-")
+    outs = [os.path.join(tmp, f"{r}.json") for r in range(n)]
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(script), "--worker", mode,
+                               outs[r], str(iters)],
+                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(n),
+                                   "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": str(port), "RINGREDUCE_TRANSPORT": transport})
+             for r in range(n)]
+    try:
+        for p in procs:
+            if p.wait(timeout=timeout) != 0:
+                raise SystemExit(f"{mode} on {n} ranks ({transport}) failed: a rank exited "
+                                 f"with {p.returncode}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    res = []
+    for path in outs:
+        try:
+            with open(path) as f:
+                res.append(json.load(f))
+        except FileNotFoundError:
+            res.append(None)
+    return res
