@@ -1,7 +1,7 @@
 // Gather, direct: every rank sends its block straight to the root, which receives block p
 // into out + p * count (no staging copies, no relaying: each byte crosses the wire once).
 // The root takes the blocks in rank order; senders block only until their socket buffer
-// (or the root) has taken the frame.
+// (or the root) has taken the frame. With every rank on one host: shm_rooted.cc.
 //
 //     r1 ---.
 //     r2 ----> root
@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "collectives/collectives.h"
+#include "collectives/shm_algos.h"
 
 namespace rr::collectives {
 
@@ -24,8 +25,13 @@ void gather(Communicator& c, const void* in, void* out, size_t count, DataType d
     c.skip();
     return;
   }
-  transport::FrameHeader h = c.begin(CollectiveKind::kGather, dtype, ReduceOp::kSum, root,
-                                     Algorithm::kAuto, count, bytes * static_cast<size_t>(n));
+  const Algorithm a = c.shmAll() ? Algorithm::kShm : Algorithm::kAuto;
+  transport::FrameHeader h = c.begin(CollectiveKind::kGather, dtype, ReduceOp::kSum, root, a,
+                                     count, bytes * static_cast<size_t>(n));
+  if (a == Algorithm::kShm) {
+    shm::gather(c, h, static_cast<const char*>(in), static_cast<char*>(out), bytes, root);
+    return;
+  }
   if (me != root) {
     transport::SendOp s;
     s.reset(h, in, bytes);

@@ -1,5 +1,6 @@
 // Scatter, direct: the root sends block p of `in` straight to rank p (each byte crosses the
 // wire once); every other rank receives its block into `out`. The mirror of gather.cc.
+// With every rank on one host: shm_rooted.cc.
 //
 //           .---> r1
 //     root -----> r2
@@ -7,6 +8,7 @@
 #include <cstring>
 
 #include "collectives/collectives.h"
+#include "collectives/shm_algos.h"
 
 namespace rr::collectives {
 
@@ -22,8 +24,13 @@ void scatter(Communicator& c, const void* in, void* out, size_t count, DataType 
     c.skip();
     return;
   }
-  transport::FrameHeader h = c.begin(CollectiveKind::kScatter, dtype, ReduceOp::kSum, root,
-                                     Algorithm::kAuto, count, bytes * static_cast<size_t>(n));
+  const Algorithm a = c.shmAll() ? Algorithm::kShm : Algorithm::kAuto;
+  transport::FrameHeader h = c.begin(CollectiveKind::kScatter, dtype, ReduceOp::kSum, root, a,
+                                     count, bytes * static_cast<size_t>(n));
+  if (a == Algorithm::kShm) {
+    shm::scatter(c, h, static_cast<const char*>(in), static_cast<char*>(out), bytes, root);
+    return;
+  }
   if (me != root) {
     transport::RecvOp r;
     r.reset(h, out, bytes);

@@ -1,0 +1,135 @@
+// Shared-memory gather and scatter (all ranks on one host): blocks travel through the
+// chunk slots in cache-sized pieces, several in flight, copied once into the slots and
+// once out. Global chunk numbers: block p occupies [base + p*G, base + (p+1)*G).
+//
+// Gather: each rank p publishes its block's chunks in its own slots (pub); the root copies
+// them out rank by rank, in chunk order, and counts them in its fin (a publisher reuses a
+// slot once the root's fin passed the chunk it held).
+//
+// Scatter: the root publishes block p's chunks in its slots for p = 0, 1, ...; rank p
+// copies its own chunks out. Every rank first moves its fin to the start of its block (it
+// never reads the chunks before) and to the end after it, so the root's "every fin passed
+// this slot's previous chunk" waits only on the rank that reads it.
+#include <algorithm>
+#include <cstring>
+
+#include "collectives/shm_algos.h"
+#include "collectives/shm_common.h"
+#include "core/chunking.h"
+
+namespace rr::collectives::shm {
+
+using transport::shm::Control;
+using transport::shm::reached;
+
+namespace {
+
+// Keep every counter of every rank in step at the end, whatever its role was.
+void finish(comm::Communicator& c, ShmDomain& d, uint32_t chunks, size_t bytes) {
+  const uint32_t end = d.chunkBase() + chunks;
+  Control& mine = d.ctl(d.rank());
+  mine.pub.v.store(end, std::memory_order_release);
+  mine.red.v.store(end, std::memory_order_release);
+  mine.fin.v.store(end, std::memory_order_release);
+  d.notify();
+  c.addBytesDone(bytes);
+  d.advanceChunks(chunks);
+}
+
+}  // namespace
+
+void gather(comm::Communicator& c, const transport::FrameHeader& h, const char* in, char* out,
+            size_t bytes, int root) {
+  ShmDomain& d = *c.shm();
+  const int me = d.rank(), n = d.world();
+  lineRelease(c, lineRound(c, h, nullptr, 0));
+  const size_t cb = d.config().chunkBytes;
+  const uint32_t G = static_cast<uint32_t>(chunking::numSegments(bytes, cb));
+  const uint32_t base = d.chunkBase(), K = static_cast<uint32_t>(d.config().slots);
+  Control& mine = d.ctl(me);
+  for (uint32_t k = 0; k < G; ++k) {
+    const size_t off = k * cb, len = std::min(cb, bytes - off);
+    if (me != root) {
+      const uint32_t g = base + static_cast<uint32_t>(me) * G + k;
+      std::atomic<uint32_t>& rf = d.ctl(root).fin.v;
+      waitFor(c, [&] { return reached(rf.load(std::memory_order_acquire), g - K + 1); },
+              [&] { return root; });
+      std::memcpy(d.slot(me, g), in + off, len);
+      mine.pub.v.store(g + 1, std::memory_order_release);
+      d.notify();
+    }
+  }
+  if (me == root) {
+    for (int p = 0; p < n; ++p) {
+      for (uint32_t k = 0; k < G; ++k) {
+        const uint32_t g = base + static_cast<uint32_t>(p) * G + k;
+        if (p != root) {
+          const size_t off = k * cb, len = std::min(cb, bytes - off);
+          std::atomic<uint32_t>& pp = d.ctl(p).pub.v;
+          waitFor(c, [&] { return reached(pp.load(std::memory_order_acquire), g + 1); },
+                  [&] { return p; });
+          std::memcpy(out + static_cast<size_t>(p) * bytes + off, d.slot(p, g), len);
+        }
+        mine.fin.v.store(g + 1, std::memory_order_release);
+        d.notify();
+      }
+    }
+  } else {
+    // The root reads our last chunks after we return: keep them until its fin passed.
+    const uint32_t last = base + static_cast<uint32_t>(me + 1) * G;
+    std::atomic<uint32_t>& rf = d.ctl(root).fin.v;
+    waitFor(c, [&] { return reached(rf.load(std::memory_order_acquire), last); },
+            [&] { return root; });
+  }
+  finish(c, d, G * static_cast<uint32_t>(n), bytes);
+}
+
+void scatter(comm::Communicator& c, const transport::FrameHeader& h, const char* in, char* out,
+             size_t bytes, int root) {
+  ShmDomain& d = *c.shm();
+  const int me = d.rank(), n = d.world();
+  lineRelease(c, lineRound(c, h, nullptr, 0));
+  const size_t cb = d.config().chunkBytes;
+  const uint32_t G = static_cast<uint32_t>(chunking::numSegments(bytes, cb));
+  const uint32_t base = d.chunkBase(), K = static_cast<uint32_t>(d.config().slots);
+  Control& mine = d.ctl(me);
+  if (me == root) {
+    int lag = -1;
+    for (int p = 0; p < n; ++p) {
+      for (uint32_t k = 0; k < G; ++k) {
+        const uint32_t g = base + static_cast<uint32_t>(p) * G + k;
+        if (p != root) {
+          const size_t off = k * cb, len = std::min(cb, bytes - off);
+          waitFor(c, [&] { return allReached(d, [](Control& x) -> auto& { return x.fin.v; },
+                                             g - K + 1, &lag); },
+                  [&] { return lag; });
+          std::memcpy(d.slot(me, g), in + static_cast<size_t>(p) * bytes + off, len);
+        }
+        mine.pub.v.store(g + 1, std::memory_order_release);
+        d.notify();
+      }
+    }
+    // Peers still read our last chunks: wait until every fin passed them.
+    const uint32_t end = base + G * static_cast<uint32_t>(n);
+    waitFor(c, [&] { return allReached(d, [](Control& x) -> auto& { return x.fin.v; }, end,
+                                       &lag); },
+            [&] { return lag; });
+  } else {
+    const uint32_t first = base + static_cast<uint32_t>(me) * G;
+    mine.fin.v.store(first, std::memory_order_release);
+    d.notify();
+    std::atomic<uint32_t>& rp = d.ctl(root).pub.v;
+    for (uint32_t k = 0; k < G; ++k) {
+      const uint32_t g = first + k;
+      const size_t off = k * cb, len = std::min(cb, bytes - off);
+      waitFor(c, [&] { return reached(rp.load(std::memory_order_acquire), g + 1); },
+              [&] { return root; });
+      std::memcpy(out + off, d.slot(root, g), len);
+      mine.fin.v.store(g + 1, std::memory_order_release);
+      d.notify();
+    }
+  }
+  finish(c, d, G * static_cast<uint32_t>(n), bytes);
+}
+
+}  // namespace rr::collectives::shm
