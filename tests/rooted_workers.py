@@ -73,7 +73,7 @@ def matrix(rank: int, world: int) -> list:
                 if not np.array_equal(mine, _x(rank, n, dt, salt=2)):
                     fails.append(f"scatter n={n} {np.dtype(dt).name} root={root}")
     # all_to_all: equal blocks (2-D), then uneven rows with zeros
-    for rows_per in (0, 1, 3, 4097):
+    for rows_per in (0, 1, 3, 4097, 300_001):  # the last: blocks of 5 shm chunks
         x = np.stack([_x(rank * world + p, 2 * rows_per, np.float32).reshape(rows_per, 2)
                       for p in ranks]).reshape(world * rows_per, 2)
         out = rr.all_to_all(x)

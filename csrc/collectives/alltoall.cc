@@ -7,9 +7,13 @@
 //
 // Counts may differ per pair (torch's all_to_all_single with split sizes): a frame's
 // payload size must equal what the receiver expects, else CollectiveMismatch names both.
+// With every rank on one host: shm_alltoall.cc.
 #include <cstring>
 
+#include <vector>
+
 #include "collectives/collectives.h"
+#include "collectives/shm_algos.h"
 #include "core/chunking.h"
 #include "core/error.h"
 
@@ -34,8 +38,22 @@ void alltoall(Communicator& c, const void* in, const size_t* sendCounts, const s
   }
   // The header's count is 0: ranks may send different totals; each frame's payload size is
   // checked against what its receiver expects instead.
+  // Shared memory when every rank is on this host and the size table fits one line.
+  const bool viaShm = c.shmAll() && static_cast<size_t>(n) * 8 <= c.shm()->config().smallMax;
   transport::FrameHeader h = c.begin(CollectiveKind::kAllToAll, dtype, ReduceOp::kSum, 0,
-                                     Algorithm::kAuto, 0, total);
+                                     viaShm ? Algorithm::kShm : Algorithm::kAuto, 0, total);
+  if (viaShm) {
+    std::vector<size_t> sb(static_cast<size_t>(n)), so(sb.size()), rb(sb.size()), ro(sb.size());
+    for (size_t p = 0; p < sb.size(); ++p) {
+      sb[p] = sendCounts[p] * es;
+      so[p] = sendOffs[p] * es;
+      rb[p] = recvCounts[p] * es;
+      ro[p] = recvOffs[p] * es;
+    }
+    sb[meU] = rb[meU] = 0;  // this rank's own block was copied above
+    shm::alltoall(c, h, src, sb.data(), so.data(), dst, rb.data(), ro.data());
+    return;
+  }
   for (int i = 1; i < n; ++i) {
     const size_t to = static_cast<size_t>(chunking::mod(me + i, n));
     const size_t from = static_cast<size_t>(chunking::mod(me - i, n));

@@ -14,5 +14,9 @@ void gather(comm::Communicator& c, const transport::FrameHeader& h, const char* 
             size_t bytes, int root);
 void scatter(comm::Communicator& c, const transport::FrameHeader& h, const char* in, char* out,
              size_t bytes, int root);
+// shm_alltoall.cc: sizes and offsets in bytes, one per local rank.
+void alltoall(comm::Communicator& c, const transport::FrameHeader& h, const char* in,
+              const size_t* sendBytes, const size_t* sendOffs, char* out,
+              const size_t* recvBytes, const size_t* recvOffs);
 
 }  // namespace rr::collectives::shm

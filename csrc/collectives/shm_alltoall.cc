@@ -1,0 +1,93 @@
+// Shared-memory all-to-all (all ranks on one host): a pairwise exchange through the chunk
+// slots. First one line round in which every rank publishes its send sizes (n x 8 bytes),
+// so every rank knows every block's size and checks what it will receive. Then round i
+// (1 <= i < n): rank r streams its block for (r + i) % n through its own slots while it
+// copies the block of (r - i) % n out of that rank's slots, chunk by chunk:
+//
+//   for chunk k: wait until the slot is free (its chunk k-K read: by (r+i) within the
+//                round, by everyone for a round's first K chunks), copy chunk k in,
+//                pub = k+1; wait until (r-i)'s pub passed k, copy it out, fin = k+1
+//
+// A round spans the largest block of that round in chunks (identical on every rank), so
+// the global chunk numbers stay in step. Each chunk is copied once in and once out.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "collectives/shm_algos.h"
+#include "collectives/shm_common.h"
+#include "core/chunking.h"
+#include "core/error.h"
+
+namespace rr::collectives::shm {
+
+using transport::shm::Control;
+using transport::shm::reached;
+
+void alltoall(comm::Communicator& c, const transport::FrameHeader& h, const char* in,
+              const size_t* sendBytes, const size_t* sendOffs, char* out,
+              const size_t* recvBytes, const size_t* recvOffs) {
+  ShmDomain& d = *c.shm();
+  const int me = d.rank(), n = d.world();
+  std::vector<uint64_t> mine(static_cast<size_t>(n)), all(static_cast<size_t>(n) * n);
+  for (int p = 0; p < n; ++p) mine[static_cast<size_t>(p)] = sendBytes[p];
+  const uint64_t rd = lineRound(c, h, mine.data(), mine.size() * sizeof(uint64_t));
+  for (int r = 0; r < n; ++r)
+    std::memcpy(&all[static_cast<size_t>(r) * n],
+                r == me ? static_cast<const void*>(mine.data())
+                        : static_cast<const void*>(d.linePayload(r, rd)),
+                mine.size() * sizeof(uint64_t));
+  lineRelease(c, rd);
+  auto bytes = [&](int from, int to) { return all[static_cast<size_t>(from) * n + to]; };
+  for (int p = 0; p < n; ++p)
+    if (bytes(p, me) != recvBytes[p])
+      throw MismatchError(detail::concat("rank ", c.label(d.globalRank(p)),
+                                         " (shared memory): all_to_all count mismatch: it sends ",
+                                         bytes(p, me), " bytes to this rank, which expects ",
+                                         recvBytes[p], " (send and receive counts must agree)"));
+  const size_t cb = d.config().chunkBytes;
+  const uint32_t base = d.chunkBase(), K = static_cast<uint32_t>(d.config().slots);
+  Control& ctl = d.ctl(me);
+  uint32_t off = 0;
+  size_t moved = 0;
+  for (int i = 1; i < n; ++i) {
+    uint32_t G = 0;
+    for (int r = 0; r < n; ++r)
+      G = std::max(G, static_cast<uint32_t>(chunking::numSegments(bytes(r, (r + i) % n), cb)));
+    const int to = (me + i) % n, from = (me - i + n) % n;
+    const size_t sb = bytes(me, to), rb = bytes(from, me);
+    std::atomic<uint32_t>& tf = d.ctl(to).fin.v;
+    std::atomic<uint32_t>& fp = d.ctl(from).pub.v;
+    for (uint32_t k = 0; k < G; ++k) {
+      const uint32_t g = base + off + k;
+      const size_t o = k * cb;
+      // The slot's previous chunk (g - K) was read by `to` when it is in this round, else by
+      // an earlier round's reader: then wait for every rank to have passed it.
+      int lag = to;
+      waitFor(c, [&] {
+        return k >= K ? reached(tf.load(std::memory_order_acquire), g - K + 1)
+                      : allReached(d, [](Control& x) -> auto& { return x.fin.v; }, g - K + 1, &lag);
+      }, [&] { return lag; });
+      if (o < sb) std::memcpy(d.slot(me, g), in + sendOffs[to] + o, std::min(cb, sb - o));
+      ctl.pub.v.store(g + 1, std::memory_order_release);
+      d.notify();
+      waitFor(c, [&] { return reached(fp.load(std::memory_order_acquire), g + 1); },
+              [&] { return from; });
+      if (o < rb) std::memcpy(out + recvOffs[from] + o, d.slot(from, g), std::min(cb, rb - o));
+      ctl.fin.v.store(g + 1, std::memory_order_release);
+      d.notify();
+    }
+    off += G;
+    moved += rb;
+  }
+  // Consumers still read our last chunks: wait until every fin passed them.
+  int lag = -1;
+  const uint32_t end = base + off;
+  waitFor(c, [&] { return allReached(d, [](Control& x) -> auto& { return x.fin.v; }, end, &lag); },
+          [&] { return lag; });
+  ctl.red.v.store(end, std::memory_order_release);
+  c.addBytesDone(moved);
+  d.advanceChunks(off);
+}
+
+}  // namespace rr::collectives::shm
