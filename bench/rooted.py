@@ -45,14 +45,17 @@ def _rr_ops(rank: int, n: int):
         rr.reduce(red, dst=0)
         return rank != 0 or bool(red[0] == tot and red[-1] == tot)
 
+    gout = np.zeros((n, part.size), np.float32) if rank == 0 else None  # outputs made once,
+    sout = np.zeros_like(part)  # as for gloo (a fresh 64 MiB array costs its page faults)
+
     def gather() -> bool:
-        o = rr.gather(part, dst=0)
+        o = rr.gather(part, dst=0, out=gout)
         return rank != 0 or bool((o[:, 0] == np.arange(n)).all() and (o[:, -1] == np.arange(n)).all())
 
     def scatter() -> bool:
-        o = np.empty_like(part)
-        rr.scatter(o, src=0, x=full if rank == 0 else None)
-        return bool(o[0] == rank and o[-1] == rank)
+        sout.fill(-1)
+        rr.scatter(sout, src=0, x=full if rank == 0 else None)
+        return bool(sout[0] == rank and sout[-1] == rank)
 
     def all_to_all() -> bool:
         rr.all_to_all(a2a, out=out)
@@ -90,10 +93,12 @@ def _gloo_ops(rank: int, n: int):
         dist.gather(part, gather_list=outs, dst=0)
         return rank != 0 or all(bool(o[0] == r) for r, o in enumerate(outs))
 
+    sout = torch.zeros_like(part)
+
     def scatter() -> bool:
-        o = torch.empty_like(part)
-        dist.scatter(o, scatter_list=full, src=0)
-        return bool(o[0] == rank and o[-1] == rank)
+        sout.fill_(-1)
+        dist.scatter(sout, scatter_list=full, src=0)
+        return bool(sout[0] == rank and sout[-1] == rank)
 
     def all_to_all() -> bool:
         dist.all_to_all_single(out, a2a)
