@@ -276,6 +276,20 @@ def torch_default_store() -> Any:
     return None
 
 
+def store_host(store: Any) -> str | None:
+    """The host of the TCPStore under `store` (through PrefixStores), or None (FileStore,
+    HashStore, a store without one)."""
+    for _ in range(64):
+        host = getattr(store, "host", None)
+        if isinstance(host, str) and host:
+            return host
+        nxt = getattr(store, "underlying_store", None)
+        if nxt is None or nxt is store:
+            return None
+        store = nxt
+    return None
+
+
 def _timeout_error(msg: str) -> Exception:
     from ._C import CollectiveTimeout
     return CollectiveTimeout(msg)

@@ -43,7 +43,10 @@ def init(rank: int | None = None, world_size: int | None = None, *,
         raise RuntimeError("ringreduce is already initialised; call ringreduce.destroy() first")
     if timeout is not None:
         timeout = _env.check_seconds("init(timeout)", timeout)
-    info = _env.detect_launch()
+    if rank is not None and world_size is not None:
+        info = _env.launch_given(int(rank), int(world_size))
+    else:
+        info = _env.detect_launch()
     tun = _env.tunables()
     from . import _C
 
@@ -78,6 +81,10 @@ def init(rank: int | None = None, world_size: int | None = None, *,
     mport = master_port or info.master_port
     if store is None:
         store = _rendezvous.torch_default_store()
+    if maddr is None and store is not None:
+        # No MASTER_ADDR (init_method="tcp://host:port", an explicit store): listen on the
+        # interface that routes to the store's host, as peers on other hosts reach it.
+        maddr = _rendezvous.store_host(store)
     made = None  # registry key of a store made here: released at destroy
     if store is None:
         _rendezvous.release_lingering(keep=(maddr, mport))

@@ -330,3 +330,22 @@ def test_fault_collective_names_match_the_core() -> None:
 
     assert {k: v for k, v in env_mod.FAULT_COLLECTIVES.items() if k != "any"} == \
         dict(_C.COLLECTIVE_CODES)
+
+
+def test_launch_given_wins_over_the_environment():
+    """torch hands rank and world size to the backend: the environment only adds the local
+    rank, and nothing in it can fail the init (Lightning never sets RANK)."""
+    given = env_mod.launch_given
+    lightning = {"WORLD_SIZE": "4", "LOCAL_RANK": "1", "NODE_RANK": "1"}
+    info = given(3, 4, lightning)
+    assert (info.rank, info.world_size, info.local_rank, info.source) == (3, 4, 1, "given")
+    assert info.local_world_size == 2  # unknown: the least that fits local rank 1
+    info = given(2, 4, {"RANK": "7", "WORLD_SIZE": "9", "LOCAL_RANK": "x",
+                        "MASTER_PORT": "bad", "MASTER_ADDR": "h"})
+    assert (info.rank, info.world_size, info.local_rank, info.local_world_size) == (2, 4, 2, 4)
+    assert (info.master_addr, info.master_port) == ("h", None)
+    info = given(5, 8, {"OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"})
+    assert (info.local_rank, info.local_world_size) == (1, 4)
+    assert given(0, 1, {}).local_world_size == 1
+    with pytest.raises(ValueError, match="rank=4 but world_size=4"):
+        given(4, 4, {})

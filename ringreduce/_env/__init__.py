@@ -15,7 +15,7 @@ it before the C++ extension is built) and nothing outside the standard library.
 
 from __future__ import annotations
 
-from .launch import LaunchInfo, detect_launch, expand_hostlist
+from .launch import LaunchInfo, detect_launch, expand_hostlist, launch_given
 from .netif import host_identity, resolve, select_interface_address
 from .tunables import (
     FAULT_COLLECTIVES,
@@ -36,6 +36,7 @@ __all__ = [
     "detect_launch",
     "expand_hostlist",
     "host_identity",
+    "launch_given",
     "resolve",
     "select_interface_address",
     "tunables",

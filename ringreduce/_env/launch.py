@@ -18,7 +18,8 @@ class LaunchInfo:
 
     ``source`` names the launcher the values came from: ``"torchrun"`` (also set by
     ``ringreduce-run``), ``"explicit"`` (RANK/WORLD_SIZE set by hand), ``"openmpi"``,
-    ``"slurm"``, ``"pmi"`` (MPICH/Intel MPI Hydra) or ``"default"`` (a single process).
+    ``"slurm"``, ``"pmi"`` (MPICH/Intel MPI Hydra), ``"given"`` (rank and world size passed
+    by the caller, e.g. torch's init_process_group) or ``"default"`` (a single process).
     """
 
     rank: int
@@ -241,3 +242,43 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
         return LaunchInfo(rank, world, lrank, lsize, addr, port, "pmi")
 
     return LaunchInfo(0, 1, 0, 1, addr, port, "default")
+
+
+# Where each launcher puts the local rank / local world size (first one set wins).
+_LOCAL_RANK_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID",
+                    "MPI_LOCALRANKID", "PMI_LOCAL_RANK")
+_LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
+
+
+def launch_given(rank: int, world_size: int,
+                 env: Mapping[str, str] | None = None) -> LaunchInfo:
+    """The launch description when the caller already knows rank and world size (torch's
+    init_process_group hands them to the backend; ringreduce.init(rank=, world_size=)).
+
+    Those two win over the environment, which is then only asked for what it can add: the
+    local rank and local world size (LOCAL_RANK from torchrun or Lightning, Open MPI's,
+    SLURM's or Hydra's), used when they fit, and MASTER_ADDR/MASTER_PORT. Nothing in the
+    environment can fail such an init: Lightning exports WORLD_SIZE and LOCAL_RANK but
+    never RANK, torch's own test suite sets neither, and a stale variable is not an error
+    when the caller said otherwise.
+    """
+    env = os.environ if env is None else env
+    _check_range("rank", rank, "world_size", world_size)
+    try:
+        addr, port = _master(env)
+    except ValueError:
+        addr, port = env.get("MASTER_ADDR", "").strip() or None, None
+    lrank, lsize = rank, world_size
+    for name in _LOCAL_RANK_VARS:
+        raw = env.get(name, "").strip()
+        if raw.isdigit() and int(raw) <= rank:
+            lrank = int(raw)
+            break
+    for name in _LOCAL_SIZE_VARS:
+        raw = env.get(name, "").strip()
+        if raw.isdigit() and lrank < int(raw) <= world_size:
+            lsize = int(raw)
+            break
+    if lsize == world_size and lrank != rank:
+        lsize = max(lrank + 1, 1)  # several hosts, local size unknown: the least that fits
+    return LaunchInfo(rank, world_size, lrank, lsize, addr, port, "given")

@@ -1,0 +1,112 @@
+"""How torch starts the backend, as the frameworks do it (issue #12, launch paths):
+
+* the backend exists in a process that never imports ringreduce (torch's ``torch.backends``
+  entry point loads it; with TORCH_DEVICE_BACKEND_AUTOLOAD=0 it does not, which shows the
+  entry point is what did it);
+* rank and world size passed by torch win over the environment: Lightning's launcher sets
+  WORLD_SIZE and LOCAL_RANK but never RANK, torch's own test suite sets nothing;
+* with no MASTER_ADDR, ranks listen on the interface that routes to the store's host
+  (``init_method="tcp://host:port"``), checked across emulated hosts (network namespaces).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from _spawn import free_port
+from netcluster import Cluster, cleanup_stale, unavailable
+
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "plain_torch_job.py"
+
+
+def _env(extra: dict | None = None) -> dict:
+    e = {k: v for k, v in os.environ.items()
+         if not k.startswith(("RINGREDUCE_", "TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_"))}
+    e.update(OMP_NUM_THREADS="1", RINGREDUCE_CONNECT_TIMEOUT="30", **(extra or {}))
+    return e
+
+
+def _run(world: int, init_method: str, mode: str, prefixes: list | None = None,
+         env: dict | None = None, timeout: float = 90) -> list[dict]:
+    """Run the job's ranks; every one must exit 0. Children are always killed and reaped."""
+    procs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            for r in range(world):
+                cmd = list((prefixes or [[]] * world)[r]) + [
+                    sys.executable, str(SCRIPT), str(r), str(world), init_method, mode]
+                out = open(Path(tmp) / f"{r}.txt", "w+")  # noqa: SIM115 - closed below
+                procs.append((subprocess.Popen(cmd, env=_env(env), stdout=out,
+                                               stderr=subprocess.STDOUT, cwd=tmp,
+                                               start_new_session=True), out))
+            for p, _ in procs:
+                p.wait(timeout=timeout)
+        finally:
+            for p, _ in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, 9)
+                p.wait()
+        texts = []
+        for p, out in procs:
+            out.seek(0)
+            texts.append((p.returncode, out.read()))
+            out.close()
+    bad = [f"rank {r} exited {rc}:\n{t[-3000:]}" for r, (rc, t) in enumerate(texts) if rc]
+    assert not bad, "\n".join(bad)
+    return [json.loads(t.strip().splitlines()[-1]) for _, t in texts]
+
+
+def _check(results: list[dict], world: int) -> None:
+    for r, res in enumerate(results):
+        assert res["rank"] == r and res["allreduce_ok"], res
+        assert res["gathered"] == list(range(world)), res
+        if r in (0, world - 1):
+            assert res["sub"] == float(world - 1) if world > 1 else 0.0, res
+        assert res["imported_by_user"] is False
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world,mode", [(2, "lightning"), (3, "lightning"), (2, "bare")])
+def test_backend_without_import_and_without_rank_variables(world: int, mode: str) -> None:
+    init = f"tcp://127.0.0.1:{free_port()}"
+    _check(_run(world, init, mode), world)
+
+
+@pytest.mark.timeout(120)
+def test_file_init_method() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        _check(_run(2, f"file://{tmp}/store", "bare"), 2)
+
+
+@pytest.mark.timeout(60)
+def test_autoload_is_what_registers_it() -> None:
+    code = ("import torch.distributed as dist, sys\n"
+            "print('RINGREDUCE' in dist.Backend._plugins, 'ringreduce' in sys.modules)\n")
+    on = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True,
+                        text=True, timeout=50)
+    off = subprocess.run([sys.executable, "-c", code],
+                         env=_env({"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}),
+                         capture_output=True, text=True, timeout=50)
+    assert on.stdout.split() == ["True", "True"], on.stdout + on.stderr
+    assert off.stdout.split() == ["False", "False"], off.stdout + off.stderr
+
+
+_NETNS = unavailable()
+
+
+@pytest.mark.netns
+@pytest.mark.skipif(_NETNS is not None, reason=_NETNS or "")
+@pytest.mark.timeout(150)
+def test_init_method_address_across_hosts() -> None:
+    """No MASTER_ADDR anywhere: each rank must listen on its namespace's address (found from
+    the store's host), or the others could not connect to it."""
+    cleanup_stale()
+    with Cluster(3) as c:
+        init = f"tcp://{c.addr(0)}:{free_port()}"
+        _check(_run(3, init, "lightning", [c.exec_prefix(h) for h in range(3)]), 3)
