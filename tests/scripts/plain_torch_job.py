@@ -21,9 +21,9 @@ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
 if mode == "lightning":
     os.environ.update(WORLD_SIZE=str(world), LOCAL_RANK="0", NODE_RANK=str(rank))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import numpy as np
+import torch
+import torch.distributed as dist
 
 imported_by_user = False  # this script never runs `import ringreduce`
 dist.init_process_group("ringreduce", init_method=init_method, rank=rank, world_size=world)
