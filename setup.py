@@ -23,12 +23,16 @@ from pathlib import Path
 from pybind11.setup_helpers import ParallelCompile, Pybind11Extension
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).parent.resolve()
 
 
 def _sources() -> list[str]:
-    srcs = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.cc"))
+    # csrc/torch_adapter/ includes torch headers: built at run time against the installed
+    # torch (ringreduce/_c10d_build.py), never into _C.
+    srcs = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.cc")
+                  if "torch_adapter" not in p.parts)
     return srcs
 
 
@@ -176,9 +180,20 @@ class CudaBuildExt(build_ext):
         super().build_extensions()
 
 
+class BuildPyWithAdapter(build_py):
+    """Wheels carry the c10d adapter's source (ringreduce/_adapter/), which the installed
+    package compiles against the installed torch on first use (ringreduce/_c10d_build.py)."""
+
+    def run(self) -> None:
+        super().run()
+        dst = Path(self.build_lib) / "ringreduce" / "_adapter"
+        dst.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / "csrc" / "torch_adapter" / "c10d_backend.cc", dst)
+
+
 _NVCC = _cuda_wanted()
 if _NVCC is not None:
     CudaBuildExt.nvcc = _NVCC
-    setup(ext_modules=[ext], cmdclass={"build_ext": CudaBuildExt})
+    setup(ext_modules=[ext], cmdclass={"build_ext": CudaBuildExt, "build_py": BuildPyWithAdapter})
 else:
-    setup(ext_modules=[ext])
+    setup(ext_modules=[ext], cmdclass={"build_py": BuildPyWithAdapter})

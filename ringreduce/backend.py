@@ -1,28 +1,36 @@
 """The "ringreduce" torch.distributed backend.
 
-Importing this module registers it, so that::
+Registered with torch (``torch.distributed.Backend.register_backend(..., extended_api=True,
+devices=["cpu"])``) by ``import ringreduce`` and, in processes that never import it, by
+torch's ``torch.backends`` entry point (ringreduce._autoload)::
 
-    import ringreduce.backend  # (import ringreduce does this)
-    dist.init_process_group("ringreduce")        # or init_process_group("cpu:ringreduce")
+    dist.init_process_group("ringreduce")        # or "cpu:ringreduce,cuda:nccl"
     model = torch.nn.parallel.DistributedDataParallel(model)
 
-runs torch's own DDP -- and dist.all_reduce, broadcast, barrier, all_gather,
-all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, reduce, gather, scatter --
-over the ringreduce core. Collectives are asynchronous: each returns a Work whose wait()
-blocks with the GIL released and whose get_future() is completed by a background thread
-(ringreduce.ddp.futures), as torch's C++ DDP reducer expects.
+runs torch's own DDP -- and all_reduce (+ coalesced), broadcast, barrier, all_gather (+
+into_tensor, coalesced), reduce_scatter (+ _tensor), reduce, gather, scatter, all_to_all
+(+ _single), send/recv (+ batch_isend_irecv) -- on the ringreduce core, natively.
 
-The process group is a Python subclass of torch.distributed.ProcessGroup (the way
-PyTorch's test_c10d_pypg.py builds one). It runs on ringreduce's default communicator: it
-creates it (rendezvous through the store torch hands to the backend) unless the program
-already called ringreduce.init(), in which case it reuses it. Subgroups smaller than the
-world are not supported yet (the core has one communicator per process).
+What torch holds is a C++ ``c10d::Backend`` (csrc/torch_adapter/c10d_backend.cc, compiled
+against the installed torch on first use by ringreduce._c10d_build): torch gives it a group
+name, ``_get_backend`` returns it, and DeviceMesh, DTensor, FSDP2 and functional collectives
+use it like gloo's. Each of its operations calls :class:`_Ops` below, which runs it on a
+ringreduce group. Where the adapter cannot be built (no C++ compiler), the backend falls
+back, with one warning saying what is lost, to :class:`ProcessGroupRingReduce`, a Python
+subclass of ProcessGroup running the same operations.
+
+Collectives are asynchronous: each returns a Work whose wait() blocks with the GIL released
+and whose get_future() is completed by a background thread (ringreduce.ddp.futures), as
+torch's C++ DDP reducer expects. The default process group creates ringreduce's world
+(rendezvous through the store torch hands to the backend) unless the program already
+called ringreduce.init(), which it then reuses; every other torch group (dist.new_group,
+DeviceMesh dimensions) is a ringreduce group made through torch's store for it.
 """
 
 from __future__ import annotations
 
 import itertools
-import threading
+import warnings
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -33,7 +41,7 @@ from . import _rooted as rooted
 from . import _state, api, groups, p2p
 from .ddp.futures import Completion
 
-__all__ = ["BACKEND_NAME", "ProcessGroupRingReduce", "create_process_group"]
+__all__ = ["BACKEND_NAME", "ProcessGroupRingReduce", "create_backend", "impl_of"]
 
 BACKEND_NAME = "ringreduce"
 
@@ -133,17 +141,16 @@ def _next_name() -> int:
     return next(_NAMES)
 
 
-class ProcessGroupRingReduce(dist.ProcessGroup):
-    """torch.distributed process group backed by ringreduce's default communicator."""
+class _Ops:
+    """The backend's operations on one ringreduce group (torch's argument conventions:
+    group ranks for roots and peers, options objects, lists of tensors)."""
 
-    def __init__(self, store: Any, rank: int, size: int, timeout: timedelta):
-        try:
-            super().__init__(store, rank, size)
-        except TypeError:  # older torch: (rank, size) only
-            super().__init__(rank, size)
+    def _setup(self, store: Any, rank: int, size: int, timeout: timedelta,
+               name: str | None = None) -> None:
         self._rank = rank
         self._size = size
         self._owns = False
+        self._timeout = timeout
         g = _state._DEFAULT[0]
         if g is None:  # the default process group: it makes ringreduce's world
             secs = timeout.total_seconds() if isinstance(timeout, timedelta) else None
@@ -154,23 +161,17 @@ class ProcessGroupRingReduce(dist.ProcessGroup):
             # A torch subgroup (dist.new_group, DeviceMesh, ...): its own ringreduce group,
             # set up through the PrefixStore torch gave it. (The default process group of a
             # job that called ringreduce.init() first shares the world instead.)
-            g = groups.from_store(store, rank, size, f"torch group {_next_name()}")
+            g = groups.from_store(store, rank, size, name or f"torch group {_next_name()}")
             self._owns = True
         self._g = g
-        self._lock = threading.Lock()
 
-    # -- identity
-    def getBackendName(self) -> str:
-        return BACKEND_NAME
+    @property
+    def group(self) -> Any:
+        """The ringreduce Group this process group runs on."""
+        return self._g
 
-    def getRank(self) -> int:
-        return self._rank
-
-    def getSize(self) -> int:
-        return self._size
-
-    def __repr__(self) -> str:
-        return f"ProcessGroupRingReduce(rank={self._rank}, size={self._size})"
+    def set_timeout(self, seconds: float) -> None:
+        self._timeout = timedelta(seconds=seconds)
 
     # -- collectives
     def allreduce(self, tensors: list, opts: Any = None) -> _Work:
@@ -239,6 +240,10 @@ class ProcessGroupRingReduce(dist.ProcessGroup):
                                         opts: Any = None) -> _Work:
         works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
         return self._last(works, outputs)
+
+    def allgather_coalesced(self, output_lists: list, inputs: list, opts: Any = None) -> _Work:
+        works = [self.allgather([o], [i], opts) for o, i in zip(output_lists, inputs)]
+        return self._last(works, output_lists)
 
     def reduce_scatter(self, output_tensors: list, input_tensors: list,
                        opts: Any = None) -> _Work:
@@ -381,17 +386,93 @@ class _WaitAll:
         return self._c.is_completed()
 
 
-def create_process_group(store: Any, rank: int, size: int,
-                         timeout: timedelta) -> ProcessGroupRingReduce:
-    """The creator function torch.distributed calls for init_process_group('ringreduce')."""
-    return ProcessGroupRingReduce(store, rank, size, timeout)
+class ProcessGroupRingReduce(_Ops, dist.ProcessGroup):
+    """The fallback without the C++ adapter: a Python ProcessGroup (the way PyTorch's
+    test_c10d_pypg.py builds one) running the same operations. torch uses it as the whole
+    process group: no group name, no ``_get_backend``, no DeviceMesh/FSDP2, and a device
+    map such as "cpu:ringreduce,cuda:nccl" loses its second backend."""
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: timedelta,
+                 name: str | None = None):
+        try:
+            dist.ProcessGroup.__init__(self, store, rank, size)
+        except TypeError:  # older torch: (rank, size) only
+            dist.ProcessGroup.__init__(self, rank, size)
+        self._setup(store, rank, size, timeout, name)
+
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def getRank(self) -> int:
+        return self._rank
+
+    def getSize(self) -> int:
+        return self._size
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupRingReduce(rank={self._rank}, size={self._size})"
+
+
+class _Impl(_Ops):
+    """What the C++ c10d Backend calls for each operation."""
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: timedelta,
+                 name: str | None = None):
+        self._setup(store, rank, size, timeout, name)
+
+    def __repr__(self) -> str:
+        return f"ringreduce backend impl (rank {self._rank} of {self._size}, {self._g.name})"
+
+
+_WARNED: list[str] = []
+
+
+def _adapter() -> Any:
+    from . import _c10d_build
+
+    mod, why = _c10d_build.load()
+    if mod is None and not _WARNED:
+        _WARNED.append(why or "")
+        warnings.warn(
+            f"ringreduce: the c10d backend adapter is unavailable ({why}); using the Python "
+            f"process group instead: no DeviceMesh/FSDP2/functional collectives, no "
+            f"group_name or _get_backend, and 'cpu:ringreduce,cuda:nccl' keeps only "
+            f"ringreduce", RuntimeWarning, stacklevel=3)
+    return mod
+
+
+def create_backend(opts: Any, backend_options: Any = None) -> Any:
+    """The creator torch.distributed calls (extended API) for each ringreduce process group:
+    the C++ c10d Backend when the adapter builds, else the Python process group."""
+    store, rank, size = opts.store, int(opts.group_rank), int(opts.group_size)
+    timeout, name = opts.timeout, str(getattr(opts, "group_id", "") or "") or None
+    mod = _adapter()
+    if mod is None:
+        return ProcessGroupRingReduce(store, rank, size, timeout, name)
+    return mod.RingReduceBackend(rank, size, _Impl(store, rank, size, timeout, name))
+
+
+def impl_of(pg: Any = None) -> _Ops | None:
+    """The ringreduce operations behind a torch process group (default: the world), or
+    None when it is not a ringreduce one."""
+    if pg is None:
+        pg = dist.group.WORLD
+    if isinstance(pg, _Ops):
+        return pg
+    try:
+        b = pg._get_backend(torch.device("cpu"))
+    except (RuntimeError, AttributeError):
+        return None
+    impl = getattr(b, "impl", None)
+    return impl if isinstance(impl, _Ops) else None
 
 
 def register() -> None:
     """Register the "ringreduce" backend with torch.distributed (idempotent)."""
     if BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
         return
-    dist.Backend.register_backend(BACKEND_NAME, create_process_group, devices=["cpu"])
+    dist.Backend.register_backend(BACKEND_NAME, create_backend, extended_api=True,
+                                  devices=["cpu"])
 
 
 register()

@@ -570,9 +570,12 @@ def backend_suite(rank: int, world: int, reuse: bool) -> dict:
         assert not rr.is_initialized()
         dist.init_process_group("ringreduce")
     pg = dist.group.WORLD
-    info = {"backend": dist.get_backend(), "owns": getattr(pg, "_owns", None),
-            "rr_initialized": rr.is_initialized(),
-            "is_ours": isinstance(pg, backend.ProcessGroupRingReduce)}
+    impl = backend.impl_of(pg)
+    info = {"backend": dist.get_backend(), "owns": getattr(impl, "_owns", None),
+            "rr_initialized": rr.is_initialized(), "is_ours": impl is not None,
+            "c10d": pg._get_backend(torch.device("cpu")).__class__.__name__
+            if not isinstance(pg, backend.ProcessGroupRingReduce) else None,
+            "group_name": pg.group_name}
     res = {"info": info, "collectives": backend_collectives(rank, world),
            "ddp": backend_ddp_vs_gloo(rank, world)}
     dist.destroy_process_group()

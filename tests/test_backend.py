@@ -47,6 +47,9 @@ def test_process_group_lifecycle(suite):
         assert info["backend"] == "ringreduce" and info["is_ours"]
         assert info["owns"] is (not reuse)
         assert info["rr_after_destroy"] is reuse
+        # torch holds the C++ c10d Backend (built against this torch), and named the group
+        assert info["c10d"] == "RingReduceBackend", info
+        assert info["group_name"], info
 
 
 @pytest.mark.parametrize("check", COLLECTIVES)

@@ -1,0 +1,139 @@
+"""Build and load the c10d Backend adapter (csrc/torch_adapter/c10d_backend.cc) against the
+torch that is installed.
+
+A torch C++ extension must match the torch it runs in, so the adapter is not built by
+``pip install`` (whose isolated build has no torch): the first process that needs it
+compiles it with the system C++ compiler (~1 min on 2 cores; one line on stderr says so),
+into a cache directory keyed by the torch build, the Python version and the source, and
+every later process (and the job's other ranks, which wait on a file lock) loads the cached
+library. A library built for another torch is never loaded: the key differs, and the module
+also records the torch version it was built against, which :func:`load` checks.
+
+:func:`load` returns ``(module, None)`` or ``(None, reason)``; ringreduce.backend then falls
+back to its Python process group and says in one line what is lost.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+from typing import Any
+
+_HERE = Path(__file__).resolve().parent
+# Source tree / editable install first, then the copy a wheel carries (setup.py build_py).
+_SOURCES = [_HERE.parent / "csrc" / "torch_adapter" / "c10d_backend.cc",
+            _HERE / "_adapter" / "c10d_backend.cc"]
+_BUILD_TIMEOUT_S = 900.0
+_LOADED: list[Any] = []
+
+
+def cache_root() -> Path:
+    """$XDG_CACHE_HOME/ringreduce (default ~/.cache/ringreduce)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ringreduce"
+
+
+def _source() -> Path | None:
+    return next((p for p in _SOURCES if p.is_file()), None)
+
+
+def _key(src: Path, torch: Any) -> str:
+    h = hashlib.sha256()
+    for part in (src.read_bytes(), torch.__version__.encode(),
+                 str(getattr(torch.version, "git_version", "")).encode(),
+                 str(torch._C._GLIBCXX_USE_CXX11_ABI).encode(), sys.version.encode(),
+                 str(sysconfig.get_config_var("EXT_SUFFIX")).encode()):
+        h.update(part)
+    return h.hexdigest()[:16]
+
+
+def _compile(src: Path, out: Path, name: str, torch: Any) -> None:
+    from torch.utils import cpp_extension
+
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        raise FileNotFoundError("no C++ compiler (c++ or g++) on PATH; install g++")
+    abi = int(bool(torch._C._GLIBCXX_USE_CXX11_ABI))
+    cmd = [cxx, "-shared", "-fPIC", "-O2", "-std=c++17", "-fvisibility=hidden", "-w",
+           f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-DTORCH_EXTENSION_NAME={name}",
+           "-DTORCH_API_INCLUDE_EXTENSION_H", f'-DRR_TORCH_VERSION="{torch.__version__}"',
+           f"-I{sysconfig.get_paths()['include']}"]
+    cmd += [f"-I{p}" for p in cpp_extension.include_paths()]
+    cmd += [str(src), "-o", str(out)]
+    for d in cpp_extension.library_paths():
+        cmd += [f"-L{d}", f"-Wl,-rpath,{d}"]
+    cmd += ["-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S,
+                       check=False, stdin=subprocess.DEVNULL)
+    if p.returncode != 0:
+        raise RuntimeError(f"compiling {src.name} failed ({' '.join(cmd[:2])} ...):\n"
+                           f"{(p.stderr or p.stdout)[-2000:]}")
+
+
+def _import(path: Path, name: str) -> Any:
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_loader(name, loader)
+    assert spec is not None
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+def build(torch: Any) -> Path:
+    """The adapter library for this torch, compiled now if the cache lacks it."""
+    src = _source()
+    if src is None:
+        raise FileNotFoundError(f"the adapter's source is missing (looked at {_SOURCES[0]} "
+                                f"and {_SOURCES[1]}); reinstall ringreduce")
+    key = _key(src, torch)
+    name = f"ringreduce_c10d_{key}"
+    d = cache_root() / f"c10d-torch{torch.__version__}-{key}"
+    lib = d / f"{name}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
+    if lib.is_file():
+        return lib
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / "lock", "w") as lock:  # the job's other ranks wait here, then load
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if lib.is_file():
+            return lib
+        t0 = time.monotonic()
+        print(f"ringreduce: building the c10d backend adapter for torch {torch.__version__} "
+              f"into {d} (once per torch build, about a minute)...", file=sys.stderr,
+              flush=True)
+        tmp = d / f".{name}.{os.getpid()}.so"
+        try:
+            _compile(src, tmp, name, torch)
+            os.replace(tmp, lib)
+        finally:
+            tmp.unlink(missing_ok=True)
+        print(f"ringreduce: adapter built in {time.monotonic() - t0:.0f} s", file=sys.stderr,
+              flush=True)
+    return lib
+
+
+def load() -> tuple[Any, str | None]:
+    """(the adapter module, None), or (None, why it is unavailable)."""
+    if _LOADED:
+        return _LOADED[0], None
+    import torch
+
+    try:
+        lib = build(torch)
+        mod = _import(lib, lib.name.split(".")[0])
+    except Exception as e:  # noqa: BLE001 - the caller falls back and says why
+        return None, f"{type(e).__name__}: {e}"
+    if mod.TORCH_BUILD_VERSION != torch.__version__:
+        return None, (f"the adapter at {lib} was built for torch {mod.TORCH_BUILD_VERSION} "
+                      f"but torch {torch.__version__} is running; delete {lib.parent} to "
+                      f"rebuild it")
+    _LOADED.append(mod)
+    return mod, None
