@@ -520,6 +520,7 @@ def backend_ddp_vs_gloo(rank: int, world: int) -> dict:
     """torch DDP over "ringreduce" vs torch DDP over gloo: same data, same init."""
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
     from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
     gloo = dist.new_group(backend="gloo")
@@ -529,6 +530,8 @@ def backend_ddp_vs_gloo(rank: int, world: int) -> dict:
         "view_small_buckets": ({"gradient_as_bucket_view": True, "bucket_cap_mb": 0.0005}, None),
         "find_unused": ({"find_unused_parameters": True}, None),
         "fp16_hook": ({}, default_hooks.fp16_compress_hook),
+        # its .then() callbacks wait for further all-reduces' futures (nested waits)
+        "powersgd": ({}, powerSGD.powerSGD_hook),
     }
     for name, (kw, hook) in variants.items():
         try:
@@ -537,12 +540,17 @@ def backend_ddp_vs_gloo(rank: int, world: int) -> dict:
             b = copy.deepcopy(a)
             da = TorchDDP(a, **kw)
             db = TorchDDP(b, process_group=gloo, **kw)
-            if hook is not None:
+            if name == "powersgd":
+                for d, pg in ((da, dist.group.WORLD), (db, gloo)):
+                    d.register_comm_hook(powerSGD.PowerSGDState(
+                        process_group=pg, matrix_approximation_rank=1, start_powerSGD_iter=2,
+                        min_compression_rate=0.5), hook)
+            elif hook is not None:
                 da.register_comm_hook(dist.group.WORLD, hook)
                 db.register_comm_hook(gloo, hook)
             oa, ob = sgd(da), sgd(db)
             kw_fwd = {"use_c": rank == 0} if name == "find_unused" else {}
-            for s in range(3):
+            for s in range(5 if name == "powersgd" else 3):
                 x, y = batch(s, world)
                 for d, o in ((da, oa), (db, ob)):
                     o.zero_grad()

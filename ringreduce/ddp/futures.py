@@ -1,10 +1,12 @@
 """torch.futures.Future for ringreduce collectives.
 
-The core's Work has wait() but no completion callback, so a Future is completed by one
-daemon "completer" thread per process: it waits (GIL released) on each registered Work in
-registration order and then sets the Future's result, which runs the Future's `.then()`
-callbacks on that thread, as torch's own backends run them on their worker threads.
-Collectives complete in submission order, so waiting in order costs nothing.
+The core's Work has wait() but no completion callback, so a Future is completed by a
+daemon "completer" thread: it waits (GIL released) on each registered Work in registration
+order and then sets the Future's result, which runs the Future's `.then()` callbacks on
+that thread, as torch's own backends run them on their worker threads. Collectives
+complete in submission order, so waiting in order costs nothing. A callback may block on
+another collective's Future (powerSGD does): the completer role then passes to another
+thread (see _Completer).
 
 Used by the built-in DDP comm hooks and by the torch.distributed backend
 (ringreduce.backend), whose Work objects hand out such Futures from get_future().
@@ -13,6 +15,7 @@ Used by the built-in DDP comm hooks and by the torch.distributed backend
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 from typing import Any, Callable
@@ -77,8 +80,7 @@ class Completion:
                     _COMPLETER.submit(self)
             return self._future
 
-    def _complete_future(self) -> None:
-        exc = self.finish()
+    def _set_future(self, exc: BaseException | None) -> None:
         fut = self._future
         if fut is not None and not fut.done():
             _set(fut, exc, self.value)
@@ -91,36 +93,63 @@ def _set(fut: torch.futures.Future, exc: BaseException | None, value: Any) -> No
         fut.set_result(value)
 
 
-class _Completer:
-    """One daemon thread completing Futures in registration order (started lazily)."""
+class _Gen:
+    """One process's completer state (a forked child starts a fresh one)."""
 
     def __init__(self) -> None:
-        self._q: queue.SimpleQueue[Completion] = queue.SimpleQueue()
+        self.q: queue.SimpleQueue[Completion] = queue.SimpleQueue()
+        self.role = threading.Lock()  # held by the one thread taking Works in order
+        self.mu = threading.Lock()
+        self.standby = 0  # threads waiting for the role (or about to)
+        self.pid = os.getpid()
+
+
+class _Completer:
+    """Daemon threads completing Futures in registration order (started lazily).
+
+    One thread at a time holds the role: it takes the next Completion, waits for its Work
+    (GIL released), then hands the role on -- to a thread on standby, or a new one -- before
+    it sets the Future's result, because that runs the Future's callbacks, and a callback
+    may itself wait for a later collective's Future (torch's powerSGD hook calls
+    ``all_reduce(...).get_future().wait()`` inside ``.then()``), which only the next role
+    holder can complete. Threads return to standby after their callbacks: there are as
+    many as callbacks ever blocked at once, plus one.
+    """
+
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._pid = 0
+        self._gen: _Gen | None = None
 
     def submit(self, c: Completion) -> None:
-        import os
-
         with self._lock:
-            # A forked child inherits the object but not the thread: start a new one.
-            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
-                self._q = queue.SimpleQueue()
-                self._pid = os.getpid()
-                self._thread = threading.Thread(target=self._loop, args=(self._q,),
-                                                name="ringreduce-completer", daemon=True)
-                self._thread.start()
-            self._q.put(c)
+            g = self._gen
+            if g is None or g.pid != os.getpid():  # first use, or a forked child
+                g = self._gen = _Gen()
+                with g.mu:
+                    self._spawn(g)
+        g.q.put(c)
 
-    @staticmethod
-    def _loop(q: queue.SimpleQueue[Completion]) -> None:
+    def _spawn(self, g: _Gen) -> None:  # under g.mu
+        g.standby += 1
+        threading.Thread(target=self._loop, args=(g,), name="ringreduce-completer",
+                         daemon=True).start()
+
+    def _loop(self, g: _Gen) -> None:
         while True:
-            c = q.get()
+            with g.role:
+                with g.mu:
+                    g.standby -= 1
+                c = g.q.get()
+                exc = c.finish()
+                with g.mu:
+                    if g.standby == 0:
+                        self._spawn(g)
             try:
-                c._complete_future()
+                c._set_future(exc)
             except BaseException:  # a callback's error must not kill the thread
                 log.exception("ringreduce: error completing a future")
+            with g.mu:
+                g.standby += 1
 
 
 _COMPLETER = _Completer()
