@@ -131,9 +131,18 @@ def load() -> tuple[Any, str | None]:
         mod = _import(lib, lib.name.split(".")[0])
     except Exception as e:  # noqa: BLE001 - the caller falls back and says why
         return None, f"{type(e).__name__}: {e}"
-    if mod.TORCH_BUILD_VERSION != torch.__version__:
-        return None, (f"the adapter at {lib} was built for torch {mod.TORCH_BUILD_VERSION} "
-                      f"but torch {torch.__version__} is running; delete {lib.parent} to "
-                      f"rebuild it")
+    why = mismatch(mod.TORCH_BUILD_VERSION, torch.__version__, lib)
+    if why is not None:
+        return None, why
     _LOADED.append(mod)
     return mod, None
+
+
+def mismatch(built_for: str, running: str, lib: Path) -> str | None:
+    """Why a library built for torch `built_for` must not run in torch `running` (None:
+    it may)."""
+    if built_for == running:
+        return None
+    return (f"the adapter at {lib} was built for torch {built_for} but torch {running} is "
+            f"running (a torch extension built for another torch crashes); delete "
+            f"{lib.parent} and it is rebuilt for this torch on next use")

@@ -110,3 +110,32 @@ def test_init_method_address_across_hosts() -> None:
     with Cluster(3) as c:
         init = f"tcp://{c.addr(0)}:{free_port()}"
         _check(_run(3, init, "lightning", [c.exec_prefix(h) for h in range(3)]), 3)
+
+
+@pytest.mark.timeout(120)
+def test_fallback_without_a_compiler(tmp_path) -> None:
+    """No compiler and an empty cache: one warning saying what is lost, then the Python
+    process group runs the collectives."""
+    code = (
+        "import warnings, torch, torch.distributed as dist\n"
+        "warnings.simplefilter('always')\n"
+        "dist.init_process_group('ringreduce', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "from ringreduce import backend\n"
+        "t = torch.arange(5.0); dist.all_reduce(t)\n"
+        "print(type(dist.group.WORLD).__name__, t.tolist())\n"
+        "dist.destroy_process_group()\n")
+    p = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True,
+                       text=True, timeout=100,
+                       env=_env({"XDG_CACHE_HOME": str(tmp_path), "CXX": "/bin/false"}))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.split("\n")[0] == "ProcessGroupRingReduce [0.0, 1.0, 2.0, 3.0, 4.0]"
+    assert "c10d backend adapter is unavailable" in p.stderr
+    assert "no DeviceMesh/FSDP2" in p.stderr
+
+
+def test_adapter_for_another_torch_is_refused() -> None:
+    from ringreduce import _c10d_build
+
+    why = _c10d_build.mismatch("2.12.0", "2.13.0", Path("/c/x/lib.so"))
+    assert why is not None and "built for torch 2.12.0" in why and "delete /c/x" in why
+    assert _c10d_build.mismatch("2.13.0", "2.13.0", Path("/c/x/lib.so")) is None

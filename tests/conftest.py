@@ -1,0 +1,19 @@
+"""Build the c10d backend adapter once before the tests (about a minute the first time for
+a torch build, then cached): otherwise the first multi-process test using the "ringreduce"
+torch backend would spend its timeout compiling."""
+
+from __future__ import annotations
+
+import sys
+
+
+def pytest_sessionstart(session) -> None:  # noqa: ARG001 - pytest's hook signature
+    try:
+        import torch
+    except ImportError:
+        return
+    from ringreduce import _c10d_build
+
+    mod, why = _c10d_build.load()
+    if mod is None:
+        print(f"\nringreduce: c10d adapter unavailable: {why}", file=sys.stderr)
