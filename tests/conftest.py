@@ -7,9 +7,9 @@ from __future__ import annotations
 import sys
 
 
-def pytest_sessionstart(session) -> None:  # noqa: ARG001 - pytest's hook signature
+def pytest_sessionstart(session) -> None:
     try:
-        import torch
+        import torch  # noqa: F401
     except ImportError:
         return
     from ringreduce import _c10d_build
