@@ -347,5 +347,5 @@ def test_launch_given_wins_over_the_environment():
     info = given(5, 8, {"OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"})
     assert (info.local_rank, info.local_world_size) == (1, 4)
     assert given(0, 1, {}).local_world_size == 1
-    with pytest.raises(ValueError, match="rank=4 but world_size=4"):
+    with pytest.raises(ValueError, match="rank 4 is out of range for world_size 4"):
         given(4, 4, {})

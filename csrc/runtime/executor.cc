@@ -19,10 +19,33 @@ std::shared_ptr<Work> Executor::submit(Task fn, std::string what, uint32_t site)
       w->complete(std::make_exception_ptr(Error("communicator was destroyed")));
       return w;
     }
+    std::weak_ptr<Executor> self = weak_from_this();
+    if (!self.expired()) {
+      w->setClaim([self](Work* me) {
+        std::shared_ptr<Executor> e = self.lock();  // held while running: see shutdown()
+        return e != nullptr && e->runIfNext(me);
+      });
+    }
     queue_.emplace_back(std::move(fn), w);
   }
   cv_.notify_one();
   return w;
+}
+
+bool Executor::runIfNext(Work* w) {
+  std::unique_lock<std::mutex> g(mu_);
+  if (stop_ || busy_ || queue_.empty() || queue_.front().second.get() != w) return false;
+  std::pair<Task, std::shared_ptr<Work>> item = std::move(queue_.front());
+  queue_.pop_front();
+  // As runSync: execMu_ taken under mu_ keeps the worker from starting a later task first.
+  std::unique_lock<std::mutex> ex(execMu_);
+  ++inline_;
+  g.unlock();
+  comm_->setSpinAllowed(true);
+  comm_->setSite(item.second->site());
+  execute(item.first, *item.second);
+  inline_.fetch_sub(1);
+  return true;
 }
 
 void Executor::runSync(Task fn, std::string what, uint32_t site) {

@@ -4,6 +4,8 @@
 // A synchronous call made while nothing is queued runs on the caller's thread instead (the
 // caller holds no GIL then): it saves two thread hand-offs, which is most of the latency of
 // a small all-reduce. Ordering is preserved because the queue is empty and `execMu_` is held.
+// Likewise a thread waiting for a queued Work that is next in line and not yet started runs
+// it itself (Executor must be owned by a shared_ptr: Works hold it weakly for that).
 #pragma once
 
 #include <atomic>
@@ -21,7 +23,7 @@ namespace rr::runtime {
 
 using Task = std::function<void(comm::Communicator&)>;
 
-class Executor {
+class Executor : public std::enable_shared_from_this<Executor> {
  public:
   explicit Executor(std::unique_ptr<comm::Communicator> comm);
   ~Executor();
@@ -31,6 +33,9 @@ class Executor {
   std::shared_ptr<Work> submit(Task fn, std::string what, uint32_t site = 0);
   // Run a collective now on this thread if nothing is queued, else queue it and wait.
   void runSync(Task fn, std::string what, uint32_t site = 0);
+  // Run queued Work `w` now on this thread if it is next in line and the worker is idle
+  // (else false: it runs, or ran, on the worker). Called from Work::wait.
+  bool runIfNext(Work* w);
 
   // Fail the running collective and everything queued, promptly. Thread-safe.
   void abort();

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -29,9 +30,17 @@ class Work {
     std::lock_guard<std::mutex> g(mu_);
     return done_;
   }
+  // Set once by the executor before the Work is queued: runs this Work on the waiting
+  // thread if it is still the next one to run (see Executor::runIfNext).
+  void setClaim(std::function<bool(Work*)> claim) { claim_ = std::move(claim); }
+
   // Wait up to timeoutSec (< 0: until done; the collective itself has a deadline).
   // Returns false if still running at the timeout; rethrows the collective's failure.
+  // An unbounded wait on a Work the worker has not started yet runs it on this thread:
+  // `async_op=True` followed at once by wait() (torch's dist.all_reduce does exactly that)
+  // then costs what a synchronous call costs, not two thread hand-offs.
   bool wait(double timeoutSec) {
+    if (timeoutSec < 0 && claim_ && !isCompleted()) claim_(this);
     std::unique_lock<std::mutex> lk(mu_);
     if (timeoutSec < 0) {
       cv_.wait(lk, [&] { return done_; });
@@ -56,6 +65,7 @@ class Work {
   std::condition_variable cv_;
   bool done_ = false;
   std::exception_ptr exc_;
+  std::function<bool(Work*)> claim_;
 };
 
 }  // namespace rr::runtime

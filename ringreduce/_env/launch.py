@@ -263,7 +263,9 @@ def launch_given(rank: int, world_size: int,
     when the caller said otherwise.
     """
     env = os.environ if env is None else env
-    _check_range("rank", rank, "world_size", world_size)
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is out of range for world_size {world_size}: rank must "
+                         f"be in [0, world_size) and world_size at least 1")
     try:
         addr, port = _master(env)
     except ValueError:
