@@ -508,10 +508,27 @@ def backend_collectives(rank: int, world: int) -> dict:
         dist.all_reduce(t, op=dist.ReduceOp.PRODUCT)
         return ok and t.tolist() == [n == 1, True, False]
 
+    def premul_sum() -> bool:
+        """PREMUL_SUM with a double and a tensor factor (all_reduce, reduce_scatter_tensor:
+        its input must stay untouched)."""
+        ok = True
+        for factor in (0.5, torch.tensor([0.25])):
+            op = dist._make_nccl_premul_sum(factor)
+            f = float(factor) if not torch.is_tensor(factor) else float(factor[0])
+            t = torch.full((6,), float(rank + 1))
+            dist.all_reduce(t, op=op)
+            ok &= _close(t, torch.full((6,), f * tri))
+            inp = torch.arange(2.0 * n) + rank
+            out = torch.empty(2)
+            dist.reduce_scatter_tensor(out, inp.clone(), op=op)
+            full = sum(torch.arange(2.0 * n) + r for r in range(n)) * f
+            ok &= _close(out, full[2 * rank:2 * rank + 2])
+        return ok
+
     for fn in (allreduce_ops, allreduce_async_future, allreduce_noncontig,
                allreduce_param_grad_enabled, broadcast, all_gather, all_gather_into_tensor,
                reduce_scatter, reduce_scatter_tensor, barrier, objects, reduce_gather_scatter,
-               bad_op_message, bitwise_ops):
+               bad_op_message, bitwise_ops, premul_sum):
         check(fn.__name__, fn)
     return res
 

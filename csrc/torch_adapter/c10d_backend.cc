@@ -68,6 +68,28 @@ class PyWorkRef : public c10d::Work {
   py::object py_;
 };
 
+// PREMUL_SUM (sum of factor * x, the factor a double or a one-element tensor carried by the
+// ReduceOp, where Python cannot see it): scale here, then reduce with SUM.
+bool isPremul(const c10d::ReduceOp& op) { return op.op_ == c10d::ReduceOp::PREMUL_SUM; }
+
+at::Tensor premulScaled(const c10d::ReduceOp& op, const at::Tensor& t, bool inPlace) {
+  auto* s = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+  TORCH_CHECK(s != nullptr, "ringreduce: ReduceOp.PREMUL_SUM without a factor; make it with "
+              "torch.distributed._make_nccl_premul_sum(factor)");
+  if (s->tensor_factor.defined()) {
+    at::Tensor f = s->tensor_factor.to(t.device(), t.scalar_type());
+    return inPlace ? t.mul_(f) : t.mul(f);
+  }
+  return inPlace ? t.mul_(s->double_factor) : t.mul(s->double_factor);
+}
+
+template <typename Opts>
+Opts asSum(const Opts& o) {
+  Opts s = o;
+  s.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
+  return s;
+}
+
 class RingReduceBackend : public c10d::Backend {
  public:
   RingReduceBackend(int rank, int size, py::object impl)
@@ -88,15 +110,24 @@ class RingReduceBackend : public c10d::Backend {
   }
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& t,
                                            const c10d::AllreduceOptions& o) override {
-    return call("allreduce", t, o);
+    if (!isPremul(o.reduceOp)) return call("allreduce", t, o);
+    for (auto& x : t) premulScaled(o.reduceOp, x, true);
+    auto s = asSum(o);
+    return call("allreduce", t, s);
   }
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
       std::vector<at::Tensor>& t, const c10d::AllreduceCoalescedOptions& o) override {
-    return call("allreduce_coalesced", t, o);
+    if (!isPremul(o.reduceOp)) return call("allreduce_coalesced", t, o);
+    for (auto& x : t) premulScaled(o.reduceOp, x, true);
+    auto s = asSum(o);
+    return call("allreduce_coalesced", t, s);
   }
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& t,
                                         const c10d::ReduceOptions& o) override {
-    return call("reduce", t, o);
+    if (!isPremul(o.reduceOp)) return call("reduce", t, o);
+    for (auto& x : t) premulScaled(o.reduceOp, x, true);  // non-root inputs: unspecified
+    auto s = asSum(o);
+    return call("reduce", t, s);
   }
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& out,
                                            std::vector<at::Tensor>& in,
@@ -127,19 +158,32 @@ class RingReduceBackend : public c10d::Backend {
                                          const c10d::ScatterOptions& o) override {
     return call("scatter", out, in, o);
   }
+  // Inputs of a reduce-scatter are the caller's: PREMUL_SUM scales copies of them.
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& out,
                                                 std::vector<std::vector<at::Tensor>>& in,
                                                 const c10d::ReduceScatterOptions& o) override {
-    return call("reduce_scatter", out, in, o);
+    if (!isPremul(o.reduceOp)) return call("reduce_scatter", out, in, o);
+    std::vector<std::vector<at::Tensor>> scaled = in;
+    for (auto& l : scaled)
+      for (auto& x : l) x = premulScaled(o.reduceOp, x, false);
+    auto s = asSum(o);
+    return call("reduce_scatter", out, scaled, s);
   }
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
       at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& o) override {
-    return call("_reduce_scatter_base", out, in, o);
+    if (!isPremul(o.reduceOp)) return call("_reduce_scatter_base", out, in, o);
+    at::Tensor scaled = premulScaled(o.reduceOp, in, false);
+    auto s = asSum(o);
+    return call("_reduce_scatter_base", out, scaled, s);
   }
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
       std::vector<at::Tensor>& out, std::vector<at::Tensor>& in,
       const c10d::ReduceScatterOptions& o) override {
-    return call("reduce_scatter_tensor_coalesced", out, in, o);
+    if (!isPremul(o.reduceOp)) return call("reduce_scatter_tensor_coalesced", out, in, o);
+    std::vector<at::Tensor> scaled;
+    for (auto& x : in) scaled.push_back(premulScaled(o.reduceOp, x, false));
+    auto s = asSum(o);
+    return call("reduce_scatter_tensor_coalesced", out, scaled, s);
   }
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& out, at::Tensor& in,
                                                std::vector<int64_t>& outSplit,
