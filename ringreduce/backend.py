@@ -78,6 +78,16 @@ class _Work(dist._Work):
         self._c = completion
 
     def wait(self, timeout: timedelta | None = None) -> bool:
+        secs = timeout.total_seconds() if isinstance(timeout, timedelta) else None
+        if secs and secs > 0 and not self._c.is_completed():
+            w = self._c.work
+            if w is not None and not w.wait(secs):
+                from ._C import CollectiveTimeout
+
+                raise CollectiveTimeout(
+                    f"ringreduce: the collective did not complete within work.wait(timeout="
+                    f"{secs:g} s); it is still running (it fails by itself at the "
+                    f"process group's timeout, RINGREDUCE_TIMEOUT)")
         exc = self._c.finish()
         if exc is not None:
             raise exc

@@ -10,6 +10,7 @@ seed), and returns max |difference| numbers the parent checks against tolerances
 from __future__ import annotations
 
 import copy
+import time
 import traceback
 from typing import Any, Callable
 
@@ -525,12 +526,36 @@ def backend_collectives(rank: int, world: int) -> dict:
             ok &= _close(out, full[2 * rank:2 * rank + 2])
         return ok
 
-    for fn in (allreduce_ops, allreduce_async_future, allreduce_noncontig,
+    def wait_timeout() -> bool:
+        """work.wait(timeout) is honoured: the last rank arrives 1.5 s late, the others'
+        0.3 s wait raises; the collective itself still completes right."""
+        from datetime import timedelta
+
+        import ringreduce as rr
+
+        if rank == n - 1:
+            time.sleep(1.5)
+        t = torch.full((3,), float(rank + 1))
+        w = dist.all_reduce(t, async_op=True)
+        raised = False
+        if rank != n - 1:
+            t0 = time.monotonic()
+            try:
+                w.wait(timeout=timedelta(seconds=0.3))
+            except rr.CollectiveTimeout as e:
+                raised = "did not complete within" in str(e) and time.monotonic() - t0 < 1.2
+        w.wait()
+        return (raised or rank == n - 1 or n == 1) and _close(t, torch.full((3,), tri))
+
+    for fn in (wait_timeout, allreduce_ops, allreduce_async_future, allreduce_noncontig,
                allreduce_param_grad_enabled, broadcast, all_gather, all_gather_into_tensor,
                reduce_scatter, reduce_scatter_tensor, barrier, objects, reduce_gather_scatter,
                bad_op_message, bitwise_ops, premul_sum):
         check(fn.__name__, fn)
     return res
+
+
+_KEEP: list = []
 
 
 def backend_ddp_vs_gloo(rank: int, world: int) -> dict:
@@ -541,6 +566,10 @@ def backend_ddp_vs_gloo(rank: int, world: int) -> dict:
     from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
     gloo = dist.new_group(backend="gloo")
+    # torch quirk: powerSGD's callbacks run on gloo's worker threads and hold the group in
+    # closures; were the last reference dropped there, ~ProcessGroupGloo would join its own
+    # thread (std::system_error "Resource deadlock avoided", abort). Keep it to the end.
+    _KEEP.append(gloo)
     out: dict = {}
     variants = {
         "plain": ({}, None),
