@@ -185,16 +185,22 @@ def fabric(backend: str, outdir: str) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     model, opt = fab.setup(model, opt)
     loader = fab.setup_dataloaders(DataLoader(make_dataset(), batch_size=BATCH, shuffle=False))
+    steps = train_two_epochs(model, opt, loader, fab.backward)
+    write_result(outdir, model.module, init, steps, wrapper=model,
+                 launcher=type(fab.strategy.launcher).__name__)
+    fab.barrier()
+
+
+def train_two_epochs(model, opt, loader, backward) -> int:
+    """The plain loop Fabric and Accelerate users write (their own backward()); steps run."""
     steps = 0
     for _ in range(2):
         for x, y in loader:
             opt.zero_grad()
-            fab.backward(nn.functional.mse_loss(model(x), y))
+            backward(nn.functional.mse_loss(model(x), y))
             opt.step()
             steps += 1
-    write_result(outdir, model.module, init, steps, wrapper=model,
-                 launcher=type(fab.strategy.launcher).__name__)
-    fab.barrier()
+    return steps
 
 
 # ------------------------------------------------------------------ HF Accelerate
@@ -213,13 +219,7 @@ def accelerate_job(backend: str, outdir: str) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     loader = DataLoader(make_dataset(), batch_size=BATCH, shuffle=False)
     model, opt, loader = accelerator.prepare(model, opt, loader)
-    steps = 0
-    for _ in range(2):
-        for x, y in loader:
-            opt.zero_grad()
-            accelerator.backward(nn.functional.mse_loss(model(x), y))
-            opt.step()
-            steps += 1
+    steps = train_two_epochs(model, opt, loader, accelerator.backward)
     # a collective through Accelerate itself, on whatever group it uses
     total = accelerator.reduce(torch.tensor([float(steps)]), reduction="sum")
     assert int(total.item()) == WORLD * steps, total
