@@ -259,7 +259,12 @@ class _Ops:
         return self._last(works, outputs)
 
     def allgather_coalesced(self, output_lists: list, inputs: list, opts: Any = None) -> _Work:
-        works = [self.allgather([o], [i], opts) for o, i in zip(output_lists, inputs)]
+        """torch's layout: output_lists[rank][i] receives rank's inputs[i]."""
+        if len(output_lists) != self._size:
+            raise ValueError(f"all_gather_coalesced: output_tensor_lists has "
+                             f"{len(output_lists)} lists; it needs world_size = {self._size}")
+        works = [self.allgather([[outs[i] for outs in output_lists]], [t], opts)
+                 for i, t in enumerate(inputs)]
         return self._last(works, output_lists)
 
     def reduce_scatter(self, output_tensors: list, input_tensors: list,

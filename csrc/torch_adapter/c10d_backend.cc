@@ -212,12 +212,18 @@ class RingReduceBackend : public c10d::Backend {
     py::gil_scoped_acquire gil;
     impl_.attr("set_timeout")(static_cast<double>(timeout.count()) / 1000.0);
   }
+  // torch's ProcessGroupWrapper (TORCH_DISTRIBUTED_DEBUG=DETAIL) compares these across
+  // ranks: the number of operations issued on this group.
+  void setSequenceNumberForGroup() override { seq_ = 0; }
+  uint64_t getSequenceNumberForGroup() override { return seq_; }
+
   void abort() override { callVoid("abort"); }
   void shutdown() override { callVoid("shutdown"); }
 
  private:
   template <typename... Args>
   c10::intrusive_ptr<c10d::Work> call(const char* name, Args&... args) {
+    ++seq_;
     py::gil_scoped_acquire gil;
     py::object w = impl_.attr(name)(args...);
     return c10::make_intrusive<PyWorkRef>(std::move(w));
@@ -229,6 +235,7 @@ class RingReduceBackend : public c10d::Backend {
   }
 
   py::object impl_;
+  uint64_t seq_ = 0;
 };
 
 }  // namespace
