@@ -57,6 +57,10 @@ TABLES: dict[str, list[str]] = {
     "p2p": [PY, "bench/p2p.py", "--json", _out("p2p.json"), "--plot", _out("p2p.png")],
     "groups": [PY, "bench/groups.py", "--json", _out("groups.json"), "--plot",
                _out("groups.png")],
+    "torch_backend": [PY, "bench/torch_backend.py", "--json", _out("torch_backend.json"),
+                      "--plot", _out("torch_backend.png")],
+    "ddp_torch_rr": [PY, "bench/ddp_step.py", "--torch-rr", "--json",
+                     _out("ddp_step_torch_rr.json")],
     "netcluster_1gbit": _cluster("1gbit"),
     "netcluster_10gbit": _cluster("10gbit"),
 }
