@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TextIO
 
 UPSTREAM_BACKENDS = ("gloo", "nccl", "ucc", "mpi")
 PATCHED_FEATURES = ("ddp", "subgroup", "gpu", "plugin")
@@ -187,6 +188,17 @@ def _git_head(repo: str) -> str:
         return ""
 
 
+
+def _dump(summary: dict, f: TextIO) -> None:
+    """JSON with one line per test (the file stays readable and diffable)."""
+    import json
+
+    rest = {k: v for k, v in summary.items() if k != "tests"}
+    f.write(json.dumps(rest, indent=1)[:-2] + ',\n "tests": {\n')
+    f.write(",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}"
+                       for k, v in summary.get("tests", {}).items()))
+    f.write("\n }\n}\n")
+
 def main() -> int:
     import argparse
     import json
@@ -287,7 +299,7 @@ def main() -> int:
     except Exception as e:  # noqa: BLE001
         summary["torch"] = f"unknown ({e})"
     with open(a.json, "w") as f:
-        json.dump(summary, f, indent=1, sort_keys=False)
+        _dump(summary, f)
     import shutil
     shutil.rmtree(tmp, ignore_errors=True)
     print(f"{a.backend} ws={a.world_size}: {counts} in {wall:.0f}s (pytest rc {rc}); "
