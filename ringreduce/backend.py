@@ -167,7 +167,6 @@ class _Ops:
         self._rank = rank
         self._size = size
         self._owns = False
-        self._timeout = timeout
         g = _state._DEFAULT[0]
         if g is None:  # the default process group: it makes ringreduce's world
             secs = timeout.total_seconds() if isinstance(timeout, timedelta) else None
@@ -188,7 +187,9 @@ class _Ops:
         return self._g
 
     def set_timeout(self, seconds: float) -> None:
-        self._timeout = timedelta(seconds=seconds)
+        """torch's Backend.setTimeout: not applied -- a ringreduce group's deadline is fixed
+        when it is made (the default group's timeout, else RINGREDUCE_TIMEOUT); work.wait(
+        timeout) bounds a single wait."""
 
     # -- collectives
     def allreduce(self, tensors: list, opts: Any = None) -> _Work:

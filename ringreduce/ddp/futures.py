@@ -105,7 +105,8 @@ class _Gen:
 
 
 class _Completer:
-    """Daemon threads completing Futures in registration order (started lazily).
+    """Daemon threads completing Futures (started lazily): Works are waited for in
+    registration order; two Futures may be set out of that order when their threads race.
 
     One thread at a time holds the role: it takes the next Completion, waits for its Work
     (GIL released), then hands the role on -- to a thread on standby, or a new one -- before
