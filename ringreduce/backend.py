@@ -129,6 +129,9 @@ def _inplace(t: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None] | None]:
         raise ValueError(f"the ringreduce backend handles CPU tensors; got one on {t.device} "
                          f"(use nccl for CUDA tensors: init_process_group('cpu:ringreduce,"
                          f"cuda:nccl'))")
+    if t.layout is not torch.strided:
+        raise ValueError(f"the ringreduce backend handles dense tensors; got a {t.layout} one "
+                         f"(call .to_dense() first, or use a gloo group for sparse all_reduce)")
     d = t.detach()
     if d.is_contiguous():
         return d, None

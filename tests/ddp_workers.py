@@ -547,7 +547,14 @@ def backend_collectives(rank: int, world: int) -> dict:
         w.wait()
         return (raised or rank == n - 1 or n == 1) and _close(t, torch.full((3,), tri))
 
-    for fn in (wait_timeout, allreduce_ops, allreduce_async_future, allreduce_noncontig,
+    def sparse_message() -> bool:
+        try:
+            dist.all_reduce(torch.ones(3).to_sparse())
+        except ValueError as e:
+            return "dense tensors" in str(e) and ".to_dense()" in str(e)
+        return False
+
+    for fn in (sparse_message, wait_timeout, allreduce_ops, allreduce_async_future, allreduce_noncontig,
                allreduce_param_grad_enabled, broadcast, all_gather, all_gather_into_tensor,
                reduce_scatter, reduce_scatter_tensor, barrier, objects, reduce_gather_scatter,
                bad_op_message, bitwise_ops, premul_sum):

@@ -19,7 +19,7 @@ COLLECTIVES = ["allreduce_ops", "allreduce_async_future", "allreduce_noncontig",
                "allreduce_param_grad_enabled", "broadcast", "all_gather",
                "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "barrier",
                "objects", "reduce_gather_scatter", "bad_op_message", "bitwise_ops",
-               "premul_sum", "wait_timeout"]
+               "premul_sum", "wait_timeout", "sparse_message"]
 
 
 @pytest.fixture(scope="module", params=[(2, False), (3, True)], ids=["world2-owns",
