@@ -37,15 +37,22 @@ bool Executor::runIfNext(Work* w) {
   if (stop_ || busy_ || queue_.empty() || queue_.front().second.get() != w) return false;
   std::pair<Task, std::shared_ptr<Work>> item = std::move(queue_.front());
   queue_.pop_front();
-  // As runSync: execMu_ taken under mu_ keeps the worker from starting a later task first.
+  item.second->complete(runInline(g, item.first, item.second->site()));
+  return true;
+}
+
+std::exception_ptr Executor::runInline(std::unique_lock<std::mutex>& g, Task& fn,
+                                       uint32_t site) {
+  // Take execMu_ while still holding mu_ (g) so the worker cannot start a task queued
+  // after the caller's check before this one.
   std::unique_lock<std::mutex> ex(execMu_);
   ++inline_;
   g.unlock();
   comm_->setSpinAllowed(true);
-  comm_->setSite(item.second->site());
-  execute(item.first, *item.second);
-  inline_.fetch_sub(1);
-  return true;
+  comm_->setSite(site);
+  std::exception_ptr e = run(fn);
+  inline_.fetch_sub(1);  // no need for mu_: shutdown() only reads it (raised under mu_)
+  return e;
 }
 
 void Executor::runSync(Task fn, std::string what, uint32_t site) {
@@ -53,15 +60,7 @@ void Executor::runSync(Task fn, std::string what, uint32_t site) {
     std::unique_lock<std::mutex> g(mu_);
     if (stop_) RR_THROW(Error, "communicator was destroyed");
     if (queue_.empty() && !busy_) {
-      // Take execMu_ while still holding mu_ so the worker cannot start a task queued
-      // after this check before this one.
-      std::unique_lock<std::mutex> ex(execMu_);
-      ++inline_;
-      g.unlock();
-      comm_->setSpinAllowed(true);
-      comm_->setSite(site);
-      std::exception_ptr e = run(fn);
-      inline_.fetch_sub(1);  // no need for mu_: shutdown() only reads it (raised under mu_)
+      std::exception_ptr e = runInline(g, fn, site);
       if (e) std::rethrow_exception(e);
       return;
     }
