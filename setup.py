@@ -188,7 +188,8 @@ class BuildPyWithAdapter(build_py):
         super().run()
         dst = Path(self.build_lib) / "ringreduce" / "_adapter"
         dst.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / "csrc" / "torch_adapter" / "c10d_backend.cc", dst)
+        for name in ("c10d_backend.cc", "native_api.h"):  # the adapter's whole source
+            shutil.copy2(ROOT / "csrc" / "torch_adapter" / name, dst)
 
 
 _NVCC = _cuda_wanted()

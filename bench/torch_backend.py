@@ -3,7 +3,9 @@
 
   allreduce  dist.all_reduce on the "ringreduce" backend vs ringreduce.allreduce called
              directly (same process, same communicator, calls interleaved in rounds) and
-             vs dist.all_reduce on gloo (its own launch just before), 8 B and 64 MiB.
+             vs dist.all_reduce on gloo (its own launch just before), 8 B and 64 MiB; plus
+             torch's own floor: dist.all_reduce on torch's FakeProcessGroup (a C++ backend
+             that moves nothing), same process, interleaved -- what any backend pays.
   fsdp2      an FSDP2 (fully_shard) training step of a >= 20M-parameter MLP on
              "ringreduce" vs "gloo" (separate launches, interleaved), median step time.
 
@@ -48,6 +50,12 @@ def _allreduce_worker(backend: str, out: str, iters: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
+    if backend == "ringreduce":
+        import torch.testing._internal.distributed.fake_pg  # registers "fake"
+
+        fake = dist.new_group(backend="fake")
+        c10d = dist.group.WORLD._get_backend(torch.device("cpu"))
+        direct0 = c10d.direct_calls
     res: dict = {}
     for label, n in SIZES.items():
         x = torch.full((n,), float(rank + 1))
@@ -58,16 +66,19 @@ def _allreduce_worker(backend: str, out: str, iters: int) -> None:
             import ringreduce as rr
 
             sides["rr"] = lambda x=x: rr.allreduce(x)
+            sides["torch_floor"] = lambda x=x: dist.all_reduce(x, group=fake)
         got: dict = {k: [] for k in sides}
         for _ in range(3):  # rounds, interleaved
             for k, fn in sides.items():
                 got[k].append(_time(fn, it))
                 x.fill_(float(rank + 1))
                 fn()
-                if float(x[0]) != want or float(x[-1]) != want:
+                if k != "torch_floor" and float(x[0]) != want or float(x[-1]) != want:
                     raise SystemExit(f"{k} all-reduce gave {float(x[0])}, want {want}")
                 x.fill_(float(rank + 1))
         res[label] = {k: min(v) for k, v in got.items()}
+    if backend == "ringreduce":  # the synchronous path was the one measured
+        res["direct_calls"] = c10d.direct_calls - direct0
     dist.destroy_process_group()
     with open(out, "w") as f:
         json.dump(res, f)
@@ -143,6 +154,9 @@ def main() -> None:
             runs["fsdp2"][backend].append(
                 _local.launch(__file__, 2, f"fsdp2:{backend}", a.fsdp_steps))
     res: dict = {"allreduce": {}, "fsdp2": {}, "launches": runs}
+    for launch in runs["allreduce"]["ringreduce"]:
+        if any(r["direct_calls"] <= 0 for r in launch):
+            raise SystemExit("dist.all_reduce did not take the backend's synchronous path")
     for label in SIZES:
         def side(k: str, lb: str = label):
             return lambda x: x[lb][k]
@@ -150,20 +164,24 @@ def main() -> None:
         best = min(runs["allreduce"]["ringreduce"], key=lambda r: _slowest(r, side("dist")))
         d = _slowest(best, side("dist"))
         rr = _slowest(best, side("rr"))
+        floor = _slowest(best, side("torch_floor"))
         res["allreduce"][label] = {"backend_s": d, "rr_direct_s": rr, "gloo_s": gloo,
-                                   "backend_over_direct": d / rr, "gloo_over_backend": gloo / d}
+                                   "torch_floor_s": floor,
+                                   "backend_over_direct": d / rr, "gloo_over_backend": gloo / d,
+                                   "floor_over_direct": floor / rr,
+                                   "backend_minus_floor_s": d - floor}
     f = {b: min(_slowest(r, lambda x: x["step"]) for r in runs["fsdp2"][b])
          for b in ("gloo", "ringreduce")}
     sums = [r[0]["checksum"] for b in ("gloo", "ringreduce") for r in runs["fsdp2"][b]]
     res["fsdp2"] = {"step_s": f, "ratio": f["ringreduce"] / f["gloo"],
                     "params": runs["fsdp2"]["gloo"][0][0]["params"],
                     "checksum_spread": max(abs(s[0] - sums[0][0]) for s in sums)}
-    print(f"{'size':>8} {'backend':>12} {'rr direct':>12} {'gloo':>12} {'bk/direct':>10} "
-          f"{'gloo/bk':>8}")
+    print(f"{'size':>8} {'backend':>12} {'rr direct':>12} {'gloo':>12} {'torch floor':>12} "
+          f"{'bk/direct':>10} {'gloo/bk':>8}")
     for label, r in res["allreduce"].items():
         print(f"{label:>8} {r['backend_s'] * 1e6:>10.1f}us {r['rr_direct_s'] * 1e6:>10.1f}us "
-              f"{r['gloo_s'] * 1e6:>10.1f}us {r['backend_over_direct']:>10.2f} "
-              f"{r['gloo_over_backend']:>8.1f}")
+              f"{r['gloo_s'] * 1e6:>10.1f}us {r['torch_floor_s'] * 1e6:>10.1f}us "
+              f"{r['backend_over_direct']:>10.2f} {r['gloo_over_backend']:>8.1f}")
     print(f"FSDP2 step ({res['fsdp2']['params'] / 1e6:.1f}M params): ringreduce "
           f"{f['ringreduce'] * 1e3:.0f} ms, gloo {f['gloo'] * 1e3:.0f} ms, ratio "
           f"{res['fsdp2']['ratio']:.2f}; parameter checksum spread "
@@ -184,10 +202,12 @@ def _plot(res: dict, path: str) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
     for ax, label in zip(axes, SIZES):
         r = res["allreduce"][label]
-        vals = [r["rr_direct_s"], r["backend_s"], r["gloo_s"]]
+        vals = [r["rr_direct_s"], r["torch_floor_s"], r["backend_s"], r["gloo_s"]]
         unit, scale = ("us", 1e6) if label == "8 B" else ("ms", 1e3)
-        ax.bar(["rr.allreduce", "dist (ringreduce)", "dist (gloo)"], [v * scale for v in vals],
-               color=["#2a7", "#27a", "#aaa"])
+        ax.bar(["rr.allreduce", "dist (torch's\nfake backend)", "dist\n(ringreduce)",
+                "dist (gloo)"], [v * scale for v in vals], color=["#2a7", "#ccc", "#27a", "#aaa"])
+        if label == "8 B":
+            ax.set_yscale("log")
         ax.set_title(f"all_reduce {label}, 2 ranks")
         ax.set_ylabel(unit)
     f = res["fsdp2"]["step_s"]

@@ -48,7 +48,8 @@ def _source() -> Path | None:
 
 def _key(src: Path, torch: Any) -> str:
     h = hashlib.sha256()
-    for part in (src.read_bytes(), torch.__version__.encode(),
+    for part in (src.read_bytes(), (src.parent / "native_api.h").read_bytes(),
+                 torch.__version__.encode(),
                  str(getattr(torch.version, "git_version", "")).encode(),
                  str(torch._C._GLIBCXX_USE_CXX11_ABI).encode(), sys.version.encode(),
                  str(sysconfig.get_config_var("EXT_SUFFIX")).encode()):
@@ -66,7 +67,7 @@ def _compile(src: Path, out: Path, name: str, torch: Any) -> None:
     cmd = [cxx, "-shared", "-fPIC", "-O2", "-std=c++17", "-fvisibility=hidden", "-w",
            f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-DTORCH_EXTENSION_NAME={name}",
            "-DTORCH_API_INCLUDE_EXTENSION_H", f'-DRR_TORCH_VERSION="{torch.__version__}"',
-           f"-I{sysconfig.get_paths()['include']}"]
+           f"-I{sysconfig.get_paths()['include']}", f"-I{src.parent}"]
     cmd += [f"-I{p}" for p in cpp_extension.include_paths()]
     cmd += [str(src), "-o", str(out)]
     for d in cpp_extension.library_paths():

@@ -189,6 +189,20 @@ class _Ops:
         """The ringreduce Group this process group runs on."""
         return self._g
 
+    def native(self) -> tuple | None:
+        """What the C++ adapter needs to run synchronous calls on the core directly
+        (csrc/torch_adapter/native_api.h): (entry points, this group's communicator handle,
+        default algorithm code, {torch dtype: code}, {ReduceOp.RedOpType value: code}); None
+        where there is no communicator (a group of one)."""
+        comm = getattr(self._g, "comm", None)
+        if comm is None:
+            return None
+        from . import _C
+
+        dtypes = {getattr(torch, n): c for n, c in _C.DTYPE_CODES.items() if hasattr(torch, n)}
+        ops = {int(k): _C.OP_CODES[v] for k, v in _BY_TYPE.items()}
+        return (_C.NATIVE_API, comm.native_handle(), int(self._g.default_algo), dtypes, ops)
+
     def set_timeout(self, seconds: float) -> None:
         """torch's Backend.setTimeout: not applied -- a ringreduce group's deadline is fixed
         when it is made (the default group's timeout, else RINGREDUCE_TIMEOUT); work.wait(

@@ -6,6 +6,55 @@ namespace py = pybind11;
 
 namespace rr::bindings {
 
+namespace {
+
+struct Classes {
+  PyObject* base = nullptr;
+  PyObject* timeout = nullptr;
+  PyObject* peer = nullptr;
+  PyObject* mismatch = nullptr;
+};
+
+Classes& classes() {
+  static Classes c;
+  return c;
+}
+
+// Our exception types -> their Python classes. `anything`: also map foreign C++ exceptions
+// (to RuntimeError) instead of leaving them to pybind11's next translator.
+void translate(std::exception_ptr p, bool anything) {
+  const Classes& c = classes();
+  try {
+    if (p) std::rethrow_exception(p);
+  } catch (const InvalidArgument& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  } catch (const TimeoutError& e) {
+    PyErr_SetString(c.timeout, e.what());
+  } catch (const PeerError& e) {
+    PyObject* inst = PyObject_CallFunction(c.peer, "s", e.what());
+    if (inst) {
+      PyObject_SetAttrString(inst, "peer_rank", py::int_(e.peer()).ptr());
+      PyObject_SetAttrString(inst, "cause", py::str(toString(e.cause())).ptr());
+      PyErr_SetObject(c.peer, inst);
+      Py_DECREF(inst);
+    }
+  } catch (const MismatchError& e) {
+    PyErr_SetString(c.mismatch, e.what());
+  } catch (const Error& e) {
+    PyErr_SetString(c.base, e.what());
+  } catch (const std::exception& e) {
+    if (!anything) throw;
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (...) {
+    if (!anything) throw;
+    PyErr_SetString(PyExc_RuntimeError, "ringreduce: unknown C++ exception");
+  }
+}
+
+}  // namespace
+
+void setPythonError(std::exception_ptr p) { translate(p, true); }
+
 void registerErrors(py::module_& m) {
   // RingReduceError <- RuntimeError; CollectiveTimeout also <- builtins.TimeoutError.
   static py::exception<Error> base(m, "RingReduceError", PyExc_RuntimeError);
@@ -14,28 +63,8 @@ void registerErrors(py::module_& m) {
   static py::exception<TimeoutError> timeout(m, "CollectiveTimeout", timeoutBases.ptr());
   static py::exception<PeerError> peer(m, "PeerFailure", base.ptr());
   static py::exception<MismatchError> mismatch(m, "CollectiveMismatch", base.ptr());
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const InvalidArgument& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
-    } catch (const TimeoutError& e) {
-      py::set_error(timeout, e.what());
-    } catch (const PeerError& e) {
-      py::object exc = peer;
-      PyObject* inst = PyObject_CallFunction(exc.ptr(), "s", e.what());
-      if (inst) {
-        PyObject_SetAttrString(inst, "peer_rank", py::int_(e.peer()).ptr());
-        PyObject_SetAttrString(inst, "cause", py::str(toString(e.cause())).ptr());
-        PyErr_SetObject(exc.ptr(), inst);
-        Py_DECREF(inst);
-      }
-    } catch (const MismatchError& e) {
-      py::set_error(mismatch, e.what());
-    } catch (const Error& e) {
-      py::set_error(base, e.what());
-    }
-  });
+  classes() = Classes{base.ptr(), timeout.ptr(), peer.ptr(), mismatch.ptr()};
+  py::register_exception_translator([](std::exception_ptr p) { translate(p, false); });
 }
 
 }  // namespace rr::bindings

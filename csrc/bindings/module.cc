@@ -12,6 +12,7 @@
 
 #include "bindings/callsite.h"
 #include "bindings/errors.h"
+#include "bindings/native_api.h"
 #include "collectives/collectives.h"
 #include "comm/communicator.h"
 #include "comm/site.h"
@@ -273,6 +274,7 @@ PYBIND11_MODULE(_C, m) {
                            CollectiveKind::kAllToAll})
     kinds[toString(k)] = static_cast<int>(k);
   m.attr("COLLECTIVE_CODES") = kinds;
+  m.attr("NATIVE_API") = bindings::nativeApi();
   m.def("check_reduction", [](int dtype, int op) {
     checkReduction(static_cast<DataType>(dtype), static_cast<ReduceOp>(op));
   }, "Raise ValueError (saying what to do) when `op` cannot reduce `dtype`.");
@@ -438,6 +440,8 @@ PYBIND11_MODULE(_C, m) {
              };
              return c.run(fn, "alltoall", async);
            })
+      .def("native_handle", [](PyComm& c) { return bindings::nativeHandle(c.held()); },
+           "Opaque handle for the C entry points of _C.NATIVE_API (torch_adapter/native_api.h)")
       .def("abort", [](PyComm& c) { if (c.exec_) c.exec_->abort(); })
       .def("destroy", &PyComm::destroy)
       // After destroy(): whether the communicator had failed or been aborted (then peers

@@ -8,18 +8,26 @@
 // operations, which run them on the ringreduce core and return a torch Work). The core itself
 // stays free of torch.
 //
+// Synchronous calls (torch sets opts.asyncOp = false for dist.all_reduce(t), broadcast and
+// barrier without async_op) of one dense CPU tensor skip Python altogether: the core's C
+// entry points (native_api.h) run them on this thread, and a completed Work is returned.
+//
 // Built by ringreduce/_c10d_build.py against the torch that is installed (on first use,
 // cached per torch build), never by setup.py: a torch extension compiled against another
 // torch crashes, so the build records the torch version it saw and the loader refuses a
 // mismatch (TORCH_BUILD_VERSION below).
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/PyProcessGroup.hpp>
+#include <torch/csrc/Dtype.h>
 #include <torch/extension.h>
 
+#include <array>
 #include <chrono>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "native_api.h"
 
 #ifndef RR_TORCH_VERSION
 #define RR_TORCH_VERSION "unknown"
@@ -68,6 +76,122 @@ class PyWorkRef : public c10d::Work {
   py::object py_;
 };
 
+// A collective that already ran (the synchronous path): torch still calls wait() on it.
+class DoneWork : public c10d::Work {
+ public:
+  explicit DoneWork(std::vector<at::Tensor> out) : out_(std::move(out)) {}
+  bool isCompleted() override { return true; }
+  bool isSuccess() const override { return true; }
+  bool wait(std::chrono::milliseconds) override { return true; }
+  void synchronize() override {}
+  std::vector<at::Tensor> result() override { return out_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    auto f = c10::make_intrusive<c10::ivalue::Future>(
+        c10::ListType::create(c10::TensorType::get()));
+    f->markCompleted(c10::IValue(out_));
+    return f;
+  }
+
+ private:
+  std::vector<at::Tensor> out_;
+};
+
+// The core's C entry points for one group, from the Python side's `native()`: (api capsule,
+// communicator handle, default algorithm, {torch dtype: code}, {RedOpType: code}).
+class Native {
+ public:
+  void init(const py::object& impl) {
+    if (!py::hasattr(impl, "native")) return;
+    py::object n = impl.attr("native")();
+    if (n.is_none()) return;
+    auto t = n.cast<py::tuple>();
+    auto* api = static_cast<const rr_native_api*>(
+        PyCapsule_GetPointer(t[0].ptr(), RR_NATIVE_API_CAPSULE));
+    void* comm = PyCapsule_GetPointer(t[1].ptr(), RR_NATIVE_COMM_CAPSULE);
+    if (api == nullptr || comm == nullptr || api->version != RR_NATIVE_API_VERSION) {
+      PyErr_Clear();  // an older/newer core: the Python path still works
+      return;
+    }
+    dtype_.fill(-1);
+    op_.fill(-1);
+    for (auto kv : t[3].cast<py::dict>()) {
+      if (!THPDtype_Check(kv.first.ptr())) continue;
+      auto st = static_cast<size_t>(reinterpret_cast<THPDtype*>(kv.first.ptr())->scalar_type);
+      if (st < dtype_.size()) dtype_[st] = kv.second.cast<int>();
+    }
+    for (auto kv : t[4].cast<py::dict>()) {
+      auto k = kv.first.cast<size_t>();
+      if (k < op_.size()) op_[k] = kv.second.cast<int>();
+    }
+    algo_ = t[2].cast<int>();
+    keep_ = t[1];
+    comm_ = comm;
+    api_ = api;
+  }
+  void release() { keep_ = py::object(); api_ = nullptr; }  // GIL held
+
+  // The dtype code of a tensor the core can take as is (dense, contiguous, CPU), else -1.
+  int code(const at::Tensor& x) const {
+    if (api_ == nullptr || !x.defined() || !x.device().is_cpu() || x.layout() != at::kStrided ||
+        !x.is_contiguous() || x.numel() == 0)
+      return -1;
+    auto st = static_cast<size_t>(x.scalar_type());
+    return st < dtype_.size() ? dtype_[st] : -1;
+  }
+  int op(const c10d::ReduceOp& o, int dtype) const {
+    auto k = static_cast<size_t>(o.op_);
+    int c = k < op_.size() ? op_[k] : -1;
+    return c >= 0 && api_->reduction_ok(dtype, c) ? c : -1;
+  }
+
+  void allreduce(at::Tensor& x, int dtype, int op) {
+    check(nogil([&](unsigned site) {
+      return api_->allreduce(comm_, x.data_ptr(), static_cast<size_t>(x.numel()), dtype, op,
+                             algo_, site);
+    }));
+  }
+  void broadcast(at::Tensor& x, int dtype, int root) {
+    check(nogil([&](unsigned site) {
+      return api_->broadcast(comm_, x.data_ptr(), static_cast<size_t>(x.numel()), dtype, root,
+                             site);
+    }));
+  }
+  void barrier() {
+    check(nogil([&](unsigned site) { return api_->barrier(comm_, site); }));
+  }
+  bool ready() const { return api_ != nullptr; }
+
+ private:
+  // Run `f(call site)` without the GIL (torch's bindings released it; a caller that holds
+  // it, e.g. a torch op invoked from Python, gets it released for the wait).
+  template <typename F>
+  int nogil(F&& f) {
+    unsigned site;
+    if (PyGILState_Check()) {
+      site = api_->call_site();
+      py::gil_scoped_release nogil;
+      return f(site);
+    }
+    {
+      py::gil_scoped_acquire gil;
+      site = api_->call_site();
+    }
+    return f(site);
+  }
+  static void check(int rc) {
+    if (rc == 0) return;
+    py::gil_scoped_acquire gil;  // the core set the Python exception (culprit named)
+    throw py::error_already_set();
+  }
+
+  const rr_native_api* api_ = nullptr;
+  void* comm_ = nullptr;
+  int algo_ = 0;
+  std::array<int, 64> dtype_{};
+  std::array<int, 16> op_{};
+  py::object keep_;
+};
+
 // PREMUL_SUM (sum of factor * x, the factor a double or a one-element tensor carried by the
 // ReduceOp, where Python cannot see it): scale here, then reduce with SUM.
 bool isPremul(const c10d::ReduceOp& op) { return op.op_ == c10d::ReduceOp::PREMUL_SUM; }
@@ -93,23 +217,48 @@ Opts asSum(const Opts& o) {
 class RingReduceBackend : public c10d::Backend {
  public:
   RingReduceBackend(int rank, int size, py::object impl)
-      : c10d::Backend(rank, size), impl_(std::move(impl)) {}
+      : c10d::Backend(rank, size), impl_(std::move(impl)) {
+    native_.init(impl_);
+  }
 
   ~RingReduceBackend() override {
     py::gil_scoped_acquire gil;
+    native_.release();
     impl_ = py::object();
   }
 
   const std::string getBackendName() const override { return "ringreduce"; }
 
   py::object impl() const { return impl_; }
+  // Calls that took the synchronous path (tests and benchmarks check it is taken).
+  uint64_t directCalls() const { return direct_; }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& t,
                                            const c10d::BroadcastOptions& o) override {
+    if (!o.asyncOp && t.size() == 1 && o.rootTensor == 0 && o.rootRank >= 0 &&
+        o.rootRank < size_) {
+      int dt = native_.code(t[0]);
+      if (dt >= 0) {
+        ++seq_;
+        ++direct_;
+        native_.broadcast(t[0], dt, static_cast<int>(o.rootRank));
+        return c10::make_intrusive<DoneWork>(t);
+      }
+    }
     return call("broadcast", t, o);
   }
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& t,
                                            const c10d::AllreduceOptions& o) override {
+    if (!o.asyncOp && t.size() == 1 && !o.sparseIndices.has_value()) {
+      int dt = native_.code(t[0]);
+      int op = dt >= 0 ? native_.op(o.reduceOp, dt) : -1;
+      if (op >= 0) {
+        ++seq_;
+        ++direct_;
+        native_.allreduce(t[0], dt, op);
+        return c10::make_intrusive<DoneWork>(t);
+      }
+    }
     if (!isPremul(o.reduceOp)) return call("allreduce", t, o);
     for (auto& x : t) premulScaled(o.reduceOp, x, true);
     auto s = asSum(o);
@@ -206,6 +355,12 @@ class RingReduceBackend : public c10d::Backend {
     return call("recv_anysource", t, tag);
   }
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& o) override {
+    if (!o.asyncOp && native_.ready()) {
+      ++seq_;
+      ++direct_;
+      native_.barrier();
+      return c10::make_intrusive<DoneWork>(std::vector<at::Tensor>());
+    }
     return call("barrier", o);
   }
   void setTimeout(std::chrono::milliseconds timeout) override {
@@ -235,7 +390,9 @@ class RingReduceBackend : public c10d::Backend {
   }
 
   py::object impl_;
+  Native native_;
   uint64_t seq_ = 0;
+  uint64_t direct_ = 0;
 };
 
 }  // namespace
@@ -248,5 +405,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<RingReduceBackend, c10d::Backend, c10::intrusive_ptr<RingReduceBackend>>(
       m, "RingReduceBackend")
       .def(py::init<int, int, py::object>(), py::arg("rank"), py::arg("size"), py::arg("impl"))
-      .def_property_readonly("impl", &RingReduceBackend::impl);
+      .def_property_readonly("impl", &RingReduceBackend::impl)
+      .def_property_readonly("direct_calls", &RingReduceBackend::directCalls);
 }
