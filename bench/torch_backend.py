@@ -73,7 +73,7 @@ def _allreduce_worker(backend: str, out: str, iters: int) -> None:
                 got[k].append(_time(fn, it))
                 x.fill_(float(rank + 1))
                 fn()
-                if k != "torch_floor" and float(x[0]) != want or float(x[-1]) != want:
+                if k != "torch_floor" and (float(x[0]) != want or float(x[-1]) != want):
                     raise SystemExit(f"{k} all-reduce gave {float(x[0])}, want {want}")
                 x.fill_(float(rank + 1))
         res[label] = {k: min(v) for k, v in got.items()}
