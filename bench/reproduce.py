@@ -55,6 +55,8 @@ TABLES: dict[str, list[str]] = {
     "rooted": [PY, "bench/rooted.py", "--json", _out("rooted.json"), "--plot",
                _out("rooted.png")],
     "p2p": [PY, "bench/p2p.py", "--json", _out("p2p.json"), "--plot", _out("p2p.png")],
+    "latency": [PY, "bench/latency.py", "--json", _out("latency.json"), "--plot",
+                _out("latency.png")],
     "groups": [PY, "bench/groups.py", "--json", _out("groups.json"), "--plot",
                _out("groups.png")],
     "torch_backend": [PY, "bench/torch_backend.py", "--json", _out("torch_backend.json"),

@@ -77,12 +77,14 @@ FrameHeader Communicator::begin(CollectiveKind kind, DataType dtype, ReduceOp op
   bytesTotal_ = bytesTotal;
   bytesDone_ = 0;
   std::fill(early_.begin(), early_.end(), 0);
-  deadline_ = Deadline::after(opts_.timeoutSec);
+  const auto now = Deadline::Clock::now();  // one clock read for deadline, stall, recorder
+  deadline_ = Deadline::after(now, opts_.timeoutSec);
   stallReported_ = false;
   faultWaited_ = false;
   if (hb_) {
     hb_->setState(h.kind, h.seq, 0);
-    beganMs_ = steadyMs();
+    beganMs_ = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch())
+                   .count();
   }
   Record rec;
   rec.seq = h.seq;
@@ -94,7 +96,7 @@ FrameHeader Communicator::begin(CollectiveKind kind, DataType dtype, ReduceOp op
   rec.count = count;
   rec.bytes = bytesTotal;
   rec.site = site_;
-  recorder_.start(rec);
+  recorder_.start(rec, now);
   if (fault_.armed) maybeFault(FaultPlan::Point::kBegin);
   return h;
 }

@@ -24,10 +24,12 @@ class Deadline {
   using Clock = std::chrono::steady_clock;
 
   // `seconds` is clamped (clampSeconds): no value can overflow the clock arithmetic.
-  static Deadline after(double seconds) {
+  static Deadline after(double seconds) { return after(Clock::now(), seconds); }
+  // `seconds` after `now` (a clock reading the caller already has).
+  static Deadline after(Clock::time_point now, double seconds) {
     Deadline d;
-    d.at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                               std::chrono::duration<double>(clampSeconds(seconds)));
+    d.at_ = now + std::chrono::duration_cast<Clock::duration>(
+                      std::chrono::duration<double>(clampSeconds(seconds)));
     return d;
   }
   static Deadline never() {
