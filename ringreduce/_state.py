@@ -90,6 +90,16 @@ def _short(xs: list) -> str:
 
 
 _DEFAULT: list = [None]
+# What _C.FastCall (rr.barrier, rr.allreduce) reads on every call: the world's communicator
+# handle (None: no world, or a world of one) and its default all-reduce algorithm code.
+_FAST: list = [None, 0]
+
+
+def set_default(g: Group | None) -> None:
+    """Make `g` the world (None: there is none), for the Python API and the fast calls."""
+    _DEFAULT[0] = g
+    comm = None if g is None else g.comm
+    _FAST[:] = [None, 0] if comm is None else [comm.native_handle(), int(g.default_algo)]
 
 
 def current(what: str = "this call") -> Group:

@@ -72,9 +72,9 @@ def init(rank: int | None = None, world_size: int | None = None, *,
         options["tree_threshold_bytes"] = int(tun.tree_threshold_bytes)
     options.update(_load_tuning(tun.tuning_file))
     if world == 1:
-        _state._DEFAULT[0] = _state.Group(rank=0, world_size=1, comm=None, options=options,
-                                          hosts=[_env.host_identity()], ranks=[0],
-                                          default_algo=algo_code(tun.algo))
+        _state.set_default(_state.Group(rank=0, world_size=1, comm=None, options=options,
+                                        hosts=[_env.host_identity()], ranks=[0],
+                                        default_algo=algo_code(tun.algo)))
         _gpu().bind(_state._DEFAULT[0], None, "ringreduce/")
         return
     maddr = master_addr or info.master_addr
@@ -95,7 +95,7 @@ def init(rank: int | None = None, world_size: int | None = None, *,
         g = _comm.connect(rank, world, tun, options, store, maddr, ifname, secret or tun.secret)
         g.local_rank, g.store_key, g.store = info.local_rank, made, store
         g.ranks, g.net = list(range(world)), (maddr, ifname)
-        _state._DEFAULT[0] = g
+        _state.set_default(g)
         # The store serves the group's first CUDA collective (NCCL verdict and unique id),
         # under this init's own key prefix.
         _gpu().bind(g, store, g.store_prefix + "cuda/")
@@ -140,7 +140,7 @@ def destroy() -> None:
     With RINGREDUCE_TRACE set, writes this rank's Chrome trace first.
     """
     g = _state._DEFAULT[0]
-    _state._DEFAULT[0] = None
+    _state.set_default(None)
     _rendezvous.release_lingering()  # the store of a failed init(), if any
     if g is None:
         return

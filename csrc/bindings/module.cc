@@ -12,6 +12,7 @@
 
 #include "bindings/callsite.h"
 #include "bindings/errors.h"
+#include "bindings/fastcall.h"
 #include "bindings/native_api.h"
 #include "collectives/collectives.h"
 #include "comm/communicator.h"
@@ -165,18 +166,6 @@ struct PyListener {
   std::unique_ptr<transport::Heartbeat> hb;
 };
 
-// DataType of a native-endian numpy dtype we support, or -1.
-int numpyDtypeCode(const py::dtype& dt) {
-  char bo = dt.byteorder();
-  if (bo == '>') return -1;
-  char kind = dt.kind();
-  ssize_t size = dt.itemsize();
-  if (kind == 'f') return size == 4 ? 0 : size == 8 ? 1 : size == 2 ? 2 : -1;
-  if (kind == 'i') return size == 1 ? 4 : size == 4 ? 6 : size == 8 ? 7 : -1;
-  if (kind == 'u') return size == 1 ? 5 : -1;
-  return -1;
-}
-
 // Owns the executor; what Python sees as _C.Communicator.
 class PyComm {
  public:
@@ -275,6 +264,7 @@ PYBIND11_MODULE(_C, m) {
     kinds[toString(k)] = static_cast<int>(k);
   m.attr("COLLECTIVE_CODES") = kinds;
   m.attr("NATIVE_API") = bindings::nativeApi();
+  bindings::registerFastCall(m);
   m.def("check_reduction", [](int dtype, int op) {
     checkReduction(static_cast<DataType>(dtype), static_cast<ReduceOp>(op));
   }, "Raise ValueError (saying what to do) when `op` cannot reduce `dtype`.");
@@ -353,7 +343,7 @@ PYBIND11_MODULE(_C, m) {
            [](PyComm& c, py::handle obj, int op, int algo) {
              if (!py::isinstance<py::array>(obj)) return false;
              auto a = py::reinterpret_borrow<py::array>(obj);
-             int code = numpyDtypeCode(a.dtype());
+             int code = bindings::numpyDtypeCode(a.dtype());
              if (code < 0 || !(a.flags() & py::array::c_style) || !a.writeable()) return false;
              void* ptr = a.mutable_data();
              size_t count = static_cast<size_t>(a.size());

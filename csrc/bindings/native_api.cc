@@ -74,6 +74,8 @@ const rr_native_api kApi = {RR_NATIVE_API_VERSION, allreduce, broadcast, barrier
 
 }  // namespace
 
+const rr_native_api& nativeTable() { return kApi; }
+
 py::capsule nativeApi() {
   return py::capsule(const_cast<rr_native_api*>(&kApi), RR_NATIVE_API_CAPSULE);
 }

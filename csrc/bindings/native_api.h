@@ -6,9 +6,12 @@
 #include <pybind11/pybind11.h>
 
 #include "runtime/executor.h"
+#include "torch_adapter/native_api.h"
 
 namespace rr::bindings {
 
+// The table itself (also used by fastcall.cc).
+const rr_native_api& nativeTable();
 // _C.NATIVE_API: the capsule holding the table.
 pybind11::capsule nativeApi();
 // Communicator.native_handle(): a capsule with a weak reference to `exec`.

@@ -1,0 +1,123 @@
+"""Rank functions for test_fastcall.py: rr.barrier() and rr.allreduce(ndarray), which run
+without a Python frame (_C.FastCall), against numpy; every other call must reach the Python
+functions unchanged."""
+
+from __future__ import annotations
+
+import inspect
+import time
+import traceback
+
+import numpy as np
+import torch
+
+import ringreduce as rr
+from ringreduce import api
+
+DTYPES = (np.float32, np.float64, np.float16, np.int8, np.uint8, np.int32, np.int64)
+
+
+def _err(fn) -> str | None:
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def semantics(rank: int, world: int) -> list:
+    """A list of what went wrong (empty: all right)."""
+    bad: list = []
+
+    def check(ok: bool, what: str) -> None:
+        if not ok:
+            bad.append(what)
+
+    try:
+        check(rr.barrier.__wrapped__ is api.barrier and rr.allreduce.__wrapped__ is api.allreduce,
+              "__wrapped__")
+        check(inspect.signature(rr.allreduce) == inspect.signature(api.allreduce), "signature")
+        check(rr.barrier.__doc__ == api.barrier.__doc__ and rr.barrier.__name__ == "barrier",
+              "doc/name")
+        # the barrier waits: the last rank arrives 0.3 s late
+        rr.barrier()
+        if rank == world - 1:
+            time.sleep(0.3)
+        t0 = time.monotonic()
+        rr.barrier()
+        waited = time.monotonic() - t0
+        check(rank == world - 1 or waited > 0.25, f"barrier returned after {waited:.3f} s")
+        for dt in DTYPES:
+            for n in (1, 7, 4097):
+                ins = [((np.arange(n) * 3 + r * 5) % 11).astype(dt) for r in range(world)]
+                x = ins[rank].copy()
+                out = rr.allreduce(x)
+                want = np.sum(np.stack(ins).astype(np.float64), axis=0)
+                check(out is None and np.array_equal(x.astype(np.float64), want),
+                      f"allreduce {np.dtype(dt).name} n={n}")
+        fast0 = rr.allreduce.fast_calls, rr.barrier.fast_calls
+        # not for the fast path: each must behave exactly as the Python function
+        base = np.arange(8, dtype=np.float32) + rank
+        x = base.copy()
+        rr.allreduce(x, op="max")
+        check(np.array_equal(x, np.arange(8, dtype=np.float32) + world - 1), "op=max")
+        x = base.copy()
+        rr.allreduce(x, "max")
+        check(np.array_equal(x, np.arange(8, dtype=np.float32) + world - 1), "positional op")
+        w = rr.allreduce(x := base.copy(), async_op=True)
+        w.wait()
+        check(np.array_equal(x, np.arange(8, dtype=np.float32) * world + sum(range(world))),
+              "async_op=True")
+        t = torch.full((5,), float(rank + 1))
+        rr.allreduce(t)
+        check(torch.equal(t, torch.full((5,), world * (world + 1) / 2)), "torch tensor")
+        ro = base.copy()
+        ro.flags.writeable = False
+        strided = np.zeros(8, np.float32)[::2]
+        for what, arr in (("read-only", ro), ("non-contiguous", strided),
+                          ("empty", np.zeros(0, np.float32)), ("bool", np.ones(3, bool)),
+                          ("big-endian", np.ones(3, ">f4"))):
+            fast, slow = _err(lambda a=arr: rr.allreduce(a)), _err(
+                lambda a=arr: api.allreduce(a))
+            check(fast == slow, f"{what}: {fast!r} vs the Python function's {slow!r}")
+        check(_err(lambda: rr.allreduce([1.0, 2.0])) == _err(lambda: api.allreduce([1.0, 2.0])),
+              "a list")
+        w = rr.barrier(async_op=True)
+        check(w.wait() is True, "barrier(async_op=True)")
+        sub = rr.new_group(list(range(world)))
+        rr.barrier(group=sub)
+        y = np.full(3, rank + 1.0)
+        rr.allreduce(y, group=sub)
+        check(np.array_equal(y, np.full(3, world * (world + 1) / 2)), "group=")
+        sub.destroy()
+        rr.barrier()
+        check(rr.allreduce.fast_calls == fast0[0]
+              and rr.barrier.fast_calls == fast0[1] + (world > 1),
+              f"fast path taken by other calls: {fast0} -> {rr.allreduce.fast_calls}, "
+              f"{rr.barrier.fast_calls}")
+        if world > 1:  # a world of one has no communicator: everything is the Python path
+            check(fast0[0] == len(DTYPES) * 3 and fast0[1] == 2,
+                  f"fast calls before: {fast0}, want {len(DTYPES) * 3} and 2")
+    except Exception:  # noqa: BLE001
+        bad.append(traceback.format_exc())
+    return bad
+
+
+def after_destroy(rank: int, world: int) -> dict:
+    rr.init()
+    rr.barrier()
+    rr.destroy()
+    return {"barrier": _err(rr.barrier), "allreduce": _err(lambda: rr.allreduce(np.ones(2))),
+            "python": _err(api.barrier)}
+
+
+def late_rank(rank: int, world: int, late: int, sleep_s: float) -> dict:
+    """The late rank sleeps before its sixth rr.barrier(); the others' stall reports must
+    name the line of that call (recorded without a Python frame of ours)."""
+    x = np.ones(4, np.float32)
+    for it in range(1, 9):
+        if rank == late and it == 6:
+            time.sleep(sleep_s)
+        rr.barrier()  # the call site the stall report must name
+    rr.allreduce(x)
+    return {"sum": float(x[0])}
