@@ -29,12 +29,15 @@ from .api import (
     reduce_scatter,
 )
 from .groups import new_group, world_group
+from .p2p import irecv, isend, recv, send
 
-# rr.barrier() and rr.allreduce(ndarray) on the world run without a Python frame (the
-# latency floor); any other call goes to the Python functions above, unchanged.
+# rr.barrier() and rr.allreduce(ndarray) on the world, rr.send / rr.recv(ndarray, peer) on
+# tag 0 run without a Python frame (the latency floor); any other call goes to the Python
+# functions above, unchanged.
 barrier = _C.FastCall(0, barrier, _state._FAST)
 allreduce = _C.FastCall(1, allreduce, _state._FAST)
-from .p2p import irecv, isend, recv, send
+send = _C.FastCall(2, send, _state._SEND)
+recv = _C.FastCall(3, recv, _state._RECV)
 
 __version__ = "0.1.0"
 

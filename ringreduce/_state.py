@@ -93,6 +93,10 @@ _DEFAULT: list = [None]
 # What _C.FastCall (rr.barrier, rr.allreduce) reads on every call: the world's communicator
 # handle (None: no world, or a world of one) and its default all-reduce algorithm code.
 _FAST: list = [None, 0]
+# For rr.send / rr.recv: [this rank, per rank the handle of the tag-0 channel to / from it]
+# (filled as ringreduce.p2p makes channels).
+_SEND: list = [0, []]
+_RECV: list = [0, []]
 
 
 def set_default(g: Group | None) -> None:
@@ -100,6 +104,16 @@ def set_default(g: Group | None) -> None:
     _DEFAULT[0] = g
     comm = None if g is None else g.comm
     _FAST[:] = [None, 0] if comm is None else [comm.native_handle(), int(g.default_algo)]
+    for slot in (_SEND, _RECV):
+        slot[:] = [0, []] if comm is None else [g.rank, [None] * g.world_size]
+
+
+def add_channel(world: Group, peer: int, to_peer: Group, from_peer: Group) -> None:
+    """The tag-0 channels between this rank and `peer` exist: rr.send / rr.recv to and from
+    it may take the fast path."""
+    if world is _DEFAULT[0] and _SEND[1] and to_peer.comm is not None:
+        _SEND[1][peer] = to_peer.comm.native_handle()
+        _RECV[1][peer] = from_peer.comm.native_handle()
 
 
 def current(what: str = "this call") -> Group:

@@ -135,4 +135,8 @@ def _channel(world: Group, src: int, dst: int, tag: int) -> Group:
                                     f"p2p {hi}->{lo} tag {tag}")
                 with _LOCK:
                     pair = world.p2p[key] = (up, down)
+                if tag == 0 and world.rank in (lo, hi):
+                    me_lo = world.rank == lo
+                    _state.add_channel(world, hi if me_lo else lo, up if me_lo else down,
+                                       down if me_lo else up)
     return pair[0] if src == lo else pair[1]

@@ -121,3 +121,63 @@ def late_rank(rank: int, world: int, late: int, sleep_s: float) -> dict:
         rr.barrier()  # the call site the stall report must name
     rr.allreduce(x)
     return {"sum": float(x[0])}
+
+
+def p2p_semantics(rank: int, world: int) -> list:
+    """rr.send / rr.recv(ndarray, peer): a ring exchange per dtype and length (the first
+    message of a pair makes its channel in Python, later ones take the fast path), checked;
+    tags, torch tensors, bad peers behave as the Python functions."""
+    from ringreduce import p2p
+
+    bad: list = []
+
+    def check(ok: bool, what: str) -> None:
+        if not ok:
+            bad.append(what)
+
+    try:
+        nxt, prv = (rank + 1) % world, (rank - 1) % world
+        for rnd in range(3):
+            for dt in DTYPES:
+                for n in (1, 7, 70000):
+                    out = ((np.arange(n) + 3 * rank + rnd) % 101).astype(dt)
+                    got = np.zeros(n, dt)
+                    if rank % 2 == 0:  # even ranks send first: no cycle of blocked sends
+                        rr.send(out, nxt)
+                        rr.recv(got, prv)
+                    else:
+                        rr.recv(got, prv)
+                        rr.send(out, nxt)
+                    want = ((np.arange(n) + 3 * prv + rnd) % 101).astype(dt)
+                    check(np.array_equal(got, want), f"round {rnd} {np.dtype(dt).name} n={n}")
+        check(rr.send.fast_calls > 0 and rr.recv.fast_calls > 0,
+              f"fast path never taken: {rr.send.fast_calls}, {rr.recv.fast_calls}")
+        before = rr.send.fast_calls, rr.recv.fast_calls
+        t = torch.full((4,), float(rank))
+        u = torch.zeros(4)
+        x, y = np.full(3, rank, np.int64), np.zeros(3, np.int64)
+        if rank % 2 == 0:
+            rr.send(t, nxt)
+            rr.recv(u, prv)
+            rr.send(x, nxt, tag=5)
+            rr.recv(y, prv, tag=5)
+        else:
+            rr.recv(u, prv)
+            rr.send(t, nxt)
+            rr.recv(y, prv, tag=5)
+            rr.send(x, nxt, tag=5)
+        check(torch.equal(u, torch.full((4,), float(prv))), "torch tensors")
+        check(y.tolist() == [prv] * 3, "tag=5")
+        check((rr.send.fast_calls, rr.recv.fast_calls) == before, "fast path taken for those")
+        for peer in (rank, world, -1):
+            a = _err(lambda p=peer: rr.send(np.ones(2, np.float32), p))
+            b = _err(lambda p=peer: p2p.send(np.ones(2, np.float32), p))
+            check(a == b and a is not None, f"send to {peer!r}: {a!r} vs {b!r}")
+        ro = np.ones(3, np.float32)
+        ro.flags.writeable = False
+        a, b = _err(lambda: rr.recv(ro, nxt)), _err(lambda: p2p.recv(ro, nxt))
+        check(a == b and a is not None, f"recv into read-only: {a!r} vs {b!r}")
+        rr.barrier()
+    except Exception:  # noqa: BLE001
+        bad.append(traceback.format_exc())
+    return bad

@@ -52,3 +52,12 @@ def test_stall_report_names_the_fast_call_site() -> None:
         assert re.search(r"rank 2 \(.*\) is idle after collective #\d+; last call site "
                          r"fastcall_workers\.py:\d+", stall[0]), stall[0]
         assert "called from fastcall_workers.py:" in stall[0], stall[0]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world,transport", [(2, "shm"), (3, "tcp"), (4, "shm")])
+def test_fast_send_recv(world: int, transport: str) -> None:
+    results = run_world(world, "fastcall_workers:p2p_semantics", timeout=100,
+                        env={"RINGREDUCE_TRANSPORT": transport})
+    for rank, bad in enumerate(results):
+        assert bad == [], f"rank {rank}:\n" + "\n".join(bad)

@@ -1,7 +1,8 @@
 // _C.FastCall(kind, fallback, slot): a callable standing in for a Python API function whose
-// commonest call is latency-bound -- rr.barrier() and rr.allreduce(ndarray) on the world.
-// Those run here on the world's communicator (handle in slot[0], default algorithm in
-// slot[1]; ringreduce._state._FAST, kept in step with init/destroy); every other call,
+// commonest call is latency-bound -- rr.barrier(), rr.allreduce(ndarray) on the world,
+// rr.send(ndarray, peer) / rr.recv(ndarray, peer) on tag 0 once the pair's channel exists.
+// Those run here on the communicator whose handle the slot holds (ringreduce._state._FAST,
+// _SEND, _RECV, kept in step with init/destroy and p2p channels); every other call,
 // argument or state goes to `fallback`, the Python function, which does the checks and
 // explains errors. A Python frame costs ~0.6 us on a slow VM: more than a shared-memory
 // barrier. Attributes (__doc__, __name__, __wrapped__ for inspect.signature) come from
@@ -31,14 +32,16 @@ int numpyDtypeCode(const py::dtype& dt) {
 
 namespace {
 
-enum Kind { kBarrier = 0, kAllreduce = 1 };
+enum Kind { kBarrier = 0, kAllreduce = 1, kSend = 2, kRecv = 3 };
 
 struct FastCall {
   PyObject_HEAD
   vectorcallfunc vectorcall;
   int kind;
   PyObject* fallback;
-  PyObject* slot;  // list: [communicator handle capsule or None, default algorithm code]
+  // kBarrier, kAllreduce: [world handle capsule or None, default algorithm code];
+  // kSend, kRecv: [this rank, [tag-0 channel handle toward/from each rank, or None]].
+  PyObject* slot;
   unsigned long long hits;  // calls that took the fast path (tests check it is taken)
 };
 
@@ -78,23 +81,55 @@ int fastAllreduce(FastCall* self, PyObject* cap, PyObject* x) {
   return 1;
 }
 
+// rr.send(x, peer) / rr.recv(x, peer) on tag 0 of a channel made earlier: a broadcast on
+// the pair's two-rank channel, rooted at the sender (ranks [lo, hi]: root 0 when lo sends).
+int fastP2P(FastCall* self, PyObject* x, PyObject* peerObj) {
+  const bool sending = self->kind == kSend;
+  PyObject* handles = PyList_GET_ITEM(self->slot, 1);
+  if (!PyList_Check(handles) || !PyLong_CheckExact(peerObj)) return 0;
+  long peer = PyLong_AsLong(peerObj);
+  if (peer < 0 || peer >= PyList_GET_SIZE(handles)) {
+    PyErr_Clear();
+    return 0;
+  }
+  PyObject* cap = PyList_GET_ITEM(handles, peer);
+  if (!PyCapsule_CheckExact(cap) || !py::isinstance<py::array>(x)) return 0;
+  auto a = py::reinterpret_borrow<py::array>(x);
+  int code = numpyDtypeCode(a.dtype());
+  if (code < 0 || !(a.flags() & py::array::c_style) || a.size() == 0 ||
+      (!sending && !a.writeable()))
+    return 0;
+  long me = PyLong_AsLong(PyList_GET_ITEM(self->slot, 0));
+  int root = sending ? (me < peer ? 0 : 1) : (peer < me ? 0 : 1);
+  void* ptr = const_cast<void*>(a.data());
+  auto count = static_cast<size_t>(a.size());
+  PyObject* r = runNative(cap, [&](const rr_native_api& api, void* h, unsigned site) {
+    return api.broadcast(h, ptr, count, code, root, site);
+  });
+  if (r == nullptr) return -1;
+  Py_DECREF(r);
+  return 1;
+}
+
 PyObject* call(PyObject* o, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   auto* self = reinterpret_cast<FastCall*>(o);
   Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-  PyObject* cap = PyList_GET_ITEM(self->slot, 0);
-  if (kwnames == nullptr && PyCapsule_CheckExact(cap)) {
-    if (self->kind == kBarrier && nargs == 0) {
+  if (kwnames == nullptr) {
+    int done = 0;
+    PyObject* cap = PyList_GET_ITEM(self->slot, 0);
+    if (self->kind == kBarrier && nargs == 0 && PyCapsule_CheckExact(cap)) {
       ++self->hits;
       return runNative(cap, [](const rr_native_api& api, void* h, unsigned site) {
         return api.barrier(h, site);
       });
     }
-    if (self->kind == kAllreduce && nargs == 1) {
-      int done = fastAllreduce(self, cap, args[0]);
-      self->hits += done != 0;
-      if (done < 0) return nullptr;
-      if (done > 0) Py_RETURN_NONE;
-    }
+    if (self->kind == kAllreduce && nargs == 1 && PyCapsule_CheckExact(cap))
+      done = fastAllreduce(self, cap, args[0]);
+    else if ((self->kind == kSend || self->kind == kRecv) && nargs == 2)
+      done = fastP2P(self, args[0], args[1]);
+    self->hits += done != 0;
+    if (done < 0) return nullptr;
+    if (done > 0) Py_RETURN_NONE;
   }
   return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
 }
@@ -140,12 +175,12 @@ PyObject* create(PyTypeObject* type, PyObject* args, PyObject* kw) {
   if (!PyArg_ParseTupleAndKeywords(args, kw, "iOO!", const_cast<char**>(names), &kind,
                                    &fallback, &PyList_Type, &slot))
     return nullptr;
-  if (kind != kBarrier && kind != kAllreduce) {
-    PyErr_SetString(PyExc_ValueError, "FastCall kind: 0 (barrier) or 1 (allreduce)");
+  if (kind < kBarrier || kind > kRecv) {
+    PyErr_SetString(PyExc_ValueError, "FastCall kind: 0 barrier, 1 allreduce, 2 send, 3 recv");
     return nullptr;
   }
   if (!PyCallable_Check(fallback) || PyList_GET_SIZE(slot) != 2) {
-    PyErr_SetString(PyExc_TypeError, "FastCall(kind, callable fallback, [handle, algo])");
+    PyErr_SetString(PyExc_TypeError, "FastCall(kind, callable fallback, 2-item list)");
     return nullptr;
   }
   auto* self = reinterpret_cast<FastCall*>(type->tp_alloc(type, 0));
