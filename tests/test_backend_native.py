@@ -7,12 +7,9 @@ user's call site still recorded.
 
 from __future__ import annotations
 
-import re
-
 import pytest
 from _spawn import run_world, run_world_raw
-
-FAST_HB = {"RINGREDUCE_HEARTBEAT_TIMEOUT": "1", "RINGREDUCE_HEARTBEAT_INTERVAL": "0.25"}
+from _stall import FAST_HB, late_rank_reports
 
 
 @pytest.mark.timeout(240)
@@ -55,14 +52,5 @@ def test_destroyed_communicator_is_refused() -> None:
 
 @pytest.mark.timeout(90)
 def test_stall_report_names_the_dist_call_site() -> None:
-    env = {"RINGREDUCE_STALL_WARN": "1", **FAST_HB}
-    outs = run_world_raw(3, "backend_native_workers:late_rank", 2, 3.0, timeout=60, init=False,
-                         env=env)
-    story = "\n".join(o.describe() for o in outs)
-    assert all(o.ok and o.value["wrong"] == 0 for o in outs), story
-    for o in outs[:2]:
-        stall = [ln for ln in o.stderr.splitlines() if "stall:" in ln]
-        assert stall, f"rank {o.rank}: no stall report\n{story}"
-        assert re.search(r"rank 2 \(.*\) is idle after collective #\d+; last call site "
-                         r"backend_native_workers\.py:\d+", stall[0]), stall[0]
-        assert "called from backend_native_workers.py:" in stall[0], stall[0]
+    late_rank_reports("backend_native_workers:late_rank", init=False,
+                      ok=lambda v: v["wrong"] == 0)

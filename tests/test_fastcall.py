@@ -4,11 +4,10 @@ Python functions (errors included), a destroyed world refused, call sites still 
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
-from _spawn import run_world, run_world_raw
+from _spawn import run_world
+from _stall import late_rank_reports
 
 import ringreduce as rr
 
@@ -41,17 +40,7 @@ def test_destroyed_world_is_refused() -> None:
 
 @pytest.mark.timeout(90)
 def test_stall_report_names_the_fast_call_site() -> None:
-    env = {"RINGREDUCE_STALL_WARN": "1", "RINGREDUCE_HEARTBEAT_TIMEOUT": "1",
-           "RINGREDUCE_HEARTBEAT_INTERVAL": "0.25"}
-    outs = run_world_raw(3, "fastcall_workers:late_rank", 2, 3.0, timeout=60, env=env)
-    story = "\n".join(o.describe() for o in outs)
-    assert all(o.ok and o.value["sum"] == 3.0 for o in outs), story
-    for o in outs[:2]:
-        stall = [ln for ln in o.stderr.splitlines() if "stall:" in ln]
-        assert stall, f"rank {o.rank}: no stall report\n{story}"
-        assert re.search(r"rank 2 \(.*\) is idle after collective #\d+; last call site "
-                         r"fastcall_workers\.py:\d+", stall[0]), stall[0]
-        assert "called from fastcall_workers.py:" in stall[0], stall[0]
+    late_rank_reports("fastcall_workers:late_rank", init=True, ok=lambda v: v["sum"] == 3.0)
 
 
 @pytest.mark.timeout(120)
