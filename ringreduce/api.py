@@ -296,14 +296,10 @@ def broadcast(x: Any, src: int = 0, async_op: bool = False,
 
 def barrier(async_op: bool = False, group: Any = None) -> Work | None:
     """Wait until every rank (of the group) reached this barrier."""
-    g = _state._DEFAULT[0] if group is None else None
-    if g is None:
-        g = _state.resolve(group, "barrier()")
-    comm = g.comm
-    if comm is None:
+    g = _state.resolve(group, "barrier()")
+    if g.comm is None:
         return _finish(None, (), async_op=async_op)
-    cw = comm.barrier(async_op)
-    return Work(cw, ()) if async_op else None
+    return _finish(g.comm.barrier(async_op), (), async_op=async_op)
 
 
 def allgather(x: Any, out: Any = None, async_op: bool = False, backend: str = "auto",

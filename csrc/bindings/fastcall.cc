@@ -123,10 +123,18 @@ PyObject* call(PyObject* o, PyObject* const* args, size_t nargsf, PyObject* kwna
         return api.barrier(h, site);
       });
     }
-    if (self->kind == kAllreduce && nargs == 1 && PyCapsule_CheckExact(cap))
-      done = fastAllreduce(self, cap, args[0]);
-    else if ((self->kind == kSend || self->kind == kRecv) && nargs == 2)
-      done = fastP2P(self, args[0], args[1]);
+    try {  // pybind11's numpy accessors may throw: never past this C entry point
+      if (self->kind == kAllreduce && nargs == 1 && PyCapsule_CheckExact(cap))
+        done = fastAllreduce(self, cap, args[0]);
+      else if ((self->kind == kSend || self->kind == kRecv) && nargs == 2)
+        done = fastP2P(self, args[0], args[1]);
+    } catch (py::error_already_set& e) {
+      e.restore();
+      return nullptr;
+    } catch (const std::exception& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+      return nullptr;
+    }
     self->hits += done != 0;
     if (done < 0) return nullptr;
     if (done > 0) Py_RETURN_NONE;
