@@ -173,7 +173,8 @@ def peer_dies(rank: int, world: int, victim: int) -> dict:
     except Exception as e:  # noqa: BLE001
         out["first"] = {"type": type(e).__name__, "msg": str(e), "is_peer":
                         isinstance(e, rr.PeerFailure),
-                        "peer_rank": getattr(e, "peer_rank", None)}
+                        "peer_rank": getattr(e, "peer_rank", None),
+                        "cause": getattr(e, "cause", None)}
     out["t_err"] = time.monotonic() - t0
     try:
         dist.all_reduce(t)
