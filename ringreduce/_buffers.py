@@ -109,15 +109,20 @@ class _Never:
     pass
 
 
-def torch_fast_code(x: Any) -> int | None:
-    """Dtype code of a plain contiguous CPU tensor that needs no further checks, else None
-    (the caller then takes the general path, which explains what is wrong)."""
+def torch_dtype_codes() -> dict:
+    """{torch dtype: the core's dtype code} for every dtype both have."""
     if not _TORCH_FAST:
         torch = _torch()
         for name, code in DTYPE_CODES.items():
             if hasattr(torch, name):  # uint16/32/64 are newer than some torch builds
                 _TORCH_FAST[getattr(torch, name)] = code
-    code = _TORCH_FAST.get(x.dtype)
+    return _TORCH_FAST
+
+
+def torch_fast_code(x: Any) -> int | None:
+    """Dtype code of a plain contiguous CPU tensor that needs no further checks, else None
+    (the caller then takes the general path, which explains what is wrong)."""
+    code = (_TORCH_FAST or torch_dtype_codes()).get(x.dtype)
     if (code is None or not x.is_cpu or x.requires_grad or x.layout is not _TORCH[0].strided
             or not x.is_contiguous()):
         return None

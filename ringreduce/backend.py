@@ -37,8 +37,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from . import _buffers, _state, api, groups, p2p
 from . import _rooted as rooted
-from . import _state, api, groups, p2p
 from .ddp.futures import Completion
 
 __all__ = ["BACKEND_NAME", "ProcessGroupRingReduce", "create_backend", "impl_of"]
@@ -199,9 +199,9 @@ class _Ops:
             return None
         from . import _C
 
-        dtypes = {getattr(torch, n): c for n, c in _C.DTYPE_CODES.items() if hasattr(torch, n)}
         ops = {int(k): _C.OP_CODES[v] for k, v in _BY_TYPE.items()}
-        return (_C.NATIVE_API, comm.native_handle(), int(self._g.default_algo), dtypes, ops)
+        return (_C.NATIVE_API, comm.native_handle(), int(self._g.default_algo),
+                _buffers.torch_dtype_codes(), ops)
 
     def set_timeout(self, seconds: float) -> None:
         """torch's Backend.setTimeout: not applied -- a ringreduce group's deadline is fixed
