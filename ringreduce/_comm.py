@@ -9,7 +9,7 @@ import logging
 import os
 from typing import Any
 
-from . import _cpus, _env, _rendezvous, _state
+from . import _cpus, _env, _fds, _rendezvous, _state
 from ._buffers import algo_code
 
 log = logging.getLogger("ringreduce")
@@ -30,6 +30,8 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
                                                           "group_name")}
     if labels is not None:  # a group: messages name world ranks, and the group
         options["rank_labels"], options["group_name"] = list(labels), name
+    _fds.ensure(world, _fds.eager_peers(rank, world, options.get("full_mesh_max", 16)),
+                f"rank {rank} of {name}")
     bind = _env.select_interface_address(maddr, ifname or tun.socket_ifname,
                                          options["connect_timeout"])
     listener = _C.Listener(bind)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as _np
 
-from . import _buffers, _comm, _env, _rendezvous, _state, _work
+from . import _buffers, _comm, _env, _fds, _rendezvous, _state, _work
 from ._buffers import algo_code, as_buffer, op_code
 from ._work import Work, _finish
 
@@ -67,6 +67,7 @@ def init(rank: int | None = None, world_size: int | None = None, *,
         "heartbeat_timeout": float(tun.heartbeat_timeout),
         "checksum": bool(tun.checksum),
         "stall_warn": float(tun.stall_warn),
+        "full_mesh_max": int(tun.full_mesh_max),
     }
     if tun.tree_threshold_bytes is not None:
         options["tree_threshold_bytes"] = int(tun.tree_threshold_bytes)
@@ -77,6 +78,8 @@ def init(rank: int | None = None, world_size: int | None = None, *,
                                         default_algo=algo_code(tun.algo)))
         _gpu().bind(_state._DEFAULT[0], None, "ringreduce/")
         return
+    # Before the store (rank 0's server needs descriptors too): fail early and clearly.
+    _fds.ensure(world, _fds.eager_peers(rank, world, options["full_mesh_max"]), f"rank {rank}")
     maddr = master_addr or info.master_addr
     mport = master_port or info.master_port
     if store is None:

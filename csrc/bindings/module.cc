@@ -24,6 +24,7 @@
 #include "core/log.h"
 #include "reduce/reduce.h"
 #include "runtime/executor.h"
+#include "transport/tcp/dialer.h"
 #include "transport/tcp/mesh.h"
 
 namespace py = pybind11;
@@ -52,6 +53,7 @@ Options optionsFromDict(const py::dict& d) {
     else if (k == "checksum") o.checksum = v.cast<bool>();
     else if (k == "stall_warn") o.stallWarnSec = v.cast<double>();
     else if (k == "spin_us") o.spinUs = v.cast<double>();
+    else if (k == "full_mesh_max") o.fullMeshMax = v.cast<int>();
     else if (k == "half_wire") o.halfWireBits = v.cast<int>();
     else if (k == "rank_labels") o.rankLabels = v.cast<std::vector<int>>();
     else if (k == "group_name") o.groupName = v.cast<std::string>();
@@ -179,14 +181,24 @@ class PyComm {
     if (static_cast<int>(addrs.size()) != world)
       throw InvalidArgument("need one address per rank");
     std::vector<std::unique_ptr<transport::Connection>> conns;
+    const bool sparse = world > std::max(o.fullMeshMax, 1);
+    std::vector<int> overlay = sparse ? transport::tcp::overlayPeers(rank, world) : std::vector<int>();
+    std::unique_ptr<transport::Dialer> dialer;
     {
       py::gil_scoped_release nogil;
       transport::tcp::Identity me{rank, world, secret};
-      conns = transport::tcp::connectMesh(me, listener, addrs, Deadline::after(o.connectTimeoutSec));
-      listener.close();  // nobody else may connect after init
+      Deadline d = Deadline::after(o.connectTimeoutSec);
+      if (sparse) {
+        conns = transport::tcp::connectSubset(me, listener, addrs, overlay, d);
+        dialer = std::make_unique<transport::tcp::TcpDialer>(me, std::move(listener), addrs);
+      } else {
+        conns = transport::tcp::connectMesh(me, listener, addrs, d);
+        listener.close();  // nobody else may connect after init
+      }
     }
     ShmPlan plan = shmFromDict(opts);
     auto comm = std::make_unique<comm::Communicator>(rank, world, std::move(conns), o);
+    if (dialer) comm->setDialer(std::move(dialer), overlay);
     if (!plan.prefix.empty()) {
       py::gil_scoped_release nogil;
       setupShm(*comm, plan);
@@ -195,7 +207,10 @@ class PyComm {
       if (static_cast<int>(hbAddrs.size()) != world)
         throw InvalidArgument("need one heartbeat address per rank");
       std::string session = opts.contains("session") ? opts["session"].cast<std::string>() : "";
-      pl.hb->start(rank, hbAddrs, transport::heartbeatKey(secret, session),
+      std::vector<std::string> targets = hbAddrs;
+      for (int p = 0; p < world; ++p)  // sparse: only the overlay hears from this rank
+        if (p != rank && !comm->watched(p)) targets[static_cast<size_t>(p)].clear();
+      pl.hb->start(rank, targets, transport::heartbeatKey(secret, session),
                    o.heartbeatIntervalSec);
       comm->setHeartbeat(std::move(pl.hb));
     }
@@ -297,6 +312,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("choose_allreduce", [](int world, size_t bytes, const py::dict& opts) {
     return static_cast<int>(collectives::chooseAllreduce(optionsFromDict(opts), world, bytes));
   });
+  m.def("overlay_peers", &transport::tcp::overlayPeers, py::arg("rank"), py::arg("world"),
+        "Peers a rank connects and watches at init above RINGREDUCE_FULL_MESH_MAX ranks.");
   m.def("predict_allreduce", [](int algo, int world, size_t bytes, const py::dict& opts) {
     return collectives::predictAllreduce(optionsFromDict(opts), static_cast<Algorithm>(algo),
                                          world, bytes);
@@ -478,6 +495,21 @@ PYBIND11_MODULE(_C, m) {
       .def("bytes_sent",
            // Payload bytes sent over TCP by this rank so far (comm/communicator.h).
            [](PyComm& c) { return c.ex().comm().payloadBytesSent(); })
+      .def("link_stats",
+           // What this rank keeps open to its peers: TCP connections, heartbeat targets and
+           // datagrams sent so far (bench/scaling.py divides by time).
+           [](PyComm& c) {
+             auto& cm = c.ex().comm();
+             py::dict d;
+             d["connections"] = cm.openConnections();
+             const transport::Heartbeat* hb = cm.heartbeat();
+             d["heartbeat_targets"] = hb ? hb->targets() : 0;
+             d["heartbeat_sent"] = hb ? hb->sent() : 0;
+             int watched = 0;
+             for (int p = 0; p < cm.world(); ++p) watched += p != cm.rank() && cm.watched(p);
+             d["watched"] = watched;
+             return d;
+           })
       .def_property_readonly("uses_shm", [](PyComm& c) { return c.ex().comm().shm() != nullptr; })
       .def_property_readonly("plan", [](PyComm& c) {
         auto& cm = c.ex().comm();

@@ -32,6 +32,10 @@ Communicator::Communicator(int rank, int world, std::vector<std::unique_ptr<Conn
   }
   early_.assign(static_cast<size_t>(world_), 0);
   gone_.assign(static_cast<size_t>(world_), 0);
+  watch_.assign(static_cast<size_t>(world_), 1);
+  watch_[static_cast<size_t>(rank_)] = 0;
+  for (int p = 0; p < world_; ++p)
+    if (p != rank_) watchList_.push_back(p);
   wakeFd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wakeFd_ < 0) RR_THROW(Error, "eventfd failed: ", std::strerror(errno));
   pfds_.reserve(static_cast<size_t>(world_) + 1);
@@ -145,6 +149,7 @@ std::string Communicator::waitChain(int first, int* end) {
     chain += detail::concat(" -> rank ", label(p));
     seen[static_cast<size_t>(p)] = 1;
     *end = p;
+    if (!watched(p)) return chain + " (not among the peers this rank watches)";
     transport::PeerStatus s = hb_->status(p);
     if (s.ageMs < 0) return chain + " (never heard from)";
     if (s.kind == 0 || s.seq != seq_)
@@ -168,8 +173,8 @@ std::string Communicator::diagnosis(int waitingFor) {
 std::string Communicator::behindSummary(int exclude) {
   if (!hb_) return "";
   std::string behind;
-  for (int p = 0; p < world_; ++p) {
-    if (p == rank_ || p == exclude) continue;
+  for (int p : watchList_) {
+    if (p == exclude) continue;
     transport::PeerStatus s = hb_->status(p);
     if (s.ageMs >= 0 && (s.seq < seq_ || (s.seq == seq_ && s.kind == 0)))
       behind += detail::concat(behind.empty() ? "" : ", ", "rank ", label(p), " (", peerDoing(p, s), ")");
@@ -182,12 +187,11 @@ void Communicator::reportStall(int64_t waitedMs, int waitingFor) {
   std::string behind, ahead;
   int nAhead = 0;
   std::vector<uint8_t> isBehind(static_cast<size_t>(world_), 0);
-  for (int p = 0; p < world_; ++p) {
-    if (p == rank_) continue;
+  for (int p : watchList_) {
     transport::PeerStatus s = hb_->status(p);
     if (s.seq < seq_ || (s.seq == seq_ && s.kind == 0 && s.bytesDone == 0)) {
       isBehind[static_cast<size_t>(p)] = 1;
-      behind += detail::concat(behind.empty() ? "" : "; ", "rank ", label(p), " (", conn(p).peerHost(),
+      behind += detail::concat(behind.empty() ? "" : "; ", "rank ", label(p), " (", peerHost(p),
                                ", pid ", s.pid, ") is ", peerDoing(p, s));
     } else {
       ahead += detail::concat(nAhead++ ? ", " : "", label(p));
@@ -217,12 +221,12 @@ void Communicator::checkHeartbeats(int waitingFor) {
   // A peer whose heartbeat shows it in this very collective number but a different
   // collective has issued the collectives in another order: no data need ever cross for
   // that (both may wait to receive), so this is the only way to see it before the timeout.
-  for (int p = 0; p < world_; ++p) {
-    if (p == rank_ || gone_[static_cast<size_t>(p)]) continue;
+  for (int p : watchList_) {
+    if (gone_[static_cast<size_t>(p)]) continue;
     transport::PeerStatus s = hb_->status(p);
     if (s.ageMs >= 0 && s.seq == seq_ && s.kind != 0 && s.kind != static_cast<uint8_t>(curKind_))
       throw MismatchError(detail::concat(
-          "collective mismatch: rank ", label(p), " (", conn(p).peerHost(), ") is in ",
+          "collective mismatch: rank ", label(p), " (", peerHost(p), ") is in ",
           toString(static_cast<CollectiveKind>(s.kind)), " #", s.seq, " while rank ", label(rank_),
           " is in ", toString(curKind_), " #", seq_,
           " (every rank must issue the same collectives in the same order)"));
@@ -230,15 +234,15 @@ void Communicator::checkHeartbeats(int waitingFor) {
   if (opts_.heartbeatTimeoutSec <= 0) return;
   const int64_t limit = static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000);
   const int64_t sinceStart = now - hbSinceMs_;
-  for (int p = 0; p < world_; ++p) {
-    if (p == rank_ || gone_[static_cast<size_t>(p)]) continue;
+  for (int p : watchList_) {
+    if (gone_[static_cast<size_t>(p)]) continue;
     transport::PeerStatus s = hb_->status(p);
     int64_t age = s.ageMs >= 0 ? s.ageMs : sinceStart;
     if (age <= limit) continue;
     std::string doing = s.ageMs < 0 ? std::string("never heard from")
                                     : "at its last heartbeat it was " + peerDoing(p, s);
     throw PeerError(p, PeerCause::kSilent, detail::concat(
-        "rank ", label(p), " (", conn(p).peerHost(), ", pid ", s.pid, ") stopped responding: no heartbeat for ",
+        "rank ", label(p), " (", peerHost(p), ", pid ", s.pid, ") stopped responding: no heartbeat for ",
         age / 1000.0, " s (process frozen or stopped, host overloaded, or network partition); ",
         doing, "; rank ", label(rank_), " was in ", describeCurrent(),
         waitingFor >= 0 ? detail::concat(" waiting for rank ", label(waitingFor)) : std::string()));
@@ -270,17 +274,16 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
   pfdPeer_.clear();
   pfds_.push_back({wakeFd_, POLLIN, 0});
   pfdPeer_.push_back(-1);
-  for (int p = 0; p < world_; ++p) {
-    if (p == rank_) continue;
-    short ev = 0;
-    if (p == sendPeer) ev |= POLLOUT;
-    if (p == recvPeer) ev |= POLLIN;
-    if (ev == 0 && !early_[static_cast<size_t>(p)] && !gone_[static_cast<size_t>(p)])
-      ev = POLLIN;  // watch for death/abort
-    if (ev == 0) continue;
-    pfds_.push_back({conn(p).fd(), ev, 0});
-    pfdPeer_.push_back(p);
+  // The peers this step moves data with (connected by the caller's progress calls).
+  if (sendPeer >= 0) {
+    pfds_.push_back({conn(sendPeer).fd(), static_cast<short>(sendPeer == recvPeer ? POLLOUT | POLLIN : POLLOUT), 0});
+    pfdPeer_.push_back(sendPeer);
   }
+  if (recvPeer >= 0 && recvPeer != sendPeer) {
+    pfds_.push_back({conn(recvPeer).fd(), POLLIN, 0});
+    pfdPeer_.push_back(recvPeer);
+  }
+  watchIdle(sendPeer, recvPeer);
   // Wake at least every 250 ms to look at heartbeats while waiting.
   const int waitingFor = recvPeer >= 0 ? recvPeer : sendPeer;
   if (hb_) hb_->setWaiting(waitingFor);
@@ -313,17 +316,37 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
       int p = pfdPeer_[i];
       if (p == sendPeer || p == recvPeer) {
         ready = true;  // progress calls will surface errors on this connection
+      } else if (p == kListenerSlot) {
+        acceptDialler();
       } else {
-        // Throws on EOF / abort; otherwise stop watching this peer.
-        if (conn(p).checkIdle(&curHeader_) == Connection::Idle::kGoodbye)
-          gone_[static_cast<size_t>(p)] = 1;
-        else
-          early_[static_cast<size_t>(p)] = 1;
+        onIdleReadable(p);  // throws on EOF / abort; otherwise stop watching this peer
         pfds_[i].events = 0;
       }
     }
     if (ready) return;
   }
+}
+
+void Communicator::watchIdle(int sendPeer, int recvPeer) {
+  for (int p : watchList_) {
+    if (p == sendPeer || p == recvPeer) continue;
+    if (early_[static_cast<size_t>(p)] || gone_[static_cast<size_t>(p)]) continue;
+    const auto& c = conns_[static_cast<size_t>(p)];
+    if (!c) continue;
+    pfds_.push_back({c->fd(), POLLIN, 0});  // watch for death/abort
+    pfdPeer_.push_back(p);
+  }
+  if (dialer_ && dialer_->listenFd() >= 0) {
+    pfds_.push_back({dialer_->listenFd(), POLLIN, 0});
+    pfdPeer_.push_back(kListenerSlot);
+  }
+}
+
+void Communicator::onIdleReadable(int p) {
+  if (conn(p).checkIdle(&curHeader_) == Connection::Idle::kGoodbye)
+    gone_[static_cast<size_t>(p)] = 1;
+  else
+    early_[static_cast<size_t>(p)] = 1;
 }
 
 void Communicator::checkAlive(int peer) {
@@ -337,21 +360,21 @@ void Communicator::checkAlive(int peer) {
              "RINGREDUCE_TIMEOUT for slow steps)");
   }
   if (peer >= 0 && gone_[static_cast<size_t>(peer)])
-    throw PeerError(peer, PeerCause::kLeft, detail::concat("rank ", label(peer), " (", conn(peer).peerHost(),
+    throw PeerError(peer, PeerCause::kLeft, detail::concat("rank ", label(peer), " (", peerHost(peer),
                                          ") left the job (destroy() or normal exit) while rank ",
                                          label(rank_), " waited for it in ", describeCurrent()));
   pfds_.clear();
   pfdPeer_.clear();
-  for (int p = 0; p < world_; ++p) {
-    if (p == rank_ || gone_[static_cast<size_t>(p)]) continue;
-    pfds_.push_back({conn(p).fd(), POLLIN, 0});
-    pfdPeer_.push_back(p);
-  }
+  watchIdle(-1, -1);
   checkHeartbeats(peer);
   if (pfds_.empty() || ::poll(pfds_.data(), pfds_.size(), 0) <= 0) return;
-  for (size_t i = 0; i < pfds_.size(); ++i)
-    if (pfds_[i].revents && conn(pfdPeer_[i]).checkIdle(&curHeader_) == Connection::Idle::kGoodbye)
+  for (size_t i = 0; i < pfds_.size(); ++i) {
+    if (!pfds_[i].revents) continue;
+    if (pfdPeer_[i] == kListenerSlot)
+      acceptDialler();
+    else if (conn(pfdPeer_[i]).checkIdle(&curHeader_) == Connection::Idle::kGoodbye)
       gone_[static_cast<size_t>(pfdPeer_[i])] = 1;
+  }
 }
 
 void Communicator::sendRecv(int sendPeer, SendOp* s, int recvPeer, RecvOp* r) {
@@ -369,7 +392,7 @@ void Communicator::sendRecv(int sendPeer, SendOp* s, int recvPeer, RecvOp* r) {
 
 [[noreturn]] void Communicator::timeout(int sendPeer, int recvPeer) {
   std::string who;
-  auto name = [&](int p) { return detail::concat("rank ", label(p), " (", conn(p).peerHost(), ")"); };
+  auto name = [&](int p) { return detail::concat("rank ", label(p), " (", peerHost(p), ")"); };
   if (recvPeer >= 0) who = "waiting for data from " + name(recvPeer);
   if (sendPeer >= 0)
     who += (who.empty() ? "" : " and ") + std::string("waiting to send to ") + name(sendPeer);
@@ -392,6 +415,7 @@ void Communicator::poison(const std::string& reason, transport::AbortCode code) 
       RR_WARN("flight recorder written to ", path);
     }
   }
+  if (dialer_) dialer_->close();
   const std::string& msg = reason;  // receivers prefix "rank <us> (<host>) failed: "
   for (auto& c : conns_) {
     if (!c) continue;
@@ -401,6 +425,7 @@ void Communicator::poison(const std::string& reason, transport::AbortCode code) 
 }
 
 void Communicator::farewell() {
+  if (dialer_) dialer_->close();
   if (poisoned() || aborted_.load()) return;
   for (auto& c : conns_) {
     if (!c) continue;

@@ -46,7 +46,24 @@ class Communicator {
   int world() const { return world_; }
   const Options& options() const { return opts_; }
   uint64_t seq() const { return seq_; }
-  Connection& conn(int peer) { return *conns_[static_cast<size_t>(peer)]; }
+  // The connection to `peer`, made now (comm/lazy_connect.cc) if it is not there yet.
+  Connection& conn(int peer) {
+    auto& c = conns_[static_cast<size_t>(peer)];
+    if (!c) connectLazily(peer);
+    return *c;
+  }
+  // Host of `peer`, for messages (no connection needed).
+  std::string peerHost(int peer) const;
+
+  // Lazy connections: init connected only the peers in `watch` (a sparse overlay, sorted);
+  // `dialer` makes the others on first use. Those peers are also the only ones whose
+  // connections and heartbeats waits watch: a failure elsewhere reaches this rank as an
+  // abort frame relayed along the overlay. Without this call every peer is connected and
+  // watched (full mesh).
+  void setDialer(std::unique_ptr<transport::Dialer> dialer, const std::vector<int>& watch);
+  bool watched(int peer) const { return watch_[static_cast<size_t>(peer)] != 0; }
+  // Open TCP connections (for link_stats and tests). Executor thread.
+  int openConnections() const;
 
   // Start a collective: checks the communicator is usable, takes the next sequence number,
   // arms the deadline and returns the header every frame of this collective carries.
@@ -92,6 +109,7 @@ class Communicator {
   void setFlightPath(std::string path) { flightPath_ = std::move(path); }
   // Heartbeats run from here on; peers silent for too long fail waits (PeerError).
   void setHeartbeat(std::unique_ptr<transport::Heartbeat> hb);
+  const transport::Heartbeat* heartbeat() const { return hb_.get(); }
 
   ScratchArena& scratch() { return scratch_; }
 
@@ -139,6 +157,20 @@ class Communicator {
 
  private:
   [[noreturn]] void timeout(int sendPeer, int recvPeer);
+  void connectLazily(int peer);
+  // Wait until `dialFd` is readable (>= 0) or `peer` has dialled this rank, serving other
+  // dialling peers and watching the overlay meanwhile.
+  void waitForLink(int peer, int dialFd);
+  // Accept one dialling peer (the listener is readable) into conns_.
+  void acceptDialler();
+  // Add the watched, idle connections (and the listener) to pfds_ for a wait.
+  void watchIdle(int sendPeer, int recvPeer);
+  // A watched idle connection was readable: EOF/abort throws, goodbye/early data noted.
+  void onIdleReadable(int peer);
+  static constexpr int kListenerSlot = -2;  // pfdPeer_ of the listener (-1: the wake fd)
+  std::unique_ptr<transport::Dialer> dialer_;
+  std::vector<uint8_t> watch_;  // 1: connected at init and watched in waits
+  std::vector<int> watchList_;  // the same, as a list (waits cost O(watched), not O(world))
 
   int rank_, world_;
   std::vector<std::unique_ptr<Connection>> conns_;

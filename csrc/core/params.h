@@ -44,6 +44,10 @@ struct Options {
   // usually arrives within microseconds, and a wake-up costs tens of them. Python sets 0
   // when ranks outnumber cores (spinning would steal the peer's core).
   double spinUs = 1000.0;
+  // RINGREDUCE_FULL_MESH_MAX: communicators of up to this many ranks connect every pair at
+  // init and heartbeat every peer (complete diagnostics); larger ones connect and watch a
+  // sparse overlay of O(log n) peers and make other connections on first use.
+  int fullMeshMax = 16;
   // RINGREDUCE_CHECKSUM: CRC32C on every TCP payload (shared memory is not checksummed).
   bool checksum = false;
   // A group's communicator: the world rank of each of its ranks (messages name world

@@ -89,6 +89,7 @@ void Heartbeat::start(int rank, const std::vector<std::string>& peerAddrs,
     auto addrs = tcp::resolve(ep.host, ep.port, SOCK_DGRAM, false, resolveBy);
     if (addrs.empty()) RR_THROW(Error, "heartbeat: cannot resolve peer ", peerAddrs[r]);
     peerSockaddr_[r] = std::move(addrs[0]);
+    ++targets_;
   }
   if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) RR_THROW(Error, "heartbeat: pipe failed");
   thread_ = std::thread([this] { loop(); });
@@ -152,9 +153,10 @@ void Heartbeat::sendAll() {
   sign(key_, &d);
   for (size_t r = 0; r < nslots_; ++r) {
     if (peerSockaddr_[r].empty()) continue;
-    (void)::sendto(fd_.get(), &d, sizeof(d), MSG_DONTWAIT,
-                   reinterpret_cast<const sockaddr*>(peerSockaddr_[r].data()),
-                   static_cast<socklen_t>(peerSockaddr_[r].size()));
+    if (::sendto(fd_.get(), &d, sizeof(d), MSG_DONTWAIT,
+                 reinterpret_cast<const sockaddr*>(peerSockaddr_[r].data()),
+                 static_cast<socklen_t>(peerSockaddr_[r].size())) > 0)
+      sent_.fetch_add(1, std::memory_order_relaxed);
   }
 }
 

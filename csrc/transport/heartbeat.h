@@ -70,6 +70,9 @@ class Heartbeat {
   // The call site peer `peer` last reported ("" if none). Takes a lock: for reports only.
   std::string site(int peer) const;
   bool running() const { return thread_.joinable(); }
+  // Peers this rank sends heartbeats to, and datagrams sent so far (link_stats). Any thread.
+  int targets() const { return targets_; }
+  uint64_t sent() const { return sent_.load(std::memory_order_relaxed); }
 
  private:
   void loop();
@@ -93,6 +96,8 @@ class Heartbeat {
   std::unique_ptr<Slot[]> slots_;
   size_t nslots_ = 0;
   std::atomic<uint64_t> state_{0}, bytes_{0};
+  std::atomic<uint64_t> sent_{0};
+  int targets_ = 0;
   std::atomic<int> waiting_{-1};
   mutable std::mutex siteMu_;  // guards site_ and peerSite_
   std::string site_;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 
 #include "transport/frame.h"
@@ -89,6 +90,30 @@ class Connection {
   int peer_;
   int label_ = peer_;
   std::string peerHost_;
+};
+
+// Makes connections after init, for peers a communicator did not connect at init (lazy
+// connections, comm/communicator.h). The higher rank of a pair dials, the lower one accepts,
+// both authenticated as at init. Only the communicator's executor thread calls it.
+class Dialer {
+ public:
+  virtual ~Dialer() = default;
+  // Readable when a peer is dialling this rank (-1 once closed).
+  virtual int listenFd() const = 0;
+  // Host of `peer` as init learnt it (for messages).
+  virtual const std::string& peerHost(int peer) const = 0;
+  // Open a TCP connection to `peer` (a lower rank); returns its descriptor, on which the
+  // peer's hello arrives once it accepts (the caller waits for it while watching everything
+  // else). Throws PeerError when the peer is gone (nothing listens there any more).
+  virtual int dial(int peer, double timeoutSec) = 0;
+  // Finish dial(): authenticate (the hello is readable) and return the connection.
+  virtual std::unique_ptr<Connection> finishDial(int peer, double timeoutSec) = 0;
+  // Accept one peer that is dialling (listenFd readable). `wanted(rank)` says whether that
+  // rank may connect now. Returns null (and logs why) for a refused or vanished caller.
+  virtual std::unique_ptr<Connection> acceptOne(bool (*wanted)(void*, int), void* ctx,
+                                                double timeoutSec) = 0;
+  // Stop accepting (destroy, failure): nothing of the job keeps listening.
+  virtual void close() = 0;
 };
 
 }  // namespace rr::transport

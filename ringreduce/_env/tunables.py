@@ -78,6 +78,16 @@ def _p_positive_bytes(name: str, raw: str) -> int:
     return value
 
 
+def _p_count(name: str, raw: str) -> int:
+    try:
+        v = int(raw)
+    except ValueError:
+        v = -1
+    if v < 1:
+        raise ValueError(f"{name}={raw!r}: expected a whole number >= 1")
+    return v
+
+
 def _p_str(name: str, raw: str) -> str:
     return raw
 
@@ -194,7 +204,12 @@ class Tunables:
         "Where to write a trace of this rank's collectives (for debugging).")
     heartbeat_interval: float = _knob(
         "RINGREDUCE_HEARTBEAT_INTERVAL", 0.5, _p_seconds, "seconds",
-        "How often each rank sends a UDP heartbeat to every peer.")
+        "How often each rank sends a UDP heartbeat to each peer it watches.")
+    full_mesh_max: int = _knob(
+        "RINGREDUCE_FULL_MESH_MAX", 16, _p_count, "ranks",
+        "Jobs (and groups) of up to this many ranks connect every pair at init and heartbeat "
+        "every peer; larger ones connect and watch only ranks r +- 2^k (O(log n) peers) and "
+        "make other connections on first use.")
     heartbeat_timeout: float = _knob(
         "RINGREDUCE_HEARTBEAT_TIMEOUT", 4.0, _p_nonneg_seconds, "seconds",
         "A peer silent this long is reported as frozen, partitioned or dead (0 disables).")

@@ -11,25 +11,38 @@ Listener::Listener(const std::string& host) : host_(host) { fd_ = listenOn(host,
 std::vector<std::unique_ptr<Connection>> connectMesh(const Identity& me, Listener& listener,
                                                      const std::vector<std::string>& peerAddrs,
                                                      Deadline d) {
+  std::vector<int> all;
+  for (int r = 0; r < me.world; ++r)
+    if (r != me.rank) all.push_back(r);
+  return connectSubset(me, listener, peerAddrs, all, d);
+}
+
+std::vector<std::unique_ptr<Connection>> connectSubset(const Identity& me, Listener& listener,
+                                                       const std::vector<std::string>& peerAddrs,
+                                                       const std::vector<int>& want, Deadline d) {
   RR_CHECK_EQ(static_cast<int>(peerAddrs.size()), me.world, "one address per rank");
   std::vector<std::unique_ptr<Connection>> conns(static_cast<size_t>(me.world));
-  // Connect to every lower rank, in order.
+  std::vector<uint8_t> wanted(static_cast<size_t>(me.world), 0);
+  for (int p : want) wanted[static_cast<size_t>(p)] = 1;
+  // Connect to every wanted lower rank, in order.
   for (int peer = 0; peer < me.rank; ++peer) {
+    if (!wanted[static_cast<size_t>(peer)]) continue;
     Endpoint ep = parseEndpoint(peerAddrs[static_cast<size_t>(peer)]);
     Fd fd = connectTo(ep, d, detail::concat("rank ", me.rank, " connecting to rank ", peer));
     connectHandshake(fd.get(), me, peer, ep.str(), d);
     conns[static_cast<size_t>(peer)] = std::make_unique<TcpConnection>(peer, ep.host, std::move(fd));
     RR_DEBUG("connected to rank ", peer, " at ", ep.str());
   }
-  // Accept every higher rank, in any order; refuse strangers and duplicates.
-  int missing = me.world - 1 - me.rank;
+  // Accept every wanted higher rank, in any order; refuse strangers and duplicates.
+  int missing = 0;
+  for (int r = me.rank + 1; r < me.world; ++r) missing += wanted[static_cast<size_t>(r)];
   while (missing > 0) {
     std::string from;
     Fd fd = acceptOne(listener.fd(), d, &from);
     if (!fd.valid()) {
       std::string who;
       for (int r = me.rank + 1; r < me.world; ++r)
-        if (!conns[static_cast<size_t>(r)]) who += (who.empty() ? "" : ", ") + std::to_string(r);
+        if (wanted[static_cast<size_t>(r)] && !conns[static_cast<size_t>(r)]) who += (who.empty() ? "" : ", ") + std::to_string(r);
       RR_THROW(TimeoutError, "rank ", me.rank, " timed out waiting for rank(s) ", who,
                " to connect to ", listener.host(), ":", listener.port(),
                " (did they start? are WORLD_SIZE and MASTER_ADDR the same everywhere? "
@@ -45,7 +58,7 @@ std::vector<std::unique_ptr<Connection>> connectMesh(const Identity& me, Listene
     }
     conns[static_cast<size_t>(peer)] = std::make_unique<TcpConnection>(peer, from, std::move(fd));
     RR_DEBUG("accepted rank ", peer, " from ", from);
-    --missing;
+    missing -= wanted[static_cast<size_t>(peer)];
   }
   return conns;
 }

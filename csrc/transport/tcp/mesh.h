@@ -35,5 +35,11 @@ class Listener {
 std::vector<std::unique_ptr<Connection>> connectMesh(const Identity& me, Listener& listener,
                                                      const std::vector<std::string>& peerAddrs,
                                                      Deadline d);
+// The same for the peers in `want` only (sorted; symmetric: rank a lists b iff b lists a,
+// or the procedure waits for a peer that never dials). Higher ranks that dial early for a
+// lazy connection (TcpDialer) are accepted too; other slots stay null.
+std::vector<std::unique_ptr<Connection>> connectSubset(const Identity& me, Listener& listener,
+                                                       const std::vector<std::string>& peerAddrs,
+                                                       const std::vector<int>& want, Deadline d);
 
 }  // namespace rr::transport::tcp

@@ -161,7 +161,7 @@ Fd listenOn(const std::string& host, int port, int* boundPort) {
     ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     setBuffers(fd.get());
     if (::bind(fd.get(), sa, static_cast<socklen_t>(a.size())) != 0 ||
-        ::listen(fd.get(), 128) != 0) {
+        ::listen(fd.get(), SOMAXCONN) != 0) {
       lastErr = std::strerror(errno);
       continue;
     }
@@ -177,7 +177,7 @@ Fd listenOn(const std::string& host, int port, int* boundPort) {
            " (is the port in use, or the address not on this host? set RINGREDUCE_SOCKET_IFNAME)");
 }
 
-Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what) {
+Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what, bool retry) {
   std::string lastErr = "timed out";
   int backoffMs = 5;
   while (true) {
@@ -213,6 +213,8 @@ Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what) {
       setNoDelay(fd.get());
       return fd;
     }
+    if (!retry)
+      RR_THROW(Error, what, ": could not connect to ", ep.str(), ": ", lastErr);
     if (deadline.expired())
       RR_THROW(TimeoutError, what, ": could not connect to ", ep.str(), ": ", lastErr,
                " (is the peer running and reachable from this interface?)");

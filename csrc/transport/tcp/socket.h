@@ -66,7 +66,8 @@ Fd listenOn(const std::string& host, int port, int* boundPort);
 
 // Connect to ep, retrying refused/unreachable attempts until the deadline. The returned
 // socket is non-blocking with TCP_NODELAY. Throws TimeoutError naming ep and the last error.
-Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what);
+// retry=false: one attempt per address (a peer known to listen already: a refusal is final).
+Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what, bool retry = true);
 
 // Accept one connection (listener is non-blocking); returns invalid Fd at the deadline.
 Fd acceptOne(int listenFd, Deadline deadline, std::string* peerAddr);

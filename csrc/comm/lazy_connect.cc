@@ -1,0 +1,128 @@
+// Lazy connections (Communicator::setDialer): large jobs connect a sparse overlay at init
+// and every other pair on first use, inside the collective that needs it.
+//
+// Why this cannot deadlock: the higher rank of a pair dials, the lower accepts, and both
+// need the pair in the same collective (data flows both ways or one way, but both sides
+// call conn()). Every wait of a rank -- data, shared memory, or another pair's dial --
+// accepts whoever is dialling it, so a dialler waits only for its peer to reach some wait
+// of that collective. The one blocking step, an acceptor finishing a handshake, waits for a
+// strictly higher rank, so chains of such waits end.
+#include <errno.h>
+#include <poll.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace rr::comm {
+
+namespace {
+constexpr double kHandshakeCapSec = 5.0;  // a peer whose hello arrived answers at once
+}  // namespace
+
+void Communicator::setDialer(std::unique_ptr<transport::Dialer> dialer,
+                             const std::vector<int>& watch) {
+  dialer_ = std::move(dialer);
+  watch_.assign(static_cast<size_t>(world_), 0);
+  watchList_.clear();
+  for (int p : watch) {
+    RR_CHECK(p >= 0 && p < world_ && p != rank_, "bad overlay peer ", p);
+    watch_[static_cast<size_t>(p)] = 1;
+    watchList_.push_back(p);
+  }
+}
+
+std::string Communicator::peerHost(int peer) const {
+  if (peer < 0 || peer >= world_) return "?";
+  const auto& c = conns_[static_cast<size_t>(peer)];
+  if (c) return c->peerHost();
+  return dialer_ ? dialer_->peerHost(peer) : std::string("?");
+}
+
+int Communicator::openConnections() const {
+  int n = 0;
+  for (const auto& c : conns_)
+    if (c && c->fd() >= 0) ++n;
+  return n;
+}
+
+void Communicator::connectLazily(int peer) {
+  RR_CHECK(peer >= 0 && peer < world_ && peer != rank_, "no connection to rank ", peer);
+  if (!dialer_ || dialer_->listenFd() < 0) {
+    checkUsable();
+    RR_THROW(Error, "rank ", label(rank_), " has no connection to rank ", label(peer),
+             " and can no longer make one (the communicator is shutting down)");
+  }
+  if (hb_) hb_->setWaiting(peer);
+  double left = deadline_.pollMs() / 1000.0;
+  double cap = std::min(left, opts_.connectTimeoutSec);
+  if (peer < rank_) {
+    int fd = dialer_->dial(peer, std::min(cap, kHandshakeCapSec));
+    waitForLink(peer, fd);
+    conns_[static_cast<size_t>(peer)] = dialer_->finishDial(peer, kHandshakeCapSec);
+  } else {
+    waitForLink(peer, -1);
+  }
+  auto& c = conns_[static_cast<size_t>(peer)];
+  c->setChecksum(opts_.checksum);
+  c->setLabel(label(peer));
+}
+
+void Communicator::acceptDialler() {
+  auto wanted = [](void* self, int r) {
+    auto* me = static_cast<Communicator*>(self);
+    return r > me->rank_ && r < me->world_ && !me->conns_[static_cast<size_t>(r)];
+  };
+  std::unique_ptr<Connection> c = dialer_->acceptOne(wanted, this, kHandshakeCapSec);
+  if (!c) return;
+  const int p = c->peer();
+  c->setChecksum(opts_.checksum);
+  c->setLabel(label(p));
+  conns_[static_cast<size_t>(p)] = std::move(c);
+}
+
+void Communicator::waitForLink(int peer, int dialFd) {
+  noteWait();
+  while (true) {
+    if (dialFd < 0 && conns_[static_cast<size_t>(peer)]) return;
+    pfds_.clear();
+    pfdPeer_.clear();
+    pfds_.push_back({wakeFd_, POLLIN, 0});
+    pfdPeer_.push_back(-1);
+    if (dialFd >= 0) {
+      pfds_.push_back({dialFd, POLLIN, 0});
+      pfdPeer_.push_back(peer);
+    }
+    watchIdle(peer, peer);
+    int ms = deadline_.pollMs();
+    if (hb_ && ms > 250) ms = 250;
+    int n = ::poll(pfds_.data(), pfds_.size(), ms);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      RR_THROW(Error, "poll failed: ", std::strerror(errno));
+    }
+    if (aborted_.load()) throwAborted();
+    if (n == 0) {
+      if (deadline_.expired())
+        RR_THROW(TimeoutError, "rank ", label(rank_), ": ", describeCurrent(), " timed out after ",
+                 opts_.timeoutSec, " s waiting for rank ", label(peer), " (", peerHost(peer), ") to ",
+                 dialFd >= 0 ? "accept a connection" : "connect", " (it needs no connection "
+                 "before this collective)", diagnosis(peer),
+                 " (is that rank stuck, or did it skip this collective?)");
+      checkHeartbeats(peer);
+      continue;
+    }
+    for (size_t i = 1; i < pfds_.size(); ++i) {
+      if (!pfds_[i].revents) continue;
+      const int p = pfdPeer_[i];
+      if (p == peer && dialFd >= 0) return;  // the peer's hello (or EOF: finishDial says)
+      if (p == kListenerSlot) acceptDialler();
+      else if (p >= 0) onIdleReadable(p);
+    }
+  }
+}
+
+}  // namespace rr::comm

@@ -1,0 +1,81 @@
+#include "transport/tcp/dialer.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "transport/tcp/tcp_connection.h"
+
+namespace rr::transport::tcp {
+
+TcpDialer::TcpDialer(Identity me, Listener listener, std::vector<std::string> peerAddrs)
+    : me_(std::move(me)), listener_(std::move(listener)), addrs_(std::move(peerAddrs)) {
+  RR_CHECK_EQ(static_cast<int>(addrs_.size()), me_.world, "one address per rank");
+  for (const auto& a : addrs_) hosts_.push_back(a.empty() ? std::string("?") : parseEndpoint(a).host);
+  pending_.resize(addrs_.size());
+}
+
+const std::string& TcpDialer::peerHost(int peer) const {
+  return hosts_[static_cast<size_t>(peer)];
+}
+
+int TcpDialer::dial(int peer, double timeoutSec) {
+  RR_CHECK(peer >= 0 && peer < me_.rank, "rank ", me_.rank, " dials only lower ranks, not ", peer);
+  Endpoint ep = parseEndpoint(addrs_[static_cast<size_t>(peer)]);
+  try {
+    // The peer has listened since before init returned anywhere: a refusal means it is gone.
+    pending_[static_cast<size_t>(peer)] =
+        connectTo(ep, Deadline::after(timeoutSec),
+                  detail::concat("rank ", me_.rank, " connecting to rank ", peer), false);
+  } catch (const Error& e) {
+    throw PeerError(peer, PeerCause::kClosed,
+                    detail::concat("rank ", peer, " (", ep.host, ") cannot be reached at ",
+                                   ep.str(), " (it exited, crashed or destroyed its "
+                                   "communicator): ", e.what()));
+  }
+  return pending_[static_cast<size_t>(peer)].get();
+}
+
+std::unique_ptr<Connection> TcpDialer::finishDial(int peer, double timeoutSec) {
+  Fd fd = std::move(pending_[static_cast<size_t>(peer)]);
+  RR_CHECK(fd.valid(), "finishDial without dial for rank ", peer);
+  const std::string& addr = addrs_[static_cast<size_t>(peer)];
+  connectHandshake(fd.get(), me_, peer, addr, Deadline::after(timeoutSec));
+  RR_DEBUG("rank ", me_.rank, ": connected to rank ", peer, " at ", addr, " on first use");
+  return std::make_unique<TcpConnection>(peer, hosts_[static_cast<size_t>(peer)], std::move(fd));
+}
+
+std::unique_ptr<Connection> TcpDialer::acceptOne(bool (*wanted)(void*, int), void* ctx,
+                                                 double timeoutSec) {
+  if (!listener_.fd() || listener_.fd() < 0) return nullptr;
+  std::string from;
+  Fd fd = tcp::acceptOne(listener_.fd(), Deadline::after(0.0), &from);
+  if (!fd.valid()) return nullptr;  // the caller gave up meanwhile
+  std::string reason;
+  int peer = acceptHandshakeImpl(fd.get(), me_, Deadline::after(timeoutSec), wanted, ctx, &reason);
+  if (peer < 0) {
+    RR_WARN("rank ", me_.rank, " refused a connection from ", from, ": ", reason);
+    return nullptr;
+  }
+  RR_DEBUG("rank ", me_.rank, ": accepted rank ", peer, " from ", from, " on first use");
+  return std::make_unique<TcpConnection>(peer, from, std::move(fd));
+}
+
+void TcpDialer::close() {
+  listener_.close();
+  for (auto& f : pending_) f.reset();
+}
+
+std::vector<int> overlayPeers(int rank, int world) {
+  std::vector<int> out;
+  for (int d = 1; d < world; d *= 2) {
+    out.push_back((rank + d) % world);
+    out.push_back(((rank - d) % world + world) % world);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  out.erase(std::remove(out.begin(), out.end(), rank), out.end());
+  return out;
+}
+
+}  // namespace rr::transport::tcp

@@ -1,0 +1,67 @@
+"""File descriptors: check, before a communicator connects, that this process may open
+what it will need, and raise the soft limit (up to the hard one) when it is too low.
+
+A communicator keeps about three descriptors per connected peer (TCP connection, shared
+memory, their bookkeeping). Up to RINGREDUCE_FULL_MESH_MAX ranks every peer is connected
+at init; above it only the O(log n) overlay is, and other peers on first use -- an
+all_to_all may still end up connected to everyone, so that is what the limit is raised for.
+The common default soft limit (1,024) is below what a 512-rank full mesh needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+
+log = logging.getLogger("ringreduce")
+
+PER_PEER = 3  # descriptors per connected peer, measured (bench/scaling.json: fds vs n)
+SLACK = 64    # the process's own files, sockets of the store, eventfds
+
+
+def open_fds() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return SLACK
+
+
+def eager_peers(rank: int, world: int, full_mesh_max: int) -> int:
+    """Peers a communicator of `world` ranks connects at init (see RINGREDUCE_FULL_MESH_MAX)."""
+    if world <= max(int(full_mesh_max), 1):
+        return world - 1
+    from . import _C
+
+    return len(_C.overlay_peers(rank, world))
+
+
+def ensure(world: int, eager_peers: int, what: str = "init") -> None:
+    """Make sure `eager_peers` connections fit now (else raise, saying how many are needed)
+    and that connecting to all `world - 1` peers later fits (raise the soft limit to the
+    hard one if needed; warn when even that is too low)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    inf = resource.RLIM_INFINITY
+    now = open_fds()
+    need_now = now + PER_PEER * eager_peers + SLACK
+    need_all = now + PER_PEER * (world - 1) + SLACK
+    if soft != inf and soft < need_all:
+        target = need_all if hard == inf else min(hard, max(need_all, soft))
+        if target > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            log.info("%s: raised the open-file soft limit from %d to %d (%d ranks need about "
+                     "%d)", what, soft, target, world, need_all)
+            soft = target
+    if soft != inf and soft < need_now:
+        raise RuntimeError(
+            f"{what}: {world} ranks need about {need_now} open files in this process "
+            f"({now} open, {PER_PEER} per connected peer x {eager_peers} peers, {SLACK} "
+            f"spare) but the limit is {soft} (hard limit {hard}); raise it before starting "
+            f"the job (`ulimit -n {need_all}`, or LimitNOFILE= / `--ulimit nofile=` in "
+            f"systemd / docker), or lower RINGREDUCE_FULL_MESH_MAX so init connects fewer "
+            f"peers")
+    if soft != inf and soft < need_all:
+        log.warning("%s: open-file limit %d (hard %d) covers %d peers, not all %d: a "
+                    "collective that connects every pair (all_to_all) may fail with 'Too many "
+                    "open files'; raise `ulimit -n` to %d", what, soft, hard,
+                    (soft - now - SLACK) // PER_PEER, world - 1, need_all)

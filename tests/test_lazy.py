@@ -1,0 +1,116 @@
+"""Sparse communicators (issue #14): above RINGREDUCE_FULL_MESH_MAX ranks init connects and
+watches only ranks r +- 2^k, makes other connections on first use, and failures still reach
+every rank (relayed along the overlay). The tests force the sparse mode at small world
+sizes (RINGREDUCE_FULL_MESH_MAX=1) so that the overlay is a strict subset of the peers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import test_faults
+import workers
+from _spawn import run_world
+from test_collectives import FAMILIES, MATRIX_ENV, MATRIX_TIMEOUT_S
+
+SPARSE = {"RINGREDUCE_FULL_MESH_MAX": "1"}
+
+
+def _overlay(rank: int, world: int) -> list[int]:
+    """The same overlay the core computes, written out independently."""
+    out = set()
+    d = 1
+    while d < world:
+        out |= {(rank + d) % world, (rank - d) % world}
+        d *= 2
+    return sorted(out - {rank})
+
+
+def test_overlay_is_symmetric_and_logarithmic() -> None:
+    from ringreduce import _C
+
+    assert len(_overlay(3, 9)) == 6 and len(_overlay(0, 6)) == 4  # strict subsets below
+    for world in (2, 3, 5, 8, 9, 64, 1000, 4096):
+        peers = [_C.overlay_peers(r, world) for r in range(min(world, 70))]
+        for r, ps in enumerate(peers):
+            assert ps == _overlay(r, world), (world, r)
+            assert len(ps) <= 2 * max(1, (world - 1).bit_length())
+            for p in ps:
+                if p < len(peers):
+                    assert r in peers[p], f"world {world}: {r} lists {p} but not back"
+
+
+@pytest.mark.timeout(MATRIX_TIMEOUT_S + 60)
+@pytest.mark.parametrize("world,transport", [(6, "tcp"), (6, "shm")])
+def test_matrix_in_sparse_mode(world: int, transport: str) -> None:
+    """Every collective family of tests/test_collectives.py, checked against numpy, on a
+    communicator that starts with the overlay only."""
+    results = run_world(world, workers.matrix, FAMILIES, timeout=MATRIX_TIMEOUT_S + 30,
+                        env={**MATRIX_ENV, **SPARSE, "RINGREDUCE_TRANSPORT": transport})
+    msgs = [f"rank {r} {fam}: {m}" for r, res in enumerate(results)
+            for fam, ms in res["fails"].items() for m in ms]
+    fatal = [res["fatal"] for res in results if res["fatal"]]
+    assert not msgs and not fatal, "\n".join(msgs[:40]) + f"\n{fatal[:1]}"
+    for fam in FAMILIES:
+        assert {res["counts"].get(fam, 0) for res in results} != {0}, fam
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [6, 9])
+def test_connections_are_made_on_first_use(world: int) -> None:
+    outs = run_world(world, "lazy_workers:links", timeout=90,
+                     env={**SPARSE, "RINGREDUCE_TRANSPORT": "tcp", "RINGREDUCE_TIMEOUT": "60"})
+    for rank, o in enumerate(outs):
+        k = len(o["overlay"])
+        assert o["overlay"] == _overlay(rank, world)
+        assert k < world - 1, f"world {world}: overlay is everything"
+        assert o["before"]["connections"] == k, (rank, o)
+        assert o["before"]["heartbeat_targets"] == k and o["before"]["watched"] == k, (rank, o)
+        assert o["after_allreduce"]["connections"] == k, (rank, o)  # ring/tree: overlay only
+        assert o["after_all_to_all"]["connections"] == world - 1, (rank, o)
+    # The gather's root talked to ranks outside its overlay: connected on demand.
+    root = world - 2
+    assert outs[root]["after_gather"]["connections"] > len(outs[root]["overlay"])
+
+
+# A dead or frozen rank is named on every survivor, within the same bounds as a full mesh,
+# though most survivors hear of it only through the overlay's abort frames.
+_FAULTS = [("tcp", "ring", 8, 3, "kill", "mid", "allreduce"),
+           ("tcp", "tree", 9, 0, "stop", "mid", "allreduce"),
+           ("shm", "auto", 6, 5, "kill", "begin", "barrier"),
+           ("shm", "auto", 9, 4, "stop", "mid", "broadcast"),
+           ("tcp", "ring", 6, 2, "exit", "mid", "all_to_all")]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport,algo,world,victim,action,point,collective", _FAULTS,
+                         ids=["-".join(map(str, c)) for c in _FAULTS])
+def test_fault_is_named_on_every_rank_in_sparse_mode(
+        tmp_path: Path, transport: str, algo: str, world: int, victim: int, action: str,
+        point: str, collective: str) -> None:
+    outs, t_fault = test_faults._run(tmp_path, transport, algo, world, victim, action, point,
+                                     collective, {**test_faults.FAST_HB, **SPARSE}, n=5000)
+    # Limits as in the full-mesh test, plus slack for 9 processes on 2 cores.
+    test_faults._check(outs, t_fault, victim, action, 3.0 if action == "stop" else 2.5)
+
+
+@pytest.mark.timeout(90)
+def test_soft_fd_limit_is_raised_to_what_the_job_needs() -> None:
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 256:
+        pytest.skip(f"hard open-file limit {hard} leaves no room to test raising the soft one")
+    outs = run_world(3, "lazy_workers:low_fd_limit", 64, hard, timeout=60, init=False)
+    for o in outs:
+        assert "limit" in o, o
+        assert o["limit"][0] > 64, o  # raised: open files + 3 x 2 peers + 64 spare
+
+
+@pytest.mark.timeout(90)
+def test_too_low_hard_fd_limit_fails_init_with_the_number_needed() -> None:
+    outs = run_world(3, "lazy_workers:low_fd_limit", 40, 40, timeout=60, init=False,
+                     env={"RINGREDUCE_CONNECT_TIMEOUT": "20"})
+    for o in outs:
+        assert "error" in o, o
+        assert "ulimit -n" in o["error"] and "open files" in o["error"], o["error"]
