@@ -59,6 +59,8 @@ TABLES: dict[str, list[str]] = {
                 _out("latency.png")],
     "groups": [PY, "bench/groups.py", "--json", _out("groups.json"), "--plot",
                _out("groups.png")],
+    "scaling": [PY, "bench/scaling.py", "--json", _out("scaling.json"), "--plot",
+                _out("scaling.png")],
     "torch_backend": [PY, "bench/torch_backend.py", "--json", _out("torch_backend.json"),
                       "--plot", _out("torch_backend.png")],
     "ddp_torch_rr": [PY, "bench/ddp_step.py", "--torch-rr", "--json",
