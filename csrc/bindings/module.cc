@@ -312,6 +312,27 @@ PYBIND11_MODULE(_C, m) {
   m.def("choose_allreduce", [](int world, size_t bytes, const py::dict& opts) {
     return static_cast<int>(collectives::chooseAllreduce(optionsFromDict(opts), world, bytes));
   });
+  m.def("predict_allreduce_cluster",
+        [](const std::string& algo, int hosts, int local, size_t bytes, double alphaUs,
+           double betaNsPerByte, double shmAlphaUs, double shmBetaNsPerByte) {
+          collectives::ClusterModel m;
+          if (hosts < 1 || local < 1) throw InvalidArgument("hosts and local must be >= 1");
+          m.hosts = hosts;
+          m.local = local;
+          m.alphaUs = alphaUs;
+          m.betaNsPerByte = betaNsPerByte;
+          m.shmAlphaUs = shmAlphaUs;
+          m.shmBetaNsPerByte = shmBetaNsPerByte;
+          using A = collectives::ModelAlgo;
+          A a = algo == "ring" ? A::kRing : algo == "recursive_doubling" ? A::kRecursiveDoubling
+              : algo == "binomial_tree" ? A::kBinomialTree : algo == "hier" ? A::kHier
+              : throw InvalidArgument("algo: ring, recursive_doubling, binomial_tree or hier, not '" + algo + "'");
+          return collectives::predictAllreduceCluster(m, a, bytes);
+        },
+        py::arg("algo"), py::arg("hosts"), py::arg("local"), py::arg("bytes"),
+        py::arg("alpha_us"), py::arg("beta_ns_per_byte"), py::arg("shm_alpha_us") = 0.8,
+        py::arg("shm_beta_ns_per_byte") = 0.057,
+        "Predicted all-reduce seconds on hosts x local ranks (collectives/cost_model.cc).");
   m.def("overlay_peers", &transport::tcp::overlayPeers, py::arg("rank"), py::arg("world"),
         "Peers a rank connects and watches at init above RINGREDUCE_FULL_MESH_MAX ranks.");
   m.def("predict_allreduce", [](int algo, int world, size_t bytes, const py::dict& opts) {

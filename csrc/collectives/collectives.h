@@ -41,4 +41,19 @@ Algorithm chooseAllreduce(const Options& o, int world, size_t bytes);
 // Predicted seconds for an algorithm (exposed for tests and `ringreduce-bench --tune`).
 double predictAllreduce(const Options& o, Algorithm a, int world, size_t bytes);
 
+// The model at cluster scale (`ringreduce-bench --model`): `hosts` x `local` ranks placed
+// host by host, one network link per host (alpha per message, beta per byte through it,
+// shared by all of the host's concurrent streams) and shared memory inside a host.
+struct ClusterModel {
+  int hosts = 1;
+  int local = 1;
+  double alphaUs = 8.4;          // between hosts
+  double betaNsPerByte = 0.176;  // between hosts, through one host's link
+  double shmAlphaUs = 0.8;       // within a host (bench/shm_2ranks.json, 8 B all-reduce)
+  double shmBetaNsPerByte = 0.057;  // per phase: 64 MiB on 2 ranks in 7.6 ms, 2 phases
+};
+enum class ModelAlgo { kRing, kRecursiveDoubling, kBinomialTree, kHier };
+// Predicted seconds; kBinomialTree (reduce + broadcast) is modelled for comparison only.
+double predictAllreduceCluster(const ClusterModel& m, ModelAlgo a, size_t bytes);
+
 }  // namespace rr::collectives

@@ -10,6 +10,7 @@
 // `ringreduce-bench --tune --tune-out FILE` fits them to another machine. gamma, the per-byte
 // reduction cost, is small next to beta over TCP and fixed here: the same script measures it
 // (a memory-bound float32 add) into the same file. tests/test_bench.py checks all three.
+#include <algorithm>
 #include <cmath>
 
 #include "collectives/collectives.h"
@@ -40,6 +41,58 @@ Algorithm chooseAllreduce(const Options& o, int world, size_t bytes) {
   double t = predictAllreduce(o, Algorithm::kTree, world, bytes);
   double r = predictAllreduce(o, Algorithm::kRing, world, bytes);
   return t <= r ? Algorithm::kTree : Algorithm::kRing;
+}
+
+namespace {
+// One step in which every rank exchanges `bytes` with a partner `dist` ranks away (ranks
+// placed host by host): inside the host through shared memory, else over the host's link,
+// which carries `streams` concurrent transfers.
+double step(const ClusterModel& m, int dist, double bytes, int streams) {
+  if (m.hosts <= 1 || dist < m.local)
+    return m.shmAlphaUs * 1e-6 + bytes * m.shmBetaNsPerByte * 1e-9;
+  return m.alphaUs * 1e-6 + bytes * streams * m.betaNsPerByte * 1e-9;
+}
+}  // namespace
+
+double predictAllreduceCluster(const ClusterModel& m, ModelAlgo a, size_t bytes) {
+  const int n = m.hosts * m.local;
+  if (n <= 1) return 0.0;
+  const double b = static_cast<double>(bytes), gamma = kGammaNsPerByte * 1e-9;
+  switch (a) {
+    case ModelAlgo::kRing: {
+      // 2(n-1) steps of b/n; with several hosts each step waits for its cross-host hop
+      // (one per host: the ring leaves each host once).
+      double s = step(m, m.hosts > 1 ? m.local : 1, b / n, 1);
+      return 2.0 * (n - 1) * s + (n - 1.0) / n * b * gamma;
+    }
+    case ModelAlgo::kRecursiveDoubling: {
+      const int p = chunking::floorPow2(n);
+      double t = 0;
+      // Partners 2^k away: inside the host while 2^k < local; beyond, all of a host's
+      // ranks cross at once and share its link.
+      for (int d = 1; d < p; d *= 2) t += step(m, d, b, std::min(m.local, n));
+      if (p != n) t += 2 * step(m, m.local, b, 1);  // fold into / unfold from a power of two
+      return t + std::log2(static_cast<double>(p)) * b * gamma;
+    }
+    case ModelAlgo::kBinomialTree: {
+      // Reduce to rank 0, then broadcast, whole messages: 2 ceil(log2 n) levels; at a
+      // level crossing hosts, at most one rank per host sends.
+      double t = 0;
+      int levels = 0;
+      for (int d = 1; d < n; d *= 2, ++levels) t += step(m, d, b, 1);
+      return 2 * t + levels * b * gamma;
+    }
+    case ModelAlgo::kHier: {
+      // Shared-memory reduce-scatter to `local` slices, one ring per slice across hosts
+      // (all of them through the host's link), shared-memory all-gather.
+      double intra = m.local > 1 ? 2 * (m.shmAlphaUs * 1e-6 + b * m.shmBetaNsPerByte * 1e-9) : 0;
+      const int h = m.hosts;
+      double inter = h > 1 ? 2.0 * (h - 1) * (m.alphaUs * 1e-6 + b / h * m.betaNsPerByte * 1e-9)
+                           : 0;
+      return intra + inter + b * gamma;
+    }
+  }
+  return 0.0;
 }
 
 }  // namespace rr::collectives

@@ -25,6 +25,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = cli.parse_args(argv)
+    if args.model:
+        from . import model
+
+        return model.run(args)
     problem = cli.cuda_problem(args)
     if problem:
         print(f"{cli.PROG}: error: {problem}", file=sys.stderr)

@@ -118,6 +118,16 @@ def _anchors(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _int_list(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers >= 1, got {text!r}")
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG,
@@ -179,6 +189,19 @@ def build_parser() -> argparse.ArgumentParser:
            "crossover instead of sweeping")
     a("--tune-out", metavar="FILE.json",
       help="with --tune: write the fit, for RINGREDUCE_TUNING_FILE")
+    a("--model", action="store_true",
+      help="print the cost model's predicted all-reduce time and pick for a cluster "
+           "(--hosts x --ranks-per-host, --link-gbit, --alpha-us) and exit; starts no rank")
+    a("--hosts", dest="model_hosts", type=_int_list, default=[1, 8, 64, 512], metavar="H,...",
+      help="with --model: host counts (default 1,8,64,512)")
+    a("--ranks-per-host", type=_positive, default=8, metavar="L",
+      help="with --model: ranks per host (default 8)")
+    a("--link-gbit", type=float, default=100.0, metavar="G",
+      help="with --model: each host's link, Gbit/s (default 100)")
+    a("--alpha-us", type=float, default=8.4, metavar="US",
+      help="with --model: per-message latency between hosts (default 8.4, this machine's TCP)")
+    a("--shm-alpha-us", type=float, default=0.8, metavar="US", help=argparse.SUPPRESS)
+    a("--shm-beta-ns-per-byte", type=float, default=0.057, metavar="NS", help=argparse.SUPPRESS)
     a("--mpi-results", help=argparse.SUPPRESS)  # set by the launcher: the mpirun job's output
     return p
 
