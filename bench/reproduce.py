@@ -65,6 +65,9 @@ TABLES: dict[str, list[str]] = {
                       "--plot", _out("torch_backend.png")],
     "ddp_torch_rr": [PY, "bench/ddp_step.py", "--torch-rr", "--json",
                      _out("ddp_step_torch_rr.json")],
+    "model_cluster": [*BENCH, "--model", "--json", _out("model_cluster.json")],
+    "model_check": [PY, "bench/model_check.py", "--json", _out("model_check.json"), "--plot",
+                    _out("model_check.png")],
     "netcluster_1gbit": _cluster("1gbit"),
     "netcluster_10gbit": _cluster("10gbit"),
 }

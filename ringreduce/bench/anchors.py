@@ -99,8 +99,8 @@ class RingReduce(Lib):
         if op == "allreduce":
             if self.algo_arg != "auto":
                 return self.algo_arg
-            if shm:
-                return "shm"
+            if shm:  # several hosts with shared memory inside each: hierarchical
+                return "hier" if getattr(self.group.comm, "plan", "") == "hier" else "shm"
             from ringreduce import _C
 
             opts = {k: v for k, v in self.group.options.items() if k in _COST_KEYS}
