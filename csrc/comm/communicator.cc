@@ -297,14 +297,7 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
     } while (std::chrono::steady_clock::now() < until);
   }
   while (true) {
-    int ms = deadline_.pollMs();
-    if (hb_ && ms > 250) ms = 250;
-    int n = ::poll(pfds_.data(), pfds_.size(), ms);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      RR_THROW(Error, "poll failed: ", std::strerror(errno));
-    }
-    if (aborted_.load()) throwAborted();
+    const int n = pollWaits();
     if (n == 0) {
       if (deadline_.expired()) timeout(sendPeer, recvPeer);
       checkHeartbeats(waitingFor);
@@ -324,6 +317,20 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
       }
     }
     if (ready) return;
+  }
+}
+
+int Communicator::pollWaits() {
+  while (true) {
+    int ms = deadline_.pollMs();
+    if (hb_ && ms > 250) ms = 250;  // wake to look at heartbeats while waiting
+    int n = ::poll(pfds_.data(), pfds_.size(), ms);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      RR_THROW(Error, "poll failed: ", std::strerror(errno));
+    }
+    if (aborted_.load()) throwAborted();
+    return n;
   }
 }
 

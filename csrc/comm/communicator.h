@@ -163,6 +163,9 @@ class Communicator {
   void waitForLink(int peer, int dialFd);
   // Accept one dialling peer (the listener is readable) into conns_.
   void acceptDialler();
+  // poll(pfds_) until something is ready or 250 ms pass (heartbeats are looked at between
+  // rounds) or the deadline; returns the ready count; throws after abort().
+  int pollWaits();
   // Add the watched, idle connections (and the listener) to pfds_ for a wait.
   void watchIdle(int sendPeer, int recvPeer);
   // A watched idle connection was readable: EOF/abort throws, goodbye/early data noted.

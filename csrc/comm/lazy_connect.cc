@@ -7,11 +7,9 @@
 // accepts whoever is dialling it, so a dialler waits only for its peer to reach some wait
 // of that collective. The one blocking step, an acceptor finishing a handshake, waits for a
 // strictly higher rank, so chains of such waits end.
-#include <errno.h>
 #include <poll.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "comm/communicator.h"
 #include "core/error.h"
@@ -97,15 +95,7 @@ void Communicator::waitForLink(int peer, int dialFd) {
       pfdPeer_.push_back(peer);
     }
     watchIdle(peer, peer);
-    int ms = deadline_.pollMs();
-    if (hb_ && ms > 250) ms = 250;
-    int n = ::poll(pfds_.data(), pfds_.size(), ms);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      RR_THROW(Error, "poll failed: ", std::strerror(errno));
-    }
-    if (aborted_.load()) throwAborted();
-    if (n == 0) {
+    if (pollWaits() == 0) {
       if (deadline_.expired())
         RR_THROW(TimeoutError, "rank ", label(rank_), ": ", describeCurrent(), " timed out after ",
                  opts_.timeoutSec, " s waiting for rank ", label(peer), " (", peerHost(peer), ") to ",
