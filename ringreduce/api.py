@@ -372,8 +372,8 @@ def reduce_scatter(x: Any, out: Any = None, op: Any = "sum", async_op: bool = Fa
 def allreduce_coalesced(xs: Sequence[Any], op: Any = "sum", algo: str = "auto",
                         async_op: bool = False, backend: str = "auto",
                         group: Any = None) -> Work | None:
-    """All-reduce a list of same-dtype tensors/arrays through one flat buffer (one
-    collective instead of len(xs)); results are written back into each. backend: as for
+    """All-reduce a list of same-dtype tensors/arrays as one collective (as if
+    concatenated; one collective instead of len(xs)), each in place. backend: as for
     allreduce (all of xs on one CUDA device, or all in host memory)."""
     g = _state.resolve(group, "allreduce_coalesced()")
     if xs and _cuda(tuple(xs), backend, g):
@@ -389,37 +389,11 @@ def allreduce_coalesced(xs: Sequence[Any], op: Any = "sum", algo: str = "auto",
     _buffers.check_reduction(bufs[0].code, opc)
     if g.comm is None:
         return _finish(None, (), async_op=async_op)
-    flat = _flatten(xs)
-    fb = as_buffer(flat, "flat")
-
-    def unflatten() -> None:
-        _unflatten(flat, xs)
-
-    cw = g.comm.allreduce(fb.ptr, fb.count, fb.code, opc, alc, async_op)
-    return _finish(cw, (flat,) + tuple(xs), after=unflatten, async_op=async_op)
-
-
-def _flatten(xs: Sequence[Any]) -> Any:
-    import numpy as np
-
-    if isinstance(xs[0], np.ndarray):
-        return np.concatenate([np.asarray(x).reshape(-1) for x in xs])
-    import torch
-
-    return torch.cat([x.detach().reshape(-1) for x in xs])
-
-
-def _unflatten(flat: Any, xs: Sequence[Any]) -> None:
-    off = 0
-    for x in xs:
-        n = x.size if hasattr(x, "ctypes") else x.numel()
-        part = flat[off:off + n].reshape(x.shape)
-        if hasattr(x, "ctypes"):
-            x[...] = part
-        else:
-            with _no_grad():
-                x.copy_(part)
-        off += n
+    # One collective over the inputs in place (shared memory reads and writes them
+    # directly; other transports go through one flat copy inside the core).
+    cw = g.comm.allreduce_coalesced([b.ptr for b in bufs], [b.count for b in bufs],
+                                    bufs[0].code, opc, alc, async_op)
+    return _finish(cw, tuple(xs), async_op=async_op)
 
 
 def _copy(dst: Any, src: Any) -> None:

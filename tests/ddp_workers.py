@@ -30,11 +30,11 @@ TINY_CAP_MB = 0.0005  # ~512 bytes: several buckets even for the small test mode
 
 
 class MLP(nn.Module):
-    def __init__(self, with_f64: bool = False) -> None:
+    def __init__(self, with_f64: bool = False, hidden: int = 16) -> None:
         super().__init__()
-        self.l1 = nn.Linear(8, 16)
-        self.l2 = nn.Linear(16, 16)
-        self.l3 = nn.Linear(16, 4)
+        self.l1 = nn.Linear(8, hidden)
+        self.l2 = nn.Linear(hidden, hidden)
+        self.l3 = nn.Linear(hidden, 4)
         # A float64 parameter: buckets never mix dtypes.
         self.scale = nn.Parameter(torch.ones(4, dtype=torch.float64)) if with_f64 else None
 
@@ -129,7 +129,8 @@ def sc_plain(rank: int, world: int, steps: int = 4, **ddp_kw: Any) -> dict:
     with_f64 = ddp_kw.pop("with_f64", False)
     set_to_none = ddp_kw.pop("set_to_none", True)
     hook = ddp_kw.pop("hook", None)
-    model, ref = make(lambda: MLP(with_f64))
+    hidden = ddp_kw.pop("hidden", 16)
+    model, ref = make(lambda: MLP(with_f64, hidden))
     ddp = DDP(model, **ddp_kw)
     if hook is not None:
         ddp.register_comm_hook(None, hook)
@@ -142,7 +143,8 @@ def sc_plain(rank: int, world: int, steps: int = 4, **ddp_kw: Any) -> dict:
         ropt.zero_grad()
         F.mse_loss(ref(x), y).backward()
         ropt.step()
-    out = {"diff": maxdiff(model, ref), "buckets": len(ddp.reducer.buckets)}
+    out = {"diff": maxdiff(model, ref), "buckets": len(ddp.reducer.buckets),
+           "in_place": ddp.reducer.stats.in_place}
     if ddp_kw.get("gradient_as_bucket_view"):
         bufs = [(b.buffer.data_ptr(), b.buffer.data_ptr() + b.buffer.numel() * b.buffer.element_size())
                 for b in ddp.reducer.buckets]
@@ -338,6 +340,10 @@ def sc_state_dict(rank: int, world: int) -> dict:
 
 SCENARIOS: dict = {
     "plain": lambda r, w: sc_plain(r, w),
+    # Buckets above shared memory's one-round size, reduced in the gradients themselves
+    # (fresh gradients each step, and gradients accumulated into the same tensors).
+    "plain_wide": lambda r, w: sc_plain(r, w, hidden=160, bucket_cap_mb=0.05),
+    "plain_wide_keep": lambda r, w: sc_plain(r, w, hidden=160, set_to_none=False),
     "plain_tiny_buckets_f64": lambda r, w: sc_plain(r, w, bucket_cap_mb=TINY_CAP_MB,
                                                     with_f64=True),
     "grad_as_view": lambda r, w: sc_plain(r, w, bucket_cap_mb=TINY_CAP_MB,

@@ -46,12 +46,27 @@ def _get(suite, name):
     return world, out
 
 
-@pytest.mark.parametrize("name", ["plain", "plain_tiny_buckets_f64", "no_sync", "no_sync_view",
+@pytest.mark.parametrize("name", ["plain", "plain_wide", "plain_wide_keep",
+                                  "plain_tiny_buckets_f64", "no_sync", "no_sync_view",
                                   "static_graph", "hook_order", "rebuild"])
 def test_matches_single_process(suite, name):
     _, res = _get(suite, name)
     for rank, r in enumerate(res):
         assert r["diff"] < EXACT, f"rank {rank}: max |param - reference| = {r['diff']}"
+
+
+@pytest.mark.parametrize("name,in_place", [("plain", True), ("plain_wide", True),
+                                            ("plain_wide_keep", True), ("grad_as_view", False),
+                                            ("fp16_hook", False)])
+def test_buckets_reduced_in_place(suite, name, in_place):
+    """Without a comm hook or bucket views, gradients are all-reduced where they are (no
+    copies into the bucket and back); hooks and gradient_as_bucket_view use the bucket."""
+    _, res = _get(suite, name)
+    for rank, r in enumerate(res):
+        want = r["buckets"] if in_place else 0
+        assert r["in_place"] == want, (rank, r)
+    if name == "plain_wide":
+        assert res[0]["buckets"] >= 2
 
 
 def test_multiple_buckets_used(suite):

@@ -397,9 +397,14 @@ def family_reduce_scatter(rec: Recorder, rank: int, world: int) -> None:
                  reduce_scatter_case(rank, world, "int64", "max", 10, c, 6, True, True))
 
 
+SMALL_SHAPES = [(3, 4), (0,), (1,), (1001,), (2, 3, 5), ()]
+# Above shared memory's one-round size: the pieces are read and written in place, and the
+# pipeline's slices start and end inside pieces and span several of them.
+LARGE_SHAPES = [(70001,), (3,), (0,), (33333,), (129, 257), (5,), (40000,)]
+
+
 def coalesced_case(rank: int, world: int, dtype: str, op: str, algo: str, container: str,
-                   salt: int, async_op: bool = False):
-    shapes = [(3, 4), (0,), (1,), (1001,), (2, 3, 5), ()]
+                   salt: int, async_op: bool = False, shapes: list = SMALL_SHAPES):
 
     def run():
         bufs, exps = [], []
@@ -442,8 +447,27 @@ def family_coalesced(rec: Recorder, rank: int, world: int) -> None:
                 c = container_for(dtype, j)
                 rec.case("coalesced", f"{dtype}/{op}/{algo}/{c}",
                          coalesced_case(rank, world, dtype, op, algo, c, j * 10, j % 4 == 0))
+    for dtype, op, algo in (("float32", "sum", "auto"), ("bfloat16", "avg", "auto"),
+                            ("int32", "max", "auto"), ("float64", "avg", "ring")):
+        j += 1
+        c = container_for(dtype, j)
+        rec.case("coalesced", f"large {dtype}/{op}/{algo}/{c}",
+                 coalesced_case(rank, world, dtype, op, algo, c, j * 10, j % 2 == 0,
+                                shapes=LARGE_SHAPES))
+    rec.case("coalesced", "same tensor twice", lambda: _coalesced_alias(rank, world))
     rec.case("coalesced", "empty list", lambda: (
         [] if rr.allreduce_coalesced([]) is None else ["empty list returned non-None"], None))
+
+
+def _coalesced_alias(rank: int, world: int):
+    """The same array passed twice reduces as two inputs (as a concatenation would)."""
+    x = np.full(50000, rank + 1, np.float32)
+    y = np.arange(7, dtype=np.float32) * (rank + 1)
+    rr.allreduce_coalesced([x, y, x])
+    tot = world * (world + 1) / 2
+    errs = compare_exact(x, np.full(50000, tot, np.float32), "x") + compare_exact(
+        y, np.arange(7, dtype=np.float32) * tot, "y")
+    return errs, hashlib.sha256(x.tobytes() + y.tobytes()).hexdigest()[:32]
 
 
 # --------------------------------------------------------------------------- async

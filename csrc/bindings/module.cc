@@ -374,6 +374,21 @@ PYBIND11_MODULE(_C, m) {
              };
              return c.run(fn, "allreduce", async);
            })
+      .def("allreduce_coalesced",
+           [](PyComm& c, const std::vector<uintptr_t>& ptrs, const std::vector<size_t>& counts,
+              int dtype, int op, int algo, bool async) {
+             if (ptrs.size() != counts.size())
+               throw py::value_error("allreduce_coalesced: one count per pointer");
+             std::vector<collectives::Piece> pieces;
+             for (size_t i = 0; i < ptrs.size(); ++i)
+               pieces.push_back({reinterpret_cast<void*>(ptrs[i]), counts[i]});
+             auto fn = [pieces = std::move(pieces), dtype, op, algo](comm::Communicator& cm) {
+               collectives::allreduceCoalesced(cm, pieces, static_cast<DataType>(dtype),
+                                               static_cast<ReduceOp>(op),
+                                               static_cast<Algorithm>(algo));
+             };
+             return c.run(fn, "allreduce", async);
+           })
       .def("allreduce_fast",
            // Synchronous all-reduce of a numpy array with every check done here: the small-
            // message path without Python-side attribute lookups. Returns False (nothing

@@ -3,7 +3,10 @@
 // caller's buffer. 16-bit floats always add in float32; over TCP their partial sums travel
 // as 16 bits, rounded once per hop (RINGREDUCE_HALF_WIRE=16, the default), or as float32 in
 // a widened accumulator, rounded once at the end (=32). Shared memory rounds once.
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <memory>
 
 #include "collectives/allreduce_impl.h"
 #include "collectives/collectives.h"
@@ -13,33 +16,37 @@
 
 namespace rr::collectives {
 
-void allreduce(Communicator& c, void* buf, size_t count, DataType dtype, ReduceOp op,
-               Algorithm algo) {
-  checkReduction(dtype, op);  // before anything moves, also for one rank or no elements
-  const size_t bytes = count * elementSize(dtype);
-  if (count == 0 || c.world() == 1) {
-    c.skip();
-    return;
-  }
-  // Shared memory serves "auto" when every rank is on this host; an explicit ring/tree
-  // request runs the TCP algorithm (useful for comparisons).
+namespace {
+
+// The algorithm to run for `bytes`: the caller's explicit choice (checked), or for "auto"
+// shared memory when every rank is on this host, else the cost model's pick (hierarchical
+// when ranks share hosts). An explicit ring/tree request runs the TCP algorithm.
+Algorithm resolve(Communicator& c, Algorithm algo, size_t bytes) {
   Algorithm a = algo;
-  if (a == Algorithm::kAuto) {
-    a = c.shmAll() ? Algorithm::kShm : chooseAllreduce(c.options(), c.world(), bytes);
-    if (a == Algorithm::kRing && c.shm()) a = Algorithm::kHier;
-  }
   if (a == Algorithm::kShm && !c.shmAll())
     RR_THROW(InvalidArgument, "algo=shm needs every rank on one host with shared memory enabled");
   if (a == Algorithm::kHier && (!c.shm() || c.shmAll()))
     RR_THROW(InvalidArgument, "algo=hier needs several hosts with the same number (>= 2) of ranks");
+  if (a != Algorithm::kAuto) return a;
+  a = c.shmAll() ? Algorithm::kShm : chooseAllreduce(c.options(), c.world(), bytes);
+  if (a == Algorithm::kRing && c.shm()) a = Algorithm::kHier;
+  return a;
+}
+
+// buf (or, on the shared-memory large path only, segs) holds the input and the result.
+void run(Communicator& c, void* buf, const Segments* segs, size_t count, DataType dtype,
+         ReduceOp op, Algorithm algo, Algorithm a) {
+  const size_t bytes = count * elementSize(dtype);
   RR_LOG(log::kDebug, "allreduce #", c.seq() + 1, ": ", bytes, " bytes ", toString(dtype), " ",
-         toString(op), " -> ", toString(a), algo == Algorithm::kAuto ? " (auto)" : "");
+         toString(op), " -> ", toString(a), algo == Algorithm::kAuto ? " (auto)" : "",
+         segs ? " (coalesced, in place)" : "");
   transport::FrameHeader h = c.begin(CollectiveKind::kAllReduce, dtype, op, 0, a, count, bytes);
   AllreduceArgs args;
   args.dtype = dtype;
   args.op = op;
   args.count = count;
   args.dst = static_cast<char*>(buf);
+  args.segs = segs;
   args.acc = args.dst;
   args.accElem = elementSize(accumulateType(dtype));
   args.reduceFn = reduce::getReduceFn(accumulateType(dtype), op);
@@ -62,6 +69,60 @@ void allreduce(Communicator& c, void* buf, size_t count, DataType dtype, ReduceO
     allreduceRing(c, h, args);
   else
     allreduceTree(c, h, args);
+}
+
+// Whether two pieces share memory (the same tensor passed twice): those need the flat copy,
+// which reads every input before writing any result.
+bool overlap(const std::vector<Piece>& pieces, size_t es) {
+  std::vector<std::pair<uintptr_t, uintptr_t>> r;
+  for (const Piece& p : pieces)
+    if (p.count) r.emplace_back(reinterpret_cast<uintptr_t>(p.ptr), p.count * es);
+  std::sort(r.begin(), r.end());
+  for (size_t i = 1; i < r.size(); ++i)
+    if (r[i - 1].first + r[i - 1].second > r[i].first) return true;
+  return false;
+}
+
+}  // namespace
+
+void allreduce(Communicator& c, void* buf, size_t count, DataType dtype, ReduceOp op,
+               Algorithm algo) {
+  checkReduction(dtype, op);  // before anything moves, also for one rank or no elements
+  if (count == 0 || c.world() == 1) {
+    c.skip();
+    return;
+  }
+  run(c, buf, nullptr, count, dtype, op, algo, resolve(c, algo, count * elementSize(dtype)));
+}
+
+void allreduceCoalesced(Communicator& c, const std::vector<Piece>& pieces, DataType dtype,
+                        ReduceOp op, Algorithm algo) {
+  checkReduction(dtype, op);
+  const size_t es = elementSize(dtype);
+  Segments segs;
+  size_t count = 0;
+  for (const Piece& p : pieces) {
+    segs.add(static_cast<char*>(p.ptr), p.count * es);
+    count += p.count;
+  }
+  if (count == 0 || c.world() == 1) {
+    c.skip();
+    return;
+  }
+  const size_t bytes = count * es;
+  const Algorithm a = resolve(c, algo, bytes);
+  if (segs.pieces() == 1) {
+    run(c, segs.contiguous(0, bytes), nullptr, count, dtype, op, algo, a);
+  } else if (a == Algorithm::kShm && bytes > c.shm()->config().smallMax && !overlap(pieces, es)) {
+    run(c, nullptr, &segs, count, dtype, op, algo, a);  // in place, no flat copy
+  } else {
+    // Every other path works on one buffer: through a flat copy (the same frames and
+    // result as the caller's own flatten -> allreduce -> unflatten).
+    std::unique_ptr<char[]> flat(new char[bytes]);
+    segs.gather(0, bytes, flat.get());
+    run(c, flat.get(), nullptr, count, dtype, op, algo, a);
+    segs.scatter(flat.get(), 0, bytes);
+  }
 }
 
 }  // namespace rr::collectives

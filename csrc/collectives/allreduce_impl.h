@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "collectives/segments.h"
 #include "comm/communicator.h"
 #include "reduce/reduce.h"
 
@@ -14,6 +15,9 @@ struct AllreduceArgs {
   ReduceOp op = ReduceOp::kSum;
   size_t count = 0;
   char* dst = nullptr;  // user buffer (in/out)
+  // A coalesced call's buffers, in place (dst null): read only by the shared-memory large
+  // path; every other path gets one flat buffer (allreduceCoalesced).
+  const Segments* segs = nullptr;
   char* acc = nullptr;  // accumulator: == dst unless dtype is 16-bit (then float32 scratch)
   size_t accElem = 0;
   reduce::ReduceFn reduceFn = nullptr;  // of accumulateType(dtype)

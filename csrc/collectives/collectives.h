@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "core/types.h"
@@ -15,6 +16,15 @@ using comm::Communicator;
 // In place: buf holds this rank's input and receives the reduction over all ranks.
 void allreduce(Communicator& c, void* buf, size_t count, DataType dtype, ReduceOp op,
                Algorithm algo);
+// In place over several buffers of one dtype, reduced as if concatenated (one collective;
+// matches an allreduce of the concatenation on other ranks). Shared memory reads and writes
+// the pieces directly; other algorithms go through one flat copy.
+struct Piece {
+  void* ptr;
+  size_t count;
+};
+void allreduceCoalesced(Communicator& c, const std::vector<Piece>& pieces, DataType dtype,
+                        ReduceOp op, Algorithm algo);
 // In place: root's buf is copied into every other rank's buf.
 void broadcast(Communicator& c, void* buf, size_t count, DataType dtype, int root);
 void barrier(Communicator& c);

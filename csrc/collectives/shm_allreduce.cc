@@ -19,6 +19,7 @@
 
 #include "collectives/allreduce_impl.h"
 #include "collectives/shm_algos.h"
+#include "collectives/segments.h"
 #include "collectives/shm_common.h"
 #include "core/chunking.h"
 
@@ -60,7 +61,14 @@ void large(comm::Communicator& c, const transport::FrameHeader& h, const Allredu
   const uint32_t base = d.chunkBase(), K = static_cast<uint32_t>(d.config().slots);
   lineRelease(c, lineRound(c, h, nullptr, 0));
   Control& mine = d.ctl(me);
-  char* out = a.dst;
+  // The user's buffer: one piece, or a coalesced call's tensors (a.segs) read and written
+  // in place -- the same bytes move either way.
+  Segments single;
+  const Segments* user = a.segs;
+  if (user == nullptr) {
+    single.add(a.dst, a.count * es);
+    user = &single;
+  }
   float* accF = isHalf(a.dtype)
                     ? reinterpret_cast<float*>(c.scratch().get(comm::ScratchArena::kAcc, ce * 4))
                     : nullptr;
@@ -95,12 +103,12 @@ void large(comm::Communicator& c, const transport::FrameHeader& h, const Allredu
     if (canPublish()) {
       uint32_t g = base + static_cast<uint32_t>(P);
       char* s = d.slot(me, g);
-      const char* in = out + P * ce * es;
+      const size_t in = P * ce * es;
       for (int p = 0; p < n; ++p) {
         if (p == me) continue;
         size_t off, len;
         slice(P, p, &off, &len);
-        std::memcpy(s + off * es, in + off * es, len * es);
+        user->gather(in + off * es, len * es, s + off * es);
       }
       mine.pub.v.store(g + 1, std::memory_order_release);
       d.notify();
@@ -112,9 +120,16 @@ void large(comm::Communicator& c, const transport::FrameHeader& h, const Allredu
       size_t off, len;
       slice(R, me, &off, &len);
       char* mySlot = d.slot(me, g) + off * es;
-      char* dstSlice = out + (R * ce + off) * es;
+      const size_t pos = (R * ce + off) * es;
+      char* dstSlice = len > 0 ? user->contiguous(pos, len * es) : nullptr;
+      const char* own = dstSlice;
+      if (len > 0 && dstSlice == nullptr) {  // my slice spans two of the caller's pieces
+        char* tmp = c.scratch().get(comm::ScratchArena::kExtra, len * es);
+        user->gather(pos, len * es, tmp);
+        own = tmp;
+      }
       auto input = [&](int q) -> const char* {
-        return q == me ? dstSlice : d.slot(q, g) + off * es;
+        return q == me ? own : d.slot(q, g) + off * es;
       };
       if (len > 0) {
         if (accF) {
@@ -129,7 +144,10 @@ void large(comm::Communicator& c, const transport::FrameHeader& h, const Allredu
           for (int q = 1; q < n; ++q) a.reduceFn(mySlot, input(q), len);
           if (a.op == ReduceOp::kAvg) reduce::finalize(a.dtype, a.op, n, mySlot, mySlot, len);
         }
-        std::memcpy(dstSlice, mySlot, len * es);
+        if (dstSlice != nullptr)
+          std::memcpy(dstSlice, mySlot, len * es);
+        else
+          user->scatter(mySlot, pos, len * es);
       }
       mine.red.v.store(g + 1, std::memory_order_release);
       d.notify();
@@ -142,7 +160,7 @@ void large(comm::Communicator& c, const transport::FrameHeader& h, const Allredu
         if (p == me) continue;
         size_t off, len;
         slice(F, p, &off, &len);
-        std::memcpy(out + (F * ce + off) * es, d.slot(p, g) + off * es, len * es);
+        user->scatter(d.slot(p, g) + off * es, (F * ce + off) * es, len * es);
       }
       mine.fin.v.store(g + 1, std::memory_order_release);
       d.notify();

@@ -59,6 +59,7 @@ class Stats:
     wait_s: float = 0.0  # end-of-backward time spent waiting for collectives (unhidden)
     finalize_s: float = 0.0  # whole end-of-backward callback (wait + write-back)
     launch_times: list = field(default_factory=list)  # perf_counter() of each bucket launch
+    in_place: int = 0  # buckets all-reduced in the gradients themselves (no bucket copies)
     iterations: int = 0
 
 
@@ -144,6 +145,10 @@ class Reducer:
         self._next = 0
         self._works: list = [None] * nb
         self._order: list = []
+        # Parameters whose gradient was left where autograd put it (not copied into the
+        # bucket yet), and buckets all-reduced on those gradients in place (_launch).
+        self._in_place = [False] * self.n
+        self._direct = [False] * nb
 
     def _detect_unused(self) -> bool:
         return self.find_unused or (self.static_graph and self._static_unused is None)
@@ -245,6 +250,8 @@ class Reducer:
                 if not _same(g, view):
                     view.copy_(g)
                     p.grad = view
+            elif self._may_skip_copy() and _plain_like(g, view):
+                self._in_place[i] = True  # copied only if its bucket needs the flat buffer
             else:
                 view.copy_(g)
         elif not (self.grad_as_view and g is not None and _same(g, view)):
@@ -279,9 +286,26 @@ class Reducer:
                     f"{type(fut).__name__}; it must return a torch.futures.Future whose value "
                     f"is the reduced bucket tensor")
             self._works[b] = fut
+        elif all(self._in_place[i] for i in bucket.members):
+            # Every gradient is a plain tensor of the bucket's dtype: reduce them where they
+            # are, as one collective (shared memory reads and writes them in place), instead
+            # of copying them into the bucket and back -- two passes over the bucket saved.
+            self._direct[b] = True
+            self._works[b] = api.allreduce_coalesced(
+                [self.params[i].grad for i in bucket.members], op=self._op(), async_op=True,
+                group=self.group)
         else:
+            for k, i in enumerate(bucket.members):
+                if self._in_place[i]:
+                    bucket.views[k].copy_(self.params[i].grad)
             self._works[b] = api.allreduce(bucket.buffer, op=self._op(), async_op=True,
                                            group=self.group)
+
+    def _may_skip_copy(self) -> bool:
+        # Plain all-reduce of host gradients: no comm hook (it is handed the bucket), no
+        # join division, no CUDA streams to order, gradients not views of the bucket.
+        return (self.comm_hook is None and self.join_divisor is None and self._events is None
+                and not self.grad_as_view)
 
     def _op(self) -> str:
         # join(divide_by_initial_world_size=False): sum, then divide by the active count.
@@ -345,6 +369,7 @@ class Reducer:
             _add_hint(e, self.join_mode)
             raise
         finally:
+            self.stats.in_place = sum(self._direct)
             self._reset()
         if rebuild:
             self._rebuild(order)
@@ -377,6 +402,8 @@ class Reducer:
             buf.copy_(value.reshape(-1))
 
     def _write_back(self, b: int, global_unused: list | None) -> None:
+        if self._direct[b]:
+            return  # reduced in the gradients themselves
         bucket = self.buckets[b]
         for k, i in enumerate(bucket.members):
             if global_unused is not None and global_unused[i]:
@@ -482,6 +509,12 @@ def _make_hook(ref: weakref.ref[Reducer], i: int) -> Callable:
         if r is not None:
             r._on_grad(i)
     return hook
+
+
+def _plain_like(g: torch.Tensor, view: torch.Tensor) -> bool:
+    """Whether gradient g can be all-reduced where it is in place of its bucket slot."""
+    return (g.layout == torch.strided and g.device == view.device and g.dtype == view.dtype
+            and g.shape == view.shape and g.is_contiguous() and not g.requires_grad)
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
