@@ -9,11 +9,14 @@
 //   publish:  copy my input's slices p != r into my slot        -> pub = g + 1
 //   reduce:   slice r = in_0 OP in_1 OP ... OP in_{n-1}, reading my own input directly
 //             and peers' slices from their slots while hot      -> red = g + 1
-//             (result written to my slot's slice r and my output)
+//             (result written to my slot's slice r and my output; rank 0, and every
+//             rank of two, accumulate in their output, which holds their input already:
+//             one pass over the slice fewer -- 100 MB at 2 ranks 86 -> 47 ms here)
 //   collect:  copy each peer p's reduced slice p into my output -> fin = g + 1
 //
 // A slot is rewritten only after every peer's fin passed the chunk it held. Each rank
 // touches its data about twice (copy in, copy out) plus the reduction of its own slice.
+// The caller's buffer may come in pieces (a coalesced call): read and written in place.
 #include <algorithm>
 #include <cstring>
 
@@ -131,6 +134,12 @@ void large(comm::Communicator& c, const transport::FrameHeader& h, const Allredu
       auto input = [&](int q) -> const char* {
         return q == me ? own : d.slot(q, g) + off * es;
       };
+      auto copyOut = [&](const char* res) {  // my reduced slice into the caller's buffer
+        if (dstSlice != nullptr)
+          std::memcpy(dstSlice, res, len * es);
+        else
+          user->scatter(res, pos, len * es);
+      };
       if (len > 0) {
         if (accF) {
           reduce::widen(a.dtype, input(0), accF, len);
@@ -139,15 +148,21 @@ void large(comm::Communicator& c, const transport::FrameHeader& h, const Allredu
             a.reduceFn(accF, tmpF, len);
           }
           reduce::finalize(a.dtype, a.op, n, accF, mySlot, len);
+          copyOut(mySlot);
+        } else if (dstSlice != nullptr && (me == 0 || n == 2)) {
+          // Accumulate in the caller's buffer, which holds my input already: one pass
+          // fewer. Rank order is kept (rank 0 first) or does not matter (two inputs: every
+          // op is commutative; min/max propagate NaN either way).
+          for (int q = 0; q < n; ++q)
+            if (q != me) a.reduceFn(dstSlice, input(q), len);
+          if (a.op == ReduceOp::kAvg) reduce::finalize(a.dtype, a.op, n, dstSlice, dstSlice, len);
+          std::memcpy(mySlot, dstSlice, len * es);
         } else {
           std::memcpy(mySlot, input(0), len * es);
           for (int q = 1; q < n; ++q) a.reduceFn(mySlot, input(q), len);
           if (a.op == ReduceOp::kAvg) reduce::finalize(a.dtype, a.op, n, mySlot, mySlot, len);
+          copyOut(mySlot);
         }
-        if (dstSlice != nullptr)
-          std::memcpy(dstSlice, mySlot, len * es);
-        else
-          user->scatter(mySlot, pos, len * es);
       }
       mine.red.v.store(g + 1, std::memory_order_release);
       d.notify();
