@@ -284,7 +284,8 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
     pfdPeer_.push_back(recvPeer);
   }
   watchIdle(sendPeer, recvPeer);
-  // Wake at least every 250 ms to look at heartbeats while waiting.
+  // The heartbeat thread names the peer we wait for in its stall reports (pollWaits wakes
+  // at least every 250 ms to check heartbeats).
   const int waitingFor = recvPeer >= 0 ? recvPeer : sendPeer;
   if (hb_) hb_->setWaiting(waitingFor);
   // Spin phase (see Options::spinUs), for latency-bound collectives only: a large transfer
