@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <memory>
 
 #include "collectives/allreduce_impl.h"
 #include "collectives/collectives.h"
@@ -117,11 +116,12 @@ void allreduceCoalesced(Communicator& c, const std::vector<Piece>& pieces, DataT
     run(c, nullptr, &segs, count, dtype, op, algo, a);  // in place, no flat copy
   } else {
     // Every other path works on one buffer: through a flat copy (the same frames and
-    // result as the caller's own flatten -> allreduce -> unflatten).
-    std::unique_ptr<char[]> flat(new char[bytes]);
-    segs.gather(0, bytes, flat.get());
-    run(c, flat.get(), nullptr, count, dtype, op, algo, a);
-    segs.scatter(flat.get(), 0, bytes);
+    // result as the caller's own flatten -> allreduce -> unflatten), kept between calls
+    // (no page faults per call; no algorithm but reduce.cc's uses this scratch slot).
+    char* flat = c.scratch().get(comm::ScratchArena::kExtra, bytes);
+    segs.gather(0, bytes, flat);
+    run(c, flat, nullptr, count, dtype, op, algo, a);
+    segs.scatter(flat, 0, bytes);
   }
 }
 
