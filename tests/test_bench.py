@@ -73,7 +73,7 @@ def test_parse_args_defaults_and_options():
     assert cli.parse_args(["--tune", "--tune-out", "t.json"]).tune
 
 
-@pytest.mark.parametrize("argv", [["-o", "alltoall"], ["-d", "complex64"], ["--op", "xor"],
+@pytest.mark.parametrize("argv", [["-o", "sendrecv"], ["-d", "complex64"], ["--op", "xor"],
                                   ["--compare", "nccl"], ["-b", "1M", "-e", "8"], ["-i", "0"],
                                   ["-n", "0"], ["--tune-out", "t.json"], ["-b", "lots"]])
 def test_parse_args_errors(argv, capsys):
@@ -97,6 +97,9 @@ def test_bus_factors(n):
     assert metrics.bus_factor("reduce_scatter", n) == pytest.approx((n - 1) / n)
     assert metrics.bus_factor("broadcast", n) == 1.0
     assert metrics.bus_factor("barrier", n) == 0.0
+    assert metrics.bus_factor("reduce", n) == 1.0
+    for op in ("gather", "scatter", "alltoall"):
+        assert metrics.bus_factor(op, n) == pytest.approx((n - 1) / n)
 
 
 def test_bandwidths_and_stats():
@@ -120,6 +123,14 @@ def test_cases_follow_nccl_tests_sizes():
     c = make_case("reduce_scatter", 4096, "float16", 3)
     assert (c.size, c.count, c.in_count, c.out_count) == (4092, 2046, 2046, 682)
     assert make_case("broadcast", 1, "float64", 4).count == 1
+    c = make_case("gather", 40, "float32", 3)  # like allgather: root's whole output
+    assert (c.size, c.count, c.in_count, c.out_count) == (36, 9, 3, 9)
+    c = make_case("scatter", 40, "float32", 3)  # like reduce_scatter: root's whole input
+    assert (c.size, c.count, c.in_count, c.out_count) == (36, 9, 9, 3)
+    c = make_case("alltoall", 40, "int8", 3)  # each rank's whole buffer, n blocks
+    assert (c.size, c.count, c.in_count, c.out_count) == (39, 39, 39, 39)
+    c = make_case("reduce", 10, "float32", 3)
+    assert (c.size, c.count, c.in_count, c.out_count) == (8, 2, 2, 2)
     assert len(metrics.make_cases("allgather", [8, 16, 32], "float64", 2)) == 2  # 8 -> 16: dup
     assert metrics.make_cases("barrier", [8, 64], "float32", 2) == [make_case("barrier", 0,
                                                                               "float32", 2)]
@@ -149,10 +160,23 @@ def _simulate(case, dtype, world, redop, root):
     elif case.op == "allgather":
         for b in bufs:
             b.out.copy_(torch.cat([x.inp for x in bufs]))
+    elif case.op == "reduce":  # the root gets the all-reduce's result; others keep theirs
+        other = _simulate(make_case("allreduce", case.size, dtype, world), dtype, world,
+                          redop, root)
+        bufs[root].out.copy_(other[root].out)
+    elif case.op == "gather":
+        bufs[root].out.copy_(torch.cat([x.inp for x in bufs]))
+    elif case.op == "scatter":
+        for r, b in enumerate(bufs):
+            b.out.copy_(bufs[root].inp.chunk(world)[r])
+    elif case.op == "alltoall":
+        for r, b in enumerate(bufs):
+            b.out.copy_(torch.cat([x.inp.chunk(world)[r] for x in bufs]))
     return bufs
 
 
-@pytest.mark.parametrize("op", ["allreduce", "broadcast", "allgather", "reduce_scatter"])
+@pytest.mark.parametrize("op", ["allreduce", "broadcast", "allgather", "reduce_scatter",
+                                "reduce", "gather", "scatter", "alltoall"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "int32", "uint8"])
 @pytest.mark.parametrize("redop", ["sum", "avg", "prod", "max"])
 @pytest.mark.parametrize("world", [1, 3])
@@ -160,6 +184,21 @@ def test_expected_values_match_an_ideal_collective(op, dtype, redop, world):
     case = make_case(op, 200, dtype, world)
     for r, b in enumerate(_simulate(case, dtype, world, redop, root=world - 1)):
         assert checks.count_wrong(b.out, b.expected) == 0, (op, dtype, redop, r)
+
+
+@pytest.mark.parametrize("op", ["reduce", "gather", "scatter", "alltoall"])
+def test_expected_values_catch_a_misplaced_block(op):
+    """A block from the wrong rank (or a root that kept its input) is counted wrong."""
+    world, root = 3, 1
+    case = make_case(op, 96, "int32", world)
+    bufs = _simulate(case, "int32", world, "sum", root)
+    b = bufs[root]
+    k = case.out_count // world if op in ("gather", "alltoall") else case.out_count
+    if op == "reduce":
+        b.out.copy_(checks.pattern(root, case.count))
+    else:
+        b.out[:k] = b.out[:k].roll(1) + 1 if op != "scatter" else b.out[:k] + 1
+    assert checks.count_wrong(b.out, b.expected) > 0
 
 
 def test_count_wrong_catches_errors_and_reset_restores():

@@ -74,6 +74,14 @@ class RingReduce(Lib):
             rr.reduce_scatter(b.inp, b.out, op=redop)
         elif op == "barrier":
             rr.barrier()
+        elif op == "reduce":
+            rr.reduce(b.inp, root, op=redop)
+        elif op == "gather":
+            rr.gather(b.inp, root, out=b.out if self.group.rank == root else None)
+        elif op == "scatter":
+            rr.scatter(b.out, root, x=b.inp if self.group.rank == root else None)
+        elif op == "alltoall":
+            rr.all_to_all(b.inp, b.out)
         else:
             raise ValueError(f"unknown collective {op!r}")
 
@@ -111,6 +119,12 @@ class RingReduce(Lib):
             return "shm" if shm else "tree" if case.size <= limit or n == 2 else "chain"
         if op == "barrier":
             return "shm" if shm else "dissem"
+        if op == "reduce":  # reduce.cc: shared memory all-reduce on a copy, else binomial
+            return "shm" if shm else "tree"
+        if op in ("gather", "scatter"):
+            return "shm" if shm else "direct"
+        if op == "alltoall":
+            return "shm" if shm else "pairwise"
         return "ring"
 
     def allreduce_np(self, a: np.ndarray, op: str) -> np.ndarray:
@@ -163,6 +177,18 @@ class Gloo(Lib):
             self._rs(b.out, b.inp, op=self._ops[redop])
         elif op == "barrier":
             dist.barrier()
+        elif op == "reduce":
+            dist.reduce(b.inp, dst=root, op=self._ops[redop])
+        elif op == "gather":
+            root_here = dist.get_rank() == root
+            dist.gather(b.inp, list(b.out.chunk(dist.get_world_size())) if root_here else None,
+                        dst=root)
+        elif op == "scatter":
+            root_here = dist.get_rank() == root
+            dist.scatter(b.out, list(b.inp.chunk(dist.get_world_size())) if root_here else None,
+                         src=root)
+        elif op == "alltoall":
+            dist.all_to_all_single(b.out, b.inp)
         else:
             raise ValueError(f"unknown collective {op!r}")
 
@@ -238,6 +264,18 @@ class MPI(Lib):
             c.Reduce_scatter_block(as_numpy(b.inp), as_numpy(b.out), op=self._op(redop))
         elif op == "barrier":
             c.Barrier()
+        elif op == "reduce":  # in place on the root, as ringreduce's
+            here = c.Get_rank() == root
+            c.Reduce(self.M.IN_PLACE if here else as_numpy(b.inp),
+                     as_numpy(b.inp) if here else None, op=self._op(redop), root=root)
+        elif op == "gather":
+            c.Gather(as_numpy(b.inp), as_numpy(b.out) if c.Get_rank() == root else None,
+                     root=root)
+        elif op == "scatter":
+            c.Scatter(as_numpy(b.inp) if c.Get_rank() == root else None, as_numpy(b.out),
+                      root=root)
+        elif op == "alltoall":
+            c.Alltoall(as_numpy(b.inp), as_numpy(b.out))
         else:
             raise ValueError(f"unknown collective {op!r}")
 

@@ -75,12 +75,12 @@ def make_buffers(case: Case, dtype: str, rank: int, world: int, redop: str, root
     if op == "barrier":
         empty = torch.empty(0, dtype=td)
         return Buffers(empty, empty, None, None)
-    if op == "broadcast":
+    if op in ("broadcast", "scatter"):  # only the root's input matters
         inp = pattern(root, case.in_count).to(td) if rank == root \
             else torch.zeros(case.in_count, dtype=td)
     else:
         inp = pattern(rank, case.in_count).to(td)
-    inplace = op in ("allreduce", "broadcast")
+    inplace = op in ("allreduce", "broadcast", "reduce")
     out = inp if inplace else torch.zeros(case.out_count, dtype=td)
     if not check:
         return Buffers(inp, out, None, None)
@@ -95,6 +95,19 @@ def make_buffers(case: Case, dtype: str, rank: int, world: int, redop: str, root
         k = case.out_count
         full = _reduce((pattern(r, case.in_count) for r in range(world)), redop, world, td)
         exp = full[rank * k:(rank + 1) * k].clone()
+    elif op in ("reduce", "gather"):  # only the root's result is defined
+        if rank != root:
+            return Buffers(inp, out, initial, None)
+        exp = (_reduce((pattern(r, case.count) for r in range(world)), redop, world, td)
+               if op == "reduce" else
+               torch.cat([pattern(r, case.in_count) for r in range(world)]).to(td))
+    elif op == "scatter":
+        k = case.out_count
+        exp = pattern(root, case.in_count)[rank * k:(rank + 1) * k].to(td)
+    elif op == "alltoall":
+        k = case.count // world  # block `rank` of every rank p's input, in rank order
+        exp = torch.cat([pattern(p, case.count)[rank * k:(rank + 1) * k]
+                         for p in range(world)]).to(td)
     else:
         raise ValueError(f"unknown collective {op!r}")
     return Buffers(inp, out, initial, exp)

@@ -8,7 +8,8 @@ import re
 from collections.abc import Sequence
 
 PROG = "ringreduce-bench"
-OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter", "barrier")
+OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter", "barrier", "reduce", "gather",
+       "scatter", "alltoall")
 REDOPS = ("sum", "avg", "prod", "min", "max")
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64")
 ANCHORS = ("gloo", "mpi", "nccl")
@@ -16,7 +17,8 @@ _DTYPE_ALIASES = {"float": "float32", "double": "float64", "half": "float16", "b
                   "fp32": "float32", "fp64": "float64", "fp16": "float16", "int": "int32",
                   "char": "int8", "long": "int64"}
 _OP_ALIASES = {"all_reduce": "allreduce", "all_gather": "allgather", "bcast": "broadcast",
-               "reducescatter": "reduce_scatter", "reduce-scatter": "reduce_scatter"}
+               "reducescatter": "reduce_scatter", "reduce-scatter": "reduce_scatter",
+               "all_to_all": "alltoall", "all-to-all": "alltoall"}
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
 
@@ -138,8 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
                "  ringreduce-bench -n 4 -o all -d bfloat16 --check\n"
                "  torchrun --nproc-per-node 8 -m ringreduce.bench -b 1K -e 1G\n"
                "  ringreduce-bench --tune --tune-out tuning.json   # then RINGREDUCE_TUNING_FILE\n"
-               "busbw follows nccl-tests: algbw * 2(n-1)/n for allreduce, (n-1)/n for allgather "
-               "and reduce_scatter (size = the whole gathered/scattered buffer), 1 for broadcast.",
+               "busbw follows nccl-tests: algbw * 2(n-1)/n for allreduce, (n-1)/n for allgather, "
+               "reduce_scatter, gather, scatter and alltoall (size = the whole gathered/scattered "
+               "buffer, alltoall: each rank's), 1 for broadcast and reduce.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument
     a("-n", "--nproc", type=_positive, default=None, metavar="N",
@@ -157,8 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
       help=f"collective(s), comma-separated: {', '.join(OPS)}, all (default allreduce)")
     a("-d", "--dtype", type=_dtype, default="float32", help="element type (default float32)")
     a("--op", "--redop", dest="redop", choices=REDOPS, default="sum",
-      help="reduction for allreduce and reduce_scatter (default sum)")
-    a("-r", "--root", type=_nonneg, default=0, help="broadcast root (default 0)")
+      help="reduction for allreduce, reduce_scatter and reduce (default sum)")
+    a("-r", "--root", type=_nonneg, default=0,
+      help="root of broadcast, reduce, gather and scatter (default 0)")
     a("--algo", choices=("auto", "ring", "tree", "shm"), default="auto",
       help="allreduce algorithm (default auto: shared memory within a host when enabled, "
            "else the cost model picks ring or tree per size)")

@@ -1,11 +1,13 @@
 """Sizes, counts and bandwidth formulas, following nccl-tests (doc/PERFORMANCE.md).
 
-* ``size`` is the byte count nccl-tests prints: the buffer of allreduce and broadcast, the
-  whole *gathered output* of allgather (n blocks) and the whole *input* of reduce_scatter
-  (n blocks). ``count`` is size / element size.
+* ``size`` is the byte count nccl-tests prints: the buffer of allreduce, broadcast and
+  reduce, the whole *gathered output* of allgather and gather (n blocks), the whole *input*
+  of reduce_scatter and scatter (n blocks), and each rank's whole buffer of alltoall (n
+  blocks, one per peer). ``count`` is size / element size.
 * algbw = size / time; busbw = algbw * factor, with factor 2(n-1)/n for allreduce, (n-1)/n
-  for allgather and reduce_scatter, 1 for broadcast. busbw is comparable to the hardware's
-  bandwidth whatever the number of ranks. Barrier moves no data: time only.
+  for allgather, reduce_scatter, gather, scatter and alltoall, 1 for broadcast and reduce.
+  busbw is comparable to the hardware's bandwidth whatever the number of ranks. Barrier
+  moves no data: time only.
 """
 
 from __future__ import annotations
@@ -17,14 +19,22 @@ ELEMENT_SIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8":
                 "int32": 4, "int64": 8}
 
 
+# Collectives whose size is n blocks (one per rank): rounded to a multiple of n elements.
+BLOCKED = ("allgather", "reduce_scatter", "gather", "scatter", "alltoall")
+# Per rank (in_count, out_count) of a blocked collective of `count` elements, k = count / n.
+_IN_OUT = {"allgather": lambda c, k: (k, c), "gather": lambda c, k: (k, c),
+           "reduce_scatter": lambda c, k: (c, k), "scatter": lambda c, k: (c, k),
+           "alltoall": lambda c, k: (c, c)}
+
+
 def bus_factor(op: str, world: int) -> float:
     """busbw / algbw for `op` on `world` ranks (nccl-tests)."""
     n = max(1, int(world))
     if op == "allreduce":
         return 2.0 * (n - 1) / n
-    if op in ("allgather", "reduce_scatter"):
+    if op in BLOCKED:
         return (n - 1) / n
-    if op == "broadcast":
+    if op in ("broadcast", "reduce"):
         return 1.0
     if op == "barrier":
         return 0.0
@@ -70,18 +80,16 @@ class Case:
 
 
 def make_case(op: str, requested: int, dtype: str, world: int) -> Case:
-    """Round `requested` bytes down to whole elements (and whole blocks of n for allgather
-    and reduce_scatter), at least one element per rank."""
+    """Round `requested` bytes down to whole elements (and whole blocks of n for the
+    blocked collectives), at least one element per rank."""
     es, n = ELEMENT_SIZE[dtype], max(1, world)
     if op == "barrier":
         return Case(op, 0, 0, 0, 0)
     count = max(1, requested // es)
-    if op in ("allgather", "reduce_scatter"):
+    if op in BLOCKED:
         count = max(n, count // n * n)
-        k = count // n
-        return Case(op, count * es, count, k if op == "allgather" else count,
-                    count if op == "allgather" else k)
-    if op in ("allreduce", "broadcast"):
+        return Case(op, count * es, count, *_IN_OUT[op](count, count // n))
+    if op in ("allreduce", "broadcast", "reduce"):
         return Case(op, count * es, count, count, count)
     raise ValueError(f"unknown collective {op!r}")
 

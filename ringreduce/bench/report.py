@@ -16,7 +16,8 @@ from .metrics import Row
 
 CSV_FIELDS = ("op", "library", "size", "count", "type", "redop", "root", "algo", "world_size",
               "time_us", "p99_us", "algbw_gbps", "busbw_gbps", "wrong", "iters")
-_REDUCING = ("allreduce", "reduce_scatter")
+_REDUCING = ("allreduce", "reduce_scatter", "reduce")
+_ROOTED = ("broadcast", "reduce", "gather", "scatter")
 
 
 def make_meta(args: Namespace, world: int, hosts: list, notes: dict, transport: str) -> dict:
@@ -84,7 +85,7 @@ def _op_table(op: str, rows: list[Row], anchors: list[str]) -> list[str]:
     out = ["#", f"# {op}", head, unit]
     for r in mine:
         redop = r.redop if op in _REDUCING else "-"
-        root = str(r.root) if op == "broadcast" else "-"
+        root = str(r.root) if op in _ROOTED else "-"
         wrong = "N/A" if r.wrong is None else str(r.wrong)
         bw = op != "barrier"
         line = (f"{r.size:>12} {r.count:>12} {r.dtype if bw else '-':>9} {redop:>6} {root:>5} "
