@@ -12,15 +12,12 @@ namespace rr::collectives {
 
 class Segments {
  public:
-  Segments() = default;
-  Segments(char* p, size_t bytes) { add(p, bytes); }
   void add(char* p, size_t bytes) {
     if (bytes == 0) return;
     ptr_.push_back(p);
     start_.push_back(total_);
     total_ += bytes;
   }
-  size_t bytes() const { return total_; }
   size_t pieces() const { return ptr_.size(); }
 
   // [off, off + len) as one pointer when it lies inside one piece, else nullptr.
