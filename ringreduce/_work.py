@@ -42,6 +42,8 @@ class Work:
         self._after = after
         self._result = result
         self._finished = cwork is None
+        # irecv: the sender's world rank, or a function returning it once received.
+        self.source: Any = None
         if cwork is not None:
             _track(cwork, keep)
 
@@ -65,6 +67,13 @@ class Work:
 
     def is_completed(self) -> bool:
         return self._finished or self._cwork.is_completed()
+
+    def source_rank(self) -> int:
+        """For an irecv: the world rank the message came from (waits for it first)."""
+        if self.source is None:
+            raise RuntimeError("source_rank() is defined for the Work of an irecv only")
+        self.wait()
+        return int(self.source() if callable(self.source) else self.source)
 
     def result(self) -> Any:
         """The output (tensor/array) once waited for."""

@@ -96,6 +96,14 @@ class _Work(dist._Work):
     def get_future(self) -> torch.futures.Future:
         return self._c.future()
 
+    def source_rank(self) -> int:
+        """recv / recv_anysource: the sender's rank in the process group (after wait)."""
+        src = getattr(self, "source", None)
+        if src is None:
+            raise RuntimeError("sourceRank() is defined for the Work of a recv only")
+        self.wait()
+        return int(src() if callable(src) else src)
+
     def is_completed(self) -> bool:
         return self._c.is_completed()
 
@@ -377,11 +385,16 @@ class _Ops:
 
     def recv(self, tensors: list, src: int, tag: int = 0) -> _Work:
         buf, back = _inplace(tensors[0])
-        return _work(p2p.irecv(buf, self._g.ranks[src], tag=tag, group=self._g), tensors, back)
+        w = _work(p2p.irecv(buf, self._g.ranks[src], tag=tag, group=self._g), tensors, back)
+        w.source = src
+        return w
 
-    def recv_anysource(self, *args: Any, **kwargs: Any) -> _Work:
-        raise NotImplementedError("the ringreduce backend receives from a named rank only "
-                                  "(dist.recv(t, src=...)); pass src")
+    def recv_anysource(self, tensors: list, tag: int = 0) -> _Work:
+        buf, back = _inplace(tensors[0])
+        rw = p2p.irecv(buf, None, tag=tag, group=self._g)
+        w = _work(rw, tensors, back)
+        w.source = lambda: self._g.ranks.index(rw.source_rank())  # torch wants a group rank
+        return w
 
     # -- lifecycle
     def _last(self, works: list, value: Any) -> _Work:

@@ -13,6 +13,15 @@ CollectiveMismatch on both). `src`/`dst` are world ranks, as in torch.
 The first message between two ranks on a tag waits until the other side posts its first
 operation toward this rank with that tag (both rendezvous through the job's store, at most
 RINGREDUCE_CONNECT_TIMEOUT).
+
+Receiving from any source (`src=None`, MPI_ANY_SOURCE, torch's `dist.recv(t)`): the
+receiver probes the channels toward it on that tag -- a message waits when the sender has
+started its side (its shared-memory line is ahead, or its frame is in the socket) -- and
+makes the channels other ranks are waiting to make (each rank marks in the store which
+channels it is making). It takes the first message it finds, trying peers in turn from the
+one after the last match (no sender starves); channels with a receive already posted are
+skipped, so named receives keep their messages and two any-source receives never take the
+same one. Waits spin briefly, then sleep up to 1 ms between probes, until RINGREDUCE_TIMEOUT.
 """
 
 from __future__ import annotations
@@ -24,8 +33,9 @@ from typing import Any
 from . import _buffers, _state, groups
 from ._state import Group
 
-_LOCK = threading.Lock()  # guards _MAKING and world.p2p (never held while connecting)
+_LOCK = threading.Lock()  # guards _MAKING, _ANY and world.p2p (never held while connecting)
 _MAKING: dict = {}  # (lo, hi, tag) -> lock held by the thread making that pair
+_ANY: dict = {}  # tag -> [lock serialising any-source matches, index of the next peer to try]
 
 
 def send(x: Any, dst: int, tag: int = 0, group: Any = None) -> None:
@@ -33,9 +43,14 @@ def send(x: Any, dst: int, tag: int = 0, group: Any = None) -> None:
     _post(x, dst, tag, group, "send", sending=True, async_op=False)
 
 
-def recv(x: Any, src: int, tag: int = 0, group: Any = None) -> None:
-    """Receive into `x` (same size and dtype as sent) from world rank `src`."""
+def recv(x: Any, src: int | None = None, tag: int = 0, group: Any = None) -> int:
+    """Receive into `x` (same size and dtype as sent) from world rank `src`, or from
+    whichever rank of `group` sends first when `src` is None; returns the sender's world
+    rank."""
+    if src is None:
+        return _recv_any(x, tag, group, "recv", async_op=False)
     _post(x, src, tag, group, "recv", sending=False, async_op=False)
+    return int(src)
 
 
 def isend(x: Any, dst: int, tag: int = 0, group: Any = None) -> Any:
@@ -43,9 +58,14 @@ def isend(x: Any, dst: int, tag: int = 0, group: Any = None) -> Any:
     return _post(x, dst, tag, group, "isend", sending=True, async_op=True)
 
 
-def irecv(x: Any, src: int, tag: int = 0, group: Any = None) -> Any:
-    """Start receiving into `x` from `src`; returns a Work (read `x` after wait())."""
-    return _post(x, src, tag, group, "irecv", sending=False, async_op=True)
+def irecv(x: Any, src: int | None = None, tag: int = 0, group: Any = None) -> Any:
+    """Start receiving into `x` from `src` (None: from any rank of `group`); returns a
+    Work (read `x` after wait(); `Work.source_rank()` names the sender)."""
+    if src is None:
+        return _recv_any(x, tag, group, "irecv", async_op=True)
+    w = _post(x, src, tag, group, "irecv", sending=False, async_op=True)
+    w.source = int(src)
+    return w
 
 
 def _post(x: Any, peer: int, tag: int, group: Any, what: str, sending: bool,
@@ -59,8 +79,7 @@ def _post(x: Any, peer: int, tag: int, group: Any, what: str, sending: bool,
     peer = int(peer)
     if peer == world.rank:
         raise ValueError(f"{what}: {name}={peer} is this rank; send to another rank")
-    if not isinstance(tag, int) or not 0 <= tag < 2**31:
-        raise ValueError(f"{what}: tag must be an int in [0, 2**31), got {tag!r}")
+    _check_tag(tag, what)
     src = world.rank if sending else peer
     dst = peer if sending else world.rank
     ch = _ready(world, src, dst, tag)
@@ -76,6 +95,91 @@ def _post(x: Any, peer: int, tag: int, group: Any, what: str, sending: bool,
     return api.Work(_Deferred(lambda: api.broadcast(x, src=src, async_op=True,
                                                     group=_channel(world, src, dst, tag))),
                     (x,))
+
+
+def _check_tag(tag: Any, what: str) -> None:
+    if not isinstance(tag, int) or not 0 <= tag < 2**31:
+        raise ValueError(f"{what}: tag must be an int in [0, 2**31), got {tag!r}")
+
+
+def _recv_any(x: Any, tag: int, group: Any, what: str, async_op: bool) -> Any:
+    from . import api
+
+    g = _state.resolve(group, f"{what}()")
+    world = _state.current(f"{what}()")
+    _check_tag(tag, what)
+    _buffers.as_buffer(x, f"{what}(x)", writable=True)  # bad input fails before any wait
+    peers = [r for r in (g.ranks or range(g.size)) if r != world.rank]
+    if not peers:
+        raise ValueError(f"{what}: src=None receives from another rank of the group, and "
+                         f"{g.name} has no other rank")
+
+    def start(box: list) -> Any:  # posts the receive; box gets the sender's rank
+        entry = _any_entry(tag)
+        with entry[0]:
+            src, ch = _match(world, peers, tag, what, entry)
+            box.append(src)
+            return api.broadcast(x, src=src, async_op=True, group=ch)
+
+    box: list = []
+    if not async_op:
+        # Posted asynchronously even here: the channel must look busy to other threads'
+        # matches the moment it is chosen (the tag's lock is held until then).
+        start(box).wait()
+        return box[0]
+    w = api.Work(_Deferred(lambda: start(box)), (x,))
+    w.source = lambda: box[0]
+    return w
+
+
+def _any_entry(tag: int) -> list:
+    """[lock, next peer index] of `tag`'s any-source receives: a match and the posting of
+    its receive (which makes the channel busy) happen under the lock, so two threads never
+    take the same message."""
+    with _LOCK:
+        return _ANY.setdefault(tag, [threading.Lock(), 0])
+
+
+def _match(world: Group, peers: list[int], tag: int, what: str, entry: list) -> tuple:
+    """The first rank of `peers` (from entry[1] on) whose message on `tag` waits for this
+    rank, and its channel."""
+    timeout = float(world.options.get("timeout", 600.0))
+    t0 = time.monotonic()
+    store_at, store_every, naps = t0, 0.001, 0
+    while True:
+        now = time.monotonic()
+        look_in_store = now >= store_at
+        n = len(peers)
+        for i in range(n):
+            src = peers[(entry[1] + i) % n]
+            ch = _ready(world, src, world.rank, tag)
+            if ch is None:
+                if not look_in_store or not _wanted(world, src, tag):
+                    continue
+                ch = _channel(world, src, world.rank, tag)  # src is making it now
+            if ch.comm.incoming(0 if src < world.rank else 1):
+                entry[1] = (entry[1] + i + 1) % n
+                return src, ch
+        if look_in_store:  # one store read per peer without a channel: back off
+            store_every = min(store_every * 2, 0.05)
+            store_at = now + store_every
+        if now - t0 > timeout:
+            from ._C import CollectiveTimeout
+
+            raise CollectiveTimeout(
+                f"{what}(src=None, tag={tag}): no rank of {peers} sent this rank a "
+                f"message within {timeout:g} s (RINGREDUCE_TIMEOUT)")
+        naps += 1
+        time.sleep(0 if naps < 100 else min(1e-3, 1e-5 * (naps - 99)))
+
+
+def _wanted(world: Group, src: int, tag: int) -> bool:
+    lo, hi = min(src, world.rank), max(src, world.rank)
+    return bool(world.store.check([f"{_base(world, lo, hi, tag)}want{src}"]))
+
+
+def _base(world: Group, lo: int, hi: int, tag: int) -> str:
+    return f"{world.store_prefix}p2p/{lo}-{hi}/t{tag}/"
 
 
 class _Deferred:
@@ -129,7 +233,8 @@ def _channel(world: Group, src: int, dst: int, tag: int) -> Group:
             with _LOCK:
                 pair = world.p2p.get(key)
             if pair is None:
-                base = f"{world.store_prefix}p2p/{lo}-{hi}/t{tag}/"
+                base = _base(world, lo, hi, tag)
+                world.store.set(f"{base}want{world.rank}", b"1")  # for any-source receivers
                 up = groups._make(world, [lo, hi], base + "up/", f"p2p {lo}->{hi} tag {tag}")
                 down = groups._make(world, [lo, hi], base + "down/",
                                     f"p2p {hi}->{lo} tag {tag}")

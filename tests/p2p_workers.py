@@ -147,6 +147,25 @@ def torch_p2p(rank: int, world: int) -> list:
         dist.recv(t, src=0, tag=3)
         if t.tolist() != [7, 8, 9]:
             fails.append(f"send/recv tag 3: {t.tolist()}")
+    # From any source (torch's dist.recv(t) / irecv(t) without src): returns / names the
+    # sender; every rank but the last sends its rank to the last one.
+    if rank == world - 1:
+        senders = []
+        for i in range(world - 1):
+            t = torch.full((6,), -1.0)
+            if i % 2:
+                w = dist.irecv(t)
+                w.wait()
+                src = w._source_rank()
+            else:
+                src = dist.recv(t)
+            senders.append(src)
+            if t.tolist() != [float(src)] * 6:
+                fails.append(f"any-source from {src}: {t.tolist()}")
+        if sorted(senders) != list(range(world - 1)):
+            fails.append(f"any-source senders {senders}")
+    else:
+        dist.send(torch.full((6,), float(rank)), dst=world - 1)
     sub = dist.new_group([0, world - 1])
     if rank in (0, world - 1):
         t = torch.full((4,), float(rank))
@@ -159,3 +178,132 @@ def torch_p2p(rank: int, world: int) -> list:
     dist.barrier()
     dist.destroy_process_group()
     return fails
+
+
+def any_source(rank: int, world: int) -> list:
+    """Receives from any source (src=None) checked against each sender's message: every rank
+    in turn receives 2 messages from every other rank (recv and irecv, as torch's suite),
+    named receives posted first keep their messages, several irecv(src=None) outstanding at
+    once take distinct senders (big messages: shm chunks / socket buffers), a subgroup
+    limits the senders, and bad input fails before any wait."""
+    fails: list = []
+    peers = [r for r in range(world) if r != rank]
+    for n in (7, BIG + 1):  # small (one line / frame) and large messages
+        for dst in range(world):
+            if dst != rank:
+                rr.send(_msg(rank, dst, n, salt=0), dst, tag=4)
+                rr.send(_msg(rank, dst, n, salt=1), dst, tag=4)
+                continue
+            seen: dict = {}
+            for i in range(2 * (world - 1)):
+                buf = np.full(n, -1, np.float32)
+                if i % 2:
+                    w = rr.irecv(buf, tag=4)
+                    w.wait()
+                    src = w.source_rank()
+                else:
+                    src = rr.recv(buf, None, tag=4)
+                k = seen.get(src, 0)
+                seen[src] = k + 1
+                if src not in peers or not np.array_equal(buf, _msg(src, rank, n, salt=k)):
+                    fails.append(f"n={n}: message {i} from {src} (its #{k}) is wrong")
+            if seen != {p: 2 for p in peers}:
+                fails.append(f"n={n}: senders {seen}, expected two from each of {peers}")
+        rr.barrier()
+    # A named irecv posted before any-source receives keeps the first message of its sender.
+    if rank == 0:
+        named = np.empty(11, np.float32)
+        w = rr.irecv(named, src=world - 1, tag=6)
+        got = []
+        for _ in range(world - 1):
+            buf = np.empty(11, np.float32)
+            got.append((rr.recv(buf, tag=6), buf))
+        w.wait()
+        if w.source_rank() != world - 1 or not np.array_equal(named, _msg(world - 1, 0, 11)):
+            fails.append("named irecv lost its message to an any-source receive")
+        for src, buf in got:
+            salt = 1 if src == world - 1 else 0
+            if not np.array_equal(buf, _msg(src, 0, 11, salt=salt)):
+                fails.append(f"any-source after a named irecv: wrong message from {src}")
+        if sorted(s for s, _ in got) != list(range(1, world)):
+            fails.append(f"any-source after a named irecv: senders {[s for s, _ in got]}")
+    else:
+        rr.send(_msg(rank, 0, 11), 0, tag=6)
+        if rank == world - 1:
+            rr.send(_msg(rank, 0, 11, salt=1), 0, tag=6)
+    rr.barrier()
+    # Several any-source irecvs outstanding at once: each sender's message taken once.
+    if rank == 0:
+        bufs = [np.empty(BIG, np.float32) for _ in peers]
+        ws = [rr.irecv(b, None, tag=8) for b in bufs]
+        srcs = []
+        for w, b in zip(ws, bufs):
+            w.wait()
+            srcs.append(w.source_rank())
+            if not np.array_equal(b, _msg(srcs[-1], 0, BIG)):
+                fails.append(f"outstanding irecvs: wrong message from {srcs[-1]}")
+        if sorted(srcs) != list(range(1, world)):
+            fails.append(f"outstanding irecvs: senders {srcs}")
+    else:
+        rr.send(_msg(rank, 0, BIG), 0, tag=8)
+    rr.barrier()
+    # A subgroup limits the senders: rank 1 (outside it) has sent first and must wait.
+    if world >= 3:
+        sub = rr.new_group([0, world - 1])
+        if rank == 0:
+            buf = np.empty(3, np.float32)
+            if rr.recv(buf, tag=9, group=sub) != world - 1 or not np.array_equal(
+                    buf, _msg(world - 1, 0, 3)):
+                fails.append("subgroup any-source took a rank outside the group")
+            if rr.recv(buf, tag=9) != 1 or not np.array_equal(buf, _msg(1, 0, 3)):
+                fails.append("world any-source after the subgroup one")
+        elif rank in (1, world - 1):
+            if rank == world - 1:
+                import time
+                time.sleep(0.3)  # rank 1's message is there first
+            rr.send(_msg(rank, 0, 3), 0, tag=9)
+        rr.barrier()
+    # Only a waiting message is taken: rank 1 sends once it heard from rank 0, which it
+    # does only after receiving from the last rank (channels exist: a first round).
+    if world >= 3:
+        if rank == 0:
+            for _ in peers:
+                rr.recv(np.empty(2, np.float32), tag=10)
+            buf = np.empty(2, np.float32)
+            first = rr.recv(buf, tag=10)
+            rr.send(np.ones(1, np.float32), 1, tag=11)
+            second = rr.recv(buf, tag=10)
+            if (first, second) != (world - 1, 1):
+                fails.append(f"causal order: took {first} then {second}")
+        else:
+            rr.send(_msg(rank, 0, 2), 0, tag=10)
+            if rank == 1:
+                rr.recv(np.empty(1, np.float32), 0, tag=11)
+            if rank in (1, world - 1):
+                rr.send(_msg(rank, 0, 2), 0, tag=10)
+        rr.barrier()
+    # Bad input: before any wait.
+    alone = [rr.new_group([r]) for r in range(world)][rank]
+    for what, call in (("read-only", lambda: rr.recv(_readonly(), None)),
+                       ("tag", lambda: rr.irecv(np.ones(2), None, tag=-1)),
+                       ("group of one", lambda: rr.recv(np.ones(2), None, group=alone))):
+        try:
+            call()
+            fails.append(f"{what}: no error")
+        except ValueError:
+            pass
+    return fails
+
+
+def any_source_timeout(rank: int, world: int) -> str:
+    """Nobody sends: the receive fails at RINGREDUCE_TIMEOUT naming the tag."""
+    import time
+
+    if rank != 0:
+        time.sleep(3.5)  # alive, sending nothing (a barrier would time out beside it)
+        return "sent"
+    try:
+        rr.recv(np.ones(2), tag=3)
+        return "no error"
+    except Exception as e:  # noqa: BLE001
+        return type(e).__name__ + ": " + str(e)

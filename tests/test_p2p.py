@@ -42,3 +42,20 @@ def test_torch_p2p_on_ringreduce(world: int) -> None:
     outs = run_world(world, "p2p_workers:torch_p2p", timeout=120, init=False)
     fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o]
     assert not fails, "\n".join(fails)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("world,transport", SETUPS)
+def test_recv_from_any_source(world: int, transport: str) -> None:
+    outs = run_world(world, "p2p_workers:any_source", timeout=170,
+                     env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "60"})
+    fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o]
+    assert not fails, "\n".join(fails)
+
+
+@pytest.mark.timeout(120)
+def test_recv_from_any_source_times_out() -> None:
+    outs = run_world(2, "p2p_workers:any_source_timeout", timeout=90,
+                     env={"RINGREDUCE_TIMEOUT": "3"})
+    assert outs[1] == "sent"
+    assert outs[0].startswith("CollectiveTimeout") and "tag=3" in outs[0], outs

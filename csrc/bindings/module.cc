@@ -365,6 +365,10 @@ PYBIND11_MODULE(_C, m) {
            py::arg("secret"), py::arg("options"), py::arg("heartbeat_addrs") = std::vector<std::string>())
       .def_property_readonly("rank", [](PyComm& c) { return c.ex().comm().rank(); })
       .def_property_readonly("world", [](PyComm& c) { return c.ex().comm().world(); })
+      .def("incoming", [](PyComm& c, int peer) { return c.ex().incomingIdle(peer); },
+           py::arg("peer"),
+           "True when `peer` has started a collective this rank has not (a message waits) or "
+           "its connection has news, and nothing runs here; never blocks")
       .def("allreduce",
            [](PyComm& c, uintptr_t ptr, size_t count, int dtype, int op, int algo, bool async) {
              auto fn = [=](comm::Communicator& cm) {

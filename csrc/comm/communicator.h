@@ -62,6 +62,10 @@ class Communicator {
   // watched (full mesh).
   void setDialer(std::unique_ptr<transport::Dialer> dialer, const std::vector<int>& watch);
   bool watched(int peer) const { return watch_[static_cast<size_t>(peer)] != 0; }
+  // Has `peer` started a collective this rank has not yet (a message is waiting), or has
+  // its connection something to report (data, EOF, an abort frame)? Never blocks. Only
+  // meaningful while this rank runs nothing on the communicator (Executor::incomingIdle).
+  bool incoming(int peer);
   // Open TCP connections (for link_stats and tests). Executor thread.
   int openConnections() const;
 

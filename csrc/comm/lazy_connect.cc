@@ -40,6 +40,19 @@ std::string Communicator::peerHost(int peer) const {
   return dialer_ ? dialer_->peerHost(peer) : std::string("?");
 }
 
+bool Communicator::incoming(int peer) {
+  RR_CHECK(peer >= 0 && peer < world_ && peer != rank_, "no rank ", peer, " to probe");
+  if (failed()) return true;  // the receive that follows reports it
+  const auto& c = conns_[static_cast<size_t>(peer)];
+  if (c && c->fd() >= 0) {
+    pollfd p{c->fd(), POLLIN, 0};
+    if (::poll(&p, 1, 0) > 0) return true;  // a frame, EOF or an error: the receive reads it
+  }
+  if (!shmAll()) return false;
+  // Shared memory: every local rank's index is its communicator rank.
+  return shm_->lineAhead(peer);
+}
+
 int Communicator::openConnections() const {
   int n = 0;
   for (const auto& c : conns_)

@@ -55,6 +55,14 @@ std::exception_ptr Executor::runInline(std::unique_lock<std::mutex>& g, Task& fn
   return e;
 }
 
+bool Executor::incomingIdle(int peer) {
+  std::unique_lock<std::mutex> g(mu_);
+  if (stop_) RR_THROW(Error, "communicator was destroyed");
+  if (!queue_.empty() || busy_) return false;
+  std::unique_lock<std::mutex> ex(execMu_, std::try_to_lock);  // an inline run holds it
+  return ex.owns_lock() && comm_->incoming(peer);
+}
+
 void Executor::runSync(Task fn, std::string what, uint32_t site) {
   {
     std::unique_lock<std::mutex> g(mu_);

@@ -37,6 +37,10 @@ class Executor : public std::enable_shared_from_this<Executor> {
   // (else false: it runs, or ran, on the worker). Called from Work::wait.
   bool runIfNext(Work* w);
 
+  // comm().incoming(peer) if nothing is queued or running (else false: what runs may be
+  // reading that very message). Any thread; never blocks on a collective.
+  bool incomingIdle(int peer);
+
   // Fail the running collective and everything queued, promptly. Thread-safe.
   void abort();
   // abort() if anything is running (on the worker or inline on a caller's thread), wait for

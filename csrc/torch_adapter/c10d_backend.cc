@@ -71,6 +71,12 @@ class PyWorkRef : public c10d::Work {
 
   void synchronize() override { wait(kNoTimeout); }
 
+  // recv / recvAnysource: the sender's group rank (torch's work._source_rank()).
+  int sourceRank() const override {
+    py::gil_scoped_acquire gil;
+    return py_.attr("source_rank")().cast<int>();
+  }
+
  private:
   c10::intrusive_ptr<c10d::Work> work_;
   py::object py_;

@@ -100,6 +100,12 @@ class ShmDomain {
   }
   // Start the next line round (same numbering on every local rank).
   uint64_t nextRound() { return ++round_; }
+  // Local rank `r` has written its line of the round this rank runs next (it started a
+  // collective this rank has not): a probe for point-to-point receives from any source.
+  bool lineAhead(int r) {
+    const uint64_t next = round_ + 1;
+    return line(r, next).round.load(std::memory_order_acquire) == next;
+  }
   char* slot(int r, uint32_t g) {
     return base_[static_cast<size_t>(r)] + slotOff_ + (g % static_cast<uint32_t>(cfg_.slots)) * cfg_.chunkBytes;
   }
