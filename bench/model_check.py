@@ -32,12 +32,15 @@ BAR = 0.25
 
 
 def measure(hosts: int, per_host: int, algo: str, rate: str, out: str,
-            timeout: float) -> list[dict]:
+            timeout: float, sizes: tuple = ("1M", "16M"), env: dict | None = None) -> list[dict]:
+    """One `ringreduce-bench --algo ALGO --check` job on the emulated cluster (sizes: -b, -e);
+    its ringreduce rows (results checked)."""
     cmd = [sys.executable, os.path.join(ROOT, "tests", "netcluster.py"), "run", str(hosts), rate,
            "--per-host", str(per_host), "--timeout", str(timeout), "--", sys.executable, "-m",
-           "ringreduce.bench", "-b", "1M", "-e", "16M", "-f", "4", "-w", "1", "-i", "3",
+           "ringreduce.bench", "-b", sizes[0], "-e", sizes[1], "-f", "4", "-w", "1", "-i", "3",
            "--algo", algo, "--check", "--json", out]
-    subprocess.run(cmd, check=True, timeout=timeout + 60, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, check=True, timeout=timeout + 60, stdout=subprocess.DEVNULL,
+                   env=None if env is None else {**os.environ, **env})
     with open(out) as f:
         rows = [r for r in json.load(f)["results"] if r["library"] == "ringreduce"]
     bad = [r for r in rows if r.get("wrong")]

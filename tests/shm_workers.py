@@ -294,3 +294,15 @@ def spin_choice(rank: int, world: int) -> dict:
     o = _state._DEFAULT[0].options
     return {"spin_us": o.get("spin_us"), "shm_spin_us": o.get("shm_spin_us"),
             "affinity": sorted(os.sched_getaffinity(0))}
+
+
+def planned_sweep(rank: int, world: int, counts: list) -> bool:
+    """float32 all-reduces of `counts` elements with algo "auto", checked exactly (the
+    test reads which algorithm each one ran from the DEBUG log)."""
+    for n in counts:
+        x = (np.arange(n) % 5 + rank * 3).astype(np.float32)
+        rr.allreduce(x)
+        want = (np.arange(n) % 5 * world + 3 * world * (world - 1) // 2).astype(np.float32)
+        if not np.array_equal(x, want):
+            raise AssertionError(f"n={n}: {x[:4]} vs {want[:4]}")
+    return True

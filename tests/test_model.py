@@ -36,8 +36,10 @@ def test_shapes_of_the_predictions() -> None:
     assert t("hier", 64, 8, 1 << 20) < t("ring", 64, 8, 1 << 20) / 3
     big = 1 << 30
     link_bound = 2 * 63 / 64 * big * 0.08e-9  # what each host's link must carry
-    assert link_bound < t("ring", 64, 8, big) < 2 * link_bound
-    assert link_bound < t("hier", 64, 8, big) < 2 * t("ring", 64, 8, big)
+    # The flat ring's steps wait for their slowest hop: inside a host, loopback TCP.
+    hop_bound = 2 * 511 / 512 * big * 0.176e-9
+    assert hop_bound < t("ring", 64, 8, big) < 1.2 * hop_bound
+    assert link_bound < t("hier", 64, 8, big) < t("ring", 64, 8, big)
     # Bandwidth-bound: recursive doubling ships the whole message log n times.
     assert t("recursive_doubling", 64, 8, big) > 4 * t("ring", 64, 8, big)
     # A faster link never makes anything slower; more bytes never make anything faster.
@@ -64,3 +66,37 @@ def test_model_cli_prints_a_table_and_writes_json(tmp_path) -> None:
     bad = subprocess.run([sys.executable, "-m", "ringreduce.bench", "--model", "--hosts", "0"],
                          capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "whole numbers >= 1" in bad.stderr
+
+
+def test_the_pick_is_the_fastest_runnable_prediction() -> None:
+    """pick_allreduce_cluster (what the core's planner runs for "auto" across hosts) is the
+    fastest of ring / recursive doubling / hierarchical, except that hierarchical is kept
+    within 15% of the ring; hierarchical never on one host or with one rank per host."""
+    runnable = ("ring", "recursive_doubling", "hier")
+    seen = set()
+    for hosts, local in ((1, 8), (2, 1), (2, 2), (4, 2), (8, 8), (64, 8), (512, 8)):
+        for size in (8 << (3 * i) for i in range(10)):
+            for beta in (0.02, 0.08, BETA, 8.0):
+                t = {a: _C.predict_allreduce_cluster(a, hosts, local, size, ALPHA, beta)
+                     for a in runnable}
+                if hosts == 1 or local == 1:
+                    del t["hier"]
+                want = min(t, key=t.get)
+                if want == "ring" and "hier" in t and t["hier"] <= 1.15 * t["ring"]:
+                    want = "hier"
+                got = _C.pick_allreduce_cluster(hosts, local, size, ALPHA, beta)
+                assert got == want, (hosts, local, size, beta, t)
+                seen.add(got)
+    assert seen == set(runnable)  # every algorithm is the pick somewhere
+    # 2 hosts x 2 ranks, this machine's defaults: latency-bound -> recursive doubling,
+    # bandwidth-bound -> hierarchical.
+    assert _C.pick_allreduce_cluster(2, 2, 8, ALPHA, BETA) == "recursive_doubling"
+    assert _C.pick_allreduce_cluster(2, 2, 64 << 20, ALPHA, BETA) == "hier"
+
+
+def test_flat_ring_across_hosts_waits_for_its_slowest_hop() -> None:
+    """With several ranks per host the flat ring's hops inside a host run over loopback TCP
+    (beta 0.176 ns/B): a faster link between hosts cannot make a step faster than that."""
+    fast = _C.predict_allreduce_cluster("ring", 2, 4, 64 << 20, ALPHA, 0.01)
+    one_per_host = _C.predict_allreduce_cluster("ring", 8, 1, 64 << 20, ALPHA, BETA)
+    assert fast == pytest.approx(one_per_host, rel=0.02)

@@ -64,6 +64,29 @@ def test_results_and_plan_across_hosts(cluster_factory, hosts: int, per_host: in
 
 
 @pytest.mark.timeout(150)
+def test_auto_runs_the_cluster_models_pick(cluster_factory) -> None:
+    """2 hosts x 2 ranks: "auto" runs what the planner's cluster model picks per size
+    (recursive doubling when latency-bound, hierarchical when bandwidth-bound; 64 KiB is
+    where it differs from the flat model's tree), read from the DEBUG log of every rank."""
+    from ringreduce import _C
+
+    c = cluster_factory(2)
+    counts = [2, 16384, 262144]  # float32: 8 B, 64 KiB, 1 MiB
+    outs = run_world_raw(4, "shm_workers:planned_sweep", counts, timeout=120,
+                         env={**ENV, "RINGREDUCE_DEBUG": "DEBUG"}, master_addr=c.addr(0),
+                         rank_prefix=c.prefix(2))
+    assert all(o.ok for o in outs), "\n".join(map(str, outs))
+    name = {"ring": "ring", "recursive_doubling": "tree", "hier": "hier"}
+    want = [name[_C.pick_allreduce_cluster(2, 2, 4 * n, 8.4, 0.176)] for n in counts]
+    assert want == ["tree", "hier", "hier"]
+    for o in outs:
+        planned = re.findall(r"plan: allreduce #\d+, (\d+) bytes, 4 ranks on 2 hosts -> (\w+) "
+                             r"\(cluster model: ring \d+ us", o.stderr)
+        ran = re.findall(r"allreduce #\d+: (\d+) bytes float32 sum -> (\w+) \(auto\)", o.stderr)
+        assert planned == ran == [(str(4 * n), a) for n, a in zip(counts, want)], o.stderr[-3000:]
+
+
+@pytest.mark.timeout(150)
 @pytest.mark.parametrize("half_wire", [16, 32])
 def test_hier_16bit_sends_16bit_slices_across_hosts(cluster_factory, half_wire: int) -> None:
     """float16/bfloat16 over the hierarchical plan (2 hosts x 2 ranks): local rank l's

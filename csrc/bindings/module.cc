@@ -15,6 +15,7 @@
 #include "bindings/fastcall.h"
 #include "bindings/native_api.h"
 #include "collectives/collectives.h"
+#include "collectives/planner.h"
 #include "comm/communicator.h"
 #include "comm/site.h"
 #include "core/chunking.h"
@@ -333,6 +334,26 @@ PYBIND11_MODULE(_C, m) {
         py::arg("alpha_us"), py::arg("beta_ns_per_byte"), py::arg("shm_alpha_us") = 0.8,
         py::arg("shm_beta_ns_per_byte") = 0.057,
         "Predicted all-reduce seconds on hosts x local ranks (collectives/cost_model.cc).");
+  m.def("pick_allreduce_cluster",
+        [](int hosts, int local, size_t bytes, double alphaUs, double betaNsPerByte,
+           double shmAlphaUs, double shmBetaNsPerByte) {
+          if (hosts < 1 || local < 1) throw InvalidArgument("hosts and local must be >= 1");
+          collectives::ClusterModel m;
+          m.hosts = hosts;
+          m.local = local;
+          m.alphaUs = alphaUs;
+          m.betaNsPerByte = betaNsPerByte;
+          m.shmAlphaUs = shmAlphaUs;
+          m.shmBetaNsPerByte = shmBetaNsPerByte;
+          using A = collectives::ModelAlgo;
+          A a = collectives::pickAllreduceCluster(m, bytes);
+          return std::string(a == A::kRing ? "ring" : a == A::kHier ? "hier" : "recursive_doubling");
+        },
+        py::arg("hosts"), py::arg("local"), py::arg("bytes"), py::arg("alpha_us"),
+        py::arg("beta_ns_per_byte"), py::arg("shm_alpha_us") = 0.8,
+        py::arg("shm_beta_ns_per_byte") = 0.057,
+        "What the planner picks for 'auto' on hosts x local ranks (collectives/planner.cc): "
+        "ring, recursive_doubling or hier.");
   m.def("overlay_peers", &transport::tcp::overlayPeers, py::arg("rank"), py::arg("world"),
         "Peers a rank connects and watches at init above RINGREDUCE_FULL_MESH_MAX ranks.");
   m.def("predict_allreduce", [](int algo, int world, size_t bytes, const py::dict& opts) {
@@ -365,6 +386,28 @@ PYBIND11_MODULE(_C, m) {
            py::arg("secret"), py::arg("options"), py::arg("heartbeat_addrs") = std::vector<std::string>())
       .def_property_readonly("rank", [](PyComm& c) { return c.ex().comm().rank(); })
       .def_property_readonly("world", [](PyComm& c) { return c.ex().comm().world(); })
+      .def("plan_of",
+           [](PyComm& c, const std::string& kind, size_t bytes, int algo) {
+             using namespace collectives;
+             std::shared_ptr<runtime::Executor> e = c.held();
+             Communicator& cm = e->comm();
+             QuietPlans quiet;
+             Algorithm a;
+             if (kind == "allreduce") a = planAllreduce(cm, static_cast<Algorithm>(algo), bytes);
+             else if (kind == "broadcast") a = planBroadcast(cm, bytes);
+             else if (kind == "barrier") a = planBarrier(cm);
+             else if (kind == "reduce") a = planReduce(cm, bytes);
+             else if (kind == "gather") a = planDirect(cm, CollectiveKind::kGather, bytes);
+             else if (kind == "scatter") a = planDirect(cm, CollectiveKind::kScatter, bytes);
+             else if (kind == "alltoall") a = planDirect(cm, CollectiveKind::kAllToAll, bytes);
+             else if (kind == "allgather") a = planRing(cm, CollectiveKind::kAllGather, bytes);
+             else if (kind == "reduce_scatter") a = planRing(cm, CollectiveKind::kReduceScatter, bytes);
+             else throw InvalidArgument("plan: unknown collective '" + kind + "'");
+             return std::string(toString(a));
+           },
+           py::arg("kind"), py::arg("bytes"), py::arg("algo") = 0,
+           "What the planner (collectives/planner.cc) runs for this collective and size: "
+           "'shm', 'ring', 'tree', 'hier' or 'auto' (direct / pairwise); nothing is logged")
       .def("incoming", [](PyComm& c, int peer) { return c.ex().incomingIdle(peer); },
            py::arg("peer"),
            "True when `peer` has started a collective this rank has not (a message waits) or "

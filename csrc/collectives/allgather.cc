@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "collectives/collectives.h"
+#include "collectives/planner.h"
 #include "collectives/ring.h"
 
 namespace rr::collectives {
@@ -19,8 +20,9 @@ void allgather(Communicator& c, const void* in, void* out, size_t count, DataTyp
     c.skip();
     return;
   }
+  const size_t total = count * es * static_cast<size_t>(n);
   transport::FrameHeader h = c.begin(CollectiveKind::kAllGather, dtype, ReduceOp::kSum, 0,
-                                     Algorithm::kRing, count, count * es * static_cast<size_t>(n));
+                                     planRing(c, CollectiveKind::kAllGather, total), count, total);
   RingPlan p;
   p.count = count * static_cast<size_t>(n);
   p.steps = n - 1;

@@ -1,4 +1,4 @@
-// All-reduce entry: picks the algorithm (cost_model.cc), sets up how 16-bit floats are
+// All-reduce entry: runs the planner's algorithm (planner.cc), sets up how 16-bit floats are
 // accumulated, and hands off to the ring or the tree. Both leave the finished result in the
 // caller's buffer. 16-bit floats always add in float32; over TCP their partial sums travel
 // as 16 bits, rounded once per hop (RINGREDUCE_HALF_WIRE=16, the default), or as float32 in
@@ -9,6 +9,7 @@
 
 #include "collectives/allreduce_impl.h"
 #include "collectives/collectives.h"
+#include "collectives/planner.h"
 #include "collectives/shm_algos.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -16,21 +17,6 @@
 namespace rr::collectives {
 
 namespace {
-
-// The algorithm to run for `bytes`: the caller's explicit choice (checked), or for "auto"
-// shared memory when every rank is on this host, else the cost model's pick (hierarchical
-// when ranks share hosts). An explicit ring/tree request runs the TCP algorithm.
-Algorithm resolve(Communicator& c, Algorithm algo, size_t bytes) {
-  Algorithm a = algo;
-  if (a == Algorithm::kShm && !c.shmAll())
-    RR_THROW(InvalidArgument, "algo=shm needs every rank on one host with shared memory enabled");
-  if (a == Algorithm::kHier && (!c.shm() || c.shmAll()))
-    RR_THROW(InvalidArgument, "algo=hier needs several hosts with the same number (>= 2) of ranks");
-  if (a != Algorithm::kAuto) return a;
-  a = c.shmAll() ? Algorithm::kShm : chooseAllreduce(c.options(), c.world(), bytes);
-  if (a == Algorithm::kRing && c.shm()) a = Algorithm::kHier;
-  return a;
-}
 
 // buf (or, on the shared-memory large path only, segs) holds the input and the result.
 void run(Communicator& c, void* buf, const Segments* segs, size_t count, DataType dtype,
@@ -91,7 +77,7 @@ void allreduce(Communicator& c, void* buf, size_t count, DataType dtype, ReduceO
     c.skip();
     return;
   }
-  run(c, buf, nullptr, count, dtype, op, algo, resolve(c, algo, count * elementSize(dtype)));
+  run(c, buf, nullptr, count, dtype, op, algo, planAllreduce(c, algo, count * elementSize(dtype)));
 }
 
 void allreduceCoalesced(Communicator& c, const std::vector<Piece>& pieces, DataType dtype,
@@ -109,7 +95,7 @@ void allreduceCoalesced(Communicator& c, const std::vector<Piece>& pieces, DataT
     return;
   }
   const size_t bytes = count * es;
-  const Algorithm a = resolve(c, algo, bytes);
+  const Algorithm a = planAllreduce(c, algo, bytes);
   if (segs.pieces() == 1) {
     run(c, segs.contiguous(0, bytes), nullptr, count, dtype, op, algo, a);
   } else if (a == Algorithm::kShm && bytes > c.shm()->config().smallMax && !overlap(pieces, es)) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "collectives/collectives.h"
+#include "collectives/planner.h"
 #include "collectives/shm_algos.h"
 #include "core/chunking.h"
 #include "core/error.h"
@@ -39,9 +40,12 @@ void alltoall(Communicator& c, const void* in, const size_t* sendCounts, const s
   // The header's count is 0: ranks may send different totals; each frame's payload size is
   // checked against what its receiver expects instead.
   // Shared memory when every rank is on this host and the size table fits one line.
-  const bool viaShm = c.shmAll() && static_cast<size_t>(n) * 8 <= c.shm()->config().smallMax;
-  transport::FrameHeader h = c.begin(CollectiveKind::kAllToAll, dtype, ReduceOp::kSum, 0,
-                                     viaShm ? Algorithm::kShm : Algorithm::kAuto, 0, total);
+  const Algorithm a = planDirect(
+      c, CollectiveKind::kAllToAll, total,
+      c.shmAll() && static_cast<size_t>(n) * 8 <= c.shm()->config().smallMax);
+  const bool viaShm = a == Algorithm::kShm;
+  transport::FrameHeader h =
+      c.begin(CollectiveKind::kAllToAll, dtype, ReduceOp::kSum, 0, a, 0, total);
   if (viaShm) {
     std::vector<size_t> sb(static_cast<size_t>(n)), so(sb.size()), rb(sb.size()), ro(sb.size());
     for (size_t p = 0; p < sb.size(); ++p) {

@@ -2,6 +2,7 @@
 // After ceil(log2 n) rounds every rank has (transitively) heard from every other rank,
 // for any n, not only powers of two. Frames carry no payload.
 #include "collectives/collectives.h"
+#include "collectives/planner.h"
 #include "collectives/shm_algos.h"
 #include "core/chunking.h"
 
@@ -13,9 +14,10 @@ void barrier(Communicator& c) {
     c.skip();
     return;
   }
-  transport::FrameHeader h = c.begin(CollectiveKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0,
-                                     c.shmAll() ? Algorithm::kShm : Algorithm::kTree, 0, 0);
-  if (c.shmAll()) {
+  const Algorithm a = planBarrier(c);
+  transport::FrameHeader h =
+      c.begin(CollectiveKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0, a, 0, 0);
+  if (a == Algorithm::kShm) {
     shm::barrier(c, h);
     return;
   }

@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "collectives/collectives.h"
+#include "collectives/planner.h"
 #include "collectives/shm_algos.h"
 #include "core/chunking.h"
 
@@ -86,13 +87,12 @@ void broadcast(Communicator& c, void* buf, size_t count, DataType dtype, int roo
     c.skip();
     return;
   }
-  const bool tree = bytes <= c.options().broadcastTreeMaxBytes || c.world() == 2;
-  Algorithm a = c.shmAll() ? Algorithm::kShm : tree ? Algorithm::kTree : Algorithm::kRing;
+  const Algorithm a = planBroadcast(c, bytes);
   transport::FrameHeader h =
       c.begin(CollectiveKind::kBroadcast, dtype, ReduceOp::kSum, root, a, count, bytes);
   if (a == Algorithm::kShm)
     shm::broadcast(c, h, static_cast<char*>(buf), bytes, root);
-  else if (tree)
+  else if (a == Algorithm::kTree)
     binomial(c, h, static_cast<char*>(buf), bytes, root);
   else
     chain(c, h, static_cast<char*>(buf), bytes, root);

@@ -61,9 +61,17 @@ struct ClusterModel {
   double betaNsPerByte = 0.176;  // between hosts, through one host's link
   double shmAlphaUs = 0.8;       // within a host (bench/shm_2ranks.json, 8 B all-reduce)
   double shmBetaNsPerByte = 0.057;  // per phase: 64 MiB on 2 ranks in 7.6 ms, 2 phases
+  // Flat algorithms' hops between ranks of one host when there are several hosts: loopback
+  // TCP (bench/alpha_beta.json).
+  double localAlphaUs = 8.4;
+  double localBetaNsPerByte = 0.176;
 };
 enum class ModelAlgo { kRing, kRecursiveDoubling, kBinomialTree, kHier };
 // Predicted seconds; kBinomialTree (reduce + broadcast) is modelled for comparison only.
 double predictAllreduceCluster(const ClusterModel& m, ModelAlgo a, size_t bytes);
+// The fastest predicted of what the core runs: ring, recursive doubling, and hierarchical
+// when hosts and ranks per host are both > 1. `predicted` (4 entries, by ModelAlgo) gets
+// each candidate's prediction when not null.
+ModelAlgo pickAllreduceCluster(const ClusterModel& m, size_t bytes, double* predicted = nullptr);
 
 }  // namespace rr::collectives

@@ -20,6 +20,7 @@
 namespace rr::collectives {
 namespace {
 constexpr double kGammaNsPerByte = 0.042;  // bench/alpha_beta.json
+constexpr double kHierMargin = 0.15;       // pickAllreduceCluster
 }
 
 double predictAllreduce(const Options& o, Algorithm a, int world, size_t bytes) {
@@ -44,12 +45,13 @@ Algorithm chooseAllreduce(const Options& o, int world, size_t bytes) {
 }
 
 namespace {
-// One step in which every rank exchanges `bytes` with a partner `dist` ranks away (ranks
-// placed host by host): inside the host through shared memory, else over the host's link,
-// which carries `streams` concurrent transfers.
+// One step of a flat algorithm in which every rank exchanges `bytes` with a partner `dist`
+// ranks away (ranks placed host by host): on one host through shared memory; with several,
+// inside a host over loopback TCP (the flat algorithms' TCP connections), else over the
+// host's link, which carries `streams` concurrent transfers.
 double step(const ClusterModel& m, int dist, double bytes, int streams) {
-  if (m.hosts <= 1 || dist < m.local)
-    return m.shmAlphaUs * 1e-6 + bytes * m.shmBetaNsPerByte * 1e-9;
+  if (m.hosts <= 1) return m.shmAlphaUs * 1e-6 + bytes * m.shmBetaNsPerByte * 1e-9;
+  if (dist < m.local) return m.localAlphaUs * 1e-6 + bytes * m.localBetaNsPerByte * 1e-9;
   return m.alphaUs * 1e-6 + bytes * streams * m.betaNsPerByte * 1e-9;
 }
 }  // namespace
@@ -60,9 +62,11 @@ double predictAllreduceCluster(const ClusterModel& m, ModelAlgo a, size_t bytes)
   const double b = static_cast<double>(bytes), gamma = kGammaNsPerByte * 1e-9;
   switch (a) {
     case ModelAlgo::kRing: {
-      // 2(n-1) steps of b/n; with several hosts each step waits for its cross-host hop
-      // (one per host: the ring leaves each host once).
+      // 2(n-1) steps of b/n; with several hosts each step has one cross-host hop per host
+      // (the ring leaves each host once).
+      // Every hop of a step runs at once: the slowest (inside the host or across) counts.
       double s = step(m, m.hosts > 1 ? m.local : 1, b / n, 1);
+      if (m.hosts > 1 && m.local > 1) s = std::max(s, step(m, 1, b / n, 1));
       return 2.0 * (n - 1) * s + (n - 1.0) / n * b * gamma;
     }
     case ModelAlgo::kRecursiveDoubling: {
@@ -93,6 +97,27 @@ double predictAllreduceCluster(const ClusterModel& m, ModelAlgo a, size_t bytes)
     }
   }
   return 0.0;
+}
+
+ModelAlgo pickAllreduceCluster(const ClusterModel& m, size_t bytes, double* predicted) {
+  const ModelAlgo runnable[] = {ModelAlgo::kRing, ModelAlgo::kRecursiveDoubling, ModelAlgo::kHier};
+  double t[4] = {-1, -1, -1, -1};
+  ModelAlgo best = ModelAlgo::kRing;
+  for (ModelAlgo a : runnable) {
+    const int i = static_cast<int>(a);
+    if (a == ModelAlgo::kHier && (m.hosts <= 1 || m.local <= 1)) continue;
+    t[i] = predictAllreduceCluster(m, a, bytes);
+    if (predicted) predicted[i] = t[i];
+    if (t[i] < t[static_cast<int>(best)]) best = a;
+  }
+  // Against the ring (the bandwidth algorithm), hierarchical sends fewer bytes across
+  // hosts; the link is priced at what Options say (loopback's alpha/beta unless
+  // RINGREDUCE_TUNING_FILE measured the real one) and other jobs share it: within
+  // kHierMargin of the ring, hierarchical is kept.
+  const double h = t[static_cast<int>(ModelAlgo::kHier)];
+  if (best == ModelAlgo::kRing && h >= 0 && h <= t[static_cast<int>(best)] * (1 + kHierMargin))
+    best = ModelAlgo::kHier;
+  return best;
 }
 
 }  // namespace rr::collectives

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "collectives/collectives.h"
+#include "collectives/planner.h"
 #include "collectives/shm_algos.h"
 
 namespace rr::collectives {
@@ -25,7 +26,7 @@ void gather(Communicator& c, const void* in, void* out, size_t count, DataType d
     c.skip();
     return;
   }
-  const Algorithm a = c.shmAll() ? Algorithm::kShm : Algorithm::kAuto;
+  const Algorithm a = planDirect(c, CollectiveKind::kGather, bytes * static_cast<size_t>(n));
   transport::FrameHeader h = c.begin(CollectiveKind::kGather, dtype, ReduceOp::kSum, root, a,
                                      count, bytes * static_cast<size_t>(n));
   if (a == Algorithm::kShm) {

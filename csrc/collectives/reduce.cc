@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "collectives/collectives.h"
+#include "collectives/planner.h"
 #include "core/chunking.h"
 #include "reduce/reduce.h"
 
@@ -29,7 +30,7 @@ void reduce(Communicator& c, void* buf, size_t count, DataType dtype, ReduceOp o
     return;
   }
   auto& scratch = c.scratch();
-  if (c.shmAll()) {
+  if (planReduce(c, bytes) == Algorithm::kShm) {
     void* work = buf;
     if (me != root) {
       work = scratch.get(comm::ScratchArena::kExtra, bytes);

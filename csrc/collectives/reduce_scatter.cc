@@ -8,6 +8,7 @@
 
 #include "collectives/allreduce_impl.h"
 #include "collectives/collectives.h"
+#include "collectives/planner.h"
 #include "collectives/ring.h"
 
 namespace rr::collectives {
@@ -27,8 +28,9 @@ void reduceScatter(Communicator& c, const void* in, void* out, size_t count, Dat
     c.skip();
     return;
   }
-  transport::FrameHeader h = c.begin(CollectiveKind::kReduceScatter, dtype, op, 0,
-                                     Algorithm::kRing, count, total * es);
+  transport::FrameHeader h =
+      c.begin(CollectiveKind::kReduceScatter, dtype, op, 0,
+              planRing(c, CollectiveKind::kReduceScatter, total * es), count, total * es);
   char* acc = c.scratch().get(comm::ScratchArena::kAcc, total * ae);
   if (isHalf(dtype) && !halfWire)
     reduce::widen(dtype, in, reinterpret_cast<float*>(acc), total);

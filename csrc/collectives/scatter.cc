@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "collectives/collectives.h"
+#include "collectives/planner.h"
 #include "collectives/shm_algos.h"
 
 namespace rr::collectives {
@@ -24,7 +25,7 @@ void scatter(Communicator& c, const void* in, void* out, size_t count, DataType 
     c.skip();
     return;
   }
-  const Algorithm a = c.shmAll() ? Algorithm::kShm : Algorithm::kAuto;
+  const Algorithm a = planDirect(c, CollectiveKind::kScatter, bytes * static_cast<size_t>(n));
   transport::FrameHeader h = c.begin(CollectiveKind::kScatter, dtype, ReduceOp::kSum, root, a,
                                      count, bytes * static_cast<size_t>(n));
   if (a == Algorithm::kShm) {

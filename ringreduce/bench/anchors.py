@@ -19,8 +19,6 @@ from .checks import Buffers, as_numpy
 from .metrics import Case
 
 # Mirrors broadcast.cc: binomial tree up to this size (or on 2 ranks), pipelined chain above.
-_BROADCAST_TREE_MAX_BYTES = 256 * 1024
-_COST_KEYS = ("alpha_us", "beta_ns_per_byte", "tree_threshold_bytes")
 
 
 class Lib:
@@ -97,35 +95,21 @@ class RingReduce(Lib):
         return "shm" if getattr(self.group.comm, "uses_shm", False) else "tcp"
 
     def algo(self, case: Case) -> str:
-        """The algorithm ringreduce runs for this case (the cost model's choice for auto).
-        Mirrors allreduce.cc / broadcast.cc / barrier.cc: with shared memory, auto allreduce,
-        broadcast and barrier run the shm algorithms; ring and tree are the TCP ones."""
-        n, op = self.group.world_size, case.op
-        if n == 1:
+        """The algorithm ringreduce runs for this case: the core's planner, asked
+        (collectives/planner.cc; named as in the bench's table)."""
+        if self.group.world_size == 1:
             return "-"
-        shm = self.transport == "shm"
-        if op == "allreduce":
-            if self.algo_arg != "auto":
-                return self.algo_arg
-            if shm:  # several hosts with shared memory inside each: hierarchical
-                return "hier" if getattr(self.group.comm, "plan", "") == "hier" else "shm"
-            from ringreduce import _C
+        from ringreduce import _buffers
 
-            opts = {k: v for k, v in self.group.options.items() if k in _COST_KEYS}
-            code = _C.choose_allreduce(n, case.size, opts)
-            return {1: "ring", 2: "tree", 3: "shm"}.get(code, "?")
-        if op == "broadcast":
-            limit = self.group.options.get("broadcast_tree_max_bytes", _BROADCAST_TREE_MAX_BYTES)
-            return "shm" if shm else "tree" if case.size <= limit or n == 2 else "chain"
-        if op == "barrier":
-            return "shm" if shm else "dissem"
-        if op == "reduce":  # reduce.cc: shared memory all-reduce on a copy, else binomial
-            return "shm" if shm else "tree"
-        if op in ("gather", "scatter"):
-            return "shm" if shm else "direct"
-        if op == "alltoall":
-            return "shm" if shm else "pairwise"
-        return "ring"
+        a = self.group.comm.plan_of(case.op, case.size, _buffers.algo_code(self.algo_arg)
+                                 if case.op == "allreduce" else 0)
+        if a == "auto":
+            return "pairwise" if case.op == "alltoall" else "direct"
+        if case.op == "broadcast" and a == "ring":
+            return "chain"
+        if case.op == "barrier" and a == "tree":
+            return "dissem"
+        return a
 
     def allreduce_np(self, a: np.ndarray, op: str) -> np.ndarray:
         a = np.ascontiguousarray(a)

@@ -163,9 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
       help="reduction for allreduce, reduce_scatter and reduce (default sum)")
     a("-r", "--root", type=_nonneg, default=0,
       help="root of broadcast, reduce, gather and scatter (default 0)")
-    a("--algo", choices=("auto", "ring", "tree", "shm"), default="auto",
+    a("--algo", choices=("auto", "ring", "tree", "shm", "hier"), default="auto",
       help="allreduce algorithm (default auto: shared memory within a host when enabled, "
-           "else the cost model picks ring or tree per size)")
+           "else the cost model picks ring, tree (recursive doubling) or hier (shared memory "
+           "inside hosts, rings between them) per size)")
     a("--transport", choices=("auto", "tcp", "shm"), default=None,
       help="set RINGREDUCE_TRANSPORT for the ranks (default: inherited, auto); the header "
            "shows the transport actually used")

@@ -16,7 +16,6 @@ from argparse import Namespace
 from .cli import format_size
 
 ALGOS = ("ring", "recursive_doubling", "binomial_tree", "hier")
-RUNNABLE = ("ring", "recursive_doubling", "hier")  # what the core implements
 SIZES = [8 << (3 * i) for i in range(10)]  # 8 B, 64 B, ..., 1 GiB
 SHORT = {"ring": "ring", "recursive_doubling": "rd", "binomial_tree": "btree", "hier": "hier"}
 
@@ -40,14 +39,16 @@ def predict(hosts: int, local: int, size: int, alpha_us: float, beta: float,
 
 
 def table(args: Namespace) -> dict:
+    from ringreduce import _C
+
     beta = 8.0 / args.link_gbit  # ns per byte through one host's link
     rows = []
     for hosts in args.model_hosts:
         for size in SIZES:
             t = predict(hosts, args.ranks_per_host, size, args.alpha_us, beta,
                         args.shm_alpha_us, args.shm_beta_ns_per_byte)
-            runnable = {a: v for a, v in t.items() if a in RUNNABLE}
-            pick = min(runnable, key=runnable.get)
+            pick = _C.pick_allreduce_cluster(hosts, args.ranks_per_host, size, args.alpha_us,
+                                             beta, args.shm_alpha_us, args.shm_beta_ns_per_byte)
             rows.append({"hosts": hosts, "n": hosts * args.ranks_per_host, "bytes": size,
                          "predicted_s": t, "pick": pick})
     return {"tool": "ringreduce-bench --model", "ranks_per_host": args.ranks_per_host,

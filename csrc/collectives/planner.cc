@@ -1,0 +1,104 @@
+#include "collectives/planner.h"
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace rr::collectives {
+
+namespace {
+
+thread_local int tQuiet = 0;
+
+// "4 ranks" / "4 ranks on 2 hosts" / "4 ranks on 1 host (shared memory)".
+std::string layout(Communicator& c) {
+  std::string s = std::to_string(c.world()) + " ranks";
+  if (c.shmAll()) return s + " on 1 host (shared memory)";
+  if (c.shm()) return s + " on " + std::to_string(c.world() / c.shm()->world()) + " hosts";
+  return s;
+}
+
+// `why` is built only when the plan is logged.
+template <typename Why>
+Algorithm logged(Communicator& c, CollectiveKind k, size_t bytes, Algorithm a, const Why& why) {
+  if (tQuiet) return a;
+  RR_LOG(log::kDebug, "plan: ", toString(k), " #", c.seq() + 1, ", ", bytes, " bytes, ",
+         layout(c), " -> ", toString(a), " (", why(), ")");
+  return a;
+}
+
+Algorithm logged(Communicator& c, CollectiveKind k, size_t bytes, Algorithm a, const char* why) {
+  return logged(c, k, bytes, a, [why] { return why; });
+}
+
+}  // namespace
+
+QuietPlans::QuietPlans() { ++tQuiet; }
+QuietPlans::~QuietPlans() { --tQuiet; }
+
+ClusterModel clusterModel(Communicator& c) {
+  ClusterModel m;
+  m.local = c.shm() ? c.shm()->world() : 1;
+  m.hosts = c.world() / m.local;
+  m.alphaUs = m.localAlphaUs = c.options().alphaUs;
+  m.betaNsPerByte = m.localBetaNsPerByte = c.options().betaNsPerByte;
+  return m;
+}
+
+Algorithm planAllreduce(Communicator& c, Algorithm requested, size_t bytes) {
+  const CollectiveKind k = CollectiveKind::kAllReduce;
+  if (requested == Algorithm::kShm && !c.shmAll())
+    RR_THROW(InvalidArgument, "algo=shm needs every rank on one host with shared memory enabled");
+  if (requested == Algorithm::kHier && (!c.shm() || c.shmAll()))
+    RR_THROW(InvalidArgument, "algo=hier needs several hosts with the same number (>= 2) of ranks");
+  if (requested != Algorithm::kAuto) return logged(c, k, bytes, requested, "requested");
+  if (c.shmAll()) return logged(c, k, bytes, Algorithm::kShm, "one host");
+  const Options& o = c.options();
+  if (!c.shm() || o.treeThresholdBytes >= 0) {  // flat model, or the switch forced
+    Algorithm a = chooseAllreduce(o, c.world(), bytes);
+    if (a == Algorithm::kRing && c.shm()) a = Algorithm::kHier;
+    return logged(c, k, bytes, a, o.treeThresholdBytes >= 0 ? "RINGREDUCE_TREE_THRESHOLD_BYTES"
+                                                            : "flat model");
+  }
+  double t[4] = {0, 0, 0, 0};
+  const ModelAlgo pick = pickAllreduceCluster(clusterModel(c), bytes, t);
+  const Algorithm a = pick == ModelAlgo::kHier ? Algorithm::kHier
+                      : pick == ModelAlgo::kRing ? Algorithm::kRing : Algorithm::kTree;
+  return logged(c, k, bytes, a, [&t] {
+    auto us = [&t](ModelAlgo m) { return static_cast<long>(t[static_cast<int>(m)] * 1e6); };
+    return detail::concat("cluster model: ring ", us(ModelAlgo::kRing), " us, recursive doubling ",
+                          us(ModelAlgo::kRecursiveDoubling), " us, hierarchical ",
+                          us(ModelAlgo::kHier), " us");
+  });
+}
+
+Algorithm planBroadcast(Communicator& c, size_t bytes) {
+  const CollectiveKind k = CollectiveKind::kBroadcast;
+  if (c.shmAll()) return logged(c, k, bytes, Algorithm::kShm, "one host");
+  const bool tree = bytes <= c.options().broadcastTreeMaxBytes || c.world() == 2;
+  return logged(c, k, bytes, tree ? Algorithm::kTree : Algorithm::kRing,
+                tree ? "binomial tree" : "pipelined chain");
+}
+
+Algorithm planBarrier(Communicator& c) {
+  const CollectiveKind k = CollectiveKind::kBarrier;
+  return logged(c, k, 0, c.shmAll() ? Algorithm::kShm : Algorithm::kTree,
+                c.shmAll() ? "one line round" : "dissemination");
+}
+
+Algorithm planReduce(Communicator& c, size_t bytes) {
+  const CollectiveKind k = CollectiveKind::kReduce;
+  if (c.shmAll()) return logged(c, k, bytes, Algorithm::kShm, "shared-memory all-reduce");
+  return logged(c, k, bytes, Algorithm::kTree, "binomial tree");
+}
+
+Algorithm planDirect(Communicator& c, CollectiveKind kind, size_t bytes, bool shmOk) {
+  if (c.shmAll() && shmOk) return logged(c, kind, bytes, Algorithm::kShm, "one host");
+  return logged(c, kind, bytes, Algorithm::kAuto,
+                kind == CollectiveKind::kAllToAll ? "pairwise exchange" : "direct");
+}
+
+Algorithm planRing(Communicator& c, CollectiveKind kind, size_t bytes) {
+  return logged(c, kind, bytes, Algorithm::kRing, "TCP ring: no shared-memory path yet");
+}
+
+}  // namespace rr::collectives

@@ -1,0 +1,44 @@
+// The planner: the one place that decides how a collective runs on a communicator -- its
+// transport (shared memory when every rank is on this host; across hosts TCP, or for the
+// all-reduce shared memory inside each host plus TCP between them) and its algorithm --
+// from the layout, the size and the cost model (cost_model.cc). Collectives run what it
+// returns; each plan is logged at RINGREDUCE_DEBUG=DEBUG.
+#pragma once
+
+#include <cstddef>
+
+#include "collectives/collectives.h"
+
+namespace rr::collectives {
+
+// "auto": shared memory on one host; across hosts the cluster model's pick among ring,
+// recursive doubling (kTree) and hierarchical (when the hosts share memory inside), or the
+// flat model's ring/tree without shared memory. An explicit request is checked and kept.
+Algorithm planAllreduce(Communicator& c, Algorithm requested, size_t bytes);
+// kShm, kTree (binomial tree) or kRing (pipelined chain).
+Algorithm planBroadcast(Communicator& c, size_t bytes);
+// kShm (one line round) or kTree (dissemination).
+Algorithm planBarrier(Communicator& c);
+// kShm (the shared-memory all-reduce on a copy) or kTree (binomial tree to the root).
+Algorithm planReduce(Communicator& c, size_t bytes);
+// Gather, scatter, all-to-all: kShm or kAuto (direct to/from the root; pairwise exchange).
+// `shmOk`: the collective's shared-memory path can take this call.
+Algorithm planDirect(Communicator& c, CollectiveKind kind, size_t bytes, bool shmOk = true);
+
+// All-gather, reduce-scatter: kRing over TCP (they have no shared-memory path yet).
+Algorithm planRing(Communicator& c, CollectiveKind kind, size_t bytes);
+
+// While one lives on this thread, plans are not logged (queries from the bench: what would
+// the communicator run?).
+struct QuietPlans {
+  QuietPlans();
+  ~QuietPlans();
+  QuietPlans(const QuietPlans&) = delete;
+  QuietPlans& operator=(const QuietPlans&) = delete;
+};
+
+// The cluster model of `c`'s layout: hosts x ranks per host (from its shared-memory
+// domain), Options' alpha/beta for the links (RINGREDUCE_TUNING_FILE sets them).
+ClusterModel clusterModel(Communicator& c);
+
+}  // namespace rr::collectives
