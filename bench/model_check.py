@@ -3,7 +3,7 @@
 all-reduce time on the emulated cluster (tests/netcluster.py: one network namespace per
 host, links rate-limited with tc): 2, 4, 8 hosts x 1 rank with the ring and recursive
 doubling, and 2, 4 hosts x 2 ranks with the hierarchical all-reduce (shared memory inside a
-host, --algo auto picks it there).
+host, --algo hier).
 
     python bench/model_check.py --json bench/model_check.json --plot bench/model_check.png
 
@@ -27,7 +27,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (ranks per host, --algo, model algorithm)
-SETUPS = [(1, "ring", "ring"), (1, "tree", "recursive_doubling"), (2, "auto", "hier")]
+SETUPS = [(1, "ring", "ring"), (1, "tree", "recursive_doubling"), (2, "hier", "hier")]
 BAR = 0.25
 
 
@@ -71,7 +71,7 @@ def main() -> int:
                 rows = measure(hosts, per_host, algo, a.rate,
                                os.path.join(tmp, f"{hosts}x{per_host}{algo}.json"), a.timeout)
                 for r in rows:
-                    if r["algo"] != ("hier" if per_host > 1 else algo):
+                    if r["algo"] != algo:
                         raise SystemExit(f"{hosts}x{per_host} ran {r['algo']}, not {model_algo}")
                     pred = _C.predict_allreduce_cluster(model_algo, hosts, per_host, r["size"],
                                                         alpha, beta)

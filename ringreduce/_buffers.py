@@ -17,6 +17,7 @@ DTYPE_CODES: dict[str, int] = dict(_C.DTYPE_CODES)
 OP_CODES: dict[str, int] = dict(_C.OP_CODES)
 ALGO_CODES: dict[str, int] = dict(_C.ALGO_CODES)
 check_reduction = _C.check_reduction  # ValueError when op cannot reduce that dtype
+_array_data = _C.array_data
 
 _SUPPORTED = ", ".join(DTYPE_CODES)
 # numpy dtype object -> code, for the fast path (numpy has no native bfloat16).
@@ -68,8 +69,7 @@ def as_buffer(x: Any, what: str, writable: bool = True) -> Buffer:
         flags = x.flags
         code = _NP_CODES.get(x.dtype)
         if flags.c_contiguous and (flags.writeable or not writable) and code is not None:
-            return Buffer(x, x.__array_interface__["data"][0], x.size, _NP_NAMES[x.dtype], code,
-                          x.shape)
+            return Buffer(x, _array_data(x), x.size, _NP_NAMES[x.dtype], code, x.shape)
     torch = _torch()
     if torch is not None and isinstance(x, torch.Tensor):
         if x.device.type != "cpu":
@@ -90,7 +90,7 @@ def as_buffer(x: Any, what: str, writable: bool = True) -> Buffer:
         code = DTYPE_CODES.get(name)
         if code is None:
             raise ValueError(f"{what}: dtype {x.dtype} is not supported; use one of {_SUPPORTED}")
-        return Buffer(x, x.__array_interface__["data"][0], x.size, name, code, tuple(x.shape))
+        return Buffer(x, _array_data(x), x.size, name, code, tuple(x.shape))
     raise TypeError(
         f"{what}: expected a torch.Tensor or numpy.ndarray, got {type(x).__name__}"
     )

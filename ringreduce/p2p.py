@@ -36,6 +36,7 @@ from ._state import Group
 _LOCK = threading.Lock()  # guards _MAKING, _ANY and world.p2p (never held while connecting)
 _MAKING: dict = {}  # (lo, hi, tag) -> lock held by the thread making that pair
 _ANY: dict = {}  # tag -> [lock serialising any-source matches, index of the next peer to try]
+_POSTING: dict = {}  # (src, dst, tag) -> isend/irecv not yet queued on their new channel
 
 
 def send(x: Any, dst: int, tag: int = 0, group: Any = None) -> None:
@@ -91,10 +92,19 @@ def _post(x: Any, peer: int, tag: int, group: Any, what: str, sending: bool,
         return api.broadcast(x, src=src, async_op=async_op, group=ch)
     # The pair's first message on this tag: the peer may be blocked making another channel
     # to us first (another tag, the other direction's first send): isend/irecv return at
-    # once and make the channel on a helper thread.
-    return api.Work(_Deferred(lambda: api.broadcast(x, src=src, async_op=True,
-                                                    group=_channel(world, src, dst, tag))),
-                    (x,))
+    # once and make the channel on a helper thread. Until the receive is queued there, an
+    # any-source receive must not take that channel's message: _POSTING says so.
+    key = (src, dst, tag)
+    with _LOCK:
+        _POSTING[key] = _POSTING.get(key, 0) + 1
+
+    def start() -> Any:
+        try:
+            return api.broadcast(x, src=src, async_op=True, group=_channel(world, src, dst, tag))
+        finally:
+            with _LOCK:
+                _POSTING[key] -= 1
+    return api.Work(_Deferred(start), (x,))
 
 
 def _check_tag(tag: Any, what: str) -> None:
@@ -152,6 +162,9 @@ def _match(world: Group, peers: list[int], tag: int, what: str, entry: list) -> 
         n = len(peers)
         for i in range(n):
             src = peers[(entry[1] + i) % n]
+            with _LOCK:
+                if _POSTING.get((src, world.rank, tag)):
+                    continue  # a named irecv posted earlier is about to take it
             ch = _ready(world, src, world.rank, tag)
             if ch is None:
                 if not look_in_store or not _wanted(world, src, tag):

@@ -269,6 +269,10 @@ def any_source(rank: int, world: int) -> list:
         if rank == 0:
             for _ in peers:
                 rr.recv(np.empty(2, np.float32), tag=10)
+        else:
+            rr.send(_msg(rank, 0, 2), 0, tag=10)
+        rr.barrier()  # every first message taken: only the second round is left
+        if rank == 0:
             buf = np.empty(2, np.float32)
             first = rr.recv(buf, tag=10)
             rr.send(np.ones(1, np.float32), 1, tag=11)
@@ -276,7 +280,6 @@ def any_source(rank: int, world: int) -> list:
             if (first, second) != (world - 1, 1):
                 fails.append(f"causal order: took {first} then {second}")
         else:
-            rr.send(_msg(rank, 0, 2), 0, tag=10)
             if rank == 1:
                 rr.recv(np.empty(1, np.float32), 0, tag=11)
             if rank in (1, world - 1):

@@ -295,6 +295,9 @@ PYBIND11_MODULE(_C, m) {
         "Frames from files under these prefixes are not call sites (ringreduce, torch).");
   m.def("set_call_sites", &bindings::setCallSitesEnabled);
   m.def("current_call_site", [] { return comm::siteName(bindings::currentCallSite()); });
+  // numpy's __array_interface__ builds a dict per call (~3 us here): the data pointer alone.
+  m.def("array_data", [](const py::array& a) { return reinterpret_cast<uintptr_t>(a.data()); },
+        py::arg("array"), "Address of a numpy array's first element.");
   m.def("crc32c", [](py::bytes b) {
     std::string s = b;
     return crc32c(s.data(), s.size());
@@ -400,8 +403,10 @@ PYBIND11_MODULE(_C, m) {
              else if (kind == "gather") a = planDirect(cm, CollectiveKind::kGather, bytes);
              else if (kind == "scatter") a = planDirect(cm, CollectiveKind::kScatter, bytes);
              else if (kind == "alltoall") a = planDirect(cm, CollectiveKind::kAllToAll, bytes);
-             else if (kind == "allgather") a = planRing(cm, CollectiveKind::kAllGather, bytes);
-             else if (kind == "reduce_scatter") a = planRing(cm, CollectiveKind::kReduceScatter, bytes);
+             else if (kind == "allgather")  // bytes: the whole output, as the bench counts it
+               a = planGatherAll(cm, CollectiveKind::kAllGather, bytes, bytes / static_cast<size_t>(cm.world()));
+             else if (kind == "reduce_scatter")  // bytes: the whole input
+               a = planGatherAll(cm, CollectiveKind::kReduceScatter, bytes, bytes);
              else throw InvalidArgument("plan: unknown collective '" + kind + "'");
              return std::string(toString(a));
            },

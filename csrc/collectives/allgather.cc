@@ -5,6 +5,7 @@
 
 #include "collectives/collectives.h"
 #include "collectives/planner.h"
+#include "collectives/shm_algos.h"
 #include "collectives/ring.h"
 
 namespace rr::collectives {
@@ -21,8 +22,13 @@ void allgather(Communicator& c, const void* in, void* out, size_t count, DataTyp
     return;
   }
   const size_t total = count * es * static_cast<size_t>(n);
-  transport::FrameHeader h = c.begin(CollectiveKind::kAllGather, dtype, ReduceOp::kSum, 0,
-                                     planRing(c, CollectiveKind::kAllGather, total), count, total);
+  const Algorithm a = planGatherAll(c, CollectiveKind::kAllGather, total, count * es);
+  transport::FrameHeader h =
+      c.begin(CollectiveKind::kAllGather, dtype, ReduceOp::kSum, 0, a, count, total);
+  if (a == Algorithm::kShm) {
+    shm::allgatherSmall(c, h, static_cast<const char*>(in), dst, count * es);
+    return;
+  }
   RingPlan p;
   p.count = count * static_cast<size_t>(n);
   p.steps = n - 1;

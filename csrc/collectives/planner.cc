@@ -97,8 +97,11 @@ Algorithm planDirect(Communicator& c, CollectiveKind kind, size_t bytes, bool sh
                 kind == CollectiveKind::kAllToAll ? "pairwise exchange" : "direct");
 }
 
-Algorithm planRing(Communicator& c, CollectiveKind kind, size_t bytes) {
-  return logged(c, kind, bytes, Algorithm::kRing, "TCP ring: no shared-memory path yet");
+Algorithm planGatherAll(Communicator& c, CollectiveKind kind, size_t bytes, size_t lineBytes) {
+  if (c.shmAll() && lineBytes <= c.shm()->config().smallMax)
+    return logged(c, kind, bytes, Algorithm::kShm, "one host, one line round");
+  return logged(c, kind, bytes, Algorithm::kRing,
+                c.shmAll() ? "TCP ring: no large shared-memory path yet" : "TCP ring");
 }
 
 }  // namespace rr::collectives

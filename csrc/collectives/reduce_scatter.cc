@@ -9,6 +9,7 @@
 #include "collectives/allreduce_impl.h"
 #include "collectives/collectives.h"
 #include "collectives/planner.h"
+#include "collectives/shm_algos.h"
 #include "collectives/ring.h"
 
 namespace rr::collectives {
@@ -28,9 +29,14 @@ void reduceScatter(Communicator& c, const void* in, void* out, size_t count, Dat
     c.skip();
     return;
   }
+  const Algorithm a = planGatherAll(c, CollectiveKind::kReduceScatter, total * es, total * es);
   transport::FrameHeader h =
-      c.begin(CollectiveKind::kReduceScatter, dtype, op, 0,
-              planRing(c, CollectiveKind::kReduceScatter, total * es), count, total * es);
+      c.begin(CollectiveKind::kReduceScatter, dtype, op, 0, a, count, total * es);
+  if (a == Algorithm::kShm) {
+    shm::reduceScatterSmall(c, h, static_cast<const char*>(in), static_cast<char*>(out), count,
+                            dtype, op);
+    return;
+  }
   char* acc = c.scratch().get(comm::ScratchArena::kAcc, total * ae);
   if (isHalf(dtype) && !halfWire)
     reduce::widen(dtype, in, reinterpret_cast<float*>(acc), total);

@@ -19,4 +19,11 @@ void alltoall(comm::Communicator& c, const transport::FrameHeader& h, const char
               const size_t* sendBytes, const size_t* sendOffs, char* out,
               const size_t* recvBytes, const size_t* recvOffs);
 
+// shm_small.cc: one line round; `bytes` per rank (all-gather), `count` elements per block
+// (reduce-scatter; the line holds all n blocks). out[me] of the all-gather is the caller's.
+void allgatherSmall(comm::Communicator& c, const transport::FrameHeader& h, const char* in,
+                    char* out, size_t bytes);
+void reduceScatterSmall(comm::Communicator& c, const transport::FrameHeader& h, const char* in,
+                        char* out, size_t count, DataType dtype, ReduceOp op);
+
 }  // namespace rr::collectives::shm

@@ -1,6 +1,8 @@
 // Shared-memory all-to-all (all ranks on one host): a pairwise exchange through the chunk
 // slots. First one line round in which every rank publishes its send sizes (n x 8 bytes),
-// so every rank knows every block's size and checks what it will receive. Then round i
+// so every rank knows every block's size and checks what it will receive; when every
+// rank's blocks fit in its line after the sizes, they ride along and that round is the
+// whole collective. Otherwise round i
 // (1 <= i < n): rank r streams its block for (r + i) % n through its own slots while it
 // copies the block of (r - i) % n out of that rank's slots, chunk by chunk:
 //
@@ -29,15 +31,21 @@ void alltoall(comm::Communicator& c, const transport::FrameHeader& h, const char
               const size_t* recvBytes, const size_t* recvOffs) {
   ShmDomain& d = *c.shm();
   const int me = d.rank(), n = d.world();
-  std::vector<uint64_t> mine(static_cast<size_t>(n)), all(static_cast<size_t>(n) * n);
-  for (int p = 0; p < n; ++p) mine[static_cast<size_t>(p)] = sendBytes[p];
-  const uint64_t rd = lineRound(c, h, mine.data(), mine.size() * sizeof(uint64_t));
+  const size_t sizes = static_cast<size_t>(n) * sizeof(uint64_t), small = d.config().smallMax;
+  size_t sendTotal = 0;
+  for (int p = 0; p < n; ++p) sendTotal += sendBytes[p];
+  // The line carries the sizes, then -- when they fit -- the blocks packed in rank order.
+  const size_t lineLen = sizes + (sizes + sendTotal <= small ? sendTotal : 0);
+  char* line = c.scratch().get(comm::ScratchArena::kExtra, lineLen);
+  std::vector<uint64_t> all(static_cast<size_t>(n) * n);
+  for (size_t p = 0, at = 0; p < static_cast<size_t>(n); at += sendBytes[p], ++p) {
+    const uint64_t b = sendBytes[p];
+    std::memcpy(line + p * sizeof(uint64_t), &b, sizeof b);
+    if (lineLen > sizes && b) std::memcpy(line + sizes + at, in + sendOffs[p], b);
+  }
+  const uint64_t rd = lineRound(c, h, line, lineLen);
   for (int r = 0; r < n; ++r)
-    std::memcpy(&all[static_cast<size_t>(r) * n],
-                r == me ? static_cast<const void*>(mine.data())
-                        : static_cast<const void*>(d.linePayload(r, rd)),
-                mine.size() * sizeof(uint64_t));
-  lineRelease(c, rd);
+    std::memcpy(&all[static_cast<size_t>(r) * n], r == me ? line : d.linePayload(r, rd), sizes);
   auto bytes = [&](int from, int to) { return all[static_cast<size_t>(from) * n + to]; };
   for (int p = 0; p < n; ++p)
     if (bytes(p, me) != recvBytes[p])
@@ -45,6 +53,26 @@ void alltoall(comm::Communicator& c, const transport::FrameHeader& h, const char
                                          " (shared memory): all_to_all count mismatch: it sends ",
                                          bytes(p, me), " bytes to this rank, which expects ",
                                          recvBytes[p], " (send and receive counts must agree)"));
+  bool inLines = true;  // every rank's blocks fit its line: this round moved everything
+  for (int r = 0; r < n && inLines; ++r) {
+    size_t t = 0;
+    for (int p = 0; p < n; ++p) t += bytes(r, p);
+    inLines = sizes + t <= small;
+  }
+  if (inLines) {
+    size_t moved = 0;
+    for (int p = 0; p < n; ++p) {
+      if (p == me || !recvBytes[p]) continue;
+      size_t at = 0;
+      for (int q = 0; q < me; ++q) at += bytes(p, q);
+      std::memcpy(out + recvOffs[p], d.linePayload(p, rd) + sizes + at, recvBytes[p]);
+      moved += recvBytes[p];
+    }
+    lineRelease(c, rd);
+    c.addBytesDone(moved);
+    return;
+  }
+  lineRelease(c, rd);
   const size_t cb = d.config().chunkBytes;
   const uint32_t base = d.chunkBase(), K = static_cast<uint32_t>(d.config().slots);
   Control& ctl = d.ctl(me);

@@ -1,5 +1,6 @@
-// Shared-memory gather and scatter (all ranks on one host): blocks travel through the
-// chunk slots in cache-sized pieces, several in flight, copied once into the slots and
+// Shared-memory gather and scatter (all ranks on one host). Small (a block, for scatter
+// all blocks, fit in a line): one line round carries them, as the small broadcast does.
+// Otherwise blocks travel through the chunk slots in cache-sized pieces, several in flight, copied once into the slots and
 // once out. Global chunk numbers: block p occupies [base + p*G, base + (p+1)*G).
 //
 // Gather: each rank p publishes its block's chunks in its own slots (pub); the root copies
@@ -42,6 +43,15 @@ void gather(comm::Communicator& c, const transport::FrameHeader& h, const char* 
             size_t bytes, int root) {
   ShmDomain& d = *c.shm();
   const int me = d.rank(), n = d.world();
+  if (bytes <= d.config().smallMax) {  // every block rides in its rank's line: one round
+    const uint64_t rd = lineRound(c, h, me == root ? nullptr : in, me == root ? 0 : bytes);
+    if (me == root)
+      for (int p = 0; p < n; ++p)
+        if (p != root) std::memcpy(out + static_cast<size_t>(p) * bytes, d.linePayload(p, rd), bytes);
+    lineRelease(c, rd);
+    c.addBytesDone(bytes);
+    return;
+  }
   lineRelease(c, lineRound(c, h, nullptr, 0));
   const size_t cb = d.config().chunkBytes;
   const uint32_t G = static_cast<uint32_t>(chunking::numSegments(bytes, cb));
@@ -88,6 +98,14 @@ void scatter(comm::Communicator& c, const transport::FrameHeader& h, const char*
              size_t bytes, int root) {
   ShmDomain& d = *c.shm();
   const int me = d.rank(), n = d.world();
+  const size_t all = static_cast<size_t>(n) * bytes;
+  if (all <= d.config().smallMax) {  // every block rides in the root's line: one round
+    const uint64_t rd = lineRound(c, h, me == root ? in : nullptr, me == root ? all : 0);
+    if (me != root) std::memcpy(out, d.linePayload(root, rd) + static_cast<size_t>(me) * bytes, bytes);
+    lineRelease(c, rd);
+    c.addBytesDone(bytes);
+    return;
+  }
   lineRelease(c, lineRound(c, h, nullptr, 0));
   const size_t cb = d.config().chunkBytes;
   const uint32_t G = static_cast<uint32_t>(chunking::numSegments(bytes, cb));

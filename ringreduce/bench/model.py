@@ -17,6 +17,8 @@ from .cli import format_size
 
 ALGOS = ("ring", "recursive_doubling", "binomial_tree", "hier")
 SIZES = [8 << (3 * i) for i in range(10)]  # 8 B, 64 B, ..., 1 GiB
+# ClusterModel's localAlphaUs / localBetaNsPerByte (collectives/collectives.h).
+_FLAT_LOCAL = "loopback TCP: alpha 8.4 us, 0.176 ns/B (bench/alpha_beta.json)"
 SHORT = {"ring": "ring", "recursive_doubling": "rd", "binomial_tree": "btree", "hier": "hier"}
 
 
@@ -54,7 +56,7 @@ def table(args: Namespace) -> dict:
     return {"tool": "ringreduce-bench --model", "ranks_per_host": args.ranks_per_host,
             "link_gbit": args.link_gbit, "alpha_us": args.alpha_us, "beta_ns_per_byte": beta,
             "shm_alpha_us": args.shm_alpha_us, "shm_beta_ns_per_byte": args.shm_beta_ns_per_byte,
-            "rows": rows}
+            "flat_hops_inside_a_host": _FLAT_LOCAL, "rows": rows}
 
 
 def run(args: Namespace) -> int:
@@ -62,6 +64,7 @@ def run(args: Namespace) -> int:
     print(f"# cost model: hosts x {args.ranks_per_host} ranks, {args.link_gbit:g} Gbit/s and "
           f"alpha {args.alpha_us:g} us between hosts, shared memory inside "
           f"(alpha {args.shm_alpha_us:g} us, {args.shm_beta_ns_per_byte:g} ns/B)")
+    print(f"# ring and rd hops inside a host (several hosts): {_FLAT_LOCAL}")
     print("# predicted all-reduce time of the pick (ring, rd = recursive doubling, hier); "
           "btree = binomial tree, modelled only")
     ns = [h * args.ranks_per_host for h in args.model_hosts]
