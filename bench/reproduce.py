@@ -68,6 +68,7 @@ TABLES: dict[str, list[str]] = {
     "model_cluster": [*BENCH, "--model", "--json", _out("model_cluster.json")],
     "model_check": [PY, "bench/model_check.py", "--json", _out("model_check.json"), "--plot",
                     _out("model_check.png")],
+    "plan_check": [PY, "bench/plan_check.py", "--json", _out("plan_check.json")],
     "netcluster_1gbit": _cluster("1gbit"),
     "netcluster_10gbit": _cluster("10gbit"),
 }
