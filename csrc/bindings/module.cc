@@ -254,6 +254,20 @@ class PyComm {
   bool failedAtDestroy_ = false;
 };
 
+// The cluster model of `ringreduce-bench --model`'s arguments (checked).
+collectives::ClusterModel clusterModel(int hosts, int local, double alphaUs, double betaNsPerByte,
+                                       double shmAlphaUs, double shmBetaNsPerByte) {
+  if (hosts < 1 || local < 1) throw InvalidArgument("hosts and local must be >= 1");
+  collectives::ClusterModel m;
+  m.hosts = hosts;
+  m.local = local;
+  m.alphaUs = alphaUs;
+  m.betaNsPerByte = betaNsPerByte;
+  m.shmAlphaUs = shmAlphaUs;
+  m.shmBetaNsPerByte = shmBetaNsPerByte;
+  return m;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -319,14 +333,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("predict_allreduce_cluster",
         [](const std::string& algo, int hosts, int local, size_t bytes, double alphaUs,
            double betaNsPerByte, double shmAlphaUs, double shmBetaNsPerByte) {
-          collectives::ClusterModel m;
-          if (hosts < 1 || local < 1) throw InvalidArgument("hosts and local must be >= 1");
-          m.hosts = hosts;
-          m.local = local;
-          m.alphaUs = alphaUs;
-          m.betaNsPerByte = betaNsPerByte;
-          m.shmAlphaUs = shmAlphaUs;
-          m.shmBetaNsPerByte = shmBetaNsPerByte;
+          collectives::ClusterModel m =
+              clusterModel(hosts, local, alphaUs, betaNsPerByte, shmAlphaUs, shmBetaNsPerByte);
           using A = collectives::ModelAlgo;
           A a = algo == "ring" ? A::kRing : algo == "recursive_doubling" ? A::kRecursiveDoubling
               : algo == "binomial_tree" ? A::kBinomialTree : algo == "hier" ? A::kHier
@@ -340,16 +348,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("pick_allreduce_cluster",
         [](int hosts, int local, size_t bytes, double alphaUs, double betaNsPerByte,
            double shmAlphaUs, double shmBetaNsPerByte) {
-          if (hosts < 1 || local < 1) throw InvalidArgument("hosts and local must be >= 1");
-          collectives::ClusterModel m;
-          m.hosts = hosts;
-          m.local = local;
-          m.alphaUs = alphaUs;
-          m.betaNsPerByte = betaNsPerByte;
-          m.shmAlphaUs = shmAlphaUs;
-          m.shmBetaNsPerByte = shmBetaNsPerByte;
           using A = collectives::ModelAlgo;
-          A a = collectives::pickAllreduceCluster(m, bytes);
+          A a = collectives::pickAllreduceCluster(
+              clusterModel(hosts, local, alphaUs, betaNsPerByte, shmAlphaUs, shmBetaNsPerByte),
+              bytes);
           return std::string(a == A::kRing ? "ring" : a == A::kHier ? "hier" : "recursive_doubling");
         },
         py::arg("hosts"), py::arg("local"), py::arg("bytes"), py::arg("alpha_us"),
