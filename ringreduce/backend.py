@@ -139,7 +139,7 @@ def _inplace(t: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None] | None]:
                          f"cuda:nccl'))")
     if t.layout is not torch.strided:
         raise ValueError(f"the ringreduce backend handles dense tensors; got a {t.layout} one "
-                         f"(call .to_dense() first, or use a gloo group for sparse all_reduce)")
+                         f"(call .to_dense() first; all_reduce takes sparse COO tensors, summed)")
     d = t.detach()
     if d.is_contiguous():
         return d, None
@@ -221,8 +221,38 @@ class _Ops:
         op = _op(opts)
         if len(tensors) != 1:
             return self.allreduce_coalesced(tensors, opts)
+        if tensors[0].layout is torch.sparse_coo:
+            return self._sparse_allreduce(tensors, op)
         buf, back = _inplace(tensors[0])
         return _work(api.allreduce(buf, op=op, async_op=True, group=self._g), tensors, back)
+
+    def _sparse_allreduce(self, tensors: list, op: str) -> _Work:
+        """gloo's sparse all_reduce: every rank's indices and values are gathered (padded to
+        the largest count) and summed by coalescing; the result replaces the tensor."""
+        t = tensors[0]
+        if op != "sum":
+            raise ValueError(f"sparse all_reduce supports SUM only (as gloo does), not {op}; "
+                             f"call .to_dense() first for other ops")
+        if t.device.type != "cpu":
+            raise ValueError(f"the ringreduce backend handles CPU tensors; got one on {t.device}")
+        s = t.detach().coalesce()
+        idx, val = s.indices(), s.values()
+        nnz = idx.shape[1]
+        counts = api.allgather(torch.tensor([nnz], dtype=torch.int64), group=self._g)
+        m = int(counts.max())
+        pad_i = idx.new_zeros((idx.shape[0], m))
+        pad_i[:, :nnz] = idx
+        pad_v = val.new_zeros((m,) + tuple(val.shape[1:]))
+        pad_v[:nnz] = val
+        all_i = api.allgather(pad_i, group=self._g)
+        all_v = api.allgather(pad_v, group=self._g)
+        k = [int(c) for c in counts.view(-1)]
+        res = torch.sparse_coo_tensor(torch.cat([all_i[r, :, :k[r]] for r in range(len(k))], 1),
+                                      torch.cat([all_v[r, :k[r]] for r in range(len(k))]),
+                                      s.shape).coalesce()
+        with torch.no_grad():
+            t.copy_(res)
+        return _done(tensors)
 
     def allreduce_coalesced(self, tensors: list, opts: Any = None) -> _Work:
         op = _op(opts)

@@ -554,10 +554,20 @@ def backend_collectives(rank: int, world: int) -> dict:
         return (raised or rank == n - 1 or n == 1) and _close(t, torch.full((3,), tri))
 
     def sparse_message() -> bool:
+        # all_reduce of a sparse COO tensor sums like gloo's (rank r puts r + 1 at r % 3 and
+        # 1 at 3, so counts of non-zeros differ by rank); other ops are refused.
+        t = torch.sparse_coo_tensor(torch.tensor([[rank % 3, 3]]), torch.tensor([rank + 1.0, 1.0]),
+                                    (5,))
+        dist.all_reduce(t)
+        want = torch.zeros(5)
+        for r in range(n):
+            want[r % 3] += r + 1
+        want[3] = n
+        ok = t.is_sparse and torch.equal(t.to_dense(), want)
         try:
-            dist.all_reduce(torch.ones(3).to_sparse())
+            dist.all_reduce(torch.ones(3).to_sparse(), op=dist.ReduceOp.MAX)
         except ValueError as e:
-            return "dense tensors" in str(e) and ".to_dense()" in str(e)
+            return ok and "SUM only" in str(e) and ".to_dense()" in str(e)
         return False
 
     for fn in (sparse_message, wait_timeout, allreduce_ops, allreduce_async_future, allreduce_noncontig,
