@@ -10,13 +10,18 @@ from _spawn import run_world
 SETUPS = [(w, t) for w in (2, 3, 5) for t in ("tcp", "shm")] + [(4, "tcp")]
 
 
+def _assert_no_fails(outs: list) -> None:
+    """Each rank returned the list of checks it failed: all must be empty."""
+    fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o]
+    assert not fails, "\n".join(fails)
+
+
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("world,transport", SETUPS)
 def test_p2p_matrix(world: int, transport: str) -> None:
     outs = run_world(world, "p2p_workers:matrix", timeout=170,
                      env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "60"})
-    fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o]
-    assert not fails, "\n".join(fails)
+    _assert_no_fails(outs)
 
 
 @pytest.mark.timeout(200)
@@ -24,8 +29,7 @@ def test_p2p_matrix(world: int, transport: str) -> None:
 def test_pipeline_1f1b(world: int) -> None:
     outs = run_world(world, "p2p_workers:pipeline", 6, timeout=170,
                      env={"RINGREDUCE_TIMEOUT": "60"})
-    fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o]
-    assert not fails, "\n".join(fails)
+    _assert_no_fails(outs)
 
 
 @pytest.mark.timeout(120)
@@ -40,8 +44,7 @@ def test_size_mismatch_is_an_error_on_both_sides() -> None:
 @pytest.mark.parametrize("world", [2, 3])
 def test_torch_p2p_on_ringreduce(world: int) -> None:
     outs = run_world(world, "p2p_workers:torch_p2p", timeout=120, init=False)
-    fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o]
-    assert not fails, "\n".join(fails)
+    _assert_no_fails(outs)
 
 
 @pytest.mark.timeout(200)
@@ -49,8 +52,7 @@ def test_torch_p2p_on_ringreduce(world: int) -> None:
 def test_recv_from_any_source(world: int, transport: str) -> None:
     outs = run_world(world, "p2p_workers:any_source", timeout=170,
                      env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "60"})
-    fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o]
-    assert not fails, "\n".join(fails)
+    _assert_no_fails(outs)
 
 
 @pytest.mark.timeout(120)
