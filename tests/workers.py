@@ -361,6 +361,17 @@ def reduce_scatter_case(rank: int, world: int, dtype: str, op: str, k: int, cont
     return run
 
 
+def reduce_scatter_in_place_case(rank: int, world: int, dtype: str, op: str, k: int, c: str):
+    def run():  # out is this rank's own block of x (NCCL-style in-place)
+        ins = [pattern(dtype, op, r, world * k, 8) for r in range(world)]
+        exp = reduce_np(dtype, op, ins, world)[rank * k:(rank + 1) * k]
+        xb = Buf(dtype, c, world * k, vals=ins[rank])
+        out = xb.view[rank * k:(rank + 1) * k]
+        res = rr.reduce_scatter(xb.view, out=out, op=op)
+        return (compare_exact(values(res), exp, "in-place block") + xb.guard_errors()), None
+    return run
+
+
 def family_reduce_scatter(rec: Recorder, rank: int, world: int) -> None:
     j = 0
     for dtype in DTYPES:
@@ -375,21 +386,12 @@ def family_reduce_scatter(rec: Recorder, rank: int, world: int) -> None:
                 c = container_for(dtype, j)
                 rec.case("reduce_scatter", f"{dtype}/{op}/k={k}/{c}",
                          reduce_scatter_case(rank, world, dtype, op, k, c, j, j % 3 == 0))
-    def in_place(dtype: str, op: str, k: int, c: str):
-        def run():  # out is this rank's own block of x (NCCL-style in-place)
-            ins = [pattern(dtype, op, r, world * k, 8) for r in range(world)]
-            exp = reduce_np(dtype, op, ins, world)[rank * k:(rank + 1) * k]
-            xb = Buf(dtype, c, world * k, vals=ins[rank])
-            out = xb.view[rank * k:(rank + 1) * k]
-            res = rr.reduce_scatter(xb.view, out=out, op=op)
-            return (compare_exact(values(res), exp, "in-place block") + xb.guard_errors()), None
-        return run
-
     for dtype, op, k in (("float32", "sum", 1001), ("bfloat16", "avg", 300), ("int64", "min", 7)):
         for c in ("numpy", "torch"):
             if c == "numpy" and dtype == "bfloat16":
                 continue
-            rec.case("reduce_scatter", f"in-place/{dtype}/{op}/{c}", in_place(dtype, op, k, c))
+            rec.case("reduce_scatter", f"in-place/{dtype}/{op}/{c}",
+                     reduce_scatter_in_place_case(rank, world, dtype, op, k, c))
     for c in ("numpy", "torch"):
         rec.case("reduce_scatter", f"2d/{c}",
                  reduce_scatter_case(rank, world, "float32", "sum", 10, c, 5, False, True))
@@ -622,6 +624,20 @@ def family_large(rec: Recorder, rank: int, world: int) -> None:
                                 salt=n % 97))
     rec.case("large", "broadcast 3 MB", broadcast_case(rank, world, "uint8", world - 1,
                                                        3_000_001, "numpy", 31))
+    # All-gather and reduce-scatter: over shared memory the pipelined slot path (more chunks
+    # than slots, odd tails; reduce-scatter's chunk is split into n-1 pieces per slot).
+    for dtype, n in (("float32", 700_001), ("int8", 2_100_007)):
+        rec.case("large", f"allgather {dtype}/n={n}",
+                 allgather_case(rank, world, dtype, n, container_for(dtype, n), n % 89, True))
+    rec.case("large", "allgather alias", allgather_case(rank, world, "int32", 300_007, "torch",
+                                                         41, True, alias=True))
+    for dtype, op, k in (("float32", "sum", 500_003), ("bfloat16", "avg", 400_009),
+                         ("int8", "max", 1_100_001), ("float64", "prod", 150_001)):
+        rec.case("large", f"reduce_scatter {dtype}/{op}/k={k}",
+                 reduce_scatter_case(rank, world, dtype, op, k, container_for(dtype, k),
+                                     k % 83, k % 2 == 1))
+    rec.case("large", "reduce_scatter in-place", reduce_scatter_in_place_case(
+        rank, world, "float32", "min", 400_003, "numpy"))
 
 
 FAMILIES: dict[str, Callable[[Recorder, int, int], None]] = {

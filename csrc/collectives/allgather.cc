@@ -26,7 +26,7 @@ void allgather(Communicator& c, const void* in, void* out, size_t count, DataTyp
   transport::FrameHeader h =
       c.begin(CollectiveKind::kAllGather, dtype, ReduceOp::kSum, 0, a, count, total);
   if (a == Algorithm::kShm) {
-    shm::allgatherSmall(c, h, static_cast<const char*>(in), dst, count * es);
+    shm::allgather(c, h, static_cast<const char*>(in), dst, count * es);
     return;
   }
   RingPlan p;

@@ -98,10 +98,11 @@ Algorithm planDirect(Communicator& c, CollectiveKind kind, size_t bytes, bool sh
 }
 
 Algorithm planGatherAll(Communicator& c, CollectiveKind kind, size_t bytes, size_t lineBytes) {
-  if (c.shmAll() && lineBytes <= c.shm()->config().smallMax)
-    return logged(c, kind, bytes, Algorithm::kShm, "one host, one line round");
-  return logged(c, kind, bytes, Algorithm::kRing,
-                c.shmAll() ? "TCP ring: no large shared-memory path yet" : "TCP ring");
+  if (c.shmAll())
+    return logged(c, kind, bytes, Algorithm::kShm,
+                  lineBytes <= c.shm()->config().smallMax ? "one host, one line round"
+                                                          : "one host, pipelined chunk slots");
+  return logged(c, kind, bytes, Algorithm::kRing, "TCP ring");
 }
 
 }  // namespace rr::collectives

@@ -25,9 +25,8 @@ Algorithm planReduce(Communicator& c, size_t bytes);
 // `shmOk`: the collective's shared-memory path can take this call.
 Algorithm planDirect(Communicator& c, CollectiveKind kind, size_t bytes, bool shmOk = true);
 
-// All-gather, reduce-scatter: kShm (one line round) on one host when `lineBytes` (what
-// each rank's line must carry) is small, else kRing over TCP (no shared-memory path for
-// large messages yet).
+// All-gather, reduce-scatter: kShm on one host (one line round when `lineBytes`, what each
+// rank's line must carry, fits the line; else pipelined chunk slots), else kRing over TCP.
 Algorithm planGatherAll(Communicator& c, CollectiveKind kind, size_t bytes, size_t lineBytes);
 
 // While one lives on this thread, plans are not logged (queries from the bench: what would

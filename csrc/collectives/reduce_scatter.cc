@@ -33,8 +33,8 @@ void reduceScatter(Communicator& c, const void* in, void* out, size_t count, Dat
   transport::FrameHeader h =
       c.begin(CollectiveKind::kReduceScatter, dtype, op, 0, a, count, total * es);
   if (a == Algorithm::kShm) {
-    shm::reduceScatterSmall(c, h, static_cast<const char*>(in), static_cast<char*>(out), count,
-                            dtype, op);
+    shm::reduceScatter(c, h, static_cast<const char*>(in), static_cast<char*>(out), count, dtype,
+                       op);
     return;
   }
   char* acc = c.scratch().get(comm::ScratchArena::kAcc, total * ae);

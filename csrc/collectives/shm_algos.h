@@ -19,11 +19,12 @@ void alltoall(comm::Communicator& c, const transport::FrameHeader& h, const char
               const size_t* sendBytes, const size_t* sendOffs, char* out,
               const size_t* recvBytes, const size_t* recvOffs);
 
-// shm_small.cc: one line round; `bytes` per rank (all-gather), `count` elements per block
-// (reduce-scatter; the line holds all n blocks). out[me] of the all-gather is the caller's.
-void allgatherSmall(comm::Communicator& c, const transport::FrameHeader& h, const char* in,
-                    char* out, size_t bytes);
-void reduceScatterSmall(comm::Communicator& c, const transport::FrameHeader& h, const char* in,
-                        char* out, size_t count, DataType dtype, ReduceOp op);
+// shm_gatherall.cc: `bytes` per rank (all-gather; out[me] is the caller's already), `count`
+// elements per block (reduce-scatter; `in` holds n blocks). One line round when the line
+// holds it, else pipelined through the chunk slots.
+void allgather(comm::Communicator& c, const transport::FrameHeader& h, const char* in,
+               char* out, size_t bytes);
+void reduceScatter(comm::Communicator& c, const transport::FrameHeader& h, const char* in,
+                   char* out, size_t count, DataType dtype, ReduceOp op);
 
 }  // namespace rr::collectives::shm
