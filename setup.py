@@ -52,6 +52,9 @@ ext = Pybind11Extension(
     "ringreduce._C",
     _sources(),
     include_dirs=[str(ROOT / "csrc")],
+    # Headers and X-macro tables (core/tunables.def): a change to one rebuilds the extension.
+    depends=sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*")
+                   if p.suffix in (".h", ".def") and "torch_adapter" not in p.parts),
     cxx_std=17,
     extra_compile_args=_flags(),
     extra_link_args=["-pthread"]
@@ -152,7 +155,7 @@ class CudaBuildExt(build_ext):
             flags += ["-Werror=all-warnings", "-Xcompiler=-Werror"]
         out_dir = Path(self.build_temp) / "cuda"
         out_dir.mkdir(parents=True, exist_ok=True)
-        headers = [p for p in (ROOT / "csrc").rglob("*") if p.suffix in (".h", ".cuh")]
+        headers = [p for p in (ROOT / "csrc").rglob("*") if p.suffix in (".h", ".cuh", ".def")]
         newest_header = max((p.stat().st_mtime for p in headers), default=0.0)
         stamp = " ".join([self.nvcc, *flags])
 

@@ -58,19 +58,9 @@ def init(rank: int | None = None, world_size: int | None = None, *,
     if world < 1 or not 0 <= rank < world:
         raise ValueError(f"rank {rank} is out of range for world_size {world}")
     _C.set_log_prefix(f"rank {rank}")
-    options = {
-        "timeout": float(timeout if timeout is not None else tun.timeout),
-        "connect_timeout": float(tun.connect_timeout),
-        "segment_bytes": int(tun.segment_bytes),
-        "half_wire": int(tun.half_wire),
-        "heartbeat_interval": float(tun.heartbeat_interval),
-        "heartbeat_timeout": float(tun.heartbeat_timeout),
-        "checksum": bool(tun.checksum),
-        "stall_warn": float(tun.stall_warn),
-        "full_mesh_max": int(tun.full_mesh_max),
-    }
-    if tun.tree_threshold_bytes is not None:
-        options["tree_threshold_bytes"] = int(tun.tree_threshold_bytes)
+    options = _env.core_options(tun)  # what the core reads (csrc/core/tunables.def)
+    if timeout is not None:
+        options["timeout"] = float(timeout)
     options.update(_load_tuning(tun.tuning_file))
     if world == 1:
         _state.set_default(_state.Group(rank=0, world_size=1, comm=None, options=options,

@@ -401,8 +401,9 @@ def nccl_candidates(environ: dict | None = None) -> list:
     of installed ``nvidia-nccl-cu12``/``-cu13`` wheels, then the system's ``libnccl.so.2``
     (LD_LIBRARY_PATH and the ldconfig cache).
     """
-    env = os.environ if environ is None else environ
-    explicit = env.get(ENV_NCCL_PATH, "").strip()
+    from ._env import tunables
+
+    explicit = (tunables(environ).nccl_path or "").strip()
     if explicit:
         return [explicit]
     out = []

@@ -325,11 +325,48 @@ def test_host_identity() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_fault_collective_names_match_the_core() -> None:
-    from ringreduce import _C
+def test_tunables_are_the_core_table() -> None:
+    """One declaration (csrc/core/tunables.def): Tunables' fields, defaults and variables are
+    the extension's table, the core accepts every value Python passes it, and the README
+    lists every variable."""
+    import dataclasses
 
+    C = env_mod.tunables.__globals__["_C"]
+    rows = list(C.TUNABLES)
+    assert [f.name for f in dataclasses.fields(env_mod.Tunables)] == [r["name"] for r in rows]
+    assert len({r["env"] for r in rows}) == len(rows)
+    defaults = env_mod.tunables({})
+    for r in rows:
+        if r["core"]:
+            assert getattr(defaults, r["name"]) == r["default"], r
+    opts = env_mod.core_options(defaults)
+    assert set(opts) == {r["name"] for r in rows if r["core"] and r["default"] is not None}
+    assert C.choose_allreduce(2, 8, opts) >= 0  # the core parses every key Python sends
+    assert C.choose_allreduce(2, 8, {**opts, "tree_threshold_bytes": 0}) >= 0
+    with pytest.raises(ValueError, match="unknown option 'bogus'"):
+        C.choose_allreduce(2, 8, {"bogus": 1})
+    with pytest.raises(ValueError, match="stall_warn=-1 is out of range"):
+        C.choose_allreduce(2, 8, {"stall_warn": -1.0})
+    readme = (_PATH.parents[2] / "README.md").read_text()
+    section = readme[readme.index("## Environment variables"):readme.index("## GPU status")]
+    missing = [r["env"] for r in rows if r["env"].replace("RINGREDUCE_HEARTBEAT_TIMEOUT",
+                                                          "_TIMEOUT") not in section]
+    assert not missing, f"README's Environment variables section lacks {missing}"
     assert {k: v for k, v in env_mod.FAULT_COLLECTIVES.items() if k != "any"} == \
-        dict(_C.COLLECTIVE_CODES)
+        dict(C.COLLECTIVE_CODES)
+
+
+@pytest.mark.timeout(60)
+def test_no_module_reads_a_tunable_itself() -> None:
+    """Only ringreduce/_env reads RINGREDUCE_* variables (the launcher passes the secret on)."""
+    import re
+
+    pkg = _PATH.parents[1]
+    pattern = re.compile(r"environ\.get\(\s*[\"']RINGREDUCE_"
+                         r"|environ\[\s*[\"']RINGREDUCE_\w+[\"']\](?!\s*=[^=])")
+    readers = [str(p.relative_to(pkg)) for p in pkg.rglob("*.py")
+               if "_env" not in p.parts and pattern.search(p.read_text())]
+    assert readers == ["run.py"], readers
 
 
 def test_launch_given_wins_over_the_environment():

@@ -14,6 +14,7 @@
 #include "bindings/errors.h"
 #include "bindings/fastcall.h"
 #include "bindings/native_api.h"
+#include "bindings/options.h"
 #include "collectives/collectives.h"
 #include "collectives/planner.h"
 #include "comm/communicator.h"
@@ -36,49 +37,6 @@ void registerGpu(pybind11::module_& m);  // gpu.cc
 }
 
 namespace {
-
-Options optionsFromDict(const py::dict& d) {
-  Options o;
-  for (auto item : d) {
-    std::string k = py::str(item.first);
-    py::handle v = item.second;
-    if (k == "timeout") o.timeoutSec = v.cast<double>();
-    else if (k == "connect_timeout") o.connectTimeoutSec = v.cast<double>();
-    else if (k == "segment_bytes") o.segmentBytes = v.cast<size_t>();
-    else if (k == "alpha_us") o.alphaUs = v.cast<double>();
-    else if (k == "beta_ns_per_byte") o.betaNsPerByte = v.cast<double>();
-    else if (k == "tree_threshold_bytes") o.treeThresholdBytes = v.cast<int64_t>();
-    else if (k == "broadcast_tree_max_bytes") o.broadcastTreeMaxBytes = v.cast<size_t>();
-    else if (k == "heartbeat_interval") o.heartbeatIntervalSec = v.cast<double>();
-    else if (k == "heartbeat_timeout") o.heartbeatTimeoutSec = v.cast<double>();
-    else if (k == "checksum") o.checksum = v.cast<bool>();
-    else if (k == "stall_warn") o.stallWarnSec = v.cast<double>();
-    else if (k == "spin_us") o.spinUs = v.cast<double>();
-    else if (k == "full_mesh_max") o.fullMeshMax = v.cast<int>();
-    else if (k == "half_wire") o.halfWireBits = v.cast<int>();
-    else if (k == "rank_labels") o.rankLabels = v.cast<std::vector<int>>();
-    else if (k == "group_name") o.groupName = v.cast<std::string>();
-    else if (k.rfind("shm_", 0) == 0) continue;  // see shmFromDict
-    else if (k == "session") continue;  // this init's random id: heartbeat key (PyComm)
-    else throw InvalidArgument("unknown option '" + k + "'");
-  }
-  // Every duration in seconds enters the deadline arithmetic: refuse what it cannot hold.
-  auto seconds = [](const char* name, double v, bool zeroOk) {
-    if (!(v >= 0) || (!zeroOk && v == 0) || !(v <= kMaxWaitSeconds))
-      throw InvalidArgument(detail::concat(name, "=", v, " is out of range: accepted is ",
-                                           zeroOk ? "0 <= " : "0 < ", "seconds <= ",
-                                           kMaxWaitSeconds, " (one year)"));
-  };
-  seconds("timeout", o.timeoutSec, false);
-  seconds("connect_timeout", o.connectTimeoutSec, false);
-  seconds("heartbeat_interval", o.heartbeatIntervalSec, false);
-  seconds("heartbeat_timeout", o.heartbeatTimeoutSec, true);
-  seconds("stall_warn", o.stallWarnSec, true);
-  if (o.segmentBytes < 64) throw InvalidArgument("segment_bytes must be >= 64");
-  if (o.halfWireBits != 16 && o.halfWireBits != 32)
-    throw InvalidArgument("half_wire must be 16 or 32, got " + std::to_string(o.halfWireBits));
-  return o;
-}
 
 // Shared-memory settings; "shm_prefix" empty or absent = no shared memory.
 struct ShmPlan {
@@ -175,7 +133,7 @@ class PyComm {
   PyComm(int rank, int world, PyListener& pl, const std::vector<std::string>& addrs,
          const std::string& secret, const py::dict& opts, const std::vector<std::string>& hbAddrs) {
     transport::tcp::Listener& listener = pl.tcp;
-    Options o = optionsFromDict(opts);
+    Options o = bindings::optionsFromDict(opts);
     if (world < 1 || rank < 0 || rank >= world)
       throw InvalidArgument("rank " + std::to_string(rank) + " out of range for world size " +
                             std::to_string(world));
@@ -294,6 +252,7 @@ PYBIND11_MODULE(_C, m) {
     kinds[toString(k)] = static_cast<int>(k);
   m.attr("COLLECTIVE_CODES") = kinds;
   m.attr("NATIVE_API") = bindings::nativeApi();
+  bindings::registerTunables(m);
   bindings::registerFastCall(m);
   m.def("check_reduction", [](int dtype, int op) {
     checkReduction(static_cast<DataType>(dtype), static_cast<ReduceOp>(op));
@@ -328,7 +287,7 @@ PYBIND11_MODULE(_C, m) {
     return chunking::chunkLen(count, parts, i);
   });
   m.def("choose_allreduce", [](int world, size_t bytes, const py::dict& opts) {
-    return static_cast<int>(collectives::chooseAllreduce(optionsFromDict(opts), world, bytes));
+    return static_cast<int>(collectives::chooseAllreduce(bindings::optionsFromDict(opts), world, bytes));
   });
   m.def("predict_allreduce_cluster",
         [](const std::string& algo, int hosts, int local, size_t bytes, double alphaUs,
@@ -362,7 +321,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("overlay_peers", &transport::tcp::overlayPeers, py::arg("rank"), py::arg("world"),
         "Peers a rank connects and watches at init above RINGREDUCE_FULL_MESH_MAX ranks.");
   m.def("predict_allreduce", [](int algo, int world, size_t bytes, const py::dict& opts) {
-    return collectives::predictAllreduce(optionsFromDict(opts), static_cast<Algorithm>(algo),
+    return collectives::predictAllreduce(bindings::optionsFromDict(opts), static_cast<Algorithm>(algo),
                                          world, bytes);
   });
 

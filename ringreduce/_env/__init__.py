@@ -4,13 +4,15 @@ Everything ringreduce learns from environment variables comes through here:
 
 * :func:`detect_launch` -- rank / world size / local rank and the rendezvous address, from
   torchrun (and ``ringreduce-run``), Open MPI, SLURM or MPICH/Hydra PMI variables;
-* :func:`tunables` -- every ``RINGREDUCE_*`` knob, each declared exactly once in
-  :class:`Tunables` with its variable name, default, type and meaning;
+* :func:`tunables` -- every ``RINGREDUCE_*`` knob as :class:`Tunables`, built from the one
+  table declaring each with its variable name, default, type and meaning
+  (``csrc/core/tunables.def``, exported by the extension as ``_C.TUNABLES``);
 * :func:`select_interface_address` and :func:`host_identity` -- what this process tells its
   peers through the rendezvous store.
 
-This package imports nothing from the rest of ringreduce (so the launcher and tests can use
-it before the C++ extension is built) and nothing outside the standard library.
+This package imports nothing from the rest of ringreduce but its extension, which it loads by
+path (so the launcher and tests can use it without importing the package -- and torch) --
+and nothing outside the standard library.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from .tunables import (
     MAX_WAIT_S,
     Tunables,
     check_seconds,
+    core_options,
     describe_tunables,
     tunables,
 )
@@ -32,6 +35,7 @@ __all__ = [
     "LaunchInfo",
     "Tunables",
     "check_seconds",
+    "core_options",
     "describe_tunables",
     "detect_launch",
     "expand_hostlist",

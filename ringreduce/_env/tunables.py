@@ -1,14 +1,18 @@
-"""Every ``RINGREDUCE_*`` knob, each declared exactly once in :class:`Tunables` with its
-variable name, default, type and meaning; the seconds range every wait accepts.
+"""Every ``RINGREDUCE_*`` knob, parsed and validated: :class:`Tunables`, built from the one
+table that declares them (``csrc/core/tunables.def``, read here as ``_C.TUNABLES``: variable,
+default, type and meaning of each); the seconds range every wait accepts.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.machinery
+import importlib.util
 import os
 import re
+import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 # --------------------------------------------------------------------------- tunables
@@ -99,11 +103,27 @@ def _p_bool(name: str, raw: str) -> bool:
     raise _bad(name, raw, "/".join(_TRUE + _FALSE) + " (case-insensitive)")
 
 
-# Equal to _C.COLLECTIVE_CODES plus "any" (tests/test_env.py checks; this package must load
-# without the extension, so it cannot read them from there).
-FAULT_COLLECTIVES = {"any": 0, "allreduce": 1, "broadcast": 2, "barrier": 3, "allgather": 4,
-                     "reduce_scatter": 5, "reduce": 6, "gather": 7, "scatter": 8,
-                     "all_to_all": 9}
+def _core() -> Any:
+    """The C++ extension, without importing the ringreduce package (whose __init__ imports
+    torch when it is installed): the launcher and tests load this package by path."""
+    mod = sys.modules.get("ringreduce._C")
+    if mod is not None:
+        return mod
+    pkg = Path(__file__).resolve().parent.parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = pkg / f"_C{suffix}"
+        if path.is_file():
+            spec = importlib.util.spec_from_file_location("ringreduce._C", path)
+            mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+            spec.loader.exec_module(mod)  # type: ignore[union-attr]
+            sys.modules["ringreduce._C"] = mod
+            return mod
+    return importlib.import_module("ringreduce._C")  # an installed copy, if any
+
+
+_C = _core()
+# The collectives fault injection can name: the core's codes plus "any".
+FAULT_COLLECTIVES = {"any": 0, **dict(_C.COLLECTIVE_CODES)}
 _FAULT_FORMAT = ("rank=R[,collective=any|" + "|".join(list(FAULT_COLLECTIVES)[1:]) + "]"
                  "[,seq=N][,at=begin|mid|end][,action=kill|stop|exit|hang][,stamp=PATH]")
 
@@ -145,97 +165,54 @@ def _p_half_wire(name: str, raw: str) -> int:
     return int(raw.strip())
 
 
-def _knob(env: str, default: Any, parse: Callable[[str, str], Any], kind: str, doc: str,
-          empty_is_default: bool = True, **kw: Any) -> Any:
-    """Declare one tunable: its variable, default, parser, type for --help, and meaning."""
-    meta = {"env": env, "parse": parse, "kind": kind, "doc": doc, "empty": empty_is_default}
-    return field(default=default, metadata=meta, **kw)
+def _p_secret(name: str, raw: str) -> str:
+    return raw
 
 
-@dataclass
-class Tunables:
-    """Every RINGREDUCE_* knob (plus torchrun's agent-store flag), parsed and validated.
+# Parsers by the names csrc/core/tunables.def gives them.
+_PARSERS: dict[str, Callable[[str, str], Any]] = {
+    "seconds": _p_seconds, "seconds0": _p_nonneg_seconds, "bytes": _p_positive_bytes,
+    "bytes_opt": _p_bytes, "count": _p_count, "bool": _p_bool, "str": _p_str,
+    "secret": _p_secret, "half_wire": _p_half_wire, "fault": _p_fault,
+}
 
-    Each field is declared once below with its environment variable, default, type and
-    meaning; :func:`tunables` reads them and :func:`describe_tunables` lists them.
-    """
 
-    timeout: float = _knob(
-        "RINGREDUCE_TIMEOUT", 600.0, _p_seconds, "seconds",
-        "How long one collective may wait for a peer before raising TimeoutError.")
-    connect_timeout: float = _knob(
-        "RINGREDUCE_CONNECT_TIMEOUT", 120.0, _p_seconds, "seconds",
-        "How long init may take to rendezvous and connect to every peer.")
-    socket_ifname: str | None = _knob(
-        "RINGREDUCE_SOCKET_IFNAME", None, _p_str, "interface name",
-        "Network interface to listen on (e.g. eth0); default: the one routing to "
-        "MASTER_ADDR.")
-    secret: str | None = _knob(
-        "RINGREDUCE_SECRET", None, _p_str, "string",
-        "Shared secret authenticating peer connections; default: a random one exchanged "
-        "through the store (ringreduce-run sets a fresh one per job).", repr=False)
-    debug: str = _knob(
-        "RINGREDUCE_DEBUG", "", _p_choice("", "WARN", "INFO", "DEBUG", "TRACE", upper=True),
-        "'' | WARN | INFO | DEBUG | TRACE", "Log level of the library ('' = errors only).",
-        empty_is_default=False)
-    transport: str = _knob(
-        "RINGREDUCE_TRANSPORT", "auto", _p_choice("auto", "tcp", "shm"), "auto | tcp | shm",
-        "Force one transport; auto uses shared memory within a host and TCP across hosts.")
-    algo: str = _knob(
-        "RINGREDUCE_ALGO", "auto", _p_choice("auto", "ring", "tree", "shm"), "auto | ring | tree | shm",
-        "Force the all-reduce algorithm; auto lets the cost model pick per message size.")
-    segment_bytes: int = _knob(
-        "RINGREDUCE_SEGMENT_BYTES", 512 * 1024, _p_positive_bytes, "bytes",
-        "Pipelining unit for large messages (accepts K/M/G suffixes).")
-    half_wire: int = _knob(
-        "RINGREDUCE_HALF_WIRE", 16, _p_half_wire, "16 | 32",
-        "Bits per float16/bfloat16 partial sum sent over TCP. 16: half the bytes, each hop "
-        "adds in float32 and rounds to 16 bits; 32: float32 partials, rounded once at the "
-        "end. Must be the same on every rank.")
-    tree_threshold_bytes: int | None = _knob(
-        "RINGREDUCE_TREE_THRESHOLD_BYTES", None, _p_bytes, "bytes",
-        "All-reduces up to this size use the tree, larger ones the ring; overrides the cost "
-        "model.")
-    tuning_file: str | None = _knob(
-        "RINGREDUCE_TUNING_FILE", None, _p_str, "path",
-        "JSON file with measured cost-model constants (alpha, beta) for this machine.")
-    trace: str | None = _knob(
-        "RINGREDUCE_TRACE", None, _p_str, "path",
-        "Where to write a trace of this rank's collectives (for debugging).")
-    heartbeat_interval: float = _knob(
-        "RINGREDUCE_HEARTBEAT_INTERVAL", 0.5, _p_seconds, "seconds",
-        "How often each rank sends a UDP heartbeat to each peer it watches.")
-    full_mesh_max: int = _knob(
-        "RINGREDUCE_FULL_MESH_MAX", 16, _p_count, "ranks",
-        "Jobs (and groups) of up to this many ranks connect every pair at init and heartbeat "
-        "every peer; larger ones connect and watch only ranks r +- 2^k (O(log n) peers) and "
-        "make other connections on first use.")
-    heartbeat_timeout: float = _knob(
-        "RINGREDUCE_HEARTBEAT_TIMEOUT", 4.0, _p_nonneg_seconds, "seconds",
-        "A peer silent this long is reported as frozen, partitioned or dead (0 disables).")
-    stall_warn: float = _knob(
-        "RINGREDUCE_STALL_WARN", 10.0, _p_nonneg_seconds, "seconds",
-        "After waiting this long in one collective, log which ranks are behind (0 = off).")
-    flight_recorder: str | None = _knob(
-        "RINGREDUCE_FLIGHT_RECORDER", None, _p_str, "path",
-        "On failure each rank writes its last 64 collectives to PATH.rank<r>.json.")
-    checksum: bool = _knob(
-        "RINGREDUCE_CHECKSUM", False, _p_bool, "bool",
-        "Checksum every message to catch corruption (slower; for debugging).")
-    call_sites: bool = _knob(
-        "RINGREDUCE_CALL_SITES", True, _p_bool, "bool",
-        "Remember which line of the program issued each collective, for stall reports, "
-        "errors and the flight recorder.")
-    fault: dict | None = _knob(  # noqa: RUF009 - default None
-        "RINGREDUCE_FAULT", None, _p_fault, _FAULT_FORMAT,
-        "Fault injection for testing failure handling: rank R kills (SIGKILL), stops "
-        "(SIGSTOP), exits or hangs itself at the begin, middle (first wait for a peer) or "
-        "end of its first matching collective with sequence number >= N; PATH receives the "
-        "time of the fault.")
-    use_agent_store: bool = _knob(
-        "TORCHELASTIC_USE_AGENT_STORE", False, _p_bool, "bool",
-        "Set by torchrun: connect to the launcher's TCPStore instead of hosting one on "
-        "rank 0.")
+def _choices(shown: str) -> tuple[str, ...]:
+    """"auto | tcp | shm" -> ("auto", "tcp", "shm"); '' is written as two quotes."""
+    return tuple(c.strip().strip("'") for c in shown.split("|"))
+
+
+def _field(row: Mapping[str, Any]) -> tuple[str, Any, Any]:
+    """One dataclass field of Tunables from one row of the table."""
+    kind = row["parse"]
+    if kind in ("choice", "choice_upper"):
+        parse = _p_choice(*_choices(row["shown"]), upper=kind == "choice_upper")
+    elif kind in _PARSERS:
+        parse = _PARSERS[kind]
+    else:  # pragma: no cover - the table and this module are built together
+        raise RuntimeError(f"{row['env']}: unknown parser {kind!r} in csrc/core/tunables.def")
+    default = row["default"]
+    if not row["core"] and default is not None:  # Python's rows give the variable's text
+        default = parse(row["env"], default)
+    meta = {"env": row["env"], "parse": parse, "doc": row["doc"], "core": row["core"],
+            "kind": _FAULT_FORMAT if kind == "fault" else row["shown"],
+            "empty": kind != "choice_upper"}  # RINGREDUCE_DEBUG='' means errors only
+    return (row["name"], Any, dataclasses.field(default=default, metadata=meta,
+                                                 repr=kind != "secret"))
+
+
+Tunables = dataclasses.make_dataclass("Tunables", [_field(row) for row in _C.TUNABLES])
+Tunables.__module__ = __name__
+Tunables.__doc__ = """Every RINGREDUCE_* knob (plus torchrun's agent-store flag), parsed and
+validated: one field per row of csrc/core/tunables.def (its variable, default, type and
+meaning); :func:`tunables` reads them and :func:`describe_tunables` lists them."""
+
+
+def core_options(t: Any) -> dict[str, Any]:
+    """The values the C++ core reads (the table's core rows), keyed as it expects them;
+    unset ones (None) are left to the core's defaults."""
+    return {f.name: getattr(t, f.name) for f in dataclasses.fields(t)
+            if f.metadata["core"] and getattr(t, f.name) is not None}
 
 
 def tunables(env: Mapping[str, str] | None = None) -> Tunables:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import platform
 import time
 from argparse import Namespace
 from collections import Counter
 
+from .. import _env
 from . import machine
 from .metrics import Row
 
@@ -30,7 +30,7 @@ def make_meta(args: Namespace, world: int, hosts: list, notes: dict, transport: 
         "world_size": world, "hosts": dict(counts), "ops": list(args.ops), "dtype": args.dtype,
         "redop": args.redop, "root": args.root, "algo": args.algo,
         "transport": transport,
-        "transport_requested": args.transport or os.environ.get("RINGREDUCE_TRANSPORT", "auto"),
+        "transport_requested": args.transport or _env.tunables().transport,
         "warmup": args.warmup, "iters": args.iters, "check": bool(args.check),
         "compare": list(args.compare), "libraries": dict(notes),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine.describe(),
