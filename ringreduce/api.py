@@ -5,7 +5,7 @@ Collectives work in place (allreduce, broadcast) or into an output buffer (allga
 reduce_scatter). With async_op=True they return a Work handle; otherwise they block until
 done and return None. Every rank must call the same collectives in the same order.
 
-CUDA inputs go through ringreduce/_gpu_route.py (``backend="auto"|"nccl"|"staged"``): NCCL
+CUDA inputs go through ringreduce/gpu/route.py (``backend="auto"|"nccl"|"staged"``): NCCL
 when every rank can use it, else staged through pinned host memory. The CUDA checks run only
 after the CPU fast paths' type checks failed, so host calls pay nothing for them.
 """
@@ -206,13 +206,13 @@ def get_world_size(group: Any = None) -> int:
 
 
 def _gpu() -> Any:
-    from . import _gpu_route
+    from .gpu import route
 
-    return _gpu_route
+    return route
 
 
 def _cuda(xs: Sequence[Any], backend: str, g: Any) -> bool:
-    """True when some input is a CUDA array (or backend says so): _gpu_route takes the call.
+    """True when some input is a CUDA array (or backend says so): gpu.route takes the call.
     numpy arrays and CPU tensors with backend "auto" answer without importing anything."""
     if backend == "auto":
         for x in xs:

@@ -20,7 +20,7 @@ back, with one warning saying what is lost, to :class:`ProcessGroupRingReduce`, 
 subclass of ProcessGroup running the same operations.
 
 Collectives are asynchronous: each returns a Work whose wait() blocks with the GIL released
-and whose get_future() is completed by a background thread (ringreduce.ddp.futures), as
+and whose get_future() is completed by a background thread (ringreduce._futures), as
 torch's C++ DDP reducer expects. The default process group creates ringreduce's world
 (rendezvous through the store torch hands to the backend) unless the program already
 called ringreduce.init(), which it then reuses; every other torch group (dist.new_group,
@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from . import _buffers, _state, api, groups, p2p
 from . import _rooted as rooted
-from .ddp.futures import Completion
+from ._futures import Completion
 
 __all__ = ["BACKEND_NAME", "ProcessGroupRingReduce", "create_backend", "impl_of"]
 

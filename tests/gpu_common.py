@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from ringreduce import gpu
+from ringreduce.gpu import arrays as gpu_arrays
 
 ROOT = Path(__file__).resolve().parent.parent
 CSRC = ROOT / "csrc"
 
-_HAS_MODULE = gpu._gpu is not None
+_HAS_MODULE = gpu_arrays._gpu is not None
 _CUDA_OK, _CUDA_REASON = gpu.cuda_status()
 _NVCC = shutil.which("nvcc") or (
     "/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else None

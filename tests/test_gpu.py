@@ -34,6 +34,7 @@ from gpu_common import (  # noqa: F401
 )
 
 from ringreduce import _C, gpu
+from ringreduce.gpu import arrays as gpu_arrays
 
 # ---------------------------------------------------------------------------------------
 # Dispatch table
@@ -42,7 +43,7 @@ from ringreduce import _C, gpu
 
 @needs_module
 def test_kernel_table_covers_every_dtype_and_op():
-    table = gpu._gpu.kernel_table()
+    table = gpu_arrays._gpu.kernel_table()
     got = {(k["dtype"], k["op"]): k for k in table}
     assert len(table) == len(got) == len(DTYPES) * len(OPS)
     for dt in DTYPES:
@@ -73,14 +74,14 @@ def test_kernel_table_matches_kernel_list_header():
     text = (CSRC / "cuda" / "kernel_list.h").read_text()
     direct = re.findall(r"X\((\w+), k\w+, \w+, (\w+), k\w+\)", text)
     halves = re.findall(r"X\((\w+), k\w+, (\w+), k\w+\)", text)
-    names = {k["reduce_kernel"] for k in gpu._gpu.kernel_table()}
+    names = {k["reduce_kernel"] for k in gpu_arrays._gpu.kernel_table()}
     assert {f"reduce_{t}_{o}" for t, o in direct} | {f"accumulate_{t}_{o}" for t, o in halves} \
         == names
 
 
 @needs_module
 def test_cuda_reduce_argument_checks_come_first():
-    g = gpu._gpu
+    g = gpu_arrays._gpu
     codes = {n: i for i, n in enumerate(DTYPES)}
     with pytest.raises(ValueError, match="reduced in float32"):
         g.cuda_reduce(codes["float16"], 0, 0x1000, 0x2000, 4, 0)
@@ -103,9 +104,9 @@ def test_cuda_reduce_argument_checks_come_first():
 def test_cuda_kernels_without_device_raise_cuda_unavailable():
     # Valid arguments, no device: "no CUDA device" (CUDA build) or "built without CUDA".
     with pytest.raises(gpu.CudaUnavailable, match="CUDA"):
-        gpu._gpu.cuda_reduce(0, 0, 0x1000, 0x2000, 4, 0)
+        gpu_arrays._gpu.cuda_reduce(0, 0, 0x1000, 0x2000, 4, 0)
     # Zero elements launch nothing, so they succeed even here.
-    gpu._gpu.cuda_reduce(0, 0, 0, 0, 0, 0)
+    gpu_arrays._gpu.cuda_reduce(0, 0, 0, 0, 0, 0)
 
 
 # ---------------------------------------------------------------------------------------
@@ -195,31 +196,31 @@ def test_staging_plan_exhaustive(direction):
                 for k in (1, 2, 3, 4):
                     if staging // k < elem:
                         with pytest.raises(ValueError, match="cannot hold one"):
-                            gpu._gpu.plan_staging(count, elem, staging, k, direction)
+                            gpu_arrays._gpu.plan_staging(count, elem, staging, k, direction)
                         continue
-                    p = gpu._gpu.plan_staging(count, elem, staging, k, direction)
+                    p = gpu_arrays._gpu.plan_staging(count, elem, staging, k, direction)
                     _check_plan(p, count, elem, staging, k, direction)
 
 
 @needs_module
 def test_staging_plan_examples_and_errors():
-    p = gpu._gpu.plan_staging(10, 4, 16, 2, "device_to_wire")
+    p = gpu_arrays._gpu.plan_staging(10, 4, 16, 2, "device_to_wire")
     assert p["slot_bytes"] == 8 and p["slot_elems"] == 2
     assert [c[:2] for c in p["chunks"]] == [(0, 2), (2, 2), (4, 2), (6, 2), (8, 2)]
     assert p["steps"][:4] == [("copy_start", 0), ("copy_start", 1), ("copy_wait", 0),
                               ("transfer", 0)]
     assert p["steps"][4] == ("copy_start", 2)
-    big = gpu._gpu.plan_staging(1 << 20, 4, 4 << 20, 2, "wire_to_device")
+    big = gpu_arrays._gpu.plan_staging(1 << 20, 4, 4 << 20, 2, "wire_to_device")
     assert big["slot_bytes"] == 2 << 20 and len(big["chunks"]) == 2
-    assert gpu._gpu.plan_staging(0, 2, 64, 2, "wire_to_device")["steps"] == []
+    assert gpu_arrays._gpu.plan_staging(0, 2, 64, 2, "wire_to_device")["steps"] == []
     with pytest.raises(ValueError, match="numBuffers"):
-        gpu._gpu.plan_staging(10, 4, 64, 0, "device_to_wire")
+        gpu_arrays._gpu.plan_staging(10, 4, 64, 0, "device_to_wire")
     with pytest.raises(ValueError, match="numBuffers"):
-        gpu._gpu.plan_staging(10, 4, 64, 17, "device_to_wire")
+        gpu_arrays._gpu.plan_staging(10, 4, 64, 17, "device_to_wire")
     with pytest.raises(ValueError, match="element size"):
-        gpu._gpu.plan_staging(10, 0, 64, 2, "device_to_wire")
+        gpu_arrays._gpu.plan_staging(10, 0, 64, 2, "device_to_wire")
     with pytest.raises(ValueError, match="direction"):
-        gpu._gpu.plan_staging(10, 4, 64, 2, "sideways")
+        gpu_arrays._gpu.plan_staging(10, 4, 64, 2, "sideways")
 
 
 # ---------------------------------------------------------------------------------------
@@ -248,7 +249,7 @@ def test_no_device_errors():
     assert isinstance(e.value, _C.RingReduceError)
     # The communicator checks the device before it needs NCCL at all.
     with pytest.raises(gpu.CudaUnavailable):
-        gpu._gpu.NcclComm(b"\0" * 128, 0, 1, 0, 10.0)
+        gpu_arrays._gpu.NcclComm(b"\0" * 128, 0, 1, 0, 10.0)
     with pytest.raises(gpu.CudaUnavailable):
         gpu.NcclCommunicator(store={}, rank=0, world_size=1)
     ok, reason = gpu.nccl_available()
@@ -303,7 +304,7 @@ def test_nccl_loads_from_wheel_when_installed():
     lines = r.stdout.split("\n")
     code, version, _nonblocking = lines[0].split()
     assert int(code) >= 21000 and version.startswith("2.")
-    assert gpu._gpu.nccl_version_string(int(code)) == version
+    assert gpu_arrays._gpu.nccl_version_string(int(code)) == version
     assert lines[1] == "128"
 
 
@@ -317,9 +318,9 @@ def _system_nccl() -> bool:
 
 @needs_module
 def test_nccl_version_strings():
-    assert gpu._gpu.nccl_version_string(22303) == "2.23.3"
-    assert gpu._gpu.nccl_version_string(21005) == "2.10.5"
-    assert gpu._gpu.nccl_version_string(2804) == "2.8.4"
+    assert gpu_arrays._gpu.nccl_version_string(22303) == "2.23.3"
+    assert gpu_arrays._gpu.nccl_version_string(21005) == "2.10.5"
+    assert gpu_arrays._gpu.nccl_version_string(2804) == "2.8.4"
 
 
 def test_exchange_unique_id_through_a_store():
@@ -437,7 +438,7 @@ def test_torch_host_and_meta_tensors_are_rejected_with_advice():
 
 
 class _DLManaged(ctypes.Structure):
-    _fields_ = [("dl_tensor", gpu._DLTensor), ("manager_ctx", ctypes.c_void_p),
+    _fields_ = [("dl_tensor", gpu_arrays._DLTensor), ("manager_ctx", ctypes.c_void_p),
                 ("deleter", ctypes.c_void_p)]
 
 
@@ -559,7 +560,7 @@ def test_cuda_kernels_match_cpu_semantics(dtype, op):
 
 
 def _check_kernels(torch, dtype, op, n):
-    g = gpu._gpu
+    g = gpu_arrays._gpu
     t = _torch_dtype(torch, dtype)
     gen = torch.Generator().manual_seed(n)
     if t.is_floating_point:

@@ -14,6 +14,7 @@ import pytest
 from gpu_common import _NVCC, CSRC, DTYPES, OPS, ROOT, TAGS, _py  # noqa: F401
 
 from ringreduce import _C, gpu  # noqa: F401
+from ringreduce.gpu import arrays as gpu_arrays
 
 # ---------------------------------------------------------------------------------------
 # Device float16/bfloat16 conversions, compiled for the host against reduce/half.h
@@ -326,7 +327,7 @@ def test_full_cuda_build_imports_and_runs_cpu_allreduce(tmp_path):
     """, env=run_env, cwd=work)
     assert probe.returncode == 0, probe.stderr
     built, archs, _ok = probe.stdout.split()
-    if gpu._gpu is not None:  # module.cc registers the GPU module: check what it reports
+    if gpu_arrays._gpu is not None:  # module.cc registers the GPU module: check what it reports
         assert built == "True" and archs == "sm_80"
     script = tmp_path / "allreduce.py"
     script.write_text(textwrap.dedent("""

@@ -19,7 +19,11 @@ from _spawn import run_world
 from gpu_common import _CUDA_OK, _CUDA_REASON
 
 import ringreduce as rr
-from ringreduce import _gpu_route, _gpu_staging, gpu
+from ringreduce import gpu
+from ringreduce.gpu import arrays as gpu_arrays
+from ringreduce.gpu import device as gpu_device
+from ringreduce.gpu import route as _gpu_route
+from ringreduce.gpu import staging as _gpu_staging
 
 # ---------------------------------------------------------------------------------------
 # Fakes: CUDA-looking buffers in host memory, and a stager that memmoves
@@ -70,17 +74,17 @@ class MemmoveStager(_gpu_staging.Stager):
         return f"s{b.stream}"
 
     def alloc(self, dtype, count, device):
-        a = np.zeros(max(count, 1) * gpu._ITEMSIZE[dtype], dtype=np.uint8)
+        a = np.zeros(max(count, 1) * gpu_arrays._ITEMSIZE[dtype], dtype=np.uint8)
         self.log.append(("alloc", dtype, count))
         return _gpu_staging.HostBuf(a, a.ctypes.data, dtype, count)
 
     def to_host(self, host, offset, b, stream):
         self.log.append(("to_host", offset, b.count, stream))
-        ctypes.memmove(host.ptr + offset * gpu._ITEMSIZE[b.dtype], b.ptr, b.nbytes)
+        ctypes.memmove(host.ptr + offset * gpu_arrays._ITEMSIZE[b.dtype], b.ptr, b.nbytes)
 
     def to_device(self, b, host, offset, stream):
         self.log.append(("to_device", offset, b.count, stream))
-        ctypes.memmove(b.ptr, host.ptr + offset * gpu._ITEMSIZE[b.dtype], b.nbytes)
+        ctypes.memmove(b.ptr, host.ptr + offset * gpu_arrays._ITEMSIZE[b.dtype], b.nbytes)
 
     def synchronize(self, stream):
         self.log.append(("sync", stream))
@@ -90,7 +94,7 @@ def _fake_gpu(monkeypatch, nccl=(False, "no NCCL (test)"), staging=(True, "fake"
     stager = MemmoveStager()
     monkeypatch.setattr(_gpu_staging, "make_stager", lambda torch_tensor: stager)
     monkeypatch.setattr(_gpu_staging, "stager_status", lambda torch_tensor: staging)
-    monkeypatch.setattr(gpu, "nccl_available", lambda: nccl)
+    monkeypatch.setattr(gpu_device, "nccl_available", lambda: nccl)
     return stager
 
 
@@ -133,14 +137,14 @@ def test_agree_needs_every_rank_and_distinct_devices():
 
 
 def test_select_backend_with_fakes(monkeypatch):
-    monkeypatch.setattr(gpu, "nccl_available", lambda: (True, "NCCL 2.x"))
+    monkeypatch.setattr(gpu_device, "nccl_available", lambda: (True, "NCCL 2.x"))
     monkeypatch.setattr(_gpu_staging, "stager_status", lambda t: (True, ""))
     x = NpCuda(np.zeros(4, np.float32))
     assert gpu.select_backend(x) == "nccl"
     assert gpu.select_backend(x, "staged") == "staged"
     assert gpu.select_backend(FakeCudaTensor.of(torch.zeros(3)), "host") == "staged"
     assert gpu.select_backend(np.zeros(3), "staged") == "cpu"
-    monkeypatch.setattr(gpu, "nccl_available", lambda: (False, "no libnccl"))
+    monkeypatch.setattr(gpu_device, "nccl_available", lambda: (False, "no libnccl"))
     assert gpu.select_backend(x) == "staged"
     with pytest.raises(gpu.NcclUnavailable, match="no libnccl"):
         gpu.select_backend(x, "nccl")

@@ -112,9 +112,11 @@ def test_nccl_verdict_wait_is_bounded_and_names_the_missing_rank(
 
     import torch.distributed as dist
 
-    from ringreduce import _C, _gpu_route, gpu
+    from ringreduce import _C
+    from ringreduce.gpu import device as gpu_device
+    from ringreduce.gpu import route as _gpu_route
 
-    monkeypatch.setattr(gpu, "nccl_available", lambda: (True, "NCCL (test)"))
+    monkeypatch.setattr(gpu_device, "nccl_available", lambda: (True, "NCCL (test)"))
     store = dist.HashStore()
     group = SimpleNamespace(rank=0, world_size=3, hosts=["h0", "h1", "h2"],
                             options={"timeout": 0.5})

@@ -1,5 +1,5 @@
 // ringreduce._C.gpu: the CUDA kernels, the staging planner and the NCCL communicator for
-// Python (ringreduce/gpu.py wraps these; user code should not need them directly).
+// Python (ringreduce/gpu/ wraps these; user code should not need them directly).
 //
 // Buffers arrive as raw device pointers plus element counts and dtype/op codes (the codes
 // of core/types.h, as ringreduce/_buffers.py defines them); streams as the integer value of
@@ -119,7 +119,7 @@ void registerGpu(py::module_& m) {
     return d;
   }, py::arg("ptr"));
 
-  // ---- staging primitives (ringreduce/_gpu_staging.py, for non-torch CUDA arrays) ----
+  // ---- staging primitives (ringreduce/gpu/staging.py, for non-torch CUDA arrays) ----
   // Pinned host memory as an integer address; the caller frees it with host_free_pinned.
   g.def("host_alloc_pinned", [](size_t bytes) {
     return reinterpret_cast<uintptr_t>(cuda::hostAllocPinned(bytes));

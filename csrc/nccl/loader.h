@@ -1,5 +1,5 @@
 // NCCL loaded at run time with dlopen, so ringreduce builds without NCCL and a CPU machine
-// never needs it. Python (ringreduce/gpu.py) decides where to look -- RINGREDUCE_NCCL_PATH,
+// never needs it. Python (ringreduce/gpu/device.py) decides where to look -- RINGREDUCE_NCCL_PATH,
 // the nvidia-nccl-cu12/-cu13 wheels, then the system's libnccl.so.2 -- and passes the
 // candidates here; this file only tries them in order.
 //

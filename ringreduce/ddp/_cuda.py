@@ -66,12 +66,12 @@ def check_device_args(device: torch.device | None, device_ids: Any,
 
 def require_cuda_comm(device: torch.device) -> None:
     """Raise a clear error unless CUDA gradients can be reduced (NCCL or staging)."""
-    from .. import _gpu_staging, gpu
+    from ..gpu import device, staging
 
-    ok, why = _gpu_staging.stager_status(True)
+    ok, why = staging.stager_status(True)
     if ok:
         return
-    nccl_ok, nccl_why = gpu.nccl_available()
+    nccl_ok, nccl_why = device.nccl_available()
     if not nccl_ok:
         nccl_why, why = " ".join(nccl_why.split()), " ".join(why.split())  # one line
         raise RuntimeError(

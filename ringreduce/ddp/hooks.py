@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-from .futures import allreduce_future
+from .._futures import allreduce_future
 
 __all__ = [
     "GradBucket",

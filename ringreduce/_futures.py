@@ -168,7 +168,7 @@ def allreduce_future(tensor: torch.Tensor, op: str = "sum",
     world) and return a Future whose value is ``[tensor]`` -- the building block for custom
     DDP comm hooks, like ``dist.all_reduce(t, async_op=True).get_future()`` with torch's
     process groups."""
-    from .. import api
+    from . import api
 
     work = api.allreduce(tensor, op=op, async_op=True, group=group)
     return future_of(work, [tensor])

@@ -6,7 +6,7 @@
                     take the same path.
   "nccl"            NCCL, or a clear NcclUnavailable on every rank saying which rank lacks it.
   "staged"/"host"   copy into pinned host memory on the caller's stream, run the CPU
-                    (TCP/shm) collective, copy back on the same stream (_gpu_staging.py).
+                    (TCP/shm) collective, copy back on the same stream (staging.py).
 Host arrays always take the CPU path ("nccl" with a host array is an error).
 
 Collective safety: the first collective on a CUDA buffer in a group is itself collective.
@@ -29,8 +29,11 @@ import time
 from collections.abc import Sequence
 from typing import Any, Callable
 
-from . import _gpu_staging, gpu
-from ._buffers import algo_code, op_code
+from .._buffers import algo_code, op_code
+from . import arrays
+from . import device as cuda_device
+from . import staging as stg
+from .nccl import NcclCommunicator
 
 BACKENDS = ("auto", "nccl", "staged", "host")
 _KEY = "cuda/"
@@ -47,7 +50,7 @@ def wants(xs: Sequence[Any], backend: Any) -> bool:
     """True when the call must go through this module (some input is a CUDA array). Host
     inputs with backend='nccl' raise; host inputs with any other backend return False."""
     name = normalize_backend(backend)
-    cuda = [gpu.is_cuda_array(x) for x in xs if x is not None]
+    cuda = [arrays.is_cuda_array(x) for x in xs if x is not None]
     if any(cuda):
         return True
     if name == "nccl":
@@ -62,7 +65,7 @@ def decide(backend: str, nccl: tuple, staging: tuple) -> str:
     group-wide NCCL verdict and this buffer kind's staging status."""
     if backend == "nccl":
         if not nccl[0]:
-            raise gpu.NcclUnavailable(
+            raise arrays.NcclUnavailable(
                 f"backend='nccl' cannot be used: {nccl[1]}; use backend='auto' (falls back to "
                 f"staging through host memory) or backend='staged'")
         return "nccl"
@@ -70,10 +73,39 @@ def decide(backend: str, nccl: tuple, staging: tuple) -> str:
         return "nccl"
     if not staging[0]:
         why = "" if backend != "auto" else f" and NCCL is not usable ({nccl[1]})"
-        raise gpu.CudaUnavailable(
+        raise arrays.CudaUnavailable(
             f"CUDA tensors cannot be staged through host memory here: {staging[1]}{why}; move "
             f"the data to the CPU first (.cpu()), or fix the CUDA/NCCL set-up")
     return "staged"
+
+
+def select_backend(x: Any, backend: str = "auto") -> str:
+    """The path a collective on ``x`` takes on this process: "cpu" for host arrays,
+    "nccl" or "staged" for CUDA arrays.
+
+    ``backend``: "auto" (NCCL for CUDA arrays when it is usable here, else staged through
+    pinned host memory), "nccl" (required), "staged"/"host" (required), or a host path name
+    ("cpu", "tcp", "shm", returned for host arrays). A CUDA array that can take neither
+    path raises with the reason and what to do. The collectives agree on NCCL across ranks
+    first (this module); this is the local half of that decision.
+    """
+    backend = str(backend).lower()
+    if not arrays.is_cuda_array(x):
+        if backend == "nccl":
+            raise ValueError(
+                "backend='nccl' needs CUDA tensors; this one is in host memory (move it with "
+                ".cuda(), or use backend='auto')"
+            )
+        return "cpu" if backend in ("auto", "staged", "host") else backend
+    if backend not in BACKENDS:
+        raise ValueError(
+            f"backend={backend!r} moves host memory only; for a CUDA tensor use backend='auto', "
+            f"'nccl' or 'staged', or move it to the CPU with .cpu()"
+        )
+    name = normalize_backend(backend)
+    nccl = (False, "not needed") if name == "staged" else cuda_device.nccl_available()
+    staging = (True, "") if name == "nccl" else stg.stager_status(arrays._is_torch_tensor(x))
+    return decide(name, nccl, staging)
 
 
 def agree(entries: list, hosts: list) -> tuple:
@@ -103,7 +135,7 @@ class CudaState:
 
     def nccl_verdict(self, device: int | None) -> tuple:
         if self.verdict is None:
-            ok, reason = gpu.nccl_available()
+            ok, reason = cuda_device.nccl_available()
             g = self.group
             if g.world_size == 1 or self.store is None:
                 self.verdict = (ok, reason)
@@ -123,17 +155,17 @@ class CudaState:
     def communicator(self, device: int | None) -> Any:
         if self.nccl is None:
             store = self.store if self.store is not None else _DictStore()
-            self.nccl = gpu.NcclCommunicator(
+            self.nccl = NcclCommunicator(
                 store, self.group.rank, self.group.world_size, device=device,
                 timeout=float(self.group.options.get("timeout", 600.0)),
                 key_prefix=f"{self.prefix}nccl")
         return self.nccl
 
-    def pool(self, torch_tensor: bool) -> _gpu_staging.HostPool:
+    def pool(self, torch_tensor: bool) -> stg.HostPool:
         p = self.pools.get(torch_tensor)
         if p is None:
-            p = self.pools[torch_tensor] = _gpu_staging.HostPool(
-                _gpu_staging.make_stager(torch_tensor))
+            p = self.pools[torch_tensor] = stg.HostPool(
+                stg.make_stager(torch_tensor))
         return p
 
     def close(self) -> None:
@@ -156,7 +188,7 @@ def _wait_verdicts(store: Any, keys: list, rank: int, timeout: float) -> None:
             missing = [r for r, k in enumerate(keys) if not store.check([k])]
             if not missing:
                 return  # they arrived just now
-            from ._C import CollectiveTimeout
+            from .._C import CollectiveTimeout
 
             shown = ", ".join(str(r) for r in missing[:16]) + (" ..." if len(missing) > 16 else "")
             raise CollectiveTimeout(
@@ -217,18 +249,18 @@ def reset() -> None:
 # ---------------------------------------------------------------------------------------
 
 
-def _buf(x: Any, what: str, writable: bool = True) -> gpu.CudaBuffer:
-    if not gpu.is_cuda_array(x):
+def _buf(x: Any, what: str, writable: bool = True) -> arrays.CudaBuffer:
+    if not arrays.is_cuda_array(x):
         raise ValueError(
             f"{what}: is in host memory but the other buffers of this call are on a CUDA "
             f"device; pass all buffers on the same device (e.g. .cuda() or .cpu() for all)")
     # torch: the stream is read later, from the stager (torch.cuda.current_stream).
-    return gpu.as_cuda_buffer(x, what, writable, stream=0 if gpu._is_torch_tensor(x) else None)
+    return arrays.as_cuda_buffer(x, what, writable, stream=0 if arrays._is_torch_tensor(x) else None)
 
 
 def _same_kind(bufs: list, call: str) -> tuple:
     """(is_torch, device) shared by all buffers; raises on a mix."""
-    kinds = {gpu._is_torch_tensor(b.obj if not isinstance(b.obj, tuple) else b.obj[0])
+    kinds = {arrays._is_torch_tensor(b.obj if not isinstance(b.obj, tuple) else b.obj[0])
              for b in bufs}
     if len(kinds) > 1:
         raise ValueError(f"{call}: mixes torch CUDA tensors with other CUDA arrays; use one "
@@ -245,11 +277,11 @@ def _same_kind(bufs: list, call: str) -> tuple:
 
 
 def _empty_like(x: Any, shape: tuple, what: str) -> Any:
-    if gpu._is_torch_tensor(x):
+    if arrays._is_torch_tensor(x):
         import torch
 
         return torch.empty(shape, dtype=x.dtype, device=x.device)
-    cupy = gpu._imported("cupy")
+    cupy = arrays._imported("cupy")
     if cupy is not None and isinstance(x, cupy.ndarray):
         with x.device:
             return cupy.empty(shape, dtype=x.dtype)
@@ -262,14 +294,14 @@ def _empty_like(x: Any, shape: tuple, what: str) -> Any:
 # ---------------------------------------------------------------------------------------
 
 
-def staged(g: Any, pool: _gpu_staging.HostPool, srcs: list, dsts: list, n_in: int,
+def staged(g: Any, pool: stg.HostPool, srcs: list, dsts: list, n_in: int,
            n_out: int | None, launch: Callable[[int, int, bool], Any], async_op: bool,
            result: Any = None) -> Any:
     """Copy ``srcs`` (concatenated) into pinned host memory, run ``launch(in_ptr, out_ptr,
     async_op)`` (the CPU collective; returns its C++ work or None), copy the host output
     (``n_out`` elements, or the input buffer when None: in place) into ``dsts``
     (consecutive slices). Returns an api.Work when async_op, else None."""
-    from ._work import Work
+    from .._work import Work
 
     st = pool.stager
     dtype, device = srcs[0].dtype, srcs[0].device
@@ -320,12 +352,12 @@ def _path(g: Any, backend: Any, torch_kind: bool, device: int | None) -> tuple:
     name = normalize_backend(backend)
     st = state(g)
     verdict = (False, "not needed") if name == "staged" else st.nccl_verdict(device)
-    staging = (True, "") if name == "nccl" else _gpu_staging.stager_status(torch_kind)
+    staging = (True, "") if name == "nccl" else stg.stager_status(torch_kind)
     return decide(name, verdict, staging), st
 
 
 def _gpu_work(w: Any, keep: tuple, async_op: bool, result: Any = None) -> Any:
-    from ._work import Work
+    from .._work import Work
 
     if not async_op:
         return None

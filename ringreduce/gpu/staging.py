@@ -1,7 +1,7 @@
 """Staging CUDA buffers through pinned host memory, so the CPU (TCP/shm) collectives can
 reduce them.
 
-Contract of one staged collective (see _gpu_route.staged):
+Contract of one staged collective (see route.staged):
   1. copy every device input into a pinned host buffer on the caller's stream (torch: the
      current stream of the tensor's device; other arrays: the stream their
      ``__cuda_array_interface__`` names, or the current CuPy stream),
@@ -26,9 +26,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from . import gpu
+from . import arrays, device
 
-_ITEMSIZE = gpu._ITEMSIZE
+_ITEMSIZE = arrays._ITEMSIZE
 
 
 class HostBuf:
@@ -44,12 +44,12 @@ class _PinnedBlock:
     """cudaHostAlloc'ed bytes, freed when collected."""
 
     def __init__(self, nbytes: int):
-        self.ptr = int(gpu._gpu.host_alloc_pinned(max(int(nbytes), 1)))
+        self.ptr = int(arrays._gpu.host_alloc_pinned(max(int(nbytes), 1)))
 
     def __del__(self) -> None:
         ptr, self.ptr = getattr(self, "ptr", 0), 0
-        if ptr and gpu._gpu is not None:
-            gpu._gpu.host_free_pinned(ptr)
+        if ptr and arrays._gpu is not None:
+            arrays._gpu.host_free_pinned(ptr)
 
 
 class Stager:
@@ -57,18 +57,18 @@ class Stager:
 
     name = "?"
 
-    def stream_of(self, b: gpu.CudaBuffer) -> Any:
+    def stream_of(self, b: arrays.CudaBuffer) -> Any:
         """The stream the copies of ``b`` are ordered on (taken at call time)."""
         raise NotImplementedError
 
     def alloc(self, dtype: str, count: int, device: int | None) -> HostBuf:
         raise NotImplementedError
 
-    def to_host(self, host: HostBuf, offset: int, b: gpu.CudaBuffer, stream: Any) -> None:
+    def to_host(self, host: HostBuf, offset: int, b: arrays.CudaBuffer, stream: Any) -> None:
         """Enqueue b -> host[offset : offset + b.count] (elements) on ``stream``."""
         raise NotImplementedError
 
-    def to_device(self, b: gpu.CudaBuffer, host: HostBuf, offset: int, stream: Any) -> None:
+    def to_device(self, b: arrays.CudaBuffer, host: HostBuf, offset: int, stream: Any) -> None:
         """Enqueue host[offset : offset + b.count] -> b on ``stream``."""
         raise NotImplementedError
 
@@ -86,19 +86,19 @@ class TorchStager(Stager):
 
         self.torch = torch
 
-    def stream_of(self, b: gpu.CudaBuffer) -> Any:
+    def stream_of(self, b: arrays.CudaBuffer) -> Any:
         return self.torch.cuda.current_stream(b.device)
 
     def alloc(self, dtype: str, count: int, device: int | None) -> HostBuf:
         t = self.torch.empty(count, dtype=getattr(self.torch, dtype), pin_memory=True)
         return HostBuf(t, int(t.data_ptr()), dtype, count)
 
-    def to_host(self, host: HostBuf, offset: int, b: gpu.CudaBuffer, stream: Any) -> None:
+    def to_host(self, host: HostBuf, offset: int, b: arrays.CudaBuffer, stream: Any) -> None:
         with self.torch.cuda.stream(stream):
             host.obj[offset:offset + b.count].copy_(b.obj.detach().reshape(-1),
                                                     non_blocking=True)
 
-    def to_device(self, b: gpu.CudaBuffer, host: HostBuf, offset: int, stream: Any) -> None:
+    def to_device(self, b: arrays.CudaBuffer, host: HostBuf, offset: int, stream: Any) -> None:
         with self.torch.cuda.stream(stream), self.torch.no_grad():
             b.obj.view(-1).copy_(host.obj[offset:offset + b.count], non_blocking=True)
 
@@ -112,21 +112,21 @@ class RuntimeStager(Stager):
 
     name = "runtime"
 
-    def stream_of(self, b: gpu.CudaBuffer) -> Any:
+    def stream_of(self, b: arrays.CudaBuffer) -> Any:
         return int(b.stream)
 
     def alloc(self, dtype: str, count: int, device: int | None) -> HostBuf:
         block = _PinnedBlock(count * _ITEMSIZE[dtype])
         return HostBuf(block, block.ptr, dtype, count)
 
-    def to_host(self, host: HostBuf, offset: int, b: gpu.CudaBuffer, stream: Any) -> None:
-        gpu._gpu.memcpy_async(host.ptr + offset * _ITEMSIZE[b.dtype], b.ptr, b.nbytes, stream)
+    def to_host(self, host: HostBuf, offset: int, b: arrays.CudaBuffer, stream: Any) -> None:
+        arrays._gpu.memcpy_async(host.ptr + offset * _ITEMSIZE[b.dtype], b.ptr, b.nbytes, stream)
 
-    def to_device(self, b: gpu.CudaBuffer, host: HostBuf, offset: int, stream: Any) -> None:
-        gpu._gpu.memcpy_async(b.ptr, host.ptr + offset * _ITEMSIZE[b.dtype], b.nbytes, stream)
+    def to_device(self, b: arrays.CudaBuffer, host: HostBuf, offset: int, stream: Any) -> None:
+        arrays._gpu.memcpy_async(b.ptr, host.ptr + offset * _ITEMSIZE[b.dtype], b.nbytes, stream)
 
     def synchronize(self, stream: Any) -> None:
-        gpu._gpu.stream_synchronize(stream)
+        arrays._gpu.stream_synchronize(stream)
 
 
 def stager_status(torch_tensor: bool) -> tuple:
@@ -138,10 +138,10 @@ def stager_status(torch_tensor: bool) -> tuple:
             return False, ("torch sees no CUDA device (torch.cuda.is_available() is False): "
                            "no CUDA device or driver, or a CPU-only torch build")
         return True, "torch CUDA runtime"
-    if not gpu.built_with_cuda():
+    if not device.built_with_cuda():
         return False, ("this ringreduce build has no CUDA (nvcc was not found at install time); "
                        "reinstall with nvcc on PATH, or pass torch CUDA tensors")
-    return gpu.cuda_status()
+    return device.cuda_status()
 
 
 def make_stager(torch_tensor: bool) -> Stager:
@@ -149,7 +149,7 @@ def make_stager(torch_tensor: bool) -> Stager:
     kind cannot be staged here (tests replace this function with a CPU fake)."""
     ok, reason = stager_status(torch_tensor)
     if not ok:
-        raise gpu.CudaUnavailable(
+        raise arrays.CudaUnavailable(
             f"cannot stage CUDA buffers through host memory: {reason}; move the data to the "
             f"CPU first (.cpu() / cupy.asnumpy) or fix the CUDA set-up")
     return TorchStager() if torch_tensor else RuntimeStager()
