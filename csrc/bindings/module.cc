@@ -511,7 +511,6 @@ PYBIND11_MODULE(_C, m) {
            [](PyComm& c, int kind, uint64_t seq, const std::string& point,
               const std::string& action, const std::string& stamp) {
              comm::FaultPlan f;
-             f.armed = true;
              f.kind = static_cast<uint8_t>(kind);
              f.seq = seq;
              f.point = comm::faultPointFromString(point);

@@ -1,6 +1,10 @@
 // Communicator: this rank's view of the group -- rank, size, one Connection per peer, the
 // collective sequence number, the scratch arena and the failure state. Algorithms drive
 // connections through it and wait on it; it never knows which algorithm is running.
+// Implemented by concern: communicator.cc (life cycle, begin, poison/abort), wait.cc (the
+// waits and their one liveness check), diagnostics.cc (stall reports, wait chains, what a
+// peer was doing), lazy_connect.cc (connections on first use), recorder.h (flight
+// recorder), fault.h (test-only fault injection: a null hook unless armed).
 //
 // Threading: every method except abort() is called by the one thread executing collectives
 // (runtime::Executor). abort() may be called from any thread; it wakes a blocked wait.
@@ -100,14 +104,15 @@ class Communicator {
   }
   // The collective finished (ok = no exception): heartbeats say "idle", recorder notes it.
   void finish(bool ok) {
-    if (ok && fault_.armed) maybeFault(FaultPlan::Point::kEnd);
+    if (ok && fault_) maybeFault(FaultPlan::Point::kEnd);
     if (hb_) hb_->setState(0, seq_, bytesDone_);
     recorder_.end(ok);
   }
   // The Python line that issues the next collective (comm/site.h id). Executor thread.
   void setSite(uint32_t site);
-  // Arm fault injection (RINGREDUCE_FAULT) on this rank.
-  void setFault(FaultPlan plan) { fault_ = std::move(plan); }
+  // Arm fault injection (RINGREDUCE_FAULT, tests only) on this rank; without it the
+  // communicator carries a null hook.
+  void setFault(FaultPlan plan) { fault_ = std::make_unique<FaultPlan>(std::move(plan)); }
   Recorder& recorder() { return recorder_; }
   // Where poison() writes the flight recorder ("" = nowhere).
   void setFlightPath(std::string path) { flightPath_ = std::move(path); }
@@ -160,7 +165,11 @@ class Communicator {
   std::string peerContext(int peer) const;
 
  private:
-  [[noreturn]] void timeout(int sendPeer, int recvPeer);
+  // The one liveness check of every wait (sockets: waitIo between polls; shared memory:
+  // checkAlive): abort, the deadline, then the peers' heartbeats (silent peer, collective
+  // issued out of order, stall report). `shm`: the wait is on shared memory (for messages).
+  void checkLiveness(int sendPeer, int recvPeer, bool shm);
+  [[noreturn]] void timeout(int sendPeer, int recvPeer, bool shm);
   void connectLazily(int peer);
   // Wait until `dialFd` is readable (>= 0) or `peer` has dialled this rank, serving other
   // dialling peers and watching the overlay meanwhile.
@@ -200,11 +209,11 @@ class Communicator {
   void noteWait() {
     if (faultWaited_) return;
     faultWaited_ = true;
-    if (fault_.armed) maybeFault(FaultPlan::Point::kMid);
+    if (fault_) maybeFault(FaultPlan::Point::kMid);
   }
   // "at allreduce #5 with 64 KiB received<note>; last call site train.py:57", from heartbeats.
   std::string peerDoing(int peer, const transport::PeerStatus& s, const char* note = "") const;
-  FaultPlan fault_;
+  std::unique_ptr<FaultPlan> fault_;  // null unless a test armed one
   bool faultWaited_ = false;  // the current collective has waited (FaultPlan kMid)
   uint32_t site_ = 0;
   std::string siteText_;      // siteName(site_): " called from train.py:57" or 

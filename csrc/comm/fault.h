@@ -1,7 +1,7 @@
-// Fault injection for the reliability suite (RINGREDUCE_FAULT, parsed in ringreduce/_env.py):
+// Fault injection for the reliability suite (RINGREDUCE_FAULT, parsed in ringreduce/_env/tunables.py):
 // this rank kills, stops, exits or hangs itself at a chosen point of a chosen collective, so
-// tests can time how fast every other rank names it. Inert unless armed; one check per
-// collective phase when armed.
+// tests can time how fast every other rank names it. A communicator holds one only when a
+// test armed it (Communicator::setFault); then one check per collective phase.
 //
 //   point kBegin: the collective's sequence number is taken and its heartbeat state
 //                 published, no byte sent yet
@@ -18,7 +18,6 @@ namespace rr::comm {
 struct FaultPlan {
   enum class Point : uint8_t { kBegin, kMid, kEnd };
   enum class Action : uint8_t { kKill, kStop, kExit, kHang };
-  bool armed = false;
   uint8_t kind = 0;   // CollectiveKind to hit; 0 = any
   uint64_t seq = 1;   // fire at the first matching collective with sequence number >= seq
   Point point = Point::kMid;
@@ -26,7 +25,7 @@ struct FaultPlan {
   std::string stampPath;  // where to write the wall-clock time of the fault ("" = nowhere)
 
   bool matches(uint8_t curKind, uint64_t curSeq, Point p) const {
-    return armed && p == point && curSeq >= seq && (kind == 0 || kind == curKind);
+    return p == point && curSeq >= seq && (kind == 0 || kind == curKind);
   }
 };
 

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <climits>
+#include <cstdint>
 
 namespace rr {
 
@@ -17,6 +18,13 @@ constexpr double kMaxWaitSeconds = 366.0 * 24 * 3600;
 inline double clampSeconds(double seconds) {
   if (!(seconds > 0)) return 0.0;
   return seconds < kMaxWaitSeconds ? seconds : kMaxWaitSeconds;
+}
+
+// Milliseconds on the steady clock (intervals only: heartbeat ages, stall times).
+inline int64_t steadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 class Deadline {

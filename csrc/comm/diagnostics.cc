@@ -1,0 +1,153 @@
+// Communicator diagnostics: what errors and stall reports say about the peers -- the wait
+// chain (who waits for whom, from the heartbeats), which ranks are behind, what a peer was
+// doing when last heard, the current collective -- and the heartbeat checks that turn a
+// silent peer or a collective issued out of order into a typed error.
+#include <cstdio>
+
+#include "comm/communicator.h"
+#include "comm/site.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace rr::comm {
+
+std::string Communicator::peerDoing(int peer, const transport::PeerStatus& s,
+                                    const char* note) const {
+  std::string site = hb_ ? hb_->site(peer) : std::string();
+  return detail::concat(
+      s.kind ? "at " : "idle after ",
+      s.kind ? toString(static_cast<CollectiveKind>(s.kind)) : "collective", " #", s.seq,
+      s.kind ? detail::concat(" with ", s.bytesDone >> 10, " KiB received") : std::string(), note,
+      site.empty() ? std::string() : "; last call site " + site);
+}
+
+std::string Communicator::waitChain(int first, int* end) {
+  *end = -1;
+  if (!hb_ || first < 0 || first >= world_) return "";
+  std::string chain = detail::concat("; wait chain: rank ", label(rank_));
+  std::vector<uint8_t> seen(static_cast<size_t>(world_), 0);
+  seen[static_cast<size_t>(rank_)] = 1;
+  for (int p = first;;) {
+    chain += detail::concat(" -> rank ", label(p));
+    seen[static_cast<size_t>(p)] = 1;
+    *end = p;
+    if (!watched(p)) return chain + " (not among the peers this rank watches)";
+    transport::PeerStatus s = hb_->status(p);
+    if (s.ageMs < 0) return chain + " (never heard from)";
+    if (s.kind == 0 || s.seq != seq_)
+      return chain + detail::concat(" (not in this collective: ", peerDoing(p, s), ")");
+    if (s.waitingFor < 0 || s.waitingFor >= world_)
+      return chain + detail::concat(" (", peerDoing(p, s, " and waits for no rank: stuck outside "
+                                                          "communication, e.g. in a callback, a "
+                                                          "signal handler or a hung device"), ")");
+    if (seen[static_cast<size_t>(s.waitingFor)])
+      return chain + detail::concat(" -> rank ", label(s.waitingFor), " (a cycle)");
+    p = s.waitingFor;
+  }
+}
+
+std::string Communicator::diagnosis(int waitingFor) {
+  int end = -1;
+  std::string chain = waitChain(waitingFor, &end);
+  return chain + behindSummary(end);
+}
+
+std::string Communicator::behindSummary(int exclude) {
+  if (!hb_) return "";
+  std::string behind;
+  for (int p : watchList_) {
+    if (p == exclude) continue;
+    transport::PeerStatus s = hb_->status(p);
+    if (s.ageMs >= 0 && (s.seq < seq_ || (s.seq == seq_ && s.kind == 0)))
+      behind += detail::concat(behind.empty() ? "" : ", ", "rank ", label(p), " (", peerDoing(p, s), ")");
+  }
+  return behind.empty() ? "" : "; by their heartbeats, ranks not in this collective yet: " + behind;
+}
+
+void Communicator::reportStall(int64_t waitedMs, int waitingFor) {
+  // Who is behind? Heartbeats carry every peer's collective sequence number and call site.
+  std::string behind, ahead;
+  int nAhead = 0;
+  std::vector<uint8_t> isBehind(static_cast<size_t>(world_), 0);
+  for (int p : watchList_) {
+    transport::PeerStatus s = hb_->status(p);
+    if (s.seq < seq_ || (s.seq == seq_ && s.kind == 0 && s.bytesDone == 0)) {
+      isBehind[static_cast<size_t>(p)] = 1;
+      behind += detail::concat(behind.empty() ? "" : "; ", "rank ", label(p), " (", peerHost(p),
+                               ", pid ", s.pid, ") is ", peerDoing(p, s));
+    } else {
+      ahead += detail::concat(nAhead++ ? ", " : "", label(p));
+    }
+  }
+  int end = -1;
+  std::string chain = waitChain(waitingFor, &end);
+  if (end >= 0 && isBehind[static_cast<size_t>(end)]) chain.clear();  // named above already
+  std::string here;
+  if (!behind.empty())
+    here = detail::concat("; others (", nAhead ? (nAhead == 1 ? "rank " : "ranks ") + ahead + " and "
+                                               : std::string(),
+                          "this rank) at ", toString(curKind_), " #", seq_);
+  RR_WARN("stall: rank ", rank_, " has waited ", waitedMs / 1000.0, " s in ", describeCurrent(),
+          "; ", behind.empty() ? std::string("no rank reports being behind") : behind, here, chain,
+          " (a rank stuck in user code, or one that skipped this collective?)");
+}
+
+void Communicator::checkHeartbeats(int waitingFor) {
+  if (!hb_) return;
+  const int64_t now = steadyMs();
+  if (!stallReported_ && opts_.stallWarnSec > 0 && beganMs_ > 0 &&
+      now - beganMs_ > static_cast<int64_t>(opts_.stallWarnSec * 1000)) {
+    stallReported_ = true;
+    reportStall(now - beganMs_, waitingFor);
+  }
+  // A peer whose heartbeat shows it in this very collective number but a different
+  // collective has issued the collectives in another order: no data need ever cross for
+  // that (both may wait to receive), so this is the only way to see it before the timeout.
+  for (int p : watchList_) {
+    if (gone_[static_cast<size_t>(p)]) continue;
+    transport::PeerStatus s = hb_->status(p);
+    if (s.ageMs >= 0 && s.seq == seq_ && s.kind != 0 && s.kind != static_cast<uint8_t>(curKind_))
+      throw MismatchError(detail::concat(
+          "collective mismatch: rank ", label(p), " (", peerHost(p), ") is in ",
+          toString(static_cast<CollectiveKind>(s.kind)), " #", s.seq, " while rank ", label(rank_),
+          " is in ", toString(curKind_), " #", seq_,
+          " (every rank must issue the same collectives in the same order)"));
+  }
+  if (opts_.heartbeatTimeoutSec <= 0) return;
+  const int64_t limit = static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000);
+  const int64_t sinceStart = now - hbSinceMs_;
+  for (int p : watchList_) {
+    if (gone_[static_cast<size_t>(p)]) continue;
+    transport::PeerStatus s = hb_->status(p);
+    int64_t age = s.ageMs >= 0 ? s.ageMs : sinceStart;
+    if (age <= limit) continue;
+    std::string doing = s.ageMs < 0 ? std::string("never heard from")
+                                    : "at its last heartbeat it was " + peerDoing(p, s);
+    throw PeerError(p, PeerCause::kSilent, detail::concat(
+        "rank ", label(p), " (", peerHost(p), ", pid ", s.pid, ") stopped responding: no heartbeat for ",
+        age / 1000.0, " s (process frozen or stopped, host overloaded, or network partition); ",
+        doing, "; rank ", label(rank_), " was in ", describeCurrent(),
+        waitingFor >= 0 ? detail::concat(" waiting for rank ", label(waitingFor)) : std::string()));
+  }
+}
+
+std::string Communicator::peerContext(int peer) const {
+  if (!hb_ || peer < 0 || peer >= world_ || peer == rank_) return "";
+  transport::PeerStatus s = hb_->status(peer);
+  if (s.ageMs < 0) return "";
+  return detail::concat("; rank ", label(peer), " (pid ", s.pid, ") was last heard ", s.ageMs / 1000.0,
+                        " s earlier, ", peerDoing(peer, s));
+}
+
+std::string Communicator::describeCurrent() const {
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), "%s #%llu%s%s (%s, %.1f MiB received, buffer %.1f MiB)",
+                toString(curKind_),
+                static_cast<unsigned long long>(seq_), opts_.groupName.empty() ? "" : " on ",
+                opts_.groupName.c_str(), toString(curAlgo_),
+                static_cast<double>(bytesDone_) / 1048576.0,
+                static_cast<double>(bytesTotal_) / 1048576.0);
+  return buf + siteText_;
+}
+
+}  // namespace rr::comm

@@ -1,0 +1,160 @@
+// The Communicator's waits: sockets (waitIo: poll the peers a step moves data with, watch
+// the others for EOF / abort frames, accept dialling peers) and everything else that waits
+// outside poll (checkAlive: shared memory's futex waits call it every few ms). Both check
+// abort, the deadline and the peers' heartbeats the same way (checkLiveness).
+#include <errno.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "comm/communicator.h"
+#include "core/error.h"
+
+namespace rr::comm {
+
+namespace {
+constexpr size_t kSpinMaxBytes = 256 * 1024;
+}  // namespace
+
+void Communicator::waitIo(int sendPeer, int recvPeer) {
+  noteWait();
+  pfds_.clear();
+  pfdPeer_.clear();
+  pfds_.push_back({wakeFd_, POLLIN, 0});
+  pfdPeer_.push_back(-1);
+  // The peers this step moves data with (connected by the caller's progress calls).
+  if (sendPeer >= 0) {
+    pfds_.push_back({conn(sendPeer).fd(), static_cast<short>(sendPeer == recvPeer ? POLLOUT | POLLIN : POLLOUT), 0});
+    pfdPeer_.push_back(sendPeer);
+  }
+  if (recvPeer >= 0 && recvPeer != sendPeer) {
+    pfds_.push_back({conn(recvPeer).fd(), POLLIN, 0});
+    pfdPeer_.push_back(recvPeer);
+  }
+  watchIdle(sendPeer, recvPeer);
+  // The heartbeat thread names the peer we wait for in its stall reports (pollWaits wakes
+  // at least every 250 ms to check heartbeats).
+  const int waitingFor = recvPeer >= 0 ? recvPeer : sendPeer;
+  if (hb_) hb_->setWaiting(waitingFor);
+  // Spin phase (see Options::spinUs), for latency-bound collectives only: a large transfer
+  // waits often and amortises wake-ups, and spinning would take CPU from the network stack.
+  if (spinAllowed_ && opts_.spinUs > 0 && bytesTotal_ <= kSpinMaxBytes) {
+    auto until = std::chrono::steady_clock::now() +
+                 std::chrono::nanoseconds(static_cast<int64_t>(opts_.spinUs * 1000));
+    do {
+      if (::poll(pfds_.data(), pfds_.size(), 0) > 0) break;
+    } while (std::chrono::steady_clock::now() < until);
+  }
+  while (true) {
+    const int n = pollWaits();
+    if (n == 0) {
+      checkLiveness(sendPeer, recvPeer, false);
+      continue;
+    }
+    bool ready = false;
+    for (size_t i = 1; i < pfds_.size(); ++i) {
+      if (!pfds_[i].revents) continue;
+      int p = pfdPeer_[i];
+      if (p == sendPeer || p == recvPeer) {
+        ready = true;  // progress calls will surface errors on this connection
+      } else if (p == kListenerSlot) {
+        acceptDialler();
+      } else {
+        onIdleReadable(p);  // throws on EOF / abort; otherwise stop watching this peer
+        pfds_[i].events = 0;
+      }
+    }
+    if (ready) return;
+  }
+}
+
+int Communicator::pollWaits() {
+  while (true) {
+    int ms = deadline_.pollMs();
+    if (hb_ && ms > 250) ms = 250;  // wake to look at heartbeats while waiting
+    int n = ::poll(pfds_.data(), pfds_.size(), ms);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      RR_THROW(Error, "poll failed: ", std::strerror(errno));
+    }
+    if (aborted_.load()) throwAborted();
+    return n;
+  }
+}
+
+void Communicator::watchIdle(int sendPeer, int recvPeer) {
+  for (int p : watchList_) {
+    if (p == sendPeer || p == recvPeer) continue;
+    if (early_[static_cast<size_t>(p)] || gone_[static_cast<size_t>(p)]) continue;
+    const auto& c = conns_[static_cast<size_t>(p)];
+    if (!c) continue;
+    pfds_.push_back({c->fd(), POLLIN, 0});  // watch for death/abort
+    pfdPeer_.push_back(p);
+  }
+  if (dialer_ && dialer_->listenFd() >= 0) {
+    pfds_.push_back({dialer_->listenFd(), POLLIN, 0});
+    pfdPeer_.push_back(kListenerSlot);
+  }
+}
+
+void Communicator::onIdleReadable(int p) {
+  if (conn(p).checkIdle(&curHeader_) == Connection::Idle::kGoodbye)
+    gone_[static_cast<size_t>(p)] = 1;
+  else
+    early_[static_cast<size_t>(p)] = 1;
+}
+
+void Communicator::checkAlive(int peer) {
+  noteWait();
+  if (hb_ && peer >= 0) hb_->setWaiting(peer);
+  checkLiveness(-1, peer, true);
+  if (peer >= 0 && gone_[static_cast<size_t>(peer)])
+    throw PeerError(peer, PeerCause::kLeft, detail::concat("rank ", label(peer), " (", peerHost(peer),
+                                         ") left the job (destroy() or normal exit) while rank ",
+                                         label(rank_), " waited for it in ", describeCurrent()));
+  pfds_.clear();
+  pfdPeer_.clear();
+  watchIdle(-1, -1);
+  if (pfds_.empty() || ::poll(pfds_.data(), pfds_.size(), 0) <= 0) return;
+  for (size_t i = 0; i < pfds_.size(); ++i) {
+    if (!pfds_[i].revents) continue;
+    if (pfdPeer_[i] == kListenerSlot)
+      acceptDialler();
+    else if (conn(pfdPeer_[i]).checkIdle(&curHeader_) == Connection::Idle::kGoodbye)
+      gone_[static_cast<size_t>(pfdPeer_[i])] = 1;
+  }
+}
+
+void Communicator::sendRecv(int sendPeer, SendOp* s, int recvPeer, RecvOp* r) {
+  bool sDone = s == nullptr, rDone = r == nullptr;
+  while (!sDone || !rDone) {
+    bool progressed = false;
+    if (!sDone && progressSend(sendPeer, *s)) sDone = progressed = true;
+    if (!rDone && conn(recvPeer).progressRecv(*r)) {
+      rDone = progressed = true;
+      bytesDone_ += r->len;
+    }
+    if (!progressed && (!sDone || !rDone)) waitIo(sDone ? -1 : sendPeer, rDone ? -1 : recvPeer);
+  }
+}
+
+void Communicator::checkLiveness(int sendPeer, int recvPeer, bool shm) {
+  if (aborted_.load()) throwAborted();
+  if (deadline_.expired()) timeout(sendPeer, recvPeer, shm);
+  checkHeartbeats(recvPeer >= 0 ? recvPeer : sendPeer);
+}
+
+[[noreturn]] void Communicator::timeout(int sendPeer, int recvPeer, bool shm) {
+  std::string who;
+  auto name = [&](int p) { return detail::concat("rank ", label(p), " (", peerHost(p), ")"); };
+  if (shm) who = detail::concat("waiting (shared memory) for rank ", label(recvPeer));
+  else if (recvPeer >= 0) who = "waiting for data from " + name(recvPeer);
+  if (sendPeer >= 0)
+    who += (who.empty() ? "" : " and ") + std::string("waiting to send to ") + name(sendPeer);
+  RR_THROW(TimeoutError, "rank ", label(rank_), ": ", describeCurrent(), " timed out after ",
+           opts_.timeoutSec, " s ", who, diagnosis(recvPeer >= 0 ? recvPeer : sendPeer),
+           " (is that rank stuck, or did it skip this collective? raise timeout= or "
+           "RINGREDUCE_TIMEOUT for slow steps)");
+}
+
+}  // namespace rr::comm
