@@ -92,11 +92,16 @@ Out predictIdle(const Bytes& s, bool closed, const FrameHeader* cur) {
 constexpr size_t kH = sizeof(FrameHeader);
 std::deque<Bytes> gOldFrames;  // valid frames sent earlier: replay material
 
+// Every collective the core runs (CollectiveKind 1..kAllToAll), every dtype and op code.
+constexpr uint8_t kLastKind = static_cast<uint8_t>(CollectiveKind::kAllToAll);
+constexpr uint8_t kDtypes = static_cast<uint8_t>(kNumDataTypes);
+constexpr uint8_t kOps = static_cast<uint8_t>(kNumReduceOps);
+
 FrameHeader randomExpect(Rng& rng) {
   FrameHeader h;
-  h.kind = static_cast<uint8_t>(1 + rng.below(5));
-  h.dtype = static_cast<uint8_t>(rng.below(8));
-  h.op = static_cast<uint8_t>(rng.below(5));
+  h.kind = static_cast<uint8_t>(1 + rng.below(kLastKind));
+  h.dtype = static_cast<uint8_t>(rng.below(kDtypes));
+  h.op = static_cast<uint8_t>(rng.below(kOps));
   h.algo = static_cast<uint8_t>(rng.below(5));
   h.seq = rng.chance(0.1) ? rng.next() : 1 + rng.below(1000);
   h.root = static_cast<int32_t>(rng.below(4));
@@ -161,13 +166,21 @@ void mutateHeader(Rng& rng, Bytes& s, size_t off) {
           break;
         }
         case 3: {
-          const uint8_t k[] = {0, 6, 7, 99, 102, 200, 255, static_cast<uint8_t>(rng.next())};
+          // another real collective, no collective, the first codes after them, control
+          // codes' neighbours, anything
+          const uint8_t k[] = {static_cast<uint8_t>(1 + rng.below(kLastKind)), 0,
+                               static_cast<uint8_t>(kLastKind + 1), 99, 102, 200, 255,
+                               static_cast<uint8_t>(rng.next())};
           h.kind = k[rng.below(8)];
           break;
         }
-        case 4: h.dtype = static_cast<uint8_t>(rng.chance(0.5) ? 8 + rng.below(248) : rng.below(8));
+        case 4:
+          h.dtype = static_cast<uint8_t>(rng.chance(0.5) ? kDtypes + rng.below(256 - kDtypes)
+                                                         : rng.below(kDtypes));
           break;
-        case 5: h.op = static_cast<uint8_t>(rng.chance(0.5) ? 5 + rng.below(251) : rng.below(5));
+        case 5:
+          h.op = static_cast<uint8_t>(rng.chance(0.5) ? kOps + rng.below(256 - kOps)
+                                                      : rng.below(kOps));
           break;
         case 6: h.algo = static_cast<uint8_t>(rng.next()); break;
         case 7: {
