@@ -92,6 +92,15 @@ def matrix(rank: int, world: int) -> list:
     want = np.concatenate([np.full(cnt(p, rank), p * 100 + rank, np.int64) for p in ranks])
     if not np.array_equal(out, want):
         fails.append(f"all_to_all uneven {out} != {want}")
+    # uneven and large: rounds of different lengths in chunks (0 to ~3.4 shm chunks per
+    # block), this rank's own block copied while the exchange waits
+    send = [cnt(rank, p) * 150_001 for p in ranks]
+    recv = [cnt(p, rank) * 150_001 for p in ranks]
+    x = np.concatenate([np.arange(send[p], dtype=np.int32) * 7 + rank * 100 + p for p in ranks])
+    out = rr.all_to_all(x, send_counts=send, recv_counts=recv)
+    want = np.concatenate([np.arange(recv[p], dtype=np.int32) * 7 + p * 100 + rank for p in ranks])
+    if out.shape != want.shape or not np.array_equal(out, want):
+        fails.append("all_to_all uneven, large blocks")
     # async, and on a group
     w = rr.all_to_all(np.arange(world, dtype=np.float64) + 10 * rank, async_op=True)
     if not np.array_equal(w.result(), np.arange(world) * 10.0 + rank):

@@ -29,11 +29,17 @@ void alltoall(Communicator& c, const void* in, const size_t* sendCounts, const s
   c.checkUsable();  // before `out` is touched
   const size_t meU = static_cast<size_t>(me);
   RR_CHECK_EQ(sendCounts[meU], recvCounts[meU], "all_to_all: this rank's block to itself");
-  if (sendCounts[meU] > 0 && dst + recvOffs[meU] * es != src + sendOffs[meU] * es)
-    std::memmove(dst + recvOffs[meU] * es, src + sendOffs[meU] * es, sendCounts[meU] * es);
+  // This rank's block to itself. Shared memory copies it while it waits for peers (unless
+  // the two ranges overlap); everything else copies it now.
+  shm::OwnBlock own;
+  const char* ownSrc = src + sendOffs[meU] * es;
+  char* ownDst = dst + recvOffs[meU] * es;
+  const size_t ownBytes = sendCounts[meU] * es;
+  const bool ownOverlaps = ownDst < ownSrc + ownBytes && ownSrc < ownDst + ownBytes;
   size_t total = 0;
   for (int p = 0; p < n; ++p) total += sendCounts[static_cast<size_t>(p)] * es;
   if (n == 1) {
+    if (ownBytes > 0 && ownDst != ownSrc) std::memmove(ownDst, ownSrc, ownBytes);
     c.skip();
     return;
   }
@@ -44,6 +50,12 @@ void alltoall(Communicator& c, const void* in, const size_t* sendCounts, const s
       c, CollectiveKind::kAllToAll, total,
       c.shmAll() && static_cast<size_t>(n) * 8 <= c.shm()->config().smallMax);
   const bool viaShm = a == Algorithm::kShm;
+  if (ownBytes > 0 && ownDst != ownSrc) {
+    if (viaShm && !ownOverlaps)
+      own = shm::OwnBlock{ownSrc, ownDst, ownBytes};
+    else
+      std::memmove(ownDst, ownSrc, ownBytes);
+  }
   transport::FrameHeader h =
       c.begin(CollectiveKind::kAllToAll, dtype, ReduceOp::kSum, 0, a, 0, total);
   if (viaShm) {
@@ -54,8 +66,8 @@ void alltoall(Communicator& c, const void* in, const size_t* sendCounts, const s
       rb[p] = recvCounts[p] * es;
       ro[p] = recvOffs[p] * es;
     }
-    sb[meU] = rb[meU] = 0;  // this rank's own block was copied above
-    shm::alltoall(c, h, src, sb.data(), so.data(), dst, rb.data(), ro.data());
+    sb[meU] = rb[meU] = 0;  // this rank's own block: `own`, or copied above
+    shm::alltoall(c, h, src, sb.data(), so.data(), dst, rb.data(), ro.data(), own);
     return;
   }
   for (int i = 1; i < n; ++i) {

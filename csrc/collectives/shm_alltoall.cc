@@ -6,9 +6,10 @@
 // (1 <= i < n): rank r streams its block for (r + i) % n through its own slots while it
 // copies the block of (r - i) % n out of that rank's slots, chunk by chunk:
 //
-//   for chunk k: wait until the slot is free (its chunk k-K read: by (r+i) within the
-//                round, by everyone for a round's first K chunks), copy chunk k in,
-//                pub = k+1; wait until (r-i)'s pub passed k, copy it out, fin = k+1
+//   publish chunk k once its slot is free (its chunk k-K read: by (r+i) within the round,
+//            by everyone for a round's first K chunks): copy it in, pub = k+1
+//   consume chunk k once (r-i)'s pub passed it: copy it out, fin = k+1
+//   -- whichever is possible, so up to K chunks are in flight each way
 //
 // A round spans the largest block of that round in chunks (identical on every rank), so
 // the global chunk numbers stay in step. Each chunk is copied once in and once out.
@@ -28,8 +29,18 @@ using transport::shm::reached;
 
 void alltoall(comm::Communicator& c, const transport::FrameHeader& h, const char* in,
               const size_t* sendBytes, const size_t* sendOffs, char* out,
-              const size_t* recvBytes, const size_t* recvOffs) {
+              const size_t* recvBytes, const size_t* recvOffs, const OwnBlock& own) {
   ShmDomain& d = *c.shm();
+  // This rank's block to itself: copied a chunk at a time while the exchange would
+  // otherwise wait for a peer, the rest at the end (memcpy: the caller checked that the
+  // two ranges do not overlap).
+  size_t ownDone = 0;
+  auto copyOwn = [&](size_t most) {
+    const size_t len = std::min(most, own.bytes - ownDone);
+    if (len) std::memcpy(own.dst + ownDone, own.src + ownDone, len);
+    ownDone += len;
+    return len > 0;
+  };
   const int me = d.rank(), n = d.world();
   const size_t sizes = static_cast<size_t>(n) * sizeof(uint64_t), small = d.config().smallMax;
   size_t sendTotal = 0;
@@ -69,6 +80,7 @@ void alltoall(comm::Communicator& c, const transport::FrameHeader& h, const char
       moved += recvBytes[p];
     }
     lineRelease(c, rd);
+    copyOwn(own.bytes);
     c.addBytesDone(moved);
     return;
   }
@@ -86,28 +98,54 @@ void alltoall(comm::Communicator& c, const transport::FrameHeader& h, const char
     const size_t sb = bytes(me, to), rb = bytes(from, me);
     std::atomic<uint32_t>& tf = d.ctl(to).fin.v;
     std::atomic<uint32_t>& fp = d.ctl(from).pub.v;
-    for (uint32_t k = 0; k < G; ++k) {
-      const uint32_t g = base + off + k;
-      const size_t o = k * cb;
-      // The slot's previous chunk (g - K) was read by `to` when it is in this round, else by
-      // an earlier round's reader: then wait for every rank to have passed it.
-      int lag = to;
-      waitFor(c, [&] {
-        return k >= K ? reached(tf.load(std::memory_order_acquire), g - K + 1)
-                      : allReached(d, [](Control& x) -> auto& { return x.fin.v; }, g - K + 1, &lag);
-      }, [&] { return lag; });
-      if (o < sb) std::memcpy(d.slot(me, g), in + sendOffs[to] + o, std::min(cb, sb - o));
-      ctl.pub.v.store(g + 1, std::memory_order_release);
-      d.notify();
-      waitFor(c, [&] { return reached(fp.load(std::memory_order_acquire), g + 1); },
-              [&] { return from; });
-      if (o < rb) std::memcpy(out + recvOffs[from] + o, d.slot(from, g), std::min(cb, rb - o));
-      ctl.fin.v.store(g + 1, std::memory_order_release);
-      d.notify();
+    // Publish up to K chunks ahead of what `to` has read, and copy out whatever `from`
+    // has published, in whichever order they become possible.
+    const uint32_t first = base + off;
+    uint32_t P = 0, F = 0;
+    int lag = to;
+    auto canPublish = [&] {
+      if (P >= G) return false;
+      const uint32_t g = first + P;
+      // The slot's previous chunk (g - K) was read by `to` when it is in this round, else
+      // by an earlier round's reader: then every rank must have passed it.
+      if (P >= K) {
+        lag = to;
+        return reached(tf.load(std::memory_order_acquire), g - K + 1);
+      }
+      return allReached(d, [](Control& x) -> auto& { return x.fin.v; }, g - K + 1, &lag);
+    };
+    auto canConsume = [&] {
+      if (F >= G) return false;
+      lag = from;
+      return reached(fp.load(std::memory_order_acquire), first + F + 1);
+    };
+    while (P < G || F < G) {
+      bool progressed = false;
+      if (canPublish()) {
+        const uint32_t g = first + P;
+        const size_t o = P * cb;
+        if (o < sb) std::memcpy(d.slot(me, g), in + sendOffs[to] + o, std::min(cb, sb - o));
+        ctl.pub.v.store(g + 1, std::memory_order_release);
+        d.notify();
+        ++P;
+        progressed = true;
+      }
+      if (canConsume()) {
+        const uint32_t g = first + F;
+        const size_t o = F * cb;
+        if (o < rb) std::memcpy(out + recvOffs[from] + o, d.slot(from, g), std::min(cb, rb - o));
+        ctl.fin.v.store(g + 1, std::memory_order_release);
+        d.notify();
+        ++F;
+        progressed = true;
+      }
+      if (!progressed && !copyOwn(cb))
+        waitFor(c, [&] { return canPublish() || canConsume(); }, [&] { return lag; });
     }
     off += G;
     moved += rb;
   }
+  copyOwn(own.bytes);
   // Consumers still read our last chunks: wait until every fin passed them.
   int lag = -1;
   const uint32_t end = base + off;
