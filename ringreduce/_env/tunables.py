@@ -165,15 +165,11 @@ def _p_half_wire(name: str, raw: str) -> int:
     return int(raw.strip())
 
 
-def _p_secret(name: str, raw: str) -> str:
-    return raw
-
-
 # Parsers by the names csrc/core/tunables.def gives them.
 _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "seconds": _p_seconds, "seconds0": _p_nonneg_seconds, "bytes": _p_positive_bytes,
     "bytes_opt": _p_bytes, "count": _p_count, "bool": _p_bool, "str": _p_str,
-    "secret": _p_secret, "half_wire": _p_half_wire, "fault": _p_fault,
+    "secret": _p_str, "half_wire": _p_half_wire, "fault": _p_fault,
 }
 
 
