@@ -19,8 +19,8 @@ def _x(rank: int, n: int, dtype: Any, salt: int = 0) -> np.ndarray:
 
 
 def _want(op: str, xs: list) -> np.ndarray:
-    if op == "sum":
-        acc = np.sum([x.astype(np.float64) for x in xs], axis=0)
+    if op in ("sum", "avg"):
+        acc = np.sum([x.astype(np.float64) for x in xs], axis=0) / (len(xs) if op == "avg" else 1)
     elif op == "prod":
         acc = np.prod([x.astype(np.float64) for x in xs], axis=0)
     elif op == "max":
@@ -72,6 +72,20 @@ def matrix(rank: int, world: int) -> list:
                 rr.scatter(mine, src=root, x=full)
                 if not np.array_equal(mine, _x(rank, n, dt, salt=2)):
                     fails.append(f"scatter n={n} {np.dtype(dt).name} root={root}")
+    # large reduces to every root: the shared-memory schedule's root-only copy-out, with
+    # 16-bit floats (float32 accumulation) and avg (the slices are final before collection)
+    for dt, op in ((np.float16, "sum"), (np.float32, "avg")):
+        for root in ranks:
+            x = _x(rank, 300_007, dt, salt=root + 5)
+            orig = x.copy()
+            rr.reduce(x, dst=root, op=op)
+            want = _want(op, [_x(r, 300_007, dt, salt=root + 5) for r in ranks])
+            if rank == root:
+                if not np.allclose(x.astype(np.float64), want.astype(np.float64), rtol=1e-3,
+                                   atol=1e-3):
+                    fails.append(f"large reduce {op} {np.dtype(dt).name} root={root}")
+            elif not np.array_equal(x, orig):
+                fails.append(f"large reduce changed a non-root's x: {np.dtype(dt).name}")
     # all_to_all: equal blocks (2-D), then uneven rows with zeros
     for rows_per in (0, 1, 3, 4097, 300_001):  # the last: blocks of 5 shm chunks
         x = np.stack([_x(rank * world + p, 2 * rows_per, np.float32).reshape(rows_per, 2)

@@ -19,14 +19,18 @@ namespace rr::collectives {
 namespace {
 
 // buf (or, on the shared-memory large path only, segs) holds the input and the result.
+// root >= 0: a reduce to that rank over shared memory (a == kShm; frames say kReduce).
 void run(Communicator& c, void* buf, const Segments* segs, size_t count, DataType dtype,
-         ReduceOp op, Algorithm algo, Algorithm a) {
+         ReduceOp op, Algorithm algo, Algorithm a, int root = -1) {
   const size_t bytes = count * elementSize(dtype);
   RR_LOG(log::kDebug, "allreduce #", c.seq() + 1, ": ", bytes, " bytes ", toString(dtype), " ",
          toString(op), " -> ", toString(a), algo == Algorithm::kAuto ? " (auto)" : "",
          segs ? " (coalesced, in place)" : "");
-  transport::FrameHeader h = c.begin(CollectiveKind::kAllReduce, dtype, op, 0, a, count, bytes);
+  transport::FrameHeader h =
+      c.begin(root >= 0 ? CollectiveKind::kReduce : CollectiveKind::kAllReduce, dtype, op,
+              root >= 0 ? root : 0, a, count, bytes);
   AllreduceArgs args;
+  args.root = root;
   args.dtype = dtype;
   args.op = op;
   args.count = count;
@@ -78,6 +82,11 @@ void allreduce(Communicator& c, void* buf, size_t count, DataType dtype, ReduceO
     return;
   }
   run(c, buf, nullptr, count, dtype, op, algo, planAllreduce(c, algo, count * elementSize(dtype)));
+}
+
+void reduceShm(Communicator& c, void* buf, size_t count, DataType dtype, ReduceOp op,
+               int root) {
+  run(c, buf, nullptr, count, dtype, op, Algorithm::kShm, Algorithm::kShm, root);
 }
 
 void allreduceCoalesced(Communicator& c, const std::vector<Piece>& pieces, DataType dtype,

@@ -24,6 +24,9 @@ struct AllreduceArgs {
   // 16-bit partial sums on the wire (RINGREDUCE_HALF_WIRE=16; ring and tree only): acc ==
   // dst holds 16-bit values (accElem 2); every hop widens, reduces in float32 and rounds.
   bool halfWire = false;
+  // >= 0: a reduce to this rank (shared memory only): every rank does its share of the
+  // work, but only the root's buffer receives the result; the others' stay as they were.
+  int root = -1;
   // True when acc must be post-processed into dst (avg division or rounding to 16 bits).
   bool needsFinalize() const { return op == ReduceOp::kAvg || acc != dst || halfWire; }
 };
@@ -40,5 +43,9 @@ void allreduceRing(comm::Communicator& c, const transport::FrameHeader& h, const
 void allreduceHier(comm::Communicator& c, const transport::FrameHeader& h, const AllreduceArgs& a,
                    const std::vector<int>& slicePeers);
 void allreduceTree(comm::Communicator& c, const transport::FrameHeader& h, const AllreduceArgs& a);
+// reduce.cc's shared-memory path (every rank on one host): the shared-memory all-reduce
+// with AllreduceArgs::root set -- only root's buf changes. allreduce.cc.
+void reduceShm(comm::Communicator& c, void* buf, size_t count, DataType dtype, ReduceOp op,
+               int root);
 
 }  // namespace rr::collectives

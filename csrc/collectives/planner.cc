@@ -87,7 +87,8 @@ Algorithm planBarrier(Communicator& c) {
 
 Algorithm planReduce(Communicator& c, size_t bytes) {
   const CollectiveKind k = CollectiveKind::kReduce;
-  if (c.shmAll()) return logged(c, k, bytes, Algorithm::kShm, "shared-memory all-reduce");
+  if (c.shmAll())
+    return logged(c, k, bytes, Algorithm::kShm, "shared-memory all-reduce schedule, root collects");
   return logged(c, k, bytes, Algorithm::kTree, "binomial tree");
 }
 

@@ -9,10 +9,12 @@
 //
 // Partials travel in the accumulate type (float32 for float16/bfloat16: the root rounds
 // once); internal nodes accumulate in scratch, so only the root's buffer changes. With
-// every rank on one host the shared-memory all-reduce runs instead (on a scratch copy off
-// the root): it is several times faster than TCP there.
+// every rank on one host the shared-memory all-reduce's schedule runs instead (every rank
+// reduces its slice, only the root collects them; shm_allreduce.cc): several times faster
+// than TCP there.
 #include <cstring>
 
+#include "collectives/allreduce_impl.h"
 #include "collectives/collectives.h"
 #include "collectives/planner.h"
 #include "core/chunking.h"
@@ -31,12 +33,7 @@ void reduce(Communicator& c, void* buf, size_t count, DataType dtype, ReduceOp o
   }
   auto& scratch = c.scratch();
   if (planReduce(c, bytes) == Algorithm::kShm) {
-    void* work = buf;
-    if (me != root) {
-      work = scratch.get(comm::ScratchArena::kExtra, bytes);
-      std::memcpy(work, buf, bytes);
-    }
-    allreduce(c, work, count, dtype, op, Algorithm::kShm);
+    reduceShm(c, buf, count, dtype, op, root);
     return;
   }
   const DataType at = accumulateType(dtype);

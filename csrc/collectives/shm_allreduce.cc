@@ -17,6 +17,8 @@
 // A slot is rewritten only after every peer's fin passed the chunk it held. Each rank
 // touches its data about twice (copy in, copy out) plus the reduction of its own slice.
 // The caller's buffer may come in pieces (a coalesced call): read and written in place.
+// A reduce (AllreduceArgs::root) runs the same schedule, but only the root copies results
+// out (its own slice into its buffer, collect); the others leave their buffers untouched.
 #include <algorithm>
 #include <cstring>
 
@@ -36,6 +38,10 @@ void small(comm::Communicator& c, const transport::FrameHeader& h, const Allredu
   ShmDomain& d = *c.shm();
   const int n = d.world(), me = d.rank();
   const uint64_t rd = lineRound(c, h, a.dst, bytes);
+  if (a.root >= 0 && a.root != me) {  // a reduce: the root alone reads the lines
+    lineRelease(c, rd);
+    return;
+  }
   // acc = in_0 OP in_1 ... in rank order (own input read from our line, as peers see it).
   char* acc = a.acc;
   if (isHalf(a.dtype)) {
@@ -58,6 +64,9 @@ void small(comm::Communicator& c, const transport::FrameHeader& h, const Allredu
 void large(comm::Communicator& c, const transport::FrameHeader& h, const AllreduceArgs& a) {
   ShmDomain& d = *c.shm();
   const int n = d.world(), me = d.rank();
+  // A reduce (a.root >= 0; with every rank on one host local rank == rank): only the root's
+  // buffer receives results; the others reduce their slice into their slot only.
+  const bool resultHere = a.root < 0 || a.root == me;
   const size_t es = elementSize(a.dtype);
   const size_t ce = d.config().chunkBytes / es;  // elements per chunk
   const size_t G = chunking::numSegments(a.count, ce);
@@ -135,6 +144,7 @@ void large(comm::Communicator& c, const transport::FrameHeader& h, const Allredu
         return q == me ? own : d.slot(q, g) + off * es;
       };
       auto copyOut = [&](const char* res) {  // my reduced slice into the caller's buffer
+        if (!resultHere) return;
         if (dstSlice != nullptr)
           std::memcpy(dstSlice, res, len * es);
         else
@@ -149,7 +159,7 @@ void large(comm::Communicator& c, const transport::FrameHeader& h, const Allredu
           }
           reduce::finalize(a.dtype, a.op, n, accF, mySlot, len);
           copyOut(mySlot);
-        } else if (dstSlice != nullptr && (me == 0 || n == 2)) {
+        } else if (dstSlice != nullptr && resultHere && (me == 0 || n == 2)) {
           // Accumulate in the caller's buffer, which holds my input already: one pass
           // fewer. Rank order is kept (rank 0 first) or does not matter (two inputs: every
           // op is commutative; min/max propagate NaN either way).
@@ -171,7 +181,7 @@ void large(comm::Communicator& c, const transport::FrameHeader& h, const Allredu
     }
     if (canCollect()) {
       uint32_t g = base + static_cast<uint32_t>(F);
-      for (int p = 0; p < n; ++p) {
+      for (int p = 0; p < n && resultHere; ++p) {
         if (p == me) continue;
         size_t off, len;
         slice(F, p, &off, &len);
