@@ -62,6 +62,20 @@ def test_chunk_arguments_are_checked_by_type() -> None:
         _C.chunk_offset(2**64, 2, 0)
 
 
+@pytest.mark.parametrize("local", [1, 2, 3, 4, 5, 8, 9, 16, 17, 64, 1000])
+def test_shm_slots_hold_512k_slices_within_the_host_budget(local: int) -> None:
+    chunk, copy = _C.shm_slot_bytes(local, 4)
+    assert chunk % 4096 == 0 and copy == 512 << 10 <= chunk
+    if local * 4 * local * (512 << 10) <= 32 << 20:  # n slices of 512 KiB fit the budget
+        assert chunk == local * (512 << 10)
+    else:  # the host's slots stay within 32 MiB unless that is below 512 KiB per slot
+        assert local * 4 * chunk <= 32 << 20 or chunk == 512 << 10
+        assert chunk >= 512 << 10
+    assert _C.shm_slot_bytes(2, 4) == (1 << 20, 512 << 10)
+    assert _C.shm_slot_bytes(4, 4) == (2 << 20, 512 << 10)
+    assert _C.shm_slot_bytes(8, 4) == (1 << 20, 512 << 10)
+
+
 @pytest.mark.parametrize("world", range(2, 18))
 def test_choose_tree_for_tiny_ring_for_huge(world: int) -> None:
     for tiny in (0, 1, 4, 64, 1024):

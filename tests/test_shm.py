@@ -24,7 +24,8 @@ def test_plan_follows_transport_setting(transport: str, want: str) -> None:
 @pytest.mark.parametrize("world", [2, 3, 5])
 def test_allreduce_all_dtypes_ops_sizes(world: int) -> None:
     # 1, 9 (inline in the line), 5000 (multi-line small path), 9001 floats > 16 KiB small
-    # limit, 1_300_007 (several 512 KiB chunks: slot reuse wraps around the 4 slots).
+    # limit, 1_300_007 (several n x 512 KiB chunks for 4-byte and wider dtypes: slot reuse
+    # wraps around the 4 slots).
     counts = [1, 9, 5000, 9001, 1_300_007]
     dtypes = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64",
               "int16", "uint16", "uint32", "uint64"]

@@ -43,20 +43,22 @@ struct ShmPlan {
   std::string prefix;          // empty: no shared memory
   std::vector<int> members;    // global ranks on this host, ascending
   std::vector<int> slicePeers; // hierarchical ring peers (one per host), ascending
-  transport::shm::ShmConfig cfg;
+  transport::shm::ShmConfig cfg;  // slot sizes: planShmSlots() at setup
+  bool chunkGiven = false;        // "shm_chunk_bytes" was passed (tests): keep it
 };
 
 ShmPlan shmFromDict(const py::dict& d) {
   ShmPlan plan;
   transport::shm::ShmConfig* cfg = &plan.cfg;
   std::string& prefix = plan.prefix;
+  bool chunkGiven = false;
   for (auto item : d) {
     std::string k = py::str(item.first);
     py::handle v = item.second;
     if (k == "shm_prefix") prefix = v.cast<std::string>();
     else if (k == "shm_members") plan.members = v.cast<std::vector<int>>();
     else if (k == "shm_slice_peers") plan.slicePeers = v.cast<std::vector<int>>();
-    else if (k == "shm_chunk_bytes") cfg->chunkBytes = v.cast<size_t>();
+    else if (k == "shm_chunk_bytes") cfg->chunkBytes = v.cast<size_t>(), chunkGiven = true;
     else if (k == "shm_small_max") cfg->smallMax = v.cast<size_t>();
     else if (k == "shm_slots") cfg->slots = v.cast<int>();
     else if (k == "shm_spin_us") cfg->spinUs = v.cast<double>();
@@ -65,6 +67,7 @@ ShmPlan shmFromDict(const py::dict& d) {
   if (cfg->chunkBytes < 4096 || cfg->chunkBytes % 4096)
     throw InvalidArgument("shm_chunk_bytes must be a multiple of 4096");
   if (cfg->slots < 2) throw InvalidArgument("shm_slots must be >= 2");
+  plan.chunkGiven = chunkGiven;
   return plan;
 }
 
@@ -106,7 +109,9 @@ void setupShm(comm::Communicator& c, const ShmPlan& plan) {
     auto it = std::find(members.begin(), members.end(), c.rank());
     if (it == members.end()) throw InvalidArgument("shm_members must include this rank");
     int local = static_cast<int>(it - members.begin());
-    auto dom = std::make_unique<transport::shm::ShmDomain>(local, members, plan.prefix, plan.cfg);
+    transport::shm::ShmConfig cfg = plan.cfg;
+    collectives::planShmSlots(static_cast<int>(members.size()), plan.chunkGiven, &cfg);
+    auto dom = std::make_unique<transport::shm::ShmDomain>(local, members, plan.prefix, cfg);
     dom->attach(exchangeNames(c, members, plan.prefix, dom->ownName()));
     collectives::barrier(c);
     dom->unlinkOwn();
@@ -286,6 +291,12 @@ PYBIND11_MODULE(_C, m) {
     checkParts(parts, i);
     return chunking::chunkLen(count, parts, i);
   });
+  m.def("shm_slot_bytes", [](int local, int slots) {
+    transport::shm::ShmConfig cfg;
+    cfg.slots = slots;
+    collectives::planShmSlots(local, false, &cfg);
+    return std::make_pair(cfg.chunkBytes, cfg.copyBytes);
+  }, "(chunk, copy unit) bytes of shared memory's slots for `local` ranks on a host");
   m.def("choose_allreduce", [](int world, size_t bytes, const py::dict& opts) {
     return static_cast<int>(collectives::chooseAllreduce(bindings::optionsFromDict(opts), world, bytes));
   });

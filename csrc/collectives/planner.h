@@ -8,6 +8,7 @@
 #include <cstddef>
 
 #include "collectives/collectives.h"
+#include "transport/shm/domain.h"
 
 namespace rr::collectives {
 
@@ -28,6 +29,13 @@ Algorithm planDirect(Communicator& c, CollectiveKind kind, size_t bytes, bool sh
 // All-gather, reduce-scatter: kShm on one host (one line round when `lineBytes`, what each
 // rank's line must carry, fits the line; else pipelined chunk slots), else kRing over TCP.
 Algorithm planGatherAll(Communicator& c, CollectiveKind kind, size_t bytes, size_t lineBytes);
+
+// Shared memory's slot sizes for `local` ranks on a host (cfg->slots each): the large
+// all-reduce splits each chunk into `local` slices, which should be >= 512 KiB, so
+// cfg->chunkBytes = local x 512 KiB (unless `chunkGiven`), the host's slots within 32 MiB,
+// at least 512 KiB; the collectives that only copy use cfg->copyBytes = 512 KiB units (or
+// the chunk, if smaller).
+void planShmSlots(int local, bool chunkGiven, transport::shm::ShmConfig* cfg);
 
 // While one lives on this thread, plans are not logged (queries from the bench: what would
 // the communicator run?).

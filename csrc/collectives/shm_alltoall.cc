@@ -85,7 +85,7 @@ void alltoall(comm::Communicator& c, const transport::FrameHeader& h, const char
     return;
   }
   lineRelease(c, rd);
-  const size_t cb = d.config().chunkBytes;
+  const size_t cb = d.config().copyBytes;
   const uint32_t base = d.chunkBase(), K = static_cast<uint32_t>(d.config().slots);
   Control& ctl = d.ctl(me);
   uint32_t off = 0;

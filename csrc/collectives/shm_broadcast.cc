@@ -28,7 +28,7 @@ void broadcast(comm::Communicator& c, const transport::FrameHeader& h, char* buf
     return;
   }
   lineRelease(c, lineRound(c, h, nullptr, 0));
-  const size_t cb = d.config().chunkBytes;
+  const size_t cb = d.config().copyBytes;
   const size_t G = chunking::numSegments(bytes, cb);
   const uint32_t base = d.chunkBase(), K = static_cast<uint32_t>(d.config().slots);
   Control& mine = d.ctl(me);

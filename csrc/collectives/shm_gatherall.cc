@@ -131,7 +131,7 @@ void allgather(comm::Communicator& c, const transport::FrameHeader& h, const cha
   if (bytes <= d.config().smallMax) {
     allgatherSmall(c, h, in, out, bytes);
   } else {
-    const size_t cb = d.config().chunkBytes;
+    const size_t cb = d.config().copyBytes;
     auto len = [&](size_t k) { return std::min(cb, bytes - k * cb); };
     pipeline(
         c, h, chunking::numSegments(bytes, cb),
@@ -155,7 +155,7 @@ void reduceScatter(comm::Communicator& c, const transport::FrameHeader& h, const
   } else {
     // (n - 1) pieces of ce elements per slot, each piece 64-byte aligned.
     const size_t pieceBytes =
-        std::max<size_t>(64, d.config().chunkBytes / static_cast<size_t>(n - 1) / 64 * 64);
+        std::max<size_t>(64, d.config().copyBytes / static_cast<size_t>(n - 1) / 64 * 64);
     const size_t ce = std::max<size_t>(1, pieceBytes / es);
     auto len = [&](size_t k) { return std::min(ce, count - k * ce); };
     // Where publisher q puts the piece meant for rank p (p != q) in its slot.

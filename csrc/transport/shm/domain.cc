@@ -40,7 +40,9 @@ ShmDomain::ShmDomain(int rank, std::vector<int> members, const std::string& pref
     : rank_(rank), world_(static_cast<int>(members.size())), members_(std::move(members)),
       cfg_(cfg) {
   RR_CHECK(rank_ >= 0 && rank_ < world_, "local rank ", rank_, " of ", world_);
-  RR_CHECK(cfg_.slots >= 2 && cfg_.chunkBytes >= 4096 && cfg_.chunkBytes % 64 == 0,
+  RR_CHECK(cfg_.slots >= 2 && cfg_.chunkBytes >= 4096 && cfg_.chunkBytes % 64 == 0 &&
+               cfg_.copyBytes >= 4096 && cfg_.copyBytes % 64 == 0 &&
+               cfg_.copyBytes <= cfg_.chunkBytes,
            "bad shm config");
   lineOff_ = roundUp(sizeof(Control), 4096);
   lineBytes_ = roundUp(sizeof(LineHeader) + cfg_.smallMax, 64);

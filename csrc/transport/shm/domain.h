@@ -57,7 +57,12 @@ static_assert(sizeof(LineHeader) == 64, "line header is one cache line");
 
 struct ShmConfig {
   size_t smallMax = 16 * 1024;    // largest payload of the one-round small path
-  size_t chunkBytes = 512 * 1024; // pipelining unit of large collectives
+  // Slot size: the large all-reduce's (and reduce's) chunk, n slices of it per chunk
+  // (collectives/planner.cc sizes it from the local ranks).
+  size_t chunkBytes = 512 * 1024;
+  // Pipelining unit of the collectives that only copy (all-to-all, all-gather,
+  // reduce-scatter, broadcast, gather, scatter): <= chunkBytes, a slot's first copyBytes.
+  size_t copyBytes = 512 * 1024;
   int slots = 4;                  // chunks in flight
   // Spin this long before yielding (0 when ranks outnumber cores). Longer than a futex
   // wake-up on a busy VM (~100-150 us), or two ranks fall into waking each other up on
