@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as _np
 
-from . import _buffers, _comm, _env, _fds, _rendezvous, _state, _work
+from . import _buffers, _comm, _env, _fds, _rendezvous, _state, groups
 from ._buffers import algo_code, as_buffer, op_code
 from ._work import Work, _finish
 
@@ -132,40 +132,7 @@ def destroy() -> None:
 
     With RINGREDUCE_TRACE set, writes this rank's Chrome trace first.
     """
-    g = _state._DEFAULT[0]
-    _state.set_default(None)
-    _rendezvous.release_lingering()  # the store of a failed init(), if any
-    if g is None:
-        return
-    from . import groups
-
-    groups.destroy_children(g)
-    g.store = None  # release_store's "does anyone else hold it" count must not see ours
-    g.destroyed = True
-    # destroy() fails whatever is still queued; the buffers stay referenced until then.
-    pattern = _env.tunables().trace
-    if pattern:
-        from . import _trace
-
-        try:
-            path = _trace.write(g.comm, pattern, g.rank, g.world_size)
-            log.info("rank %d: trace written to %s", g.rank, path)
-        except OSError as e:
-            log.warning("rank %d: could not write trace %s: %s", g.rank, pattern, e)
-    try:
-        _gpu().reset()  # NCCL communicator and pinned host buffers of this group
-    finally:
-        failed = True
-        try:
-            if g.comm is not None:
-                g.comm.destroy()
-                failed = g.comm.failed_at_destroy
-        finally:
-            # After the communicator: the store outlives nothing that could still use it.
-            _rendezvous.release_store(g.store_key, g.rank, g.world_size, g.store_prefix,
-                                      float(g.options.get("connect_timeout", 0.0)),
-                                      failed=failed)
-    _work.clear()  # the executors have stopped: nothing can touch those buffers now
+    groups.destroy_default()
 
 
 def abort() -> None:

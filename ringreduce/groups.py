@@ -16,7 +16,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from . import _comm, _env, _rendezvous, _state
+from . import _comm, _env, _rendezvous, _state, _work
+from ._buffers import as_buffer
 from ._state import Group
 
 log = logging.getLogger("ringreduce")
@@ -46,8 +47,6 @@ def split(parent: Group, color: int | None, key: int = 0) -> Group | None:
     """Group.split: see there."""
     import numpy as np
 
-    from . import api
-
     parent = _state.resolve(parent, "Group.split()")
     if color is not None and (not isinstance(color, (int, np.integer)) or color < 0):
         raise ValueError(f"Group.split: color must be an int >= 0 or None (no new group), got "
@@ -55,7 +54,12 @@ def split(parent: Group, color: int | None, key: int = 0) -> Group | None:
     if not isinstance(key, (int, np.integer)):
         raise TypeError(f"Group.split: key must be an int, got {key!r}")
     mine = np.array([0 if color is None else 1, color or 0, key], dtype=np.int64)
-    allv = mine[None, :] if parent.comm is None else api.allgather(mine, group=parent)
+    allv = np.empty((parent.world_size, 3), dtype=np.int64)
+    if parent.comm is None:
+        allv[0] = mine
+    else:
+        b, o = as_buffer(mine, "split"), as_buffer(allv, "split")
+        parent.comm.allgather(b.ptr, o.ptr, b.count, b.code, False)
     parent.created += 1
     idx = parent.created
     if color is None:
@@ -83,12 +87,10 @@ def from_store(store: Any, rank: int, size: int, name: str) -> Group:
 
 def destroy_group(g: Group) -> None:
     """Group.destroy: close the group's connections (the world: ringreduce.destroy())."""
-    from . import api
-
     if g.destroyed:
         return
     if g is _state._DEFAULT[0]:
-        api.destroy()
+        destroy_default()
         return
     g.destroyed = True
     g.store = None
@@ -97,6 +99,45 @@ def destroy_group(g: Group) -> None:
         world.children.remove(g)
     if g.comm is not None:
         g.comm.destroy()
+
+
+def destroy_default() -> None:
+    """ringreduce.destroy(): the world's groups, its trace (RINGREDUCE_TRACE), GPU state,
+    its communicator, then its store; returns promptly even if peers are gone."""
+    g = _state._DEFAULT[0]
+    _state.set_default(None)
+    _rendezvous.release_lingering()  # the store of a failed init(), if any
+    if g is None:
+        return
+    destroy_children(g)
+    g.store = None  # release_store's "does anyone else hold it" count must not see ours
+    g.destroyed = True
+    # destroy() fails whatever is still queued; the buffers stay referenced until then.
+    pattern = _env.tunables().trace
+    if pattern:
+        from . import _trace
+
+        try:
+            path = _trace.write(g.comm, pattern, g.rank, g.world_size)
+            log.info("rank %d: trace written to %s", g.rank, path)
+        except OSError as e:
+            log.warning("rank %d: could not write trace %s: %s", g.rank, pattern, e)
+    try:
+        from .gpu import route
+
+        route.reset()  # NCCL communicator and pinned host buffers of this group
+    finally:
+        failed = True
+        try:
+            if g.comm is not None:
+                g.comm.destroy()
+                failed = g.comm.failed_at_destroy
+        finally:
+            # After the communicator: the store outlives nothing that could still use it.
+            _rendezvous.release_store(g.store_key, g.rank, g.world_size, g.store_prefix,
+                                      float(g.options.get("connect_timeout", 0.0)),
+                                      failed=failed)
+    _work.clear()  # the executors have stopped: nothing can touch those buffers now
 
 
 def destroy_children(world: Group) -> None:
