@@ -71,6 +71,9 @@ def test_shm_slots_hold_512k_slices_within_the_host_budget(local: int) -> None:
     else:  # the host's slots stay within 32 MiB unless that is below 512 KiB per slot
         assert local * 4 * chunk <= 32 << 20 or chunk == 512 << 10
         assert chunk >= 512 << 10
+
+
+def test_shm_slot_sizes_at_common_rank_counts() -> None:
     assert _C.shm_slot_bytes(2, 4) == (1 << 20, 512 << 10)
     assert _C.shm_slot_bytes(4, 4) == (2 << 20, 512 << 10)
     assert _C.shm_slot_bytes(8, 4) == (1 << 20, 512 << 10)

@@ -51,14 +51,13 @@ ShmPlan shmFromDict(const py::dict& d) {
   ShmPlan plan;
   transport::shm::ShmConfig* cfg = &plan.cfg;
   std::string& prefix = plan.prefix;
-  bool chunkGiven = false;
   for (auto item : d) {
     std::string k = py::str(item.first);
     py::handle v = item.second;
     if (k == "shm_prefix") prefix = v.cast<std::string>();
     else if (k == "shm_members") plan.members = v.cast<std::vector<int>>();
     else if (k == "shm_slice_peers") plan.slicePeers = v.cast<std::vector<int>>();
-    else if (k == "shm_chunk_bytes") cfg->chunkBytes = v.cast<size_t>(), chunkGiven = true;
+    else if (k == "shm_chunk_bytes") cfg->chunkBytes = v.cast<size_t>(), plan.chunkGiven = true;
     else if (k == "shm_small_max") cfg->smallMax = v.cast<size_t>();
     else if (k == "shm_slots") cfg->slots = v.cast<int>();
     else if (k == "shm_spin_us") cfg->spinUs = v.cast<double>();
@@ -67,7 +66,6 @@ ShmPlan shmFromDict(const py::dict& d) {
   if (cfg->chunkBytes < 4096 || cfg->chunkBytes % 4096)
     throw InvalidArgument("shm_chunk_bytes must be a multiple of 4096");
   if (cfg->slots < 2) throw InvalidArgument("shm_slots must be >= 2");
-  plan.chunkGiven = chunkGiven;
   return plan;
 }
 
