@@ -19,6 +19,34 @@ def plan(rank: int, world: int) -> str:
     return _state._DEFAULT[0].comm.plan if world > 1 else "none"
 
 
+def groups_in_small_dev_shm(rank: int, world: int) -> dict:
+    """The world, three groups of every rank and a split by parity, each running a
+    multi-chunk all-reduce and all-to-all (checked against numpy), all alive at once."""
+    from ringreduce import _C
+
+    groups = [rr.world_group()] + [rr.new_group(list(range(world))) for _ in range(3)]
+    groups.append(rr.world_group().split(rank % 2, key=rank))
+    wrong = []
+    for i, g in enumerate(groups):
+        members = g.ranks
+        x = (np.arange(3_000_001) % 11 + rank + i).astype(np.float32)
+        want = sum((np.arange(3_000_001) % 11 + r + i).astype(np.float32) for r in members)
+        rr.allreduce(x, group=g)
+        if not np.array_equal(x, want):
+            wrong.append(f"allreduce on {members}")
+        blk = 700_001
+        a = np.repeat(np.arange(g.size, dtype=np.float32) + 100 * rank + i, blk)
+        out = rr.all_to_all(a, group=g)
+        exp = np.repeat(np.array([g.rank + 100 * r + i for r in members], np.float32), blk)
+        if not np.array_equal(out, exp):
+            wrong.append(f"all_to_all on {members}")
+    for g in groups[1:]:
+        g.destroy()
+    return {"capacity": _C.shm_capacity(), "chunk": _C.shm_slot_bytes(world, 4,
+                                                                     _C.shm_capacity())[0],
+            "wrong": wrong}
+
+
 def shm_entries(rank: int, world: int) -> list:
     """Our job's names in /dev/shm right after init (they must already be unlinked)."""
     return sorted(os.path.basename(p) for p in glob.glob("/dev/shm/rr-*"))

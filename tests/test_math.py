@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,30 @@ def test_shm_slot_sizes_at_common_rank_counts() -> None:
     assert _C.shm_slot_bytes(2, 4) == (1 << 20, 512 << 10)
     assert _C.shm_slot_bytes(4, 4) == (2 << 20, 512 << 10)
     assert _C.shm_slot_bytes(8, 4) == (1 << 20, 512 << 10)
+    # A large /dev/shm changes nothing; 0 means its size is unknown.
+    assert _C.shm_slot_bytes(4, 4, 24 << 30) == _C.shm_slot_bytes(4, 4, 0) == (2 << 20, 512 << 10)
+
+
+@pytest.mark.parametrize("capacity_mib", [1, 64, 128, 256, 511, 512])
+@pytest.mark.parametrize("local", [1, 2, 3, 4, 5, 8, 17])
+def test_shm_slots_take_a_sixteenth_of_a_small_dev_shm(local: int, capacity_mib: int) -> None:
+    # docker's default /dev/shm is 64 MiB, and every group is a communicator with its own
+    # slots: beyond the 512 KiB floor they take at most 1/16 of /dev/shm.
+    cap = capacity_mib << 20
+    chunk, copy = _C.shm_slot_bytes(local, 4, cap)
+    budget = min(32 << 20, cap // 16)
+    assert chunk % 4096 == 0 and copy == 512 << 10 <= chunk <= max(local, 1) * (512 << 10)
+    assert local * 4 * chunk <= budget or chunk == 512 << 10
+    if local * 4 * local * (512 << 10) <= budget:
+        assert chunk == local * (512 << 10)
+    assert chunk <= _C.shm_slot_bytes(local, 4)[0]  # never more than without the limit
+    if capacity_mib == 64:
+        assert chunk == 512 << 10  # the slots of commits before 16ff525
+
+
+def test_shm_capacity_is_the_size_of_dev_shm() -> None:
+    st = os.statvfs("/dev/shm")
+    assert _C.shm_capacity() == st.f_blocks * st.f_frsize > 0
 
 
 @pytest.mark.parametrize("world", range(2, 18))

@@ -80,15 +80,14 @@ def test_mismatched_counts_detected_over_shm() -> None:
         assert "count" in o["msg"]
 
 
-@pytest.fixture
-def tiny_dev_shm(tmp_path):
-    """A mount namespace whose /dev/shm is a 64 KiB tmpfs; yields the command prefix that
+def _dev_shm_namespace(tmp_path, size: str):
+    """A mount namespace whose /dev/shm is a tmpfs of `size`; yields the command prefix that
     runs a process in it (every rank of a world must share it, like one host)."""
     import shutil
     import subprocess
 
     if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("nsenter")):
-        pytest.skip("needs root, unshare and nsenter to give the ranks a tiny /dev/shm")
+        pytest.skip(f"needs root, unshare and nsenter to give the ranks a {size} /dev/shm")
     d = tmp_path / "ns"
     d.mkdir()
     ns = d / "mnt"
@@ -96,7 +95,7 @@ def tiny_dev_shm(tmp_path):
     run = lambda *a: subprocess.run(list(a), capture_output=True, text=True, timeout=20, check=False)
     steps = [run("mount", "--bind", str(d), str(d)), run("mount", "--make-private", str(d)),
              run("unshare", f"--mount={ns}", "--propagation", "private", "mount", "-t",
-                 "tmpfs", "-o", "size=64k", "tmpfs", "/dev/shm")]
+                 "tmpfs", "-o", f"size={size}", "tmpfs", "/dev/shm")]
     bad = next((r for r in steps if r.returncode != 0), None)
     if bad is not None:
         run("umount", str(ns))
@@ -106,10 +105,22 @@ def tiny_dev_shm(tmp_path):
         yield ["nsenter", f"--mount={ns}"]
         left = run("nsenter", f"--mount={ns}", "ls", "-A", "/dev/shm")
         assert left.returncode == 0 and left.stdout.strip() == "", \
-            f"left behind in the full /dev/shm: {left.stdout!r}"
+            f"left behind in /dev/shm: {left.stdout!r}"
     finally:
         run("umount", str(ns))
         run("umount", str(d))
+
+
+@pytest.fixture
+def tiny_dev_shm(tmp_path):
+    """/dev/shm of 64 KiB: too small for any segment."""
+    yield from _dev_shm_namespace(tmp_path, "64k")
+
+
+@pytest.fixture
+def docker_dev_shm(tmp_path):
+    """/dev/shm of 64 MiB, docker's default."""
+    yield from _dev_shm_namespace(tmp_path, "64m")
 
 
 @pytest.mark.timeout(60)
@@ -124,6 +135,18 @@ def test_full_dev_shm_is_a_clear_error_on_every_rank(tiny_dev_shm: list) -> None
                for m in msgs), story
     assert all("shared memory" in m for m in msgs), story
     assert all(o.value["elapsed"] < 10 for o in outs), story
+
+
+@pytest.mark.timeout(120)
+def test_world_and_groups_fit_dockers_default_dev_shm(docker_dev_shm: list) -> None:
+    # Every group has its own slots; at up to 32 MiB per communicator the world and one
+    # group of 4 ranks filled docker's 64 MiB and the second new_group failed. Slots now
+    # take at most 1/16 of /dev/shm beyond the 512 KiB floor: the world, three groups and a
+    # split all run multi-chunk collectives here, results checked.
+    outs = run_world(4, "shm_workers:groups_in_small_dev_shm", timeout=100,
+                     env={"RINGREDUCE_TRANSPORT": "shm"},
+                     rank_prefix=dict.fromkeys(range(4), docker_dev_shm))
+    assert outs == [{"capacity": 64 << 20, "chunk": 512 << 10, "wrong": []}] * 4, outs
 
 
 @pytest.mark.timeout(240)

@@ -26,6 +26,7 @@
 #include "core/log.h"
 #include "reduce/reduce.h"
 #include "runtime/executor.h"
+#include "transport/shm/segment.h"
 #include "transport/tcp/dialer.h"
 #include "transport/tcp/mesh.h"
 
@@ -108,7 +109,8 @@ void setupShm(comm::Communicator& c, const ShmPlan& plan) {
     if (it == members.end()) throw InvalidArgument("shm_members must include this rank");
     int local = static_cast<int>(it - members.begin());
     transport::shm::ShmConfig cfg = plan.cfg;
-    collectives::planShmSlots(static_cast<int>(members.size()), plan.chunkGiven, &cfg);
+    collectives::planShmSlots(static_cast<int>(members.size()), plan.chunkGiven,
+                              transport::shm::capacityBytes(), &cfg);
     auto dom = std::make_unique<transport::shm::ShmDomain>(local, members, plan.prefix, cfg);
     dom->attach(exchangeNames(c, members, plan.prefix, dom->ownName()));
     collectives::barrier(c);
@@ -289,12 +291,15 @@ PYBIND11_MODULE(_C, m) {
     checkParts(parts, i);
     return chunking::chunkLen(count, parts, i);
   });
-  m.def("shm_slot_bytes", [](int local, int slots) {
+  m.def("shm_slot_bytes", [](int local, int slots, size_t capacity) {
     transport::shm::ShmConfig cfg;
     cfg.slots = slots;
-    collectives::planShmSlots(local, false, &cfg);
+    collectives::planShmSlots(local, false, capacity, &cfg);
     return std::make_pair(cfg.chunkBytes, cfg.copyBytes);
-  }, "(chunk, copy unit) bytes of shared memory's slots for `local` ranks on a host");
+  }, py::arg("local"), py::arg("slots"), py::arg("capacity") = 0,
+     "(chunk, copy unit) bytes of shared memory's slots for `local` ranks on a host whose "
+     "/dev/shm holds `capacity` bytes (0: unknown)");
+  m.def("shm_capacity", &transport::shm::capacityBytes, "size of /dev/shm in bytes (0: unknown)");
   m.def("choose_allreduce", [](int world, size_t bytes, const py::dict& opts) {
     return static_cast<int>(collectives::chooseAllreduce(bindings::optionsFromDict(opts), world, bytes));
   });

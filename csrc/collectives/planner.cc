@@ -40,14 +40,21 @@ Algorithm logged(Communicator& c, CollectiveKind k, size_t bytes, Algorithm a, c
 constexpr size_t kShmSliceBytes = 512 * 1024;
 constexpr size_t kShmCopyBytes = 512 * 1024;
 constexpr size_t kShmHostSlotBytes = 32u << 20;
+// Beyond the 512 KiB floor a communicator's slots take at most this share of /dev/shm: a
+// job makes one per group, and docker's default /dev/shm is 64 MiB (world + 3 groups of 4
+// ranks at 32 MiB each did not fit; at the floor, 8 MiB each, they do).
+constexpr size_t kShmCapacityShare = 16;
 
 }  // namespace
 
-void planShmSlots(int local, bool chunkGiven, transport::shm::ShmConfig* cfg) {
+void planShmSlots(int local, bool chunkGiven, size_t shmCapacity,
+                  transport::shm::ShmConfig* cfg) {
   if (!chunkGiven) {
     const size_t n = static_cast<size_t>(std::max(local, 1));
     const size_t k = static_cast<size_t>(std::max(cfg->slots, 1));
-    const size_t want = std::min(n * kShmSliceBytes, kShmHostSlotBytes / (n * k));
+    const size_t host = shmCapacity ? std::min(kShmHostSlotBytes, shmCapacity / kShmCapacityShare)
+                                    : kShmHostSlotBytes;
+    const size_t want = std::min(n * kShmSliceBytes, host / (n * k));
     cfg->chunkBytes = std::max(kShmCopyBytes, want / 4096 * 4096);
   }
   cfg->copyBytes = std::min(kShmCopyBytes, cfg->chunkBytes);

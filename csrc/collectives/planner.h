@@ -32,10 +32,11 @@ Algorithm planGatherAll(Communicator& c, CollectiveKind kind, size_t bytes, size
 
 // Shared memory's slot sizes for `local` ranks on a host (cfg->slots each): the large
 // all-reduce splits each chunk into `local` slices, which should be >= 512 KiB, so
-// cfg->chunkBytes = local x 512 KiB (unless `chunkGiven`), the host's slots within 32 MiB,
-// at least 512 KiB; the collectives that only copy use cfg->copyBytes = 512 KiB units (or
-// the chunk, if smaller).
-void planShmSlots(int local, bool chunkGiven, transport::shm::ShmConfig* cfg);
+// cfg->chunkBytes = local x 512 KiB (unless `chunkGiven`), the host's slots within
+// min(32 MiB, shmCapacity / 16) (shmCapacity: the size of /dev/shm, 0 = unknown), at least
+// 512 KiB; the collectives that only copy use cfg->copyBytes = 512 KiB units (or the chunk,
+// if smaller).
+void planShmSlots(int local, bool chunkGiven, size_t shmCapacity, transport::shm::ShmConfig* cfg);
 
 // While one lives on this thread, plans are not logged (queries from the bench: what would
 // the communicator run?).

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -73,8 +74,8 @@ Segment Segment::create(const std::string& prefix, size_t bytes) {
     ::shm_unlink(name.c_str());  // leave no half-made name behind
     RR_THROW(Error, "cannot allocate ", bytes >> 10, " KiB of shared memory for ", name, ": ",
              std::strerror(rc),
-             " (/dev/shm is full or too small: free it, enlarge it (docker --shm-size), or set "
-             "RINGREDUCE_TRANSPORT=tcp)");
+             " (/dev/shm is full or too small: free it, destroy groups no longer used, enlarge it "
+             "(docker --shm-size), or set RINGREDUCE_TRANSPORT=tcp)");
   }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   ::close(fd);
@@ -114,6 +115,12 @@ Segment Segment::open(const std::string& name, size_t bytes) {
   s.size_ = bytes;
   s.name_ = name;
   return s;
+}
+
+size_t capacityBytes() {
+  struct statvfs st {};
+  if (::statvfs("/dev/shm", &st) != 0) return 0;
+  return static_cast<size_t>(st.f_blocks) * static_cast<size_t>(st.f_frsize);
 }
 
 void Segment::unlink() {

@@ -42,4 +42,8 @@ class Segment {
   bool linked_ = false;
 };
 
+// Size of the tmpfs behind shm_open (/dev/shm) in bytes, 0 if unknown. Its total, not what
+// is free: every rank of a host reads the same number, so sizes derived from it agree.
+size_t capacityBytes();
+
 }  // namespace rr::transport::shm
