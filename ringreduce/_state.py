@@ -69,16 +69,12 @@ class Group:
         """MPI_Comm_split / ncclCommSplit: every member calls it; members that pass the same
         `color` form a new group, ordered by (`key`, rank in this group). `color=None`
         joins none (returns None)."""
-        from . import groups
-
-        return groups.split(self, color, key)
+        return GROUP_OPS["split"](self, color, key)
 
     def destroy(self) -> None:
         """Close this group's connections (its members should all call it). Destroying the
         world (ringreduce.destroy()) destroys its groups too."""
-        from . import groups
-
-        groups.destroy_group(self)
+        GROUP_OPS["destroy"](self)
 
     def __repr__(self) -> str:
         return (f"Group({self.name!r}, rank={self.rank}, size={self.world_size}, "
@@ -88,6 +84,11 @@ class Group:
 def _short(xs: list) -> str:
     return str(xs) if len(xs) <= 16 else f"[{', '.join(map(str, xs[:16]))}, ...]"
 
+
+# What Group.split and Group.destroy run: ringreduce.groups implements them and fills this
+# when it is imported (ringreduce's __init__ does), so this module, below groups, never
+# imports it.
+GROUP_OPS: dict = {}
 
 _DEFAULT: list = [None]
 # What _C.FastCall (rr.barrier, rr.allreduce) reads on every call: the world's communicator

@@ -222,3 +222,6 @@ def _single(world: Group, members: list[int], prefix: str, name: str) -> Group:
 def _register(world: Group, g: Group) -> Group:
     world.children.append(g)
     return g
+
+
+_state.GROUP_OPS.update(split=split, destroy=destroy_group)
