@@ -77,6 +77,9 @@ Segment Segment::create(const std::string& prefix, size_t bytes) {
              " (/dev/shm is full or too small: free it, destroy groups no longer used, enlarge it "
              "(docker --shm-size), or set RINGREDUCE_TRANSPORT=tcp)");
   }
+  // Every page is already allocated and zeroed (posix_fallocate on tmpfs); MAP_POPULATE maps
+  // them writable now, so no fault lands in the first collective (a memset here as well
+  // cost a quarter of a 4-rank group's segment setup, for nothing).
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   ::close(fd);
   if (p == MAP_FAILED) {
@@ -90,7 +93,6 @@ Segment Segment::create(const std::string& prefix, size_t bytes) {
   s.linked_ = true;
   s.addr_ = p;
   s.size_ = bytes;
-  std::memset(p, 0, bytes);  // pre-fault every page now, not in the first collective
   return s;
 }
 
