@@ -47,6 +47,60 @@ def groups_in_small_dev_shm(rank: int, world: int) -> dict:
             "wrong": wrong}
 
 
+def grow_into_full_dev_shm(rank: int, world: int) -> dict:
+    """/dev/shm is filled (rank 0 writes a file leaving 1 MiB) before the first large
+    all-reduce: the slots cannot grow to their full chunk size, every rank keeps the
+    smaller chunks and every result is still right. Then the same with room to spare in a
+    fresh group (its slots grow)."""
+    from ringreduce import _C
+
+    st = os.statvfs("/dev/shm")
+    filler = "/dev/shm/ringreduce-test-filler"
+    if rank == 0:
+        with open(filler, "wb") as f:
+            f.truncate(max(0, st.f_bavail * st.f_frsize - (1 << 20)))
+            os.posix_fallocate(f.fileno(), 0, max(1, st.f_bavail * st.f_frsize - (1 << 20)))
+    rr.barrier()
+    wrong = []
+    for it in range(3):
+        x = (np.arange(3_000_001) % 13 + rank + it).astype(np.float32)
+        rr.allreduce(x)
+        want = sum((np.arange(3_000_001) % 13 + r + it).astype(np.float32) for r in range(world))
+        if not np.array_equal(x, want):
+            wrong.append(f"full: iteration {it}")
+    rr.barrier()
+    if rank == 0:
+        os.unlink(filler)
+    rr.barrier()
+    g = rr.new_group(list(range(world)))
+    y = np.full(3_000_001, rank + 1, np.float64)
+    rr.allreduce(y, group=g)
+    if not (y == world * (world + 1) / 2).all():
+        wrong.append("group after the filler went")
+    g.destroy()
+    return {"capacity": _C.shm_capacity(), "wrong": wrong}
+
+
+def group_resident_kib(rank: int, world: int, size: int) -> list:
+    """Resident memory (KiB) that one live group over every rank adds, before and after
+    its first all-reduce of `size` float32 elements (results checked)."""
+    def rss() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+    x = np.full(size, float(rank + 1), np.float32)
+    x += 0  # resident before the first measurement
+    rr.barrier()
+    before = rss()
+    g = rr.new_group(list(range(world)))
+    made = rss()
+    rr.allreduce(x, group=g)
+    used = rss()
+    ok = bool((x == world * (world + 1) / 2).all())
+    g.destroy()
+    return [made - before, used - before, ok]
+
+
 def shm_entries(rank: int, world: int) -> list:
     """Our job's names in /dev/shm right after init (they must already be unlinked)."""
     return sorted(os.path.basename(p) for p in glob.glob("/dev/shm/rr-*"))

@@ -149,6 +149,39 @@ def test_world_and_groups_fit_dockers_default_dev_shm(docker_dev_shm: list) -> N
     assert outs == [{"capacity": 64 << 20, "chunk": 512 << 10, "wrong": []}] * 4, outs
 
 
+@pytest.fixture
+def dev_shm_256m(tmp_path):
+    """/dev/shm of 256 MiB: 1 MiB chunks at 2 ranks (its 1/16 is 16 MiB)."""
+    yield from _dev_shm_namespace(tmp_path, "256m")
+
+
+@pytest.mark.timeout(120)
+def test_slots_that_cannot_grow_keep_small_chunks_and_right_results(dev_shm_256m: list) -> None:
+    # A communicator starts with each slot's first 512 KiB; its first large all-reduce
+    # allocates the rest. With /dev/shm full by then, every rank keeps 512 KiB chunks
+    # (and says so once) instead of failing or dying of SIGBUS.
+    outs = run_world_raw(2, "shm_workers:grow_into_full_dev_shm", timeout=100,
+                         env={"RINGREDUCE_TRANSPORT": "shm"},
+                         rank_prefix=dict.fromkeys(range(2), dev_shm_256m))
+    story = "\n".join(o.describe() for o in outs)
+    assert all(o.ok for o in outs), story
+    assert [o.value for o in outs] == [{"capacity": 256 << 20, "wrong": []}] * 2, story
+    warned = [o.rank for o in outs if "/dev/shm had no room for 1024 KiB slots" in o.stderr]
+    assert warned == [0, 1], story
+
+
+@pytest.mark.timeout(120)
+def test_a_group_holds_only_the_slots_it_uses() -> None:
+    # 4 ranks: 2 MiB chunks, 8 MiB of slots per rank and 32 MiB mapped from the host's four
+    # segments once a large all-reduce ran; until then a quarter of that.
+    outs = run_world(4, "shm_workers:group_resident_kib", 3_000_001, timeout=100,
+                     env={"RINGREDUCE_TRANSPORT": "shm"})
+    assert all(ok for _, _, ok in outs), outs
+    for made, used, _ in outs:
+        assert made < 12 << 10, outs  # 8 MiB of first parts + threads, not 32 MiB
+        assert used > 24 << 10, outs  # the slots grew to full size
+
+
 @pytest.mark.timeout(240)
 def test_two_jobs_with_one_secret_share_the_host(tmp_path) -> None:
     # The README recommends a fixed RINGREDUCE_SECRET on untrusted networks, so two jobs on a

@@ -21,12 +21,14 @@
 // out (its own slice into its buffer, collect); the others leave their buffers untouched.
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "collectives/allreduce_impl.h"
 #include "collectives/shm_algos.h"
 #include "collectives/segments.h"
 #include "collectives/shm_common.h"
 #include "core/chunking.h"
+#include "core/log.h"
 
 namespace rr::collectives::shm {
 namespace {
@@ -61,6 +63,25 @@ void small(comm::Communicator& c, const transport::FrameHeader& h, const Allredu
   if (a.needsFinalize()) reduce::finalize(a.dtype, a.op, n, a.acc, a.dst, a.count);
 }
 
+// The first large all-reduce's line round: every rank allocates the rest of its slots and
+// says whether that worked; all grow, or (no room in /dev/shm on some rank) none does and
+// the chunks stay at copyBytes -- slower above one chunk, but nothing fails.
+void growSlots(comm::Communicator& c, const transport::FrameHeader& h) {
+  ShmDomain& d = *c.shm();
+  const uint8_t ok = d.growOwn() ? 1 : 0;
+  const uint64_t rd = lineRound(c, h, &ok, 1);
+  std::string short_;
+  for (int r = 0; r < d.world(); ++r)
+    if (*reinterpret_cast<const uint8_t*>(d.linePayload(r, rd)) != 1)
+      short_ += (short_.empty() ? "" : ", ") + std::to_string(c.label(d.globalRank(r)));
+  lineRelease(c, rd);
+  d.finishGrow(short_.empty());
+  if (!short_.empty())
+    RR_WARN("shared memory: /dev/shm had no room for ", d.config().chunkBytes >> 10,
+            " KiB slots on rank(s) ", short_, "; large all-reduces keep ", d.chunkBytesNow() >> 10,
+            " KiB chunks (slower above 1 MiB: enlarge /dev/shm, e.g. docker --shm-size)");
+}
+
 void large(comm::Communicator& c, const transport::FrameHeader& h, const AllreduceArgs& a) {
   ShmDomain& d = *c.shm();
   const int n = d.world(), me = d.rank();
@@ -68,10 +89,14 @@ void large(comm::Communicator& c, const transport::FrameHeader& h, const Allredu
   // buffer receives results; the others reduce their slice into their slot only.
   const bool resultHere = a.root < 0 || a.root == me;
   const size_t es = elementSize(a.dtype);
-  const size_t ce = d.config().chunkBytes / es;  // elements per chunk
+  if (d.growPending()) {
+    growSlots(c, h);
+  } else {
+    lineRelease(c, lineRound(c, h, nullptr, 0));
+  }
+  const size_t ce = d.chunkBytesNow() / es;  // elements per chunk
   const size_t G = chunking::numSegments(a.count, ce);
   const uint32_t base = d.chunkBase(), K = static_cast<uint32_t>(d.config().slots);
-  lineRelease(c, lineRound(c, h, nullptr, 0));
   Control& mine = d.ctl(me);
   // The user's buffer: one piece, or a coalesced call's tensors (a.segs) read and written
   // in place -- the same bytes move either way.

@@ -48,7 +48,8 @@ ShmDomain::ShmDomain(int rank, std::vector<int> members, const std::string& pref
   lineBytes_ = roundUp(sizeof(LineHeader) + cfg_.smallMax, 64);
   slotOff_ = roundUp(lineOff_ + 2 * lineBytes_, 4096);
   total_ = slotOff_ + static_cast<size_t>(cfg_.slots) * cfg_.chunkBytes;
-  own_ = Segment::create(prefix + "-" + std::to_string(globalRank(rank_)), total_);
+  grown_ = cfg_.chunkBytes == cfg_.copyBytes || cfg_.copyBytes % 4096 || cfg_.chunkBytes % 4096;
+  own_ = Segment::create(prefix + "-" + std::to_string(globalRank(rank_)), total_, ranges(true));
   new (own_.data()) Control();
   for (int i = 0; i < 2; ++i)
     new (own_.data() + lineOff_ + static_cast<size_t>(i) * lineBytes_) LineHeader();
@@ -57,13 +58,57 @@ ShmDomain::ShmDomain(int rank, std::vector<int> members, const std::string& pref
   base_[static_cast<size_t>(rank_)] = own_.data();
 }
 
+std::vector<Segment::Range> ShmDomain::ranges(bool first) const {
+  std::vector<Segment::Range> out;
+  if (grown_) {  // one size of slot: all of it from the start
+    if (first) out.push_back({0, total_});
+    return out;
+  }
+  if (first) out.push_back({0, slotOff_});  // control and lines
+  for (size_t k = 0; k < static_cast<size_t>(cfg_.slots); ++k) {
+    const size_t at = slotOff_ + k * cfg_.chunkBytes;
+    if (first)
+      out.push_back({at, cfg_.copyBytes});
+    else
+      out.push_back({at + cfg_.copyBytes, cfg_.chunkBytes - cfg_.copyBytes});
+  }
+  return out;
+}
+
 void ShmDomain::attach(const std::vector<std::string>& names) {
   RR_CHECK_EQ(names.size(), static_cast<size_t>(world_), "segment names, one per local rank");
   for (int r = 0; r < world_; ++r) {
     if (r == rank_) continue;
-    peers_[static_cast<size_t>(r)] = Segment::open(names[static_cast<size_t>(r)], total_);
-    base_[static_cast<size_t>(r)] = peers_[static_cast<size_t>(r)].data();
+    Segment& s = peers_[static_cast<size_t>(r)];
+    s = Segment::open(names[static_cast<size_t>(r)], total_);
+    for (const Segment::Range& x : ranges(true))
+      if (!s.populate(x, false))
+        RR_THROW(Error, "cannot map the shared memory segment ", s.name(), " of local rank ", r);
+    base_[static_cast<size_t>(r)] = s.data();
   }
+}
+
+bool ShmDomain::growOwn() {
+  for (const Segment::Range& x : ranges(false))
+    if (!own_.populate(x, true)) {
+      for (const Segment::Range& y : ranges(false)) own_.release(y);
+      return false;
+    }
+  return true;
+}
+
+void ShmDomain::finishGrow(bool everyone) {
+  if (!everyone) {
+    for (const Segment::Range& x : ranges(false)) own_.release(x);
+    growFailed_ = true;
+    return;
+  }
+  for (int r = 0; r < world_; ++r)
+    if (r != rank_)
+      for (const Segment::Range& x : ranges(false))
+        if (!peers_[static_cast<size_t>(r)].populate(x, false))
+          RR_THROW(Error, "cannot map the slots of local rank ", r, "'s shared memory segment");
+  grown_ = true;
 }
 
 void ShmDomain::waitUntil(const std::function<bool()>& ready, const std::function<void()>& check,

@@ -7,6 +7,9 @@
 //                        same cache line) followed by up to smallMax payload bytes
 //   [ Slot 0 | ... | Slot K-1 ]  chunk buffers for pipelined large collectives
 //
+// A slot's first copyBytes are allocated with the segment; the rest only when the first
+// large all-reduce grows the slots (chunkBytesNow), so /dev/shm holds what is used.
+//
 // Lines are used by parity of a round counter (every line round of every collective, the
 // same on all local ranks); a rank rewrites a line only after every peer reported
 // (lineDone) that it finished reading the previous use, so no trailing barrier is needed. Slot k holds global chunk g with g % K == k; counters
@@ -111,6 +114,19 @@ class ShmDomain {
     const uint64_t next = round_ + 1;
     return line(r, next).round.load(std::memory_order_acquire) == next;
   }
+  // Chunk size of the large all-reduce (and reduce) now: cfg.chunkBytes once the slots
+  // have grown to it, cfg.copyBytes until then (and for good when /dev/shm had no room).
+  // A segment starts with only each slot's first copyBytes allocated, so a communicator
+  // that never runs a large all-reduce (most groups) holds a quarter or less of its slots.
+  size_t chunkBytesNow() const { return grown_ ? cfg_.chunkBytes : cfg_.copyBytes; }
+  // The first large all-reduce grows the slots, in three steps every local rank takes in
+  // the same collective: growOwn() allocates the rest of this rank's slots (false: no room
+  // in /dev/shm, nothing kept), the ranks tell each other the outcome (a line round), and
+  // finishGrow(every rank succeeded) maps the peers' new pages -- or gives this rank's back
+  // and stays at copyBytes chunks.
+  bool growPending() const { return !grown_ && !growFailed_; }
+  bool growOwn();
+  void finishGrow(bool everyone);
   char* slot(int r, uint32_t g) {
     return base_[static_cast<size_t>(r)] + slotOff_ + (g % static_cast<uint32_t>(cfg_.slots)) * cfg_.chunkBytes;
   }
@@ -138,6 +154,10 @@ class ShmDomain {
   std::vector<Segment> peers_;
   std::vector<char*> base_;
   uint32_t chunkBase_ = 0;
+  bool grown_ = true, growFailed_ = false;
+  // first: what a new segment allocates (control, lines, each slot's copy part); else the
+  // rest of the slots (empty when there is one size of slot).
+  std::vector<Segment::Range> ranges(bool first) const;
   uint64_t linePrev_[2] = {0, 0};
   uint64_t round_ = 0;
 };

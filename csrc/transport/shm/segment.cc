@@ -27,6 +27,28 @@ std::string hex(const uint8_t* p, size_t n) {
   return out;
 }
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+// Fault [p, p + len) in (write: allocating tmpfs pages); 0 or the errno (EINVAL: the kernel
+// has no MADV_POPULATE_*; EFAULT: a page could not be allocated).
+int populateRange(char* p, size_t len, bool write) {
+  if (len == 0) return 0;
+  while (::madvise(p, len, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) != 0) {
+    if (errno != EINTR) return errno;
+  }
+  return 0;
+}
+
+// Map pages already allocated by reading one byte of each.
+void touchPages(const char* p, size_t len) {
+  for (size_t i = 0; i < len; i += 4096) (void)*static_cast<const volatile char*>(p + i);
+}
+
 }  // namespace
 
 Segment::~Segment() {
@@ -43,11 +65,12 @@ Segment& Segment::operator=(Segment&& o) noexcept {
     name_ = std::move(o.name_);
     owner_ = std::exchange(o.owner_, false);
     linked_ = std::exchange(o.linked_, false);
+    whole_ = std::exchange(o.whole_, false);
   }
   return *this;
 }
 
-Segment Segment::create(const std::string& prefix, size_t bytes) {
+Segment Segment::create(const std::string& prefix, size_t bytes, const std::vector<Range>& now) {
   // 128 random bits make a clash all but impossible; the retries are for a broken or
   // malicious random source, and never remove the name that was in the way.
   constexpr int kAttempts = 4;
@@ -67,23 +90,18 @@ Segment Segment::create(const std::string& prefix, size_t bytes) {
     RR_THROW(Error, "cannot create shared memory segment ", name, ": ", std::strerror(errno),
              " (is /dev/shm mounted and writable? set RINGREDUCE_TRANSPORT=tcp to avoid it)");
   }
-  // Every failure below removes the name we just created (ours alone), exactly once.
-  int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-  if (rc != 0) {
+  // Every failure below removes the name we just created (ours alone), exactly once: by
+  // the Segment's destructor once it owns the mapping.
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    const int err = errno;
     ::close(fd);
-    ::shm_unlink(name.c_str());  // leave no half-made name behind
-    RR_THROW(Error, "cannot allocate ", bytes >> 10, " KiB of shared memory for ", name, ": ",
-             std::strerror(rc),
-             " (/dev/shm is full or too small: free it, destroy groups no longer used, enlarge it "
-             "(docker --shm-size), or set RINGREDUCE_TRANSPORT=tcp)");
+    ::shm_unlink(name.c_str());
+    RR_THROW(Error, "cannot size shared memory segment ", name, ": ", std::strerror(err));
   }
-  // Every page is already allocated and zeroed (posix_fallocate on tmpfs); MAP_POPULATE maps
-  // them writable now, so no fault lands in the first collective (a memset here as well
-  // cost a quarter of a 4-rank group's segment setup, for nothing).
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  ::close(fd);
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
-    int err = errno;
+    const int err = errno;
+    ::close(fd);
     ::shm_unlink(name.c_str());
     RR_THROW(Error, "mmap of ", name, " failed: ", std::strerror(err));
   }
@@ -93,7 +111,44 @@ Segment Segment::create(const std::string& prefix, size_t bytes) {
   s.linked_ = true;
   s.addr_ = p;
   s.size_ = bytes;
+  // tmpfs hands out zeroed pages: no memset (it cost a quarter of a 4-rank group's setup).
+  int rc = 0;
+  for (const Range& r : now) {
+    rc = populateRange(s.data() + r.off, r.len, true);
+    if (rc != 0) break;
+  }
+  if (rc == EINVAL) {  // no MADV_POPULATE_WRITE (kernel < 5.14): everything now, as before
+    s.whole_ = true;
+    rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    if (rc == 0) touchPages(s.data(), bytes);
+  }
+  ::close(fd);
+  if (rc != 0)
+    RR_THROW(Error, "cannot allocate ", bytes >> 10, " KiB of shared memory for ", name, ": ",
+             std::strerror(rc == EFAULT ? ENOSPC : rc),
+             " (/dev/shm is full or too small: free it, destroy groups no longer used, enlarge it "
+             "(docker --shm-size), or set RINGREDUCE_TRANSPORT=tcp)");
   return s;
+}
+
+bool Segment::populate(const Range& r, bool write) {
+  RR_CHECK(r.off % 4096 == 0 && r.off + r.len <= size_,
+           "page-aligned range within the segment: ", r.off, " + ", r.len, " of ", size_);
+  const int rc = populateRange(data() + r.off, r.len, write);
+  if (rc == 0) return true;
+  if (rc == EINVAL) {  // old kernel: its owner allocated the whole segment at create
+    touchPages(data() + r.off, r.len);
+    return true;
+  }
+  if (rc == EFAULT || rc == ENOMEM) {  // /dev/shm is full (the fault would have been SIGBUS)
+    if (write) release(r);
+    return false;
+  }
+  RR_THROW(Error, "cannot fault in shared memory segment ", name_, ": ", std::strerror(rc));
+}
+
+void Segment::release(const Range& r) {
+  if (owner_ && r.len) ::madvise(data() + r.off, r.len, MADV_REMOVE);  // best effort
 }
 
 Segment Segment::open(const std::string& name, size_t bytes) {
@@ -109,7 +164,8 @@ Segment Segment::open(const std::string& name, size_t bytes) {
              static_cast<long long>(st.st_size), " bytes, expected ", bytes,
              "): are all ranks running the same ringreduce version and settings?");
   }
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  // Not MAP_POPULATE: it would allocate the ranges the owner left unallocated.
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);
   if (p == MAP_FAILED) RR_THROW(Error, "mmap of ", name, " failed: ", std::strerror(errno));
   Segment s;

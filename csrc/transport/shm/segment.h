@@ -4,10 +4,15 @@
 // (the owner tells them the name), pre-faulted so no page fault lands on the hot path, and
 // unlinked as soon as every peer has mapped it, so nothing is left in /dev/shm even if the
 // owner is SIGKILLed afterwards. Only the owner ever unlinks a name, and only its own.
+//
+// Pages are allocated range by range (populate): /dev/shm holds only what is used. A range
+// is allocated by its owner (populate(write)) before any peer maps it in (populate(read)).
+// On a kernel without MADV_POPULATE_WRITE (< 5.14) create() allocates everything at once.
 #pragma once
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 namespace rr::transport::shm {
 
@@ -20,14 +25,22 @@ class Segment {
   Segment(Segment&& o) noexcept { *this = std::move(o); }
   Segment& operator=(Segment&& o) noexcept;
 
+  struct Range {
+    size_t off, len;
+  };
   // Create "<prefix>-<pid>-<32 random hex digits>" exclusively (O_EXCL: a name that exists
-  // belongs to someone else and is left alone; a fresh random name is tried instead), size it
-  // (posix_fallocate: a full /dev/shm is a clear error, not a later SIGBUS), map and
-  // pre-fault. name() tells the peers what to open. Throws rr::Error naming the segment and
+  // belongs to someone else and is left alone; a fresh random name is tried instead), size it,
+  // map it and allocate and pre-fault `now` (a full /dev/shm is a clear error, not a later
+  // SIGBUS). name() tells the peers what to open. Throws rr::Error naming the segment and
   // what to do.
-  static Segment create(const std::string& prefix, size_t bytes);
-  // Map a peer's segment (it must exist with exactly `bytes`).
+  static Segment create(const std::string& prefix, size_t bytes, const std::vector<Range>& now);
+  // Map a peer's segment (it must exist with exactly `bytes`); nothing is faulted in yet.
   static Segment open(const std::string& name, size_t bytes);
+  // Fault in [off, off + len): write = allocate our own pages (false when /dev/shm has no
+  // room: nothing is left half-allocated), read = map a peer's already allocated pages.
+  bool populate(const Range& r, bool write);
+  // Give the pages of [off, off + len) back to /dev/shm (ours only).
+  void release(const Range& r);
 
   void unlink();  // remove the name (mapping stays valid); idempotent
   char* data() const { return static_cast<char*>(addr_); }
@@ -40,6 +53,7 @@ class Segment {
   std::string name_;
   bool owner_ = false;
   bool linked_ = false;
+  bool whole_ = false;  // everything was allocated at create (no MADV_POPULATE_WRITE)
 };
 
 // Size of the tmpfs behind shm_open (/dev/shm) in bytes, 0 if unknown. Its total, not what
