@@ -65,7 +65,6 @@ Segment& Segment::operator=(Segment&& o) noexcept {
     name_ = std::move(o.name_);
     owner_ = std::exchange(o.owner_, false);
     linked_ = std::exchange(o.linked_, false);
-    whole_ = std::exchange(o.whole_, false);
   }
   return *this;
 }
@@ -118,7 +117,6 @@ Segment Segment::create(const std::string& prefix, size_t bytes, const std::vect
     if (rc != 0) break;
   }
   if (rc == EINVAL) {  // no MADV_POPULATE_WRITE (kernel < 5.14): everything now, as before
-    s.whole_ = true;
     rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
     if (rc == 0) touchPages(s.data(), bytes);
   }

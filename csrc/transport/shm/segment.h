@@ -53,7 +53,6 @@ class Segment {
   std::string name_;
   bool owner_ = false;
   bool linked_ = false;
-  bool whole_ = false;  // everything was allocated at create (no MADV_POPULATE_WRITE)
 };
 
 // Size of the tmpfs behind shm_open (/dev/shm) in bytes, 0 if unknown. Its total, not what
