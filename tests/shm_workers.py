@@ -42,9 +42,8 @@ def groups_in_small_dev_shm(rank: int, world: int) -> dict:
             wrong.append(f"all_to_all on {members}")
     for g in groups[1:]:
         g.destroy()
-    return {"capacity": _C.shm_capacity(), "chunk": _C.shm_slot_bytes(world, 4,
-                                                                     _C.shm_capacity())[0],
-            "wrong": wrong}
+    cap = _C.shm_capacity()
+    return {"capacity": cap, "chunk": _C.shm_slot_bytes(world, 4, cap)[0], "wrong": wrong}
 
 
 def grow_into_full_dev_shm(rank: int, world: int) -> dict:
@@ -58,8 +57,7 @@ def grow_into_full_dev_shm(rank: int, world: int) -> dict:
     filler = "/dev/shm/ringreduce-test-filler"
     if rank == 0:
         with open(filler, "wb") as f:
-            f.truncate(max(0, st.f_bavail * st.f_frsize - (1 << 20)))
-            os.posix_fallocate(f.fileno(), 0, max(1, st.f_bavail * st.f_frsize - (1 << 20)))
+            os.posix_fallocate(f.fileno(), 0, st.f_bavail * st.f_frsize - (1 << 20))
     rr.barrier()
     wrong = []
     for it in range(3):

@@ -1,7 +1,7 @@
 """The Python package's layering: the GPU modules import one way (arrays <- device <- nccl <-
 staging <- route), function-level imports included; no two modules of ringreduce import
 each other in a circle at import time (module-level imports), nor through function-level
-imports except Group's methods delegating to ringreduce.groups. Imports under
+imports. Imports under
 `if TYPE_CHECKING:` never run and are not counted."""
 
 from __future__ import annotations

@@ -90,10 +90,7 @@ void ShmDomain::attach(const std::vector<std::string>& names) {
 
 bool ShmDomain::growOwn() {
   for (const Segment::Range& x : ranges(false))
-    if (!own_.populate(x, true)) {
-      for (const Segment::Range& y : ranges(false)) own_.release(y);
-      return false;
-    }
+    if (!own_.populate(x, true)) return false;  // finishGrow(false) gives back the rest
   return true;
 }
 

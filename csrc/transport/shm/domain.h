@@ -121,9 +121,9 @@ class ShmDomain {
   size_t chunkBytesNow() const { return grown_ ? cfg_.chunkBytes : cfg_.copyBytes; }
   // The first large all-reduce grows the slots, in three steps every local rank takes in
   // the same collective: growOwn() allocates the rest of this rank's slots (false: no room
-  // in /dev/shm, nothing kept), the ranks tell each other the outcome (a line round), and
-  // finishGrow(every rank succeeded) maps the peers' new pages -- or gives this rank's back
-  // and stays at copyBytes chunks.
+  // in /dev/shm), the ranks tell each other the outcome (a line round), and
+  // finishGrow(every rank succeeded) maps the peers' new pages -- or gives back whatever
+  // this rank allocated and stays at copyBytes chunks.
   bool growPending() const { return !grown_ && !growFailed_; }
   bool growOwn();
   void finishGrow(bool everyone);
