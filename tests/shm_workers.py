@@ -386,3 +386,48 @@ def planned_sweep(rank: int, world: int, counts: list) -> bool:
         if not np.array_equal(x, want):
             raise AssertionError(f"n={n}: {x[:4]} vs {want[:4]}")
     return True
+
+
+def output_sweep(rank: int, world: int, counts: list) -> dict:
+    """Every shared-memory collective that writes the caller's buffer, at `counts` elements
+    (odd lengths, odd offsets into a larger array), checked against numpy."""
+    wrong = []
+
+    def expect(name: str, got: np.ndarray, want: np.ndarray) -> None:
+        if not np.array_equal(got, want):
+            bad = int(np.argmax(got != want))
+            wrong.append(f"{name}: element {bad} got {got.flat[bad]} want {want.flat[bad]}")
+
+    def data(r: int, n: int, salt: int = 0) -> np.ndarray:
+        return (np.arange(n, dtype=np.int64) * 7 + r * 1000 + salt) % 251
+
+    for n in counts:
+        # In place, at an odd byte offset of a larger uint8 array (unaligned for the stores).
+        base = np.zeros(n + 3, np.uint8)
+        x = base[3:]
+        x[:] = data(rank, n)
+        rr.allreduce(x, op="max")
+        expect(f"allreduce n={n}", x, np.max([data(r, n) for r in range(world)], axis=0))
+        parts = [data(rank, k, salt=k).astype(np.float32) for k in (n, 5, n // 3 + 1)]
+        rr.allreduce_coalesced(parts)
+        for k, p in zip((n, 5, n // 3 + 1), parts):
+            expect(f"allreduce_coalesced n={n} piece {k}", p,
+                   sum(data(r, k, salt=k) for r in range(world)).astype(np.float32))
+        out = np.empty(world * n + 1, np.uint8)[1:].reshape(world, n)
+        rr.allgather(data(rank, n).astype(np.uint8), out=out)
+        expect(f"allgather n={n}", out, np.stack([data(r, n) for r in range(world)]).astype(np.uint8))
+        send = np.stack([data(rank, n, salt=p) for p in range(world)]).astype(np.int32)
+        got = np.empty_like(send)
+        rr.all_to_all(send, out=got)
+        expect(f"all_to_all n={n}", got, np.stack([data(p, n, salt=rank) for p in range(world)]).astype(np.int32))
+        b = data(rank, n).astype(np.int16)
+        rr.broadcast(b, src=world - 1)
+        expect(f"broadcast n={n}", b, data(world - 1, n).astype(np.int16))
+        g = rr.gather(data(rank, n).astype(np.uint8), dst=0)
+        if rank == 0:
+            expect(f"gather n={n}", g, np.stack([data(r, n) for r in range(world)]).astype(np.uint8))
+        s_out = np.empty(n, np.int32)
+        src = np.stack([data(r, n, salt=9) for r in range(world)]).astype(np.int32)
+        rr.scatter(s_out, src=world - 1, x=src if rank == world - 1 else None)
+        expect(f"scatter n={n}", s_out, data(rank, n, salt=9).astype(np.int32))
+    return {"wrong": wrong}

@@ -41,6 +41,16 @@ def test_broadcast_every_root_small_and_chunked(world: int) -> None:
     assert run_world(world, "shm_workers:broadcast_sweep", [1, 3000, 700_001]) == [True] * world
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("world", [2, 3])
+def test_outputs_at_odd_addresses_and_lengths(world: int) -> None:
+    # Every collective that writes the caller's buffer: one line, several 512 KiB chunks,
+    # and over 8 MiB of output; odd lengths at odd addresses.
+    counts = [1001, 700_003, 3_000_001]
+    outs = run_world(world, "shm_workers:output_sweep", counts, timeout=170)
+    assert outs == [{"wrong": []}] * world, outs
+
+
 @pytest.mark.timeout(60)
 def test_no_segment_left_in_dev_shm() -> None:
     before = set(glob.glob("/dev/shm/rr-*"))
