@@ -16,7 +16,10 @@ from . import _C
 DTYPE_CODES: dict[str, int] = dict(_C.DTYPE_CODES)
 OP_CODES: dict[str, int] = dict(_C.OP_CODES)
 ALGO_CODES: dict[str, int] = dict(_C.ALGO_CODES)
-check_reduction = _C.check_reduction  # ValueError when op cannot reduce that dtype
+# Complex numbers move and add as pairs of their real type (what torch's view_as_real
+# shows): every collective takes them; reductions only with sum and avg, as in torch.
+_COMPLEX = {"complex64": "float32", "complex128": "float64"}
+_COMPLEX_OPS = (OP_CODES["sum"], OP_CODES["avg"])
 _array_data = _C.array_data
 
 _SUPPORTED = ", ".join(DTYPE_CODES)
@@ -29,15 +32,30 @@ _TORCH = [None]  # the torch module once imported (saves an import lookup per ca
 class Buffer:
     """A validated view of a contiguous host buffer."""
 
-    __slots__ = ("code", "count", "dtype", "obj", "ptr", "shape")
+    __slots__ = ("code", "complex", "count", "dtype", "obj", "ptr", "shape")
 
     def __init__(self, obj: Any, ptr: int, count: int, dtype: str, code: int, shape: tuple):
         self.obj = obj  # the tensor/array, kept alive while the collective runs
         self.ptr = ptr
-        self.count = count
         self.dtype = dtype
         self.code = code
         self.shape = shape
+        # complex: count and code are those of the real pairs (2 per element)
+        self.complex = dtype in _COMPLEX
+        self.count = count * 2 if self.complex else count
+
+    def units(self) -> int:
+        """Elements as the caller counts them (complex numbers, not their halves)."""
+        return self.count // 2 if self.complex else self.count
+
+
+def check_reduction(b: Buffer, op: int) -> None:
+    """ValueError, before anything moves, when `op` cannot reduce b's dtype."""
+    if b.complex and op not in _COMPLEX_OPS:
+        name = next(k for k, v in OP_CODES.items() if v == op)
+        raise ValueError(f"{name} is not defined on complex numbers ({b.dtype}); complex "
+                         f"tensors reduce with sum or avg (view_as_real for per-part ops)")
+    _C.check_reduction(b.code, op)
 
 
 def _torch():
@@ -77,7 +95,7 @@ def as_buffer(x: Any, what: str, writable: bool = True) -> Buffer:
                 f"{what}: tensor is on {x.device}; ringreduce moves host and CUDA memory "
                 f"only: call .cpu() or .cuda() first"
             )
-        name, code = check_torch_tensor(x, what, writable)
+        name, code = check_torch_tensor(x, what, writable, complex_ok=True)
         return Buffer(x, x.data_ptr(), x.numel(), name, code, tuple(x.shape))
     if isinstance(x, np.ndarray):
         if not x.flags.c_contiguous:
@@ -87,9 +105,10 @@ def as_buffer(x: Any, what: str, writable: bool = True) -> Buffer:
         if writable and not x.flags.writeable:
             raise ValueError(f"{what}: array is read-only; the collective writes its result in place")
         name = str(x.dtype)
-        code = DTYPE_CODES.get(name)
+        code = DTYPE_CODES.get(_COMPLEX.get(name, name))
         if code is None:
-            raise ValueError(f"{what}: dtype {x.dtype} is not supported; use one of {_SUPPORTED}")
+            raise ValueError(f"{what}: dtype {x.dtype} is not supported; use one of "
+                             f"{_SUPPORTED}, complex64, complex128")
         return Buffer(x, _array_data(x), x.size, name, code, tuple(x.shape))
     raise TypeError(
         f"{what}: expected a torch.Tensor or numpy.ndarray, got {type(x).__name__}"
@@ -129,9 +148,10 @@ def torch_fast_code(x: Any) -> int | None:
     return code
 
 
-def check_torch_tensor(x: Any, what: str, writable: bool) -> tuple:
+def check_torch_tensor(x: Any, what: str, writable: bool, complex_ok: bool = False) -> tuple:
     """Device-independent checks of a torch tensor (layout, contiguity, dtype, autograd);
-    returns (dtype name, dtype code). Shared by the host and the CUDA adapters."""
+    returns (dtype name, dtype code: a complex dtype's real one where complex_ok). Shared by
+    the host and the CUDA adapters."""
     torch = _torch()
     if x.is_sparse or x.layout != torch.strided:
         raise ValueError(f"{what}: sparse tensors are not supported; call .to_dense() first")
@@ -141,9 +161,10 @@ def check_torch_tensor(x: Any, what: str, writable: bool) -> tuple:
             f"pass x.contiguous() and copy the result back, or use a contiguous buffer"
         )
     name = str(x.dtype).replace("torch.", "")
-    code = DTYPE_CODES.get(name)
+    code = DTYPE_CODES.get(_COMPLEX.get(name, name) if complex_ok else name)
     if code is None:
-        raise ValueError(f"{what}: dtype {x.dtype} is not supported; use one of {_SUPPORTED}")
+        raise ValueError(f"{what}: dtype {x.dtype} is not supported; use one of {_SUPPORTED}"
+                         + (", complex64, complex128" if complex_ok else ""))
     if writable and x.requires_grad and x.is_leaf and torch.is_grad_enabled():
         raise ValueError(
             f"{what}: in-place collective on a leaf tensor that requires grad; "

@@ -36,7 +36,7 @@ def reduce(x: Any, dst: int, op: Any = "sum", group: Any = None,
     _host_only("reduce(x)", x)
     b = as_buffer(x, "reduce(x)")
     opc = op_code(op)
-    _buffers.check_reduction(b.code, opc)
+    _buffers.check_reduction(b, opc)
     if g.comm is None:
         return _finish(None, (), async_op=async_op)
     return _finish(g.comm.reduce(b.ptr, b.count, b.code, opc, root, async_op), (x,),
@@ -56,10 +56,10 @@ def gather(x: Any, dst: int, out: Any = None, group: Any = None,
         if out is None:
             out = _buffers.empty_like_shape(x, (g.world_size,) + b.shape)
         o = as_buffer(out, "gather(out)")
-        if o.count != b.count * g.world_size or o.code != b.code:
+        if o.count != b.count * g.world_size or o.dtype != b.dtype:
             raise ValueError(
-                f"gather: out must hold size * x.numel() = {b.count * g.world_size} elements "
-                f"of {b.dtype}, got {o.count} of {o.dtype}")
+                f"gather: out must hold size * x.numel() = {b.units() * g.world_size} elements "
+                f"of {b.dtype}, got {o.units()} of {o.dtype}")
         optr = o.ptr
     else:
         out, optr = None, 0
@@ -84,10 +84,10 @@ def scatter(out: Any, src: int, x: Any = None, group: Any = None,
         if x is None:
             raise ValueError("scatter: the source rank must pass x (shape (size, *out.shape))")
         b = as_buffer(x, "scatter(x)", writable=False)
-        if b.count != o.count * g.world_size or b.code != o.code:
+        if b.count != o.count * g.world_size or b.dtype != o.dtype:
             raise ValueError(
-                f"scatter: x must hold size * out.numel() = {o.count * g.world_size} elements "
-                f"of {o.dtype}, got {b.count} of {b.dtype}")
+                f"scatter: x must hold size * out.numel() = {o.units() * g.world_size} elements "
+                f"of {o.dtype}, got {b.units()} of {b.dtype}")
         iptr = b.ptr
     else:
         iptr = 0
@@ -120,7 +120,7 @@ def all_to_all(x: Any, out: Any = None, send_counts: Any = None, recv_counts: An
     o = as_buffer(out, "all_to_all(out)")
     orows = (o.shape[0] if o.shape else 1) if o.count else 0
     rc = _counts(recv_counts, orows, n, "recv_counts", "out")
-    if o.code != b.code or (o.count and o.count // max(orows, 1) != per_row and b.count):
+    if o.dtype != b.dtype or (o.count and o.count // max(orows, 1) != per_row and b.count):
         raise ValueError(f"all_to_all: out must be {b.dtype} with rows of {per_row} elements "
                          f"like x; got {o.dtype} of shape {o.shape}")
     if g.rank < n and sc[g.rank] != rc[g.rank]:

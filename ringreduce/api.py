@@ -232,7 +232,7 @@ def allreduce(x: Any, op: Any = "sum", algo: str = "auto", async_op: bool = Fals
         return _gpu().allreduce(g, x, op, algo, async_op, backend)
     b = as_buffer(x, "allreduce(x)")
     opc, alc = op_code(op), algo_code(algo) or g.default_algo
-    _buffers.check_reduction(b.code, opc)
+    _buffers.check_reduction(b, opc)
     if g.comm is None:
         return _finish(None, (), async_op=async_op)
     cw = g.comm.allreduce(b.ptr, b.count, b.code, opc, alc, async_op)
@@ -276,10 +276,10 @@ def allgather(x: Any, out: Any = None, async_op: bool = False, backend: str = "a
     if out is None:
         out = _buffers.empty_like_shape(x, (g.world_size,) + b.shape)
     o = as_buffer(out, "allgather(out)")
-    if o.count != b.count * g.world_size or o.code != b.code:
+    if o.count != b.count * g.world_size or o.dtype != b.dtype:
         raise ValueError(
-            f"allgather: out must hold world_size * x.numel() = {b.count * g.world_size} "
-            f"elements of {b.dtype}, got {o.count} of {o.dtype}")
+            f"allgather: out must hold world_size * x.numel() = {b.units() * g.world_size} "
+            f"elements of {b.dtype}, got {o.units()} of {o.dtype}")
     if g.comm is None:
         _copy(out, x)
         w = Work(None, result=out)
@@ -302,20 +302,21 @@ def reduce_scatter(x: Any, out: Any = None, op: Any = "sum", async_op: bool = Fa
         return _gpu().reduce_scatter(g, x, out, op, async_op, backend)
     b = as_buffer(x, "reduce_scatter(x)", writable=False)
     n = g.world_size
-    if b.count % n:
+    if b.units() % n:
         raise ValueError(
-            f"reduce_scatter: x has {b.count} elements, not a multiple of world_size {n}; "
-            f"pad it to {(b.count + n - 1) // n * n}")
+            f"reduce_scatter: x has {b.units()} elements, not a multiple of world_size {n}; "
+            f"pad it to {(b.units() + n - 1) // n * n}")
     k = b.count // n
     if out is None:
         shape = ((b.shape[0] // n,) + b.shape[1:]) if b.shape and b.shape[0] % n == 0 else (k,)
         out = _buffers.empty_like_shape(x, shape)
     o = as_buffer(out, "reduce_scatter(out)")
-    if o.count != k or o.code != b.code:
+    if o.count != k or o.dtype != b.dtype:
         raise ValueError(
-            f"reduce_scatter: out must hold {k} elements of {b.dtype}, got {o.count} of {o.dtype}")
+            f"reduce_scatter: out must hold {b.units() // n} elements of {b.dtype}, got {o.units()} "
+            f"of {o.dtype}")
     opc = op_code(op)
-    _buffers.check_reduction(b.code, opc)
+    _buffers.check_reduction(b, opc)
     if g.comm is None:
         _copy(out, x)
         w = Work(None, result=out)
@@ -343,7 +344,7 @@ def allreduce_coalesced(xs: Sequence[Any], op: Any = "sum", algo: str = "auto",
         raise ValueError(f"allreduce_coalesced: all inputs need one dtype, got {sorted(dt)}; "
                          f"group them by dtype")
     opc, alc = op_code(op), algo_code(algo) or g.default_algo
-    _buffers.check_reduction(bufs[0].code, opc)
+    _buffers.check_reduction(bufs[0], opc)
     if g.comm is None:
         return _finish(None, (), async_op=async_op)
     # One collective over the inputs in place (shared memory reads and writes them

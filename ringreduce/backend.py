@@ -188,7 +188,9 @@ class _Ops:
             # A torch subgroup (dist.new_group, DeviceMesh, ...): its own ringreduce group,
             # set up through the PrefixStore torch gave it. (The default process group of a
             # job that called ringreduce.init() first shares the world instead.)
-            g = groups.from_store(store, rank, size, name or f"torch group {_next_name()}")
+            secs = timeout.total_seconds() if isinstance(timeout, timedelta) else None
+            g = groups.from_store(store, rank, size, name or f"torch group {_next_name()}",
+                                  secs)
             self._owns = True
         self._g = g
 
@@ -331,12 +333,34 @@ class _Ops:
         if len(ins) != self._size:
             raise ValueError(f"reduce_scatter: input_list has {len(ins)} tensors; it needs "
                              f"world_size = {self._size}")
-        flat = torch.cat([t.detach().reshape(-1) for t in ins])
+        me = self._g.rank
+        if ins[me].numel() != out.numel():
+            raise ValueError(
+                f"reduce_scatter: input_list[{me}] has {ins[me].numel()} elements but this "
+                f"rank's output has {out.numel()}; input_list[r] is reduced into rank r's "
+                f"output and must have its size")
         dst, back = _inplace(out)
-        if dst.numel() * self._size != flat.numel():
-            raise ValueError("reduce_scatter: every input must have output.numel() elements")
+        if any(t.numel() != out.numel() for t in ins):
+            return self._reduce_scatter_uneven(dst, ins, _op(opts), output_tensors, back)
+        flat = torch.cat([t.detach().reshape(-1) for t in ins])
         return _work(api.reduce_scatter(flat, out=dst.view(-1), op=_op(opts), async_op=True,
                                         group=self._g), output_tensors, back)
+
+    def _reduce_scatter_uneven(self, dst: torch.Tensor, ins: list, op: str,
+                               output_tensors: list, back: Callable[[], None] | None) -> _Work:
+        """Outputs of different sizes (input_list[r] has rank r's output size, the same on
+        every rank): one reduce per rank onto it, on copies (the inputs stay as they were).
+        Each reduce's header carries its count, so ranks whose sizes disagree fail with a
+        CollectiveMismatch instead of mixing data."""
+        bufs = [t.detach().reshape(-1).clone() for t in ins]
+        works = [_work(rooted.reduce(b, self._g.ranks[j], op=op, group=self._g,
+                                     async_op=True), None) for j, b in enumerate(bufs)]
+        mine = bufs[self._g.rank]
+
+        def copy_out() -> None:
+            with torch.no_grad():
+                dst.view(-1).copy_(mine)
+        return self._last(works, output_tensors, _chain(copy_out, back))
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
                               opts: Any = None) -> _Work:
@@ -427,8 +451,9 @@ class _Ops:
         return w
 
     # -- lifecycle
-    def _last(self, works: list, value: Any) -> _Work:
+    def _last(self, works: list, value: Any, then: Callable[[], None] | None = None) -> _Work:
         # Collectives complete in submission order: the last one done means all are.
+        # `then` runs once all succeeded (e.g. copying results out).
         if not works:
             return _done(value)
         last = works[-1]._c
@@ -439,6 +464,8 @@ class _Ops:
                 exc = c.finish()
                 if exc is not None:
                     raise exc
+            if then is not None:
+                then()
         return _work(_WaitAll(last), value, after)
 
     def shutdown(self) -> None:

@@ -28,19 +28,21 @@ def world_group() -> Group:
     return _state.current("world_group()")
 
 
-def new_group(ranks: Sequence[int] | None = None) -> Group | None:
+def new_group(ranks: Sequence[int] | None = None, timeout: float | None = None) -> Group | None:
     """A group of the world ranks `ranks` (default: all). Every rank of the job must call
     it, in the same order and with the same `ranks` (as torch.distributed.new_group);
     members get their Group (group ranks follow the sorted world ranks, as in torch), other
-    ranks None."""
+    ranks None. timeout: seconds a collective of this group may wait (default: the
+    world's)."""
     world = _state.current("new_group()")
     n = world.world_size
     members = list(range(n)) if ranks is None else _check_ranks(ranks, n)
+    secs = _check_timeout(timeout, "new_group")
     world.created += 1  # every rank counts, member or not: the key prefix stays in step
     idx = world.created
     if world.rank not in members:
         return None
-    return _make(world, members, f"{world.store_prefix}group{idx}/", f"group{idx}")
+    return _make(world, members, f"{world.store_prefix}group{idx}/", f"group{idx}", secs)
 
 
 def split(parent: Group, color: int | None, key: int = 0) -> Group | None:
@@ -71,10 +73,13 @@ def split(parent: Group, color: int | None, key: int = 0) -> Group | None:
     return _make(_root(), members, prefix, f"{parent.name}/split{idx}:{int(color)}")
 
 
-def from_store(store: Any, rank: int, size: int, name: str) -> Group:
+def from_store(store: Any, rank: int, size: int, name: str,
+               timeout: float | None = None) -> Group:
     """A group for a torch process group of the ringreduce backend (torch gives it its own
-    PrefixStore and the group rank): its members tell each other their world ranks there."""
+    PrefixStore, the group rank and new_group's timeout): its members tell each other their
+    world ranks there."""
     world = _state.current("a torch subgroup")
+    secs = _check_timeout(timeout, "new_group")
     if size == 1:
         return _register(world, _single(world, [world.rank], "ringreduce/", name))
     timeout = float(world.options["connect_timeout"])
@@ -82,7 +87,7 @@ def from_store(store: Any, rank: int, size: int, name: str) -> Group:
     keys = [f"ringreduce/grank/{r}" for r in range(size)]
     _rendezvous._wait(store, keys, timeout, rank, f"the members of {name} to start", "ringreduce/")
     members = [int(store.get(k)) for k in keys]
-    return _connect(world, store, members, rank, "ringreduce/", name)
+    return _connect(world, store, members, rank, "ringreduce/", name, secs)
 
 
 def destroy_group(g: Group) -> None:
@@ -172,14 +177,28 @@ def _check_ranks(ranks: Sequence[int], n: int) -> list[int]:
     return out
 
 
-def _make(world: Group, members: list[int], prefix: str, name: str) -> Group:
+def _check_timeout(timeout: Any, what: str) -> float | None:
+    if timeout is None:
+        return None
+    try:
+        secs = float(timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout)
+    except (TypeError, ValueError):
+        raise TypeError(f"{what}: timeout must be seconds (a number or a timedelta), got "
+                        f"{timeout!r}") from None
+    if not secs > 0:
+        raise ValueError(f"{what}: timeout must be > 0 seconds, got {timeout!r}")
+    return secs
+
+
+def _make(world: Group, members: list[int], prefix: str, name: str,
+          timeout: float | None = None) -> Group:
     """This rank's Group of world ranks `members` (in group-rank order)."""
     me = members.index(world.rank)
     if len(members) == 1:
         return _register(world, _single(world, members, prefix, name))
     store = world.store
     _agree(store, prefix, me, members, float(world.options["connect_timeout"]), name)
-    return _connect(world, store, members, me, prefix, name)
+    return _connect(world, store, members, me, prefix, name, timeout)
 
 
 def _agree(store: Any, prefix: str, me: int, members: list[int], timeout: float,
@@ -201,10 +220,11 @@ def _agree(store: Any, prefix: str, me: int, members: list[int], timeout: float,
 
 
 def _connect(world: Group, store: Any, members: list[int], me: int, prefix: str,
-             name: str) -> Group:
+             name: str, timeout: float | None = None) -> Group:
     tun = _env.tunables()
     maddr, ifname = world.net
-    g = _comm.connect(me, len(members), tun, world.options, store, maddr, ifname, world.secret,
+    options = world.options if timeout is None else {**world.options, "timeout": timeout}
+    g = _comm.connect(me, len(members), tun, options, store, maddr, ifname, world.secret,
                      prefix=prefix, name=name, labels=members)
     g.ranks, g.local_rank, g.store = members, world.local_rank, store
     log.info("rank %d: joined %s as rank %d of %d (world ranks %s)", world.rank, name, me,

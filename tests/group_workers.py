@@ -250,3 +250,48 @@ def ddp_on_groups(rank: int, world: int) -> list:
         if not torch.allclose(p, q, atol=1e-6):
             fails.append(f"{n}: {p.flatten()[:3]} != reference {q.flatten()[:3]}")
     return fails
+
+
+def group_timeouts(rank: int, world: int) -> dict:
+    """new_group(timeout=) on both APIs: the group's deadline, not the world's (default
+    group 60 s), is what a collective that a member skipped waits for. Rank 1 skips one
+    all-reduce of each group; the others time out, naming it."""
+    import time
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("ringreduce", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
+    out: dict = {}
+    tg = dist.new_group(list(range(world)), timeout=timedelta(seconds=2))
+    ng = rr.new_group(list(range(world)), timeout=2.5)
+    for name, run in (("torch", lambda: dist.all_reduce(torch.ones(4), group=tg)),
+                      ("native", lambda: rr.allreduce(np.ones(4), group=ng))):
+        if rank == 1:
+            out[name] = "skipped"
+            continue
+        t0 = time.monotonic()
+        try:
+            run()
+            out[name] = "no error"
+        except Exception as e:  # noqa: BLE001
+            out[name] = (type(e).__name__, round(time.monotonic() - t0, 1), "rank 1" in str(e))
+    # Rank 1 stays until the others timed out (its exit would end their waits sooner).
+    store = dist.distributed_c10d._get_default_store()
+    if rank != 1:
+        store.add("timed_out", 1)
+    deadline = time.monotonic() + 30
+    while store.add("timed_out", 0) < world - 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    store.add("passed", 1)  # rank 0 serves the store: it leaves last
+    while rank == 0 and store.add("passed", 0) < world and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for bad in (0, -1, "soon"):
+        try:
+            rr.new_group([0], timeout=bad)
+            out[f"bad {bad!r}"] = "accepted"
+        except (TypeError, ValueError) as e:
+            out[f"bad {bad!r}"] = type(e).__name__
+    return out

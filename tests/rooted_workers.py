@@ -161,7 +161,8 @@ def count_mismatch(rank: int, world: int) -> str:
 
 
 def torch_rooted(rank: int, world: int) -> list:
-    """dist.reduce / gather / scatter / all_to_all_single on the ringreduce backend."""
+    """dist.reduce / gather / scatter / all_to_all_single / reduce_scatter on the ringreduce
+    backend, complex tensors included."""
     import torch
     import torch.distributed as dist
 
@@ -200,6 +201,106 @@ def torch_rooted(rank: int, world: int) -> list:
     dist.all_to_all(outl, [torch.tensor([float(rank * 10 + p)]) for p in range(world)])
     if [o.item() for o in outl] != [float(p * 10 + rank) for p in range(world)]:
         fails.append(f"dist.all_to_all {outl}")
+    # complex: torch itself views all_reduce / broadcast / all_gather inputs as real pairs,
+    # but hands reduce and reduce_scatter the complex tensor.
+    c = torch.tensor([1 + 2j, rank - 1j], dtype=torch.complex64)
+    dist.reduce(c, dst=0)
+    want = sum(torch.tensor([1 + 2j, r - 1j], dtype=torch.complex64) for r in range(world))
+    if rank == 0 and not torch.equal(c, want):
+        fails.append(f"dist.reduce complex {c} != {want}")
+    cin = torch.tensor([complex(p, rank) for p in range(world) for _ in range(2)],
+                       dtype=torch.complex128)
+    cout = torch.empty(2, dtype=torch.complex128)
+    dist.reduce_scatter_tensor(cout, cin)
+    want = torch.full((2,), complex(rank * world, sum(range(world))), dtype=torch.complex128)
+    if not torch.equal(cout, want):
+        fails.append(f"dist.reduce_scatter_tensor complex {cout} != {want}")
+    # reduce_scatter of a list whose tensors differ in size: input_list[r] has rank r's
+    # output size (r + 1 elements) on every rank.
+    ins = [torch.arange(1.0, p + 2) * (rank + 1) for p in range(world)]
+    out = torch.zeros(rank + 1)
+    dist.reduce_scatter(out, ins)
+    want = torch.arange(1.0, rank + 2) * sum(r + 1 for r in range(world))
+    if not torch.equal(out, want):
+        fails.append(f"dist.reduce_scatter uneven {out} != {want}")
+    if [t.tolist() for t in ins] != [(torch.arange(1.0, p + 2) * (rank + 1)).tolist()
+                                     for p in range(world)]:
+        fails.append("dist.reduce_scatter uneven changed its inputs")
+    try:  # this rank's own input does not match its output: refused here, nothing moves
+        dist.reduce_scatter(torch.zeros(2), [torch.ones(1)] * world)
+        fails.append("reduce_scatter with input_list[rank] != output size accepted")
+    except ValueError as e:
+        if "input_list[" not in str(e):
+            fails.append(f"reduce_scatter size error unclear: {e}")
     dist.barrier()
     dist.destroy_process_group()
+    return fails
+
+
+def complex_sweep(rank: int, world: int) -> list:
+    """complex64 / complex128 (numpy and torch) through every collective: they move and add
+    as pairs of their real type; reductions other than sum / avg are refused on every rank
+    before anything moves."""
+    import torch
+
+    fails: list = []
+
+    def z(r: int, n: int, dt: Any, salt: int = 0) -> np.ndarray:
+        k = np.arange(n)
+        return ((k * 3 + r + salt) % 7 + 1j * ((k + 2 * r + salt) % 5 - 2)).astype(dt)
+
+    def check(name: str, got: Any, want: np.ndarray) -> None:
+        g = got.numpy() if isinstance(got, torch.Tensor) else np.asarray(got)
+        if g.dtype != want.dtype or g.shape != want.shape or not np.allclose(g, want, rtol=1e-6):
+            fails.append(f"{name}: got {g.dtype} {g.shape} {g.ravel()[:3]}, want {want.dtype} "
+                         f"{want.shape} {want.ravel()[:3]}")
+
+    last = world - 1
+    for dt in (np.complex64, np.complex128):
+        for kind in ("numpy", "torch"):
+            wrap = (lambda a: torch.from_numpy(a)) if kind == "torch" else (lambda a: a)
+            for n in (1, 5, 300_001):
+                tag = f"{kind} {np.dtype(dt).name} n={n}"
+                everyone = [z(r, n, dt) for r in range(world)]
+                x = wrap(z(rank, n, dt))
+                rr.allreduce(x, op="avg")
+                check(f"allreduce avg {tag}", x, (sum(everyone) / world).astype(dt))
+                x = wrap(z(rank, n, dt))
+                rr.reduce(x, dst=last)
+                if rank == last:
+                    check(f"reduce {tag}", x, sum(everyone).astype(dt))
+                x = wrap(z(rank, n, dt))
+                rr.broadcast(x, src=last)
+                check(f"broadcast {tag}", x, everyone[last])
+                check(f"allgather {tag}", rr.allgather(wrap(z(rank, n, dt))), np.stack(everyone))
+                g = rr.gather(wrap(z(rank, n, dt)), dst=0)
+                if rank == 0:
+                    check(f"gather {tag}", g, np.stack(everyone))
+                out = wrap(np.empty(n, dt))
+                src = wrap(np.stack([z(last, n, dt, salt=p) for p in range(world)]))
+                rr.scatter(out, src=last, x=src if rank == last else None)
+                check(f"scatter {tag}", out, z(last, n, dt, salt=rank))
+                blocks = [z(rank, n, dt, salt=p) for p in range(world)]
+                got = rr.all_to_all(wrap(np.concatenate(blocks)))
+                check(f"all_to_all {tag}", got,
+                      np.concatenate([z(p, n, dt, salt=rank) for p in range(world)]))
+                rs = rr.reduce_scatter(wrap(np.concatenate([z(rank, n, dt, salt=p)
+                                                            for p in range(world)])))
+                check(f"reduce_scatter {tag}", rs,
+                      sum(z(r, n, dt, salt=rank) for r in range(world)).astype(dt))
+            for op in ("max", "prod"):
+                try:
+                    rr.allreduce(wrap(z(rank, 4, dt)), op=op)
+                    fails.append(f"allreduce {op} on {kind} {np.dtype(dt).name} was accepted")
+                except ValueError as e:
+                    if "complex" not in str(e):
+                        fails.append(f"allreduce {op} refusal does not say why: {e}")
+    try:  # 3 complex numbers do not split over 2 ranks, though their 6 halves would
+        rr.reduce_scatter(np.ones(3 * world - 1 if world > 1 else 2, np.complex64))
+        if world > 1:
+            fails.append("reduce_scatter of a complex count not divisible by world accepted")
+    except ValueError as e:
+        if world == 1:
+            fails.append(f"world 1: {e}")
+    rr.barrier()
     return fails

@@ -51,3 +51,18 @@ def test_ddp_wrapper_on_subgroups() -> None:
     outs = run_world(4, "group_workers:ddp_on_groups", timeout=120)
     fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o]
     assert not fails, "\n".join(fails)
+
+
+@pytest.mark.timeout(90)
+def test_group_timeout_is_the_groups_own() -> None:
+    outs = run_world(3, "group_workers:group_timeouts", timeout=60, init=False)
+    bad = {"bad 0": "ValueError", "bad -1": "ValueError", "bad 'soon'": "TypeError"}
+    for rank, o in enumerate(outs):
+        if rank == 1:
+            assert o == {"torch": "skipped", "native": "skipped", **bad}, o
+            continue
+        for api, limit in (("torch", 2.0), ("native", 2.5)):
+            kind, took, names = o[api]
+            assert kind == "CollectiveTimeout" and names, o
+            assert limit - 0.2 <= took < limit + 3, o  # the group's 2 s, not the world's 60
+        assert {k: v for k, v in o.items() if k.startswith("bad")} == bad, o

@@ -20,6 +20,15 @@ def test_rooted_matrix(world: int, transport: str) -> None:
     assert not fails, "\n".join(fails[:40])
 
 
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("world,transport", [(1, "tcp"), (2, "shm"), (3, "tcp"), (3, "shm")])
+def test_complex_numbers(world: int, transport: str) -> None:
+    outs = run_world(world, "rooted_workers:complex_sweep", timeout=120,
+                     env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "60"})
+    fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o]
+    assert not fails, "\n".join(fails[:40])
+
+
 @pytest.mark.timeout(120)
 def test_count_mismatch_is_named() -> None:
     outs = run_world(3, "rooted_workers:count_mismatch", timeout=90,
