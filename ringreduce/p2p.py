@@ -11,8 +11,9 @@ sender and receiver must agree on the size and dtype (a mismatch raises
 CollectiveMismatch on both). `src`/`dst` are world ranks, as in torch.
 
 The first message between two ranks on a tag waits until the other side posts its first
-operation toward this rank with that tag (both rendezvous through the job's store, at most
-RINGREDUCE_CONNECT_TIMEOUT).
+operation toward this rank with that tag (both rendezvous through the job's store), at most
+RINGREDUCE_TIMEOUT, as any wait for a peer; then a CollectiveTimeout says which operation
+the peer has not posted.
 
 Receiving from any source (`src=None`, MPI_ANY_SOURCE, torch's `dist.recv(t)`): the
 receiver probes the channels toward it on that tag -- a message waits when the sender has
@@ -233,6 +234,28 @@ def _ready(world: Group, src: int, dst: int, tag: int) -> Group | None:
     return None if pair is None else pair[0] if src < dst else pair[1]
 
 
+def _meet(world: Group, base: str, peer: int, src: int, dst: int, tag: int) -> None:
+    """Wait (RINGREDUCE_TIMEOUT, as for any peer) until `peer` starts making this pair's
+    channels too: it may legitimately arrive late (a pipeline stage still computing). Making
+    them then takes connect time only."""
+    from ._C import CollectiveTimeout
+
+    timeout = float(world.options.get("timeout", 600.0))
+    key = f"{base}want{peer}"
+    t0 = time.monotonic()
+    pause = 0.001
+    while not world.store.check([key]):
+        if time.monotonic() - t0 > timeout:
+            raise CollectiveTimeout(
+                f"rank {world.rank}: the first message {src} -> {dst} on tag {tag} waited "
+                f"{timeout:g} s (RINGREDUCE_TIMEOUT) for rank {peer} to post a send, recv, "
+                f"isend or irecv toward rank {world.rank} on tag {tag}, and it did not. Is it "
+                f"blocked in another send/recv? Blocking calls on several tags must be posted "
+                f"in an order in which both ranks meet; isend/irecv never wait for each other")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
 def _channel(world: Group, src: int, dst: int, tag: int) -> Group:
     """The channel src -> dst for `tag` (made with its reverse on first use)."""
     lo, hi = min(src, dst), max(src, dst)
@@ -248,6 +271,7 @@ def _channel(world: Group, src: int, dst: int, tag: int) -> Group:
             if pair is None:
                 base = _base(world, lo, hi, tag)
                 world.store.set(f"{base}want{world.rank}", b"1")  # for any-source receivers
+                _meet(world, base, lo + hi - world.rank, src, dst, tag)
                 up = groups._make(world, [lo, hi], base + "up/", f"p2p {lo}->{hi} tag {tag}")
                 down = groups._make(world, [lo, hi], base + "down/",
                                     f"p2p {hi}->{lo} tag {tag}")

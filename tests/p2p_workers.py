@@ -310,3 +310,35 @@ def any_source_timeout(rank: int, world: int) -> str:
         return "no error"
     except Exception as e:  # noqa: BLE001
         return type(e).__name__ + ": " + str(e)
+
+
+def first_message_waits(rank: int, world: int) -> dict:
+    """The first message on a tag waits for the peer as any wait does (RINGREDUCE_TIMEOUT,
+    not the connect timeout): a receiver that posts 2 s late still gets it. Then blocking
+    calls crossed over two new tags (rank 0 sends tag 10 first, rank 1 receives tag 11
+    first) fail on both ranks at RINGREDUCE_TIMEOUT, naming the tag and the peer."""
+    import time
+
+    out: dict = {}
+    x = np.arange(5, dtype=np.float64) + 7
+    if rank == 0:
+        rr.send(x, dst=1, tag=4)
+    else:
+        time.sleep(2.0)  # longer than RINGREDUCE_CONNECT_TIMEOUT=1 of this test
+        y = np.zeros(5)
+        rr.recv(y, src=0, tag=4)
+        out["late"] = bool(np.array_equal(y, x))
+    t0 = time.monotonic()
+    try:
+        if rank == 0:
+            rr.send(x, dst=1, tag=10)
+            rr.send(x, dst=1, tag=11)
+        else:
+            rr.recv(x, src=0, tag=11)
+            rr.recv(x, src=0, tag=10)
+        out["crossed"] = "no error"
+    except Exception as e:  # noqa: BLE001
+        out["crossed"] = (type(e).__name__, round(time.monotonic() - t0, 1),
+                          f"on tag {10 if rank == 0 else 11} waited" in str(e)
+                          and f"for rank {1 - rank} to post" in str(e))
+    return out

@@ -61,3 +61,13 @@ def test_recv_from_any_source_times_out() -> None:
                      env={"RINGREDUCE_TIMEOUT": "3"})
     assert outs[1] == "sent"
     assert outs[0].startswith("CollectiveTimeout") and "tag=3" in outs[0], outs
+
+
+@pytest.mark.timeout(90)
+def test_first_message_on_a_tag_waits_like_any_peer() -> None:
+    outs = run_world(2, "p2p_workers:first_message_waits", timeout=60,
+                     env={"RINGREDUCE_TIMEOUT": "3", "RINGREDUCE_CONNECT_TIMEOUT": "1"})
+    assert outs[1]["late"] is True, outs
+    for o in outs:
+        kind, took, named = o["crossed"]
+        assert kind == "CollectiveTimeout" and named and 2.8 <= took < 8, outs
