@@ -465,6 +465,8 @@ def destroy_with_pending(rank: int, world: int) -> dict:
     """destroy() while async collectives are queued: it returns promptly and every pending
     Work fails with a RingReduceError (none hangs); afterwards the API says to init."""
     xs = [np.ones(200_000, dtype=np.float32) for _ in range(6)]
+    if rank == 1:  # rank 0 destroys before rank 1 posts: some Work is pending on both
+        time.sleep(0.3)
     works = [rr.allreduce(x, async_op=True) for x in xs]
     t = time.time()
     rr.destroy()
