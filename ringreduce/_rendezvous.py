@@ -296,9 +296,11 @@ def _timeout_error(msg: str) -> Exception:
 
 
 def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,
-          prefix: str) -> None:
+          prefix: str, hint: str = "did every rank start, with the same WORLD_SIZE and "
+                                   "MASTER_ADDR/MASTER_PORT?") -> None:
     """Wait for `keys`, polling, so that a rank that failed its own init checks (and said
-    so under prefix + "failed") stops everyone at once instead of at the timeout."""
+    so under prefix + "failed") stops everyone at once instead of at the timeout; the
+    timeout's message ends with `hint`."""
     deadline = time.monotonic() + timeout
     pause = 0.002
     while not store.check(keys):
@@ -313,8 +315,7 @@ def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,
             raise _fail(store, prefix, _timeout_error(
                 f"rank {rank}: timed out after {timeout:.0f} s waiting for {what}: missing "
                 f"{', '.join(k.rsplit('/', 2)[-2] + '/' + k.rsplit('/', 1)[-1] for k in missing[:8])}"
-                f"{' ...' if len(missing) > 8 else ''} (did every rank start, with the same "
-                f"WORLD_SIZE and MASTER_ADDR/MASTER_PORT?)"))
+                f"{' ...' if len(missing) > 8 else ''} ({hint})"))
         time.sleep(pause)
         pause = min(pause * 2, 0.1)
 

@@ -178,16 +178,12 @@ def _check_ranks(ranks: Sequence[int], n: int) -> list[int]:
 
 
 def _check_timeout(timeout: Any, what: str) -> float | None:
+    """Seconds (a number or a timedelta), validated as init's timeout is; None: the world's."""
     if timeout is None:
         return None
-    try:
-        secs = float(timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout)
-    except (TypeError, ValueError):
-        raise TypeError(f"{what}: timeout must be seconds (a number or a timedelta), got "
-                        f"{timeout!r}") from None
-    if not secs > 0:
-        raise ValueError(f"{what}: timeout must be > 0 seconds, got {timeout!r}")
-    return secs
+    if hasattr(timeout, "total_seconds"):
+        timeout = timeout.total_seconds()
+    return _env.check_seconds(f"{what}(timeout)", timeout)
 
 
 def _make(world: Group, members: list[int], prefix: str, name: str,

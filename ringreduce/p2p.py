@@ -27,6 +27,7 @@ same one. Waits spin briefly, then sleep up to 1 ms between probes, until RINGRE
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from typing import Any
@@ -38,6 +39,7 @@ _LOCK = threading.Lock()  # guards _MAKING, _ANY and world.p2p (never held while
 _MAKING: dict = {}  # (lo, hi, tag) -> lock held by the thread making that pair
 _ANY: dict = {}  # tag -> [lock serialising any-source matches, index of the next peer to try]
 _POSTING: dict = {}  # (src, dst, tag) -> isend/irecv not yet queued on their new channel
+_MEETS = itertools.count()  # each _meet's own store prefix (a timeout there stops no one else)
 
 
 def send(x: Any, dst: int, tag: int = 0, group: Any = None) -> None:
@@ -238,22 +240,16 @@ def _meet(world: Group, base: str, peer: int, src: int, dst: int, tag: int) -> N
     """Wait (RINGREDUCE_TIMEOUT, as for any peer) until `peer` starts making this pair's
     channels too: it may legitimately arrive late (a pipeline stage still computing). Making
     them then takes connect time only."""
-    from ._C import CollectiveTimeout
+    from . import _rendezvous
 
-    timeout = float(world.options.get("timeout", 600.0))
-    key = f"{base}want{peer}"
-    t0 = time.monotonic()
-    pause = 0.001
-    while not world.store.check([key]):
-        if time.monotonic() - t0 > timeout:
-            raise CollectiveTimeout(
-                f"rank {world.rank}: the first message {src} -> {dst} on tag {tag} waited "
-                f"{timeout:g} s (RINGREDUCE_TIMEOUT) for rank {peer} to post a send, recv, "
-                f"isend or irecv toward rank {world.rank} on tag {tag}, and it did not. Is it "
-                f"blocked in another send/recv? Blocking calls on several tags must be posted "
-                f"in an order in which both ranks meet; isend/irecv never wait for each other")
-        time.sleep(pause)
-        pause = min(pause * 2, 0.05)
+    _rendezvous._wait(
+        world.store, [f"{base}want{peer}"], float(world.options.get("timeout", 600.0)),
+        world.rank, f"rank {peer} to post a send, recv, isend or irecv toward rank "
+        f"{world.rank} on tag {tag} (the first message {src} -> {dst} on that tag; "
+        f"RINGREDUCE_TIMEOUT)", f"{base}meet/{world.rank}/{next(_MEETS)}/",  # own "failed" key
+        hint="is it blocked in another send/recv? Blocking calls on several tags must be "
+             "posted in an order in which both ranks meet; isend/irecv never wait for each "
+             "other")
 
 
 def _channel(world: Group, src: int, dst: int, tag: int) -> Group:

@@ -339,6 +339,6 @@ def first_message_waits(rank: int, world: int) -> dict:
         out["crossed"] = "no error"
     except Exception as e:  # noqa: BLE001
         out["crossed"] = (type(e).__name__, round(time.monotonic() - t0, 1),
-                          f"on tag {10 if rank == 0 else 11} waited" in str(e)
-                          and f"for rank {1 - rank} to post" in str(e))
+                          f"for rank {1 - rank} to post a send" in str(e)
+                          and f"on tag {10 if rank == 0 else 11}" in str(e))
     return out
