@@ -188,9 +188,8 @@ class _Ops:
             # A torch subgroup (dist.new_group, DeviceMesh, ...): its own ringreduce group,
             # set up through the PrefixStore torch gave it. (The default process group of a
             # job that called ringreduce.init() first shares the world instead.)
-            secs = timeout.total_seconds() if isinstance(timeout, timedelta) else None
             g = groups.from_store(store, rank, size, name or f"torch group {_next_name()}",
-                                  secs)
+                                  timeout)
             self._owns = True
         self._g = g
 

@@ -74,7 +74,7 @@ def split(parent: Group, color: int | None, key: int = 0) -> Group | None:
 
 
 def from_store(store: Any, rank: int, size: int, name: str,
-               timeout: float | None = None) -> Group:
+               timeout: Any = None) -> Group:
     """A group for a torch process group of the ringreduce backend (torch gives it its own
     PrefixStore, the group rank and new_group's timeout): its members tell each other their
     world ranks there."""
