@@ -233,6 +233,12 @@ MISMATCHES: dict[str, tuple[str, Callable[[int, bool], Any]]] = {
         np.ones(rr.get_world_size() * 4), op="min" if odd else "max")),
     "broadcast-root": ("root mismatch",
                        lambda r, odd: rr.broadcast(np.full(64, float(r)), src=1 if odd else 0)),
+    # The odd rank believes it is the root: over TCP both roots wait for partials (or
+    # pieces) no one sends; the heartbeats' roots are what name it.
+    "reduce-root": ("root mismatch", lambda r, odd: rr.reduce(
+        np.full(64, float(r)), dst=r if odd else 0)),
+    "gather-root": ("root mismatch", lambda r, odd: rr.gather(
+        np.full(64, float(r)), dst=r if odd else 0)),
 }
 
 

@@ -97,7 +97,11 @@ def test_killed_peer_raises_peer_failure_everywhere(world: int, algo: str, trans
 # ------------------------------------------------------------------- mismatches
 
 
-MISMATCH_NAMES = [n for n in error_workers.MISMATCHES if n not in ("broadcast-root", "kind")]
+MISMATCH_NAMES = [n for n in error_workers.MISMATCHES
+                  if n not in ("broadcast-root", "kind", "reduce-root", "gather-root")]
+
+
+SEND_ONLY_MAY_RETURN = ("broadcast", "reduce-root", "gather-root")
 
 
 def _check_mismatch(outs: list, world: int) -> None:
@@ -105,7 +109,8 @@ def _check_mismatch(outs: list, world: int) -> None:
     the field that differs. Exceptions, each asserted narrowly:
     - in a broadcast, ranks whose own frames agreed (the root only sends; with 3 ranks a
       receiver whose count matches the root's) may return; their next collective must then
-      fail naming the field (the disagreeing receiver's abort reached them);
+      fail naming the field (the disagreeing receiver's abort reached them); likewise a
+      leaf of a TCP reduce / gather tree, which only sends;
     - a rank whose send hits a socket its peer closed after detecting the mismatch reports
       "closed the connection" (a race with reading that peer's abort frame; see the
       report) -- accepted only while another rank names the field."""
@@ -122,7 +127,7 @@ def _check_mismatch(outs: list, world: int) -> None:
             where = f"rank {r}, {name}"
             assert res["fresh_comm_ok"] is True, f"{where}: fresh communicator: {res['fresh_comm_ok']}"
             phrase = res["phrase"]
-            if res["type"] is None and name.startswith("broadcast"):
+            if res["type"] is None and name.startswith(SEND_ONLY_MAY_RETURN):
                 assert res["after"] and phrase in res["after"], (
                     f"{where}: broadcast returned and the next call says {res['after']}")
                 named.append(r)
@@ -177,6 +182,16 @@ def test_mismatched_kinds_are_detected(world: int, transport: str) -> None:
 def test_mismatched_broadcast_roots_are_detected(world: int, transport: str) -> None:
     outs = run_world_raw(world, error_workers.mismatch, ["broadcast-root"], timeout=40,
                          env=_env(transport, RINGREDUCE_TIMEOUT="4"))
+    _check_mismatch(outs, world)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport,world", [("tcp", 2), ("tcp", 3), ("shm", 2), ("shm", 3)])
+def test_mismatched_reduce_and_gather_roots_are_detected(world: int, transport: str) -> None:
+    """The last rank passes itself as dst. Over TCP both roots wait to receive, so only the
+    roots in the heartbeats can name it before the 4 s timeout (within 1 s: _check_mismatch)."""
+    outs = run_world_raw(world, error_workers.mismatch, ["reduce-root", "gather-root"],
+                         timeout=40, env=_env(transport, RINGREDUCE_TIMEOUT="4"))
     _check_mismatch(outs, world)
 
 

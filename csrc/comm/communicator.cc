@@ -78,6 +78,7 @@ FrameHeader Communicator::begin(CollectiveKind kind, DataType dtype, ReduceOp op
   stallReported_ = false;
   faultWaited_ = false;
   if (hb_) {
+    hb_->setRoot(h.seq, root);
     hb_->setState(h.kind, h.seq, 0);
     beganMs_ = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch())
                    .count();

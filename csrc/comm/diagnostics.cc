@@ -112,6 +112,15 @@ void Communicator::checkHeartbeats(int waitingFor) {
           toString(static_cast<CollectiveKind>(s.kind)), " #", s.seq, " while rank ", label(rank_),
           " is in ", toString(curKind_), " #", seq_,
           " (every rank must issue the same collectives in the same order)"));
+    // The same rooted collective with another root: in a tree every rank may wait to
+    // receive from a child the other's tree does not have (TCP reduce, gather, scatter).
+    if (s.ageMs >= 0 && s.seq == seq_ && s.kind == static_cast<uint8_t>(curKind_) &&
+        s.root >= 0 && s.root != curHeader_.root)
+      throw MismatchError(detail::concat(
+          "root mismatch in ", toString(curKind_), " #", seq_, ": rank ", label(p), " (",
+          peerHost(p), ") has root rank ", label(s.root), ", rank ", label(rank_),
+          " has root rank ", label(curHeader_.root),
+          " (every rank must pass the same src/dst to a rooted collective)"));
   }
   if (opts_.heartbeatTimeoutSec <= 0) return;
   const int64_t limit = static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000);

@@ -25,7 +25,8 @@ struct Datagram {
   int32_t rank;
   uint32_t pid;
   int32_t waiting;  // the rank the sender is blocked on (-1: none)
-  uint8_t kind, pad[7];
+  uint8_t kind, hasRoot, pad[2];
+  int32_t root;  // root of collective `seq` when hasRoot
   uint64_t seq;
   uint64_t bytes;
   uint64_t counter;      // strictly increasing per sender: replays are ignored
@@ -121,6 +122,10 @@ PeerStatus Heartbeat::status(int peer) const {
   s.kind = static_cast<uint8_t>(st >> 56);
   s.bytesDone = sl.bytes.load(std::memory_order_relaxed);
   s.waitingFor = sl.waiting.load(std::memory_order_relaxed);
+  const uint64_t rw = sl.root.load(std::memory_order_relaxed);
+  // Only when it was sent with this very seq (the two words may come from two datagrams).
+  if ((rw >> 63) && (rw & 0xffffffffu) == (s.seq & 0xffffffffu))
+    s.root = static_cast<int>((rw >> 32) & 0x7fffffffu);
   return s;
 }
 
@@ -141,8 +146,14 @@ void Heartbeat::sendAll() {
   d.rank = rank_;
   d.pid = static_cast<uint32_t>(::getpid());
   uint64_t st = state_.load(std::memory_order_relaxed);
+  const uint64_t rw = root_.load(std::memory_order_acquire);
   d.kind = static_cast<uint8_t>(st >> 56);
   d.seq = st & ((uint64_t{1} << 56) - 1);
+  if ((rw & 0xffffffffu) == (d.seq & 0xffffffffu) &&  // else setRoot is for another seq
+      static_cast<int32_t>(rw >> 32) >= 0) {
+    d.hasRoot = 1;
+    d.root = static_cast<int32_t>(rw >> 32);
+  }
   d.bytes = bytes_.load(std::memory_order_relaxed);
   d.waiting = waiting_.load(std::memory_order_relaxed);
   d.counter = ++counter;
@@ -181,6 +192,10 @@ void Heartbeat::receiveOne() {
                 std::memory_order_relaxed);
   s.bytes.store(d.bytes, std::memory_order_relaxed);
   s.waiting.store(d.waiting, std::memory_order_relaxed);
+  s.root.store(d.hasRoot ? (static_cast<uint64_t>(static_cast<uint32_t>(d.root)) << 32) |
+                               (d.seq & 0xffffffffu) | (uint64_t{1} << 63)
+                         : 0,
+               std::memory_order_relaxed);
   d.site[kSiteBytes - 1] = 0;
   {
     std::lock_guard<std::mutex> g(siteMu_);

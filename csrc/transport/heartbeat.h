@@ -27,6 +27,8 @@ struct PeerStatus {
   uint8_t kind = 0;   // CollectiveKind it is in (0: idle)
   uint64_t bytesDone = 0;
   int waitingFor = -1;  // the rank it was blocked on (-1: none)
+  int root = -1;        // root of collective `seq` (broadcast/reduce/gather/scatter; else 0),
+                        // -1: not known for this seq
 };
 
 constexpr size_t kSiteBytes = 48;  // call site carried in a heartbeat ("train.py:57")
@@ -56,9 +58,17 @@ class Heartbeat {
   // with another's sequence number (peers compare them to detect mismatches).
   void setState(uint8_t kind, uint64_t seq, uint64_t bytesDone) {
     state_.store((static_cast<uint64_t>(kind) << 56) | (seq & ((uint64_t{1} << 56) - 1)),
-                 std::memory_order_relaxed);
+                 std::memory_order_release);
     bytes_.store(bytesDone, std::memory_order_relaxed);
     waiting_.store(-1, std::memory_order_relaxed);
+  }
+  // The root of collective `seq` (its header's root), published before setState(kind, seq):
+  // peers in the same rooted collective compare it, since ranks that disagree on the root
+  // of a tree may all wait to receive. Stored with seq's low bits, so a datagram never
+  // pairs one collective's root with another's number.
+  void setRoot(uint64_t seq, int root) {
+    root_.store((static_cast<uint64_t>(static_cast<uint32_t>(root)) << 32) | (seq & 0xffffffffu),
+                std::memory_order_release);
   }
   // The rank this one is blocked on inside the current collective (-1: none), so peers can
   // follow the chain of waits to the rank that holds everyone up.
@@ -85,6 +95,7 @@ class Heartbeat {
     std::atomic<uint64_t> state{0};  // kind << 56 | seq, as sent
     std::atomic<uint64_t> bytes{0};
     std::atomic<int> waiting{-1};
+    std::atomic<uint64_t> root{0};  // root << 32 | seq's low 32 bits, as setRoot; 0: none
   };
 
   tcp::Fd fd_;
@@ -96,6 +107,7 @@ class Heartbeat {
   std::unique_ptr<Slot[]> slots_;
   size_t nslots_ = 0;
   std::atomic<uint64_t> state_{0}, bytes_{0};
+  std::atomic<uint64_t> root_{0};  // setRoot
   std::atomic<uint64_t> sent_{0};
   int targets_ = 0;
   std::atomic<int> waiting_{-1};
