@@ -12,10 +12,12 @@ destroy(). Stores the caller or torch passed in are never released here: not our
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -295,6 +297,22 @@ def _timeout_error(msg: str) -> Exception:
     return CollectiveTimeout(msg)
 
 
+_ALSO = threading.local()  # also_stop_on: failure keys every _wait of this thread checks
+
+
+@contextlib.contextmanager
+def also_stop_on(key: str) -> Iterator[None]:
+    """While inside: every _wait of this thread also stops when `key` (a failure posted as
+    _fail posts it) appears. Group creation uses a job-wide key: a rank that finds the
+    groups out of step cannot know under which group's prefix the others wait."""
+    prev = getattr(_ALSO, "keys", ())
+    _ALSO.keys = (*prev, key)
+    try:
+        yield
+    finally:
+        _ALSO.keys = prev
+
+
 def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,
           prefix: str, hint: str = "did every rank start, with the same WORLD_SIZE and "
                                    "MASTER_ADDR/MASTER_PORT?") -> None:
@@ -303,10 +321,12 @@ def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,
     timeout's message ends with `hint`."""
     deadline = time.monotonic() + timeout
     pause = 0.002
+    stops = [prefix + "failed", *getattr(_ALSO, "keys", ())]
     while not store.check(keys):
-        if store.check([prefix + "failed"]):
-            kind, _, msg = store.get(prefix + "failed").decode().partition("\n")
-            msg = f"rank {rank}: init stopped because another rank failed: {msg}"
+        stop = next((k for k in stops if store.check([k])), None)
+        if stop is not None:
+            kind, _, msg = store.get(stop).decode().partition("\n")
+            msg = f"rank {rank}: stopped waiting for {what} because another rank failed: {msg}"
             if kind == "ValueError":  # bad settings: the same class on every rank
                 raise ValueError(msg)
             raise _timeout_error(msg) if kind == "CollectiveTimeout" else _rr_error(msg)

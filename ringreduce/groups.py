@@ -193,14 +193,20 @@ def _make(world: Group, members: list[int], prefix: str, name: str,
     if len(members) == 1:
         return _register(world, _single(world, members, prefix, name))
     store = world.store
-    _agree(store, prefix, me, members, float(world.options["connect_timeout"]), name)
-    return _connect(world, store, members, me, prefix, name, timeout)
+    out_of_step = world.store_prefix + "groups/"  # _fail posts under prefix + "failed"
+    with _rendezvous.also_stop_on(out_of_step + "failed"):
+        _agree(store, prefix, me, members, float(world.options["connect_timeout"]), name,
+               out_of_step)
+        return _connect(world, store, members, me, prefix, name, timeout)
 
 
 def _agree(store: Any, prefix: str, me: int, members: list[int], timeout: float,
-           name: str) -> None:
+           name: str, out_of_step: str) -> None:
     """Every member must have been given the same member list: group rank 0 publishes its
-    own, the others compare (a mismatch fails all of them, naming both lists)."""
+    own, the others compare. A mismatch fails all of them, naming both lists: it is posted
+    under this group's prefix and under the job's `out_of_step` prefix, which every group
+    creation watches -- a rank that skipped a new_group call is a group behind, so the
+    others may be waiting under the next group's prefix."""
     text = ",".join(map(str, members))
     if me == 0:
         store.set(prefix + "members", text)
@@ -209,10 +215,12 @@ def _agree(store: Any, prefix: str, me: int, members: list[int], timeout: float,
                       f"world rank {members[0]} to create {name}", prefix)
     first = store.get(prefix + "members").decode()
     if first != text:
-        raise _rendezvous._fail(store, prefix, ValueError(
+        err = ValueError(
             f"{name}: world rank {members[me]} was called with ranks [{text}] but world rank "
             f"{members[0]} with [{first}]; every rank must create groups in the same order "
-            f"with the same ranks"))
+            f"with the same ranks (did a rank skip a new_group call?)")
+        _rendezvous._fail(store, out_of_step, err)
+        raise _rendezvous._fail(store, prefix, err)
 
 
 def _connect(world: Group, store: Any, members: list[int], me: int, prefix: str,

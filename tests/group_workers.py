@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -156,6 +157,23 @@ def mismatch(rank: int, world: int) -> str:
         return "ok"
     except Exception as e:  # noqa: BLE001
         return f"{type(e).__name__}: {e}"
+
+
+def skipped_call(rank: int, world: int) -> str:
+    """The last rank skips new_group([0, 1]) and comes late to new_group(all): the others
+    have made the first group and wait under the second's prefix while it compares lists
+    under the first's. Returns the error and how long this rank's new_group calls took."""
+    t0 = time.monotonic()
+    try:
+        if rank != world - 1:
+            rr.new_group([0, 1])
+        else:
+            time.sleep(1.5)
+            t0 = time.monotonic()
+        rr.new_group(list(range(world)))
+        return "ok"
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__} after {time.monotonic() - t0:.1f} s: {e}"
 
 
 def member_dies(rank: int, world: int) -> str:

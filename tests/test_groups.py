@@ -29,6 +29,17 @@ def test_new_group_mismatch_is_named() -> None:
 
 
 @pytest.mark.timeout(120)
+def test_a_skipped_new_group_stops_every_rank_promptly() -> None:
+    """Before, the members waited for the connect timeout, told to check WORLD_SIZE."""
+    outs = run_world(3, "group_workers:skipped_call", timeout=90,
+                     env={"RINGREDUCE_CONNECT_TIMEOUT": "60"})
+    for r, o in enumerate(outs):
+        assert o.startswith("ValueError") and "skip a new_group call" in o, f"rank {r}: {o}"
+        secs = float(o.split()[2])
+        assert secs < 15, f"rank {r} waited {secs} s for the group (connect timeout 60 s): {o}"
+
+
+@pytest.mark.timeout(120)
 def test_dead_member_is_named_on_every_group_it_was_in() -> None:
     outs = run_world_raw(4, "group_workers:member_dies", timeout=90, expendable=[2],
                          env={"RINGREDUCE_TIMEOUT": "30"})
