@@ -136,5 +136,8 @@ def resolve(group: Any, what: str = "this call") -> Group:
             f"{what}: group must be a ringreduce Group (from ringreduce.new_group or "
             f"Group.split) or None for the world, got {type(group).__name__}")
     if group.destroyed:
-        raise RuntimeError(f"{what}: group {group.name!r} was destroyed")
+        again = ("ringreduce.init() again" if group.name == "world" else
+                 "a new group with ringreduce.new_group (ringreduce.destroy() destroys every "
+                 "group)")
+        raise RuntimeError(f"{what}: group {group.name!r} was destroyed; make {again}")
     return group
