@@ -187,8 +187,9 @@ def _check_timeout(timeout: Any, what: str) -> float | None:
 
 
 def _make(world: Group, members: list[int], prefix: str, name: str,
-          timeout: float | None = None) -> Group:
-    """This rank's Group of world ranks `members` (in group-rank order)."""
+          timeout: float | None = None, p2p: bool = False) -> Group:
+    """This rank's Group of world ranks `members` (in group-rank order); p2p: a
+    point-to-point channel (small messages over shared memory are sent eagerly)."""
     me = members.index(world.rank)
     if len(members) == 1:
         return _register(world, _single(world, members, prefix, name))
@@ -197,7 +198,7 @@ def _make(world: Group, members: list[int], prefix: str, name: str,
     with _rendezvous.also_stop_on(out_of_step + "failed"):
         _agree(store, prefix, me, members, float(world.options["connect_timeout"]), name,
                out_of_step)
-        return _connect(world, store, members, me, prefix, name, timeout)
+        return _connect(world, store, members, me, prefix, name, timeout, p2p)
 
 
 def _agree(store: Any, prefix: str, me: int, members: list[int], timeout: float,
@@ -224,10 +225,12 @@ def _agree(store: Any, prefix: str, me: int, members: list[int], timeout: float,
 
 
 def _connect(world: Group, store: Any, members: list[int], me: int, prefix: str,
-             name: str, timeout: float | None = None) -> Group:
+             name: str, timeout: float | None = None, p2p: bool = False) -> Group:
     tun = _env.tunables()
     maddr, ifname = world.net
     options = world.options if timeout is None else {**world.options, "timeout": timeout}
+    if p2p:
+        options = {**options, "p2p_channel": True}
     g = _comm.connect(me, len(members), tun, options, store, maddr, ifname, world.secret,
                      prefix=prefix, name=name, labels=members)
     g.ranks, g.local_rank, g.store = members, world.local_rank, store

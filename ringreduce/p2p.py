@@ -268,9 +268,10 @@ def _channel(world: Group, src: int, dst: int, tag: int) -> Group:
                 base = _base(world, lo, hi, tag)
                 world.store.set(f"{base}want{world.rank}", b"1")  # for any-source receivers
                 _meet(world, base, lo + hi - world.rank, src, dst, tag)
-                up = groups._make(world, [lo, hi], base + "up/", f"p2p {lo}->{hi} tag {tag}")
+                up = groups._make(world, [lo, hi], base + "up/", f"p2p {lo}->{hi} tag {tag}",
+                                  p2p=True)
                 down = groups._make(world, [lo, hi], base + "down/",
-                                    f"p2p {hi}->{lo} tag {tag}")
+                                    f"p2p {hi}->{lo} tag {tag}", p2p=True)
                 with _LOCK:
                     pair = world.p2p[key] = (up, down)
                 if tag == 0 and world.rank in (lo, hi):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any
 
 import numpy as np
@@ -113,15 +115,70 @@ def pipeline(rank: int, world: int, micro: int) -> list:
     return fails
 
 
-def size_mismatch(rank: int, world: int) -> str:
-    try:
-        if rank == 0:
-            rr.send(np.ones(10, np.float32), 1)
-        else:
-            rr.recv(np.ones(12, np.float32), 0)
-        return "no error"
-    except Exception as e:  # noqa: BLE001
-        return type(e).__name__ + ": " + str(e)
+def send_first(rank: int, world: int) -> list:
+    """Every rank sends (blocking) to the next rank of the ring before it receives from the
+    previous one -- unsafe in MPI's terms, but eager small messages make it work there, as
+    the kernel's buffers do over TCP. Two messages per size, up to 1.5 MiB unread. Then
+    rank 0 sends 5 messages to rank 1, which starts reading 1 s late: the sender returns
+    from the first ones at once and, over shared memory, waits in the third (over TCP the
+    kernel buffers all five)."""
+    fails: list = []
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    # The channels first: a pair's first message waits for the peer to post an operation
+    # toward this rank (README), which a ring of blocking sends never does beyond 2 ranks.
+    got = np.empty(4, np.float32)
+    for w in (rr.isend(_msg(rank, nxt, 4), nxt), rr.irecv(got, prv)):
+        w.wait()
+    for n in (1, 3, 2048, 2049, 65536, 131072):
+        for salt in range(3):
+            rr.send(_msg(rank, nxt, n, salt=salt), nxt)
+            rr.send(_msg(rank, nxt, n, np.float64, salt=salt + 1), nxt)
+            a, b = np.empty(n, np.float32), np.empty(n, np.float64)
+            rr.recv(a, prv)
+            rr.recv(b, prv)
+            if not (np.array_equal(a, _msg(prv, rank, n, salt=salt)) and
+                    np.array_equal(b, _msg(prv, rank, n, np.float64, salt=salt + 1))):
+                fails.append(f"send first, n={n} salt={salt}: wrong data from rank {prv}")
+    rr.barrier()
+    if rank == 0:
+        t0, took = time.monotonic(), []
+        for k in range(5):
+            rr.send(_msg(0, 1, 8, salt=k), 1)
+            took.append(time.monotonic() - t0)
+        if took[0] > 0.5:
+            fails.append(f"the first send waited for the late receiver: {took}")
+        if took[-1] < 0.5 and os.environ.get("RINGREDUCE_TRANSPORT") == "shm":
+            fails.append(f"5 sends returned before the late receiver read any: {took}")
+    elif rank == 1:
+        time.sleep(1.0)
+        for k in range(5):
+            y = np.empty(8, np.float32)
+            rr.recv(y, 0)
+            if not np.array_equal(y, _msg(0, 1, 8, salt=k)):
+                fails.append(f"late receiver: message {k} is {y}")
+    return fails
+
+
+def size_mismatch(rank: int, world: int, n: int) -> str:
+    """Rank 0 sends n float32, rank 1 receives n + 2. The receiver fails at once; the
+    sender's send may return (eager, as over TCP), and then a later send on that channel
+    must fail (the receiver's abort reached it). Rank 0 returns what each send did."""
+    if rank == 1:
+        try:
+            rr.recv(np.ones(n + 2, np.float32), 0)
+            return "no error"
+        except Exception as e:  # noqa: BLE001
+            return type(e).__name__ + ": " + str(e)
+    said = []
+    for _ in range(4):
+        try:
+            rr.send(np.ones(n, np.float32), 1)
+            said.append("no error")
+            time.sleep(0.2)  # for the receiver's abort to arrive
+        except Exception as e:  # noqa: BLE001
+            said.append(type(e).__name__ + ": " + str(e))
+            break
+    return " | ".join(said)
 
 
 def torch_p2p(rank: int, world: int) -> list:

@@ -4,6 +4,8 @@ bad input and size mismatches, at world sizes 2-5 over TCP and shared memory."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from _spawn import run_world
 
@@ -32,12 +34,27 @@ def test_pipeline_1f1b(world: int) -> None:
     _assert_no_fails(outs)
 
 
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("world,transport", [(2, "shm"), (3, "shm"), (2, "tcp"), (3, "tcp")])
+def test_blocking_sends_before_receives(world: int, transport: str) -> None:
+    """Before, shared memory's blocking send waited for the receiver: this timed out."""
+    outs = run_world(world, "p2p_workers:send_first", timeout=120,
+                     env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "20"})
+    _assert_no_fails(outs)
+
+
 @pytest.mark.timeout(120)
-def test_size_mismatch_is_an_error_on_both_sides() -> None:
-    outs = run_world(2, "p2p_workers:size_mismatch", timeout=90,
-                     env={"RINGREDUCE_TIMEOUT": "30"})
-    for o in outs:
-        assert o.startswith("CollectiveMismatch"), outs
+@pytest.mark.parametrize("transport,n", [("shm", 10), ("shm", 300_000), ("tcp", 10)])
+def test_size_mismatch_is_an_error_on_both_sides(transport: str, n: int) -> None:
+    """The receiver fails at once; the sender's send returns (eager) or fails, and its
+    next sends on the channel fail -- by the 4th, well before the 30 s timeout."""
+    t0 = time.monotonic()
+    outs = run_world(2, "p2p_workers:size_mismatch", n, timeout=90,
+                     env={"RINGREDUCE_TIMEOUT": "30", "RINGREDUCE_TRANSPORT": transport})
+    assert time.monotonic() - t0 < 25, outs
+    assert outs[1].startswith("CollectiveMismatch") and "count mismatch" in outs[1], outs
+    last = outs[0].split(" | ")[-1]  # the receiver's abort, with its reason
+    assert last.startswith("CollectiveMismatch") and "count mismatch" in last, outs
 
 
 @pytest.mark.timeout(150)

@@ -37,6 +37,8 @@ Options optionsFromDict(const py::dict& d) {
       o.rankLabels = v.cast<std::vector<int>>();
     } else if (k == "group_name") {
       o.groupName = v.cast<std::string>();
+    } else if (k == "p2p_channel") {
+      o.p2pChannel = v.cast<bool>();
     } else if (k.rfind("shm_", 0) == 0 || k == "session") {
       continue;  // shared-memory plan (module.cc), this init's heartbeat key (PyComm)
     } else {

@@ -90,6 +90,10 @@ void broadcast(Communicator& c, void* buf, size_t count, DataType dtype, int roo
   const Algorithm a = planBroadcast(c, bytes);
   transport::FrameHeader h =
       c.begin(CollectiveKind::kBroadcast, dtype, ReduceOp::kSum, root, a, count, bytes);
+  // A point-to-point sender over TCP returns once the kernel took its frames and never reads
+  // the channel: look for the receiver's abort (a size mismatch) before sending more. (Over
+  // shared memory a sender waits within two messages, and waits see aborts.)
+  if (a != Algorithm::kShm && c.options().p2pChannel && c.rank() == root) c.pollIdle();
   if (a == Algorithm::kShm)
     shm::broadcast(c, h, static_cast<char*>(buf), bytes, root);
   else if (a == Algorithm::kTree)

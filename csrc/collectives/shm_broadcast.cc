@@ -5,6 +5,12 @@
 // fin; the root reuses a slot once every fin passed the chunk it held. Each byte is copied
 // once by the root and once by each receiver.
 //
+// On a point-to-point channel (Options::p2pChannel: two ranks, the root is the sender) both
+// start eagerly (lineSend / lineReceive instead of the line round): a sender returns once
+// its message is in its line or slots, before the receive is posted, as MPI's eager sends
+// and TCP's do -- so two ranks may both send first. It waits only for line or slot reuse:
+// up to two small messages, or slots x copyBytes (2 MiB) of large ones, ahead.
+//
 // Barrier: the line round itself -- a rank leaves it only after every rank wrote its line.
 #include <algorithm>
 #include <cstring>
@@ -21,13 +27,32 @@ void broadcast(comm::Communicator& c, const transport::FrameHeader& h, char* buf
                int root) {
   ShmDomain& d = *c.shm();
   const int me = d.rank();
+  if (bytes <= d.config().smallMax && c.options().p2pChannel) {
+    // A point-to-point message (the root is the sender): eager, see lineSend.
+    if (me == root) {
+      lineSend(c, h, buf, bytes);
+    } else {
+      const uint64_t rd = lineReceive(c, h, root);
+      std::memcpy(buf, d.linePayload(root, rd), bytes);
+      lineRelease(c, rd);
+      d.notify();  // the sender may wait for this line (lineSend)
+    }
+    return;
+  }
   if (bytes <= d.config().smallMax) {
     const uint64_t rd = lineRound(c, h, me == root ? buf : nullptr, me == root ? bytes : 0);
     if (me != root) std::memcpy(buf, d.linePayload(root, rd), bytes);
     lineRelease(c, rd);
     return;
   }
-  lineRelease(c, lineRound(c, h, nullptr, 0));
+  if (!c.options().p2pChannel) {
+    lineRelease(c, lineRound(c, h, nullptr, 0));
+  } else if (me == root) {  // eager too: a sender that finds its slots free returns
+    lineSend(c, h, nullptr, 0);  // without waiting for the receiver (slots x copyBytes)
+  } else {
+    lineRelease(c, lineReceive(c, h, root));
+    d.notify();
+  }
   const size_t cb = d.config().copyBytes;
   const size_t G = chunking::numSegments(bytes, cb);
   const uint32_t base = d.chunkBase(), K = static_cast<uint32_t>(d.config().slots);

@@ -32,6 +32,27 @@ transport::FrameHeader described(const transport::shm::LineHeader& L,
   return h;
 }
 
+// This rank's line of `round`: descriptor h and the payload; then peers may read it.
+void writeLine(ShmDomain& d, const transport::FrameHeader& h, const void* payload,
+               size_t bytes, uint64_t round) {
+  d.linePrevRound(round) = round;
+  transport::shm::LineHeader& L = d.line(d.rank(), round);
+  describe(h, &L);
+  if (bytes) std::memcpy(d.linePayload(d.rank(), round), payload, bytes);
+  L.round.store(round, std::memory_order_release);
+  d.notify();
+}
+
+// Wait for local rank r's line of `round`, then check it describes the same collective.
+void awaitLine(comm::Communicator& c, const transport::FrameHeader& h, int r, uint64_t round) {
+  ShmDomain& d = *c.shm();
+  transport::shm::LineHeader& P = d.line(r, round);
+  waitFor(c, [&] { return P.round.load(std::memory_order_acquire) == round; }, [&] { return r; });
+  std::string mm = transport::describeMismatch(described(P, h), h);
+  if (!mm.empty())
+    throw MismatchError(detail::concat("rank ", c.label(d.globalRank(r)), " (shared memory): ", mm));
+}
+
 }  // namespace
 
 uint64_t lineRound(comm::Communicator& c, const transport::FrameHeader& h, const void* payload,
@@ -40,12 +61,14 @@ uint64_t lineRound(comm::Communicator& c, const transport::FrameHeader& h, const
   const int n = d.world(), me = d.rank();
   const uint64_t round = d.nextRound();
   // Our line of `round` was last used in round - 2: may it be rewritten, i.e. has every
-  // peer finished reading it (lineDone >= round - 2)? Always yes, without looking: a peer
-  // that reached this round completed round - 1, for which it read *our* line of round - 1,
-  // which we wrote only after lineRelease(round - 2) (every lineRound is released before
-  // the next one; a collective that throws in between poisons the communicator). So
-  // neither this check nor a wake-up at lineRelease is needed -- each was a cross-core
-  // cache miss (and a fence) per round. RR_SHM_CHECK_LINES builds verify it.
+  // peer finished reading it (lineDone >= round - 2)? In a collective always yes, without
+  // looking: a peer that reached this round completed round - 1, for which it read *our*
+  // line of round - 1, which we wrote only after lineRelease(round - 2) (every lineRound is
+  // released before the next one; a collective that throws in between poisons the
+  // communicator). So neither this check nor a wake-up at lineRelease is needed -- each was
+  // a cross-core cache miss (and a fence) per round. RR_SHM_CHECK_LINES builds verify it.
+  // On a point-to-point channel a sender may have run ahead (lineSend): there it waits.
+  if (c.options().p2pChannel) lineWaitFree(c, round);
 #ifdef RR_SHM_CHECK_LINES
   if (uint64_t prev = d.linePrevRound(round); prev != 0) {
     for (int r = 0; r < n; ++r)
@@ -53,22 +76,38 @@ uint64_t lineRound(comm::Communicator& c, const transport::FrameHeader& h, const
         RR_THROW(Error, "shared-memory line reused before rank ", r, " released it");
   }
 #endif
-  d.linePrevRound(round) = round;
-  transport::shm::LineHeader& L = d.line(me, round);
-  describe(h, &L);
-  if (bytes) std::memcpy(d.linePayload(me, round), payload, bytes);
-  L.round.store(round, std::memory_order_release);
-  d.notify();
-  // Wait for every peer's line of this round, then check it describes the same collective.
-  for (int r = 0; r < n; ++r) {
-    if (r == me) continue;
-    transport::shm::LineHeader& P = d.line(r, round);
-    waitFor(c, [&] { return P.round.load(std::memory_order_acquire) == round; }, [&] { return r; });
-    std::string mm = transport::describeMismatch(described(P, h), h);
-    if (!mm.empty())
-      throw MismatchError(detail::concat("rank ", c.label(d.globalRank(r)), " (shared memory): ", mm));
-  }
+  writeLine(d, h, payload, bytes, round);
+  for (int r = 0; r < n; ++r)
+    if (r != me) awaitLine(c, h, r, round);
   return round;
+}
+
+void lineSend(comm::Communicator& c, const transport::FrameHeader& h, const void* payload,
+              size_t bytes) {
+  ShmDomain& d = *c.shm();
+  const uint64_t round = d.nextRound();
+  lineWaitFree(c, round);
+  writeLine(d, h, payload, bytes, round);
+  lineRelease(c, round);
+}
+
+uint64_t lineReceive(comm::Communicator& c, const transport::FrameHeader& h, int from) {
+  ShmDomain& d = *c.shm();
+  const uint64_t round = d.nextRound();
+  d.linePrevRound(round) = round;
+  awaitLine(c, h, from, round);
+  return round;
+}
+
+void lineWaitFree(comm::Communicator& c, uint64_t round) {
+  ShmDomain& d = *c.shm();
+  const uint64_t prev = d.linePrevRound(round);
+  if (prev == 0) return;
+  for (int r = 0; r < d.world(); ++r) {
+    if (r == d.rank()) continue;
+    std::atomic<uint64_t>& done = d.ctl(r).lineDone.v;
+    waitFor(c, [&] { return done.load(std::memory_order_acquire) >= prev; }, [&] { return r; });
+  }
 }
 
 void lineRelease(comm::Communicator& c, uint64_t round) {

@@ -19,6 +19,20 @@ uint64_t lineRound(comm::Communicator& c, const transport::FrameHeader& h, const
                    size_t bytes);
 // This rank has finished reading peers' lines of `round`: they may reuse them.
 void lineRelease(comm::Communicator& c, uint64_t round);
+// Point-to-point channels only (Options::p2pChannel), where a sender runs ahead of its
+// receiver: wait until every peer released this rank's line of the round before `round`
+// that used the same line, so it may be rewritten. (In a collective that always holds.)
+void lineWaitFree(comm::Communicator& c, uint64_t round);
+// Point-to-point channels: the two halves of a line round, for a small message sent
+// eagerly (returning before the receiver reads it, as MPI's and TCP's sends do).
+// lineSend writes this rank's line (waiting only while the receiver has not read that
+// line's previous use, two messages ago) and releases it. lineReceive waits for `from`'s
+// line and checks its descriptor against h (MismatchError: the receiver fails; the sender
+// learns it from its abort); read the payload, then lineRelease and notify() -- the
+// sender may be waiting for that line.
+void lineSend(comm::Communicator& c, const transport::FrameHeader& h, const void* payload,
+              size_t bytes);
+uint64_t lineReceive(comm::Communicator& c, const transport::FrameHeader& h, int from);
 
 // Wait until pred() holds, checking deadline/peer liveness; `lagging()` names the local
 // rank being waited for in errors (-1: unknown).

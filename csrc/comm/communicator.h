@@ -142,6 +142,9 @@ class Communicator {
   // For waits outside poll (shared memory): throw on abort, deadline (naming `peer`, the
   // rank waited for, when >= 0) or a peer whose connection shows EOF/abort. Cheap.
   void checkAlive(int peer);
+  // Its socket part: read what peers' idle connections hold -- an abort (throws), a
+  // goodbye, a dialler -- without waiting. A point-to-point sender never reads otherwise.
+  void pollIdle();
 
   // Record the first failure, tell every peer (abort frames) and close all connections.
   // Later begin() calls throw a clear "unusable" error.

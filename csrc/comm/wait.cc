@@ -112,6 +112,10 @@ void Communicator::checkAlive(int peer) {
     throw PeerError(peer, PeerCause::kLeft, detail::concat("rank ", label(peer), " (", peerHost(peer),
                                          ") left the job (destroy() or normal exit) while rank ",
                                          label(rank_), " waited for it in ", describeCurrent()));
+  pollIdle();
+}
+
+void Communicator::pollIdle() {
   pfds_.clear();
   pfdPeer_.clear();
   watchIdle(-1, -1);

@@ -34,6 +34,11 @@ struct Options {
   // ranks, as users know them; empty = the world itself) and its name ("group3").
   std::vector<int> rankLabels;
   std::string groupName;
+  // A point-to-point channel (ringreduce/p2p.py: two ranks, one direction, the root always
+  // the sender): a small message over shared memory is sent eagerly -- the sender writes
+  // its line and returns, at most two messages ahead of its receiver -- as MPI and TCP
+  // sends return before the receive is posted (collectives/shm_broadcast.cc).
+  bool p2pChannel = false;
 };
 
 }  // namespace rr
