@@ -105,11 +105,8 @@ def as_buffer(x: Any, what: str, writable: bool = True) -> Buffer:
         if writable and not x.flags.writeable:
             raise ValueError(f"{what}: array is read-only; the collective writes its result in place")
         name = str(x.dtype)
-        code = DTYPE_CODES.get(_COMPLEX.get(name, name))
-        if code is None:
-            raise ValueError(f"{what}: dtype {x.dtype} is not supported; use one of "
-                             f"{_SUPPORTED}, complex64, complex128")
-        return Buffer(x, _array_data(x), x.size, name, code, tuple(x.shape))
+        return Buffer(x, _array_data(x), x.size, name, _code(name, x.dtype, what, True),
+                      tuple(x.shape))
     raise TypeError(
         f"{what}: expected a torch.Tensor or numpy.ndarray, got {type(x).__name__}"
     )
@@ -148,6 +145,16 @@ def torch_fast_code(x: Any) -> int | None:
     return code
 
 
+def _code(name: str, dtype: Any, what: str, complex_ok: bool) -> int:
+    """The core's code of dtype `name` (a complex dtype's real one, where complex_ok), or a
+    ValueError listing what is supported."""
+    code = DTYPE_CODES.get(_COMPLEX.get(name, name) if complex_ok else name)
+    if code is None:
+        raise ValueError(f"{what}: dtype {dtype} is not supported; use one of {_SUPPORTED}"
+                         + (", complex64, complex128" if complex_ok else ""))
+    return code
+
+
 def check_torch_tensor(x: Any, what: str, writable: bool, complex_ok: bool = False) -> tuple:
     """Device-independent checks of a torch tensor (layout, contiguity, dtype, autograd);
     returns (dtype name, dtype code: a complex dtype's real one where complex_ok). Shared by
@@ -161,10 +168,7 @@ def check_torch_tensor(x: Any, what: str, writable: bool, complex_ok: bool = Fal
             f"pass x.contiguous() and copy the result back, or use a contiguous buffer"
         )
     name = str(x.dtype).replace("torch.", "")
-    code = DTYPE_CODES.get(_COMPLEX.get(name, name) if complex_ok else name)
-    if code is None:
-        raise ValueError(f"{what}: dtype {x.dtype} is not supported; use one of {_SUPPORTED}"
-                         + (", complex64, complex128" if complex_ok else ""))
+    code = _code(name, x.dtype, what, complex_ok)
     if writable and x.requires_grad and x.is_leaf and torch.is_grad_enabled():
         raise ValueError(
             f"{what}: in-place collective on a leaf tensor that requires grad; "
