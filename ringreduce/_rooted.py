@@ -130,6 +130,7 @@ def all_to_all(x: Any, out: Any = None, send_counts: Any = None, recv_counts: An
     rcount = [c * per_row for c in rc]
     soff = [sum(scount[:p]) for p in range(n)]
     roff = [sum(rcount[:p]) for p in range(n)]
+    _check_apart(x, b, out, o)
     if g.comm is None:
         _copy_into(out, x)
         return Work(None, result=out) if async_op else out
@@ -147,6 +148,19 @@ def _as_ints(v: Any, n: int, name: str) -> list[int]:
     if len(out) != n or any(c < 0 for c in out):
         raise ValueError(f"all_to_all: {name} needs {n} counts >= 0 (one per rank), got {out}")
     return out
+
+
+def _check_apart(x: Any, b: Any, out: Any, o: Any) -> None:
+    """all_to_all cannot run in place: blocks are written while others are still being
+    sent (MPI forbids the aliasing too). Refused before anything moves."""
+    if not b.count or not o.count:
+        return
+    size = x.element_size() if hasattr(x, "element_size") else x.itemsize
+    osize = out.element_size() if hasattr(out, "element_size") else out.itemsize
+    xb, ob = b.units() * size, o.units() * osize
+    if b.ptr < o.ptr + ob and o.ptr < b.ptr + xb:
+        raise ValueError("all_to_all: out overlaps x in memory; pass a separate out (or "
+                         "None for a new one), then copy back if needed")
 
 
 def _counts(v: Any, rows: int, n: int, name: str, what: str) -> list[int]:

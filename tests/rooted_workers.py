@@ -304,3 +304,58 @@ def complex_sweep(rank: int, world: int) -> list:
             fails.append(f"world 1: {e}")
     rr.barrier()
     return fails
+
+
+def alltoall_paths(rank: int, world: int) -> dict:
+    """Large shared-memory all_to_all: equal and uneven blocks (zeros included), several
+    dtypes, torch tensors, a subgroup, and `out` overlapping `x` (which may never be read in
+    place by peers); every result checked. Returns the failures and the bytes this rank
+    read from peers with process_vm_readv (RINGREDUCE_CMA)."""
+    import torch
+
+    fails: list = []
+    ranks = list(range(world))
+
+    def cnt(a: int, b: int) -> int:
+        return (a * 3 + b * 5 + 1) % 4
+
+    for dt in (np.float32, np.int64, np.float16, np.uint8):
+        for scale in (70_001, 1 << 20):
+            send = [cnt(rank, p) * scale for p in ranks]
+            recv = [cnt(p, rank) * scale for p in ranks]
+            x = np.concatenate([(np.arange(send[p]) * 7 + rank * 100 + p).astype(dt)
+                                for p in ranks])
+            out = rr.all_to_all(x, send_counts=send, recv_counts=recv)
+            want = np.concatenate([(np.arange(recv[p]) * 7 + p * 100 + rank).astype(dt)
+                                   for p in ranks])
+            if out.shape != want.shape or not np.array_equal(out, want):
+                fails.append(f"uneven {np.dtype(dt).name} x{scale}")
+    rows = 1 << 19  # 2 MiB blocks of float32
+    x = torch.stack([torch.full((rows,), float(rank * world + p)) for p in ranks]).reshape(-1)
+    out = torch.empty_like(x)
+    rr.all_to_all(x, out=out)
+    if not torch.equal(out, torch.cat([torch.full((rows,), float(p * world + rank))
+                                       for p in ranks])):
+        fails.append("torch equal blocks")
+    if world >= 3:
+        g = rr.new_group([0, 2, world - 1] if world > 3 else [0, 2])
+        if g is not None:
+            y = np.concatenate([np.full(rows, rank * 10 + q, np.float64) for q in g.ranks])
+            got = rr.all_to_all(y, group=g)
+            if not np.array_equal(got, np.concatenate([np.full(rows, q * 10 + rank, np.float64)
+                                                       for q in g.ranks])):
+                fails.append("group")
+            g.destroy()
+    # `out` is `x` shifted by one block: peers must not read x where this rank writes.
+    buf = np.zeros((world + 1) * rows, np.float32)
+    x = buf[:world * rows]
+    x[:] = np.concatenate([np.full(rows, rank * world + p, np.float32) for p in ranks])
+    try:
+        got = rr.all_to_all(x, out=buf[rows:])
+        want = np.concatenate([np.full(rows, p * world + rank, np.float32) for p in ranks])
+        if not np.array_equal(got, want):
+            fails.append("overlapping out")
+    except ValueError as e:
+        if "overlap" not in str(e):
+            fails.append(f"overlapping out refused without saying why: {e}")
+    return {"fails": fails, "cma_bytes": int(rr.world_group().comm.cma_bytes())}

@@ -44,3 +44,18 @@ def test_torch_rooted_on_ringreduce(world: int) -> None:
     outs = run_world(world, "rooted_workers:torch_rooted", timeout=120, init=False)
     fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o]
     assert not fails, "\n".join(fails)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("world,cma", [(2, "1"), (3, "1"), (5, "1"), (3, "0")])
+def test_shared_memory_all_to_all_paths(world: int, cma: str) -> None:
+    """With RINGREDUCE_CMA=1 (the default) the large all_to_all reads peers' buffers in
+    place (process_vm_readv; this machine allows it), with 0 it streams through the slots;
+    both checked against numpy, overlapping `out` included."""
+    outs = run_world(world, "rooted_workers:alltoall_paths", timeout=170,
+                     env={"RINGREDUCE_TRANSPORT": "shm", "RINGREDUCE_TIMEOUT": "60",
+                          "RINGREDUCE_CMA": cma})
+    fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o["fails"]]
+    assert not fails, "\n".join(fails[:40])
+    for r, o in enumerate(outs):
+        assert (o["cma_bytes"] > 0) == (cma == "1"), f"rank {r} read {o['cma_bytes']} B with CMA={cma}"

@@ -554,6 +554,12 @@ PYBIND11_MODULE(_C, m) {
         }
         return out;
       })
+      .def("cma_bytes",
+           // Bytes this rank read from local peers with process_vm_readv (transport/shm/cma.h).
+           [](PyComm& c) {
+             auto* d = c.ex().comm().shm();
+             return d ? d->cmaBytes() : uint64_t{0};
+           })
       .def("bytes_sent",
            // Payload bytes sent over TCP by this rank so far (comm/communicator.h).
            [](PyComm& c) { return c.ex().comm().payloadBytesSent(); })

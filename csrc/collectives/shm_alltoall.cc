@@ -15,17 +15,68 @@
 // the global chunk numbers stay in step. Each chunk is copied once in and once out.
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "collectives/shm_algos.h"
 #include "collectives/shm_common.h"
 #include "core/chunking.h"
 #include "core/error.h"
+#include "transport/shm/cma.h"
 
 namespace rr::collectives::shm {
 
 using transport::shm::Control;
 using transport::shm::reached;
+
+namespace {
+
+// 1 when peers may read this rank's blocks in place with process_vm_readv (cma.h): CMA is
+// on (RINGREDUCE_CMA), this rank can read every local peer (probed once), and nothing this
+// rank writes -- `out`, its own block -- overlaps what it sends.
+uint64_t cmaLendable(comm::Communicator& c, const char* in, const size_t* sendBytes,
+                     const size_t* sendOffs, const char* out, const size_t* recvBytes,
+                     const size_t* recvOffs, const OwnBlock& own) {
+  if (!c.options().cma) return 0;
+  const int n = c.shm()->world();
+  auto span = [n](const char* base, const size_t* len, const size_t* off, const char* extra,
+                  size_t extraLen) {
+    const char *lo = extraLen ? extra : nullptr, *hi = extraLen ? extra + extraLen : nullptr;
+    for (int p = 0; p < n; ++p) {
+      if (!len[p]) continue;
+      const char *a = base + off[p], *b = a + len[p];
+      if (!lo || a < lo) lo = a;
+      if (!hi || b > hi) hi = b;
+    }
+    return std::make_pair(lo, hi);
+  };
+  const auto s = span(in, sendBytes, sendOffs, own.src, own.bytes);
+  const auto r = span(out, recvBytes, recvOffs, own.dst, own.bytes);
+  if (s.first && r.first && r.first < s.second && s.first < r.second) return 0;
+  return c.shm()->cmaReadable() ? 1 : 0;
+}
+
+// Read `len` bytes at `addr` in local rank `from`'s process into dst, in pieces between
+// which the deadline and the peers' liveness are checked. Returns len.
+size_t cmaRead(comm::Communicator& c, int from, uint64_t addr, char* dst, size_t len) {
+  constexpr size_t kPiece = 64 << 20;
+  ShmDomain& d = *c.shm();
+  const int peer = d.globalRank(from);
+  const auto pid = static_cast<pid_t>(d.ctl(from).pid.v.load(std::memory_order_relaxed));
+  for (size_t o = 0; o < len; o += kPiece) {
+    const int err = transport::shm::readFrom(pid, addr + o, dst + o, std::min(kPiece, len - o));
+    if (err) {
+      c.checkAlive(peer);  // a dead peer is named as such
+      RR_THROW(Error, "all_to_all: reading rank ", c.label(peer), "'s buffer (process_vm_readv, pid ",
+               pid, ") failed: ", std::strerror(err), "; RINGREDUCE_CMA=0 avoids it");
+    }
+    c.checkAlive(peer);
+  }
+  d.addCmaBytes(len);
+  return len;
+}
+
+}  // namespace
 
 void alltoall(comm::Communicator& c, const transport::FrameHeader& h, const char* in,
               const size_t* sendBytes, const size_t* sendOffs, char* out,
@@ -45,19 +96,37 @@ void alltoall(comm::Communicator& c, const transport::FrameHeader& h, const char
   const size_t sizes = static_cast<size_t>(n) * sizeof(uint64_t), small = d.config().smallMax;
   size_t sendTotal = 0;
   for (int p = 0; p < n; ++p) sendTotal += sendBytes[p];
-  // The line carries the sizes, then -- when they fit -- the blocks packed in rank order.
-  const size_t lineLen = sizes + (sizes + sendTotal <= small ? sendTotal : 0);
+  // The line carries the sizes; where they fit, the send offsets and a CMA word (cma.h:
+  // this rank's `in` may be read in place) and `in`'s address; then -- when they fit --
+  // the blocks packed in rank order.
+  const bool cmaLayout = 2 * sizes + 16 <= small;
+  const size_t head = sizes + (cmaLayout ? sizes + 16 : 0);
+  const size_t lineLen = head + (head + sendTotal <= small ? sendTotal : 0);
   char* line = c.scratch().get(comm::ScratchArena::kExtra, lineLen);
-  std::vector<uint64_t> all(static_cast<size_t>(n) * n);
   for (size_t p = 0, at = 0; p < static_cast<size_t>(n); at += sendBytes[p], ++p) {
-    const uint64_t b = sendBytes[p];
+    const uint64_t b = sendBytes[p], o = sendOffs[p];
     std::memcpy(line + p * sizeof(uint64_t), &b, sizeof b);
-    if (lineLen > sizes && b) std::memcpy(line + sizes + at, in + sendOffs[p], b);
+    if (cmaLayout) std::memcpy(line + sizes + p * sizeof(uint64_t), &o, sizeof o);
+    if (lineLen > head && b) std::memcpy(line + head + at, in + sendOffs[p], b);
+  }
+  if (cmaLayout) {
+    const uint64_t meta[2] = {cmaLendable(c, in, sendBytes, sendOffs, out, recvBytes, recvOffs, own),
+                              reinterpret_cast<uint64_t>(in)};
+    std::memcpy(line + 2 * sizes, meta, sizeof meta);
   }
   const uint64_t rd = lineRound(c, h, line, lineLen);
-  for (int r = 0; r < n; ++r)
-    std::memcpy(&all[static_cast<size_t>(r) * n], r == me ? line : d.linePayload(r, rd), sizes);
+  const size_t nn = static_cast<size_t>(n) * n;
+  std::vector<uint64_t> all(cmaLayout ? 2 * nn + 2 * static_cast<size_t>(n) : nn);
+  for (int r = 0; r < n; ++r) {
+    const char* l = r == me ? line : d.linePayload(r, rd);
+    std::memcpy(&all[static_cast<size_t>(r) * n], l, sizes);
+    if (cmaLayout) {
+      std::memcpy(&all[nn + static_cast<size_t>(r) * n], l + sizes, sizes);
+      std::memcpy(&all[2 * nn + 2 * static_cast<size_t>(r)], l + 2 * sizes, 16);
+    }
+  }
   auto bytes = [&](int from, int to) { return all[static_cast<size_t>(from) * n + to]; };
+  // bytes(me, me) is 0: this rank's own block is `own`.
   for (int p = 0; p < n; ++p)
     if (bytes(p, me) != recvBytes[p])
       throw MismatchError(detail::concat("rank ", c.label(d.globalRank(p)),
@@ -68,7 +137,7 @@ void alltoall(comm::Communicator& c, const transport::FrameHeader& h, const char
   for (int r = 0; r < n && inLines; ++r) {
     size_t t = 0;
     for (int p = 0; p < n; ++p) t += bytes(r, p);
-    inLines = sizes + t <= small;
+    inLines = head + t <= small;
   }
   if (inLines) {
     size_t moved = 0;
@@ -76,7 +145,7 @@ void alltoall(comm::Communicator& c, const transport::FrameHeader& h, const char
       if (p == me || !recvBytes[p]) continue;
       size_t at = 0;
       for (int q = 0; q < me; ++q) at += bytes(p, q);
-      std::memcpy(out + recvOffs[p], d.linePayload(p, rd) + sizes + at, recvBytes[p]);
+      std::memcpy(out + recvOffs[p], d.linePayload(p, rd) + head + at, recvBytes[p]);
       moved += recvBytes[p];
     }
     lineRelease(c, rd);
@@ -85,6 +154,24 @@ void alltoall(comm::Communicator& c, const transport::FrameHeader& h, const char
     return;
   }
   lineRelease(c, rd);
+  bool cma = cmaLayout;
+  for (int r = 0; r < n && cma; ++r) cma = all[2 * nn + 2 * static_cast<size_t>(r)] == 1;
+  if (cma) {
+    // Every rank may read every other's `in` where it lies: read our blocks straight into
+    // `out` (one copy), then a line round, so no rank returns -- and reuses `in` -- while
+    // a peer still reads it.
+    size_t moved = 0;
+    for (int i = 1; i < n; ++i) {
+      const int from = (me - i + n) % n;
+      const uint64_t at = all[2 * nn + 2 * static_cast<size_t>(from) + 1] +
+                          all[nn + static_cast<size_t>(from) * n + static_cast<size_t>(me)];
+      moved += cmaRead(c, from, at, out + recvOffs[from], recvBytes[from]);
+    }
+    copyOwn(own.bytes);
+    lineRelease(c, lineRound(c, h, nullptr, 0));
+    c.addBytesDone(moved);
+    return;
+  }
   const size_t cb = d.config().copyBytes;
   const uint32_t base = d.chunkBase(), K = static_cast<uint32_t>(d.config().slots);
   Control& ctl = d.ctl(me);

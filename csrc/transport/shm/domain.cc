@@ -10,6 +10,7 @@
 #include <new>
 
 #include "core/error.h"
+#include "transport/shm/cma.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -50,7 +51,10 @@ ShmDomain::ShmDomain(int rank, std::vector<int> members, const std::string& pref
   total_ = slotOff_ + static_cast<size_t>(cfg_.slots) * cfg_.chunkBytes;
   grown_ = cfg_.chunkBytes == cfg_.copyBytes || cfg_.copyBytes % 4096 || cfg_.chunkBytes % 4096;
   own_ = Segment::create(prefix + "-" + std::to_string(globalRank(rank_)), total_, ranges(true));
-  new (own_.data()) Control();
+  Control* ctl = new (own_.data()) Control();
+  ctl->pid.v.store(static_cast<uint64_t>(::getpid()), std::memory_order_relaxed);
+  ctl->probeAddr.v.store(probeAddress(), std::memory_order_relaxed);
+  ctl->probeValue.v.store(probeValue(), std::memory_order_release);
   for (int i = 0; i < 2; ++i)
     new (own_.data() + lineOff_ + static_cast<size_t>(i) * lineBytes_) LineHeader();
   peers_.resize(static_cast<size_t>(world_));
@@ -86,6 +90,20 @@ void ShmDomain::attach(const std::vector<std::string>& names) {
         RR_THROW(Error, "cannot map the shared memory segment ", s.name(), " of local rank ", r);
     base_[static_cast<size_t>(r)] = s.data();
   }
+}
+
+bool ShmDomain::cmaReadable() {
+  if (cma_ < 0) {
+    cma_ = 1;
+    for (int r = 0; r < world_ && cma_; ++r) {
+      if (r == rank_) continue;
+      Control& p = ctl(r);
+      cma_ = canRead(static_cast<pid_t>(p.pid.v.load(std::memory_order_acquire)),
+                     p.probeAddr.v.load(std::memory_order_relaxed),
+                     p.probeValue.v.load(std::memory_order_relaxed));
+    }
+  }
+  return cma_ == 1;
 }
 
 bool ShmDomain::growOwn() {

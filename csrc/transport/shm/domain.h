@@ -46,6 +46,9 @@ struct Control {
   Word32 red;       // chunks whose owner slice is reduced
   Word32 fin;       // chunks fully consumed by the owner
   Word64 lineDone;  // last seq whose peer lines the owner has finished reading
+  Word64 pid;       // the owner's process and its probe word (cma.h), set at creation
+  Word64 probeAddr;
+  Word64 probeValue;
 };
 
 struct alignas(64) LineHeader {
@@ -144,6 +147,12 @@ class ShmDomain {
                  bool spin = true);
   // Wake peers sleeping on their doorbell after this rank updated its counters/lines.
   void notify();
+  // Whether this rank can read every local peer's memory with process_vm_readv (cma.h):
+  // probed once, on first use (after attach).
+  bool cmaReadable();
+  // Bytes this rank read from peers with process_vm_readv so far (tests, benchmarks).
+  void addCmaBytes(size_t n) { cmaBytes_.fetch_add(n, std::memory_order_relaxed); }
+  uint64_t cmaBytes() const { return cmaBytes_.load(std::memory_order_relaxed); }
 
  private:
   int rank_, world_;
@@ -159,6 +168,8 @@ class ShmDomain {
   // rest of the slots (empty when there is one size of slot).
   std::vector<Segment::Range> ranges(bool first) const;
   uint64_t linePrev_[2] = {0, 0};
+  int cma_ = -1;  // cmaReadable: -1 not probed yet, 0 no, 1 yes
+  std::atomic<uint64_t> cmaBytes_{0};
   uint64_t round_ = 0;
 };
 
