@@ -156,6 +156,25 @@ def send_first(rank: int, world: int) -> list:
             rr.recv(y, 0)
             if not np.array_equal(y, _msg(0, 1, 8, salt=k)):
                 fails.append(f"late receiver: message {k} is {y}")
+    # Beyond the slots (2 MiB): over shared memory the receiver reads the sender's buffer in
+    # place (process_vm_readv, which this machine allows; RINGREDUCE_CMA=1 by default).
+    big = 6 << 20
+    if rank == 0:
+        rr.send(_msg(0, 1, big, salt=5), 1)
+        rr.send(_msg(0, 1, 1000, salt=6), 1)  # the slots again after it
+    elif rank == 1:
+        y, z = np.empty(big, np.float32), np.empty(1000, np.float32)
+        rr.recv(y, 0)
+        rr.recv(z, 0)
+        if not (np.array_equal(y, _msg(0, 1, big, salt=5)) and
+                np.array_equal(z, _msg(0, 1, 1000, salt=6))):
+            fails.append("24 MiB message, then a small one: wrong data")
+        up = rr.world_group().p2p[(0, 1, 0)][0]  # the channel 0 -> 1, tag 0
+        read = up.comm.cma_bytes()
+        cma = os.environ.get("RINGREDUCE_CMA", "1") != "0"
+        want = big * 4 if cma and os.environ.get("RINGREDUCE_TRANSPORT") == "shm" else 0
+        if read != want:
+            fails.append(f"{read} bytes of the 24 MiB message were read in place, not {want}")
     return fails
 
 

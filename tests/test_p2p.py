@@ -35,11 +35,14 @@ def test_pipeline_1f1b(world: int) -> None:
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("world,transport", [(2, "shm"), (3, "shm"), (2, "tcp"), (3, "tcp")])
-def test_blocking_sends_before_receives(world: int, transport: str) -> None:
-    """Before, shared memory's blocking send waited for the receiver: this timed out."""
+@pytest.mark.parametrize("world,transport,cma", [(2, "shm", "1"), (3, "shm", "1"),
+                                               (2, "shm", "0"), (2, "tcp", "1"), (3, "tcp", "1")])
+def test_blocking_sends_before_receives(world: int, transport: str, cma: str) -> None:
+    """Before, shared memory's blocking send waited for the receiver: this timed out.
+    Also a message larger than the slots, read in place (CMA) or through the slots."""
     outs = run_world(world, "p2p_workers:send_first", timeout=120,
-                     env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "20"})
+                     env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "20",
+                          "RINGREDUCE_CMA": cma})
     _assert_no_fails(outs)
 
 

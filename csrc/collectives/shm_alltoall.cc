@@ -56,26 +56,6 @@ uint64_t cmaLendable(comm::Communicator& c, const char* in, const size_t* sendBy
   return c.shm()->cmaReadable() ? 1 : 0;
 }
 
-// Read `len` bytes at `addr` in local rank `from`'s process into dst, in pieces between
-// which the deadline and the peers' liveness are checked. Returns len.
-size_t cmaRead(comm::Communicator& c, int from, uint64_t addr, char* dst, size_t len) {
-  constexpr size_t kPiece = 64 << 20;
-  ShmDomain& d = *c.shm();
-  const int peer = d.globalRank(from);
-  const auto pid = static_cast<pid_t>(d.ctl(from).pid.v.load(std::memory_order_relaxed));
-  for (size_t o = 0; o < len; o += kPiece) {
-    const int err = transport::shm::readFrom(pid, addr + o, dst + o, std::min(kPiece, len - o));
-    if (err) {
-      c.checkAlive(peer);  // a dead peer is named as such
-      RR_THROW(Error, "all_to_all: reading rank ", c.label(peer), "'s buffer (process_vm_readv, pid ",
-               pid, ") failed: ", std::strerror(err), "; RINGREDUCE_CMA=0 avoids it");
-    }
-    c.checkAlive(peer);
-  }
-  d.addCmaBytes(len);
-  return len;
-}
-
 }  // namespace
 
 void alltoall(comm::Communicator& c, const transport::FrameHeader& h, const char* in,
@@ -165,7 +145,7 @@ void alltoall(comm::Communicator& c, const transport::FrameHeader& h, const char
       const int from = (me - i + n) % n;
       const uint64_t at = all[2 * nn + 2 * static_cast<size_t>(from) + 1] +
                           all[nn + static_cast<size_t>(from) * n + static_cast<size_t>(me)];
-      moved += cmaRead(c, from, at, out + recvOffs[from], recvBytes[from]);
+      moved += cmaRead(c, from, at, out + recvOffs[from], recvBytes[from], "all_to_all");
     }
     copyOwn(own.bytes);
     lineRelease(c, lineRound(c, h, nullptr, 0));

@@ -9,7 +9,9 @@
 // start eagerly (lineSend / lineReceive instead of the line round): a sender returns once
 // its message is in its line or slots, before the receive is posted, as MPI's eager sends
 // and TCP's do -- so two ranks may both send first. It waits only for line or slot reuse:
-// up to two small messages, or slots x copyBytes (2 MiB) of large ones, ahead.
+// up to two small messages, or slots x copyBytes (2 MiB) of large ones, ahead. A larger
+// message, which would wait anyway, is read by the receiver straight from the sender's
+// buffer with process_vm_readv where the kernel allows it (RINGREDUCE_CMA).
 //
 // Barrier: the line round itself -- a rank leaves it only after every rank wrote its line.
 #include <algorithm>
@@ -45,17 +47,40 @@ void broadcast(comm::Communicator& c, const transport::FrameHeader& h, char* buf
     lineRelease(c, rd);
     return;
   }
+  const size_t cb = d.config().copyBytes;
+  const uint32_t K = static_cast<uint32_t>(d.config().slots);
   if (!c.options().p2pChannel) {
     lineRelease(c, lineRound(c, h, nullptr, 0));
-  } else if (me == root) {  // eager too: a sender that finds its slots free returns
-    lineSend(c, h, nullptr, 0);  // without waiting for the receiver (slots x copyBytes)
+  } else if (me == root) {
+    // More than the slots hold: the sender would wait for its receiver anyway, so let the
+    // receiver read the message in place (one copy, cma.h) when the sender can read it
+    // (probed; permissions are symmetric between two processes of one user). Otherwise
+    // eager through the slots: a sender that finds them free returns without waiting.
+    const uint64_t meta[2] = {bytes > K * cb && c.options().cma && d.cmaReadable() ? 1u : 0u,
+                              reinterpret_cast<uint64_t>(buf)};
+    const uint64_t rd = d.nextRoundPeek();
+    lineSend(c, h, meta, sizeof meta);
+    if (meta[0]) {  // done when the receiver released the line: it has read the buffer
+      const int peer = 1 - me;
+      std::atomic<uint64_t>& done = d.ctl(peer).lineDone.v;
+      waitFor(c, [&] { return done.load(std::memory_order_acquire) >= rd; }, [&] { return peer; });
+      c.addBytesDone(bytes);
+      return;
+    }
   } else {
-    lineRelease(c, lineReceive(c, h, root));
+    const uint64_t rd = lineReceive(c, h, root);
+    uint64_t meta[2];
+    std::memcpy(meta, d.linePayload(root, rd), sizeof meta);
+    if (meta[0]) cmaRead(c, root, meta[1], buf, bytes, "recv");
+    lineRelease(c, rd);
     d.notify();
+    if (meta[0]) {
+      c.addBytesDone(bytes);
+      return;
+    }
   }
-  const size_t cb = d.config().copyBytes;
   const size_t G = chunking::numSegments(bytes, cb);
-  const uint32_t base = d.chunkBase(), K = static_cast<uint32_t>(d.config().slots);
+  const uint32_t base = d.chunkBase();
   Control& mine = d.ctl(me);
   int lag = -1;
   for (size_t k = 0; k < G; ++k) {

@@ -1,8 +1,10 @@
 #include "collectives/shm_common.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
+#include "transport/shm/cma.h"
 
 namespace rr::collectives::shm {
 namespace {
@@ -97,6 +99,26 @@ uint64_t lineReceive(comm::Communicator& c, const transport::FrameHeader& h, int
   d.linePrevRound(round) = round;
   awaitLine(c, h, from, round);
   return round;
+}
+
+size_t cmaRead(comm::Communicator& c, int from, uint64_t addr, char* dst, size_t len,
+               const char* what) {
+  constexpr size_t kPiece = 64 << 20;  // one call per 64 MiB: ~6 ms here; smaller pieces
+                                       // pin pages in more calls and read slower
+  ShmDomain& d = *c.shm();
+  const int peer = d.globalRank(from);
+  const auto pid = static_cast<pid_t>(d.ctl(from).pid.v.load(std::memory_order_relaxed));
+  for (size_t o = 0; o < len; o += kPiece) {
+    const int err = transport::shm::readFrom(pid, addr + o, dst + o, std::min(kPiece, len - o));
+    if (err) {
+      c.checkAlive(peer);  // a dead peer is named as such
+      RR_THROW(Error, what, ": reading rank ", c.label(peer), "'s buffer (process_vm_readv, pid ",
+               pid, ") failed: ", std::strerror(err), "; RINGREDUCE_CMA=0 avoids it");
+    }
+    c.checkAlive(peer);
+  }
+  d.addCmaBytes(len);
+  return len;
 }
 
 void lineWaitFree(comm::Communicator& c, uint64_t round) {
