@@ -358,4 +358,6 @@ def alltoall_paths(rank: int, world: int) -> dict:
     except ValueError as e:
         if "overlap" not in str(e):
             fails.append(f"overlapping out refused without saying why: {e}")
-    return {"fails": fails, "cma_bytes": int(rr.world_group().comm.cma_bytes())}
+    comm = rr.world_group().comm
+    return {"fails": fails, "cma_bytes": int(comm.cma_bytes()),
+            "readable": bool(comm.cma_readable())}

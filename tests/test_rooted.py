@@ -50,12 +50,14 @@ def test_torch_rooted_on_ringreduce(world: int) -> None:
 @pytest.mark.parametrize("world,cma", [(2, "1"), (3, "1"), (5, "1"), (3, "0")])
 def test_shared_memory_all_to_all_paths(world: int, cma: str) -> None:
     """With RINGREDUCE_CMA=1 (the default) the large all_to_all reads peers' buffers in
-    place (process_vm_readv; this machine allows it), with 0 it streams through the slots;
+    place (process_vm_readv, where the kernel allows it, as here), with 0 it streams
+    through the slots;
     both checked against numpy, overlapping `out` included."""
     outs = run_world(world, "rooted_workers:alltoall_paths", timeout=170,
                      env={"RINGREDUCE_TRANSPORT": "shm", "RINGREDUCE_TIMEOUT": "60",
                           "RINGREDUCE_CMA": cma})
     fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o["fails"]]
     assert not fails, "\n".join(fails[:40])
-    for r, o in enumerate(outs):
-        assert (o["cma_bytes"] > 0) == (cma == "1"), f"rank {r} read {o['cma_bytes']} B with CMA={cma}"
+    for r, o in enumerate(outs):  # (a kernel refusing process_vm_readv: the slots, 0 bytes)
+        used = cma == "1" and all(x["readable"] for x in outs)
+        assert (o["cma_bytes"] > 0) == used, f"rank {r} read {o['cma_bytes']} B with CMA={cma}"

@@ -560,6 +560,12 @@ PYBIND11_MODULE(_C, m) {
              auto* d = c.ex().comm().shm();
              return d ? d->cmaBytes() : uint64_t{0};
            })
+      .def("cma_readable",
+           // Whether this rank may read every local peer's memory (probed once; cma.h).
+           [](PyComm& c) {
+             auto* d = c.ex().comm().shm();
+             return d != nullptr && d->cmaReadable();
+           })
       .def("bytes_sent",
            // Payload bytes sent over TCP by this rank so far (comm/communicator.h).
            [](PyComm& c) { return c.ex().comm().payloadBytesSent(); })
