@@ -306,10 +306,10 @@ def complex_sweep(rank: int, world: int) -> list:
     return fails
 
 
-def alltoall_paths(rank: int, world: int) -> dict:
+def single_copy_paths(rank: int, world: int) -> dict:
     """Large shared-memory all_to_all: equal and uneven blocks (zeros included), several
-    dtypes, torch tensors, a subgroup, and `out` overlapping `x` (which may never be read in
-    place by peers); every result checked. Returns the failures and the bytes this rank
+    dtypes, torch tensors, a subgroup, and `out` overlapping `x` (refused); large scatter
+    from two roots; every result checked. Returns the failures and the bytes this rank
     read from peers with process_vm_readv (RINGREDUCE_CMA)."""
     import torch
 
@@ -359,5 +359,16 @@ def alltoall_paths(rank: int, world: int) -> dict:
         if "overlap" not in str(e):
             fails.append(f"overlapping out refused without saying why: {e}")
     comm = rr.world_group().comm
-    return {"fails": fails, "cma_bytes": int(comm.cma_bytes()),
+    before = comm.cma_bytes()
+    for root in {0, world - 1}:
+        for per in (300_001, 1 << 20):
+            blocks = np.stack([(np.arange(per) * 3 + p * 11 + root).astype(np.float32)
+                               for p in ranks]) if rank == root else None
+            got = np.full(per, -1.0, np.float32)
+            rr.scatter(got, src=root, x=blocks)
+            if not np.array_equal(got, (np.arange(per) * 3 + rank * 11 + root).astype(np.float32)):
+                fails.append(f"scatter root={root} per={per}")
+    # the blocks this rank read in place, as a non-root (ranks 1..n-2 are never the root)
+    scatter_read = comm.cma_bytes() - before
+    return {"fails": fails, "cma_bytes": int(comm.cma_bytes()), "scatter_read": scatter_read,
             "readable": bool(comm.cma_readable())}

@@ -48,12 +48,11 @@ def test_torch_rooted_on_ringreduce(world: int) -> None:
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("world,cma", [(2, "1"), (3, "1"), (5, "1"), (3, "0")])
-def test_shared_memory_all_to_all_paths(world: int, cma: str) -> None:
-    """With RINGREDUCE_CMA=1 (the default) the large all_to_all reads peers' buffers in
-    place (process_vm_readv, where the kernel allows it, as here), with 0 it streams
-    through the slots;
-    both checked against numpy, overlapping `out` included."""
-    outs = run_world(world, "rooted_workers:alltoall_paths", timeout=170,
+def test_shared_memory_single_copy_paths(world: int, cma: str) -> None:
+    """With RINGREDUCE_CMA=1 (the default) the large all_to_all and scatter read peers'
+    buffers in place (process_vm_readv, where the kernel allows it, as here), with 0 they
+    stream through the slots; both checked against numpy."""
+    outs = run_world(world, "rooted_workers:single_copy_paths", timeout=170,
                      env={"RINGREDUCE_TRANSPORT": "shm", "RINGREDUCE_TIMEOUT": "60",
                           "RINGREDUCE_CMA": cma})
     fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o["fails"]]
@@ -61,3 +60,7 @@ def test_shared_memory_all_to_all_paths(world: int, cma: str) -> None:
     for r, o in enumerate(outs):  # (a kernel refusing process_vm_readv: the slots, 0 bytes)
         used = cma == "1" and all(x["readable"] for x in outs)
         assert (o["cma_bytes"] > 0) == used, f"rank {r} read {o['cma_bytes']} B with CMA={cma}"
+        # scatter: a rank reads its block in place from each root other than itself
+        n_read = len([root for root in {0, world - 1} if root != r])
+        want = n_read * (300_001 + (1 << 20)) * 4 if used else 0
+        assert o["scatter_read"] == want, f"rank {r}: scatter read {o['scatter_read']} B in place, not {want}"

@@ -7,8 +7,10 @@
 // them out rank by rank, in chunk order, and counts them in its fin (a publisher reuses a
 // slot once the root's fin passed the chunk it held).
 //
-// Scatter: the root publishes block p's chunks in its slots for p = 0, 1, ...; rank p
-// copies its own chunks out. Every rank first moves its fin to the start of its block (it
+// Scatter: where the kernel lets ranks read each other (cma.h, RINGREDUCE_CMA), rank p reads
+// block p straight from the root's buffer (one copy, in parallel), then a line round keeps
+// that buffer alive until all have. Otherwise the root publishes block p's chunks in its
+// slots for p = 0, 1, ...; rank p copies its own chunks out. Every rank first moves its fin to the start of its block (it
 // never reads the chunks before) and to the end after it, so the root's "every fin passed
 // this slot's previous chunk" waits only on the rank that reads it.
 #include <algorithm>
@@ -106,7 +108,19 @@ void scatter(comm::Communicator& c, const transport::FrameHeader& h, const char*
     c.addBytesDone(bytes);
     return;
   }
-  lineRelease(c, lineRound(c, h, nullptr, 0));
+  // The root's line says whether the others may read their blocks straight from `in`
+  // (cma.h; the root can read every peer, and permissions are symmetric), and where it is.
+  uint64_t meta[2] = {me == root && c.options().cma && d.cmaReadable() ? 1u : 0u,
+                      reinterpret_cast<uint64_t>(in)};
+  const uint64_t rd = lineRound(c, h, meta, me == root ? sizeof meta : 0);
+  if (me != root) std::memcpy(meta, d.linePayload(root, rd), sizeof meta);
+  lineRelease(c, rd);
+  if (meta[0]) {  // one copy per block, all at once; the root waits until all are read
+    if (me != root) cmaRead(c, root, meta[1] + static_cast<uint64_t>(me) * bytes, out, bytes, "scatter");
+    lineRelease(c, lineRound(c, h, nullptr, 0));
+    c.addBytesDone(bytes);
+    return;
+  }
   const size_t cb = d.config().copyBytes;
   const uint32_t G = static_cast<uint32_t>(chunking::numSegments(bytes, cb));
   const uint32_t base = d.chunkBase(), K = static_cast<uint32_t>(d.config().slots);
