@@ -225,6 +225,30 @@ def release_store(key: tuple | None, rank: int, world: int, prefix: str, timeout
         _CLOSED[key] = (prefix, words == [b"close"])
 
 
+def farewell_borrowed(store: Any, rank: int, world: int, prefix: str, timeout: float,
+                      failed: bool = False) -> None:
+    """destroy() on a store that is not ours (torch's, when init_process_group("ringreduce")
+    made the world; the caller's): whoever hosts it -- torch's rank 0 -- may drop it right
+    after, yet the other ranks may still make point-to-point channels or groups through it
+    (gloo needs no store after init; we do). So every rank says "bye" and rank 0 waits until
+    all have (at most `timeout`, capped as release_store's wait is). Never raises."""
+    deadline = time.monotonic() + min(timeout, _FAREWELL_FAILED_S if failed else _FAREWELL_S)
+    bye = prefix + "bye"
+
+    def talk() -> None:
+        try:
+            store.add(bye, 1)
+            if rank == 0:
+                _poll(lambda: store.add(bye, 0) >= world, deadline)
+        except RuntimeError:  # the store is gone already: nothing to wait for
+            pass
+
+    # On a helper thread: a frozen store host blocks store calls for the store's timeout.
+    t = threading.Thread(target=talk, name="ringreduce-store-farewell", daemon=True)
+    t.start()
+    t.join(max(0.0, deadline - time.monotonic()) + 0.5)
+
+
 def _farewell(box: list, rank: int, world: int, prefix: str, closing: bool, deadline: float,
               words: list) -> None:
     """release_store's talk through the store (helper thread); drops box's reference."""

@@ -115,6 +115,7 @@ def destroy_default() -> None:
     if g is None:
         return
     destroy_children(g)
+    borrowed = g.store if g.store_key is None else None  # torch's or the caller's store
     g.store = None  # release_store's "does anyone else hold it" count must not see ours
     g.destroyed = True
     # destroy() fails whatever is still queued; the buffers stay referenced until then.
@@ -142,6 +143,11 @@ def destroy_default() -> None:
             _rendezvous.release_store(g.store_key, g.rank, g.world_size, g.store_prefix,
                                       float(g.options.get("connect_timeout", 0.0)),
                                       failed=failed)
+            if borrowed is not None:
+                _rendezvous.farewell_borrowed(borrowed, g.rank, g.world_size, g.store_prefix,
+                                              float(g.options.get("connect_timeout", 0.0)),
+                                              failed=failed)
+            del borrowed
     _work.clear()  # the executors have stopped: nothing can touch those buffers now
 
 

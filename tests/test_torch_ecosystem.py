@@ -77,3 +77,10 @@ def test_device_map_keeps_both_backends():
     for r in res:
         assert r == {"cpu": "RingReduceBackend", "cuda": "ProcessGroupGloo",
                      "sum": [3.0, 3.0, 3.0]}, r
+
+
+@pytest.mark.timeout(120)
+def test_rank_0_stays_until_late_ranks_are_done_with_its_store():
+    res = run_world(4, "torch_eco_workers:late_p2p", timeout=90, env=_ENV, init=False)
+    for rank, r in enumerate(res):
+        assert r == [float((rank - 1) % 4)] * 4, (rank, r)

@@ -138,3 +138,22 @@ def device_map(rank: int, world: int) -> dict:
            "sum": t.tolist()}
     dist.destroy_process_group()
     return out
+
+
+def late_p2p(rank: int, world: int) -> list:
+    """A ring of batch_isend_irecv in which rank 2 comes 1.5 s late, then
+    destroy_process_group. Rank 0 -- it hosts torch's TCPStore -- is done first; the late
+    ranks still make their point-to-point channels through that store, so its destroy must
+    wait for theirs (before the fix the store went away under them)."""
+    import time
+
+    dist.init_process_group("ringreduce")
+    if rank == 2:
+        time.sleep(1.5)
+    send, recv = torch.full((4,), float(rank)), torch.empty(4)
+    ops = [dist.P2POp(dist.isend, send, (rank + 1) % world),
+           dist.P2POp(dist.irecv, recv, (rank - 1) % world)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    dist.destroy_process_group()
+    return recv.tolist()
