@@ -58,12 +58,9 @@ void broadcast(comm::Communicator& c, const transport::FrameHeader& h, char* buf
     // eager through the slots: a sender that finds them free returns without waiting.
     const uint64_t meta[2] = {bytes > K * cb && c.options().cma && d.cmaReadable() ? 1u : 0u,
                               reinterpret_cast<uint64_t>(buf)};
-    const uint64_t rd = d.nextRoundPeek();
-    lineSend(c, h, meta, sizeof meta);
+    const uint64_t rd = lineSend(c, h, meta, sizeof meta);
     if (meta[0]) {  // done when the receiver released the line: it has read the buffer
-      const int peer = 1 - me;
-      std::atomic<uint64_t>& done = d.ctl(peer).lineDone.v;
-      waitFor(c, [&] { return done.load(std::memory_order_acquire) >= rd; }, [&] { return peer; });
+      lineWaitRead(c, rd);
       c.addBytesDone(bytes);
       return;
     }

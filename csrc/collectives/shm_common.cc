@@ -84,13 +84,14 @@ uint64_t lineRound(comm::Communicator& c, const transport::FrameHeader& h, const
   return round;
 }
 
-void lineSend(comm::Communicator& c, const transport::FrameHeader& h, const void* payload,
-              size_t bytes) {
+uint64_t lineSend(comm::Communicator& c, const transport::FrameHeader& h, const void* payload,
+                  size_t bytes) {
   ShmDomain& d = *c.shm();
   const uint64_t round = d.nextRound();
   lineWaitFree(c, round);
   writeLine(d, h, payload, bytes, round);
   lineRelease(c, round);
+  return round;
 }
 
 uint64_t lineReceive(comm::Communicator& c, const transport::FrameHeader& h, int from) {
@@ -122,13 +123,16 @@ size_t cmaRead(comm::Communicator& c, int from, uint64_t addr, char* dst, size_t
 }
 
 void lineWaitFree(comm::Communicator& c, uint64_t round) {
+  const uint64_t prev = c.shm()->linePrevRound(round);
+  if (prev != 0) lineWaitRead(c, prev);
+}
+
+void lineWaitRead(comm::Communicator& c, uint64_t round) {
   ShmDomain& d = *c.shm();
-  const uint64_t prev = d.linePrevRound(round);
-  if (prev == 0) return;
   for (int r = 0; r < d.world(); ++r) {
     if (r == d.rank()) continue;
     std::atomic<uint64_t>& done = d.ctl(r).lineDone.v;
-    waitFor(c, [&] { return done.load(std::memory_order_acquire) >= prev; }, [&] { return r; });
+    waitFor(c, [&] { return done.load(std::memory_order_acquire) >= round; }, [&] { return r; });
   }
 }
 

@@ -23,6 +23,8 @@ void lineRelease(comm::Communicator& c, uint64_t round);
 // receiver: wait until every peer released this rank's line of the round before `round`
 // that used the same line, so it may be rewritten. (In a collective that always holds.)
 void lineWaitFree(comm::Communicator& c, uint64_t round);
+// Wait until every peer released its reading of this rank's line of `round` (lineDone).
+void lineWaitRead(comm::Communicator& c, uint64_t round);
 // Point-to-point channels: the two halves of a line round, for a small message sent
 // eagerly (returning before the receiver reads it, as MPI's and TCP's sends do).
 // lineSend writes this rank's line (waiting only while the receiver has not read that
@@ -30,8 +32,9 @@ void lineWaitFree(comm::Communicator& c, uint64_t round);
 // line and checks its descriptor against h (MismatchError: the receiver fails; the sender
 // learns it from its abort); read the payload, then lineRelease and notify() -- the
 // sender may be waiting for that line.
-void lineSend(comm::Communicator& c, const transport::FrameHeader& h, const void* payload,
-              size_t bytes);
+// Returns the round.
+uint64_t lineSend(comm::Communicator& c, const transport::FrameHeader& h, const void* payload,
+                  size_t bytes);
 uint64_t lineReceive(comm::Communicator& c, const transport::FrameHeader& h, int from);
 // Read `len` bytes at `addr` in local rank `from`'s process into dst with process_vm_readv
 // (transport/shm/cma.h), in pieces between which the deadline and the peers' liveness are

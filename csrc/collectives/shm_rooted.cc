@@ -10,9 +10,10 @@
 // Scatter: where the kernel lets ranks read each other (cma.h, RINGREDUCE_CMA), rank p reads
 // block p straight from the root's buffer (one copy, in parallel), then a line round keeps
 // that buffer alive until all have. Otherwise the root publishes block p's chunks in its
-// slots for p = 0, 1, ...; rank p copies its own chunks out. Every rank first moves its fin to the start of its block (it
-// never reads the chunks before) and to the end after it, so the root's "every fin passed
-// this slot's previous chunk" waits only on the rank that reads it.
+// slots for p = 0, 1, ...; rank p copies its own chunks out. Every rank first moves its fin
+// to the start of its block (it never reads the chunks before) and to the end after it, so
+// the root's "every fin passed this slot's previous chunk" waits only on the rank that
+// reads it.
 #include <algorithm>
 #include <cstring>
 

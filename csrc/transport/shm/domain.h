@@ -111,7 +111,6 @@ class ShmDomain {
   }
   // Start the next line round (same numbering on every local rank).
   uint64_t nextRound() { return ++round_; }
-  uint64_t nextRoundPeek() const { return round_ + 1; }  // what nextRound() returns next
   // Local rank `r` has written its line of the round this rank runs next (it started a
   // collective this rank has not): a probe for point-to-point receives from any source.
   bool lineAhead(int r) {
