@@ -206,18 +206,11 @@ def release_store(key: tuple | None, rank: int, world: int, prefix: str, timeout
         _MASTER.discard(key)
     if not farewell:
         return
-    deadline = time.monotonic() + min(timeout, _FAREWELL_FAILED_S if failed else _FAREWELL_S)
-    # Store calls block while the server's host is frozen (SIGSTOP, a debugger) for the
-    # store's own timeout, not ours: talk on a helper thread and stop waiting at the
-    # deadline. An abandoned thread ends at the store's timeout and drops its reference.
+    deadline = _farewell_deadline(timeout, failed)
     box = [store]
     del store
     words: list = []
-    t = threading.Thread(target=_farewell, args=(box, rank, world, prefix, closing, deadline,
-                                                 words),
-                         name="ringreduce-store-farewell", daemon=True)
-    t.start()
-    t.join(max(0.0, deadline - time.monotonic()) + 0.5)
+    _talk_until(deadline, _farewell, box, rank, world, prefix, closing, deadline, words)
     # Unless rank 0 said it keeps the server, make_store on this address must not use it
     # again: it stops when rank 0's farewell ends, also when this rank stopped waiting for
     # the answer first (a rank far behind), and a client still on it then fails.
@@ -232,7 +225,7 @@ def farewell_borrowed(store: Any, rank: int, world: int, prefix: str, timeout: f
     after, yet the other ranks may still make point-to-point channels or groups through it
     (gloo needs no store after init; we do). So every rank says "bye" and rank 0 waits until
     all have (at most `timeout`, capped as release_store's wait is). Never raises."""
-    deadline = time.monotonic() + min(timeout, _FAREWELL_FAILED_S if failed else _FAREWELL_S)
+    deadline = _farewell_deadline(timeout, failed)
     bye = prefix + "bye"
 
     def talk() -> None:
@@ -243,8 +236,20 @@ def farewell_borrowed(store: Any, rank: int, world: int, prefix: str, timeout: f
         except RuntimeError:  # the store is gone already: nothing to wait for
             pass
 
-    # On a helper thread: a frozen store host blocks store calls for the store's timeout.
-    t = threading.Thread(target=talk, name="ringreduce-store-farewell", daemon=True)
+    _talk_until(deadline, talk)
+
+
+def _farewell_deadline(timeout: float, failed: bool) -> float:
+    return time.monotonic() + min(timeout, _FAREWELL_FAILED_S if failed else _FAREWELL_S)
+
+
+def _talk_until(deadline: float, target: Any, *args: Any) -> None:
+    """Run a farewell's store talk on a helper thread and stop waiting for it at the
+    deadline: store calls block while the server's host is frozen (SIGSTOP, a debugger) for
+    the store's own timeout, not ours. An abandoned thread ends at the store's timeout and
+    drops its reference."""
+    t = threading.Thread(target=target, args=args, name="ringreduce-store-farewell",
+                         daemon=True)
     t.start()
     t.join(max(0.0, deadline - time.monotonic()) + 0.5)
 

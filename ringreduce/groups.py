@@ -147,7 +147,6 @@ def destroy_default() -> None:
                 _rendezvous.farewell_borrowed(borrowed, g.rank, g.world_size, g.store_prefix,
                                               float(g.options.get("connect_timeout", 0.0)),
                                               failed=failed)
-            del borrowed
     _work.clear()  # the executors have stopped: nothing can touch those buffers now
 
 
