@@ -5,6 +5,7 @@ Used by init() for the world and by every group (ringreduce.groups) and p2p chan
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from typing import Any
@@ -18,10 +19,12 @@ log = logging.getLogger("ringreduce")
 def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
              maddr: str | None, ifname: str | None, secret: str | None,
              prefix: str | None = None, name: str = "world",
-             labels: list[int] | None = None) -> _state.Group:
+             labels: list[int] | None = None, socketless: bool = False) -> _state.Group:
     """Exchange addresses through `store` (under `prefix`: a group's; None: a new init's),
     connect and return the communicator's Group (world_size >= 2). Used by init() and by
-    every group (ringreduce.groups), which passes the world's secret."""
+    every group (ringreduce.groups), which passes the world's secret. socketless: a group
+    whose ranks share one host opens no TCP connection (Options::socketless); the store
+    stands in for the mesh while its shared memory is set up."""
     from . import _C
 
     # The caller's options, less what a connect derives (the world's, when a group's).
@@ -49,8 +52,13 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
     log.info("rank %d of %s: %d local ranks, %d usable CPUs: %s", rank, name, local, cpus,
              "waits spin briefly" if options["spin_us"] else "waits never spin")
     options.update(shm_options(tun.transport, peers, rank, world, options["spin_us"]))
+    meet = None
+    if socketless:
+        options["socketless"] = True
+        meet = functools.partial(_rendezvous.allgather, store, peers.prefix, rank, world,
+                                 options["connect_timeout"])
     comm = _C.Communicator(rank, world, listener, peers.addrs, peers.secret, options,
-                           peers.hb_addrs)
+                           peers.hb_addrs, meet)
     log.info("rank %d of %s: connected to %d peers from %s; transport plan: %s", rank, name,
              world - 1, bind, comm.plan)
     if tun.trace:

@@ -369,6 +369,17 @@ def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,
         pause = min(pause * 2, 0.1)
 
 
+def allgather(store: Any, prefix: str, rank: int, world: int, timeout: float, step: str,
+              value: str) -> list[str]:
+    """Every rank's `value` for `step`, in rank order, through the store (a socketless
+    group's shared-memory setup: segment names, then two barriers)."""
+    p = f"{prefix}shm/{step}/"
+    store.set(p + str(rank), value)
+    keys = [p + str(r) for r in range(world)]
+    _wait(store, keys, timeout, rank, f"all ranks to reach shared memory setup ({step})", prefix)
+    return [store.get(k).decode() for k in keys]
+
+
 def _fail(store: Any, prefix: str, error: Exception) -> Exception:
     """Tell the other ranks why this one gives up (they stop waiting at their next poll),
     return `error`."""

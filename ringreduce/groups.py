@@ -237,7 +237,7 @@ def _connect(world: Group, store: Any, members: list[int], me: int, prefix: str,
     if p2p:
         options = {**options, "p2p_channel": True}
     g = _comm.connect(me, len(members), tun, options, store, maddr, ifname, world.secret,
-                     prefix=prefix, name=name, labels=members)
+                     prefix=prefix, name=name, labels=members, socketless=True)
     g.ranks, g.local_rank, g.store = members, world.local_rank, store
     log.info("rank %d: joined %s as rank %d of %d (world ranks %s)", world.rank, name, me,
              len(members), members)

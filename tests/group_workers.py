@@ -313,3 +313,53 @@ def group_timeouts(rank: int, world: int) -> dict:
         except (TypeError, ValueError) as e:
             out[f"bad {bad!r}"] = type(e).__name__
     return out
+
+
+def one_host_links(rank: int, world: int) -> dict:
+    """Overlapping groups A = [0, 1, 2] and B = [1, 3] of 4 ranks on one host: what each
+    group holds open (link_stats), their results, then world rank 1 is SIGKILLed while the
+    others wait for it in their group's all-reduce: how soon each names it, and how."""
+    import os
+    import signal
+
+    a = rr.new_group([0, 1, 2])
+    b = rr.new_group([1, 3])
+    mine = [g for g in (a, b) if g is not None]
+    out: dict = {"fails": []}
+    for g in mine:
+        _check_group(g, g.ranks, out["fails"], f"group {g.ranks}")
+        out[",".join(map(str, g.ranks))] = g.comm.link_stats()
+    rr.barrier()
+    if rank == 1:
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    g = a if rank in (0, 2) else b
+    t0 = time.monotonic()
+    try:
+        rr.allreduce(np.ones(4), group=g)
+        out["error"] = "no error"
+    except Exception as e:  # noqa: BLE001
+        out["error"] = f"{type(e).__name__}: {e}"
+        out["peer_rank"] = getattr(e, "peer_rank", None)
+    out["secs"] = time.monotonic() - t0
+    return out
+
+
+def shm_abort_reaches_members(rank: int, world: int) -> dict:
+    """A group of 3 ranks on one host (no TCP connection between them) whose world rank 2
+    was given a 1 s timeout, the others 60 s: rank 2 enters a broadcast at once and times
+    out; ranks 0 and 1 enter 3 s later and must hear rank 2's reason at once, through its
+    shared-memory control block -- not after their own 60 s."""
+    g = rr.new_group([0, 1, 2], timeout=1.0 if rank == 2 else 60.0)
+    x = np.arange(1000.0) if rank == 0 else np.zeros(1000)
+    if rank != 2:
+        time.sleep(3.0)
+    t0 = time.monotonic()
+    try:
+        rr.broadcast(x, src=0, group=g)  # may complete without rank 2 (nothing to wait for)
+        rr.barrier(group=g)
+        out = "no error"
+    except Exception as e:  # noqa: BLE001
+        out = f"{type(e).__name__}: {e}"
+    return {"error": out, "secs": time.monotonic() - t0,
+            "links": g.comm.link_stats()["connections"]}

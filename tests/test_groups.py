@@ -77,3 +77,41 @@ def test_group_timeout_is_the_groups_own() -> None:
             assert kind == "CollectiveTimeout" and names, o
             assert limit - 0.2 <= took < limit + 3, o  # the group's 2 s, not the world's 60
         assert {k: v for k, v in o.items() if k.startswith("bad")} == bad, o
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_one_host_groups_open_no_connections(transport: str) -> None:
+    """Over shared memory a group on one host opens no TCP connection: its ranks watch each
+    other's processes (pidfds) instead, so a SIGKILLed member is still named at once (well
+    under the 4 s heartbeat timeout) on every member of every group it was in. Over TCP
+    (RINGREDUCE_TRANSPORT=tcp) the group connects its ranks as before."""
+    outs = run_world_raw(4, "group_workers:one_host_links", timeout=90, expendable=[1],
+                         env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30"})
+    for r in (0, 2, 3):
+        o = outs[r].value
+        assert o is not None, outs[r].describe()
+        assert not o["fails"], o["fails"]
+        for key, st in o.items():
+            if "," not in key:
+                continue
+            peers = len(key.split(",")) - 1
+            want = (0, peers) if transport == "shm" else (peers, 0)
+            assert (st["connections"], st["processes_watched"]) == want, (key, st)
+            assert st["heartbeat_targets"] == peers, (key, st)
+        assert "PeerFailure" in o["error"] and "rank 1 " in o["error"], o["error"]
+        if transport == "shm":  # over TCP a survivor's relayed abort may come first
+            assert o["peer_rank"] == 1, o
+        assert o["secs"] < 3.0, f"rank {r} took {o['secs']:.2f} s to name the dead rank: {o}"
+
+
+@pytest.mark.timeout(90)
+def test_a_failure_reaches_socketless_group_members_through_shared_memory() -> None:
+    outs = run_world(3, "group_workers:shm_abort_reaches_members", timeout=60,
+                     env={"RINGREDUCE_TRANSPORT": "shm"})
+    assert "CollectiveTimeout" in outs[2]["error"], outs[2]
+    for r in (0, 1):
+        o = outs[r]
+        assert o["links"] == 0, o
+        assert "rank 2 " in o["error"] and "failed" in o["error"], o
+        assert o["secs"] < 5.0, f"rank {r} waited {o['secs']:.1f} s (its timeout is 60 s): {o}"

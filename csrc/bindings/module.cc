@@ -70,29 +70,61 @@ ShmPlan shmFromDict(const py::dict& d) {
   return plan;
 }
 
-// Each rank's segment name, from every rank (an all-gather over the authenticated TCP mesh:
-// the names are random, so only their creators know them); names[r] is local rank r's.
-// A name must start with the plan's prefix, so a confused peer cannot make us open another
-// job's segment.
-std::vector<std::string> exchangeNames(comm::Communicator& c, const std::vector<int>& members,
-                                       const std::string& prefix, const std::string& mine) {
+// How setupShm's ranks meet: all-gather one string per rank (result indexed by
+// communicator rank) and a barrier. Over the TCP mesh, or -- a socketless communicator,
+// which has none -- through the rendezvous store (Python's callback).
+struct ShmMeeting {
+  std::function<std::vector<std::string>(const std::string&)> allgather;
+  std::function<void()> barrier;
+};
+
+ShmMeeting meetOverTcp(comm::Communicator& c) {
   constexpr size_t kMax = 128;  // bytes per name slot, NUL-padded
-  if (mine.size() >= kMax)
-    throw InvalidArgument("shm_prefix is too long (segment name " + mine + " has " +
-                          std::to_string(mine.size()) + " characters, at most " +
-                          std::to_string(kMax - 1) + " fit)");
-  std::vector<char> in(kMax, '\0'), all(kMax * static_cast<size_t>(c.world()), '\0');
-  std::copy(mine.begin(), mine.end(), in.begin());
-  collectives::allgather(c, in.data(), all.data(), kMax, DataType::kUInt8);
-  std::vector<std::string> names;
+  ShmMeeting m;
+  m.allgather = [&c](const std::string& mine) {
+    if (mine.size() >= kMax)
+      throw InvalidArgument("shm_prefix is too long (segment name " + mine + " has " +
+                            std::to_string(mine.size()) + " characters, at most " +
+                            std::to_string(kMax - 1) + " fit)");
+    std::vector<char> in(kMax, '\0'), all(kMax * static_cast<size_t>(c.world()), '\0');
+    std::copy(mine.begin(), mine.end(), in.begin());
+    collectives::allgather(c, in.data(), all.data(), kMax, DataType::kUInt8);
+    std::vector<std::string> out;
+    for (int r = 0; r < c.world(); ++r) {
+      const char* p = all.data() + static_cast<size_t>(r) * kMax;
+      out.emplace_back(p, strnlen(p, kMax));
+    }
+    return out;
+  };
+  m.barrier = [&c] { collectives::barrier(c); };
+  return m;
+}
+
+// The store, through `fn(step, value) -> [value of every rank]` (ringreduce/_comm.py).
+ShmMeeting meetOverStore(const py::object& fn) {
+  ShmMeeting m;
+  auto call = [fn](const char* step, const std::string& v) {
+    py::gil_scoped_acquire gil;
+    return fn(step, v).cast<std::vector<std::string>>();
+  };
+  m.allgather = [call](const std::string& mine) { return call("names", mine); };
+  m.barrier = [call, n = 0]() mutable { call(++n == 1 ? "mapped" : "unlinked", ""); };
+  return m;
+}
+
+// Each rank's segment name, from every rank (the names are random, so only their creators
+// know them); names[r] is local rank r's. A name must start with the plan's prefix, so a
+// confused peer cannot make us open another job's segment.
+std::vector<std::string> exchangeNames(ShmMeeting& meet, const std::vector<int>& members,
+                                       const std::string& prefix, const std::string& mine) {
+  std::vector<std::string> all = meet.allgather(mine), names;
   for (int g : members) {
-    const char* p = all.data() + static_cast<size_t>(g) * kMax;
-    std::string n(p, strnlen(p, kMax));
-    if (n.size() >= kMax || n.rfind(prefix + "-", 0) != 0)
+    const std::string& n = all.at(static_cast<size_t>(g));
+    if (n.size() >= 128 || n.rfind(prefix + "-", 0) != 0)
       throw Error("rank " + std::to_string(g) + " announced the shared memory segment '" +
                   n.substr(0, 64) + "', which is not one of this job's (" + prefix +
                   "-...): do all ranks run the same ringreduce version?");
-    names.push_back(std::move(n));
+    names.push_back(n);
   }
   return names;
 }
@@ -100,7 +132,7 @@ std::vector<std::string> exchangeNames(comm::Communicator& c, const std::vector<
 // Every rank creates its segment, the names are exchanged, everyone maps its peers', a
 // barrier, then each rank removes its own name: from here on a crash leaves nothing behind in
 // /dev/shm.
-void setupShm(comm::Communicator& c, const ShmPlan& plan) {
+void setupShm(comm::Communicator& c, const ShmPlan& plan, ShmMeeting& meet) {
   try {
     std::vector<int> members = plan.members;
     if (members.empty())
@@ -112,10 +144,10 @@ void setupShm(comm::Communicator& c, const ShmPlan& plan) {
     collectives::planShmSlots(static_cast<int>(members.size()), plan.chunkGiven,
                               transport::shm::capacityBytes(), &cfg);
     auto dom = std::make_unique<transport::shm::ShmDomain>(local, members, plan.prefix, cfg);
-    dom->attach(exchangeNames(c, members, plan.prefix, dom->ownName()));
-    collectives::barrier(c);
+    dom->attach(exchangeNames(meet, members, plan.prefix, dom->ownName()));
+    meet.barrier();
     dom->unlinkOwn();
-    collectives::barrier(c);  // when init returns anywhere, no name is left in /dev/shm
+    meet.barrier();  // when init returns anywhere, no name is left in /dev/shm
     c.setShm(std::move(dom), plan.slicePeers);
   } catch (const std::exception& e) {
     c.poison(std::string("shared memory setup failed: ") + e.what(), transport::AbortCode::kOther);
@@ -136,7 +168,8 @@ struct PyListener {
 class PyComm {
  public:
   PyComm(int rank, int world, PyListener& pl, const std::vector<std::string>& addrs,
-         const std::string& secret, const py::dict& opts, const std::vector<std::string>& hbAddrs) {
+         const std::string& secret, const py::dict& opts, const std::vector<std::string>& hbAddrs,
+         const py::object& shmStore) {
     transport::tcp::Listener& listener = pl.tcp;
     Options o = bindings::optionsFromDict(opts);
     if (world < 1 || rank < 0 || rank >= world)
@@ -144,9 +177,15 @@ class PyComm {
                             std::to_string(world));
     if (static_cast<int>(addrs.size()) != world)
       throw InvalidArgument("need one address per rank");
+    ShmPlan plan = shmFromDict(opts);
+    // Options::socketless: shared memory reaches every rank, and the store can stand in for
+    // the mesh while the segments are set up.
+    const bool socketless = o.socketless && !plan.prefix.empty() && !shmStore.is_none() &&
+                            (plan.members.empty() || static_cast<int>(plan.members.size()) == world);
     std::vector<std::unique_ptr<transport::Connection>> conns;
-    const bool sparse = world > std::max(o.fullMeshMax, 1);
-    std::vector<int> overlay = sparse ? transport::tcp::overlayPeers(rank, world) : std::vector<int>();
+    const bool sparse = socketless || world > std::max(o.fullMeshMax, 1);
+    std::vector<int> overlay;  // connected at init and watched; socketless: none, all watched
+    if (sparse && !socketless) overlay = transport::tcp::overlayPeers(rank, world);
     std::unique_ptr<transport::Dialer> dialer;
     {
       py::gil_scoped_release nogil;
@@ -160,12 +199,18 @@ class PyComm {
         listener.close();  // nobody else may connect after init
       }
     }
-    ShmPlan plan = shmFromDict(opts);
     auto comm = std::make_unique<comm::Communicator>(rank, world, std::move(conns), o);
+    if (socketless)
+      for (int p = 0; p < world; ++p)
+        if (p != rank) overlay.push_back(p);
     if (dialer) comm->setDialer(std::move(dialer), overlay);
     if (!plan.prefix.empty()) {
-      py::gil_scoped_release nogil;
-      setupShm(*comm, plan);
+      ShmMeeting meet = socketless ? meetOverStore(shmStore) : meetOverTcp(*comm);
+      {
+        py::gil_scoped_release nogil;
+        setupShm(*comm, plan, meet);
+        if (socketless) comm->watchLocalProcesses();
+      }
     }
     if (!hbAddrs.empty() && o.heartbeatTimeoutSec > 0 && pl.hb) {
       if (static_cast<int>(hbAddrs.size()) != world)
@@ -359,9 +404,10 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<PyComm>(m, "Communicator")
       .def(py::init<int, int, PyListener&, const std::vector<std::string>&, const std::string&,
-                    const py::dict&, const std::vector<std::string>&>(),
+                    const py::dict&, const std::vector<std::string>&, const py::object&>(),
            py::arg("rank"), py::arg("world"), py::arg("listener"), py::arg("addrs"),
-           py::arg("secret"), py::arg("options"), py::arg("heartbeat_addrs") = std::vector<std::string>())
+           py::arg("secret"), py::arg("options"), py::arg("heartbeat_addrs") = std::vector<std::string>(),
+           py::arg("shm_store") = py::none())
       .def_property_readonly("rank", [](PyComm& c) { return c.ex().comm().rank(); })
       .def_property_readonly("world", [](PyComm& c) { return c.ex().comm().world(); })
       .def("plan_of",
@@ -582,6 +628,7 @@ PYBIND11_MODULE(_C, m) {
              int watched = 0;
              for (int p = 0; p < cm.world(); ++p) watched += p != cm.rank() && cm.watched(p);
              d["watched"] = watched;
+             d["processes_watched"] = cm.watchedProcesses();  // pidfds (socketless groups)
              return d;
            })
       .def_property_readonly("uses_shm", [](PyComm& c) { return c.ex().comm().shm() != nullptr; })

@@ -39,6 +39,8 @@ Options optionsFromDict(const py::dict& d) {
       o.groupName = v.cast<std::string>();
     } else if (k == "p2p_channel") {
       o.p2pChannel = v.cast<bool>();
+    } else if (k == "socketless") {
+      o.socketless = v.cast<bool>();
     } else if (k.rfind("shm_", 0) == 0 || k == "session") {
       continue;  // shared-memory plan (module.cc), this init's heartbeat key (PyComm)
     } else {

@@ -137,6 +137,7 @@ void Communicator::poison(const std::string& reason, transport::AbortCode code) 
   }
   if (dialer_) dialer_->close();
   const std::string& msg = reason;  // receivers prefix "rank <us> (<host>) failed: "
+  if (shm_) shm_->publishAbort(static_cast<uint8_t>(code), msg);
   for (auto& c : conns_) {
     if (!c) continue;
     c->sendAbort(code, msg);
@@ -147,6 +148,7 @@ void Communicator::poison(const std::string& reason, transport::AbortCode code) 
 void Communicator::farewell() {
   if (dialer_) dialer_->close();
   if (poisoned() || aborted_.load()) return;
+  if (shm_) shm_->publishLeft();
   for (auto& c : conns_) {
     if (!c) continue;
     c->sendGoodbye();

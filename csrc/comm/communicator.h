@@ -26,6 +26,7 @@
 #include "core/types.h"
 #include "transport/heartbeat.h"
 #include "transport/shm/domain.h"
+#include "transport/shm/liveness.h"
 #include "transport/transport.h"
 
 namespace rr::comm {
@@ -139,6 +140,10 @@ class Communicator {
     shm_ = std::move(d);
     slicePeers_ = std::move(slicePeers);
   }
+  // A communicator without TCP connections (one host): watch the local peers' processes
+  // through pidfds, where connections would show EOF (transport/shm/liveness.h).
+  void watchLocalProcesses() { procs_ = std::make_unique<transport::shm::PeerProcesses>(*shm_); }
+  int watchedProcesses() const { return procs_ ? procs_->watched() : 0; }
   // For waits outside poll (shared memory): throw on abort, deadline (naming `peer`, the
   // rank waited for, when >= 0) or a peer whose connection shows EOF/abort. Cheap.
   void checkAlive(int peer);
@@ -173,6 +178,9 @@ class Communicator {
   // issued out of order, stall report). `shm`: the wait is on shared memory (for messages).
   void checkLiveness(int sendPeer, int recvPeer, bool shm);
   [[noreturn]] void timeout(int sendPeer, int recvPeer, bool shm);
+  // Shared memory's part of every liveness check: a local peer's published failure
+  // (throws as its abort frame would), its goodbye (gone_), its exit (PeerError).
+  void checkLocalPeers();
   void connectLazily(int peer);
   // Wait until `dialFd` is readable (>= 0) or `peer` has dialled this rank, serving other
   // dialling peers and watching the overlay meanwhile.
@@ -198,6 +206,7 @@ class Communicator {
   Deadline deadline_ = Deadline::never();
   ScratchArena scratch_;
   std::unique_ptr<transport::shm::ShmDomain> shm_;
+  std::unique_ptr<transport::shm::PeerProcesses> procs_;  // watchLocalProcesses(), else null
   std::vector<int> slicePeers_;
   std::unique_ptr<transport::Heartbeat> hb_;
   Recorder recorder_;

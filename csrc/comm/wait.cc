@@ -145,7 +145,38 @@ void Communicator::sendRecv(int sendPeer, SendOp* s, int recvPeer, RecvOp* r) {
 void Communicator::checkLiveness(int sendPeer, int recvPeer, bool shm) {
   if (aborted_.load()) throwAborted();
   if (deadline_.expired()) timeout(sendPeer, recvPeer, shm);
+  if (shm_) checkLocalPeers();
   checkHeartbeats(recvPeer >= 0 ? recvPeer : sendPeer);
+}
+
+void Communicator::checkLocalPeers() {
+  transport::shm::ShmDomain& d = *shm_;
+  // A peer's own death first: a survivor that noticed it first publishes an abort naming it.
+  if (procs_) {
+    const int r = procs_->exited();
+    const int p = r < 0 ? -1 : d.globalRank(r);
+    if (p >= 0 && !d.leftOf(r))  // one that said goodbye first: checkAlive says that
+      throw PeerError(p, PeerCause::kClosed,
+                      detail::concat("rank ", label(p), " (", peerHost(p), ") exited (its process "
+                                     "is gone: crashed or killed) while rank ", label(rank_),
+                                     " was in ", describeCurrent()));
+  }
+  std::string reason;
+  for (int r = 0; r < d.world(); ++r) {
+    if (r == d.rank()) continue;
+    const int p = d.globalRank(r);
+    const auto& c = conns_[static_cast<size_t>(p)];
+    if (c && c->fd() >= 0) continue;  // its connection says all this (abort frame, goodbye)
+    if (const uint32_t code = d.abortOf(r, &reason)) {
+      std::string msg = detail::concat("rank ", label(p), " (", peerHost(p), ") failed: ", reason);
+      switch (static_cast<transport::AbortCode>(code - 1)) {
+        case transport::AbortCode::kMismatch: throw MismatchError(msg);
+        case transport::AbortCode::kTimeout: throw TimeoutError(msg);
+        default: throw PeerError(p, PeerCause::kAborted, msg);
+      }
+    }
+    if (d.leftOf(r)) gone_[static_cast<size_t>(p)] = 1;
+  }
 }
 
 [[noreturn]] void Communicator::timeout(int sendPeer, int recvPeer, bool shm) {

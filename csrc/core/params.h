@@ -39,6 +39,11 @@ struct Options {
   // its line and returns, at most two messages ahead of its receiver -- as MPI and TCP
   // sends return before the receive is posted (collectives/shm_broadcast.cc).
   bool p2pChannel = false;
+  // A group (ringreduce/groups.py): when shared memory reaches every one of its ranks (one
+  // host), it opens no TCP connection at init -- its data moves through shared memory, its
+  // liveness comes from the segments and pidfds (transport/shm/liveness.h) -- and connects
+  // a pair over TCP only if an algorithm ever asks for it (comm/lazy_connect.cc).
+  bool socketless = false;
 };
 
 }  // namespace rr

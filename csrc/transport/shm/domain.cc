@@ -6,11 +6,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <new>
 
 #include "core/error.h"
 #include "transport/shm/cma.h"
+#include "transport/shm/liveness.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -54,6 +57,7 @@ ShmDomain::ShmDomain(int rank, std::vector<int> members, const std::string& pref
   Control* ctl = new (own_.data()) Control();
   ctl->pid.v.store(static_cast<uint64_t>(::getpid()), std::memory_order_relaxed);
   ctl->probeAddr.v.store(probeAddress(), std::memory_order_relaxed);
+  ctl->startTime.v.store(processStartTime(), std::memory_order_relaxed);
   ctl->probeValue.v.store(probeValue(), std::memory_order_release);
   for (int i = 0; i < 2; ++i)
     new (own_.data() + lineOff_ + static_cast<size_t>(i) * lineBytes_) LineHeader();
@@ -90,6 +94,29 @@ void ShmDomain::attach(const std::vector<std::string>& names) {
         RR_THROW(Error, "cannot map the shared memory segment ", s.name(), " of local rank ", r);
     base_[static_cast<size_t>(r)] = s.data();
   }
+}
+
+void ShmDomain::publishAbort(uint8_t code, const std::string& reason) {
+  Control& c = ctl(rank_);
+  if (c.abortCode.v.load(std::memory_order_relaxed)) return;
+  const size_t n = std::min(reason.size(), sizeof(c.abortReason) - 1);
+  std::memcpy(c.abortReason, reason.data(), n);
+  c.abortReason[n] = '\0';
+  c.abortCode.v.store(static_cast<uint32_t>(code) + 1, std::memory_order_release);
+  notify();
+}
+
+void ShmDomain::publishLeft() {
+  ctl(rank_).left.v.store(1, std::memory_order_release);
+  notify();
+}
+
+uint32_t ShmDomain::abortOf(int r, std::string* reason) {
+  Control& c = ctl(r);
+  const uint32_t code = c.abortCode.v.load(std::memory_order_acquire);
+  if (code && reason)
+    *reason = std::string(c.abortReason, strnlen(c.abortReason, sizeof(c.abortReason)));
+  return code;
 }
 
 bool ShmDomain::cmaReadable() {

@@ -49,6 +49,12 @@ struct Control {
   Word64 pid;       // the owner's process and its probe word (cma.h), set at creation
   Word64 probeAddr;
   Word64 probeValue;
+  Word64 startTime;  // the owner's start time (liveness.h: verifies pid before a pidfd)
+  // What the owner's connections would say (liveness.h): its failure -- an AbortCode + 1,
+  // written last (release), after the reason -- and that it left on purpose.
+  Word32 abortCode;
+  Word32 left;
+  char abortReason[1024];  // NUL-terminated, truncated
 };
 
 struct alignas(64) LineHeader {
@@ -147,6 +153,13 @@ class ShmDomain {
                  bool spin = true);
   // Wake peers sleeping on their doorbell after this rank updated its counters/lines.
   void notify();
+  // This rank failed (`code`: an AbortCode) / leaves on purpose: tell the local peers
+  // through its control block (liveness.h), then wake them.
+  void publishAbort(uint8_t code, const std::string& reason);
+  void publishLeft();
+  // Local rank `r`'s failure: its AbortCode + 1 and *reason, or 0 (none).
+  uint32_t abortOf(int r, std::string* reason);
+  bool leftOf(int r) { return ctl(r).left.v.load(std::memory_order_acquire) != 0; }
   // Whether this rank can read every local peer's memory with process_vm_readv (cma.h):
   // probed once, on first use (after attach).
   bool cmaReadable();
