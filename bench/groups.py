@@ -5,7 +5,9 @@
 
 1. Creation: on a world of N = 2, 4, 8 ranks, `rr.new_group(all ranks)` is timed (median
    of 5, each followed by Group.destroy()), and one live group's extra file descriptors,
-   threads and resident memory are read from /proc on every rank (the maximum is reported).
+   threads and resident memory are read from /proc on every rank (the maximum is reported),
+   with its open TCP connections and the descriptors a second live group adds. Over shared
+   memory (one host: no sockets between a group's ranks) and with RINGREDUCE_TRANSPORT=tcp.
 2. Speed: all-reduce of 8 B .. 16 MiB (float32, results checked against the expected sum
    on every iteration) on a 2-rank world, and on the 2-rank group [0, 1] of a 4-rank job
    whose other ranks wait in a barrier -- same transport (shared memory, then TCP), same
@@ -78,8 +80,13 @@ def worker(mode: str, out: str, iters: int) -> None:
         g = rr.new_group()
         rr.allreduce(__import__("numpy").ones(4), group=g)
         after = _proc()
+        g2 = rr.new_group()
+        rr.allreduce(__import__("numpy").ones(4), group=g2)
         res = {"create_ms": statistics.median(times) * 1e3,
-               **{k: after[k] - before[k] for k in before}}
+               **{k: after[k] - before[k] for k in before},
+               "fds_second_group": _proc()["fds"] - after["fds"],
+               "connections": g.comm.link_stats()["connections"]}
+        g2.destroy()
         g.destroy()
     elif mode == "world2":
         res = _time_allreduce(None, rank, [0, 1], iters)
@@ -107,11 +114,12 @@ def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from ringreduce.bench.machine import describe
 
-    create = {}
-    for n in (2, 4, 8):
-        outs = _launch(n, "create", "auto", a.iters)
-        create[n] = {k: max(o[k] for o in outs) for k in outs[0]}
-        print(f"new_group on {n} ranks: {create[n]}", flush=True)
+    create: dict = {"shm": {}, "tcp": {}}
+    for transport, rows in create.items():
+        for n in (2, 4, 8):
+            outs = _launch(n, "create", transport, a.iters)
+            rows[n] = {k: max(o[k] for o in outs) for k in outs[0]}
+            print(f"new_group on {n} ranks ({transport}): {rows[n]}", flush=True)
     speed: dict = {}
     for transport in ("shm", "tcp"):
         # Alternate the two setups --repeat times and take the median of their medians:
