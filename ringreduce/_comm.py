@@ -57,8 +57,13 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
         options["socketless"] = True
         meet = functools.partial(_rendezvous.allgather, store, peers.prefix, rank, world,
                                  options["connect_timeout"])
-    comm = _C.Communicator(rank, world, listener, peers.addrs, peers.secret, options,
-                           peers.hb_addrs, meet)
+    try:
+        comm = _C.Communicator(rank, world, listener, peers.addrs, peers.secret, options,
+                               peers.hb_addrs, meet)
+    except Exception as e:
+        if meet is not None:  # no mesh to carry the abort: the others wait in the store
+            _rendezvous._fail(store, peers.prefix, e)
+        raise
     log.info("rank %d of %s: connected to %d peers from %s; transport plan: %s", rank, name,
              world - 1, bind, comm.plan)
     if tun.trace:

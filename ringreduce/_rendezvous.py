@@ -373,11 +373,19 @@ def allgather(store: Any, prefix: str, rank: int, world: int, timeout: float, st
               value: str) -> list[str]:
     """Every rank's `value` for `step`, in rank order, through the store (a socketless
     group's shared-memory setup: segment names, then two barriers)."""
+    from ._C import RingReduceError
+
     p = f"{prefix}shm/{step}/"
-    store.set(p + str(rank), value)
     keys = [p + str(r) for r in range(world)]
-    _wait(store, keys, timeout, rank, f"all ranks to reach shared memory setup ({step})", prefix)
-    return [store.get(k).decode() for k in keys]
+    try:
+        store.set(p + str(rank), value)
+        _wait(store, keys, timeout, rank, f"all ranks to reach shared memory setup ({step})",
+              prefix)
+        return [store.get(k).decode() for k in keys]
+    except RingReduceError:
+        raise  # ours (a timeout, another rank's failure): it says what happened
+    except RuntimeError as e:  # torch's DistStoreError / DistNetworkError: the store is gone
+        raise _store_failed(rank, "a group's shared memory setup", e) from e
 
 
 def _fail(store: Any, prefix: str, error: Exception) -> Exception:
@@ -408,10 +416,14 @@ def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None
             time.sleep(0.5)
         raise
     except RuntimeError as e:  # torch's DistStoreError / DistNetworkError: the store is gone
-        raise RingReduceError(
-            f"rank {rank}: the rendezvous store failed during init ({type(e).__name__}: "
-            f"{str(e).strip().splitlines()[0] if str(e).strip() else e!r}); the store lives in "
-            f"rank 0 (or the launcher's agent) -- did it exit or crash?") from e
+        raise _store_failed(rank, "init", e) from e
+
+
+def _store_failed(rank: int, during: str, e: Exception) -> Exception:
+    return _rr_error(
+        f"rank {rank}: the rendezvous store failed during {during} ({type(e).__name__}: "
+        f"{str(e).strip().splitlines()[0] if str(e).strip() else e!r}); the store lives in "
+        f"rank 0 (or the launcher's agent) -- did it exit or crash?")
 
 
 def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None,

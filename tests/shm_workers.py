@@ -431,3 +431,20 @@ def output_sweep(rank: int, world: int, counts: list) -> dict:
         rr.scatter(s_out, src=world - 1, x=src if rank == world - 1 else None)
         expect(f"scatter n={n}", s_out, data(rank, n, salt=9).astype(np.int32))
     return {"wrong": wrong}
+
+
+def group_in_full_dev_shm(rank: int, world: int) -> dict:
+    """The world's segments fit /dev/shm, the group's do not all fit: the rank whose segment
+    does not fit fails, and the other, waiting in the store for its segment name (a group on
+    one host has no connection to hear an abort on), must stop at once. Rank 0 keeps the
+    store up for 12 s after its own failure, so a waiting rank 1 cannot learn of it from the
+    store going away."""
+    t0 = time.monotonic()
+    try:
+        rr.new_group(list(range(world)))
+        return {"error": None, "secs": time.monotonic() - t0}
+    except Exception as e:  # noqa: BLE001
+        out = {"error": f"{type(e).__name__}: {e}", "secs": time.monotonic() - t0}
+        if rank == 0 and "/dev/shm is full" in out["error"]:
+            time.sleep(12)
+        return out

@@ -147,6 +147,23 @@ def test_full_dev_shm_is_a_clear_error_on_every_rank(tiny_dev_shm: list) -> None
     assert all(o.value["elapsed"] < 10 for o in outs), story
 
 
+@pytest.fixture
+def small_dev_shm(tmp_path):
+    """/dev/shm of 8 MiB: a 2-rank world's segments (about 2 MiB each) and one more fit."""
+    yield from _dev_shm_namespace(tmp_path, "8m")
+
+
+@pytest.mark.timeout(90)
+def test_a_group_that_does_not_fit_dev_shm_fails_on_every_rank_at_once(small_dev_shm) -> None:
+    outs = run_world(2, "shm_workers:group_in_full_dev_shm", timeout=70,
+                     env={"RINGREDUCE_TRANSPORT": "shm", "RINGREDUCE_CONNECT_TIMEOUT": "40"},
+                     rank_prefix=dict.fromkeys(range(2), small_dev_shm))
+    assert all(o["error"] for o in outs), outs
+    assert any("/dev/shm is full or too small" in o["error"] for o in outs), outs
+    for r, o in enumerate(outs):
+        assert o["secs"] < 10, f"rank {r} took {o['secs']:.1f} s (connect timeout 40 s): {o}"
+
+
 @pytest.mark.timeout(120)
 def test_world_and_groups_fit_dockers_default_dev_shm(docker_dev_shm: list) -> None:
     # Every group has its own slots; at up to 32 MiB per communicator the world and one
