@@ -78,14 +78,12 @@ struct ShmMeeting {
   std::function<void()> barrier;
 };
 
+constexpr size_t kMaxSegmentName = 128;  // bytes per name slot over TCP, NUL-padded
+
 ShmMeeting meetOverTcp(comm::Communicator& c) {
-  constexpr size_t kMax = 128;  // bytes per name slot, NUL-padded
+  constexpr size_t kMax = kMaxSegmentName;
   ShmMeeting m;
   m.allgather = [&c](const std::string& mine) {
-    if (mine.size() >= kMax)
-      throw InvalidArgument("shm_prefix is too long (segment name " + mine + " has " +
-                            std::to_string(mine.size()) + " characters, at most " +
-                            std::to_string(kMax - 1) + " fit)");
     std::vector<char> in(kMax, '\0'), all(kMax * static_cast<size_t>(c.world()), '\0');
     std::copy(mine.begin(), mine.end(), in.begin());
     collectives::allgather(c, in.data(), all.data(), kMax, DataType::kUInt8);
@@ -117,10 +115,14 @@ ShmMeeting meetOverStore(const py::object& fn) {
 // confused peer cannot make us open another job's segment.
 std::vector<std::string> exchangeNames(ShmMeeting& meet, const std::vector<int>& members,
                                        const std::string& prefix, const std::string& mine) {
+  if (mine.size() >= kMaxSegmentName)
+    throw InvalidArgument("shm_prefix is too long (segment name " + mine + " has " +
+                          std::to_string(mine.size()) + " characters, at most " +
+                          std::to_string(kMaxSegmentName - 1) + " fit)");
   std::vector<std::string> all = meet.allgather(mine), names;
   for (int g : members) {
     const std::string& n = all.at(static_cast<size_t>(g));
-    if (n.size() >= 128 || n.rfind(prefix + "-", 0) != 0)
+    if (n.size() >= kMaxSegmentName || n.rfind(prefix + "-", 0) != 0)
       throw Error("rank " + std::to_string(g) + " announced the shared memory segment '" +
                   n.substr(0, 64) + "', which is not one of this job's (" + prefix +
                   "-...): do all ranks run the same ringreduce version?");
