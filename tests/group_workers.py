@@ -363,3 +363,19 @@ def shm_abort_reaches_members(rank: int, world: int) -> dict:
         out = f"{type(e).__name__}: {e}"
     return {"error": out, "secs": time.monotonic() - t0,
             "links": g.comm.link_stats()["connections"]}
+
+
+def groups_out_of_order(rank: int, world: int) -> str:
+    """Rank 0 all-reduces on group [0, 1] and then on the world; rank 1 the other way round
+    (rank 2, not in the group, joins the world's). Nothing can complete: each waits for
+    the other on a different communicator. Each one's timeout must say where the other is
+    blocked -- the other communicator's name and collective -- not only that it is idle."""
+    g = rr.new_group([0, 1])
+    order = [g, None] if rank == 0 else [None, g] if rank == 1 else [None]
+    try:
+        for grp in order:
+            rr.allreduce(np.ones(16), group=grp)
+        return "no error"
+    except Exception as e:  # noqa: BLE001
+        time.sleep(3)  # leave only after the other's timeout: else it reads "rank X left"
+        return f"{type(e).__name__}: {e}"

@@ -3,6 +3,8 @@ transports, each group checked with every collective against numpy (tests/group_
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from _spawn import run_world, run_world_raw
 
@@ -115,3 +117,14 @@ def test_a_failure_reaches_socketless_group_members_through_shared_memory() -> N
         assert o["links"] == 0, o
         assert "rank 2 " in o["error"] and "failed" in o["error"], o
         assert o["secs"] < 5.0, f"rank {r} waited {o['secs']:.1f} s (its timeout is 60 s): {o}"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_groups_called_in_different_orders_name_the_other_group(transport: str) -> None:
+    outs = run_world(3, "group_workers:groups_out_of_order", timeout=60,
+                     env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "4"})
+    assert "CollectiveTimeout" in outs[0] and "on group" in outs[0], outs[0]
+    assert re.search(r"rank 1 .*meanwhile in allreduce #\d+ on world", outs[0]), outs[0]
+    assert "CollectiveTimeout" in outs[1], outs[1]
+    assert re.search(r"rank 0 .*meanwhile in allreduce #1 on group", outs[1]), outs[1]

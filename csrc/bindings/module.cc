@@ -221,6 +221,7 @@ class PyComm {
       std::vector<std::string> targets = hbAddrs;
       for (int p = 0; p < world; ++p)  // sparse: only the overlay hears from this rank
         if (p != rank && !comm->watched(p)) targets[static_cast<size_t>(p)].clear();
+      pl.hb->setName(o.groupName.empty() ? "world" : o.groupName);
       pl.hb->start(rank, targets, transport::heartbeatKey(secret, session),
                    o.heartbeatIntervalSec);
       comm->setHeartbeat(std::move(pl.hb));

@@ -14,10 +14,13 @@ namespace rr::comm {
 std::string Communicator::peerDoing(int peer, const transport::PeerStatus& s,
                                     const char* note) const {
   std::string site = hb_ ? hb_->site(peer) : std::string();
+  // Blocked on another communicator of its process: groups called in different orders.
+  std::string other = hb_ ? hb_->elsewhere(peer) : std::string();
   return detail::concat(
       s.kind ? "at " : "idle after ",
       s.kind ? toString(static_cast<CollectiveKind>(s.kind)) : "collective", " #", s.seq,
       s.kind ? detail::concat(" with ", s.bytesDone >> 10, " KiB received") : std::string(), note,
+      other.empty() ? std::string() : ", meanwhile in " + other + " (on another communicator)",
       site.empty() ? std::string() : "; last call site " + site);
 }
 

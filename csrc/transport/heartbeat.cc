@@ -8,12 +8,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
 #include "core/deadline.h"
 #include "core/error.h"
 #include "core/sha256.h"
+#include "core/types.h"
 
 namespace rr::transport {
 namespace {
@@ -31,6 +33,7 @@ struct Datagram {
   uint64_t bytes;
   uint64_t counter;      // strictly increasing per sender: replays are ignored
   char site[kSiteBytes];  // NUL-terminated call site of the sender's collective
+  char elsewhere[kSiteBytes];  // NUL-terminated: its process's collective on another comm
   uint8_t mac[16];       // truncated HMAC-SHA256 over everything above
 };
 
@@ -43,6 +46,16 @@ int64_t nowNs() {
 void sign(const std::string& key, Datagram* d) {
   auto m = crypto::hmacSha256(key.data(), key.size(), d, offsetof(Datagram, mac));
   std::memcpy(d->mac, m.data(), sizeof(d->mac));
+}
+
+// Every running heartbeat of this process (Heartbeat::busyElsewhere reads the others').
+struct Registry {
+  std::mutex mu;
+  std::vector<const Heartbeat*> all;
+};
+Registry& registry() {
+  static Registry* r = new Registry();  // never destroyed: heartbeats may outlive statics
+  return *r;
 }
 
 }  // namespace
@@ -92,11 +105,24 @@ void Heartbeat::start(int rank, const std::vector<std::string>& peerAddrs,
     peerSockaddr_[r] = std::move(addrs[0]);
     ++targets_;
   }
+  {
+    std::lock_guard<std::mutex> g(siteMu_);
+    peerElsewhere_.assign(nslots_, std::string());
+  }
   if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) RR_THROW(Error, "heartbeat: pipe failed");
+  {
+    std::lock_guard<std::mutex> g(registry().mu);
+    registry().all.push_back(this);
+  }
   thread_ = std::thread([this] { loop(); });
 }
 
 void Heartbeat::stop() {
+  {
+    std::lock_guard<std::mutex> g(registry().mu);
+    auto& v = registry().all;
+    v.erase(std::remove(v.begin(), v.end(), this), v.end());
+  }
   if (thread_.joinable()) {
     char c = 1;
     ssize_t w = ::write(wake_[1], &c, 1);
@@ -139,6 +165,25 @@ std::string Heartbeat::site(int peer) const {
   return peer >= 0 && static_cast<size_t>(peer) < peerSite_.size() ? peerSite_[peer] : "";
 }
 
+std::string Heartbeat::elsewhere(int peer) const {
+  std::lock_guard<std::mutex> g(siteMu_);
+  return peer >= 0 && static_cast<size_t>(peer) < peerElsewhere_.size() ? peerElsewhere_[peer] : "";
+}
+
+std::string Heartbeat::busyElsewhere() const {
+  std::lock_guard<std::mutex> g(registry().mu);
+  for (const Heartbeat* h : registry().all) {
+    if (h == this) continue;
+    const uint64_t st = h->state_.load(std::memory_order_relaxed);
+    const auto kind = static_cast<uint8_t>(st >> 56);
+    if (kind == 0) continue;
+    std::string s = detail::concat(toString(static_cast<CollectiveKind>(kind)), " #",
+                                   st & ((uint64_t{1} << 56) - 1), " on ", h->name_);
+    return s.substr(0, kSiteBytes - 1);
+  }
+  return "";
+}
+
 void Heartbeat::sendAll() {
   static thread_local uint64_t counter = 0;
   Datagram d{};
@@ -161,6 +206,8 @@ void Heartbeat::sendAll() {
     std::lock_guard<std::mutex> g(siteMu_);
     std::memcpy(d.site, site_.data(), site_.size());  // < kSiteBytes; the rest stays 0
   }
+  const std::string other = busyElsewhere();  // < kSiteBytes
+  std::memcpy(d.elsewhere, other.data(), other.size());
   sign(key_, &d);
   for (size_t r = 0; r < nslots_; ++r) {
     if (peerSockaddr_[r].empty()) continue;
@@ -197,9 +244,11 @@ void Heartbeat::receiveOne() {
                          : 0,
                std::memory_order_relaxed);
   d.site[kSiteBytes - 1] = 0;
+  d.elsewhere[kSiteBytes - 1] = 0;
   {
     std::lock_guard<std::mutex> g(siteMu_);
     peerSite_[static_cast<size_t>(d.rank)].assign(d.site);
+    peerElsewhere_[static_cast<size_t>(d.rank)].assign(d.elsewhere);
   }
   s.lastNs.store(nowNs(), std::memory_order_release);
 }

@@ -76,9 +76,16 @@ class Heartbeat {
   // Where this rank's current (or last) collective was issued; sent with every heartbeat.
   // Truncated to kSiteBytes - 1 (the tail is kept). Any thread.
   void setSite(const std::string& site);
+  // The communicator's name ("world", "group3"), before start(). Every heartbeat of this
+  // process also says which collective the process runs on its *other* communicators
+  // ("allreduce #5 on world"), so a peer waiting for this rank on one group learns that it
+  // is blocked on another (ranks that called collectives on groups in different orders).
+  void setName(std::string name) { name_ = std::move(name); }
   PeerStatus status(int peer) const;
   // The call site peer `peer` last reported ("" if none). Takes a lock: for reports only.
   std::string site(int peer) const;
+  // What peer `peer`'s process last said it runs on another communicator ("" if nothing).
+  std::string elsewhere(int peer) const;
   bool running() const { return thread_.joinable(); }
   // Peers this rank sends heartbeats to, and datagrams sent so far (link_stats). Any thread.
   int targets() const { return targets_; }
@@ -111,9 +118,13 @@ class Heartbeat {
   std::atomic<uint64_t> sent_{0};
   int targets_ = 0;
   std::atomic<int> waiting_{-1};
-  mutable std::mutex siteMu_;  // guards site_ and peerSite_
+  mutable std::mutex siteMu_;  // guards site_, peerSite_ and peerElsewhere_
   std::string site_;
-  std::vector<std::string> peerSite_;
+  std::vector<std::string> peerSite_, peerElsewhere_;
+  std::string name_ = "world";
+  // "allreduce #5 on world": a collective in progress on another communicator of this
+  // process (the first found), "" if none. Sender thread.
+  std::string busyElsewhere() const;
   int wake_[2] = {-1, -1};  // pipe: stop() wakes the thread
   std::thread thread_;
 };

@@ -11,7 +11,8 @@ namespace rr::transport::tcp {
 namespace {
 
 constexpr uint32_t kHelloMagic = 0x31485252;  // "RRH1"
-constexpr uint32_t kVersion = 2;  // 2: heartbeats carry call site and wait target
+constexpr uint32_t kVersion = 3;  // 2: heartbeats carry call site and wait target; 3: the
+                                  // root, and the process's collective on other comms
 
 enum Status : uint32_t {
   kOk = 0,
