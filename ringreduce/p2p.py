@@ -28,6 +28,7 @@ same one. Waits spin briefly, then sleep up to 1 ms between probes, until RINGRE
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from typing import Any
@@ -35,6 +36,7 @@ from typing import Any
 from . import _buffers, _state, groups
 from ._state import Group
 
+log = logging.getLogger("ringreduce")
 _LOCK = threading.Lock()  # guards _MAKING, _ANY and world.p2p (never held while connecting)
 _MAKING: dict = {}  # (lo, hi, tag) -> lock held by the thread making that pair
 _ANY: dict = {}  # tag -> [lock serialising any-source matches, index of the next peer to try]
@@ -252,6 +254,18 @@ def _meet(world: Group, base: str, peer: int, src: int, dst: int, tag: int) -> N
              "other")
 
 
+_WARN_AT = (64, 512, 4096)  # pairs of channels: warn as each of these counts is reached
+
+
+def _warn_many(world: Group, pairs: int, tags: int) -> None:
+    """Each (peer, tag) costs two channels, kept until destroy(): a communicator each, with
+    2 threads and, over shared memory, its own segment (2 MiB or more of /dev/shm)."""
+    log.warning("rank %d now holds %d point-to-point channels (%d distinct tags): each "
+                "(peer, tag) costs two communicators, kept until destroy(), each with 2 "
+                "threads and its own shared memory; use a few tags (e.g. one per stage or "
+                "direction, not one per message or micro-batch)", world.rank, 2 * pairs, tags)
+
+
 def _channel(world: Group, src: int, dst: int, tag: int) -> Group:
     """The channel src -> dst for `tag` (made with its reverse on first use)."""
     lo, hi = min(src, dst), max(src, dst)
@@ -274,6 +288,10 @@ def _channel(world: Group, src: int, dst: int, tag: int) -> Group:
                                     f"p2p {hi}->{lo} tag {tag}", p2p=True)
                 with _LOCK:
                     pair = world.p2p[key] = (up, down)
+                    made = len(world.p2p)
+                    tags = len({k[2] for k in world.p2p}) if made in _WARN_AT else 0
+                if tags:
+                    _warn_many(world, made, tags)
                 if tag == 0 and world.rank in (lo, hi):
                     me_lo = world.rank == lo
                     _state.add_channel(world, hi if me_lo else lo, up if me_lo else down,

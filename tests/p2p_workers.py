@@ -420,3 +420,19 @@ def first_message_waits(rank: int, world: int) -> dict:
                           f"for rank {1 - rank} to post a send" in str(e)
                           and f"on tag {10 if rank == 0 else 11}" in str(e))
     return out
+
+
+def many_tags(rank: int, world: int, tags: int) -> list:
+    """Rank 0 sends one checked message on each of `tags` tags to rank 1 (a channel pair per
+    tag); returns what went wrong."""
+    bad = []
+    for t in range(tags):
+        x = _msg(0, 1, 5, salt=t)
+        if rank == 0:
+            rr.send(x, dst=1, tag=t)
+        else:
+            y = np.zeros_like(x)
+            rr.recv(y, src=0, tag=t)
+            if not np.array_equal(x, y):
+                bad.append(f"tag {t}: got {y[:3]}")
+    return bad

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from _spawn import run_world
+from _spawn import run_world, run_world_raw
 
 SETUPS = [(w, t) for w in (2, 3, 5) for t in ("tcp", "shm")] + [(4, "tcp")]
 
@@ -91,3 +91,16 @@ def test_first_message_on_a_tag_waits_like_any_peer() -> None:
     for o in outs:
         kind, took, named = o["crossed"]
         assert kind == "CollectiveTimeout" and named and 2.8 <= took < 8, outs
+
+
+@pytest.mark.timeout(120)
+def test_many_tags_work_and_warn_about_their_cost() -> None:
+    """Every (peer, tag) gets its own channels, kept until destroy(): right results on 64
+    tags, and one warning per rank when the 64th pair of channels is made, saying to use
+    fewer tags."""
+    outs = run_world_raw(2, "p2p_workers:many_tags", 64, timeout=100,
+                         env={"RINGREDUCE_TRANSPORT": "tcp"})
+    for o in outs:
+        assert o.ok and o.value == [], o.describe()
+        assert o.stderr.count("point-to-point channels") == 1, o.stderr[-2000:]
+        assert "128 point-to-point channels (64 distinct tags)" in o.stderr, o.stderr[-2000:]
