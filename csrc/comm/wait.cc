@@ -152,14 +152,18 @@ void Communicator::checkLiveness(int sendPeer, int recvPeer, bool shm) {
 void Communicator::checkLocalPeers() {
   transport::shm::ShmDomain& d = *shm_;
   // A peer's own death first: a survivor that noticed it first publishes an abort naming it.
-  if (procs_) {
-    const int r = procs_->exited();
-    const int p = r < 0 ? -1 : d.globalRank(r);
-    if (p >= 0 && !d.leftOf(r))  // one that said goodbye first: checkAlive says that
-      throw PeerError(p, PeerCause::kClosed,
-                      detail::concat("rank ", label(p), " (", peerHost(p), ") exited (its process "
-                                     "is gone: crashed or killed) while rank ", label(rank_),
-                                     " was in ", describeCurrent()));
+  for (int r; procs_ && (r = procs_->exited()) >= 0;) {
+    // One that said goodbye first and then ended is no failure (checkAlive says it left if
+    // this rank waits for it); stop watching it, so that it cannot hide another's death.
+    if (d.leftOf(r)) {
+      procs_->forget(r);
+      continue;
+    }
+    const int p = d.globalRank(r);
+    throw PeerError(p, PeerCause::kClosed,
+                    detail::concat("rank ", label(p), " (", peerHost(p), ") exited (its process "
+                                   "is gone: crashed or killed) while rank ", label(rank_),
+                                   " was in ", describeCurrent()));
   }
   std::string reason;
   for (int r = 0; r < d.world(); ++r) {

@@ -4,6 +4,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -117,6 +118,15 @@ PeerProcesses::PeerProcesses(ShmDomain& d) : keys_(static_cast<size_t>(d.world()
 PeerProcesses::~PeerProcesses() {
   for (const auto& k : keys_)
     if (k.first) release(k);
+}
+
+void PeerProcesses::forget(int r) {
+  for (size_t i = 0; i < rankOf_.size(); ++i) {
+    if (rankOf_[i] != r) continue;
+    pfds_.erase(pfds_.begin() + static_cast<std::ptrdiff_t>(i));
+    rankOf_.erase(rankOf_.begin() + static_cast<std::ptrdiff_t>(i));
+    return;  // keys_ keeps the pidfd's reference: the destructor releases it
+  }
 }
 
 int PeerProcesses::exited() {

@@ -36,6 +36,9 @@ class PeerProcesses {
   PeerProcesses& operator=(const PeerProcesses&) = delete;
   // The local rank of a peer whose process has exited, or -1. Never blocks.
   int exited();
+  // Stop watching local rank `r` (it left on purpose before its process ended), so that
+  // exited() reports the others.
+  void forget(int r);
   // Local peers watched through a pidfd (the others: heartbeats only).
   int watched() const { return static_cast<int>(pfds_.size()); }
 
