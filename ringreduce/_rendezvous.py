@@ -347,7 +347,20 @@ def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,
                                    "MASTER_ADDR/MASTER_PORT?") -> None:
     """Wait for `keys`, polling, so that a rank that failed its own init checks (and said
     so under prefix + "failed") stops everyone at once instead of at the timeout; the
-    timeout's message ends with `hint`."""
+    timeout's message ends with `hint`. A store that fails meanwhile (its host, rank 0,
+    exited) is a RingReduceError saying so, not torch's bare DistNetworkError."""
+    from ._C import RingReduceError
+
+    try:
+        _wait_for(store, keys, timeout, rank, what, prefix, hint)
+    except RingReduceError:
+        raise  # ours (a timeout, another rank's failure): it says what happened
+    except RuntimeError as e:  # torch's DistStoreError / DistNetworkError: the store is gone
+        raise _store_failed(rank, f"the wait for {what}", e) from e
+
+
+def _wait_for(store: Any, keys: list[str], timeout: float, rank: int, what: str,
+              prefix: str, hint: str) -> None:
     deadline = time.monotonic() + timeout
     pause = 0.002
     stops = [prefix + "failed", *getattr(_ALSO, "keys", ())]

@@ -40,6 +40,7 @@ class Group:
     created: int = 0
     children: list = field(default_factory=list)
     p2p: dict = field(default_factory=dict)  # (lo, hi, tag) -> channels (ringreduce.p2p)
+    eager: list = field(default_factory=list)  # (thread, dst, tag): sends that returned early (p2p)
     destroyed: bool = False
 
     @property

@@ -434,7 +434,10 @@ class _Ops:
 
     def send(self, tensors: list, dst: int, tag: int = 0) -> _Work:
         buf, _ = _inplace(tensors[0])
-        return _work(p2p.isend(buf, self._g.ranks[dst], tag=tag, group=self._g), tensors)
+        # A small first message on its channel is copied and sent later, so the Work is
+        # complete now (gloo's sends complete before the receiver posts, too).
+        w = p2p.send_buffered(buf, self._g.ranks[dst], tag=tag, group=self._g)
+        return _done(tensors) if w is None else _work(w, tensors)
 
     def recv(self, tensors: list, src: int, tag: int = 0) -> _Work:
         buf, back = _inplace(tensors[0])

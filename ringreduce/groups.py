@@ -13,6 +13,7 @@ among themselves: ranks outside a group never wait for it.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -110,6 +111,8 @@ def destroy_default() -> None:
     """ringreduce.destroy(): the world's groups, its trace (RINGREDUCE_TRACE), GPU state,
     its communicator, then its store; returns promptly even if peers are gone."""
     g = _state._DEFAULT[0]
+    if g is not None:
+        _finish_eager_sends(g)
     _state.set_default(None)
     _rendezvous.release_lingering()  # the store of a failed init(), if any
     if g is None:
@@ -148,6 +151,28 @@ def destroy_default() -> None:
                                               float(g.options.get("connect_timeout", 0.0)),
                                               failed=failed)
     _work.clear()  # the executors have stopped: nothing can touch those buffers now
+
+
+def _finish_eager_sends(world: Group) -> None:
+    """Sends that returned before their receiver posted (ringreduce.p2p, the first message
+    on a channel) are delivered before the channels close, as MPI_Finalize completes
+    buffered sends: wait for them, at most RINGREDUCE_TIMEOUT (a failure is logged)."""
+    pending = [e for e in world.eager if e[0].is_alive()]
+    world.eager.clear()
+    t0 = time.monotonic()
+    # + 1 s: a send that gives up at its own RINGREDUCE_TIMEOUT still gets to say why
+    deadline = t0 + float(world.options.get("timeout", 600.0)) + 1.0
+    for t, dst, tag in pending:
+        t.join(max(0.0, min(t0 + 2.0, deadline) - time.monotonic()))
+    late = [(dst, tag) for t, dst, tag in pending if t.is_alive()]
+    if not late:
+        return
+    log.warning("rank %d: destroy() waits (at most RINGREDUCE_TIMEOUT) for %d send(s) that "
+                "returned before their receiver posted and are not received yet: to rank(s) "
+                "%s; did those ranks skip their recv?", world.rank, len(late),
+                ", ".join(f"{d} (tag {t})" for d, t in late[:8]))
+    for t, _, _ in pending:
+        t.join(max(0.0, deadline - time.monotonic()))
 
 
 def destroy_children(world: Group) -> None:

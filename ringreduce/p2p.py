@@ -10,10 +10,13 @@ Within a channel messages arrive in the order they were sent (MPI's non-overtaki
 sender and receiver must agree on the size and dtype (a mismatch raises
 CollectiveMismatch on both). `src`/`dst` are world ranks, as in torch.
 
-The first message between two ranks on a tag waits until the other side posts its first
-operation toward this rank with that tag (both rendezvous through the job's store), at most
-RINGREDUCE_TIMEOUT, as any wait for a peer; then a CollectiveTimeout says which operation
-the peer has not posted.
+A blocking send of at most EAGER_MAX bytes returns before the receiver posts, also as the
+first message on its tag: it is copied and sent by a helper thread, which makes the channel
+(destroy() waits for it). Any other first operation on a tag waits until the other side
+posts its first operation toward this rank with that tag (both rendezvous through the job's
+store), at most RINGREDUCE_TIMEOUT, as any wait for a peer; then a CollectiveTimeout says
+which operation the peer has not posted. Posts made while their channel is being made are
+queued on it in the order they were posted (_Turns).
 
 Receiving from any source (`src=None`, MPI_ANY_SOURCE, torch's `dist.recv(t)`): the
 receiver probes the channels toward it on that tag -- a message waits when the sender has
@@ -40,7 +43,7 @@ log = logging.getLogger("ringreduce")
 _LOCK = threading.Lock()  # guards _MAKING, _ANY and world.p2p (never held while connecting)
 _MAKING: dict = {}  # (lo, hi, tag) -> lock held by the thread making that pair
 _ANY: dict = {}  # tag -> [lock serialising any-source matches, index of the next peer to try]
-_POSTING: dict = {}  # (src, dst, tag) -> isend/irecv not yet queued on their new channel
+_PENDING: dict = {}  # (src, dst, tag) -> _Turns of the posts waiting for their new channel
 _MEETS = itertools.count()  # each _meet's own store prefix (a timeout there stops no one else)
 
 
@@ -74,8 +77,36 @@ def irecv(x: Any, src: int | None = None, tag: int = 0, group: Any = None) -> An
     return w
 
 
+def send_buffered(x: Any, dst: int, tag: int = 0, group: Any = None) -> Any:
+    """torch's dist.send / dist.isend: isend(), except that a message of at most
+    EAGER_MAX bytes on a channel not made yet is copied and sent from a helper thread
+    (None is returned: the send is complete for the caller), as send() does."""
+    return _post(x, dst, tag, group, "isend", sending=True, async_op=True, eager=True)
+
+
+# A blocking send of at most this many bytes returns before the receiver posts, also as the
+# first message on its channel (copied, then sent by a helper thread while the channel is
+# made): the channel's own eager limit (shared-memory slots), so that first and later sends
+# behave alike and a ring of blocking sends-before-receives works from its first message.
+EAGER_MAX = 2 << 20
+
+
+class _Turns:
+    """The posts on one direction's channel (src, dst, tag) while it is being made, in the
+    order they were posted: each takes a ticket and is queued on the channel in turn, so
+    messages never overtake each other (MPI's non-overtaking rule) however the helper
+    threads that make the channel are scheduled."""
+
+    __slots__ = ("cond", "next", "serving")
+
+    def __init__(self) -> None:
+        self.next = 0  # tickets handed out
+        self.serving = 0  # tickets queued on the channel (or failed)
+        self.cond = threading.Condition(_LOCK)
+
+
 def _post(x: Any, peer: int, tag: int, group: Any, what: str, sending: bool,
-          async_op: bool) -> Any:
+          async_op: bool, eager: bool = False) -> Any:
     from . import api
 
     g = _state.resolve(group, f"{what}()")
@@ -88,28 +119,95 @@ def _post(x: Any, peer: int, tag: int, group: Any, what: str, sending: bool,
     _check_tag(tag, what)
     src = world.rank if sending else peer
     dst = peer if sending else world.rank
-    ch = _ready(world, src, dst, tag)
-    if ch is None:  # bad input must fail before the first connect (broadcast checks it later)
-        _buffers.as_buffer(x, f"{what}(x)", writable=not sending)
-    if ch is not None or not async_op:
-        if ch is None:
-            ch = _channel(world, src, dst, tag)
-        return api.broadcast(x, src=src, async_op=async_op, group=ch)
-    # The pair's first message on this tag: the peer may be blocked making another channel
-    # to us first (another tag, the other direction's first send): isend/irecv return at
-    # once and make the channel on a helper thread. Until the receive is queued there, an
-    # any-source receive must not take that channel's message: _POSTING says so.
     key = (src, dst, tag)
     with _LOCK:
-        _POSTING[key] = _POSTING.get(key, 0) + 1
+        ch = _ready_locked(world, src, dst, tag)
+        queued = key in _PENDING
+    if ch is not None and not queued:
+        return api.broadcast(x, src=src, async_op=async_op, group=ch)
+    # The channel is being made (or posts still wait for it): bad input fails now, before
+    # the first connect (broadcast checks it later); then queue in turn.
+    buf = _buffers.as_buffer(x, f"{what}(x)", writable=not sending)
+    eager = sending and (eager or not async_op) and _nbytes(buf.obj) <= EAGER_MAX
+    if eager:
+        x = _copy(x)  # the caller may reuse its buffer as soon as this returns
+    with _LOCK:
+        ch = _ready_locked(world, src, dst, tag)
+        turns = _PENDING.get(key)
+        if ch is None or turns is not None:
+            turns = _PENDING.setdefault(key, _Turns())
+            ticket = turns.next
+            turns.next += 1
+    if turns is None:  # made and drained meanwhile
+        return api.broadcast(x, src=src, async_op=async_op, group=ch)
 
     def start() -> Any:
-        try:
-            return api.broadcast(x, src=src, async_op=True, group=_channel(world, src, dst, tag))
-        finally:
-            with _LOCK:
-                _POSTING[key] -= 1
+        def post(c: Group) -> Any:
+            return api.broadcast(x, src=src, async_op=async_op or eager, group=c)
+        return _take_turn(world, key, turns, ticket, post, ch)
+
+    if eager:
+        _send_later(world, start, dst, tag)
+        return None
+    if not async_op:
+        return start()  # holds its turn until it is done
+    # isend/irecv return at once and make the channel on a helper thread: the peer may be
+    # blocked making another channel to us first (another tag, the other direction's first
+    # send).
     return api.Work(_Deferred(start), (x,))
+
+
+def _take_turn(world: Group, key: tuple, turns: _Turns, ticket: int, post: Any,
+               ch: Group | None = None) -> Any:
+    """Make the channel (if `ch` is None), wait for `ticket`'s turn, post on it; the next
+    ticket's turn comes when this one is posted (an async post: queued) or has failed."""
+    err: BaseException | None = None
+    try:
+        if ch is None:
+            ch = _channel(world, *key)
+    except BaseException as e:  # noqa: BLE001 - raised in turn below
+        err = e
+    with _LOCK:
+        while turns.serving != ticket:
+            turns.cond.wait()
+    try:
+        if err is not None:
+            raise err
+        return post(ch)
+    finally:
+        with _LOCK:
+            turns.serving += 1
+            drained = turns.serving == turns.next
+            if drained:
+                del _PENDING[key]
+            turns.cond.notify_all()
+        if drained and key[2] == 0:
+            _fast_path(world, min(key[:2]), max(key[:2]))
+
+
+def _send_later(world: Group, start: Any, dst: int, tag: int) -> None:
+    """Run an eager send on a helper thread; destroy() waits for it (_state.Group.eager).
+    A failure is logged here (the channel is failed, so the next call on it raises too)."""
+    def run() -> None:
+        try:
+            start().wait()
+        except Exception as e:  # noqa: BLE001 - reported, and again by the channel's next call
+            log.error("rank %d: a send to rank %d on tag %d, which returned before rank %d "
+                      "posted its receive, failed: %s", world.rank, dst, tag, dst, e)
+
+    t = threading.Thread(target=run, name="ringreduce-p2p-eager", daemon=True)
+    with _LOCK:
+        world.eager[:] = [e for e in world.eager if e[0].is_alive()]
+        world.eager.append((t, dst, tag))
+    t.start()
+
+
+def _nbytes(x: Any) -> int:
+    return int(x.nbytes)  # numpy arrays and torch tensors alike
+
+
+def _copy(x: Any) -> Any:
+    return x.detach().clone() if hasattr(x, "detach") else x.copy()
 
 
 def _check_tag(tag: Any, what: str) -> None:
@@ -168,7 +266,7 @@ def _match(world: Group, peers: list[int], tag: int, what: str, entry: list) -> 
         for i in range(n):
             src = peers[(entry[1] + i) % n]
             with _LOCK:
-                if _POSTING.get((src, world.rank, tag)):
+                if (src, world.rank, tag) in _PENDING:
                     continue  # a named irecv posted earlier is about to take it
             ch = _ready(world, src, world.rank, tag)
             if ch is None:
@@ -234,7 +332,11 @@ class _Deferred:
 
 def _ready(world: Group, src: int, dst: int, tag: int) -> Group | None:
     with _LOCK:
-        pair = world.p2p.get((min(src, dst), max(src, dst), tag))
+        return _ready_locked(world, src, dst, tag)
+
+
+def _ready_locked(world: Group, src: int, dst: int, tag: int) -> Group | None:
+    pair = world.p2p.get((min(src, dst), max(src, dst), tag))
     return None if pair is None else pair[0] if src < dst else pair[1]
 
 
@@ -292,8 +394,20 @@ def _channel(world: Group, src: int, dst: int, tag: int) -> Group:
                     tags = len({k[2] for k in world.p2p}) if made in _WARN_AT else 0
                 if tags:
                     _warn_many(world, made, tags)
-                if tag == 0 and world.rank in (lo, hi):
-                    me_lo = world.rank == lo
-                    _state.add_channel(world, hi if me_lo else lo, up if me_lo else down,
-                                       down if me_lo else up)
+                if tag == 0:
+                    _fast_path(world, lo, hi)
     return pair[0] if src == lo else pair[1]
+
+
+def _fast_path(world: Group, lo: int, hi: int) -> None:
+    """Let rr.send / rr.recv to and from the peer take the C fast path once the pair's tag-0
+    channels exist and no post waits for its turn on them (the fast path would overtake)."""
+    with _LOCK:
+        pair = world.p2p.get((lo, hi, 0))
+        if pair is None or (lo, hi, 0) in _PENDING or (hi, lo, 0) in _PENDING:
+            return
+    if world.rank in (lo, hi):
+        up, down = pair
+        me_lo = world.rank == lo
+        _state.add_channel(world, hi if me_lo else lo, up if me_lo else down,
+                           down if me_lo else up)

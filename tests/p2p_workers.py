@@ -121,14 +121,10 @@ def send_first(rank: int, world: int) -> list:
     the kernel's buffers do over TCP. Two messages per size, up to 1.5 MiB unread. Then
     rank 0 sends 5 messages to rank 1, which starts reading 1 s late: the sender returns
     from the first ones at once and, over shared memory, waits in the third (over TCP the
-    kernel buffers all five)."""
+    kernel buffers all five). The ring's first messages are the first on their channels:
+    those sends return before the channel is made (p2p.EAGER_MAX)."""
     fails: list = []
     nxt, prv = (rank + 1) % world, (rank - 1) % world
-    # The channels first: a pair's first message waits for the peer to post an operation
-    # toward this rank (README), which a ring of blocking sends never does beyond 2 ranks.
-    got = np.empty(4, np.float32)
-    for w in (rr.isend(_msg(rank, nxt, 4), nxt), rr.irecv(got, prv)):
-        w.wait()
     for n in (1, 3, 2048, 2049, 65536, 131072):
         for salt in range(3):
             rr.send(_msg(rank, nxt, n, salt=salt), nxt)
@@ -202,6 +198,68 @@ def size_mismatch(rank: int, world: int, n: int) -> str:
     return " | ".join(said)
 
 
+def fresh_tag_order(rank: int, world: int, tags: int) -> list:
+    """Messages posted back to back on a tag whose channel is still being made arrive in the
+    order they were posted (the helper threads that make it must not reorder them): rank 0
+    -> 1 by isends (and a blocking send first) against irecvs, 1 -> 0 by isends against
+    blocking receives. Then rank 0's first message on a new tag, sent just before destroy(),
+    still reaches rank 1, which receives it 1 s later."""
+    fails: list = []
+    if rank > 1:
+        return fails
+    for tag in range(100, 100 + tags):
+        msgs = [_msg(0, 1, 7, np.int64, salt=tag * 10 + k) for k in range(4)]
+        if rank == 0:
+            rr.send(msgs[0], 1, tag=tag)
+            ws = [rr.isend(m, 1, tag=tag) for m in msgs[1:]]
+            for w in ws:
+                w.wait()
+            back = [np.empty(3, np.float32) for _ in range(3)]
+            for b in back:
+                rr.recv(b, 1, tag=tag)
+            if [int(b[0]) for b in back] != [tag * 10 + k for k in range(3)]:
+                fails.append(f"tag {tag}, 1 -> 0: order {[int(b[0]) for b in back]}")
+        else:
+            got = [np.empty(7, np.int64) for _ in range(4)]
+            ws = [rr.irecv(g, 0, tag=tag) for g in got]
+            out = [rr.isend(np.full(3, tag * 10 + k, np.float32), 0, tag=tag) for k in range(3)]
+            for w in ws + out:
+                w.wait()
+            for k, g in enumerate(got):
+                if not np.array_equal(g, msgs[k]):
+                    fails.append(f"tag {tag}, 0 -> 1: message {k} starts {g[0]}, the four "
+                                 f"sent start {[int(m[0]) for m in msgs]}")
+    last = _msg(0, 1, 1000, salt=99)
+    if rank == 0:
+        rr.send(last, 1, tag=7)  # returns at once; the harness then destroys
+    else:
+        time.sleep(1.0)
+        y = np.empty(1000, np.float32)
+        rr.recv(y, 0, tag=7)
+        if not np.array_equal(y, last):
+            fails.append("the send just before destroy() arrived wrong")
+    return fails
+
+
+def unreceived_send(rank: int, world: int) -> dict:
+    """Rank 0's first message on tag 9 returns at once, but rank 1 never receives it: rank
+    0's destroy() waits for it (RINGREDUCE_TIMEOUT), warning which send it waits for, and the
+    send's failure is logged."""
+    import logging
+
+    records: list = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("ringreduce").addHandler(handler)
+    t0 = time.monotonic()
+    if rank == 0:
+        rr.send(np.ones(3), 1, tag=9)
+    returned = time.monotonic() - t0
+    rr.destroy()
+    return {"returned": returned, "destroyed": time.monotonic() - t0,
+            "logs": [r.getMessage() for r in records]}
+
+
 def torch_p2p(rank: int, world: int) -> list:
     """Stock torch point-to-point on the ringreduce backend: dist.send/recv, isend/irecv and
     batch_isend_irecv (a ring exchange), in the world and in a subgroup."""
@@ -218,6 +276,13 @@ def torch_p2p(rank: int, world: int) -> list:
         w.wait()
     if not torch.equal(got, torch.from_numpy(_msg(prv, rank, 5000))):
         fails.append("batch_isend_irecv ring")
+    # The tutorial's ring: blocking dist.send before dist.recv, first messages on tag 5
+    # (gloo's sends complete before the receiver posts; so do ours up to p2p.EAGER_MAX).
+    dist.send(torch.from_numpy(_msg(rank, nxt, 300)), nxt, tag=5)
+    ring = torch.empty(300)
+    dist.recv(ring, prv, tag=5)
+    if not torch.equal(ring, torch.from_numpy(_msg(prv, rank, 300))):
+        fails.append("blocking dist.send/recv ring on a new tag")
     t = torch.zeros(3, dtype=torch.int64)
     if rank == 0:
         dist.send(torch.tensor([7, 8, 9]), dst=world - 1, tag=3)
@@ -392,10 +457,13 @@ def any_source_timeout(rank: int, world: int) -> str:
 
 def first_message_waits(rank: int, world: int) -> dict:
     """The first message on a tag waits for the peer as any wait does (RINGREDUCE_TIMEOUT,
-    not the connect timeout): a receiver that posts 2 s late still gets it. Then blocking
-    calls crossed over two new tags (rank 0 sends tag 10 first, rank 1 receives tag 11
-    first) fail on both ranks at RINGREDUCE_TIMEOUT, naming the tag and the peer."""
+    not the connect timeout): a receiver that posts 2 s late still gets it. Blocking calls
+    crossed over two new tags (rank 0 sends tag 10 first, rank 1 receives tag 11 first): small
+    messages are sent eagerly, so both arrive intact; messages above p2p.EAGER_MAX wait for
+    the receiver, and fail on both ranks at RINGREDUCE_TIMEOUT, naming the tag and the peer."""
     import time
+
+    from ringreduce import p2p
 
     out: dict = {}
     x = np.arange(5, dtype=np.float64) + 7
@@ -406,19 +474,31 @@ def first_message_waits(rank: int, world: int) -> dict:
         y = np.zeros(5)
         rr.recv(y, src=0, tag=4)
         out["late"] = bool(np.array_equal(y, x))
+    if rank == 0:
+        x10, x11 = x * 10, x * 11
+        rr.send(x10, dst=1, tag=10)
+        x10[:] = -1  # the eager send copied it
+        rr.send(x11, dst=1, tag=11)
+    else:
+        y10, y11 = np.zeros(5), np.zeros(5)
+        rr.recv(y11, src=0, tag=11)
+        rr.recv(y10, src=0, tag=10)
+        out["crossed_small"] = bool(np.array_equal(y10, x * 10) and np.array_equal(y11, x * 11))
+    big = np.ones(p2p.EAGER_MAX // 8 + 1)
+    rr.barrier()  # both start waiting together (rank 0's eager sends returned at once)
     t0 = time.monotonic()
     try:
         if rank == 0:
-            rr.send(x, dst=1, tag=10)
-            rr.send(x, dst=1, tag=11)
+            rr.send(big, dst=1, tag=20)
+            rr.send(big, dst=1, tag=21)
         else:
-            rr.recv(x, src=0, tag=11)
-            rr.recv(x, src=0, tag=10)
+            rr.recv(big, src=0, tag=21)
+            rr.recv(big, src=0, tag=20)
         out["crossed"] = "no error"
     except Exception as e:  # noqa: BLE001
         out["crossed"] = (type(e).__name__, round(time.monotonic() - t0, 1),
                           f"for rank {1 - rank} to post a send" in str(e)
-                          and f"on tag {10 if rank == 0 else 11}" in str(e))
+                          and f"on tag {20 if rank == 0 else 21}" in str(e))
     return out
 
 
