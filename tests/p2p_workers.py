@@ -241,6 +241,23 @@ def fresh_tag_order(rank: int, world: int, tags: int) -> list:
     return fails
 
 
+def sender_leaves(rank: int, world: int) -> str:
+    """Rank 0 exchanges one message each way, then leaves (destroy()) without sending the
+    second one rank 1 waits for: rank 1's error says it waited in a recv, on which channel."""
+    x = np.ones(4)
+    if rank == 0:
+        rr.send(x, 1)
+        rr.recv(x, 1)
+        return "left"
+    rr.recv(x, 0)
+    rr.send(x, 0)
+    try:
+        rr.recv(x, 0)
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
 def unreceived_send(rank: int, world: int) -> dict:
     """Rank 0's first message on tag 9 returns at once, but rank 1 never receives it: rank
     0's destroy() waits for it (RINGREDUCE_TIMEOUT), warning which send it waits for, and the

@@ -73,6 +73,16 @@ def test_messages_on_a_new_channel_keep_their_order(transport: str) -> None:
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_receiver_whose_sender_left_names_the_recv(transport: str) -> None:
+    outs = run_world(2, "p2p_workers:sender_leaves", timeout=60,
+                     env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30"})
+    err = outs[1]
+    assert err.startswith("PeerFailure") and "left the job" in err, outs
+    assert "recv #2 on p2p 0->1 tag 0" in err and "broadcast" not in err, outs
+
+
+@pytest.mark.timeout(90)
 def test_destroy_waits_for_an_early_returned_send_and_says_so() -> None:
     outs = run_world(2, "p2p_workers:unreceived_send", timeout=60,
                      env={"RINGREDUCE_TIMEOUT": "4"})

@@ -152,9 +152,13 @@ std::string Communicator::peerContext(int peer) const {
 }
 
 std::string Communicator::describeCurrent() const {
+  // A point-to-point channel runs its messages as broadcasts from the sender: say which.
+  const char* kind = toString(curKind_);
+  if (opts_.p2pChannel && curKind_ == CollectiveKind::kBroadcast)
+    kind = curHeader_.root == rank_ ? "send" : "recv";
   char buf[256];
   std::snprintf(buf, sizeof(buf), "%s #%llu%s%s (%s, %.1f MiB received, buffer %.1f MiB)",
-                toString(curKind_),
+                kind,
                 static_cast<unsigned long long>(seq_), opts_.groupName.empty() ? "" : " on ",
                 opts_.groupName.c_str(), toString(curAlgo_),
                 static_cast<double>(bytesDone_) / 1048576.0,

@@ -110,7 +110,7 @@ void Communicator::checkAlive(int peer) {
   checkLiveness(-1, peer, true);
   if (peer >= 0 && gone_[static_cast<size_t>(peer)])
     throw PeerError(peer, PeerCause::kLeft, detail::concat("rank ", label(peer), " (", peerHost(peer),
-                                         ") left the job (destroy() or normal exit) while rank ",
+                                         ") left the job (destroy(), or its program ended: normally or by an exception) while rank ",
                                          label(rank_), " waited for it in ", describeCurrent()));
   pollIdle();
 }

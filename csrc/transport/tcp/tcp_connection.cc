@@ -120,9 +120,10 @@ bool TcpConnection::progressRecv(RecvOp& op) {
             op.got.kind == static_cast<uint8_t>(CollectiveKind::kGoodbye)) {
           throw PeerError(peer_, PeerCause::kLeft, detail::concat(
                                      "rank ", label_, " (", peerHost_,
-                                     ") left the job (it called destroy() or exited normally) "
-                                     "while this rank still expected data from it -- did it "
-                                     "skip this collective?"));
+                                     ") left the job (it called destroy(), or its program ended: "
+                                     "normally or by an exception) while this rank still "
+                                     "expected data from it -- did it skip this collective, "
+                                     "or fail?"));
         }
         std::string mm = describeMismatch(op.got, op.expect);
         if (!mm.empty()) {
