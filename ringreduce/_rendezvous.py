@@ -362,7 +362,7 @@ def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,
 def _wait_for(store: Any, keys: list[str], timeout: float, rank: int, what: str,
               prefix: str, hint: str) -> None:
     deadline = time.monotonic() + timeout
-    pause = 0.002
+    pause = 0.001
     stops = [prefix + "failed", *getattr(_ALSO, "keys", ())]
     while not store.check(keys):
         stop = next((k for k in stops if store.check([k])), None)
@@ -379,7 +379,7 @@ def _wait_for(store: Any, keys: list[str], timeout: float, rank: int, what: str,
                 f"{', '.join(k.rsplit('/', 2)[-2] + '/' + k.rsplit('/', 1)[-1] for k in missing[:8])}"
                 f"{' ...' if len(missing) > 8 else ''} ({hint})"))
         time.sleep(pause)
-        pause = min(pause * 2, 0.1)
+        pause = min(pause * 1.25, 0.1)  # late by at most a quarter of the wait (or 0.1 s)
 
 
 def allgather(store: Any, prefix: str, rank: int, world: int, timeout: float, step: str,
@@ -422,21 +422,27 @@ def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None
     prefix: the keys' prefix (a group's, unique in the job); default: this init's own."""
     from ._C import RingReduceError
 
+    during = "init" if prefix is None else "a group's creation"
     try:
         return _exchange(store, rank, world, my_addr, secret, timeout, my_hb, prefix)
-    except (ValueError, RingReduceError):
+    except (ValueError, RingReduceError) as e:
+        gone = getattr(e, "store_error", None)  # _wait's: say which phase it was
+        if gone is not None:
+            raise _store_failed(rank, during, gone) from gone
         if rank == 0:  # usually the store's host: give the others time to read "failed"
             time.sleep(0.5)
         raise
     except RuntimeError as e:  # torch's DistStoreError / DistNetworkError: the store is gone
-        raise _store_failed(rank, "init", e) from e
+        raise _store_failed(rank, during, e) from e
 
 
 def _store_failed(rank: int, during: str, e: Exception) -> Exception:
-    return _rr_error(
+    err = _rr_error(
         f"rank {rank}: the rendezvous store failed during {during} ({type(e).__name__}: "
         f"{str(e).strip().splitlines()[0] if str(e).strip() else e!r}); the store lives in "
         f"rank 0 (or the launcher's agent) -- did it exit or crash?")
+    err.store_error = e  # type: ignore[attr-defined]
+    return err
 
 
 def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None,
