@@ -84,11 +84,15 @@ def from_store(store: Any, rank: int, size: int, name: str,
     if size == 1:
         return _register(world, _single(world, [world.rank], "ringreduce/", name))
     timeout = float(world.options["connect_timeout"])
-    store.set(f"ringreduce/grank/{rank}", str(world.rank))
-    keys = [f"ringreduce/grank/{r}" for r in range(size)]
-    _rendezvous._wait(store, keys, timeout, rank, f"the members of {name} to start", "ringreduce/")
+    # Under the world's session (random per init): torch names groups by a counter that
+    # restarts when the default group is destroyed, so after a re-init the same PrefixStore
+    # still holds the keys of the earlier group of that name.
+    p = f"ringreduce/{world.options.get('session', '')[:16]}/"
+    store.set(f"{p}grank/{rank}", str(world.rank))
+    keys = [f"{p}grank/{r}" for r in range(size)]
+    _rendezvous._wait(store, keys, timeout, rank, f"the members of {name} to start", p)
     members = [int(store.get(k)) for k in keys]
-    return _connect(world, store, members, rank, "ringreduce/", name, secs)
+    return _connect(world, store, members, rank, p, name, secs)
 
 
 def destroy_group(g: Group) -> None:

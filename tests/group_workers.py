@@ -194,6 +194,28 @@ def member_dies(rank: int, world: int) -> str:
         return f"{type(e).__name__}: {e}"
 
 
+def torch_reinit_subgroups(rank: int, world: int) -> list:
+    """init, a subgroup, destroy_process_group(), init again, a subgroup of other ranks and
+    size: torch restarts its group names, so the second group has the first one's name and
+    PrefixStore (stale keys there once read as a duplicate rank or a wrong world size)."""
+    import torch
+    import torch.distributed as dist
+
+    fails: list = []
+    for cycle, members in enumerate(([0, 1], list(range(world)), [1, world - 1])):
+        dist.init_process_group("ringreduce", rank=rank, world_size=world)
+        pg = dist.new_group(members)
+        if rank in members:
+            t = torch.full((5,), float(rank + cycle))
+            dist.all_reduce(t, group=pg)
+            want = float(sum(members) + cycle * len(members))
+            if t.tolist() != [want] * 5:
+                fails.append(f"cycle {cycle}, group {members} ({pg.group_name}): {t.tolist()}, "
+                             f"want {want}")
+        dist.destroy_process_group()
+    return fails
+
+
 def torch_subgroups(rank: int, world: int) -> list:
     """Stock torch code on the ringreduce backend: dist.new_group subgroups (overlapping,
     odd sizes), each checked with the collectives torch routes to them."""
