@@ -187,8 +187,11 @@ def main() -> None:
           f"{res['fsdp2']['ratio']:.2f}; parameter checksum spread "
           f"{res['fsdp2']['checksum_spread']:.2e}")
     if a.json:
-        with open(a.json, "w") as fh:
-            json.dump(res, fh, indent=1)
+        from ringreduce.bench.machine import describe
+
+        with open(a.json, "w") as fh:  # the machine (and commit) first, as the other benches
+            json.dump({"machine": describe(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                       **res}, fh, indent=1)
     if a.plot:
         _plot(res, a.plot)
 
