@@ -394,7 +394,7 @@ def allgather(store: Any, prefix: str, rank: int, world: int, timeout: float, st
         store.set(p + str(rank), value)
         _wait(store, keys, timeout, rank, f"all ranks to reach shared memory setup ({step})",
               prefix)
-        return [store.get(k).decode() for k in keys]
+        return [v.decode() for v in store.multi_get(keys)]
     except RingReduceError:
         raise  # ours (a timeout, another rank's failure): it says what happened
     except RuntimeError as e:  # torch's DistStoreError / DistNetworkError: the store is gone
@@ -456,28 +456,27 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
             f"rank {rank} was claimed by {n} processes; every process needs a distinct RANK "
             f"in [0, {world})"))
     if rank == 0:
-        # Before "world", which everyone waits for: the session is there once that is.
+        # Before "world" and its address, which the others wait for: the session is there
+        # once those are.
         store.set(p + "session", secrets.token_hex(16))
         store.set(p + "world", str(world))
         if secret is None:
             store.set(p + "secret", secrets.token_hex(32))
-    _wait(store, [p + "world"], timeout, rank, "rank 0 to publish the world size", p)
-    w0 = int(store.get(p + "world"))
-    if w0 != world:
-        raise _fail(store, p, ValueError(
-            f"rank 0 runs with WORLD_SIZE={w0} but rank {rank} with {world}; start every rank "
-            f"with the same world size"))
+    if prefix is None:  # a group's size follows from its member list, agreed before
+        _wait(store, [p + "world"], timeout, rank, "rank 0 to publish the world size", p)
+        w0 = int(store.get(p + "world"))
+        if w0 != world:
+            raise _fail(store, p, ValueError(
+                f"rank 0 runs with WORLD_SIZE={w0} but rank {rank} with {world}; start every "
+                f"rank with the same world size"))
     if secret is None:
         _wait(store, [p + "secret"], timeout, rank, "rank 0 to publish the job secret", p)
         secret = store.get(p + "secret").decode()
-    store.set(p + f"addr/{rank}", my_addr)
-    store.set(p + f"host/{rank}", _env.host_identity())
-    store.set(p + f"hb/{rank}", my_hb)
+    store.multi_set([p + f"{k}/{rank}" for k in ("addr", "host", "hb")],
+                    [my_addr, _env.host_identity(), my_hb])
     keys = [p + f"addr/{r}" for r in range(world)]
     _wait(store, keys, timeout, rank, "all ranks to publish their addresses", p)
-    addrs = [store.get(k).decode() for k in keys]
-    hosts = [store.get(p + f"host/{r}").decode() for r in range(world)]
-    hbs = [store.get(p + f"hb/{r}").decode() for r in range(world)]
-    session = store.get(p + "session").decode()
-    return Peers(addrs=addrs, hosts=hosts, secret=secret, prefix=p, hb_addrs=hbs,
-                 session=session)
+    got = [v.decode() for v in store.multi_get(
+        [*keys, *(p + f"{k}/{r}" for k in ("host", "hb") for r in range(world)), p + "session"])]
+    return Peers(addrs=got[:world], hosts=got[world:2 * world], secret=secret, prefix=p,
+                 hb_addrs=got[2 * world:3 * world], session=got[-1])

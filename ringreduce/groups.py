@@ -230,8 +230,9 @@ def _make(world: Group, members: list[int], prefix: str, name: str,
     store = world.store
     out_of_step = world.store_prefix + "groups/"  # _fail posts under prefix + "failed"
     with _rendezvous.also_stop_on(out_of_step + "failed"):
-        _agree(store, prefix, me, members, float(world.options["connect_timeout"]), name,
-               out_of_step)
+        if not p2p:  # a channel's members follow from its key: nothing to compare
+            _agree(store, prefix, me, members, float(world.options["connect_timeout"]), name,
+                   out_of_step)
         return _connect(world, store, members, me, prefix, name, timeout, p2p)
 
 
