@@ -361,10 +361,10 @@ _WARN_AT = (64, 512, 4096)  # pairs of channels: warn as each of these counts is
 
 def _warn_many(world: Group, pairs: int, tags: int) -> None:
     """Each (peer, tag) costs two channels, kept until destroy(): a communicator each, with
-    2 threads and, over shared memory, its own segment (2 MiB or more of /dev/shm)."""
+    its own thread and, over shared memory, its own segment (2 MiB or more of /dev/shm)."""
     log.warning("rank %d now holds %d point-to-point channels (%d distinct tags): each "
-                "(peer, tag) costs two communicators, kept until destroy(), each with 2 "
-                "threads and its own shared memory; use a few tags (e.g. one per stage or "
+                "(peer, tag) costs two communicators, kept until destroy(), each with a "
+                "thread and its own shared memory; use a few tags (e.g. one per stage or "
                 "direction, not one per message or micro-batch)", world.rank, 2 * pairs, tags)
 
 

@@ -401,3 +401,26 @@ def groups_out_of_order(rank: int, world: int) -> str:
     except Exception as e:  # noqa: BLE001
         time.sleep(3)  # leave only after the other's timeout: else it reads "rank X left"
         return f"{type(e).__name__}: {e}"
+
+
+def group_threads(rank: int, world: int) -> dict:
+    """Threads of this process (/proc/self/task) with the world, with 4 more groups (and
+    after an all-reduce on each, checked), and after destroy(): one process-wide heartbeat
+    thread serves every communicator, so a group adds its executor thread only."""
+    import os
+
+    def threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    with_world = threads()
+    gs = [rr.new_group(list(range(world))) for _ in range(4)]
+    for i, g in enumerate(gs):
+        x = np.full(5, rank + i, dtype=np.float64)
+        rr.allreduce(x, group=g)
+        assert (x == sum(r + i for r in range(world))).all(), (i, x)
+    with_groups = threads()
+    rr.destroy()
+    deadline = time.monotonic() + 5.0  # a joined thread's task entry may linger a moment
+    while threads() > 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return {"with_world": with_world, "with_groups": with_groups, "after": threads()}

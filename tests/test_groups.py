@@ -136,3 +136,15 @@ def test_groups_called_in_different_orders_name_the_other_group(transport: str) 
     assert re.search(r"rank 1 .*meanwhile in allreduce #\d+ on world", outs[0]), outs[0]
     assert "CollectiveTimeout" in outs[1], outs[1]
     assert re.search(r"rank 0 .*meanwhile in allreduce #1 on group", outs[1]), outs[1]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_group_costs_one_thread_and_leaves_none(transport: str) -> None:
+    """Before, every communicator (the world, each group, each p2p channel) ran its own
+    heartbeat thread: a group cost two threads."""
+    outs = run_world(3, "group_workers:group_threads", timeout=90,
+                     env={"RINGREDUCE_TRANSPORT": transport})
+    for r, o in enumerate(outs):
+        assert o["with_groups"] - o["with_world"] == 4, f"rank {r}: {o}"
+        assert o["after"] <= 2, f"rank {r}: threads left after destroy(): {o}"

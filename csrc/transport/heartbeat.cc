@@ -5,11 +5,14 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
+#include <thread>
 #include <cstring>
 
 #include "core/deadline.h"
@@ -60,6 +63,117 @@ Registry& registry() {
 
 }  // namespace
 
+// The one thread of a process that sends and receives every Heartbeat's datagrams: a
+// thread per communicator would cost each group and each p2p channel a thread of its own.
+// It runs while at least one Heartbeat does (the last stop() joins it: nothing stays after
+// destroy) and services a Heartbeat only under mu_, so once remove() returns it never
+// touches that one again.
+class HeartbeatHub {
+ public:
+  static HeartbeatHub& get() {
+    static HeartbeatHub* hub = [] {
+      // A forked child has none of the parent's threads: it starts afresh (leaking the
+      // parent's hub, whose lock a parent thread may have held at the fork).
+      ::pthread_atfork(nullptr, nullptr, [] { instance() = new HeartbeatHub(); });
+      return instance() = new HeartbeatHub();
+    }();
+    (void)hub;
+    return *instance();
+  }
+
+  void add(Heartbeat* h) {
+    std::lock_guard<std::mutex> g(mu_);
+    beats_.push_back(h);
+    if (!thread_.joinable()) {
+      stop_ = std::make_shared<std::atomic<bool>>(false);
+      if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) {
+        beats_.pop_back();
+        RR_THROW(Error, "heartbeat: pipe failed: ", std::strerror(errno));
+      }
+      thread_ = std::thread([this, stop = stop_, w = wake_[0]] { loop(*stop, w); });
+    } else {
+      wake();  // its period may be due before the thread's next wake-up
+    }
+  }
+
+  void remove(Heartbeat* h) {
+    std::thread last;
+    int pipe[2] = {-1, -1};
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = std::find(beats_.begin(), beats_.end(), h);
+      if (it == beats_.end()) return;
+      beats_.erase(it);
+      if (beats_.empty()) {  // the thread stops with the last heartbeat
+        stop_->store(true);
+        wake();
+        last = std::move(thread_);
+        std::copy(wake_, wake_ + 2, pipe);
+        wake_[0] = wake_[1] = -1;
+      }
+    }
+    if (last.joinable()) last.join();
+    for (int f : pipe)
+      if (f >= 0) ::close(f);
+  }
+
+ private:
+  static HeartbeatHub*& instance() {
+    static HeartbeatHub* p = nullptr;
+    return p;
+  }
+
+  void wake() {
+    char c = 1;
+    ssize_t w = ::write(wake_[1], &c, 1);
+    (void)w;
+  }
+
+  void loop(const std::atomic<bool>& stop, int wakeFd) {
+    std::vector<pollfd> fds;
+    std::vector<Heartbeat*> polled;
+    while (true) {
+      int64_t due = nowNs() + 1000000000;  // at least once a second: re-read the set
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        if (stop) return;
+        const int64_t now = nowNs();
+        for (Heartbeat* h : beats_) {
+          if (now >= h->nextNs_) {
+            h->sendAll();
+            h->nextNs_ = now + h->periodNs_;
+          }
+          due = std::min(due, h->nextNs_);
+        }
+        polled = beats_;
+      }
+      fds.assign(1, pollfd{wakeFd, POLLIN, 0});
+      for (Heartbeat* h : polled) fds.push_back(pollfd{h->fd_.get(), POLLIN, 0});
+      const int ms = static_cast<int>(std::max<int64_t>(0, due - nowNs()) / 1000000) + 1;
+      if (::poll(fds.data(), fds.size(), ms) < 0 && errno != EINTR) return;
+      std::lock_guard<std::mutex> g(mu_);
+      if (stop) return;
+      if (fds[0].revents) {
+        char buf[64];
+        while (::read(wakeFd, buf, sizeof(buf)) > 0) {
+        }
+      }
+      for (size_t i = 0; i < polled.size(); ++i) {
+        if (!fds[i + 1].revents) continue;
+        // Still registered (a stop() meanwhile: the object may be gone).
+        if (std::find(beats_.begin(), beats_.end(), polled[i]) == beats_.end()) continue;
+        for (int k = 0; k < 64; ++k) polled[i]->receiveOne();
+      }
+    }
+  }
+
+  std::mutex mu_;  // guards everything here, and every registered Heartbeat's hub fields
+  std::vector<Heartbeat*> beats_;
+  std::thread thread_;
+  std::shared_ptr<std::atomic<bool>> stop_;  // the running thread's own stop flag
+  int wake_[2] = {-1, -1};                    // the running thread's wake pipe
+};
+
 std::string heartbeatKey(const std::string& secret, const std::string& session) {
   if (session.empty()) return secret;
   std::string msg = "rr-heartbeat/" + session;
@@ -109,12 +223,20 @@ void Heartbeat::start(int rank, const std::vector<std::string>& peerAddrs,
     std::lock_guard<std::mutex> g(siteMu_);
     peerElsewhere_.assign(nslots_, std::string());
   }
-  if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) RR_THROW(Error, "heartbeat: pipe failed");
+  lastCounter_.assign(nslots_, 0);
+  periodNs_ = static_cast<int64_t>(clampSeconds(interval_) * 1e9);
+  nextNs_ = 0;  // the first round goes out at once
   {
     std::lock_guard<std::mutex> g(registry().mu);
     registry().all.push_back(this);
   }
-  thread_ = std::thread([this] { loop(); });
+  running_ = true;
+  try {
+    HeartbeatHub::get().add(this);
+  } catch (...) {
+    stop();
+    throw;
+  }
 }
 
 void Heartbeat::stop() {
@@ -123,17 +245,8 @@ void Heartbeat::stop() {
     auto& v = registry().all;
     v.erase(std::remove(v.begin(), v.end(), this), v.end());
   }
-  if (thread_.joinable()) {
-    char c = 1;
-    ssize_t w = ::write(wake_[1], &c, 1);
-    (void)w;
-    thread_.join();
-  }
-  for (int& f : wake_)
-    if (f >= 0) {
-      ::close(f);
-      f = -1;
-    }
+  if (running_) HeartbeatHub::get().remove(this);
+  running_ = false;
 }
 
 PeerStatus Heartbeat::status(int peer) const {
@@ -185,7 +298,6 @@ std::string Heartbeat::busyElsewhere() const {
 }
 
 void Heartbeat::sendAll() {
-  static thread_local uint64_t counter = 0;
   Datagram d{};
   d.magic = kMagic;
   d.rank = rank_;
@@ -201,7 +313,7 @@ void Heartbeat::sendAll() {
   }
   d.bytes = bytes_.load(std::memory_order_relaxed);
   d.waiting = waiting_.load(std::memory_order_relaxed);
-  d.counter = ++counter;
+  d.counter = ++counter_;
   {
     std::lock_guard<std::mutex> g(siteMu_);
     std::memcpy(d.site, site_.data(), site_.size());  // < kSiteBytes; the rest stays 0
@@ -229,11 +341,9 @@ void Heartbeat::receiveOne() {
   // Not from this init of this job (other secret, or an earlier init's session).
   if (!crypto::constantTimeEqual(mac, d.mac, sizeof(mac))) return;
   Slot& s = slots_[static_cast<size_t>(d.rank)];
-  // A replayed (older) datagram changes nothing. Only this thread touches lastCounter.
-  static thread_local std::vector<uint64_t> lastCounter;
-  if (lastCounter.size() != nslots_) lastCounter.assign(nslots_, 0);
-  if (d.counter <= lastCounter[static_cast<size_t>(d.rank)]) return;
-  lastCounter[static_cast<size_t>(d.rank)] = d.counter;
+  // A replayed (older) datagram changes nothing. Only the hub's thread touches lastCounter_.
+  if (d.counter <= lastCounter_[static_cast<size_t>(d.rank)]) return;
+  lastCounter_[static_cast<size_t>(d.rank)] = d.counter;
   s.pid.store(d.pid, std::memory_order_relaxed);
   s.state.store((static_cast<uint64_t>(d.kind) << 56) | (d.seq & ((uint64_t{1} << 56) - 1)),
                 std::memory_order_relaxed);
@@ -251,24 +361,6 @@ void Heartbeat::receiveOne() {
     peerElsewhere_[static_cast<size_t>(d.rank)].assign(d.elsewhere);
   }
   s.lastNs.store(nowNs(), std::memory_order_release);
-}
-
-void Heartbeat::loop() {
-  const int64_t periodNs = static_cast<int64_t>(clampSeconds(interval_) * 1e9);
-  int64_t next = nowNs();
-  while (true) {
-    int64_t now = nowNs();
-    if (now >= next) {
-      sendAll();
-      next = now + periodNs;
-    }
-    pollfd p[2] = {{fd_.get(), POLLIN, 0}, {wake_[0], POLLIN, 0}};
-    int ms = static_cast<int>((next - now) / 1000000) + 1;
-    if (::poll(p, 2, ms) < 0 && errno != EINTR) return;
-    if (p[1].revents) return;
-    if (p[0].revents)
-      for (int i = 0; i < 64; ++i) receiveOne();
-  }
 }
 
 }  // namespace rr::transport

@@ -1,8 +1,9 @@
 // Heartbeats: how every rank notices, within seconds, a peer that is frozen (SIGSTOP, a
 // debugger, swapping), cut off by a partition, or dead without its sockets closing.
 //
-// A background thread sends each peer a small UDP datagram every `interval` and records
-// when it last heard from each. Datagrams are authenticated (HMAC-SHA256 with the job
+// One background thread per process (HeartbeatHub, heartbeat.cc) serves every running
+// Heartbeat -- the world's, each group's and each point-to-point channel's: it sends each
+// peer a small UDP datagram every `interval` and records when it last heard from each. Datagrams are authenticated (HMAC-SHA256 with the job
 // secret, truncated) and carry the sender's pid and what it is doing (collective kind,
 // sequence number, bytes done), so an error can say what the culprit was doing. The thread
 // shares nothing with the data path but a few atomics.
@@ -13,7 +14,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "transport/tcp/socket.h"
@@ -86,13 +86,13 @@ class Heartbeat {
   std::string site(int peer) const;
   // What peer `peer`'s process last said it runs on another communicator ("" if nothing).
   std::string elsewhere(int peer) const;
-  bool running() const { return thread_.joinable(); }
+  bool running() const { return running_; }
   // Peers this rank sends heartbeats to, and datagrams sent so far (link_stats). Any thread.
   int targets() const { return targets_; }
   uint64_t sent() const { return sent_.load(std::memory_order_relaxed); }
 
  private:
-  void loop();
+  friend class HeartbeatHub;
   void sendAll();
   void receiveOne();
 
@@ -125,8 +125,11 @@ class Heartbeat {
   // "allreduce #5 on world": a collective in progress on another communicator of this
   // process (the first found), "" if none. Sender thread.
   std::string busyElsewhere() const;
-  int wake_[2] = {-1, -1};  // pipe: stop() wakes the thread
-  std::thread thread_;
+  // The hub's thread only (under its lock):
+  int64_t periodNs_ = 0, nextNs_ = 0;  // send period; when the next round is due
+  uint64_t counter_ = 0;                // strictly increasing in every datagram sent
+  std::vector<uint64_t> lastCounter_;   // per peer: replays (older counters) are ignored
+  bool running_ = false;                // between start() and stop()
 };
 
 }  // namespace rr::transport
