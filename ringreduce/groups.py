@@ -107,6 +107,10 @@ def destroy_group(g: Group) -> None:
     world = _state._DEFAULT[0]
     if world is not None and g in world.children:
         world.children.remove(g)
+    for pair in list(g.p2p.values()):  # its point-to-point channels go with it
+        for ch in pair:
+            destroy_group(ch)
+    g.p2p.clear()
     if g.comm is not None:
         g.comm.destroy()
 
@@ -221,13 +225,14 @@ def _check_timeout(timeout: Any, what: str) -> float | None:
 
 
 def _make(world: Group, members: list[int], prefix: str, name: str,
-          timeout: float | None = None, p2p: bool = False) -> Group:
+          timeout: float | None = None, p2p: bool = False, store: Any = None) -> Group:
     """This rank's Group of world ranks `members` (in group-rank order); p2p: a
-    point-to-point channel (small messages over shared memory are sent eagerly)."""
+    point-to-point channel (small messages over shared memory are sent eagerly); store:
+    where `prefix` lives (default: the world's store)."""
     me = members.index(world.rank)
     if len(members) == 1:
         return _register(world, _single(world, members, prefix, name))
-    store = world.store
+    store = world.store if store is None else store
     out_of_step = world.store_prefix + "groups/"  # _fail posts under prefix + "failed"
     with _rendezvous.also_stop_on(out_of_step + "failed"):
         if not p2p:  # a channel's members follow from its key: nothing to compare

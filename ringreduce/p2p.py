@@ -1,8 +1,9 @@
 """Point-to-point: send / recv / isend / irecv between two ranks, with tags.
 
-Messages from one rank to another with one tag travel on their own channel: a two-rank
-communicator used in one direction only, made the first time the two ranks talk with that
-tag (both directions at once, so two ranks that both send first still meet) and kept until
+Messages from one rank to another with one tag in one group (the world, a ringreduce group,
+a torch process group) travel on their own channel -- messages of different groups never
+match, as in MPI and torch: a two-rank communicator used in one direction only, made the
+first time the two ranks talk with that tag in that group (both directions at once, so two ranks that both send first still meet) and kept until
 destroy(). Each channel has its own connection, shared memory when the ranks share a host,
 and its own worker thread, so any number of isend/irecv may be outstanding at once and a
 ring exchange or a 1F1B pipeline schedule cannot deadlock on ordering between channels.
@@ -40,10 +41,11 @@ from . import _buffers, _state, groups
 from ._state import Group
 
 log = logging.getLogger("ringreduce")
-_LOCK = threading.Lock()  # guards _MAKING, _ANY and world.p2p (never held while connecting)
-_MAKING: dict = {}  # (lo, hi, tag) -> lock held by the thread making that pair
-_ANY: dict = {}  # tag -> [lock serialising any-source matches, index of the next peer to try]
-_PENDING: dict = {}  # (src, dst, tag) -> _Turns of the posts waiting for their new channel
+_LOCK = threading.Lock()  # guards _MAKING, _ANY and Group.p2p (never held while connecting)
+# Keyed by the group's id() first: channels, and so messages, are per group.
+_MAKING: dict = {}  # (group, lo, hi, tag) -> lock held by the thread making that pair
+_ANY: dict = {}  # (group, tag) -> [lock serialising any-source matches, next peer to try]
+_PENDING: dict = {}  # (group, src, dst, tag) -> _Turns of the posts waiting for their channel
 _MEETS = itertools.count()  # each _meet's own store prefix (a timeout there stops no one else)
 
 
@@ -119,9 +121,9 @@ def _post(x: Any, peer: int, tag: int, group: Any, what: str, sending: bool,
     _check_tag(tag, what)
     src = world.rank if sending else peer
     dst = peer if sending else world.rank
-    key = (src, dst, tag)
+    key = (id(g), src, dst, tag)
     with _LOCK:
-        ch = _ready_locked(world, src, dst, tag)
+        ch = _ready_locked(g, src, dst, tag)
         queued = key in _PENDING
     if ch is not None and not queued:
         return api.broadcast(x, src=src, async_op=async_op, group=ch)
@@ -132,7 +134,7 @@ def _post(x: Any, peer: int, tag: int, group: Any, what: str, sending: bool,
     if eager:
         x = _copy(x)  # the caller may reuse its buffer as soon as this returns
     with _LOCK:
-        ch = _ready_locked(world, src, dst, tag)
+        ch = _ready_locked(g, src, dst, tag)
         turns = _PENDING.get(key)
         if ch is None or turns is not None:
             turns = _PENDING.setdefault(key, _Turns())
@@ -144,7 +146,7 @@ def _post(x: Any, peer: int, tag: int, group: Any, what: str, sending: bool,
     def start() -> Any:
         def post(c: Group) -> Any:
             return api.broadcast(x, src=src, async_op=async_op or eager, group=c)
-        return _take_turn(world, key, turns, ticket, post, ch)
+        return _take_turn(g, world, key, turns, ticket, post, ch)
 
     if eager:
         _send_later(world, start, dst, tag)
@@ -157,14 +159,14 @@ def _post(x: Any, peer: int, tag: int, group: Any, what: str, sending: bool,
     return api.Work(_Deferred(start), (x,))
 
 
-def _take_turn(world: Group, key: tuple, turns: _Turns, ticket: int, post: Any,
+def _take_turn(g: Group, world: Group, key: tuple, turns: _Turns, ticket: int, post: Any,
                ch: Group | None = None) -> Any:
     """Make the channel (if `ch` is None), wait for `ticket`'s turn, post on it; the next
     ticket's turn comes when this one is posted (an async post: queued) or has failed."""
     err: BaseException | None = None
     try:
         if ch is None:
-            ch = _channel(world, *key)
+            ch = _channel(g, world, *key[1:])
     except BaseException as e:  # noqa: BLE001 - raised in turn below
         err = e
     with _LOCK:
@@ -181,8 +183,8 @@ def _take_turn(world: Group, key: tuple, turns: _Turns, ticket: int, post: Any,
             if drained:
                 del _PENDING[key]
             turns.cond.notify_all()
-        if drained and key[2] == 0:
-            _fast_path(world, min(key[:2]), max(key[:2]))
+        if drained and key[3] == 0:
+            _fast_path(g, world, min(key[1:3]), max(key[1:3]))
 
 
 def _send_later(world: Group, start: Any, dst: int, tag: int) -> None:
@@ -228,9 +230,9 @@ def _recv_any(x: Any, tag: int, group: Any, what: str, async_op: bool) -> Any:
                          f"{g.name} has no other rank")
 
     def start(box: list) -> Any:  # posts the receive; box gets the sender's rank
-        entry = _any_entry(tag)
+        entry = _any_entry(g, tag)
         with entry[0]:
-            src, ch = _match(world, peers, tag, what, entry)
+            src, ch = _match(g, world, peers, tag, what, entry)
             box.append(src)
             return api.broadcast(x, src=src, async_op=True, group=ch)
 
@@ -245,15 +247,16 @@ def _recv_any(x: Any, tag: int, group: Any, what: str, async_op: bool) -> Any:
     return w
 
 
-def _any_entry(tag: int) -> list:
+def _any_entry(g: Group, tag: int) -> list:
     """[lock, next peer index] of `tag`'s any-source receives: a match and the posting of
     its receive (which makes the channel busy) happen under the lock, so two threads never
     take the same message."""
     with _LOCK:
-        return _ANY.setdefault(tag, [threading.Lock(), 0])
+        return _ANY.setdefault((id(g), tag), [threading.Lock(), 0])
 
 
-def _match(world: Group, peers: list[int], tag: int, what: str, entry: list) -> tuple:
+def _match(g: Group, world: Group, peers: list[int], tag: int, what: str,
+           entry: list) -> tuple:
     """The first rank of `peers` (from entry[1] on) whose message on `tag` waits for this
     rank, and its channel."""
     timeout = float(world.options.get("timeout", 600.0))
@@ -266,13 +269,13 @@ def _match(world: Group, peers: list[int], tag: int, what: str, entry: list) -> 
         for i in range(n):
             src = peers[(entry[1] + i) % n]
             with _LOCK:
-                if (src, world.rank, tag) in _PENDING:
+                if (id(g), src, world.rank, tag) in _PENDING:
                     continue  # a named irecv posted earlier is about to take it
-            ch = _ready(world, src, world.rank, tag)
+            ch = _ready(g, src, world.rank, tag)
             if ch is None:
-                if not look_in_store or not _wanted(world, src, tag):
+                if not look_in_store or not _wanted(g, world, src, tag):
                     continue
-                ch = _channel(world, src, world.rank, tag)  # src is making it now
+                ch = _channel(g, world, src, world.rank, tag)  # src is making it now
             if ch.comm.incoming(0 if src < world.rank else 1):
                 entry[1] = (entry[1] + i + 1) % n
                 return src, ch
@@ -289,13 +292,15 @@ def _match(world: Group, peers: list[int], tag: int, what: str, entry: list) -> 
         time.sleep(0 if naps < 100 else min(1e-3, 1e-5 * (naps - 99)))
 
 
-def _wanted(world: Group, src: int, tag: int) -> bool:
+def _wanted(g: Group, world: Group, src: int, tag: int) -> bool:
     lo, hi = min(src, world.rank), max(src, world.rank)
-    return bool(world.store.check([f"{_base(world, lo, hi, tag)}want{src}"]))
+    return bool(g.store.check([f"{_base(g, lo, hi, tag)}want{src}"]))
 
 
-def _base(world: Group, lo: int, hi: int, tag: int) -> str:
-    return f"{world.store_prefix}p2p/{lo}-{hi}/t{tag}/"
+def _base(g: Group, lo: int, hi: int, tag: int) -> str:
+    """The channel's keys in `g.store`: under the group's own prefix (a torch process group's
+    store is its own PrefixStore), so every group has its own channels."""
+    return f"{g.store_prefix}p2p/{lo}-{hi}/t{tag}/"
 
 
 class _Deferred:
@@ -330,24 +335,25 @@ class _Deferred:
         return self._done.is_set() and (self._error is not None or self._work.is_completed())
 
 
-def _ready(world: Group, src: int, dst: int, tag: int) -> Group | None:
+def _ready(g: Group, src: int, dst: int, tag: int) -> Group | None:
     with _LOCK:
-        return _ready_locked(world, src, dst, tag)
+        return _ready_locked(g, src, dst, tag)
 
 
-def _ready_locked(world: Group, src: int, dst: int, tag: int) -> Group | None:
-    pair = world.p2p.get((min(src, dst), max(src, dst), tag))
+def _ready_locked(g: Group, src: int, dst: int, tag: int) -> Group | None:
+    pair = g.p2p.get((min(src, dst), max(src, dst), tag))
     return None if pair is None else pair[0] if src < dst else pair[1]
 
 
-def _meet(world: Group, base: str, peer: int, src: int, dst: int, tag: int) -> None:
+def _meet(world: Group, store: Any, base: str, peer: int, src: int, dst: int,
+          tag: int) -> None:
     """Wait (RINGREDUCE_TIMEOUT, as for any peer) until `peer` starts making this pair's
     channels too: it may legitimately arrive late (a pipeline stage still computing). Making
     them then takes connect time only."""
     from . import _rendezvous
 
     _rendezvous._wait(
-        world.store, [f"{base}want{peer}"], float(world.options.get("timeout", 600.0)),
+        store, [f"{base}want{peer}"], float(world.options.get("timeout", 600.0)),
         world.rank, f"rank {peer} to post a send, recv, isend or irecv toward rank "
         f"{world.rank} on tag {tag} (the first message {src} -> {dst} on that tag; "
         f"RINGREDUCE_TIMEOUT)", f"{base}meet/{world.rank}/{next(_MEETS)}/",  # own "failed" key
@@ -368,43 +374,47 @@ def _warn_many(world: Group, pairs: int, tags: int) -> None:
                 "direction, not one per message or micro-batch)", world.rank, 2 * pairs, tags)
 
 
-def _channel(world: Group, src: int, dst: int, tag: int) -> Group:
-    """The channel src -> dst for `tag` (made with its reverse on first use)."""
+def _channel(g: Group, world: Group, src: int, dst: int, tag: int) -> Group:
+    """The channel src -> dst for `tag` in group `g` (made with its reverse on first use)."""
     lo, hi = min(src, dst), max(src, dst)
     key = (lo, hi, tag)
     with _LOCK:
-        pair = world.p2p.get(key)
-        making = _MAKING.setdefault(key, threading.Lock()) if pair is None else None
+        pair = g.p2p.get(key)
+        making = _MAKING.setdefault((id(g), *key), threading.Lock()) if pair is None else None
     if pair is None:
         assert making is not None
         with making:  # one thread makes it; others for the same pair wait here
             with _LOCK:
-                pair = world.p2p.get(key)
+                pair = g.p2p.get(key)
             if pair is None:
-                base = _base(world, lo, hi, tag)
-                world.store.set(f"{base}want{world.rank}", b"1")  # for any-source receivers
-                _meet(world, base, lo + hi - world.rank, src, dst, tag)
-                up = groups._make(world, [lo, hi], base + "up/", f"p2p {lo}->{hi} tag {tag}",
-                                  p2p=True)
+                base, store = _base(g, lo, hi, tag), g.store
+                where = "" if g is world else f" in {g.name}"
+                store.set(f"{base}want{world.rank}", b"1")  # for any-source receivers
+                _meet(world, store, base, lo + hi - world.rank, src, dst, tag)
+                up = groups._make(world, [lo, hi], base + "up/",
+                                  f"p2p {lo}->{hi} tag {tag}{where}", p2p=True, store=store)
                 down = groups._make(world, [lo, hi], base + "down/",
-                                    f"p2p {hi}->{lo} tag {tag}", p2p=True)
+                                    f"p2p {hi}->{lo} tag {tag}{where}", p2p=True, store=store)
                 with _LOCK:
-                    pair = world.p2p[key] = (up, down)
-                    made = len(world.p2p)
-                    tags = len({k[2] for k in world.p2p}) if made in _WARN_AT else 0
+                    pair = g.p2p[key] = (up, down)
+                    made = len(g.p2p)
+                    tags = len({k[2] for k in g.p2p}) if made in _WARN_AT else 0
                 if tags:
                     _warn_many(world, made, tags)
                 if tag == 0:
-                    _fast_path(world, lo, hi)
+                    _fast_path(g, world, lo, hi)
     return pair[0] if src == lo else pair[1]
 
 
-def _fast_path(world: Group, lo: int, hi: int) -> None:
+def _fast_path(g: Group, world: Group, lo: int, hi: int) -> None:
     """Let rr.send / rr.recv to and from the peer take the C fast path once the pair's tag-0
-    channels exist and no post waits for its turn on them (the fast path would overtake)."""
+    channels exist and no post waits for its turn on them (the fast path would overtake).
+    World channels only: the fast path serves calls without group=."""
+    if g is not world:
+        return
     with _LOCK:
-        pair = world.p2p.get((lo, hi, 0))
-        if pair is None or (lo, hi, 0) in _PENDING or (hi, lo, 0) in _PENDING:
+        pair = g.p2p.get((lo, hi, 0))
+        if pair is None or (id(g), lo, hi, 0) in _PENDING or (id(g), hi, lo, 0) in _PENDING:
             return
     if world.rank in (lo, hi):
         up, down = pair

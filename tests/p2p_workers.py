@@ -335,8 +335,60 @@ def torch_p2p(rank: int, world: int) -> list:
             dist.recv(t, src=0, group=sub)
             if t.tolist() != [0.0] * 4:
                 fails.append(f"subgroup send/recv: {t.tolist()}")
+    # Process groups are separate message spaces: the same pair and tag on two groups and
+    # the world never take each other's messages, named or any-source (before, every group's
+    # messages between two ranks shared one channel per tag: B got A's message).
+    a, b = dist.new_group([0, world - 1]), dist.new_group([0, world - 1])
+    if rank == 0:
+        for w in [dist.isend(torch.full((3,), v), dst=world - 1, group=g, tag=7)
+                  for v, g in ((1.0, a), (2.0, b), (3.0, None))]:
+            w.wait()
+    elif rank == world - 1:
+        got = {}
+        for name, g in (("b", b), ("world", None), ("a", a)):
+            t = torch.zeros(3)
+            src = dist.recv(t, group=g, tag=7) if name == "b" else dist.recv(t, 0, g, 7)
+            got[name] = (src, t.tolist())
+        want = {"b": (0, [2.0] * 3), "world": (0, [3.0] * 3), "a": (0, [1.0] * 3)}
+        if got != want:
+            fails.append(f"messages of different groups mixed: {got}")
     dist.barrier()
     dist.destroy_process_group()
+    return fails
+
+
+def groups_apart(rank: int, world: int) -> list:
+    """rr point-to-point on overlapping groups: each group is its own message space (same
+    pair, same tag), also for any-source receives, and destroying a group closes its
+    channels while the other group's keep working."""
+    fails: list = []
+    last = world - 1
+    a, b = rr.new_group([0, last]), rr.new_group(list(range(world)))
+    if rank == 0:
+        for v, g in ((1.0, a), (2.0, b), (3.0, None), (4.0, b)):
+            rr.send(np.full(5, v), last, tag=3, group=g)  # small: each returns at once
+    elif rank == last:
+        order = (("b", b, 0), ("world", None, 0), ("a", a, None), ("b", b, None))
+        got = []
+        for name, g, src in order:
+            x = np.zeros(5)
+            s = rr.recv(x, src, tag=3, group=g)
+            got.append((name, s, float(x[0]), bool((x == x[0]).all())))
+        want = [("b", 0, 2.0, True), ("world", 0, 3.0, True), ("a", 0, 1.0, True),
+                ("b", 0, 4.0, True)]
+        if got != want:
+            fails.append(f"messages of different groups mixed: {got} (want {want})")
+    if a is not None:
+        a.destroy()
+    rr.barrier()
+    if rank in (0, last):  # b's channel between them still works after a is gone
+        x = np.full(7, float(rank))
+        if rank == 0:
+            rr.send(x, last, tag=3, group=b)
+        else:
+            rr.recv(x, 0, tag=3, group=b)
+            if not (x == 0.0).all():
+                fails.append(f"group b after a's destroy: {x}")
     return fails
 
 
@@ -420,8 +472,8 @@ def any_source(rank: int, world: int) -> list:
         elif rank in (1, world - 1):
             if rank == world - 1:
                 import time
-                time.sleep(0.3)  # rank 1's message is there first
-            rr.send(_msg(rank, 0, 3), 0, tag=9)
+                time.sleep(0.3)  # rank 1's message (on the world) is there first
+            rr.send(_msg(rank, 0, 3), 0, tag=9, group=sub if rank == world - 1 else None)
         rr.barrier()
     # Only a waiting message is taken: rank 1 sends once it heard from rank 0, which it
     # does only after receiving from the last rank (channels exist: a first round).

@@ -101,6 +101,14 @@ def test_torch_p2p_on_ringreduce(world: int) -> None:
     _assert_no_fails(outs)
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world,transport", [(2, "tcp"), (3, "shm")])
+def test_groups_are_separate_message_spaces(world: int, transport: str) -> None:
+    outs = run_world(world, "p2p_workers:groups_apart", timeout=90,
+                     env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30"})
+    _assert_no_fails(outs)
+
+
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("world,transport", SETUPS)
 def test_recv_from_any_source(world: int, transport: str) -> None:
