@@ -193,6 +193,15 @@ class _Ops:
             self._owns = True
         self._g = g
 
+    def _world(self, r: Any, what: str) -> int:
+        """The world rank of group rank `r` (torch passes group ranks: group_src, group_dst,
+        or a global rank it translated), checked before anything moves."""
+        r = int(r)
+        if not 0 <= r < self._size:
+            raise ValueError(f"{what}: rank {r} is not a rank of this process group (size "
+                             f"{self._size}, ranks 0..{self._size - 1}); pass a member's rank")
+        return self._g.ranks[r] if self._g.ranks else r
+
     @property
     def group(self) -> Any:
         """The ringreduce Group this process group runs on."""
@@ -268,7 +277,7 @@ class _Ops:
         if len(tensors) != 1:
             raise ValueError("the ringreduce backend broadcasts one tensor per call")
         buf, back = _inplace(tensors[0])
-        return _work(api.broadcast(buf, src=self._g.ranks[root], async_op=True, group=self._g),
+        return _work(api.broadcast(buf, src=self._world(root, "broadcast"), async_op=True, group=self._g),
                      tensors, back)
 
     def barrier(self, opts: Any = None) -> _Work:
@@ -294,7 +303,9 @@ class _Ops:
             with torch.no_grad():
                 for r, o in enumerate(outs):
                     o.copy_(flat[r].view(o.shape))
-        return _work(api.allgather(src, out=flat, async_op=True, group=self._g), output_tensors,
+        # The Work's value (result(), the future's): the output tensors, one flat list, as
+        # gloo's (torch casts it to a list of tensors; a list of lists failed there).
+        return _work(api.allgather(src, out=flat, async_op=True, group=self._g), list(outs),
                      scatter_out)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
@@ -381,7 +392,7 @@ class _Ops:
         return self._last(works, outputs)
 
     def reduce(self, tensors: list, opts: Any = None) -> _Work:
-        root = self._g.ranks[int(getattr(opts, "rootRank", 0))]
+        root = self._world(getattr(opts, "rootRank", 0), "reduce")
         buf, back = _inplace(tensors[0])
         return _work(rooted.reduce(buf, root, op=_op(opts), group=self._g, async_op=True),
                      tensors, back)
@@ -396,8 +407,8 @@ class _Ops:
             with torch.no_grad():
                 for r, o in enumerate(outs):
                     o.copy_(flat[r].view(o.shape))
-        return _work(rooted.gather(inp, self._g.ranks[root], out=flat, group=self._g,
-                                   async_op=True), output_tensors, copy_out)
+        return _work(rooted.gather(inp, self._world(root, "gather"), out=flat, group=self._g,
+                                   async_op=True), list(outs), copy_out)
 
     def scatter(self, output_tensors: list, input_tensors: list, opts: Any = None) -> _Work:
         root = int(getattr(opts, "rootRank", 0))
@@ -405,7 +416,7 @@ class _Ops:
         flat = None
         if self._rank == root:
             flat = torch.cat([t.detach().reshape(-1) for t in input_tensors[0]])
-        return _work(rooted.scatter(out, self._g.ranks[root], x=flat, group=self._g,
+        return _work(rooted.scatter(out, self._world(root, "scatter"), x=flat, group=self._g,
                                     async_op=True), output_tensors, back)
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list,
@@ -436,12 +447,12 @@ class _Ops:
         buf, _ = _inplace(tensors[0])
         # A small first message on its channel is copied and sent later, so the Work is
         # complete now (gloo's sends complete before the receiver posts, too).
-        w = p2p.send_buffered(buf, self._g.ranks[dst], tag=tag, group=self._g)
+        w = p2p.send_buffered(buf, self._world(dst, "send"), tag=tag, group=self._g)
         return _done(tensors) if w is None else _work(w, tensors)
 
     def recv(self, tensors: list, src: int, tag: int = 0) -> _Work:
         buf, back = _inplace(tensors[0])
-        w = _work(p2p.irecv(buf, self._g.ranks[src], tag=tag, group=self._g), tensors, back)
+        w = _work(p2p.irecv(buf, self._world(src, "recv"), tag=tag, group=self._g), tensors, back)
         w.source = src
         return w
 

@@ -443,7 +443,15 @@ def backend_collectives(rank: int, world: int) -> dict:
     def all_gather() -> bool:
         outs = [torch.empty(2, 3) for _ in range(n)]
         dist.all_gather(outs, torch.full((2, 3), float(rank)))
-        return all(_close(o, torch.full((2, 3), float(r))) for r, o in enumerate(outs))
+        ok = all(_close(o, torch.full((2, 3), float(r))) for r, o in enumerate(outs))
+        # async: result() and the future's value are the output tensors (a flat list, as
+        # gloo's; a list of lists raised in torch's cast)
+        outs = [torch.empty(4) for _ in range(n)]
+        w = dist.all_gather(outs, torch.full((4,), rank + 0.5), async_op=True)
+        got, fut = w.result(), w.get_future().wait()
+        want = [torch.full((4,), r + 0.5) for r in range(n)]
+        return ok and all(len(v) == n and all(_close(a, b) for a, b in zip(v, want))
+                          for v in (got, fut))
 
     def all_gather_into_tensor() -> bool:
         out = torch.empty(n * 3)
@@ -479,15 +487,23 @@ def backend_collectives(rank: int, world: int) -> dict:
         dist.reduce(t, dst=0)
         ok = _close(t, torch.full((3,), tri if rank == 0 else float(rank + 1)))
         g = [torch.empty(2) for _ in range(n)] if rank == 0 else None
-        dist.gather(torch.full((2,), float(rank)), g, dst=0)
+        w = dist.gather(torch.full((2,), float(rank)), g, dst=0, async_op=True)
+        w.wait()
         if rank == 0:
             ok &= all(_close(x, torch.full((2,), float(r))) for r, x in enumerate(g))
+            ok &= len(w.result()) == n and all(a is b for a, b in zip(w.result(), g))
         o = torch.empty(2)
         dist.scatter(o, [torch.full((2,), float(i)) for i in range(n)] if rank == 0 else None,
                      src=0)
         return ok and _close(o, torch.full((2,), float(rank)))
 
     def bad_op_message() -> bool:
+        try:  # a root outside the group: a clear error (was a bare IndexError)
+            dist.broadcast(torch.ones(2), group_src=n)
+            return False
+        except ValueError as e:
+            if f"rank {n} is not a rank of this process group" not in str(e):
+                return False
         try:  # bitwise on floats: refused before anything moves, saying why
             dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND)
         except ValueError as e:
