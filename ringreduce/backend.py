@@ -94,7 +94,11 @@ class _Work(dist._Work):
         return True
 
     def get_future(self) -> torch.futures.Future:
-        return self._c.future()
+        # torch's C++ side (DDP's reducer, hooks, dist.Work) sees only the C++ future, where
+        # a Python set_exception() is a plain value (the exception object): its reducer then
+        # took the exception for tensors and crashed. A callback that raises marks the
+        # C++ future failed; wait() raises RuntimeError with the failure's text.
+        return self._c.future().then(_value_or_raise)
 
     def source_rank(self) -> int:
         """recv / recv_anysource: the sender's rank in the process group (after wait)."""
@@ -120,6 +124,13 @@ class _Work(dist._Work):
 
     def synchronize(self) -> None:
         self.wait()
+
+
+def _value_or_raise(fut: torch.futures.Future) -> Any:
+    v = fut.value()  # raises if the future carries its error as one
+    if isinstance(v, BaseException):  # a Python set_exception(), seen through C++
+        raise v
+    return v
 
 
 def _work(rr_work: Any, value: Any, after: Callable[[], None] | None = None) -> _Work:

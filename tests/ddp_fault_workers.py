@@ -310,3 +310,28 @@ def uneven_without_join(rank: int, world: int, stamp_file: str) -> dict:
         os.replace(stamp_file + ".tmp", stamp_file)
         return {"type": None, "done": n, "error": info}
     return info or {"type": None, "msg": f"no error after {n} batches"}
+
+
+def torch_ddp_peer_killed(rank: int, world: int, victim: int) -> dict:
+    """Stock torch DDP on the "ringreduce" backend; the victim SIGKILLs itself before step
+    3's backward. Before, the survivors' reducer took the failed Future's exception object
+    for the gradient tensors and segfaulted; now backward raises, naming the dead rank."""
+    import torch.distributed as dist
+
+    dist.init_process_group("ringreduce", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 16))
+    out: dict = {"error": None}
+    for step in range(10):
+        if step == 3 and rank == victim:
+            os.kill(os.getpid(), signal.SIGKILL)
+        t0 = time.monotonic()
+        try:
+            ddp(torch.randn(4, 16)).sum().backward()
+        except Exception as e:  # noqa: BLE001
+            out.update(error=f"{type(e).__name__}: {e}", step=step,
+                       secs=time.monotonic() - t0)
+            break
+        time.sleep(0.2)  # the victim dies while the others start step 3's backward
+    dist.destroy_process_group()
+    return out

@@ -215,3 +215,23 @@ def test_join_is_a_no_op_with_world_size_one():
     finally:
         if created:
             rr.destroy()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("world,transport", [(2, "shm"), (3, "tcp")])
+def test_torch_ddp_on_the_backend_names_a_killed_rank(world, transport):
+    """Before, every survivor segfaulted in torch's reducer (the failed Future's value was
+    the exception object)."""
+    victim = world - 1
+    outs = run_world_raw(world, W.torch_ddp_peer_killed, victim, timeout=60, init=False,
+                         env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30"})
+    story = "\n".join(o.describe() for o in outs)
+    for o in outs:
+        if o.rank == victim:
+            assert o.returncode == -9, story
+            continue
+        assert o.ok, story
+        v = o.value
+        assert v["error"] and "PeerFailure" in v["error"], f"rank {o.rank}: {v}"
+        assert re.search(rf"\brank {victim}\b", v["error"]), f"rank {o.rank}: {v}"
+        assert v["step"] == 3 and v["secs"] < DETECT_S, f"rank {o.rank}: {v}"
