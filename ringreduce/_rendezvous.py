@@ -342,6 +342,48 @@ def also_stop_on(key: str) -> Iterator[None]:
         _ALSO.keys = prev
 
 
+_WATCH = threading.local()  # watching(): (world Group, peers) whose failure stops the waits
+
+
+@contextlib.contextmanager
+def watching(world: Any, peers: Any) -> Iterator[None]:
+    """While inside: every _wait of this thread also stops, raising PeerFailure, once one of
+    `peers` (world ranks) is known to be gone -- dead, frozen, or failed -- as the world's
+    communicator sees it between collectives (Communicator::probePeers). Without this, a
+    group's creation or a p2p channel's rendezvous waited for a dead rank until its timeout,
+    told to check WORLD_SIZE."""
+    prev = getattr(_WATCH, "v", None)
+    _WATCH.v = (world, frozenset(peers))
+    try:
+        yield
+    finally:
+        _WATCH.v = prev
+
+
+def probe(world: Any, peers: Any, what: str) -> None:
+    """Raise if one of `peers` is known to be gone (see watching), or the world was
+    destroyed meanwhile."""
+    from ._C import PeerFailure
+
+    comm = world.comm
+    if comm is None:
+        return
+    if world.destroyed:
+        raise _rr_error(f"rank {world.rank}: ringreduce.destroy() was called while this rank "
+                        f"waited for {what}")
+    try:
+        comm.probe_peers()
+    except PeerFailure as e:
+        p = getattr(e, "peer_rank", None)
+        if p is not None and p not in peers:
+            return  # not one this wait needs: the calls that need it report it
+        err = PeerFailure(f"rank {world.rank} stopped waiting for {what}: {e}")
+        err.peer_rank, err.cause = p, getattr(e, "cause", None)  # type: ignore[attr-defined]
+        raise err from None
+    except RuntimeError as e:  # destroyed on another thread meanwhile
+        raise _rr_error(f"rank {world.rank}: stopped waiting for {what}: {e}") from None
+
+
 def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,
           prefix: str, hint: str = "did every rank start, with the same WORLD_SIZE and "
                                    "MASTER_ADDR/MASTER_PORT?") -> None:
@@ -364,7 +406,12 @@ def _wait_for(store: Any, keys: list[str], timeout: float, rank: int, what: str,
     deadline = time.monotonic() + timeout
     pause = 0.001
     stops = [prefix + "failed", *getattr(_ALSO, "keys", ())]
+    watch = getattr(_WATCH, "v", None)
+    probe_at = time.monotonic() + 0.05
     while not store.check(keys):
+        if watch is not None and time.monotonic() >= probe_at:
+            probe(watch[0], watch[1], what)
+            probe_at = time.monotonic() + 0.1
         stop = next((k for k in stops if store.check([k])), None)
         if stop is not None:
             kind, _, msg = store.get(stop).decode().partition("\n")

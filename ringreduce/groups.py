@@ -90,9 +90,12 @@ def from_store(store: Any, rank: int, size: int, name: str,
     p = f"ringreduce/{world.options.get('session', '')[:16]}/"
     store.set(f"{p}grank/{rank}", str(world.rank))
     keys = [f"{p}grank/{r}" for r in range(size)]
-    _rendezvous._wait(store, keys, timeout, rank, f"the members of {name} to start", p)
+    # The members are known once all have started: until then any rank's failure stops it.
+    with _rendezvous.watching(world, [r for r in range(world.world_size) if r != world.rank]):
+        _rendezvous._wait(store, keys, timeout, rank, f"the members of {name} to start", p)
     members = [int(store.get(k)) for k in keys]
-    return _connect(world, store, members, rank, p, name, secs)
+    with _rendezvous.watching(world, [m for m in members if m != world.rank]):
+        return _connect(world, store, members, rank, p, name, secs)
 
 
 def destroy_group(g: Group) -> None:
@@ -234,7 +237,8 @@ def _make(world: Group, members: list[int], prefix: str, name: str,
         return _register(world, _single(world, members, prefix, name))
     store = world.store if store is None else store
     out_of_step = world.store_prefix + "groups/"  # _fail posts under prefix + "failed"
-    with _rendezvous.also_stop_on(out_of_step + "failed"):
+    with _rendezvous.also_stop_on(out_of_step + "failed"), \
+            _rendezvous.watching(world, [m for m in members if m != world.rank]):
         if not p2p:  # a channel's members follow from its key: nothing to compare
             _agree(store, prefix, me, members, float(world.options["connect_timeout"]), name,
                    out_of_step)

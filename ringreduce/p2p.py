@@ -259,11 +259,16 @@ def _match(g: Group, world: Group, peers: list[int], tag: int, what: str,
            entry: list) -> tuple:
     """The first rank of `peers` (from entry[1] on) whose message on `tag` waits for this
     rank, and its channel."""
+    from . import _rendezvous
+
     timeout = float(world.options.get("timeout", 600.0))
     t0 = time.monotonic()
-    store_at, store_every, naps = t0, 0.001, 0
+    store_at, store_every, naps, probe_at = t0, 0.001, 0, t0 + 0.05
     while True:
         now = time.monotonic()
+        if now >= probe_at:  # a dead or frozen sender: PeerFailure, not the timeout
+            _rendezvous.probe(world, peers, f"{what}(src=None, tag={tag})")
+            probe_at = now + 0.1
         look_in_store = now >= store_at
         n = len(peers)
         for i in range(n):
@@ -352,14 +357,15 @@ def _meet(world: Group, store: Any, base: str, peer: int, src: int, dst: int,
     them then takes connect time only."""
     from . import _rendezvous
 
-    _rendezvous._wait(
-        store, [f"{base}want{peer}"], float(world.options.get("timeout", 600.0)),
-        world.rank, f"rank {peer} to post a send, recv, isend or irecv toward rank "
-        f"{world.rank} on tag {tag} (the first message {src} -> {dst} on that tag; "
-        f"RINGREDUCE_TIMEOUT)", f"{base}meet/{world.rank}/{next(_MEETS)}/",  # own "failed" key
-        hint="is it blocked in another send/recv? Blocking calls on several tags must be "
-             "posted in an order in which both ranks meet; isend/irecv never wait for each "
-             "other")
+    with _rendezvous.watching(world, [peer]):  # a dead or frozen peer: PeerFailure
+        _rendezvous._wait(
+            store, [f"{base}want{peer}"], float(world.options.get("timeout", 600.0)),
+            world.rank, f"rank {peer} to post a send, recv, isend or irecv toward rank "
+            f"{world.rank} on tag {tag} (the first message {src} -> {dst} on that tag; "
+            f"RINGREDUCE_TIMEOUT)", f"{base}meet/{world.rank}/{next(_MEETS)}/",  # own "failed"
+            hint="is it blocked in another send/recv? Blocking calls on several tags must be "
+                 "posted in an order in which both ranks meet; isend/irecv never wait for "
+                 "each other")
 
 
 _WARN_AT = (64, 512, 4096)  # pairs of channels: warn as each of these counts is reached

@@ -424,3 +424,31 @@ def group_threads(rank: int, world: int) -> dict:
     while threads() > 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     return {"with_world": with_world, "with_groups": with_groups, "after": threads()}
+
+
+def dies_before_waits(rank: int, world: int, what: str) -> dict:
+    """Rank 1 is SIGKILLed (or SIGSTOPped: what="stop") after a barrier; the others then wait
+    for it outside any collective: creating a group with it ("group"), a first message from
+    it on a new tag ("recv"), a receive from any source ("any"). Each must raise
+    PeerFailure naming rank 1 -- before, they waited until the connect timeout or
+    RINGREDUCE_TIMEOUT, told to check WORLD_SIZE or their send/recv order."""
+    import os
+    import signal
+
+    rr.barrier()
+    if rank == 1:
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGSTOP if what.endswith("stop") else signal.SIGKILL)
+        time.sleep(60)
+    t0 = time.monotonic()
+    try:
+        if what.startswith("group"):
+            rr.new_group(list(range(world)))
+        elif what.startswith("recv"):
+            rr.recv(np.zeros(4), 1, tag=77)
+        else:
+            rr.recv(np.zeros(4), None, tag=78)
+        return {"error": "no error", "secs": time.monotonic() - t0}
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"{type(e).__name__}: {e}", "peer_rank": getattr(e, "peer_rank", None),
+                "secs": time.monotonic() - t0}

@@ -148,3 +148,22 @@ def test_a_group_costs_one_thread_and_leaves_none(transport: str) -> None:
     for r, o in enumerate(outs):
         assert o["with_groups"] - o["with_world"] == 4, f"rank {r}: {o}"
         assert o["after"] <= 2, f"rank {r}: threads left after destroy(): {o}"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("what,transport", [("group", "shm"), ("group", "tcp"),
+                                            ("recv", "shm"), ("any", "tcp"),
+                                            ("group-stop", "shm"), ("recv-stop", "tcp")])
+def test_a_rank_lost_outside_collectives_is_named(what: str, transport: str) -> None:
+    """Waits in the store (a group's creation, a p2p tag's first message, an any-source
+    receive) watch the world's view of the peers they wait for."""
+    outs = run_world_raw(3, "group_workers:dies_before_waits", what, timeout=80,
+                         expendable=[1], env={"RINGREDUCE_TRANSPORT": transport,
+                                              "RINGREDUCE_TIMEOUT": "40",
+                                              "RINGREDUCE_CONNECT_TIMEOUT": "40"})
+    limit = 8.0 if what.endswith("stop") else 5.0  # frozen: the heartbeat timeout (4 s)
+    for r in (0, 2):
+        v = outs[r].value
+        assert v is not None, outs[r].describe()
+        assert v["error"].startswith("PeerFailure") and "rank 1 " in v["error"], (r, v)
+        assert v["peer_rank"] == 1 and v["secs"] < limit, (r, v)

@@ -437,6 +437,12 @@ PYBIND11_MODULE(_C, m) {
            py::arg("kind"), py::arg("bytes"), py::arg("algo") = 0,
            "What the planner (collectives/planner.cc) runs for this collective and size: "
            "'shm', 'ring', 'tree', 'hier' or 'auto' (direct / pairwise); nothing is logged")
+      .def("probe_peers", [](PyComm& c) {
+             std::shared_ptr<runtime::Executor> e = c.held();
+             py::gil_scoped_release nogil;
+             e->probeIdle();
+           },
+           "Raise PeerFailure if a peer is known to be gone (between collectives only)")
       .def("incoming", [](PyComm& c, int peer) { return c.ex().incomingIdle(peer); },
            py::arg("peer"),
            "True when `peer` has started a collective this rank has not (a message waits) or "

@@ -71,6 +71,12 @@ class Communicator {
   // its connection something to report (data, EOF, an abort frame)? Never blocks. Only
   // meaningful while this rank runs nothing on the communicator (Executor::incomingIdle).
   bool incoming(int peer);
+  // Between collectives: throw PeerError if a peer is known to be gone -- its process exited
+  // (shared memory's pidfds), its connection closed or carries an abort, or its heartbeats
+  // stopped -- so a wait outside any collective (a group's creation, a p2p channel's
+  // rendezvous in the store) names a dead or frozen peer instead of timing out. Same
+  // threading as incoming().
+  void probePeers();
   // Open TCP connections (for link_stats and tests). Executor thread.
   int openConnections() const;
 

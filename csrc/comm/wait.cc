@@ -115,6 +115,24 @@ void Communicator::checkAlive(int peer) {
   pollIdle();
 }
 
+void Communicator::probePeers() {
+  if (aborted_.load()) throwAborted();
+  if (shm_) checkLocalPeers();
+  if (hb_ && opts_.heartbeatTimeoutSec > 0) {
+    const int64_t limit = static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000);
+    for (int p : watchList_) {
+      if (gone_[static_cast<size_t>(p)]) continue;
+      transport::PeerStatus s = hb_->status(p);
+      if (s.ageMs > limit)  // heard before, silent since (never heard: not yet known)
+        throw PeerError(p, PeerCause::kSilent, detail::concat(
+            "rank ", label(p), " (", peerHost(p), ", pid ", s.pid, ") stopped responding: no "
+            "heartbeat for ", s.ageMs / 1000.0, " s (process frozen or stopped, host "
+            "overloaded, or network partition)"));
+    }
+  }
+  pollIdle();  // a closed connection or an abort frame throws; a goodbye marks it gone
+}
+
 void Communicator::pollIdle() {
   pfds_.clear();
   pfdPeer_.clear();

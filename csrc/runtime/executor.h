@@ -40,6 +40,8 @@ class Executor : public std::enable_shared_from_this<Executor> {
   // comm().incoming(peer) if nothing is queued or running (else false: what runs may be
   // reading that very message). Any thread; never blocks on a collective.
   bool incomingIdle(int peer);
+  // comm().probePeers() if nothing is queued or running (what runs checks liveness itself).
+  void probeIdle();
 
   // Fail the running collective and everything queued, promptly. Thread-safe.
   void abort();
