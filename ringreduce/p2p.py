@@ -35,6 +35,7 @@ import itertools
 import logging
 import threading
 import time
+import traceback
 from typing import Any
 
 from . import _buffers, _state, groups
@@ -321,6 +322,9 @@ class _Deferred:
             try:
                 self._work = start()
             except BaseException as e:  # noqa: BLE001 - re-raised by wait()
+                # Its frames' locals would keep the store (and its port, after destroy())
+                # alive for as long as the caller keeps the Work.
+                traceback.clear_frames(e.__traceback__)
                 self._error = e
             finally:
                 self._done.set()

@@ -585,3 +585,33 @@ def many_tags(rank: int, world: int, tags: int) -> list:
             if not np.array_equal(x, y):
                 bad.append(f"tag {t}: got {y[:3]}")
     return bad
+
+
+def irecv_at_destroy(rank: int, world: int) -> dict:
+    """Rank 0 posts an irecv on a tag rank 1 never uses, then both destroy() and init()
+    again in the same processes. Before, the irecv's helper thread kept waiting in the store
+    (RINGREDUCE_TIMEOUT) holding the store, so rank 0's store port stayed in use and the
+    re-init failed (EADDRINUSE); its wait(3) returned False."""
+    import threading
+
+    rr.barrier()
+    w = rr.irecv(np.ones(8), 1, tag=3) if rank == 0 else None
+    time.sleep(0.3)
+    rr.destroy()
+    out: dict = {}
+    if w is not None:
+        t0 = time.monotonic()
+        try:
+            out["wait"] = f"returned {w.wait(3)}"
+        except Exception as e:  # noqa: BLE001
+            out["wait"] = f"{type(e).__name__}: {e}"
+        out["wait_secs"] = time.monotonic() - t0
+        del w
+    time.sleep(0.3)
+    out["connect_threads"] = sum(t.name == "ringreduce-p2p-connect"
+                                 for t in threading.enumerate())
+    rr.init()
+    x = np.full(3, rank + 1.0)
+    rr.allreduce(x)
+    out["reinit_sum"] = float(x[0])
+    return out

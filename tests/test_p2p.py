@@ -109,6 +109,18 @@ def test_groups_are_separate_message_spaces(world: int, transport: str) -> None:
     _assert_no_fails(outs)
 
 
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_destroy_stops_a_pending_first_irecv_and_init_works_again(transport: str) -> None:
+    outs = run_world(2, "p2p_workers:irecv_at_destroy", timeout=60,
+                     env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30",
+                          "RINGREDUCE_CONNECT_TIMEOUT": "20"})
+    o = outs[0]
+    assert "destroy() was called" in o["wait"] and o["wait_secs"] < 1.0, o
+    for r, v in enumerate(outs):
+        assert v["connect_threads"] == 0 and v["reinit_sum"] == 3.0, (r, v)
+
+
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("world,transport", SETUPS)
 def test_recv_from_any_source(world: int, transport: str) -> None:
