@@ -254,18 +254,32 @@ def _agree(store: Any, prefix: str, me: int, members: list[int], timeout: float,
     others may be waiting under the next group's prefix."""
     text = ",".join(map(str, members))
     if me == 0:
-        store.set(prefix + "members", text)
-        return
-    _rendezvous._wait(store, [prefix + "members"], timeout, me,
-                      f"world rank {members[0]} to create {name}", prefix)
-    first = store.get(prefix + "members").decode()
+        # First come, first kept: two ranks that each think they are group rank 0 (given
+        # different lists) must not overwrite each other's list and then both claim rank 0.
+        first = _publish_once(store, prefix + "members", text)
+    else:
+        _rendezvous._wait(store, [prefix + "members"], timeout, me,
+                          f"world rank {members[0]} to create {name}", prefix)
+        first = store.get(prefix + "members").decode()
     if first != text:
         err = ValueError(
             f"{name}: world rank {members[me]} was called with ranks [{text}] but world rank "
-            f"{members[0]} with [{first}]; every rank must create groups in the same order "
-            f"with the same ranks (did a rank skip a new_group call?)")
+            f"{first.split(',')[0]} with [{first}]; every rank must create groups in the same "
+            f"order with the same ranks (did a rank skip a new_group call?)")
         _rendezvous._fail(store, out_of_step, err)
         raise _rendezvous._fail(store, prefix, err)
+
+
+def _publish_once(store: Any, key: str, value: str) -> str:
+    """Set `key` to `value` unless it is set; return what it holds then."""
+    try:
+        return bytes(store.compare_set(key, "", value)).decode()
+    except RuntimeError as e:  # a Python Store without compare_set: best effort
+        if "Not implemented" not in str(e):
+            raise
+        if not store.check([key]):
+            store.set(key, value)
+        return store.get(key).decode()
 
 
 def _connect(world: Group, store: Any, members: list[int], me: int, prefix: str,

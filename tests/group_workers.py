@@ -149,9 +149,10 @@ def matrix(rank: int, world: int) -> dict:
     return {"fails": fails}
 
 
-def mismatch(rank: int, world: int) -> str:
-    """Rank 1 asks for a different group than the others: every member fails, naming it."""
-    ranks = [0, 1] if rank == 1 else list(range(world))
+def mismatch(rank: int, world: int, odd: tuple = (0, 1)) -> str:
+    """Rank 1 asks for a different group (`odd`) than the others: every member fails,
+    naming it. odd=(1, 2): rank 1 is the first rank of its list, as rank 0 is of theirs."""
+    ranks = list(odd) if rank == 1 else list(range(world))
     try:
         rr.new_group(ranks)
         return "ok"

@@ -21,13 +21,18 @@ def test_groups_matrix(world: int, transport: str) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_new_group_mismatch_is_named() -> None:
-    outs = run_world(3, "group_workers:mismatch", timeout=90,
+@pytest.mark.parametrize("odd", [(0, 1), (1, 2)])
+def test_new_group_mismatch_is_named(odd: tuple) -> None:
+    """odd=(1, 2): two ranks each took themselves for the group's first rank; before, they
+    overwrote each other's member list and some ranks were told 'rank 0 was claimed by 2
+    processes' (fix your RANK)."""
+    outs = run_world(3, "group_workers:mismatch", odd, timeout=90,
                      env={"RINGREDUCE_CONNECT_TIMEOUT": "30"})
+    text = ",".join(map(str, odd))
     assert all(o != "ok" for o in outs), outs
-    assert "ValueError" in outs[1] and "[0,1]" in outs[1] and "[0,1,2]" in outs[1], outs[1]
+    assert "ValueError" in outs[1] and f"[{text}]" in outs[1] and "[0,1,2]" in outs[1], outs[1]
     for o in outs:
-        assert "same order with the same ranks" in o, o
+        assert "same order with the same ranks" in o and "claimed" not in o, o
 
 
 @pytest.mark.timeout(120)
