@@ -119,6 +119,11 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
             f"({hint})")
     if isinstance(box[0], Exception):
         e = box[0]
+        if is_master and "EADDRINUSE" in str(e):  # at once, not a timeout
+            raise _rr_error(
+                f"rank {rank} could not {what} {master_addr}:{master_port}: port already in "
+                f"use (by another program, or by a store this process still holds open); pick "
+                f"another MASTER_PORT ({str(e).strip().splitlines()[0]})") from e
         raise _timeout_error(
             f"rank {rank} could not {what} {master_addr}:{master_port} within {timeout:.0f} s: "
             f"{e} ({hint})") from e
