@@ -288,8 +288,8 @@ class _Ops:
         if len(tensors) != 1:
             raise ValueError("the ringreduce backend broadcasts one tensor per call")
         buf, back = _inplace(tensors[0])
-        return _work(api.broadcast(buf, src=self._world(root, "broadcast"), async_op=True, group=self._g),
-                     tensors, back)
+        return _work(api.broadcast(buf, src=self._world(root, "broadcast"), async_op=True,
+                                   group=self._g), tensors, back)
 
     def barrier(self, opts: Any = None) -> _Work:
         return _work(api.barrier(async_op=True, group=self._g), [])
@@ -463,7 +463,8 @@ class _Ops:
 
     def recv(self, tensors: list, src: int, tag: int = 0) -> _Work:
         buf, back = _inplace(tensors[0])
-        w = _work(p2p.irecv(buf, self._world(src, "recv"), tag=tag, group=self._g), tensors, back)
+        w = _work(p2p.irecv(buf, self._world(src, "recv"), tag=tag, group=self._g), tensors,
+                  back)
         w.source = src
         return w
 
