@@ -9,7 +9,8 @@ and its own worker thread, so any number of isend/irecv may be outstanding at on
 ring exchange or a 1F1B pipeline schedule cannot deadlock on ordering between channels.
 Within a channel messages arrive in the order they were sent (MPI's non-overtaking rule);
 sender and receiver must agree on the size and dtype (a mismatch raises
-CollectiveMismatch on both). `src`/`dst` are world ranks, as in torch.
+CollectiveMismatch on both; on a sender whose send returned early, at its next call on that
+channel). `src`/`dst` are world ranks, as in torch.
 
 A blocking send of at most EAGER_MAX bytes returns before the receiver posts, also as the
 first message on its tag: it is copied and sent by a helper thread, which makes the channel
