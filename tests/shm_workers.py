@@ -448,3 +448,28 @@ def group_in_full_dev_shm(rank: int, world: int) -> dict:
         if rank == 0 and "/dev/shm is full" in out["error"]:
             time.sleep(12)
         return out
+
+
+def frozen_after_one_left(rank: int, world: int) -> dict:
+    """3 ranks: rank 2 does its part of a reduce to rank 0 and calls destroy() (its process
+    lives on); rank 1 freezes (SIGSTOP) before its part; rank 0 waits in the reduce. Rank 0
+    must name rank 1, the frozen one -- before, rank 2's heartbeats stopped first (it left),
+    so rank 0 named rank 2 ("no heartbeat for 4 s") while it waited for rank 1."""
+    x = np.ones(10, np.float32)
+    rr.allreduce(x)
+    if rank == 2:
+        rr.reduce(x, dst=0)
+        rr.destroy()
+        time.sleep(20)
+        return {}
+    if rank == 1:
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return {}
+    t0 = time.monotonic()
+    try:
+        rr.reduce(x, dst=0)
+        return {"error": "no error"}
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"{type(e).__name__}: {e}", "peer_rank": getattr(e, "peer_rank", None),
+                "secs": time.monotonic() - t0}

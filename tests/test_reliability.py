@@ -136,3 +136,17 @@ def test_strangers_cannot_disturb_a_running_job(tmp_path, transport: str) -> Non
     for r in res:
         assert r["wrong"] == 0 and r["iters"] > 50, r
         assert r["rss_growth_kib"] < 10 * 1024, f"memory grew during the flood: {r}"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_rank_that_left_is_not_blamed_for_a_frozen_one(transport: str) -> None:
+    """A rank that called destroy() sends a last heartbeat saying so: its silence after that
+    is not a failure, so the frozen rank is the one named."""
+    outs = run_world_raw(3, "shm_workers:frozen_after_one_left", timeout=60,
+                         expendable=[1, 2], env={"RINGREDUCE_TRANSPORT": transport,
+                                                 "RINGREDUCE_TIMEOUT": "30"})
+    v = outs[0].value
+    assert v is not None, outs[0].describe()
+    assert v["error"].startswith("PeerFailure") and v["peer_rank"] == 1, v
+    assert "rank 1 " in v["error"] and v["secs"] < 10, v

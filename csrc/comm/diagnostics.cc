@@ -132,7 +132,9 @@ void Communicator::checkHeartbeats(int waitingFor) {
     if (gone_[static_cast<size_t>(p)]) continue;
     transport::PeerStatus s = hb_->status(p);
     int64_t age = s.ageMs >= 0 ? s.ageMs : sinceStart;
-    if (age <= limit) continue;
+    // One that said goodbye (destroy()) is silent by design; if this rank waits for it, its
+    // connection or shared memory says it left.
+    if (age <= limit || s.left) continue;
     std::string doing = s.ageMs < 0 ? std::string("never heard from")
                                     : "at its last heartbeat it was " + peerDoing(p, s);
     throw PeerError(p, PeerCause::kSilent, detail::concat(

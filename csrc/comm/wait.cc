@@ -123,7 +123,7 @@ void Communicator::probePeers() {
     for (int p : watchList_) {
       if (gone_[static_cast<size_t>(p)]) continue;
       transport::PeerStatus s = hb_->status(p);
-      if (s.ageMs > limit)  // heard before, silent since (never heard: not yet known)
+      if (s.ageMs > limit && !s.left)  // heard, silent since (never heard: not yet known)
         throw PeerError(p, PeerCause::kSilent, detail::concat(
             "rank ", label(p), " (", peerHost(p), ", pid ", s.pid, ") stopped responding: no "
             "heartbeat for ", s.ageMs / 1000.0, " s (process frozen or stopped, host "

@@ -30,7 +30,7 @@ struct Datagram {
   int32_t rank;
   uint32_t pid;
   int32_t waiting;  // the rank the sender is blocked on (-1: none)
-  uint8_t kind, hasRoot, pad[2];
+  uint8_t kind, hasRoot, bye, pad;  // bye: the sender's last datagram (it stopped)
   int32_t root;  // root of collective `seq` when hasRoot
   uint64_t seq;
   uint64_t bytes;
@@ -103,6 +103,7 @@ class HeartbeatHub {
       std::lock_guard<std::mutex> g(mu_);
       auto it = std::find(beats_.begin(), beats_.end(), h);
       if (it == beats_.end()) return;
+      h->sendAll(/*bye=*/true);  // peers stop expecting it: its silence is no failure
       beats_.erase(it);
       if (beats_.empty()) {  // the thread stops with the last heartbeat
         stop_->store(true);
@@ -261,6 +262,7 @@ PeerStatus Heartbeat::status(int peer) const {
   s.kind = static_cast<uint8_t>(st >> 56);
   s.bytesDone = sl.bytes.load(std::memory_order_relaxed);
   s.waitingFor = sl.waiting.load(std::memory_order_relaxed);
+  s.left = sl.left.load(std::memory_order_relaxed);
   const uint64_t rw = sl.root.load(std::memory_order_relaxed);
   // Only when it was sent with this very seq (the two words may come from two datagrams).
   if ((rw >> 63) && (rw & 0xffffffffu) == (s.seq & 0xffffffffu))
@@ -297,9 +299,10 @@ std::string Heartbeat::busyElsewhere() const {
   return "";
 }
 
-void Heartbeat::sendAll() {
+void Heartbeat::sendAll(bool bye) {
   Datagram d{};
   d.magic = kMagic;
+  d.bye = bye ? 1 : 0;
   d.rank = rank_;
   d.pid = static_cast<uint32_t>(::getpid());
   uint64_t st = state_.load(std::memory_order_relaxed);
@@ -349,6 +352,7 @@ void Heartbeat::receiveOne() {
                 std::memory_order_relaxed);
   s.bytes.store(d.bytes, std::memory_order_relaxed);
   s.waiting.store(d.waiting, std::memory_order_relaxed);
+  s.left.store(d.bye != 0, std::memory_order_relaxed);
   s.root.store(d.hasRoot ? (static_cast<uint64_t>(static_cast<uint32_t>(d.root)) << 32) |
                                (d.seq & 0xffffffffu) | (uint64_t{1} << 63)
                          : 0,

@@ -29,6 +29,7 @@ struct PeerStatus {
   int waitingFor = -1;  // the rank it was blocked on (-1: none)
   int root = -1;        // root of collective `seq` (broadcast/reduce/gather/scatter; else 0),
                         // -1: not known for this seq
+  bool left = false;    // its last datagram said it stopped (destroy()): silence is no failure
 };
 
 constexpr size_t kSiteBytes = 48;  // call site carried in a heartbeat ("train.py:57")
@@ -93,7 +94,7 @@ class Heartbeat {
 
  private:
   friend class HeartbeatHub;
-  void sendAll();
+  void sendAll(bool bye = false);
   void receiveOne();
 
   struct Slot {
@@ -103,6 +104,7 @@ class Heartbeat {
     std::atomic<uint64_t> bytes{0};
     std::atomic<int> waiting{-1};
     std::atomic<uint64_t> root{0};  // root << 32 | seq's low 32 bits, as setRoot; 0: none
+    std::atomic<bool> left{false};  // its last datagram was its goodbye
   };
 
   tcp::Fd fd_;
