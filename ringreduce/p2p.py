@@ -3,8 +3,8 @@
 Messages from one rank to another with one tag in one group (the world, a ringreduce group,
 a torch process group) travel on their own channel -- messages of different groups never
 match, as in MPI and torch: a two-rank communicator used in one direction only, made the
-first time the two ranks talk with that tag in that group (both directions at once, so two ranks that both send first still meet) and kept until
-destroy(). Each channel has its own connection, shared memory when the ranks share a host,
+first time the two ranks talk with that tag in that group (both directions at once, so two
+ranks that both send first still meet) and kept until destroy(). Each channel has its own connection, shared memory when the ranks share a host,
 and its own worker thread, so any number of isend/irecv may be outstanding at once and a
 ring exchange or a 1F1B pipeline schedule cannot deadlock on ordering between channels.
 Within a channel messages arrive in the order they were sent (MPI's non-overtaking rule);

@@ -222,6 +222,12 @@ class Communicator {
   int64_t beganMs_ = 0;    // steady ms when the current collective began
   bool stallReported_ = false;
   void checkHeartbeats(int waitingFor);
+  // The first watched peer silent for longer than the heartbeat timeout (one that said
+  // goodbye never is), -1 if none; *s and *ageMs describe it. neverHeard: a peer not heard
+  // from since heartbeats started counts as silent for that long. Needs hb_ and a timeout.
+  int silentPeer(bool neverHeard, transport::PeerStatus* s, int64_t* ageMs) const;
+  // "rank 3 (host, pid 42) stopped responding: no heartbeat for 4.1 s (...)"
+  std::string silence(int peer, const transport::PeerStatus& s, int64_t ageMs) const;
   void maybeFault(FaultPlan::Point p);
   // First wait of the collective: the FaultPlan kMid point.
   void noteWait() {

@@ -126,23 +126,37 @@ void Communicator::checkHeartbeats(int waitingFor) {
           " (every rank must pass the same src/dst to a rooted collective)"));
   }
   if (opts_.heartbeatTimeoutSec <= 0) return;
+  transport::PeerStatus s;
+  int64_t age = 0;
+  const int p = silentPeer(true, &s, &age);
+  if (p < 0) return;
+  std::string doing = s.ageMs < 0 ? std::string("never heard from")
+                                  : "at its last heartbeat it was " + peerDoing(p, s);
+  throw PeerError(p, PeerCause::kSilent, detail::concat(
+      silence(p, s, age), "; ", doing, "; rank ", label(rank_), " was in ", describeCurrent(),
+      waitingFor >= 0 ? detail::concat(" waiting for rank ", label(waitingFor)) : std::string()));
+}
+
+int Communicator::silentPeer(bool neverHeard, transport::PeerStatus* s, int64_t* ageMs) const {
   const int64_t limit = static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000);
-  const int64_t sinceStart = now - hbSinceMs_;
+  const int64_t sinceStart = steadyMs() - hbSinceMs_;
   for (int p : watchList_) {
     if (gone_[static_cast<size_t>(p)]) continue;
-    transport::PeerStatus s = hb_->status(p);
-    int64_t age = s.ageMs >= 0 ? s.ageMs : sinceStart;
+    *s = hb_->status(p);
+    if (s->ageMs < 0 && !neverHeard) continue;
+    *ageMs = s->ageMs >= 0 ? s->ageMs : sinceStart;
     // One that said goodbye (destroy()) is silent by design; if this rank waits for it, its
     // connection or shared memory says it left.
-    if (age <= limit || s.left) continue;
-    std::string doing = s.ageMs < 0 ? std::string("never heard from")
-                                    : "at its last heartbeat it was " + peerDoing(p, s);
-    throw PeerError(p, PeerCause::kSilent, detail::concat(
-        "rank ", label(p), " (", peerHost(p), ", pid ", s.pid, ") stopped responding: no heartbeat for ",
-        age / 1000.0, " s (process frozen or stopped, host overloaded, or network partition); ",
-        doing, "; rank ", label(rank_), " was in ", describeCurrent(),
-        waitingFor >= 0 ? detail::concat(" waiting for rank ", label(waitingFor)) : std::string()));
+    if (*ageMs > limit && !s->left) return p;
   }
+  return -1;
+}
+
+std::string Communicator::silence(int peer, const transport::PeerStatus& s,
+                                  int64_t ageMs) const {
+  return detail::concat("rank ", label(peer), " (", peerHost(peer), ", pid ", s.pid,
+                        ") stopped responding: no heartbeat for ", ageMs / 1000.0,
+                        " s (process frozen or stopped, host overloaded, or network partition)");
 }
 
 std::string Communicator::peerContext(int peer) const {

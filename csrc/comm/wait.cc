@@ -119,16 +119,11 @@ void Communicator::probePeers() {
   if (aborted_.load()) throwAborted();
   if (shm_) checkLocalPeers();
   if (hb_ && opts_.heartbeatTimeoutSec > 0) {
-    const int64_t limit = static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000);
-    for (int p : watchList_) {
-      if (gone_[static_cast<size_t>(p)]) continue;
-      transport::PeerStatus s = hb_->status(p);
-      if (s.ageMs > limit && !s.left)  // heard, silent since (never heard: not yet known)
-        throw PeerError(p, PeerCause::kSilent, detail::concat(
-            "rank ", label(p), " (", peerHost(p), ", pid ", s.pid, ") stopped responding: no "
-            "heartbeat for ", s.ageMs / 1000.0, " s (process frozen or stopped, host "
-            "overloaded, or network partition)"));
-    }
+    transport::PeerStatus s;
+    int64_t age = 0;
+    // Heard, silent since (a peer never heard from is not known yet here).
+    const int p = silentPeer(false, &s, &age);
+    if (p >= 0) throw PeerError(p, PeerCause::kSilent, silence(p, s, age));
   }
   pollIdle();  // a closed connection or an abort frame throws; a goodbye marks it gone
 }

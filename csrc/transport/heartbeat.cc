@@ -11,9 +11,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <thread>
-#include <cstring>
 
 #include "core/deadline.h"
 #include "core/error.h"

@@ -3,10 +3,11 @@
 //
 // One background thread per process (HeartbeatHub, heartbeat.cc) serves every running
 // Heartbeat -- the world's, each group's and each point-to-point channel's: it sends each
-// peer a small UDP datagram every `interval` and records when it last heard from each. Datagrams are authenticated (HMAC-SHA256 with the job
-// secret, truncated) and carry the sender's pid and what it is doing (collective kind,
-// sequence number, bytes done), so an error can say what the culprit was doing. The thread
-// shares nothing with the data path but a few atomics.
+// peer a small UDP datagram every `interval` and records when it last heard from each.
+// Datagrams are authenticated (HMAC-SHA256 with the job secret, truncated) and carry the
+// sender's pid and what it is doing (collective kind, sequence number, bytes done), so an
+// error can say what the culprit was doing. The thread shares nothing with the data path
+// but a few atomics.
 #pragma once
 
 #include <atomic>
