@@ -481,9 +481,9 @@ def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None
         gone = getattr(e, "store_error", None)  # _wait's: say which phase it was
         if gone is not None:
             raise _store_failed(rank, during, gone) from gone
-        if rank == 0:  # usually the store's host: give the others time to read "failed"
-            time.sleep(0.5)
-        raise
+        if rank == 0 and prefix is None:  # init: this process usually hosts the store and
+            time.sleep(0.5)  # may exit next; give the others time to read "failed". A group's
+        raise  # store is the world's, which outlives this error: nothing to wait for
     except RuntimeError as e:  # torch's DistStoreError / DistNetworkError: the store is gone
         raise _store_failed(rank, during, e) from e
 

@@ -172,3 +172,24 @@ def test_a_rank_lost_outside_collectives_is_named(what: str, transport: str) -> 
         assert v is not None, outs[r].describe()
         assert v["error"].startswith("PeerFailure") and "rank 1 " in v["error"], (r, v)
         assert v["peer_rank"] == 1 and v["secs"] < limit, (r, v)
+
+
+@pytest.mark.parametrize("prefix,pause", [(None, True), ("g/1/", False)])
+def test_rank_0_pauses_after_a_failed_exchange_only_at_init(
+        monkeypatch: pytest.MonkeyPatch, prefix: str | None, pause: bool) -> None:
+    """At init rank 0 usually hosts the store and may exit right after the error, so it gives
+    the others 0.5 s to read why; a group's store is the world's, which outlives the error, so
+    a group's creation (e.g. failing with a PeerFailure) re-raises at once."""
+    from ringreduce._C import RingReduceError
+
+    from ringreduce import _rendezvous
+
+    def failing(*args: object) -> None:
+        raise RingReduceError("rank 1 failed")
+
+    slept: list[float] = []
+    monkeypatch.setattr(_rendezvous, "_exchange", failing)
+    monkeypatch.setattr(_rendezvous.time, "sleep", slept.append)
+    with pytest.raises(RingReduceError, match="rank 1 failed"):
+        _rendezvous.exchange(None, 0, 3, "addr", None, 10.0, prefix=prefix)
+    assert slept == ([0.5] if pause else [])
