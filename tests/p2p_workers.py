@@ -179,13 +179,17 @@ def send_first(rank: int, world: int) -> list:
 def size_mismatch(rank: int, world: int, n: int) -> str:
     """Rank 0 sends n float32, rank 1 receives n + 2. The receiver fails at once; the
     sender's send may return (eager, as over TCP), and then a later send on that channel
-    must fail (the receiver's abort reached it). Rank 0 returns what each send did."""
+    must fail (the receiver's abort reached it). Rank 0 returns what each send did, rank 1
+    what its recv and a second one said."""
     if rank == 1:
-        try:
-            rr.recv(np.ones(n + 2, np.float32), 0)
-            return "no error"
-        except Exception as e:  # noqa: BLE001
-            return type(e).__name__ + ": " + str(e)
+        said = []
+        for _ in range(2):
+            try:
+                rr.recv(np.ones(n + 2, np.float32), 0)
+                said.append("no error")
+            except Exception as e:  # noqa: BLE001
+                said.append(type(e).__name__ + ": " + str(e))
+        return " | ".join(said)
     said = []
     for _ in range(4):
         try:

@@ -50,7 +50,7 @@ void awaitLine(comm::Communicator& c, const transport::FrameHeader& h, int r, ui
   ShmDomain& d = *c.shm();
   transport::shm::LineHeader& P = d.line(r, round);
   waitFor(c, [&] { return P.round.load(std::memory_order_acquire) == round; }, [&] { return r; });
-  std::string mm = transport::describeMismatch(described(P, h), h);
+  std::string mm = transport::describeMismatch(described(P, h), h, c.options().p2pChannel);
   if (!mm.empty())
     throw MismatchError(detail::concat("rank ", c.label(d.globalRank(r)), " (shared memory): ", mm));
 }

@@ -23,9 +23,7 @@ Communicator::Communicator(int rank, int world, std::vector<std::unique_ptr<Conn
   if (!opts_.rankLabels.empty())
     RR_CHECK_EQ(opts_.rankLabels.size(), static_cast<size_t>(world_), "rank_labels: one per rank");
   for (size_t p = 0; p < conns_.size(); ++p) {
-    if (!conns_[p]) continue;
-    conns_[p]->setChecksum(opts_.checksum);
-    conns_[p]->setLabel(label(static_cast<int>(p)));
+    if (conns_[p]) adopt(*conns_[p]);
   }
   early_.assign(static_cast<size_t>(world_), 0);
   gone_.assign(static_cast<size_t>(world_), 0);
@@ -50,6 +48,11 @@ void Communicator::checkUsable() const {
   if (aborted_.load())
     RR_THROW(Error, destroying_.load() ? "communicator was destroyed; call ringreduce.init() again"
                                        : "communicator was aborted; destroy it and init again");
+  if (!failure_.empty() && opts_.p2pChannel)
+    RR_THROW(Error, "this point-to-point channel (", opts_.groupName,
+             ") is unusable after an earlier failure: ", failure_,
+             " -- destroy the world (ringreduce.destroy() / destroy_process_group()) and init "
+             "again");
   if (!failure_.empty())
     RR_THROW(Error, "communicator is unusable after an earlier failure: ", failure_,
              " -- destroy it and init again");

@@ -193,6 +193,8 @@ class Communicator {
   void waitForLink(int peer, int dialFd);
   // Accept one dialling peer (the listener is readable) into conns_.
   void acceptDialler();
+  // Configure a new connection of this communicator (checksums, the peer's label, p2p).
+  void adopt(transport::Connection& c) const;
   // poll(pfds_) until something is ready or 250 ms pass (heartbeats are looked at between
   // rounds) or the deadline; returns the ready count; throws after abort().
   int pollWaits();

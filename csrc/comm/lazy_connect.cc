@@ -77,9 +77,13 @@ void Communicator::connectLazily(int peer) {
   } else {
     waitForLink(peer, -1);
   }
-  auto& c = conns_[static_cast<size_t>(peer)];
-  c->setChecksum(opts_.checksum);
-  c->setLabel(label(peer));
+  adopt(*conns_[static_cast<size_t>(peer)]);
+}
+
+void Communicator::adopt(transport::Connection& c) const {
+  c.setChecksum(opts_.checksum);
+  c.setLabel(label(c.peer()));
+  c.setP2p(opts_.p2pChannel);
 }
 
 void Communicator::acceptDialler() {
@@ -90,8 +94,7 @@ void Communicator::acceptDialler() {
   std::unique_ptr<Connection> c = dialer_->acceptOne(wanted, this, kHandshakeCapSec);
   if (!c) return;
   const int p = c->peer();
-  c->setChecksum(opts_.checksum);
-  c->setLabel(label(p));
+  adopt(*c);
   conns_[static_cast<size_t>(p)] = std::move(c);
 }
 

@@ -4,9 +4,12 @@
 
 namespace rr::transport {
 
-std::string describeMismatch(const FrameHeader& got, const FrameHeader& want) {
+std::string describeMismatch(const FrameHeader& got, const FrameHeader& want, bool p2p) {
   using detail::concat;
-  auto kindName = [](uint8_t k) { return toString(static_cast<CollectiveKind>(k)); };
+  auto kindName = [p2p](uint8_t k) {
+    auto kind = static_cast<CollectiveKind>(k);
+    return p2p && kind == CollectiveKind::kBroadcast ? "point-to-point message" : toString(kind);
+  };
   if (got.magic != want.magic) return concat("bad frame magic 0x", std::hex, got.magic);
   if (got.seq != want.seq || got.kind != want.kind)
     return concat("collective mismatch: peer is at ", kindName(got.kind), " #", got.seq,
@@ -14,11 +17,13 @@ std::string describeMismatch(const FrameHeader& got, const FrameHeader& want) {
                   " (every rank must issue the same collectives in the same order)");
   if (got.count != want.count)
     return concat("count mismatch in ", kindName(want.kind), " #", want.seq, ": peer has ",
-                  got.count, " elements, this rank ", want.count);
+                  got.count, " elements, this rank ", want.count,
+                  p2p ? " (a recv's buffer must have the sent message's size and dtype)" : "");
   if (got.dtype != want.dtype)
     return concat("dtype mismatch in ", kindName(want.kind), " #", want.seq, ": peer has ",
                   toString(static_cast<DataType>(got.dtype)), ", this rank ",
-                  toString(static_cast<DataType>(want.dtype)));
+                  toString(static_cast<DataType>(want.dtype)),
+                  p2p ? " (a recv's buffer must have the sent message's size and dtype)" : "");
   if (got.op != want.op)
     return concat("op mismatch in ", kindName(want.kind), " #", want.seq, ": peer uses ",
                   toString(static_cast<ReduceOp>(got.op)), ", this rank ",

@@ -66,6 +66,8 @@ class Connection {
 
   // RINGREDUCE_CHECKSUM=1: send a CRC32C of every payload; received CRCs are always checked.
   void setChecksum(bool on) { checksum_ = on; }
+  // A point-to-point channel's connection: mismatches name messages, not broadcasts.
+  void setP2p(bool on) { p2p_ = on; }
 
   // Descriptor to poll for readiness.
   virtual int fd() const = 0;
@@ -87,6 +89,7 @@ class Connection {
 
  protected:
   bool checksum_ = false;
+  bool p2p_ = false;
   int peer_;
   int label_ = peer_;
   std::string peerHost_;

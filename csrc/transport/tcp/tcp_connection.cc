@@ -125,7 +125,7 @@ bool TcpConnection::progressRecv(RecvOp& op) {
                                      "expected data from it -- did it skip this collective, "
                                      "or fail?"));
         }
-        std::string mm = describeMismatch(op.got, op.expect);
+        std::string mm = describeMismatch(op.got, op.expect, p2p_);
         if (!mm.empty()) {
           if (op.got.magic != kFrameMagic)
             throw PeerError(peer_, PeerCause::kProtocol, detail::concat("protocol error from rank ", label_, " (",
@@ -175,7 +175,7 @@ Connection::Idle TcpConnection::checkIdle(const FrameHeader* current) {
     // yet. In a matching run that can only be a later step of the same collective.
     FrameHeader want = *current;
     want.payloadBytes = h.payloadBytes;
-    std::string mm = describeMismatch(h, want);
+    std::string mm = describeMismatch(h, want, p2p_);
     if (h.seq < current->seq)
       mm = detail::concat("collective mismatch: peer sent data of ",
                           toString(static_cast<CollectiveKind>(h.kind)), " #", h.seq,
