@@ -150,3 +150,32 @@ def test_a_rank_that_left_is_not_blamed_for_a_frozen_one(transport: str) -> None
     assert v is not None, outs[0].describe()
     assert v["error"].startswith("PeerFailure") and v["peer_rank"] == 1, v
     assert "rank 1 " in v["error"] and v["secs"] < 10, v
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("mode", ["sync", "async", "custom"])
+def test_ctrl_c_stops_a_waiting_collective(transport: str, mode: str) -> None:
+    """Python's signal handlers run while a collective (or a Work's wait()) waits: Ctrl-C
+    raises KeyboardInterrupt within a fraction of a second, not when the peer arrives --
+    unless the program installed a handler of its own (then as before: after the call)."""
+    outs = run_world(2, "shm_workers:interrupted", mode, timeout=60,
+                     env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30"})
+    v0, v1 = outs
+    if mode == "custom":
+        assert v0["error"] == "KeyboardInterrupt" and v0["secs"] > 4 and not v0["notes"], v0
+        assert v0["x"] == 6.0 and v1 == {"error": "no error", "x": 12.0}, (v0, v1)
+        return
+    assert v0["error"] == "KeyboardInterrupt" and v0["secs"] < 4, v0  # signal at 1 s; peer at 7
+    note = "".join(v0["notes"])
+    assert "ringreduce: interrupted: this rank's Python signal handler raised " \
+           "KeyboardInterrupt" in note, note
+    if mode == "sync":
+        assert "during allreduce #" in note, note
+        # rank 1 is told why rank 0 gave up, at its first or second call
+        assert v1["error"].startswith("PeerFailure") and v1["peer_rank"] == 0, v1
+        assert "rank 0 " in v1["error"] and "KeyboardInterrupt" in v1["error"], v1
+    else:
+        assert "while waiting for allreduce" in note and "goes on" in note, note
+        assert v0["x"] == 6.0 and v0["x2"] == 12.0 and v1 == {"error": "no error", "x": 12.0}, \
+            (v0, v1)

@@ -1,7 +1,8 @@
 // The Communicator's waits: sockets (waitIo: poll the peers a step moves data with, watch
 // the others for EOF / abort frames, accept dialling peers) and everything else that waits
 // outside poll (checkAlive: shared memory's futex waits call it every few ms). Both check
-// abort, the deadline and the peers' heartbeats the same way (checkLiveness).
+// abort, the deadline, the peers' heartbeats and Python's signal handlers (core/interrupt.h)
+// the same way (checkLiveness).
 #include <errno.h>
 
 #include <chrono>
@@ -9,6 +10,7 @@
 
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "core/interrupt.h"
 
 namespace rr::comm {
 
@@ -74,7 +76,10 @@ int Communicator::pollWaits() {
     if (hb_ && ms > 250) ms = 250;  // wake to look at heartbeats while waiting
     int n = ::poll(pfds_.data(), pfds_.size(), ms);
     if (n < 0) {
-      if (errno == EINTR) continue;
+      if (errno == EINTR) {  // a signal: see whether its Python handler raised
+        checkInterrupt(true);
+        continue;
+      }
       RR_THROW(Error, "poll failed: ", std::strerror(errno));
     }
     if (aborted_.load()) throwAborted();
@@ -157,6 +162,7 @@ void Communicator::sendRecv(int sendPeer, SendOp* s, int recvPeer, RecvOp* r) {
 
 void Communicator::checkLiveness(int sendPeer, int recvPeer, bool shm) {
   if (aborted_.load()) throwAborted();
+  checkInterrupt();
   if (deadline_.expired()) timeout(sendPeer, recvPeer, shm);
   if (shm_) checkLocalPeers();
   checkHeartbeats(recvPeer >= 0 ? recvPeer : sendPeer);

@@ -1,6 +1,7 @@
 #include "runtime/executor.h"
 
 #include "core/error.h"
+#include "core/interrupt.h"
 #include "core/log.h"
 #include "transport/frame.h"
 
@@ -94,6 +95,9 @@ static void rethrowWithContext(comm::Communicator& c) {
   } catch (const MismatchError& e) {
     c.poison(e.what(), transport::AbortCode::kMismatch);
     throw MismatchError(e.what() + ctx);
+  } catch (const Interrupted& e) {  // abandoned in mid-collective: the peers must not wait
+    c.poison(e.what(), transport::AbortCode::kOther);
+    throw Interrupted(e.what() + ctx);
   } catch (const TimeoutError& e) {
     c.poison(e.what(), transport::AbortCode::kTimeout);
     throw TimeoutError(e.what() + ctx);

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/deadline.h"
+#include "core/interrupt.h"
 
 namespace rr::runtime {
 
@@ -39,14 +40,28 @@ class Work {
   // An unbounded wait on a Work the worker has not started yet runs it on this thread:
   // `async_op=True` followed at once by wait() (torch's dist.all_reduce does exactly that)
   // then costs what a synchronous call costs, not two thread hand-offs.
+  // A Python signal handler that raises meanwhile stops the wait (Interrupted); the
+  // collective goes on.
   bool wait(double timeoutSec) {
     if (timeoutSec < 0 && claim_ && !isCompleted()) claim_(this);
+    const auto end = std::chrono::steady_clock::now() +
+                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                         std::chrono::duration<double>(clampSeconds(timeoutSec)));
     std::unique_lock<std::mutex> lk(mu_);
-    if (timeoutSec < 0) {
-      cv_.wait(lk, [&] { return done_; });
-    } else if (!cv_.wait_for(lk, std::chrono::duration<double>(clampSeconds(timeoutSec)),
-                             [&] { return done_; })) {
-      return false;
+    while (!done_) {
+      auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+      if (timeoutSec >= 0 && end < until) until = end;
+      cv_.wait_until(lk, until, [&] { return done_; });
+      if (done_) break;
+      if (timeoutSec >= 0 && std::chrono::steady_clock::now() >= end) return false;
+      lk.unlock();
+      try {
+        checkInterrupt(true);  // every 100 ms of waiting
+      } catch (const Interrupted& e) {
+        throw Interrupted(std::string(e.what()) + " while waiting for " + what_ +
+                          " (that collective goes on)");
+      }
+      lk.lock();
     }
     if (exc_) std::rethrow_exception(exc_);
     return true;
