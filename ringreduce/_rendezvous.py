@@ -182,7 +182,7 @@ def release_lingering(keep: tuple | None = None) -> None:
 
 
 def release_store(key: tuple | None, rank: int, world: int, prefix: str, timeout: float,
-                  farewell: bool = True, failed: bool = False) -> None:
+                  farewell: bool = True, failed: bool = False, lost: int = -1) -> None:
     """Drop one reference taken by make_store(); the last one closes the store.
 
     Every rank of the init that used the store calls this at destroy (prefix: that init's
@@ -195,6 +195,8 @@ def release_store(key: tuple | None, rank: int, world: int, prefix: str, timeout
     server gone makes torch log a stack trace. After "close" the others' next make_store on
     that address refuses the old server (_is_old_server), so a re-init on the same
     MASTER_PORT cannot end up talking to it in its last moments.
+    `lost`: a rank this rank's communicator found dead or frozen (-1: none); the first rank
+    to report it says its goodbye for it (_proxy), so rank 0 does not wait out the cap.
     farewell=False just drops the reference. Never raises: the store has served its
     purpose, and a missing peer only costs the wait.
     """
@@ -215,7 +217,7 @@ def release_store(key: tuple | None, rank: int, world: int, prefix: str, timeout
     box = [store]
     del store
     words: list = []
-    _talk_until(deadline, _farewell, box, rank, world, prefix, closing, deadline, words)
+    _talk_until(deadline, _farewell, box, rank, world, prefix, closing, deadline, words, lost)
     # Unless rank 0 said it keeps the server, make_store on this address must not use it
     # again: it stops when rank 0's farewell ends, also when this rank stopped waiting for
     # the answer first (a rank far behind), and a client still on it then fails.
@@ -224,18 +226,19 @@ def release_store(key: tuple | None, rank: int, world: int, prefix: str, timeout
 
 
 def farewell_borrowed(store: Any, rank: int, world: int, prefix: str, timeout: float,
-                      failed: bool = False) -> None:
+                      failed: bool = False, lost: int = -1) -> None:
     """destroy() on a store that is not ours (torch's, when init_process_group("ringreduce")
     made the world; the caller's): whoever hosts it -- torch's rank 0 -- may drop it right
     after, yet the other ranks may still make point-to-point channels or groups through it
     (gloo needs no store after init; we do). So every rank says "bye" and rank 0 waits until
-    all have (at most `timeout`, capped as release_store's wait is). Never raises."""
+    all have (at most `timeout`, capped as release_store's wait is; `lost` as there). Never
+    raises."""
     deadline = _farewell_deadline(timeout, failed)
     bye = prefix + "bye"
 
     def talk() -> None:
         try:
-            store.add(bye, 1)
+            store.add(bye, 1 + _proxy(store, prefix, rank, lost))
             if rank == 0:
                 _poll(lambda: store.add(bye, 0) >= world, deadline)
         except RuntimeError:  # the store is gone already: nothing to wait for
@@ -259,20 +262,29 @@ def _talk_until(deadline: float, target: Any, *args: Any) -> None:
     t.join(max(0.0, deadline - time.monotonic()) + 0.5)
 
 
+def _proxy(store: Any, prefix: str, rank: int, lost: int) -> int:
+    """1 if this rank is the first to report `lost` (a rank found dead or frozen, which
+    will say nothing) and so speaks for it in the farewell, else 0."""
+    if lost < 0 or lost == rank:
+        return 0
+    return int(store.add(f"{prefix}lost/{lost}", 1) == 1)
+
+
 def _farewell(box: list, rank: int, world: int, prefix: str, closing: bool, deadline: float,
-              words: list) -> None:
+              words: list, lost: int = -1) -> None:
     """release_store's talk through the store (helper thread); drops box's reference."""
     store = box.pop()
     bye, ack, acked = prefix + "bye", prefix + "bye-ack", prefix + "acked"
     try:
-        store.add(bye, 1)
+        proxy = _proxy(store, prefix, rank, lost)
+        store.add(bye, 1 + proxy)
         if rank == 0:
             _poll(lambda: store.add(bye, 0) >= world, deadline)
             store.set(ack, "close" if closing else "keep")
-            _poll(lambda: store.add(acked, 0) >= world - 1, deadline)
+            _poll(lambda: store.add(acked, 0) >= world - 1 - proxy, deadline)
         elif _poll(lambda: store.check([ack]), deadline):
             words.append(bytes(store.get(ack)))
-            store.add(acked, 1)
+            store.add(acked, 1 + proxy)
     except RuntimeError:  # the store is gone already (rank 0 left): nothing to wait for
         pass
     finally:

@@ -147,20 +147,21 @@ def destroy_default() -> None:
 
         route.reset()  # NCCL communicator and pinned host buffers of this group
     finally:
-        failed = True
+        failed, lost = True, -1
         try:
             if g.comm is not None:
                 g.comm.destroy()
                 failed = g.comm.failed_at_destroy
+                lost = g.comm.lost_peer_at_destroy  # dead or frozen: says no "bye"
         finally:
             # After the communicator: the store outlives nothing that could still use it.
             _rendezvous.release_store(g.store_key, g.rank, g.world_size, g.store_prefix,
                                       float(g.options.get("connect_timeout", 0.0)),
-                                      failed=failed)
+                                      failed=failed, lost=lost)
             if borrowed is not None:
                 _rendezvous.farewell_borrowed(borrowed, g.rank, g.world_size, g.store_prefix,
                                               float(g.options.get("connect_timeout", 0.0)),
-                                              failed=failed)
+                                              failed=failed, lost=lost)
     _work.clear()  # the executors have stopped: nothing can touch those buffers now
 
 

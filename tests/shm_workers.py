@@ -525,3 +525,21 @@ def interrupted(rank: int, world: int, mode: str) -> dict:
     else:
         time.sleep(4)  # keep the store up while rank 1 finds out
     return out
+
+
+def destroy_after_a_death(rank: int, world: int) -> dict:
+    """Rank world-1 is killed; the others fail their next all-reduce, then destroy(). Before,
+    rank 0 (the store's host) waited out the farewell cap (1 s) for the dead rank's goodbye,
+    and the others for rank 0: now the first survivor that found it dead speaks for it."""
+    x = np.full(100, rank + 1, np.float32)
+    rr.allreduce(x)
+    if rank == world - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        rr.allreduce(x)
+        err = "no error"
+    except rr.PeerFailure as e:
+        err = f"PeerFailure: {e}"
+    t0 = time.monotonic()
+    rr.destroy()
+    return {"error": err, "destroy_secs": time.monotonic() - t0}

@@ -179,3 +179,15 @@ def test_ctrl_c_stops_a_waiting_collective(transport: str, mode: str) -> None:
         assert "while waiting for allreduce" in note and "goes on" in note, note
         assert v0["x"] == 6.0 and v0["x2"] == 12.0 and v1 == {"error": "no error", "x": 12.0}, \
             (v0, v1)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_destroy_after_a_death_does_not_wait_for_the_dead(transport: str) -> None:
+    outs = run_world_raw(3, "shm_workers:destroy_after_a_death", timeout=60, init=True,
+                         env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30"})
+    for r in (0, 1):
+        v = outs[r].value
+        assert v is not None, outs[r].describe()
+        assert v["error"].startswith("PeerFailure") and "rank 2 " in v["error"], (r, v)
+        assert v["destroy_secs"] < 0.5, (r, v)  # was 1.0: the farewell cap after a failure

@@ -258,11 +258,13 @@ class PyComm {
     py::gil_scoped_release nogil;
     e->shutdown();  // aborts and waits out a collective running on another thread
     failedAtDestroy_ = e->comm().failed();  // the executor thread has stopped
+    lostPeer_ = e->comm().lostPeer();
     e.reset();      // freed here, or by the last thread still returning from a call
   }
 
   std::shared_ptr<runtime::Executor> exec_;
   bool failedAtDestroy_ = false;
+  int lostPeer_ = -1;
 };
 
 // The cluster model of `ringreduce-bench --model`'s arguments (checked).
@@ -572,6 +574,8 @@ PYBIND11_MODULE(_C, m) {
       // After destroy(): whether the communicator had failed or been aborted (then peers
       // may be gone, and destroy's farewell through the store waits less for them).
       .def_property_readonly("failed_at_destroy", [](PyComm& c) { return c.failedAtDestroy_; })
+      // After destroy(): the rank (of this communicator) it found dead or frozen, or -1.
+      .def_property_readonly("lost_peer_at_destroy", [](PyComm& c) { return c.lostPeer_; })
       .def_property_readonly("destroyed", [](PyComm& c) { return !c.exec_; })
       .def("set_tracing", [](PyComm& c, bool on) { c.ex().comm().recorder().setTracing(on); })
       .def("set_flight_path", [](PyComm& c, const std::string& p) { c.ex().comm().setFlightPath(p); })

@@ -125,9 +125,10 @@ void Communicator::setHeartbeat(std::unique_ptr<transport::Heartbeat> hb) {
   hbSinceMs_ = steadyMs();
 }
 
-void Communicator::poison(const std::string& reason, transport::AbortCode code) {
+void Communicator::poison(const std::string& reason, transport::AbortCode code, int lostPeer) {
   if (!failure_.empty()) return;
   failure_ = reason;
+  lostPeer_ = lostPeer;
   if (!flightPath_.empty()) {
     std::string path = flightPath_ + ".rank" + std::to_string(rank_) + ".json";
     if (FILE* f = std::fopen(path.c_str(), "w")) {

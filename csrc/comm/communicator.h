@@ -159,8 +159,10 @@ class Communicator {
 
   // Record the first failure, tell every peer (abort frames) and close all connections.
   // Later begin() calls throw a clear "unusable" error.
-  void poison(const std::string& reason, transport::AbortCode code);
+  // lostPeer: the peer found dead or frozen (it will not say goodbye), if that was the cause.
+  void poison(const std::string& reason, transport::AbortCode code, int lostPeer = -1);
   bool poisoned() const { return !failure_.empty(); }
+  int lostPeer() const { return lostPeer_; }  // poison()'s lostPeer; -1: none
   // Poisoned or aborted. Executor thread, or any thread once the executor has stopped.
   bool failed() const { return poisoned() || aborted_.load(); }
   void checkUsable() const;
@@ -255,6 +257,7 @@ class Communicator {
   std::vector<uint8_t> early_;    // peer sent data for a later collective: stop watching it
   std::vector<uint8_t> gone_;     // peer said goodbye: never watch it for EOF again
   std::string failure_;
+  int lostPeer_ = -1;
   int wakeFd_ = -1;               // eventfd written by abort()
   std::atomic<bool> aborted_{false};
   std::atomic<bool> destroying_{false};  // set before aborted_ by abort(true)

@@ -106,7 +106,9 @@ static void rethrowWithContext(comm::Communicator& c) {
     // peer's error already quotes its last heartbeat).
     std::string msg = e.what();
     if (e.cause() != PeerCause::kSilent) msg += c.peerContext(e.peer());
-    c.poison(msg, transport::AbortCode::kPeer);
+    const bool lost = e.cause() == PeerCause::kClosed || e.cause() == PeerCause::kSilent ||
+                      e.cause() == PeerCause::kNetwork;  // it will not say goodbye
+    c.poison(msg, transport::AbortCode::kPeer, lost ? e.peer() : -1);
     throw PeerError(c.label(e.peer()), e.cause(), msg + ctx);  // users know world ranks
   } catch (const Error& e) {
     c.poison(e.what(), transport::AbortCode::kOther);
