@@ -112,7 +112,8 @@ def all_to_all(x: Any, out: Any = None, send_counts: Any = None, recv_counts: An
     _host_only("all_to_all", x, out)
     b = as_buffer(x, "all_to_all(x)", writable=False)
     rows = b.shape[0] if b.shape else 1
-    per_row = b.count // rows if rows else 0
+    # Elements per row from the shape: x may have no rows (it sends nothing) yet receive.
+    per_row = int(_np.prod(b.shape[1:], dtype=_np.int64)) if b.shape else b.count
     sc = _counts(send_counts, rows, n, "send_counts", "x")
     if out is None:
         rrows = sum(sc) if recv_counts is None else sum(_as_ints(recv_counts, n, "recv_counts"))
@@ -120,7 +121,7 @@ def all_to_all(x: Any, out: Any = None, send_counts: Any = None, recv_counts: An
     o = as_buffer(out, "all_to_all(out)")
     orows = (o.shape[0] if o.shape else 1) if o.count else 0
     rc = _counts(recv_counts, orows, n, "recv_counts", "out")
-    if o.dtype != b.dtype or (o.count and o.count // max(orows, 1) != per_row and b.count):
+    if o.dtype != b.dtype or (o.count and o.count // max(orows, 1) != per_row):
         raise ValueError(f"all_to_all: out must be {b.dtype} with rows of {per_row} elements "
                          f"like x; got {o.dtype} of shape {o.shape}")
     if g.rank < n and sc[g.rank] != rc[g.rank]:

@@ -106,6 +106,15 @@ def matrix(rank: int, world: int) -> list:
     want = np.concatenate([np.full(cnt(p, rank), p * 100 + rank, np.int64) for p in ranks])
     if not np.array_equal(out, want):
         fails.append(f"all_to_all uneven {out} != {want}")
+    # rank 0 sends nothing (x has no rows) but receives p rows of 3 from each rank p: before,
+    # its row width came from x's element count (0), so it expected 0 bytes and failed
+    send = [0] * world if rank == 0 else [rank if p == 0 else 0 for p in ranks]
+    recv = [p if rank == 0 else 0 for p in ranks]
+    x = np.full((sum(send), 3), rank + 0.5, np.float32)
+    out = rr.all_to_all(x, send_counts=send, recv_counts=recv)
+    want = np.concatenate([np.full((recv[p], 3), p + 0.5, np.float32) for p in ranks])
+    if out.shape != want.shape or not np.array_equal(out, want):
+        fails.append(f"all_to_all from an empty x: {out.shape} {out.tolist()[:4]}")
     # uneven and large: rounds of different lengths in chunks (0 to ~3.4 shm chunks per
     # block), this rank's own block copied while the exchange waits
     send = [cnt(rank, p) * 150_001 for p in ranks]
