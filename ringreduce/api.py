@@ -141,13 +141,16 @@ def abort() -> None:
     For a watchdog thread of your own (or a signal handler) that decides the job must stop:
     the blocked call raises ``RingReduceError`` ("communicator aborted during ...") within
     milliseconds, its peers are told (they raise naming this rank), and later calls are
-    refused until ``destroy()`` and ``init()``. No-op when not initialised.
+    refused until ``destroy()`` and ``init()``. The world's groups and point-to-point
+    channels are aborted with it. No-op when not initialised.
     """
     g = _state._DEFAULT[0]
     if g is None:
         return
-    if g.comm is not None:
-        g.comm.abort()
+    for sub in [g, *list(g.children)]:  # copies: other threads may add or drop some
+        for c in [sub, *(ch for pair in list(sub.p2p.values()) for ch in pair)]:
+            if c.comm is not None and not c.destroyed:
+                c.comm.abort()
     _gpu().abort("ringreduce.abort() was called")
 
 

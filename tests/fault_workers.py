@@ -156,18 +156,33 @@ def late_rank(rank: int, world: int, late: int, sleep_s: float) -> dict:
     return {"wrong": wrong}
 
 
-def aborter(rank: int, world: int, delay_s: float) -> dict:
+def aborter(rank: int, world: int, delay_s: float, on: str = "world") -> dict:
     """The last rank never joins the second all-reduce; rank 0 calls rr.abort() from a
-    watchdog thread after delay_s. Everyone reports what they raised and when."""
+    watchdog thread after delay_s. Everyone reports what they raised and when.
+    on: where the blocked call runs -- "world", "group" (a group of every rank), or "p2p"
+    (rank 0 waits in a recv from the last rank on an established channel; rank 1 idles)."""
     import threading
 
     x = np.ones(1000, np.float32)
     rr.allreduce(x)
-    if rank == world - 1:
+    g = rr.new_group(list(range(world))) if on == "group" else None
+    last = world - 1
+    if on == "p2p" and rank in (0, last):  # make the channel
+        rr.send(x, 0, tag=3) if rank == last else rr.recv(x, last, tag=3)
+
+    def blocking_call() -> None:
+        if on == "p2p":
+            rr.send(x, 0, tag=3) if rank == last else rr.recv(x, last, tag=3)
+        else:
+            rr.allreduce(x, algo="ring", group=g)
+
+    if on == "p2p" and rank not in (0, last):
+        return {"type": None}
+    if rank == last:
         time.sleep(delay_s + 2)  # "stuck in user code"; the others give up meanwhile
         t0 = time.time()
         try:
-            rr.allreduce(x, algo="ring")
+            blocking_call()
         except rr.RingReduceError as e:
             return {"type": type(e).__name__, "msg": str(e), "t": time.time(), "t0": t0}
         return {"type": None}
@@ -175,7 +190,7 @@ def aborter(rank: int, world: int, delay_s: float) -> dict:
         threading.Timer(delay_s, rr.abort).start()
     t0 = time.time()
     try:
-        rr.allreduce(x, algo="ring")
+        blocking_call()
     except rr.RingReduceError as e:
         out = {"type": type(e).__name__, "msg": str(e), "t": time.time(), "t0": t0}
     else:

@@ -162,20 +162,25 @@ def test_stall_report_names_the_late_rank_and_its_call_site(transport: str) -> N
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("transport", ["tcp", "shm"])
-def test_abort_from_a_watchdog_thread(transport: str) -> None:
+@pytest.mark.parametrize("transport,on", [("tcp", "world"), ("shm", "world"),
+                                          ("tcp", "group"), ("shm", "group"), ("shm", "p2p")])
+def test_abort_from_a_watchdog_thread(transport: str, on: str) -> None:
     """rr.abort() from another thread ends rank 0's blocked all-reduce at once, rank 1 (also
     blocked) learns it from rank 0, the late rank's next call fails naming the cause, and
-    destroy() returns promptly."""
+    destroy() returns promptly. The same on a group and on a point-to-point channel (before,
+    abort() reached only the world's communicator: those waited for the late rank)."""
     env = {"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30",
            "RINGREDUCE_HEARTBEAT_TIMEOUT": "30"}
     delay = 1.0
-    outs = run_world_raw(3, "fault_workers:aborter", delay, timeout=40, env=env)
+    outs = run_world_raw(3, "fault_workers:aborter", delay, on, timeout=40, env=env)
     story = "\n".join(o.describe() for o in outs)
     assert all(o.ok for o in outs), story
     r0, r1, r2 = (o.value for o in outs)
     assert r0["type"] == "RingReduceError" and "aborted" in r0["msg"], story
     assert r0["t"] - r0["t0"] < delay + 0.5, story
+    if on == "p2p":
+        assert r0["destroy_s"] < 5, story
+        return
     assert r1["type"] is not None and "rank 0" in r1["msg"] and "aborted" in r1["msg"], story
     assert r1["t"] - r0["t"] < 1.0, story
     assert r2["type"] is not None and "rank 0" in r2["msg"], story

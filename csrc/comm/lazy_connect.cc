@@ -118,7 +118,9 @@ void Communicator::waitForLink(int peer, int dialFd) {
                  dialFd >= 0 ? "accept a connection" : "connect", " (it needs no connection "
                  "before this collective)", diagnosis(peer),
                  " (is that rank stuck, or did it skip this collective?)");
-      checkHeartbeats(peer);
+      // Local peers' aborts and deaths (a group on one host has no connection to carry
+      // them), heartbeats, signals: as every other wait.
+      checkLiveness(peer, peer, false);
       continue;
     }
     for (size_t i = 1; i < pfds_.size(); ++i) {
