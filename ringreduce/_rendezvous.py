@@ -382,12 +382,10 @@ def probe(world: Any, peers: Any, what: str) -> None:
     destroyed meanwhile."""
     from ._C import PeerFailure
 
+    check_destroyed(world, what)
     comm = world.comm
     if comm is None:
         return
-    if world.destroyed:
-        raise _rr_error(f"rank {world.rank}: ringreduce.destroy() was called while this rank "
-                        f"waited for {what}")
     try:
         comm.probe_peers()
     except PeerFailure as e:
@@ -399,6 +397,13 @@ def probe(world: Any, peers: Any, what: str) -> None:
         raise err from None
     except RuntimeError as e:  # destroyed on another thread meanwhile
         raise _rr_error(f"rank {world.rank}: stopped waiting for {what}: {e}") from None
+
+
+def check_destroyed(world: Any, what: str) -> None:
+    """Raise if ringreduce.destroy() was called (on another thread) while this one waited."""
+    if world.destroyed:
+        raise _rr_error(f"rank {world.rank}: ringreduce.destroy() was called while this rank "
+                        f"waited for {what}")
 
 
 def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,
@@ -415,6 +420,9 @@ def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,
     except RingReduceError:
         raise  # ours (a timeout, another rank's failure): it says what happened
     except RuntimeError as e:  # torch's DistStoreError / DistNetworkError: the store is gone
+        watch = getattr(_WATCH, "v", None)
+        if watch is not None:  # because this rank's destroy() released it meanwhile?
+            check_destroyed(watch[0], what)
         raise _store_failed(rank, f"the wait for {what}", e) from e
 
 
@@ -426,6 +434,8 @@ def _wait_for(store: Any, keys: list[str], timeout: float, rank: int, what: str,
     watch = getattr(_WATCH, "v", None)
     probe_at = time.monotonic() + 0.05
     while not store.check(keys):
+        if watch is not None:
+            check_destroyed(watch[0], what)
         if watch is not None and time.monotonic() >= probe_at:
             probe(watch[0], watch[1], what)
             probe_at = time.monotonic() + 0.1

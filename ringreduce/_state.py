@@ -10,6 +10,7 @@ rank inside the group.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,10 +52,7 @@ class Group:
     def group_rank(self, global_rank: int, what: str) -> int:
         """The rank inside this group of world rank `global_rank`; `what` names the
         argument ("broadcast src") for the ValueError when it is not a member."""
-        try:
-            r = int(global_rank)
-        except (TypeError, ValueError):
-            raise TypeError(f"{what} must be an int rank, got {global_rank!r}") from None
+        r = as_rank(global_rank, what)
         if self.ranks and self is not _DEFAULT[0]:
             if r in self.ranks:
                 return self.ranks.index(r)
@@ -86,12 +84,24 @@ def _short(xs: list) -> str:
     return str(xs) if len(xs) <= 16 else f"[{', '.join(map(str, xs[:16]))}, ...]"
 
 
+def as_rank(r: Any, what: str) -> int:
+    """`r` as an int: Python and numpy ints, integer 0-d tensors -- not floats (1.7 must not
+    quietly become rank 1) or strings."""
+    try:
+        return operator.index(r)
+    except TypeError:
+        raise TypeError(f"{what} must be an int rank, got {r!r}") from None
+
+
 # What Group.split and Group.destroy run: ringreduce.groups implements them and fills this
 # when it is imported (ringreduce's __init__ does), so this module, below groups, never
 # imports it.
 GROUP_OPS: dict = {}
 
 _DEFAULT: list = [None]
+# Threads of ringreduce.p2p waiting in the store for a first message (isend/irecv): destroy()
+# lets them see it (they stop within a poll) before the store goes.
+HELPERS: list = []
 # What _C.FastCall (rr.barrier, rr.allreduce) reads on every call: the world's communicator
 # handle (None: no world, or a world of one) and its default all-reduce algorithm code.
 _FAST: list = [None, 0]

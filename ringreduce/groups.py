@@ -105,7 +105,7 @@ def destroy_group(g: Group) -> None:
     if g is _state._DEFAULT[0]:
         destroy_default()
         return
-    g.destroyed = True
+    g.destroyed = True  # before the store goes: p2p's helper threads check it first
     g.store = None
     world = _state._DEFAULT[0]
     if world is not None and g in world.children:
@@ -130,8 +130,9 @@ def destroy_default() -> None:
         return
     destroy_children(g)
     borrowed = g.store if g.store_key is None else None  # torch's or the caller's store
+    g.destroyed = True  # first: p2p's helper threads stop at it, not at the missing store
     g.store = None  # release_store's "does anyone else hold it" count must not see ours
-    g.destroyed = True
+    _join_helpers(time.monotonic() + 0.5)
     # destroy() fails whatever is still queued; the buffers stay referenced until then.
     pattern = _env.tunables().trace
     if pattern:
@@ -185,6 +186,15 @@ def _finish_eager_sends(world: Group) -> None:
                 ", ".join(f"{d} (tag {t})" for d, t in late[:8]))
     for t, _, _ in pending:
         t.join(max(0.0, deadline - time.monotonic()))
+
+
+def _join_helpers(deadline: float) -> None:
+    """Let p2p's helper threads, which poll the store and stop at g.destroyed, finish before
+    the store goes: else their next store call fails (torch prints a C++ stack trace) and
+    they report a store failure instead of the destroy()."""
+    for t in list(_state.HELPERS):
+        t.join(max(0.0, deadline - time.monotonic()))
+    _state.HELPERS[:] = [t for t in _state.HELPERS if t.is_alive()]
 
 
 def destroy_children(world: Group) -> None:

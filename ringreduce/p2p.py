@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
 import threading
 import time
 import traceback
@@ -63,7 +64,7 @@ def recv(x: Any, src: int | None = None, tag: int = 0, group: Any = None) -> int
     if src is None:
         return _recv_any(x, tag, group, "recv", async_op=False)
     _post(x, src, tag, group, "recv", sending=False, async_op=False)
-    return int(src)
+    return operator.index(src)
 
 
 def isend(x: Any, dst: int, tag: int = 0, group: Any = None) -> Any:
@@ -77,7 +78,7 @@ def irecv(x: Any, src: int | None = None, tag: int = 0, group: Any = None) -> An
     if src is None:
         return _recv_any(x, tag, group, "irecv", async_op=True)
     w = _post(x, src, tag, group, "irecv", sending=False, async_op=True)
-    w.source = int(src)
+    w.source = operator.index(src)
     return w
 
 
@@ -116,11 +117,11 @@ def _post(x: Any, peer: int, tag: int, group: Any, what: str, sending: bool,
     g = _state.resolve(group, f"{what}()")
     world = _state.current(f"{what}()")
     name = "dst" if sending else "src"
-    g.group_rank(peer, f"{what} {name}")  # must be a member of the group
-    peer = int(peer)
+    g.group_rank(peer, f"{what} {name}")  # an int, and a member of the group
+    peer = operator.index(peer)
     if peer == world.rank:
         raise ValueError(f"{what}: {name}={peer} is this rank; send to another rank")
-    _check_tag(tag, what)
+    tag = _check_tag(tag, what)
     src = world.rank if sending else peer
     dst = peer if sending else world.rank
     key = (id(g), src, dst, tag)
@@ -214,9 +215,15 @@ def _copy(x: Any) -> Any:
     return x.detach().clone() if hasattr(x, "detach") else x.copy()
 
 
-def _check_tag(tag: Any, what: str) -> None:
-    if not isinstance(tag, int) or not 0 <= tag < 2**31:
+def _check_tag(tag: Any, what: str) -> int:
+    """The tag as an int (numpy ints too, not floats or bools)."""
+    try:
+        t = operator.index(tag)
+    except TypeError:
+        t = -1
+    if isinstance(tag, bool) or not 0 <= t < 2**31:
         raise ValueError(f"{what}: tag must be an int in [0, 2**31), got {tag!r}")
+    return t
 
 
 def _recv_any(x: Any, tag: int, group: Any, what: str, async_op: bool) -> Any:
@@ -224,7 +231,7 @@ def _recv_any(x: Any, tag: int, group: Any, what: str, async_op: bool) -> Any:
 
     g = _state.resolve(group, f"{what}()")
     world = _state.current(f"{what}()")
-    _check_tag(tag, what)
+    tag = _check_tag(tag, what)
     _buffers.as_buffer(x, f"{what}(x)", writable=True)  # bad input fails before any wait
     peers = [r for r in (g.ranks or range(g.size)) if r != world.rank]
     if not peers:
@@ -268,6 +275,8 @@ def _match(g: Group, world: Group, peers: list[int], tag: int, what: str,
     store_at, store_every, naps, probe_at = t0, 0.001, 0, t0 + 0.05
     while True:
         now = time.monotonic()
+        for x in (g, world):  # destroyed on another thread: before g.store is used
+            _rendezvous.check_destroyed(x, f"{what}(src=None, tag={tag})")
         if now >= probe_at:  # a dead or frozen sender: PeerFailure, not the timeout
             _rendezvous.probe(world, peers, f"{what}(src=None, tag={tag})")
             probe_at = now + 0.1
@@ -301,7 +310,8 @@ def _match(g: Group, world: Group, peers: list[int], tag: int, what: str,
 
 def _wanted(g: Group, world: Group, src: int, tag: int) -> bool:
     lo, hi = min(src, world.rank), max(src, world.rank)
-    return bool(g.store.check([f"{_base(g, lo, hi, tag)}want{src}"]))
+    store = g.store  # None: destroyed meanwhile (the caller's next check says so)
+    return store is not None and bool(store.check([f"{_base(g, lo, hi, tag)}want{src}"]))
 
 
 def _base(g: Group, lo: int, hi: int, tag: int) -> str:
@@ -330,7 +340,10 @@ class _Deferred:
             finally:
                 self._done.set()
 
-        threading.Thread(target=run, name="ringreduce-p2p-connect", daemon=True).start()
+        t = threading.Thread(target=run, name="ringreduce-p2p-connect", daemon=True)
+        with _LOCK:
+            _state.HELPERS[:] = [h for h in _state.HELPERS if h.is_alive()] + [t]
+        t.start()
 
     def wait(self, timeout: float | None = None) -> bool:
         t0 = time.monotonic()

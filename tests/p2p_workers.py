@@ -66,12 +66,32 @@ def matrix(rank: int, world: int) -> list:
                       ("range", lambda: rr.send(np.ones(2), world)),
                       ("tag", lambda: rr.recv(np.ones(2), nxt, tag=-1)),
                       ("readonly", lambda: rr.recv(_readonly(), nxt)),
-                      ("strided", lambda: rr.send(np.ones(6)[::2], nxt))]:
+                      ("strided", lambda: rr.send(np.ones(6)[::2], nxt)),
+                      ("float tag", lambda: rr.send(np.ones(2), nxt, tag=1.0)),
+                      ("bool tag", lambda: rr.send(np.ones(2), nxt, tag=True))]:
         try:
             call()
             fails.append(f"bad {bad} did not raise")
         except ValueError:
             pass
+    # a float rank must not quietly become an int one (dst=1.7 was rank 1)
+    for bad, call in [("float dst", lambda: rr.isend(np.ones(2), nxt + 0.5)),
+                      ("str src", lambda: rr.irecv(np.ones(2), str(nxt)))]:
+        try:
+            call()
+            fails.append(f"bad {bad} did not raise")
+        except TypeError as e:
+            if "must be an int rank" not in str(e):
+                fails.append(f"bad {bad}: {e}")
+    # numpy ints are ranks and tags, as in torch
+    if world > 1:
+        prv = (rank - 1) % world
+        w = rr.isend(np.full(3, rank, np.int64), np.int64(nxt), tag=np.int32(7))
+        got = np.empty(3, np.int64)
+        src = rr.recv(got, np.int64(prv), tag=np.int64(7))
+        w.wait()
+        if src != prv or type(src) is not int or not np.array_equal(got, np.full(3, prv)):
+            fails.append(f"numpy rank/tag: src={src!r} got={got}")
     rr.barrier()
     return fails
 
@@ -591,18 +611,23 @@ def many_tags(rank: int, world: int, tags: int) -> list:
     return bad
 
 
-def irecv_at_destroy(rank: int, world: int) -> dict:
-    """Rank 0 posts an irecv on a tag rank 1 never uses, then both destroy() and init()
-    again in the same processes. Before, the irecv's helper thread kept waiting in the store
-    (RINGREDUCE_TIMEOUT) holding the store, so rank 0's store port stayed in use and the
-    re-init failed (EADDRINUSE); its wait(3) returned False."""
+def irecv_at_destroy(rank: int, world: int, who: int = 0, src: Any = "peer") -> dict:
+    """Rank `who` posts an irecv (from the other rank, or src=None) on a tag no one sends
+    on, then both destroy() and init() again in the same processes. Before, the irecv's
+    helper thread kept waiting in the store (RINGREDUCE_TIMEOUT) holding the store, so rank
+    0's store port stayed in use and the re-init failed (EADDRINUSE); its wait(3) returned
+    False. On rank 1 its wait() said the store had failed ("did it exit or crash?", torch
+    printing a C++ stack trace), or with src=None raised AttributeError."""
     import threading
 
     rr.barrier()
-    w = rr.irecv(np.ones(8), 1, tag=3) if rank == 0 else None
+    w = None
+    if rank == who:
+        w = rr.irecv(np.ones(8), 1 - rank if src == "peer" else None, tag=3)
     time.sleep(0.3)
     rr.destroy()
-    out: dict = {}
+    out: dict = {"connect_threads_at_destroy": sum(
+        t.name == "ringreduce-p2p-connect" and t.is_alive() for t in threading.enumerate())}
     if w is not None:
         t0 = time.monotonic()
         try:

@@ -117,15 +117,21 @@ def test_groups_are_separate_message_spaces(world: int, transport: str) -> None:
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
-def test_destroy_stops_a_pending_first_irecv_and_init_works_again(transport: str) -> None:
-    outs = run_world(2, "p2p_workers:irecv_at_destroy", timeout=60,
+@pytest.mark.parametrize("transport,who,src", [("shm", 0, "peer"), ("tcp", 0, "peer"),
+                                               ("tcp", 1, "peer"), ("shm", 1, None),
+                                               ("tcp", 0, None)])
+def test_destroy_stops_a_pending_first_irecv_and_init_works_again(
+        transport: str, who: int, src: str | None) -> None:
+    outs = run_world(2, "p2p_workers:irecv_at_destroy", who, src, timeout=60,
                      env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30",
                           "RINGREDUCE_CONNECT_TIMEOUT": "20"})
-    o = outs[0]
-    assert "destroy() was called" in o["wait"] and o["wait_secs"] < 1.0, o
+    o = outs[who]
+    assert o["wait"].startswith("RingReduceError: rank ") and \
+        "ringreduce.destroy() was called while this rank waited for" in o["wait"], o
+    assert o["wait_secs"] < 1.0, o
     for r, v in enumerate(outs):
         assert v["connect_threads"] == 0 and v["reinit_sum"] == 3.0, (r, v)
+        assert v["connect_threads_at_destroy"] == 0, (r, v)
 
 
 @pytest.mark.timeout(200)
