@@ -453,3 +453,28 @@ def dies_before_waits(rank: int, world: int, what: str) -> dict:
     except Exception as e:  # noqa: BLE001
         return {"error": f"{type(e).__name__}: {e}", "peer_rank": getattr(e, "peer_rank", None),
                 "secs": time.monotonic() - t0}
+
+
+def destroyed_with_work_queued(rank: int, world: int) -> dict:
+    """2 ranks; rank 1 queues two all-reduces on a group rank 0 never calls, then destroys
+    the group. The running one and the queued one must name the group and Group.destroy()
+    -- before, the queued one said "communicator was destroyed; call ringreduce.init()
+    again [... during barrier #0 ...]" (a stale description; only the group was gone)."""
+    g = rr.new_group([0, 1])
+    out: dict = {}
+    if rank == 1:
+        ws = [rr.allreduce(np.ones(1 << 20, np.float32), group=g, async_op=True)
+              for _ in range(2)]
+        time.sleep(0.3)
+        g.destroy()
+        for i, w in enumerate(ws):
+            try:
+                w.wait()
+                out[f"w{i}"] = "no error"
+            except rr.RingReduceError as e:
+                out[f"w{i}"] = str(e)
+    rr.barrier()  # the world still works
+    if rank == 0:
+        time.sleep(0.5)
+        g.destroy()
+    return out

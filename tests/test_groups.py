@@ -193,3 +193,15 @@ def test_rank_0_pauses_after_a_failed_exchange_only_at_init(
     with pytest.raises(RingReduceError, match="rank 1 failed"):
         _rendezvous.exchange(None, 0, 3, "addr", None, 10.0, prefix=prefix)
     assert slept == ([0.5] if pause else [])
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_destroying_a_group_with_work_queued_names_the_group(transport: str) -> None:
+    outs = run_world(2, "group_workers:destroyed_with_work_queued", timeout=60,
+                     env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30"})
+    running, queued = outs[1]["w0"], outs[1]["w1"]
+    assert re.match(r"communicator was destroyed \(Group.destroy\(\) or ringreduce.destroy\(\) "
+                    r"on another thread\) during allreduce #1 on group\d+ ", running), running
+    assert re.fullmatch(r"the communicator of group\d+ was destroyed \(its Group.destroy\(\) "
+                        r"or ringreduce.destroy\(\)\) before this call could run", queued), queued

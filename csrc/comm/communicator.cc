@@ -45,6 +45,10 @@ Communicator::~Communicator() {
 }
 
 void Communicator::checkUsable() const {
+  if (aborted_.load() && destroying_.load() && !opts_.groupName.empty())
+    RR_THROW(Error, "the communicator of ", opts_.groupName, " was destroyed (",
+             opts_.p2pChannel ? "ringreduce.destroy()" : "its Group.destroy() or ringreduce.destroy()",
+             ") before this call could run");
   if (aborted_.load())
     RR_THROW(Error, destroying_.load() ? "communicator was destroyed; call ringreduce.init() again"
                                        : "communicator was aborted; destroy it and init again");
@@ -61,6 +65,7 @@ void Communicator::checkUsable() const {
 
 FrameHeader Communicator::begin(CollectiveKind kind, DataType dtype, ReduceOp op, int root,
                                 Algorithm algo, size_t count, size_t bytesTotal) {
+  begun_ = false;  // until it passed checkUsable: its errors are not "during" anything
   checkUsable();
   FrameHeader h;
   h.kind = static_cast<uint8_t>(kind);
@@ -73,6 +78,7 @@ FrameHeader Communicator::begin(CollectiveKind kind, DataType dtype, ReduceOp op
   curKind_ = kind;
   curAlgo_ = algo;
   curHeader_ = h;
+  begun_ = true;
   bytesTotal_ = bytesTotal;
   bytesDone_ = 0;
   std::fill(early_.begin(), early_.end(), 0);
@@ -162,8 +168,11 @@ void Communicator::farewell() {
 
 void Communicator::throwAborted() const {
   if (destroying_.load())
-    RR_THROW(Error, "communicator was destroyed (ringreduce.destroy() on another thread) during ",
-             describeCurrent(), "; the collective did not complete on this rank");
+    RR_THROW(Error, "communicator was destroyed (",
+             opts_.groupName.empty() || opts_.p2pChannel ? "ringreduce.destroy()"
+                                                         : "Group.destroy() or ringreduce.destroy()",
+             " on another thread) during ", describeCurrent(),
+             "; the collective did not complete on this rank");
   RR_THROW(Error, "communicator aborted during ", describeCurrent());
 }
 

@@ -163,6 +163,9 @@ class Communicator {
   void poison(const std::string& reason, transport::AbortCode code, int lostPeer = -1);
   bool poisoned() const { return !failure_.empty(); }
   int lostPeer() const { return lostPeer_; }  // poison()'s lostPeer; -1: none
+  // False when the last collective was refused before it began (describeCurrent would
+  // describe the one before it).
+  bool begun() const { return begun_; }
   // Poisoned or aborted. Executor thread, or any thread once the executor has stopped.
   bool failed() const { return poisoned() || aborted_.load(); }
   void checkUsable() const;
@@ -258,6 +261,7 @@ class Communicator {
   std::vector<uint8_t> gone_;     // peer said goodbye: never watch it for EOF again
   std::string failure_;
   int lostPeer_ = -1;
+  bool begun_ = false;  // the last begin() passed checkUsable (describeCurrent is about it)
   int wakeFd_ = -1;               // eventfd written by abort()
   std::atomic<bool> aborted_{false};
   std::atomic<bool> destroying_{false};  // set before aborted_ by abort(true)

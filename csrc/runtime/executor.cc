@@ -87,7 +87,9 @@ void Executor::runSync(Task fn, std::string what, uint32_t site) {
 
 // Wrap a failure with what this rank was doing, keeping its type.
 static void rethrowWithContext(comm::Communicator& c) {
-  std::string ctx = " [rank " + std::to_string(c.label(c.rank())) + " during " + c.describeCurrent() + "]";
+  std::string ctx = c.begun() ? " [rank " + std::to_string(c.label(c.rank())) + " during " +
+                                    c.describeCurrent() + "]"
+                              : "";
   try {
     throw;
   } catch (const InvalidArgument&) {
