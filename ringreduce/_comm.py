@@ -92,6 +92,11 @@ def set_call_sites(on: bool) -> None:
     spec = importlib.util.find_spec("torch")
     if spec is not None and spec.origin:
         skip.append(os.path.dirname(spec.origin) + os.sep)
+    # torch wraps deprecated collectives (all_gather_into_tensor, reduce_scatter_tensor) in
+    # typing_extensions.deprecated: its wrapper is not the user's line either.
+    spec = importlib.util.find_spec("typing_extensions")
+    if spec is not None and spec.origin:
+        skip.append(spec.origin)
     _C.set_call_site_skip(skip)
     _C.set_call_sites(on)
 

@@ -40,7 +40,7 @@ import time
 import traceback
 from typing import Any
 
-from . import _buffers, _state, groups
+from . import _C, _buffers, _state, groups
 from ._state import Group
 
 log = logging.getLogger("ringreduce")
@@ -193,7 +193,10 @@ def _take_turn(g: Group, world: Group, key: tuple, turns: _Turns, ticket: int, p
 def _send_later(world: Group, start: Any, dst: int, tag: int) -> None:
     """Run an eager send on a helper thread; destroy() waits for it (_state.Group.eager).
     A failure is logged here (the channel is failed, so the next call on it raises too)."""
+    site = _C.call_site_id()
+
     def run() -> None:
+        _C.pin_call_site(site)
         try:
             start().wait()
         except Exception as e:  # noqa: BLE001 - reported, and again by the channel's next call
@@ -328,8 +331,10 @@ class _Deferred:
         self._done = threading.Event()
         self._work: Any = None
         self._error: BaseException | None = None
+        site = _C.call_site_id()  # the user's line, for errors and stall reports
 
         def run() -> None:
+            _C.pin_call_site(site)
             try:
                 self._work = start()
             except BaseException as e:  # noqa: BLE001 - re-raised by wait()

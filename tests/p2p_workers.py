@@ -644,3 +644,34 @@ def irecv_at_destroy(rank: int, world: int, who: int = 0, src: Any = "peer") -> 
     rr.allreduce(x)
     out["reinit_sum"] = float(x[0])
     return out
+
+
+def torch_call_sites(rank: int, world: int) -> dict:
+    """2 ranks, stock torch: errors name this file's line, not a library's -- before, a
+    dist.recv (run on a p2p helper thread) said "called from threading.py:..." and
+    all_gather_into_tensor (torch wraps it in typing_extensions.deprecated) said
+    "called from typing_extensions.py:...". Returns the error texts."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("ringreduce", rank=rank, world_size=world)
+    out: dict = {}
+    try:  # sizes differ between the ranks
+        dist.all_gather_into_tensor(torch.zeros((4 + rank) * world), torch.ones(4 + rank))
+        out["gather"] = "no error"
+    except RuntimeError as e:
+        out["gather"] = str(e)
+    dist.destroy_process_group()
+    dist.init_process_group("ringreduce", rank=rank, world_size=world)
+    try:  # the receiver's buffer is too small (a first message on the channel)
+        if rank == 0:
+            dist.send(torch.ones(10), 1)
+            time.sleep(1)  # for the receiver's abort
+            dist.send(torch.ones(10), 1)
+        else:
+            dist.recv(torch.zeros(7), 0)
+        out["p2p"] = "no error"
+    except RuntimeError as e:
+        out["p2p"] = str(e)
+    dist.destroy_process_group()
+    return out

@@ -172,3 +172,14 @@ def test_many_tags_work_and_warn_about_their_cost() -> None:
         assert o.ok and o.value == [], o.describe()
         assert o.stderr.count("point-to-point channels") == 1, o.stderr[-2000:]
         assert "128 point-to-point channels (64 distinct tags)" in o.stderr, o.stderr[-2000:]
+
+
+@pytest.mark.timeout(120)
+def test_torch_errors_name_the_users_line() -> None:
+    outs = run_world(2, "p2p_workers:torch_call_sites", timeout=90, init=False,
+                     env={"RINGREDUCE_TIMEOUT": "20"})
+    for r, o in enumerate(outs):
+        assert re.search(r"during allgather #\d+ .*called from p2p_workers\.py:\d+", o["gather"]), \
+            (r, o)
+    assert re.search(r"during recv #1 on p2p 0->1 tag 0 .*called from p2p_workers\.py:\d+",
+                     outs[1]["p2p"]), outs[1]

@@ -63,8 +63,15 @@ void setCallSiteSkip(const std::vector<std::string>& prefixes) {
 
 void setCallSitesEnabled(bool on) { g_enabled = on; }
 
+namespace {
+thread_local uint32_t tPinned = comm::kNoSite;
+}  // namespace
+
+void pinCallSite(uint32_t id) { tPinned = id; }
+
 uint32_t currentCallSite() {
   if (!g_enabled) return comm::kNoSite;
+  if (tPinned != comm::kNoSite) return tPinned;
   PyFrameObject* f = PyEval_GetFrame();  // borrowed
   Py_XINCREF(f);
   uint32_t id = comm::kNoSite;

@@ -15,5 +15,8 @@ void setCallSiteSkip(const std::vector<std::string>& prefixes);
 void setCallSitesEnabled(bool on);
 // The current call site id (0 = unknown or disabled). GIL held.
 uint32_t currentCallSite();
+// A helper thread issuing calls for the user's thread (ringreduce/p2p.py) reports that
+// thread's call site (an id from currentCallSite) instead of its own frames; 0 unpins.
+void pinCallSite(uint32_t id);
 
 }  // namespace rr::bindings

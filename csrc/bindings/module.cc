@@ -323,6 +323,9 @@ PYBIND11_MODULE(_C, m) {
         "Frames from files under these prefixes are not call sites (ringreduce, torch).");
   m.def("set_call_sites", &bindings::setCallSitesEnabled);
   m.def("current_call_site", [] { return comm::siteName(bindings::currentCallSite()); });
+  m.def("call_site_id", &bindings::currentCallSite);
+  m.def("pin_call_site", &bindings::pinCallSite,
+        "This thread's calls report call site `id` (from call_site_id() on the user's thread).");
   // numpy's __array_interface__ builds a dict per call (~3 us here): the data pointer alone.
   m.def("array_data", [](const py::array& a) { return reinterpret_cast<uintptr_t>(a.data()); },
         py::arg("array"), "Address of a numpy array's first element.");
