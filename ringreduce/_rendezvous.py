@@ -549,7 +549,10 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
     store.multi_set([p + f"{k}/{rank}" for k in ("addr", "host", "hb")],
                     [my_addr, _env.host_identity(), my_hb])
     keys = [p + f"addr/{r}" for r in range(world)]
-    _wait(store, keys, timeout, rank, "all ranks to publish their addresses", p)
+    what = "all ranks to publish their addresses" if prefix is None else (
+        f"the {world} ranks of {prefix.rstrip('/')} (a group or point-to-point channel being "
+        f"set up) to publish their addresses")
+    _wait(store, keys, timeout, rank, what, p)
     got = [v.decode() for v in store.multi_get(
         [*keys, *(p + f"{k}/{r}" for k in ("host", "hb") for r in range(world)), p + "session"])]
     return Peers(addrs=got[:world], hosts=got[world:2 * world], secret=secret, prefix=p,
