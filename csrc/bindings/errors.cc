@@ -1,11 +1,6 @@
 #include "bindings/errors.h"
 
-#include <pthread.h>
-#include <pythread.h>
-
-#include <string>
-#include <vector>
-
+#include "bindings/signals.h"
 #include "core/error.h"
 #include "core/interrupt.h"
 
@@ -25,99 +20,6 @@ struct Classes {
 Classes& classes() {
   static Classes c;
   return c;
-}
-
-// core/interrupt.h's check: Python runs signal handlers only on its main thread.
-unsigned long gMainThread = 0;
-
-// The exception a signal handler raised on this thread, until translate() re-raises it.
-struct Raised {
-  PyObject* type = nullptr;
-  PyObject* value = nullptr;
-  PyObject* tb = nullptr;
-};
-thread_local Raised tRaised;
-
-bool isFinalizing() {
-#if PY_VERSION_HEX >= 0x030D0000
-  return Py_IsFinalizing() != 0;
-#else
-  return _Py_IsFinalizing() != 0;
-#endif
-}
-
-// Run the handlers only while every signal's Python handler is one that can do nothing but
-// raise or exit (SIG_DFL, SIG_IGN, Python's own Ctrl-C handler): a handler of the program's
-// own -- Lightning's SIGTERM / SLURM requeue handlers save checkpoints, which run collectives
-// -- could re-enter the library in mid-collective; with one installed, handlers run after
-// the call returns, as before. Only C functions of _signal are called here: any Python
-// bytecode would itself run (and here swallow) the pending handlers.
-bool onlyDefaultHandlers() {
-  static PyObject* getsignal = nullptr;  // never released: no destructor after finalization
-  static PyObject* ctrlC = nullptr;
-  static std::vector<int> signals;
-  if (getsignal == nullptr) {
-    PyObject* mod = PyImport_ImportModule("_signal");
-    PyObject* valid = mod ? PyObject_CallMethod(mod, "valid_signals", nullptr) : nullptr;
-    PyObject* it = valid ? PyObject_GetIter(valid) : nullptr;
-    for (PyObject* s; it && (s = PyIter_Next(it)) != nullptr; Py_DECREF(s))
-      signals.push_back(static_cast<int>(PyLong_AsLong(s)));
-    Py_XDECREF(it);
-    Py_XDECREF(valid);
-    if (mod) {
-      ctrlC = PyObject_GetAttrString(mod, "default_int_handler");
-      getsignal = PyObject_GetAttrString(mod, "getsignal");
-      Py_DECREF(mod);
-    }
-    if (getsignal == nullptr || ctrlC == nullptr || PyErr_Occurred()) {
-      PyErr_Clear();
-      getsignal = nullptr;
-      return false;
-    }
-  }
-  for (int s : signals) {
-    PyObject* h = PyObject_CallFunction(getsignal, "i", s);
-    if (h == nullptr) {
-      PyErr_Clear();
-      return false;
-    }
-    const bool dflt = h == Py_None || h == ctrlC || PyLong_Check(h);  // ints: SIG_DFL, SIG_IGN
-    Py_DECREF(h);
-    if (!dflt) return false;
-  }
-  return true;
-}
-
-bool runSignalHandlers(std::string* what) {
-  if (PyThread_get_thread_ident() != gMainThread || isFinalizing()) return false;
-  PyGILState_STATE st = PyGILState_Ensure();
-  const bool raised = onlyDefaultHandlers() && PyErr_CheckSignals() != 0;
-  if (raised) {
-    Py_XDECREF(tRaised.type);
-    Py_XDECREF(tRaised.value);
-    Py_XDECREF(tRaised.tb);
-    PyErr_Fetch(&tRaised.type, &tRaised.value, &tRaised.tb);
-    PyErr_NormalizeException(&tRaised.type, &tRaised.value, &tRaised.tb);
-    *what = reinterpret_cast<PyTypeObject*>(tRaised.type)->tp_name;
-  }
-  PyGILState_Release(st);
-  return raised;
-}
-
-// The handler's own exception (KeyboardInterrupt, torchrun's SignalException), with a note
-// saying where it stopped us; false if this thread has none.
-bool reraiseHandlers(const Interrupted& e) {
-  Raised r = tRaised;
-  tRaised = Raised{};
-  if (r.type == nullptr) return false;
-  if (r.value != nullptr) {
-    std::string note = std::string("ringreduce: ") + e.what();
-    PyObject* ok = PyObject_CallMethod(r.value, "add_note", "s", note.c_str());
-    if (ok == nullptr) PyErr_Clear();
-    Py_XDECREF(ok);
-  }
-  PyErr_Restore(r.type, r.value, r.tb);
-  return true;
 }
 
 // Our exception types -> their Python classes. `anything`: also map foreign C++ exceptions
@@ -141,7 +43,7 @@ void translate(std::exception_ptr p, bool anything) {
   } catch (const MismatchError& e) {
     PyErr_SetString(c.mismatch, e.what());
   } catch (const Interrupted& e) {
-    if (!reraiseHandlers(e)) PyErr_SetString(c.base, e.what());
+    if (!reraiseSignalError(e)) PyErr_SetString(c.base, e.what());
   } catch (const Error& e) {
     PyErr_SetString(c.base, e.what());
   } catch (const std::exception& e) {
@@ -167,11 +69,7 @@ void registerErrors(py::module_& m) {
   static py::exception<MismatchError> mismatch(m, "CollectiveMismatch", base.ptr());
   classes() = Classes{base.ptr(), timeout.ptr(), peer.ptr(), mismatch.ptr()};
   py::register_exception_translator([](std::exception_ptr p) { translate(p, false); });
-  // Waits in the core run Python's signal handlers (Ctrl-C) on the main thread.
-  gMainThread = py::module_::import("threading").attr("main_thread")().attr("ident")
-                    .cast<unsigned long>();
-  pthread_atfork(nullptr, nullptr, [] { gMainThread = PyThread_get_thread_ident(); });
-  setInterruptCheck(runSignalHandlers);
+  installSignalCheck();  // waits in the core run Python's signal handlers (Ctrl-C)
 }
 
 }  // namespace rr::bindings
