@@ -112,8 +112,10 @@ def all_to_all(x: Any, out: Any = None, send_counts: Any = None, recv_counts: An
     _host_only("all_to_all", x, out)
     b = as_buffer(x, "all_to_all(x)", writable=False)
     rows = b.shape[0] if b.shape else 1
-    # Elements per row from the shape: x may have no rows (it sends nothing) yet receive.
-    per_row = int(_np.prod(b.shape[1:], dtype=_np.int64)) if b.shape else b.count
+    # Elements (reals: a complex counts 2) per row; from the shape when x has no rows (it
+    # sends nothing, yet may receive).
+    per_row = b.count // rows if rows else int(_np.prod(b.shape[1:], dtype=_np.int64)) * (
+        2 if "complex" in str(b.dtype) else 1)
     sc = _counts(send_counts, rows, n, "send_counts", "x")
     if out is None:
         rrows = sum(sc) if recv_counts is None else sum(_as_ints(recv_counts, n, "recv_counts"))
