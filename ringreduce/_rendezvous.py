@@ -504,10 +504,21 @@ def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None
         if gone is not None:
             raise _store_failed(rank, during, gone) from gone
         if rank == 0 and prefix is None:  # init: this process usually hosts the store and
-            time.sleep(0.5)  # may exit next; give the others time to read "failed". A group's
+            _linger(store, world)  # may exit next: let the others read "failed". A group's
         raise  # store is the world's, which outlives this error: nothing to wait for
     except RuntimeError as e:  # torch's DistStoreError / DistNetworkError: the store is gone
         raise _store_failed(rank, during, e) from e
+
+
+def _linger(store: Any, world: int, cap: float = 2.0) -> None:
+    """Rank 0's init failed: before its process (the store's host) may exit, wait until
+    every rank has reached the store (at most `cap` s; a rank that starts slowly would
+    otherwise find no store and only time out), then 0.5 s for them to read "failed"."""
+    p = f"ringreduce/{_GENERATION[0]}/"
+    with contextlib.suppress(Exception):  # the store failed too: only the pause is left
+        _poll(lambda: store.check([p + f"claim/{r}" for r in range(world)]),
+              time.monotonic() + cap)
+    time.sleep(0.5)
 
 
 def _store_failed(rank: int, during: str, e: Exception) -> Exception:
