@@ -434,11 +434,11 @@ def _wait_for(store: Any, keys: list[str], timeout: float, rank: int, what: str,
     watch = getattr(_WATCH, "v", None)
     probe_at = time.monotonic() + 0.05
     while not store.check(keys):
-        if watch is not None:
-            check_destroyed(watch[0], what)
         if watch is not None and time.monotonic() >= probe_at:
-            probe(watch[0], watch[1], what)
+            probe(watch[0], watch[1], what)  # checks destroy() too
             probe_at = time.monotonic() + 0.1
+        elif watch is not None:
+            check_destroyed(watch[0], what)
         stop = next((k for k in stops if store.check([k])), None)
         if stop is not None:
             kind, _, msg = store.get(stop).decode().partition("\n")

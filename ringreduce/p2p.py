@@ -118,7 +118,7 @@ def _post(x: Any, peer: int, tag: int, group: Any, what: str, sending: bool,
     world = _state.current(f"{what}()")
     name = "dst" if sending else "src"
     g.group_rank(peer, f"{what} {name}")  # an int, and a member of the group
-    peer = operator.index(peer)
+    peer = _state.as_rank(peer, f"{what} {name}")
     if peer == world.rank:
         raise ValueError(f"{what}: {name}={peer} is this rank; send to another rank")
     tag = _check_tag(tag, what)
