@@ -144,7 +144,8 @@ def sc_plain(rank: int, world: int, steps: int = 4, **ddp_kw: Any) -> dict:
         F.mse_loss(ref(x), y).backward()
         ropt.step()
     out = {"diff": maxdiff(model, ref), "buckets": len(ddp.reducer.buckets),
-           "in_place": ddp.reducer.stats.in_place}
+           "in_place": ddp.reducer.stats.in_place, "overlap": ddp.reducer.overlap,
+           "early": ddp.reducer.stats.early}
     if ddp_kw.get("gradient_as_bucket_view"):
         bufs = [(b.buffer.data_ptr(), b.buffer.data_ptr() + b.buffer.numel() * b.buffer.element_size())
                 for b in ddp.reducer.buckets]

@@ -29,10 +29,24 @@ COMPRESSED = 2e-3  # fp16 / bf16 on the wire
 _ENV = {k: os.environ[k] for k in ("RINGREDUCE_TRANSPORT",) if k in os.environ}
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=["world2", "world3"])
+# RINGREDUCE_DDP_OVERLAP per rank: buckets launched during backward ("on"), all at its end
+# ("off"), or ranks that decide differently (only timing differs: the results must not).
+_SUITES = {"world2-overlap": (2, ["on", "on"]), "world3-deferred": (3, ["off"] * 3),
+           "world3-mixed": (3, ["on", "off", "on"])}
+
+
+@pytest.fixture(scope="module", params=list(_SUITES))
 def suite(request):
-    world = request.param
-    results = run_world(world, "ddp_workers:ddp_suite", timeout=150, env=_ENV)
+    world, modes = _SUITES[request.param]
+    results = run_world(world, "ddp_workers:ddp_suite", timeout=150, env=_ENV,
+                        rank_env={r: {"RINGREDUCE_DDP_OVERLAP": m} for r, m in enumerate(modes)})
+    for rank, (res, mode) in enumerate(zip(results, modes)):
+        r = res["plain_wide"]
+        assert "error" not in r, r["error"]
+        assert r["overlap"] == (mode == "on"), f"rank {rank}: overlap {r['overlap']}, set {mode}"
+        # plain_wide has many buckets: with overlap, all but the last gradients' are
+        # launched during backward; without, none.
+        assert (r["early"] > 0) == (mode == "on"), f"rank {rank} ({mode}): {r}"
     return world, results
 
 
@@ -302,3 +316,29 @@ def test_complete_order():
     assert complete_order([3, 1, 3, 9], 5, range(5)) == [3, 1, 4, 2, 0]
     assert complete_order([], 3, range(3)) == [2, 1, 0]
     assert complete_order([0, 1, 2], 3, [0, 2]) == [0, 2]
+
+
+def test_overlap_policy(monkeypatch):
+    """RINGREDUCE_DDP_OVERLAP=auto overlaps unless every rank shares this host and the
+    ranks' torch threads fill its usable CPUs (CPU training); on / off force it."""
+    from types import SimpleNamespace
+
+    from ringreduce.ddp import wrapper
+
+    monkeypatch.setattr(wrapper, "usable_cpus", lambda: 8)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    one_host = SimpleNamespace(hosts=["a"] * 4)  # 4 ranks x 2 threads = 8 CPUs: full
+    two_hosts = SimpleNamespace(hosts=["a", "a", "b", "b"])
+    small = SimpleNamespace(hosts=["a"] * 3)  # 6 of 8 CPUs busy: cores left for comm
+    for mode, want in [("auto", False), ("on", True), ("off", False), ("", False)]:
+        monkeypatch.setenv("RINGREDUCE_DDP_OVERLAP", mode)
+        assert wrapper.overlap_policy(one_host, None) is want, mode
+    monkeypatch.setenv("RINGREDUCE_DDP_OVERLAP", "auto")
+    assert wrapper.overlap_policy(two_hosts, None) is True  # the network's time hides
+    assert wrapper.overlap_policy(small, None) is True
+    assert wrapper.overlap_policy(one_host, torch.device("cuda", 0)) is True  # GPU computes
+    monkeypatch.setenv("RINGREDUCE_DDP_OVERLAP", "off")
+    assert wrapper.overlap_policy(two_hosts, None) is False
+    monkeypatch.setenv("RINGREDUCE_DDP_OVERLAP", "sometimes")
+    with pytest.raises(ValueError, match="RINGREDUCE_DDP_OVERLAP"):
+        wrapper.overlap_policy(one_host, None)

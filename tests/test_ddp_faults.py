@@ -144,20 +144,27 @@ def test_models_differ_raise_at_construction(suite, kind, where, shapes):
 
 # ----------------------------------------------------------------------------- faults
 
-_KILL = [(w, v, t) for w in (2, 3) for v in (0, w - 1) for t in ("tcp", "shm")]
+# Overlap on: the victim dies with buckets in flight; off (RINGREDUCE_DDP_OVERLAP): before
+# any bucket is launched, while the survivors already wait at the end of their backward.
+_KILL = [(w, v, t, "on") for w in (2, 3) for v in (0, w - 1) for t in ("tcp", "shm")]
+_KILL += [(3, v, t, "off") for v in (0, 2) for t in ("tcp", "shm")]
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("world,victim,transport", _KILL,
-                         ids=[f"world{w}-victim{v}-{t}" for w, v, t in _KILL])
-def test_rank_killed_in_backward(world, victim, transport, tmp_path: Path):
+@pytest.mark.parametrize("world,victim,transport,overlap", _KILL,
+                         ids=[f"world{w}-victim{v}-{t}-overlap-{o}" for w, v, t, o in _KILL])
+def test_rank_killed_in_backward(world, victim, transport, overlap, tmp_path: Path):
     stamp = tmp_path / "killed_at"
     outs = run_world_raw(world, W.kill_in_backward, victim, str(stamp), timeout=40,
-                         env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30"})
+                         env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30",
+                              "RINGREDUCE_DDP_OVERLAP": overlap})
     story = "\n".join(o.describe() for o in outs)
     assert outs[victim].returncode == -9 and not outs[victim].has_result, story
     t_kill, launched = stamp.read_text().split()
-    assert int(launched) >= 1, "the victim died before any bucket was launched"
+    if overlap == "on":
+        assert int(launched) >= 1, "the victim died before any bucket was launched"
+    else:
+        assert int(launched) == 0, f"overlap off, yet {launched} buckets launched in backward"
     for o in outs:
         if o.rank == victim:
             continue

@@ -43,6 +43,7 @@ from .hooks import GradBucket
 _TRACING = bool(_env.tunables().trace)
 
 
+
 @dataclass
 class Bucket:
     index: int
@@ -60,6 +61,7 @@ class Stats:
     finalize_s: float = 0.0  # whole end-of-backward callback (wait + write-back)
     launch_times: list = field(default_factory=list)  # perf_counter() of each bucket launch
     in_place: int = 0  # buckets all-reduced in the gradients themselves (no bucket copies)
+    early: int = 0  # buckets launched during backward (0 with overlap off)
     iterations: int = 0
 
 
@@ -81,6 +83,9 @@ class Reducer:
         self.find_unused = find_unused_parameters
         self.static_graph = static_graph
         self.comm_hook: Callable | None = None
+        # Launch each bucket as soon as it is ready (during backward), or all of them at the
+        # end of backward (see DistributedDataParallel's overlap policy, ddp/wrapper.py).
+        self.overlap = True
         # join(): True while inside a join context; join_divisor: the number of ranks still
         # training this iteration when join(divide_by_initial_world_size=False), else None.
         self.join_mode = False
@@ -264,7 +269,10 @@ class Reducer:
         self._pending[b] -= 1
         if self._pending[b] == 0:
             while self._next < len(self.buckets) and self._pending[self._next] == 0:
-                self._launch(self._next)
+                if self.overlap:
+                    self._launch(self._next)
+                else:  # launched at the end of backward (_finalize), in this order
+                    self._launched_any = True
                 self._next += 1
 
     def _launch(self, b: int) -> None:
@@ -322,9 +330,13 @@ class Reducer:
         rebuild = False
         order: list = []
         try:
+            self.stats.early = sum(w is not None for w in self._works)
             missing = [i for i in range(self.n) if not self._ready[i]]
             for i in missing:  # launch every remaining bucket: the collectives must match
                 self._mark_ready(i, have_grad=False)
+            for b in range(len(self.buckets)):  # overlap off: every bucket, in order, now
+                if self._works[b] is None:
+                    self._launch(b)
             detect = self._detect_unused()
             used_map = None
             if detect:

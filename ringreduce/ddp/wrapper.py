@@ -37,7 +37,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .. import _state
+from .. import _env, _state
+from .._cpus import usable_cpus
 from . import _cuda
 from ._sync import BufferSync, broadcast_tensors, verify_shapes
 from .buckets import FIRST_BUCKET_BYTES, cap_bytes
@@ -58,6 +59,26 @@ _UNSUPPORTED_DEFAULTS = {
     "batched_grad_copy": False,
     "forward_sync_buffers": None,
 }
+
+
+def overlap_policy(g: Any, device: Any) -> bool:
+    """Whether gradient buckets are all-reduced during backward (RINGREDUCE_DDP_OVERLAP).
+
+    Overlap hides communication where something else does it or a core is idle: a GPU
+    computes while the CPU communicates, a network moves bytes while the CPU waits. Between
+    ranks of one host, communication is CPU work (copies and sums through shared memory or
+    loopback); when the ranks' torch threads already fill every usable CPU, running it during
+    backward only makes the two compete for cores (and caches), which costs more than doing
+    it afterwards with whole cores (bench/ddp_step.py measures both). The choice changes
+    when collectives run, never which ones or in what order, so ranks that decide
+    differently still match."""
+    mode = _env.tunables().ddp_overlap
+    if mode != "auto":
+        return mode == "on"
+    hosts = list(g.hosts or [])
+    if device is not None or not hosts or any(h != hosts[0] for h in hosts):
+        return True
+    return len(hosts) * torch.get_num_threads() < usable_cpus()
 
 
 class DistributedDataParallel(nn.Module):
@@ -151,6 +172,7 @@ class DistributedDataParallel(nn.Module):
             [p for _, p in trainable], [n for n, _ in trainable], self._world, self._rank,
             self.bucket_bytes_cap, FIRST_BUCKET_BYTES, gradient_as_bucket_view,
             find_unused_parameters, static_graph, process_group)
+        self.reducer.overlap = overlap_policy(g, device)
 
     # ------------------------------------------------------------------ forward
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
