@@ -97,6 +97,29 @@ def test_autoload_is_what_registers_it() -> None:
     assert off.stdout.split() == ["False", "False"], off.stdout + off.stderr
 
 
+
+@pytest.mark.timeout(90)
+def test_bad_tunable_breaks_neither_torch_nor_the_launcher() -> None:
+    """`import torch` imports ringreduce (the entry point): a bad RINGREDUCE_* value must not
+    break it, nor torch code that never uses ringreduce, nor `ringreduce-run --help`; it is
+    reported, naming the variable, where ringreduce starts."""
+    bad = _env({"RINGREDUCE_TIMEOUT": "abc", "RINGREDUCE_DEBUG": "verbose"})
+    code = ("import torch.distributed as dist\n"
+            "print('RINGREDUCE' in dist.Backend._plugins)\n")
+    r = subprocess.run([sys.executable, "-c", code], env=bad, check=False,
+                       capture_output=True, text=True, timeout=50)
+    assert r.returncode == 0 and r.stdout.split() == ["True"], r.stdout + r.stderr
+    r = subprocess.run([sys.executable, "-m", "ringreduce.run", "--help"], env=bad,
+                       check=False, capture_output=True, text=True, timeout=50)
+    assert r.returncode == 0 and "RINGREDUCE_TIMEOUT" in r.stdout, r.stdout + r.stderr
+    code = ("import ringreduce as rr\n"
+            "try:\n    rr.init(rank=0, world_size=1)\n"
+            "except ValueError as e:\n    print('ValueError', e)\n")
+    r = subprocess.run([sys.executable, "-c", code], env=bad, check=False,
+                       capture_output=True, text=True, timeout=50)
+    assert r.stdout.startswith("ValueError") and "RINGREDUCE_" in r.stdout, r.stdout + r.stderr
+
+
 _NETNS = unavailable()
 
 

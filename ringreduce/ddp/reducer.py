@@ -40,8 +40,6 @@ from ._cuda import GradEvents
 from .buckets import FIRST_BUCKET_BYTES, assign_buckets, complete_order
 from .hooks import GradBucket
 
-_TRACING = bool(_env.tunables().trace)
-
 
 
 @dataclass
@@ -86,6 +84,9 @@ class Reducer:
         # Launch each bucket as soon as it is ready (during backward), or all of them at the
         # end of backward (see DistributedDataParallel's overlap policy, ddp/wrapper.py).
         self.overlap = True
+        # Read here, not at import: `import torch` imports this package (its backend entry
+        # point), and a bad RINGREDUCE_* value must not break that.
+        self.tracing = bool(_env.tunables().trace)
         # join(): True while inside a join context; join_divisor: the number of ranks still
         # training this iteration when join(divide_by_initial_world_size=False), else None.
         self.join_mode = False
@@ -281,7 +282,7 @@ class Reducer:
         if self._events is not None:
             self._events.wait_all(b)
         self.stats.launch_times.append(time.perf_counter())
-        if _TRACING:  # RINGREDUCE_TRACE: mark the launch, to see overlap with backward
+        if self.tracing:  # RINGREDUCE_TRACE: mark the launch, to see overlap with backward
             _trace.label(f"ddp bucket {b} launched ({bucket.buffer.numel() * bucket.buffer.element_size() >> 10} KiB)")
         if self.comm_hook is not None:
             gb = GradBucket(b, bucket.buffer, bucket.views,
