@@ -75,7 +75,8 @@ def test_parse_args_defaults_and_options():
 
 @pytest.mark.parametrize("argv", [["-o", "sendrecv"], ["-d", "complex64"], ["--op", "xor"],
                                   ["--compare", "nccl"], ["-b", "1M", "-e", "8"], ["-i", "0"],
-                                  ["-n", "0"], ["--tune-out", "t.json"], ["-b", "lots"]])
+                                  ["-n", "0"], ["--tune-out", "t.json"], ["-b", "lots"],
+                                  ["-f", "inf"], ["-f", "nan"], ["-f", "1"]])
 def test_parse_args_errors(argv, capsys):
     with pytest.raises(SystemExit) as e:
         cli.parse_args(argv)
@@ -118,19 +119,23 @@ def test_bandwidths_and_stats():
 def test_cases_follow_nccl_tests_sizes():
     c = make_case("allreduce", 10, "float32", 2)
     assert (c.size, c.count, c.in_count, c.out_count) == (8, 2, 2, 2)
+    # param_count: nccl-tests' count column, the call's count argument (paramcount): one
+    # rank's block for the blocked collectives.
     c = make_case("allgather", 8, "float32", 3)  # size = whole gathered output, >= 1 per rank
-    assert (c.size, c.count, c.in_count, c.out_count) == (12, 3, 1, 3)
+    assert (c.size, c.count, c.in_count, c.out_count, c.param_count) == (12, 3, 1, 3, 1)
     c = make_case("reduce_scatter", 4096, "float16", 3)
-    assert (c.size, c.count, c.in_count, c.out_count) == (4092, 2046, 2046, 682)
-    assert make_case("broadcast", 1, "float64", 4).count == 1
+    assert (c.size, c.count, c.in_count, c.out_count, c.param_count) == (4092, 2046, 2046, 682,
+                                                                         682)
+    assert make_case("broadcast", 1, "float64", 4).param_count == 1
     c = make_case("gather", 40, "float32", 3)  # like allgather: root's whole output
-    assert (c.size, c.count, c.in_count, c.out_count) == (36, 9, 3, 9)
+    assert (c.size, c.count, c.in_count, c.out_count, c.param_count) == (36, 9, 3, 9, 3)
     c = make_case("scatter", 40, "float32", 3)  # like reduce_scatter: root's whole input
-    assert (c.size, c.count, c.in_count, c.out_count) == (36, 9, 9, 3)
+    assert (c.size, c.count, c.in_count, c.out_count, c.param_count) == (36, 9, 9, 3, 3)
     c = make_case("alltoall", 40, "int8", 3)  # each rank's whole buffer, n blocks
-    assert (c.size, c.count, c.in_count, c.out_count) == (39, 39, 39, 39)
+    assert (c.size, c.count, c.in_count, c.out_count, c.param_count) == (39, 39, 39, 39, 13)
     c = make_case("reduce", 10, "float32", 3)
-    assert (c.size, c.count, c.in_count, c.out_count) == (8, 2, 2, 2)
+    assert (c.size, c.count, c.in_count, c.out_count, c.param_count) == (8, 2, 2, 2, 2)
+    assert make_case("allreduce", 10, "float32", 3).param_count == 2
     assert len(metrics.make_cases("allgather", [8, 16, 32], "float64", 2)) == 2  # 8 -> 16: dup
     assert metrics.make_cases("barrier", [8, 64], "float32", 2) == [make_case("barrier", 0,
                                                                               "float32", 2)]
@@ -409,3 +414,50 @@ def test_compare_mpi_job():
                         100)
     assert rc == 0, out + err
     assert "compare: mpi: " in out and "xmpi" in out
+
+
+def _procs_with(marker: str) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                if marker in (d / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(int(d.name))
+            except OSError:
+                pass
+    return pids
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_bench_stops_every_rank(tmp_path, sig):
+    """`kill PID` (a batch system ending the job) or Ctrl-C reaching only the bench process:
+    its launcher and ranks stop too (were left running / the signal was swallowed)."""
+    import time
+
+    marker = str(tmp_path / "signalled.json")
+    env = {k: v for k, v in os.environ.items()
+           if k not in _LAUNCH_VARS and not k.startswith(("OMPI_", "PMI_", "SLURM_"))}
+    p = subprocess.Popen([sys.executable, "-m", "ringreduce.bench", "-n", "2", "-b", "8", "-e",
+                          "8", "-w", "0", "-i", "100000000", "--transport", "tcp",
+                          "--progress", "never", "--json", marker], cwd=ROOT, env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while len(_procs_with(marker)) < 4 and time.monotonic() < deadline:  # bench, run, 2
+            time.sleep(0.2)
+        assert len(_procs_with(marker)) >= 4, "the ranks never started"
+        time.sleep(1.0)
+        p.send_signal(sig)  # to the bench alone, not its process group
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == 128 + sig, err
+        time.sleep(0.5)
+        assert _procs_with(marker) == [], f"left running after {sig.name}: {err[-2000:]}"
+    finally:
+        for pid in [p.pid, *_procs_with(marker)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        p.wait()

@@ -4,6 +4,7 @@ size sweep. Pure functions, no I/O, so tests can cover them without starting ran
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from collections.abc import Sequence
 
@@ -50,8 +51,8 @@ def size_sweep(begin: int, end: int, factor: float = 2.0, step: int = 0) -> list
     when step > 0 (nccl-tests' -f / --stepbytes)."""
     if begin < 0 or end < begin:
         raise ValueError(f"need 0 <= minbytes <= maxbytes, got -b {begin} -e {end}")
-    if step <= 0 and factor <= 1:
-        raise ValueError(f"-f must be > 1 (got {factor}), or give --stepbytes")
+    if step <= 0 and not 1 < factor < math.inf:  # also refuses nan
+        raise ValueError(f"-f must be a finite number > 1 (got {factor}), or give --stepbytes")
     if step <= 0 and begin == 0:
         raise ValueError("-b 0 with -f would never grow; start at 1 byte or more")
     sizes, s = [], begin

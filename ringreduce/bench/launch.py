@@ -5,6 +5,7 @@ job over the same sizes."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -13,6 +14,8 @@ import subprocess
 import sys
 import tempfile
 from argparse import Namespace
+from collections.abc import Iterator
+from typing import Any
 
 from .._cpus import usable_cpus
 from .cli import PROG, strip_nproc
@@ -90,18 +93,52 @@ def spawn_local(args: Namespace, argv: list[str]) -> int:
     if sys.platform.startswith("linux"):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     mpi_file = None
-    if "mpi" in args.compare and not args.tune:
-        mpi_file = run_mpi_job(args, n, rank_argv, timeout=max(600.0, 4 * args.timeout))
-        rank_argv += ["--mpi-results", mpi_file]
     cmd = [sys.executable, "-m", "ringreduce.run", "-n", str(n), "--no-prefix",
            "-m", "ringreduce.bench", *rank_argv]
+    child: list = [None]  # the launcher, once started
+    with _stop_signals(child):
+        try:
+            if "mpi" in args.compare and not args.tune:
+                mpi_file = run_mpi_job(args, n, rank_argv, timeout=max(600.0, 4 * args.timeout))
+                cmd += ["--mpi-results", mpi_file]
+            # Its own session: a terminal's Ctrl-C reaches it once, through us (see below).
+            child[0] = p = subprocess.Popen(cmd, env=env, start_new_session=True)
+            return p.wait()
+        finally:
+            p = child[0]
+            if p is not None and p.poll() is None:  # we are failing: take the job with us
+                p.kill()
+                p.wait()
+            if mpi_file:
+                os.unlink(mpi_file)
+
+
+_STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def _stop_signals(child: list) -> Iterator[None]:
+    """SIGINT / SIGTERM / SIGHUP sent to this process (a Ctrl-C, `kill`, a batch system
+    ending the job) stop the whole benchmark: passed on to the launcher once it runs (it
+    stops every rank and exits 128 + signal, which becomes ours), or, before that (the mpi
+    anchor), raised here as SystemExit, whose cleanup kills the mpirun job."""
+    def on_signal(sig: int, _frame: Any) -> None:
+        p = child[0]
+        if p is None:
+            raise SystemExit(128 + sig)
+        try:
+            p.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+    old = {}
     try:
-        p = subprocess.Popen(cmd, env=env)
-        while True:
-            try:
-                return p.wait()
-            except KeyboardInterrupt:  # the launcher got it too and stops the ranks
-                continue
+        for s in _STOP:
+            old[s] = signal.signal(s, on_signal)
+    except ValueError:  # not the main thread: leave signals alone
+        pass
+    try:
+        yield
     finally:
-        if mpi_file:
-            os.unlink(mpi_file)
+        for s, h in old.items():
+            signal.signal(s, h)

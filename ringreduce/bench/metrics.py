@@ -3,7 +3,9 @@
 * ``size`` is the byte count nccl-tests prints: the buffer of allreduce, broadcast and
   reduce, the whole *gathered output* of allgather and gather (n blocks), the whole *input*
   of reduce_scatter and scatter (n blocks), and each rank's whole buffer of alltoall (n
-  blocks, one per peer). ``count`` is size / element size.
+  blocks, one per peer). ``count`` is what nccl-tests prints in its count column: the
+  count argument of the call (its ``paramcount``) -- size / element size for allreduce,
+  broadcast and reduce, one rank's block (size / element size / n) for the blocked ones.
 * algbw = size / time; busbw = algbw * factor, with factor 2(n-1)/n for allreduce, (n-1)/n
   for allgather, reduce_scatter, gather, scatter and alltoall, 1 for broadcast and reduce.
   busbw is comparable to the hardware's bandwidth whatever the number of ranks. Barrier
@@ -78,6 +80,13 @@ class Case:
     in_count: int  # elements each rank passes in
     out_count: int  # elements each rank gets out
 
+    blocks: int = 1  # n for the blocked collectives (one block per rank)
+
+    @property
+    def param_count(self) -> int:
+        """nccl-tests' count column: the call's count argument (one block when blocked)."""
+        return self.count // self.blocks
+
 
 def make_case(op: str, requested: int, dtype: str, world: int) -> Case:
     """Round `requested` bytes down to whole elements (and whole blocks of n for the
@@ -88,7 +97,7 @@ def make_case(op: str, requested: int, dtype: str, world: int) -> Case:
     count = max(1, requested // es)
     if op in BLOCKED:
         count = max(n, count // n * n)
-        return Case(op, count * es, count, *_IN_OUT[op](count, count // n))
+        return Case(op, count * es, count, *_IN_OUT[op](count, count // n), blocks=n)
     if op in ("allreduce", "broadcast", "reduce"):
         return Case(op, count * es, count, count, count)
     raise ValueError(f"unknown collective {op!r}")

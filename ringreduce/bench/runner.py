@@ -99,7 +99,7 @@ def sweep(args: Namespace, libs: list[anchors.Lib], reduce_: Reducer, rank: int,
                 times, wrong = measure(lib, case, b, args)
                 t = reduce_(np.array(times, dtype=np.float64), "max")
                 w = int(reduce_(np.array([wrong], dtype=np.int64), "sum")[0])
-                rows.append(Row(op=op, lib=lib.name, size=case.size, count=case.count,
+                rows.append(Row(op=op, lib=lib.name, size=case.size, count=case.param_count,
                                 dtype=args.dtype, redop=args.redop, root=args.root,
                                 algo=lib.algo(case), world=world, times=[float(x) for x in t],
                                 wrong=w if args.check else None))

@@ -41,7 +41,6 @@ from .buckets import FIRST_BUCKET_BYTES, assign_buckets, complete_order
 from .hooks import GradBucket
 
 
-
 @dataclass
 class Bucket:
     index: int
