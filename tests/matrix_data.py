@@ -28,8 +28,8 @@ _ES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "uint
 
 def refused(dtype: str, op: str) -> bool:
     """Combinations the library must refuse before any byte moves: bitwise ops on floats,
-    avg on integers and bool (the integer sum would wrap before the division)."""
-    return (op in BITWISE and dtype in FLOATS) or (op == "avg" and dtype not in FLOATS)
+    avg on bool (avg on integers is exact: see reduce_np)."""
+    return (op in BITWISE and dtype in FLOATS) or (op == "avg" and dtype == "bool")
 
 
 # ---------------------------------------------------------------------------- buffers
@@ -154,8 +154,8 @@ def pattern(dtype: str, op: str, rank: int, n: int, salt: int = 0) -> np.ndarray
 
 def reduce_np(dtype: str, op: str, inputs: list[np.ndarray], world: int) -> np.ndarray:
     """The reference reduction, in storage_np(dtype): floats in float64 then rounded once,
-    integers in their own type with wrap-around, avg on integers = truncating division of
-    the wrapped sum. (Over TCP the library may round 16-bit partial sums once per hop; the
+    integers in their own type with wrap-around, avg on integers = the exact mean (of the
+    unbounded sum) rounded toward zero, as NCCL's. (Over TCP the library may round 16-bit partial sums once per hop; the
     pattern() inputs keep every partial sum exact, so the answer is the same.)"""
     if dtype in FLOATS:
         a = np.stack([x.astype(np.float64) for x in inputs])
@@ -181,15 +181,16 @@ def reduce_np(dtype: str, op: str, inputs: list[np.ndarray], world: int) -> np.n
           "bxor": np.bitwise_xor}[op]
     with np.errstate(all="ignore"):
         res = functools.reduce(fn, inputs)
-    if op == "avg":
-        signed = np.issubdtype(res.dtype, np.signedinteger)
-        s = res.astype(np.int64 if signed else np.uint64)
-        w = s.dtype.type(world)
-        q = s // w
-        if signed:
-            q = q + ((s % w != 0) & (s < 0)).astype(np.int64)  # floor -> truncation
-        res = q.astype(dtype)
+    if op == "avg":  # Python ints: no wrap-around; int() rounds the quotient toward zero
+        total = sum(x.astype(object) for x in inputs)
+        exact = [_trunc_div(int(t), world) for t in total]
+        return np.array(exact, dtype=object).astype(dtype)
     return res.astype(dtype)
+
+
+def _trunc_div(a: int, b: int) -> int:
+    q = abs(a) // b
+    return q if a >= 0 else -q
 
 
 def round_to(dtype: str, x64: np.ndarray) -> np.ndarray:

@@ -381,3 +381,80 @@ def single_copy_paths(rank: int, world: int) -> dict:
     scatter_read = comm.cma_bytes() - before
     return {"fails": fails, "cma_bytes": int(comm.cma_bytes()), "scatter_read": scatter_read,
             "readable": bool(comm.cma_readable())}
+
+
+_INTS = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")
+
+
+def _int_avg_inputs(dtype: str, rank: int, n: int) -> np.ndarray:
+    """Values whose sum over ranks wraps every integer type: the type's extremes, their
+    neighbours and random values (rank-dependent)."""
+    info = np.iinfo(dtype)
+    rng = np.random.default_rng(1000 + rank)
+    ext = [int(info.max) - rank, int(info.min) + rank, int(info.max) // 2 + rank, -rank - 1
+           if info.min < 0 else rank, 0, 1 - (rank % 2)]
+    vals = [ext[i % len(ext)] for i in range(min(n, 24))]
+    vals += [int(v) for v in rng.integers(int(info.min), int(info.max), n - len(vals),
+                                          dtype=dtype, endpoint=True)]
+    return np.array(vals[:n], dtype=object).astype(dtype)
+
+
+def _exact_avg(xs: list, world: int, dtype: str) -> np.ndarray:
+    total = sum(x.astype(object) for x in xs)
+    return np.array([abs(int(t)) // world * (1 if t >= 0 else -1) for t in total],
+                    dtype=object).astype(dtype)
+
+
+def int_avg(rank: int, world: int) -> list:
+    """op=avg on every integer type is the exact mean rounded toward zero (NCCL's), although
+    the sum wraps the type: all-reduce, coalesced, reduce (every root), reduce_scatter."""
+    fails = []
+    for dtype in _INTS:
+        n = 3 * world + 7
+        xs = [_int_avg_inputs(dtype, r, n) for r in range(world)]
+        want = _exact_avg(xs, world, dtype)
+        x = xs[rank].copy()
+        rr.allreduce(x, op="avg")
+        if not np.array_equal(x, want):
+            fails.append(f"allreduce {dtype}: {x[:8]} != {want[:8]}")
+        a, b = xs[rank][:5].copy(), xs[rank][5:].copy()
+        rr.allreduce_coalesced([a, b], op="avg")
+        if not np.array_equal(np.concatenate([a, b]), want):
+            fails.append(f"allreduce_coalesced {dtype}")
+        for root in range(world):
+            y = xs[rank].copy()
+            rr.reduce(y, dst=root, op="avg")
+            exp = want if rank == root else xs[rank]
+            if not np.array_equal(y, exp):
+                fails.append(f"reduce {dtype} dst={root} on rank {rank}: {y[:6]} != {exp[:6]}")
+        k = 4
+        zs = [_int_avg_inputs(dtype, r, k * world) for r in range(world)]
+        out = rr.reduce_scatter(zs[rank].copy(), op="avg")
+        exp = _exact_avg(zs, world, dtype)[rank * k:(rank + 1) * k]
+        if not np.array_equal(out, exp):
+            fails.append(f"reduce_scatter {dtype}: {out} != {exp}")
+    return fails
+
+
+def torch_int_avg(rank: int, world: int) -> list:
+    """dist.all_reduce(int64, ReduceOp.AVG) on the ringreduce backend: what Lightning's
+    self.log(..., sync_dist=True) sends for its batch-size counter (gloo refuses it)."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("ringreduce")
+    try:
+        fails = []
+        t = torch.tensor([4 + rank, -7 * rank, 2**62 + rank], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.AVG)
+        s = sum(range(world))
+        want = [(4 * world + s) // world, -((7 * s) // world), 2**62 + s // world]
+        if t.tolist() != want:
+            fails.append(f"int64 AVG: {t.tolist()} != {want}")
+        u = torch.full((5,), 200 + rank, dtype=torch.uint8)
+        dist.all_reduce(u, op=dist.ReduceOp.AVG)
+        if u.tolist() != [(200 * world + s) // world] * 5:
+            fails.append(f"uint8 AVG: {u.tolist()}")
+        return fails
+    finally:
+        dist.destroy_process_group()

@@ -118,7 +118,11 @@ def _expected(op: str, dtype: str, world: int, n: int) -> np.ndarray:
         fn = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}[op]
         e = fn.reduce(np.stack(ins).astype(np.int64), axis=0)
     else:
-        e = sum(ins) / world if "float" in dtype else sum(ins) // world
+        if "float" in dtype:
+            e = sum(ins) / world
+        else:  # exact, rounded toward zero
+            t = sum(x.astype(np.int64) for x in ins)
+            e = (np.sign(t) * (np.abs(t) // world)).astype(dtype)
     return e
 
 
@@ -130,7 +134,7 @@ def allreduce_sweep(rank: int, world: int, counts: list, dtypes: list, ops: list
         for dt in dtypes:
             for op in ops:
                 floating = "float" in dt
-                if (op == "avg" and not floating) or (op in ("band", "bor", "bxor") and floating):
+                if op in ("band", "bor", "bxor") and floating:
                     try:  # refused before anything moves
                         rr.allreduce(np.ones(n, np.float32 if floating else dt), op=op)
                     except ValueError:

@@ -148,8 +148,11 @@ def _compare(mode: str, launcher: str, tmp_path: Path) -> tuple[list[dict], list
 @pytest.mark.timeout(300)
 def test_lightning_trainer_default_launcher(tmp_path: Path) -> None:
     import lightning  # noqa: F401  (installed by .[test]: a missing one must fail)
-    _, rr = _compare("lightning_trainer", "script", tmp_path)
+    gloo, rr = _compare("lightning_trainer", "script", tmp_path)
     assert rr[0]["strategy"] == "DDPStrategy", rr[0]["strategy"]
+    # self.log(..., sync_dist=True): the same epoch mean on every rank and as with gloo
+    assert {r["logged"] for r in rr} == {rr[0]["logged"]}, [r["logged"] for r in rr]
+    assert abs(rr[0]["logged"] - gloo[0]["logged"]) <= 1e-6, (rr[0]["logged"], gloo[0]["logged"])
     assert rr[0]["launcher"] == "_SubprocessScriptLauncher", rr[0]["launcher"]
     assert rr[0]["steps"] == 2 * 64 // (8 * WORLD)  # 2 epochs, each rank half of the data
 

@@ -64,3 +64,21 @@ def test_shared_memory_single_copy_paths(world: int, cma: str) -> None:
         n_read = len([root for root in {0, world - 1} if root != r])
         want = n_read * (300_001 + (1 << 20)) * 4 if used else 0
         assert o["scatter_read"] == want, f"rank {r}: scatter read {o['scatter_read']} B in place, not {want}"
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("world,transport", [(1, "tcp"), (2, "shm"), (3, "tcp"), (3, "shm"),
+                                             (5, "shm")])
+def test_integer_avg_is_exact(world: int, transport: str) -> None:
+    outs = run_world(world, "rooted_workers:int_avg", timeout=120,
+                     env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "60"})
+    fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o]
+    assert not fails, "\n".join(fails[:40])
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("world", [2, 3])
+def test_torch_integer_avg(world: int) -> None:
+    outs = run_world(world, "rooted_workers:torch_int_avg", timeout=120, init=False)
+    fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o]
+    assert not fails, "\n".join(fails[:40])

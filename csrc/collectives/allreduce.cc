@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "collectives/allreduce_impl.h"
 #include "collectives/collectives.h"
+#include "collectives/int_avg.h"
 #include "collectives/planner.h"
 #include "collectives/shm_algos.h"
 #include "core/error.h"
@@ -81,6 +83,12 @@ void allreduce(Communicator& c, void* buf, size_t count, DataType dtype, ReduceO
     c.skip();
     return;
   }
+  if (intavg::applies(dtype, op)) {
+    std::vector<int64_t> wide = intavg::widen(dtype, buf, count);
+    allreduce(c, wide.data(), wide.size(), DataType::kInt64, ReduceOp::kSum, algo);
+    intavg::narrow(dtype, wide.data(), buf, count, c.world());
+    return;
+  }
   run(c, buf, nullptr, count, dtype, op, algo, planAllreduce(c, algo, count * elementSize(dtype)));
 }
 
@@ -104,6 +112,13 @@ void allreduceCoalesced(Communicator& c, const std::vector<Piece>& pieces, DataT
     return;
   }
   const size_t bytes = count * es;
+  if (intavg::applies(dtype, op)) {  // through a flat copy, as below
+    std::vector<char> flat(bytes);
+    segs.gather(0, bytes, flat.data());
+    allreduce(c, flat.data(), count, dtype, op, algo);
+    segs.scatter(flat.data(), 0, bytes);
+    return;
+  }
   const Algorithm a = planAllreduce(c, algo, bytes);
   if (segs.pieces() == 1) {
     run(c, segs.contiguous(0, bytes), nullptr, count, dtype, op, algo, a);

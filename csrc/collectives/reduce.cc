@@ -13,9 +13,11 @@
 // reduces its slice, only the root collects them; shm_allreduce.cc): several times faster
 // than TCP there.
 #include <cstring>
+#include <vector>
 
 #include "collectives/allreduce_impl.h"
 #include "collectives/collectives.h"
+#include "collectives/int_avg.h"
 #include "collectives/planner.h"
 #include "core/chunking.h"
 #include "reduce/reduce.h"
@@ -29,6 +31,12 @@ void reduce(Communicator& c, void* buf, size_t count, DataType dtype, ReduceOp o
   c.checkUsable();
   if (count == 0 || n == 1) {
     c.skip();
+    return;
+  }
+  if (intavg::applies(dtype, op)) {
+    std::vector<int64_t> wide = intavg::widen(dtype, buf, count);
+    reduce(c, wide.data(), wide.size(), DataType::kInt64, ReduceOp::kSum, root);
+    if (me == root) intavg::narrow(dtype, wide.data(), buf, count, n);
     return;
   }
   auto& scratch = c.scratch();

@@ -5,9 +5,11 @@
 // the accumulator to float32 and rounds once at the end.
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "collectives/allreduce_impl.h"
 #include "collectives/collectives.h"
+#include "collectives/int_avg.h"
 #include "collectives/planner.h"
 #include "collectives/shm_algos.h"
 #include "collectives/ring.h"
@@ -27,6 +29,13 @@ void reduceScatter(Communicator& c, const void* in, void* out, size_t count, Dat
     c.checkUsable();  // before writing `out`: a failed call leaves it as it was
     if (count > 0 && in != out) std::memmove(out, in, count * es);  // one contribution
     c.skip();
+    return;
+  }
+  if (intavg::applies(dtype, op)) {  // block r of the wide input is block r of `in`, widened
+    std::vector<int64_t> wide = intavg::widen(dtype, in, total);
+    std::vector<int64_t> mine(count * intavg::words(dtype));
+    reduceScatter(c, wide.data(), mine.data(), mine.size(), DataType::kInt64, ReduceOp::kSum);
+    intavg::narrow(dtype, mine.data(), out, count, n);
     return;
   }
   const Algorithm a = planGatherAll(c, CollectiveKind::kReduceScatter, total * es, total * es);

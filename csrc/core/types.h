@@ -24,8 +24,8 @@ enum class DataType : uint8_t {
 };
 constexpr int kNumDataTypes = 13;
 
-// kBand/kBor/kBxor: bitwise, integer and bool types only. kAvg: floating-point types only
-// (an integer sum would wrap before the division; see checkReduction).
+// kBand/kBor/kBxor: bitwise, integer and bool types only. kAvg: not bool; on integers exact,
+// rounded toward zero (collectives/int_avg.h).
 enum class ReduceOp : uint8_t {
   kSum = 0, kAvg = 1, kProd = 2, kMin = 3, kMax = 4, kBand = 5, kBor = 6, kBxor = 7,
 };
