@@ -41,6 +41,16 @@ from .buckets import FIRST_BUCKET_BYTES, assign_buckets, complete_order
 from .hooks import GradBucket
 
 
+class _Done:
+    """The Work of a bucket reduced synchronously."""
+
+    def wait(self) -> None:
+        return None
+
+
+_DONE = _Done()
+
+
 @dataclass
 class Bucket:
     index: int
@@ -54,7 +64,7 @@ class Bucket:
 class Stats:
     """Timings of the last synchronised backward (seconds)."""
 
-    wait_s: float = 0.0  # end-of-backward time spent waiting for collectives (unhidden)
+    wait_s: float = 0.0  # end-of-backward time in collectives (unhidden; with overlap off all)
     finalize_s: float = 0.0  # whole end-of-backward callback (wait + write-back)
     launch_times: list = field(default_factory=list)  # perf_counter() of each bucket launch
     in_place: int = 0  # buckets all-reduced in the gradients themselves (no bucket copies)
@@ -275,7 +285,10 @@ class Reducer:
                     self._launched_any = True
                 self._next += 1
 
-    def _launch(self, b: int) -> None:
+    def _launch(self, b: int, sync: bool = False) -> None:
+        """Start bucket b's reduction; sync (overlap off, at the end of backward): run it
+        on this thread, which would only wait for the worker otherwise -- no hand-off, and
+        the gradients stay in this core's cache for the optimizer."""
         bucket = self.buckets[b]
         self._launched_any = True
         if self._events is not None:
@@ -300,14 +313,14 @@ class Reducer:
             # of copying them into the bucket and back -- two passes over the bucket saved.
             self._direct[b] = True
             self._works[b] = api.allreduce_coalesced(
-                [self.params[i].grad for i in bucket.members], op=self._op(), async_op=True,
-                group=self.group)
+                [self.params[i].grad for i in bucket.members], op=self._op(),
+                async_op=not sync, group=self.group) or _DONE
         else:
             for k, i in enumerate(bucket.members):
                 if self._in_place[i]:
                     bucket.views[k].copy_(self.params[i].grad)
-            self._works[b] = api.allreduce(bucket.buffer, op=self._op(), async_op=True,
-                                           group=self.group)
+            self._works[b] = api.allreduce(bucket.buffer, op=self._op(), async_op=not sync,
+                                           group=self.group) or _DONE
 
     def _may_skip_copy(self) -> bool:
         # Plain all-reduce of host gradients: no comm hook (it is handed the bucket), no
@@ -334,9 +347,11 @@ class Reducer:
             missing = [i for i in range(self.n) if not self._ready[i]]
             for i in missing:  # launch every remaining bucket: the collectives must match
                 self._mark_ready(i, have_grad=False)
+            tw = time.perf_counter()
             for b in range(len(self.buckets)):  # overlap off: every bucket, in order, now
                 if self._works[b] is None:
-                    self._launch(b)
+                    self._launch(b, sync=True)
+            wait_s += time.perf_counter() - tw
             detect = self._detect_unused()
             used_map = None
             if detect:
