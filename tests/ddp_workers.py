@@ -10,6 +10,7 @@ seed), and returns max |difference| numbers the parent checks against tolerances
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 import traceback
 from typing import Any, Callable
@@ -339,6 +340,74 @@ def sc_state_dict(rank: int, world: int) -> dict:
     return {"keys_ok": keys == expect, "synced": bool(torch.equal(w, model.conv.weight))}
 
 
+def sc_nosync_unused(rank: int, world: int, micro: int = 2, **ddp_kw: Any) -> dict:
+    """Gradients accumulated under no_sync(), then a synchronised step in which `c` is
+    unused on the odd ranks (find_unused_parameters): those ranks contribute the gradient
+    they accumulated (torch does), not zeros; every rank ends with the average of all."""
+    model, ref = make(Branchy)
+    ddp = DDP(model, find_unused_parameters=True, bucket_cap_mb=TINY_CAP_MB, **ddp_kw)
+    x, y = batch(0, world)
+    xs, ys = [shard(x, r) for r in range(world)], [shard(y, r) for r in range(world)]
+    with ddp.no_sync():
+        for _ in range(micro):
+            F.mse_loss(ddp(xs[rank]), ys[rank]).backward()
+    F.mse_loss(ddp(xs[rank], use_c=rank % 2 == 0), ys[rank]).backward()
+    # Reference: the sum over ranks of what each accumulated, divided by the world size.
+    for r in range(world):
+        for _ in range(micro):
+            (F.mse_loss(ref(xs[r]), ys[r]) / world).backward()
+        (F.mse_loss(ref(xs[r], use_c=r % 2 == 0), ys[r]) / world).backward()
+    diff = max((p.grad - q.grad).abs().max().item() for p, q in
+               zip(model.parameters(), ref.parameters()) if q.grad is not None)
+    return {"diff": diff}
+
+
+def sc_buffers_not_broadcast(rank: int, world: int) -> dict:
+    """broadcast_buffers=False: rank-local buffers are left alone, at construction too
+    (torch's init sync copies only parameters then)."""
+    model, _ = make(ConvBN)
+    with torch.no_grad():
+        model.bn.running_mean.fill_(float(rank + 1))
+    ddp = DDP(model, broadcast_buffers=False)
+    kept = model.bn.running_mean.tolist()
+    ddp(torch.randn(2, 3, 8, 8))  # no broadcast before the forward either
+    moved = model.bn.running_mean.tolist()
+    return {"kept": kept, "moved": moved,
+            "params": [p.detach().sum().item() for p in model.parameters()]}
+
+
+@dataclasses.dataclass
+class _Out:
+    pred: torch.Tensor
+    extra: Any = None
+
+
+class DataclassOut(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = Branchy()
+
+    def forward(self, x: torch.Tensor, use_c: bool = True) -> _Out:
+        return _Out(self.inner(x, use_c), {"note": "not a tensor"})
+
+
+def sc_dataclass_output(rank: int, world: int, steps: int = 3) -> dict:
+    """A forward that returns a dataclass (as many HF models do), with
+    find_unused_parameters: the graph is found through its fields (torch's _find_tensors)."""
+    model, ref = make(DataclassOut)
+    ddp = DDP(model, find_unused_parameters=True, bucket_cap_mb=TINY_CAP_MB)
+    opt, ropt = sgd(ddp), sgd(ref)
+    for s in range(steps):
+        x, y = batch(s, world)
+        opt.zero_grad()
+        F.mse_loss(ddp(shard(x, rank)).pred, shard(y, rank)).backward()
+        opt.step()
+        ropt.zero_grad()
+        F.mse_loss(ref(x).pred, y).backward()
+        ropt.step()
+    return {"diff": maxdiff(model, ref)}
+
+
 SCENARIOS: dict = {
     "plain": lambda r, w: sc_plain(r, w),
     # Buckets above shared memory's one-round size, reduced in the gradients themselves
@@ -365,6 +434,10 @@ SCENARIOS: dict = {
     "unused_error": sc_unused_error,
     "shape_mismatch": sc_shape_mismatch,
     "state_dict": sc_state_dict,
+    "nosync_unused": lambda r, w: sc_nosync_unused(r, w),
+    "nosync_unused_view": lambda r, w: sc_nosync_unused(r, w, gradient_as_bucket_view=True),
+    "buffers_not_broadcast": sc_buffers_not_broadcast,
+    "dataclass_output": sc_dataclass_output,
 }
 
 

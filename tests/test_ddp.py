@@ -342,3 +342,35 @@ def test_overlap_policy(monkeypatch):
     monkeypatch.setenv("RINGREDUCE_DDP_OVERLAP", "sometimes")
     with pytest.raises(ValueError, match="RINGREDUCE_DDP_OVERLAP"):
         wrapper.overlap_policy(one_host, None)
+
+
+@pytest.mark.parametrize("name", ["nosync_unused", "nosync_unused_view", "dataclass_output"])
+def test_accumulated_gradients_and_dataclass_outputs(suite, name):
+    """A parameter unused in the synchronised step contributes what it accumulated under
+    no_sync() (was zeros: wrong averages); dataclass outputs are searched for the graph."""
+    _, res = _get(suite, name)
+    for rank, r in enumerate(res):
+        assert r["diff"] < EXACT, f"rank {rank}: max |grad - reference| = {r['diff']}"
+
+
+def test_broadcast_buffers_false_keeps_local_buffers(suite):
+    world, res = _get(suite, "buffers_not_broadcast")
+    for rank, r in enumerate(res):
+        assert r["kept"] == [float(rank + 1)] * len(r["kept"]), (rank, r["kept"])
+        assert r["moved"] != r["kept"] and r["params"] == res[0]["params"], (rank, r)
+    assert len({tuple(r["moved"]) for r in res}) == world  # each rank its own statistics
+
+
+def test_sparse_gradients_and_torch_hooks_say_what_to_do(single_process):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    from ringreduce.ddp import DistributedDataParallel as DDP
+
+    with pytest.raises(NotImplementedError, match="sparse=True.*'ringreduce' backend"):
+        DDP(nn.Sequential(nn.Embedding(10, 4, sparse=True), nn.Linear(4, 2)))
+    m = DDP(nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="ringreduce.ddp.hooks"):
+        m.register_comm_hook(None, default_hooks.allreduce_hook)
+    # torch's newer spelling of broadcast_buffers; check_reduction (ignored by torch too)
+    assert DDP(nn.Linear(2, 2), forward_sync_buffers=False).broadcast_buffers is False
+    DDP(nn.Linear(2, 2), check_reduction=True)

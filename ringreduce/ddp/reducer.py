@@ -28,6 +28,7 @@ runs CPU backward on the calling thread); the core runs the collectives on its o
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -269,10 +270,14 @@ class Reducer:
                 self._in_place[i] = True  # copied only if its bucket needs the flat buffer
             else:
                 view.copy_(g)
-        elif not (self.grad_as_view and g is not None and _same(g, view)):
-            # No gradient this iteration: contribute zeros. (A gradient that already is this
-            # slot -- gradient_as_bucket_view -- is contributed as it is, as torch does.)
-            view.zero_()
+        elif g is not None:
+            # No gradient from this backward, but one accumulated before (no_sync() micro-
+            # batches): contribute it, as torch does (a gradient that already is this slot --
+            # gradient_as_bucket_view -- as it is).
+            if not _same(g, view):
+                view.copy_(g)
+        else:
+            view.zero_()  # no gradient at all: zeros
         if self._events is not None:  # CUDA: the launch waits for this copy's stream
             self._events.record(b)
         self._ready[i] = True
@@ -456,7 +461,8 @@ class Reducer:
             f"unused parameter detection by passing the keyword argument "
             f"`find_unused_parameters=True` to DistributedDataParallel, and by making sure all "
             f"`forward` function outputs participate in calculating loss. (The gradients were "
-            f"still reduced on all ranks, with zeros for these parameters, so no rank hangs.)")
+            f"still reduced on all ranks, with zeros -- or a gradient accumulated earlier -- "
+            f"for these parameters, so no rank hangs.)")
 
     def _rebuild(self, observed: list) -> None:
         """Rebuild buckets in rank 0's observed gradient-ready order (one broadcast)."""
@@ -549,20 +555,23 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _tensors(obj: Any) -> list:
-    """All tensors in a (nested) forward output."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    try:
-        from torch.utils._pytree import tree_leaves
-    except ImportError:  # pragma: no cover
-        tree_leaves = None
-    if tree_leaves is not None:
-        return [t for t in tree_leaves(obj) if isinstance(t, torch.Tensor)]
+    """All tensors in a (nested) forward output: containers pytree knows (lists, tuples,
+    dicts, namedtuples, registered types) and dataclasses, as torch DDP's _find_tensors."""
+    from torch.utils._pytree import tree_leaves
+
     out: list = []
-    if isinstance(obj, dict):
-        for v in obj.values():
-            out.extend(_tensors(v))
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            out.extend(_tensors(v))
+    stack = [obj]
+    seen: set = set()
+    while stack:
+        o = stack.pop()
+        if isinstance(o, torch.Tensor):
+            out.append(o)
+        elif dataclasses.is_dataclass(o) and not isinstance(o, type):
+            if id(o) not in seen:
+                seen.add(id(o))
+                stack.extend(getattr(o, f.name) for f in dataclasses.fields(o))
+        else:
+            leaves = tree_leaves(o)
+            if len(leaves) != 1 or leaves[0] is not o:
+                stack.extend(leaves)
     return out

@@ -22,7 +22,9 @@ their gradient buckets through ringreduce.allreduce's CUDA dispatch: NCCL when e
 use it, else staged through pinned host memory; see ddp/_cuda.py for the stream ordering.
 
 Differences from torch's wrapper: single-device modules only (CPU or one CUDA device),
-one process group (the default ringreduce communicator; process_group must be None); join()
+dense gradients only (sparse embeddings are refused at construction), process_group= a
+ringreduce Group (default: the world), torch's own comm hooks only with a torch process
+group (ringreduce.ddp.hooks has allreduce / fp16 / bf16 hooks without one); join()
 is a method of this wrapper only (it is not a torch Joinable, so it cannot be combined with
 other joinables in torch.distributed.algorithms.join.Join). With world size 1 the wrapper is
 a pass-through (no hooks, no copies; comm hooks are not called; join() does nothing).
@@ -49,7 +51,6 @@ __all__ = ["DistributedDataParallel"]
 
 # torch arguments we accept only at their defaults (value -> why unsupported)
 _UNSUPPORTED_DEFAULTS = {
-    "check_reduction": False,
     "delay_all_reduce_named_params": None,
     "param_to_hook_all_reduce": None,
     "mixed_precision": None,
@@ -57,7 +58,6 @@ _UNSUPPORTED_DEFAULTS = {
     "skip_all_reduce_unused_params": False,
     "bucket_cap_mb_list": None,
     "batched_grad_copy": False,
-    "forward_sync_buffers": None,
 }
 
 
@@ -110,7 +110,11 @@ class DistributedDataParallel(nn.Module):
                  gradient_as_bucket_view: bool = False, static_graph: bool = False,
                  **kwargs: Any) -> None:
         super().__init__()
-        for name, value in [("check_reduction", check_reduction), *kwargs.items()]:
+        # torch's newer name for broadcast_buffers; check_reduction is ignored by torch too.
+        forward_sync_buffers = kwargs.pop("forward_sync_buffers", None)
+        if forward_sync_buffers is not None:
+            broadcast_buffers = forward_sync_buffers
+        for name, value in kwargs.items():
             if name not in _UNSUPPORTED_DEFAULTS:
                 raise TypeError(f"DistributedDataParallel got an unexpected argument {name!r}")
             if value != _UNSUPPORTED_DEFAULTS[name]:
@@ -124,6 +128,14 @@ class DistributedDataParallel(nn.Module):
                 "Group (ringreduce.new_group / Group.split), got "
                 f"{type(process_group).__name__}; for a torch ProcessGroup use torch's DDP "
                 "over the 'ringreduce' backend")
+        sparse = [n for n, m in module.named_modules()
+                  if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse]
+        if sparse:
+            raise NotImplementedError(
+                f"ringreduce DistributedDataParallel does not reduce sparse gradients "
+                f"({', '.join(sparse[:4])} {'has' if len(sparse) == 1 else 'have'} "
+                f"sparse=True); use sparse=False, or torch.nn.parallel.DistributedDataParallel "
+                f"over the 'ringreduce' backend, which reduces them")
         params_all = list(module.named_parameters())
         device = _cuda.module_device(params_all)
         ids, out_dev = _cuda.check_device_args(device, device_ids, output_device)
@@ -156,13 +168,14 @@ class DistributedDataParallel(nn.Module):
         self._buffer_sync: BufferSync | None = None
         if self._world == 1:
             return
-        # Buffers are checked too when they are synchronised (init or every forward).
-        checked = buffers if (init_sync or self.broadcast_buffers) else []
+        # Buffers are checked and copied from rank 0 only when they are synchronised
+        # (broadcast_buffers; torch's init sync leaves them alone otherwise).
+        checked = buffers if self.broadcast_buffers else []
         verify_shapes([n for n, _ in params] + [n for n, _ in checked],
                       [p for _, p in params] + [b for _, b in checked], self._rank,
                       self._world, num_buffers=len(checked), group=process_group)
         if init_sync:
-            broadcast_tensors([p for _, p in params] + self._buffer_list, 0, self._rank,
+            broadcast_tensors([p for _, p in params] + [b for _, b in checked], 0, self._rank,
                               group=process_group)
         self._buffer_sync = BufferSync(self._rank, process_group)
         trainable = [(n, p) for n, p in params if p.requires_grad]
@@ -256,6 +269,15 @@ class DistributedDataParallel(nn.Module):
         bf16_compress_hook; torch's hook signature). Register once, before training."""
         if not callable(hook):
             raise TypeError("register_comm_hook: hook must be callable as hook(state, bucket)")
+        import torch.distributed as dist
+
+        if (getattr(hook, "__module__", "") or "").startswith(
+                "torch.distributed.algorithms.ddp_comm_hooks") and not dist.is_initialized():
+            raise TypeError(
+                f"register_comm_hook: torch's {getattr(hook, '__name__', hook)} reduces through "
+                f"a torch process group, and none exists (only ringreduce.init() was called); "
+                f"use ringreduce.ddp.hooks (allreduce_hook, fp16_compress_hook, "
+                f"bf16_compress_hook), or call dist.init_process_group('ringreduce') first")
         if getattr(self, "_comm_hook_set", False):
             raise RuntimeError("register_comm_hook can only be called once")
         self._comm_hook_set = True
