@@ -71,7 +71,9 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
     if master_addr is None or master_port is None:
         raise ValueError(
             "world_size > 1 needs a rendezvous address: set MASTER_ADDR and MASTER_PORT "
-            "(ringreduce-run and torchrun do), or pass master_addr=/master_port= or store= to init()"
+            "(ringreduce-run and torchrun do; under mpirun across hosts pass them with "
+            "-x MASTER_ADDR=<host of rank 0> -x MASTER_PORT=<free port>), or pass "
+            "master_addr=/master_port= or store= to init()"
         )
     key = (master_addr, master_port)
     if key in _LINGER:  # adopt the reference a failed init left

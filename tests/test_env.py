@@ -6,6 +6,7 @@ package's __init__."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import socket
 import sys
 from pathlib import Path
@@ -98,7 +99,7 @@ def test_slurm_master_addr_and_port() -> None:
 
 @pytest.mark.timeout(60)
 def test_precedence() -> None:
-    torchrun = {"RANK": "1", "WORLD_SIZE": "2"}
+    torchrun = {"RANK": "1", "WORLD_SIZE": "8"}  # >= the MPI counts (torchrun under mpirun)
     ompi = {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "3"}
     slurm = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}
     pmi = {"PMI_RANK": "3", "PMI_SIZE": "4"}
@@ -229,6 +230,7 @@ def test_empty_values_mean_default() -> None:
     ("RINGREDUCE_ALGO", "butterfly", "'auto', 'ring', 'tree'"),
     ("RINGREDUCE_SEGMENT_BYTES", "0", "positive number of bytes"),
     ("RINGREDUCE_SEGMENT_BYTES", "1.5M", "whole number of bytes"),
+    ("RINGREDUCE_SEGMENT_BYTES", "99999999999G", "below 4 EiB"),  # was a pybind cast error
     ("RINGREDUCE_TREE_THRESHOLD_BYTES", "-5", "whole number of bytes"),
     ("RINGREDUCE_HALF_WIRE", "8", "16 (16-bit partial sums on the wire) or 32"),
     ("RINGREDUCE_CHECKSUM", "maybe", "true"),
@@ -247,6 +249,22 @@ def test_bad_tunables(name: str, raw: str, allowed: str) -> None:
     message = str(exc.value)
     assert message.startswith(f"{name}={raw!r} is not valid; allowed: ")
     assert allowed in message
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"RINGREDUCE_SEGMENT_BYTES": "1"}, "RINGREDUCE_SEGMENT_BYTES=1: expected at least 64"),
+    ({"RINGREDUCE_FULL_MESH_MAX": "99999999999999999999"}, "RINGREDUCE_FULL_MESH_MAX="),
+    ({"RINGREDUCE_HEARTBEAT_INTERVAL": "10"},
+     "RINGREDUCE_HEARTBEAT_INTERVAL=10 must be shorter than RINGREDUCE_HEARTBEAT_TIMEOUT=4"),
+    ({"RINGREDUCE_HEARTBEAT_INTERVAL": "1", "RINGREDUCE_HEARTBEAT_TIMEOUT": "1"},
+     "must be shorter"),
+])
+def test_values_the_core_or_each_other_refuse(env: dict, message: str) -> None:
+    """Refused when read, naming the variables (were: a ValueError at connect naming no
+    variable, a pybind11 cast error, or a healthy peer declared dead every few seconds)."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        env_mod.tunables(env)
+    env_mod.tunables({"RINGREDUCE_HEARTBEAT_INTERVAL": "10", "RINGREDUCE_HEARTBEAT_TIMEOUT": "0"})
 
 
 def test_fault_spec_parsed() -> None:
@@ -386,3 +404,31 @@ def test_launch_given_wins_over_the_environment():
     assert given(0, 1, {}).local_world_size == 1
     with pytest.raises(ValueError, match="rank 4 is out of range for world_size 4"):
         given(4, 4, {})
+
+
+def test_open_mpi_on_one_host_needs_no_master_variables() -> None:
+    """`mpirun -n 3 python train.py` works as written: one host -> 127.0.0.1 and a port
+    every process of the job derives from its PMIx namespace (MASTER_* still win); across
+    hosts nothing can be guessed, so the rendezvous asks for -x MASTER_ADDR."""
+    base = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "3",
+            "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "3",
+            "PMIX_NAMESPACE": "prterun-vm-29868@1"}
+    a = env_mod.detect_launch(base)
+    b = env_mod.detect_launch({**base, "OMPI_COMM_WORLD_RANK": "2"})
+    c = env_mod.detect_launch({**base, "PMIX_NAMESPACE": "prterun-vm-4242@1"})
+    assert a.master_addr == "127.0.0.1" and 20000 <= a.master_port < 40000
+    assert (a.master_addr, a.master_port) == (b.master_addr, b.master_port)
+    assert c.master_port != a.master_port  # another job, another port
+    assert env_mod.detect_launch({**base, "MASTER_PORT": "2345"}).master_port == 2345
+    multi = env_mod.detect_launch({**base, "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
+    assert multi.master_addr is None and multi.master_port is None
+
+
+def test_leftover_rank_variables_under_mpirun_are_an_error() -> None:
+    env = {"RANK": "0", "WORLD_SIZE": "1", "OMPI_COMM_WORLD_RANK": "1",
+           "OMPI_COMM_WORLD_SIZE": "2"}
+    with pytest.raises(ValueError, match="WORLD_SIZE=1 but OMPI_COMM_WORLD_SIZE=2"):
+        env_mod.detect_launch(env)
+    # torchrun under mpirun (one agent per host): WORLD_SIZE >= the MPI process count
+    info = env_mod.detect_launch({**env, "RANK": "5", "WORLD_SIZE": "8"})
+    assert (info.rank, info.world_size) == (5, 8)

@@ -164,6 +164,19 @@ def _slurm_master_port(env: Mapping[str, str]) -> int | None:
     return 20000 + (job * 7 + step) % 20000
 
 
+def _mpi_master_port(env: Mapping[str, str]) -> int | None:
+    """A port every process of one Open MPI job derives alike, from its job's id (PMIx
+    namespace, or the job's session directory); MASTER_PORT overrides it."""
+    import zlib
+
+    key = env.get("PMIX_NAMESPACE", "") or env.get("OMPI_MCA_ess_base_jobid", "")
+    if not key and env.get("OMPI_FILE_LOCATION"):
+        key = os.path.dirname(env["OMPI_FILE_LOCATION"].rstrip("/"))  # .../ompi.PID/JOB
+    if not key:
+        return None
+    return 20000 + zlib.crc32(key.encode()) % 20000
+
+
 def _slurm_local_world_size(env: Mapping[str, str], local_rank: int,
                             world: int) -> tuple[str, int]:
     """(variable it came from, number of tasks of this step on this node)."""
@@ -208,6 +221,17 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
         lrank = _env_int(env, "LOCAL_RANK", rank)
         lsize = _env_int(env, "LOCAL_WORLD_SIZE", world)
         _check_range("LOCAL_RANK", lrank, "LOCAL_WORLD_SIZE", lsize)
+        for size_name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+            # A torchrun under mpirun makes WORLD_SIZE >= the launcher's process count; fewer
+            # means RANK/WORLD_SIZE were left over in the environment (each MPI process
+            # would start its own job). SLURM's counts are left out: a batch step's
+            # SLURM_NTASKS says nothing about a torchrun it starts.
+            if env.get(size_name, "").strip().isdigit() and int(env[size_name]) > world:
+                raise ValueError(
+                    f"WORLD_SIZE={world} but {size_name}={env[size_name]}: this process was "
+                    f"started by MPI with more processes than WORLD_SIZE says; unset RANK and "
+                    f"WORLD_SIZE (left over in the environment?) so that ringreduce reads "
+                    f"{size_name}, or launch with torchrun / ringreduce-run")
         source = "torchrun" if "TORCHELASTIC_RUN_ID" in env else "explicit"
         return LaunchInfo(rank, world, lrank, lsize, addr, port, source)
 
@@ -218,6 +242,9 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
         lrank = _env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", rank)
         lsize = _env_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", world)
         _check_range("OMPI_COMM_WORLD_LOCAL_RANK", lrank, "OMPI_COMM_WORLD_LOCAL_SIZE", lsize)
+        if lsize == world:  # one host: rendezvous on it, as ringreduce-run would
+            addr = addr if addr is not None else "127.0.0.1"
+            port = port if port is not None else _mpi_master_port(env)
         return LaunchInfo(rank, world, lrank, lsize, addr, port, "openmpi")
 
     if "SLURM_PROCID" in env:

@@ -72,7 +72,10 @@ def _p_bytes(name: str, raw: str) -> int:
     m = re.fullmatch(r"(\d+)\s*([a-zA-Z]*)", raw.strip())
     if m is None or m.group(2).lower() not in _SIZE_SUFFIX:
         raise _bad(name, raw, "a whole number of bytes, optionally with K, M or G (x1024)")
-    return int(m.group(1)) * _SIZE_SUFFIX[m.group(2).lower()]
+    value = int(m.group(1)) * _SIZE_SUFFIX[m.group(2).lower()]
+    if value >= 1 << 62:
+        raise _bad(name, raw, "a number of bytes below 4 EiB (2^62)")
+    return value
 
 
 def _p_positive_bytes(name: str, raw: str) -> int:
@@ -87,8 +90,8 @@ def _p_count(name: str, raw: str) -> int:
         v = int(raw)
     except ValueError:
         v = -1
-    if v < 1:
-        raise ValueError(f"{name}={raw!r}: expected a whole number >= 1")
+    if not 1 <= v < 1 << 31:
+        raise ValueError(f"{name}={raw!r}: expected a whole number from 1 to 2^31 - 1")
     return v
 
 
@@ -224,7 +227,21 @@ def tunables(env: Mapping[str, str] | None = None) -> Tunables:
         if raw is None or (raw.strip() == "" and f.metadata["empty"]):
             continue
         values[f.name] = f.metadata["parse"](f.metadata["env"], raw)
-    return Tunables(**values)
+    return _cross_check(Tunables(**values))
+
+
+def _cross_check(t: Any) -> Any:
+    """Values fine alone but not together, or outside what the core accepts."""
+    if t.segment_bytes < 64:
+        raise ValueError(f"RINGREDUCE_SEGMENT_BYTES={t.segment_bytes}: expected at least 64 "
+                         f"bytes (the default is 512K)")
+    if t.heartbeat_timeout > 0 and t.heartbeat_interval >= t.heartbeat_timeout:
+        raise ValueError(
+            f"RINGREDUCE_HEARTBEAT_INTERVAL={t.heartbeat_interval:g} must be shorter than "
+            f"RINGREDUCE_HEARTBEAT_TIMEOUT={t.heartbeat_timeout:g} (a peer is declared silent "
+            f"after the timeout, so heartbeats must come more often; e.g. at most a quarter "
+            f"of it), or set RINGREDUCE_HEARTBEAT_TIMEOUT=0 to turn the check off")
+    return t
 
 
 def describe_tunables() -> str:
