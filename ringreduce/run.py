@@ -37,8 +37,11 @@ from typing import IO, Callable
 PROG = "ringreduce-run"
 DEFAULT_GRACE_S = 5.0
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_OPTS_WITH_VALUE = ("-n", "--nproc-per-node", "--master-port", "--master-addr",
-                    "--grace-period")
+_OPTS_WITH_VALUE = ("-n", "--nproc-per-node", "--nproc_per_node", "--master-port",
+                    "--master_port", "--master-addr", "--master_addr", "--grace-period",
+                    "--grace_period")
+# Interpreter options that take a value (`python -W error -X dev train.py`).
+_PY_OPTS_WITH_VALUE = ("-W", "-X", "-Q")
 
 
 class _UsageError(Exception):
@@ -109,12 +112,20 @@ def _command(program: list[str], no_python: bool) -> list[str]:
     python = sys.executable
     if _is_python(program[0]):  # `python train.py`: run it with the interpreter named
         python, program = shutil.which(program[0]) or program[0], program[1:]
-        if program[:1] == ["-u"]:
-            program = program[1:]
+        flags = []  # the interpreter's own options (-O, -W error, -X dev, ...) stay its own
+        while program and program[0].startswith("-") and program[0] not in ("-", "-m", "-c") \
+                and not program[0].startswith(("-m", "-c", "--")):
+            take = 2 if program[0] in _PY_OPTS_WITH_VALUE else 1
+            flags += [f for f in program[:take] if f != "-u"]
+            program = program[take:]
         if not program or program in (["-m"], ["-c"]):
             raise _UsageError(f"no program given after {python!r}: pass a script or -m module")
         if program[0] == "-c":
-            return [python, "-u", *program]
+            return [python, *flags, "-u", *program]
+        if program[0] != "-m" and not os.path.isfile(program[0]):
+            raise _UsageError(f"script {program[0]!r} not found; pass the path to a Python "
+                              "file or use -m module")
+        return [python, *flags, "-u", *program]
     if program[0] != "-m" and not os.path.isfile(program[0]):
         raise _UsageError(f"script {program[0]!r} not found; pass the path to a Python "
                           "file, use -m module to run a module, or --no-python to run an "
@@ -124,25 +135,26 @@ def _command(program: list[str], no_python: bool) -> list[str]:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=PROG,
+        prog=PROG, allow_abbrev=False,  # _split_argv must know which options take a value
         usage=f"{PROG} -n N [options] ([python] script.py | -m module | --no-python cmd) "
               "[args...]",
         description="Start N local ranks of a Python program with torchrun-compatible "
                     "environment variables.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("-n", "--nproc-per-node", dest="nproc",
+    # torchrun's spellings (--nproc_per_node, --master_port, ...) are accepted as well.
+    p.add_argument("-n", "--nproc-per-node", "--nproc_per_node", dest="nproc",
                    type=_positive_int, required=True, metavar="N", help="number of ranks")
-    p.add_argument("--master-addr", default="127.0.0.1",
+    p.add_argument("--master-addr", "--master_addr", default="127.0.0.1",
                    help="MASTER_ADDR given to the ranks (default: 127.0.0.1)")
-    p.add_argument("--master-port", type=_port, default=None,
+    p.add_argument("--master-port", "--master_port", type=_port, default=None,
                    help="MASTER_PORT given to the ranks (default: a free port)")
-    p.add_argument("--no-python", action="store_true",
+    p.add_argument("--no-python", "--no_python", action="store_true",
                    help="run the program as an executable instead of a Python script "
                         "(torchrun's --no-python)")
     p.add_argument("--no-prefix", action="store_true",
                    help="don't prefix output lines with '[rank K] '")
-    p.add_argument("--grace-period", type=float, default=DEFAULT_GRACE_S, metavar="SECONDS",
+    p.add_argument("--grace-period", "--grace_period", type=float, default=DEFAULT_GRACE_S, metavar="SECONDS",
                    help="after a rank fails, how long the others get between SIGTERM and "
                         f"SIGKILL (default: {DEFAULT_GRACE_S:g})")
     return p
@@ -376,6 +388,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "-h" in opts_argv or "--help" in opts_argv:
         parser.epilog = _epilog()
     try:
+        for word in opts_argv:  # before argparse, whose "required: -n" would hide the cause
+            name = word.split("=", 1)[0]
+            if name.startswith("--") and name not in parser._option_string_actions:
+                import difflib
+
+                close = difflib.get_close_matches(
+                    name, [o for o in parser._option_string_actions if o.startswith("--")], 1)
+                raise _UsageError(f"unknown option {name}" + (
+                    f" (did you mean {close[0]}?)" if close else "") + "; options are not "
+                    "abbreviated")
         opts = parser.parse_args(opts_argv)
         cmd = _command(program, opts.no_python)
         if not opts.grace_period >= 0:

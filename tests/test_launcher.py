@@ -201,12 +201,24 @@ def test_module_mode(marker: str) -> None:
 def test_interpreter_before_the_script(marker: str, python: str) -> None:
     """mpirun's habit, ``ringreduce-run -n 2 python train.py``, runs the script."""
     env = dict(os.environ, PYTHONPATH=str(SCRIPTS))
-    for args in ([python, _script("print_env.py")], [python, "-u", "-m", "print_env"]):
+    for args in ([python, _script("print_env.py")], [python, "-u", "-m", "print_env"],
+                 [python, "-O", "-W", "error", _script("print_env.py")]):  # its own flags
         r = _launch("-n", "2", *args, marker, "x", env=env)
         assert r.returncode == 0, r.stderr
         ranks = _ranked_json(r.stdout)
         assert sorted(ranks) == [0, 1]
         assert all(i["argv"] == [marker, "x"] and i["RANK"] == str(k) for k, i in ranks.items())
+    _assert_no_leftovers(marker)
+
+
+@pytest.mark.timeout(60)
+def test_torchrun_spellings(marker: str) -> None:
+    """torchrun's --nproc_per_node / --master_port work (the README's torchrun line)."""
+    r = _launch("--nproc_per_node", "2", "--master_port", "29733", _script("print_env.py"),
+                marker)
+    assert r.returncode == 0, r.stderr
+    ranks = _ranked_json(r.stdout)
+    assert sorted(ranks) == [0, 1] and {i["MASTER_PORT"] for i in ranks.values()} == {"29733"}
     _assert_no_leftovers(marker)
 
 
@@ -333,6 +345,9 @@ def test_ranks_die_with_a_killed_launcher(marker: str) -> None:
     (["-n", "2", "--no-python", "no-such-executable"], "is not an executable on PATH"),
     (["x.py"], "-n"),
     (["-n", "2", "--master-port", "70000", "x.py"], "not a TCP port"),
+    # argparse's abbreviations would take the value for the script: not accepted
+    (["--nproc", "2", "x.py"], "unknown option --nproc (did you mean --nproc_per_node?)"),
+    (["-n", "2", "--master-p", "2951", "x.py"], "unknown option --master-p (did you mean"),
 ])
 def test_usage_errors(args: list[str], message: str) -> None:
     r = _launch(*args)
