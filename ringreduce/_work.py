@@ -42,6 +42,8 @@ class Work:
         self._after = after
         self._result = result
         self._finished = cwork is None
+        self._lock = threading.Lock()
+        self._outputs = (result,) if result is not None else keep  # get_future()'s value
         # irecv: the sender's world rank, or a function returning it once received.
         self.source: Any = None
         if cwork is not None:
@@ -58,12 +60,25 @@ class Work:
         if not self._finished:
             if not self._cwork.wait(timeout):
                 return False
-            self._finished = True
-            if self._after is not None:
-                self._after()
-                self._after = None
-            self._keep = ()
+            with self._lock:  # get_future()'s thread may wait too: `after` runs once
+                if not self._finished:
+                    if self._after is not None:
+                        self._after()
+                        self._after = None
+                    self._finished = True
+                    self._keep = ()
         return True
+
+    def get_future(self) -> Any:
+        """torch's Work.get_future(): a torch.futures.Future completed (on a helper thread)
+        once the collective is, whose value is the output tensors in a list, as torch's --
+        so custom DDP comm hooks can return ``rr.allreduce(t, async_op=True).get_future()``.
+        A failed collective sets the Future's error."""
+        import torch
+
+        from ._futures import future_of
+
+        return future_of(self, [t for t in self._outputs if isinstance(t, torch.Tensor)])
 
     def is_completed(self) -> bool:
         return self._finished or self._cwork.is_completed()

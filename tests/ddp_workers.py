@@ -408,6 +408,15 @@ def sc_dataclass_output(rank: int, world: int, steps: int = 3) -> dict:
     return {"diff": maxdiff(model, ref)}
 
 
+def _future_hook(state: Any, bucket: Any) -> Any:
+    """A custom comm hook written as for torch (work.get_future()), on the rr wrapper."""
+    buf = bucket.buffer().div_(rr.get_world_size())
+    work = rr.allreduce(buf, async_op=True)
+    fut = work.get_future()
+    assert fut.wait()[0] is buf and work.wait()  # the value is [the output], wait() still works
+    return fut
+
+
 SCENARIOS: dict = {
     "plain": lambda r, w: sc_plain(r, w),
     # Buckets above shared memory's one-round size, reduced in the gradients themselves
@@ -438,6 +447,7 @@ SCENARIOS: dict = {
     "nosync_unused_view": lambda r, w: sc_nosync_unused(r, w, gradient_as_bucket_view=True),
     "buffers_not_broadcast": sc_buffers_not_broadcast,
     "dataclass_output": sc_dataclass_output,
+    "future_hook": lambda r, w: sc_plain(r, w, bucket_cap_mb=TINY_CAP_MB, hook=_future_hook),
 }
 
 

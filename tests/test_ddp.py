@@ -344,7 +344,8 @@ def test_overlap_policy(monkeypatch):
         wrapper.overlap_policy(one_host, None)
 
 
-@pytest.mark.parametrize("name", ["nosync_unused", "nosync_unused_view", "dataclass_output"])
+@pytest.mark.parametrize("name", ["nosync_unused", "nosync_unused_view", "dataclass_output",
+                                  "future_hook"])
 def test_accumulated_gradients_and_dataclass_outputs(suite, name):
     """A parameter unused in the synchronised step contributes what it accumulated under
     no_sync() (was zeros: wrong averages); dataclass outputs are searched for the graph."""

@@ -10,8 +10,10 @@ Built-ins: allreduce_hook (what the wrapper does without a hook), fp16_compress_
 bf16_compress_hook (halve the bytes on the wire: over TCP the partial sums travel as 16 bits
 too, each hop adding in fp32 and rounding once; RINGREDUCE_HALF_WIRE=32 sends fp32 partials
 and rounds once, for 1.5x the ring's bytes).
-Hooks written for torch's DDP that call ``dist.all_reduce(..., async_op=True).get_future()``
-work too, when a torch process group is initialised (e.g. with the "ringreduce" backend).
+A hook of your own returns ``rr.allreduce(t, async_op=True, group=bucket._group)
+.get_future()`` (or ``allreduce_future(t, op, group)``), as torch's return
+``dist.all_reduce(t, async_op=True).get_future()``; torch's own hooks work too when a torch
+process group is initialised (e.g. with the "ringreduce" backend).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from .._futures import allreduce_future
 
 __all__ = [
     "GradBucket",
+    "allreduce_future",
     "allreduce_hook",
     "bf16_compress_hook",
     "fp16_compress_hook",
