@@ -514,12 +514,17 @@ def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None
 
 def _linger(store: Any, world: int, cap: float = 2.0) -> None:
     """Rank 0's init failed: before its process (the store's host) may exit, wait until
-    every rank has reached the store (at most `cap` s; a rank that starts slowly would
-    otherwise find no store and only time out), then 0.5 s for them to read "failed"."""
+    every process has reached the store -- counted by claims, so two claiming one RANK
+    count twice and the missing RANK is not waited for (at most `cap` s; a rank that starts
+    slowly would otherwise find no store and only time out), then 0.5 s for them to read
+    "failed"."""
     p = f"ringreduce/{_GENERATION[0]}/"
+
+    def everyone_came() -> bool:  # as many claims as processes (a duplicate RANK too)
+        return sum(int(store.add(p + f"claim/{r}", 0)) for r in range(world)) >= world
+
     with contextlib.suppress(Exception):  # the store failed too: only the pause is left
-        _poll(lambda: store.check([p + f"claim/{r}" for r in range(world)]),
-              time.monotonic() + cap)
+        _poll(everyone_came, time.monotonic() + cap)
     time.sleep(0.5)
 
 
