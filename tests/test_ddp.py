@@ -337,6 +337,17 @@ def test_overlap_policy(monkeypatch):
     assert wrapper.overlap_policy(two_hosts, None) is True  # the network's time hides
     assert wrapper.overlap_policy(small, None) is True
     assert wrapper.overlap_policy(one_host, torch.device("cuda", 0)) is True  # GPU computes
+    # A 2-rank group of a 4-rank job on this host: the other two ranks compute too.
+    from ringreduce import _state
+
+    pair = SimpleNamespace(hosts=["a", "a"])
+    assert wrapper.overlap_policy(pair, None) is True  # no world known: the group's 2 x 2 < 8
+    saved = _state._DEFAULT[0]
+    _state._DEFAULT[0] = SimpleNamespace(hosts=["a"] * 4 + ["b"] * 4)
+    try:
+        assert wrapper.overlap_policy(pair, None) is False  # 4 local ranks x 2 threads = 8
+    finally:
+        _state._DEFAULT[0] = saved
     monkeypatch.setenv("RINGREDUCE_DDP_OVERLAP", "off")
     assert wrapper.overlap_policy(two_hosts, None) is False
     monkeypatch.setenv("RINGREDUCE_DDP_OVERLAP", "sometimes")

@@ -78,7 +78,11 @@ def overlap_policy(g: Any, device: Any) -> bool:
     hosts = list(g.hosts or [])
     if device is not None or not hosts or any(h != hosts[0] for h in hosts):
         return True
-    return len(hosts) * torch.get_num_threads() < usable_cpus()
+    # Every rank of the job on this host computes, not only this group's (DDP over groups).
+    world = _state._DEFAULT[0]
+    local = sum(h == hosts[0] for h in world.hosts) if world is not None and world.hosts \
+        else len(hosts)
+    return max(local, len(hosts)) * torch.get_num_threads() < usable_cpus()
 
 
 class DistributedDataParallel(nn.Module):
