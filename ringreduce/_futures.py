@@ -8,8 +8,9 @@ complete in submission order, so waiting in order costs nothing. A callback may 
 another collective's Future (powerSGD does): the completer role then passes to another
 thread (see _Completer).
 
-Used by the built-in DDP comm hooks and by the torch.distributed backend
-(ringreduce.backend), whose Work objects hand out such Futures from get_future().
+Used by Work.get_future() (and so the DDP comm hooks) and by the torch.distributed backend
+(ringreduce.backend), whose Work objects hand out such Futures from get_future(). Below api:
+nothing here starts a collective.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 
 log = logging.getLogger("ringreduce")
 
-__all__ = ["Completion", "allreduce_future", "future_of"]
+__all__ = ["Completion", "future_of"]
 
 
 class Completion:
@@ -160,15 +161,3 @@ def future_of(work: Any, value: Any, after: Callable[[], None] | None = None
               ) -> torch.futures.Future:
     """A Future that gets `value` once rr Work `work` completed (and `after` ran)."""
     return Completion(work, value, after).future()
-
-
-def allreduce_future(tensor: torch.Tensor, op: str = "sum",
-                     group: Any = None) -> torch.futures.Future:
-    """Start an async ringreduce all-reduce of `tensor` (in place, over `group`: default the
-    world) and return a Future whose value is ``[tensor]`` -- the building block for custom
-    DDP comm hooks, like ``dist.all_reduce(t, async_op=True).get_future()`` with torch's
-    process groups."""
-    from . import api
-
-    work = api.allreduce(tensor, op=op, async_op=True, group=group)
-    return future_of(work, [tensor])

@@ -236,8 +236,8 @@ def allreduce(x: Any, op: Any = "sum", algo: str = "auto", async_op: bool = Fals
     b = as_buffer(x, "allreduce(x)")
     opc, alc = op_code(op), algo_code(algo) or g.default_algo
     _buffers.check_reduction(b, opc)
-    if g.comm is None:
-        return _finish(None, (), async_op=async_op)
+    if g.comm is None:  # (x,): what Work.get_future() hands out, as for a real collective
+        return _finish(None, (x,), async_op=async_op)
     cw = g.comm.allreduce(b.ptr, b.count, b.code, opc, alc, async_op)
     return Work(cw, (x,)) if async_op else None
 
@@ -252,7 +252,7 @@ def broadcast(x: Any, src: int = 0, async_op: bool = False,
         return _gpu().broadcast(g, x, root, async_op, backend)
     b = as_buffer(x, "broadcast(x)")
     if g.comm is None:
-        return _finish(None, (), async_op=async_op)
+        return _finish(None, (x,), async_op=async_op)
     return _finish(g.comm.broadcast(b.ptr, b.count, b.code, root, async_op), (x,),
                    async_op=async_op)
 

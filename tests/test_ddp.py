@@ -386,3 +386,13 @@ def test_sparse_gradients_and_torch_hooks_say_what_to_do(single_process):
     # torch's newer spelling of broadcast_buffers; check_reduction (ignored by torch too)
     assert DDP(nn.Linear(2, 2), forward_sync_buffers=False).broadcast_buffers is False
     DDP(nn.Linear(2, 2), check_reduction=True)
+
+
+def test_get_future_of_a_one_rank_collective(single_process):
+    """Work.get_future() hands out [output] also where no data moves (one rank)."""
+    import ringreduce as rr
+    from ringreduce.ddp.hooks import allreduce_future
+
+    t = torch.ones(3)
+    assert rr.allreduce(t, async_op=True).get_future().wait()[0] is t
+    assert allreduce_future(t).wait()[0] is t

@@ -22,7 +22,8 @@ from typing import Any, Callable
 
 import torch
 
-from .._futures import allreduce_future
+from .. import api
+from .._futures import future_of
 
 __all__ = [
     "GradBucket",
@@ -88,6 +89,15 @@ def _div_world(state: Any, bucket: GradBucket) -> int:
         except TypeError:
             ws = None
     return int(ws) if ws else bucket.world_size()
+
+
+def allreduce_future(tensor: torch.Tensor, op: str = "sum",
+                     group: Any = None) -> torch.futures.Future:
+    """Start an async ringreduce all-reduce of `tensor` (in place, over `group`: default the
+    world) and return a Future whose value is ``[tensor]`` -- the building block for custom
+    DDP comm hooks, like ``dist.all_reduce(t, async_op=True).get_future()`` with torch's
+    process groups."""
+    return future_of(api.allreduce(tensor, op=op, async_op=True, group=group), [tensor])
 
 
 def _group(state: Any, bucket: GradBucket) -> Any:
