@@ -293,7 +293,8 @@ RR_KFN void widenBf16Loop(const void* src, float* dst, size_t n) {
 
 // Fills the reduce rows of a KernelTable from K<T, op>::run (a per-ISA wrapper that carries
 // the target attribute). Floats: sum, avg (the sum kernel), prod, min, max. Integers: those
-// but avg (refused by checkReduction) plus the bitwise ops. 16-bit float rows stay null.
+// but avg (an integer avg runs as a sum in int64: collectives/int_avg.h) plus the bitwise
+// ops. 16-bit float rows stay null.
 template <class T, template <class, ReduceOp> class K>
 inline void fillRow(ReduceFn (&row)[kNumReduceOps]) {
   row[static_cast<int>(ReduceOp::kSum)] = &K<T, ReduceOp::kSum>::run;
