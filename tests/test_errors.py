@@ -172,14 +172,11 @@ def test_mismatched_kinds_are_detected(world: int, transport: str) -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("transport,world", [
-    pytest.param("tcp", 2, marks=pytest.mark.xfail(strict=True, reason=(
-        "known limitation: when every rank believes it is the root of a TCP broadcast, all "
-        "of them only send and none reads a header in that call; the mismatch surfaces at "
-        "the next collective (seq check) instead"))),
-    ("tcp", 3), ("shm", 2), ("shm", 3),
-])
+@pytest.mark.parametrize("transport,world", [("tcp", 2), ("tcp", 3), ("shm", 2), ("shm", 3)])
 def test_mismatched_broadcast_roots_are_detected(world: int, transport: str) -> None:
+    """TCP, 2 ranks: each believes it is the root, so both only send and return (as NCCL's and
+    gloo's would); their next collective reads the stale broadcast frame and must name the
+    root mismatch, not only the sequence numbers."""
     outs = run_world_raw(world, error_workers.mismatch, ["broadcast-root"], timeout=40,
                          env=_env(transport, RINGREDUCE_TIMEOUT="4"))
     _check_mismatch(outs, world)

@@ -11,10 +11,20 @@ std::string describeMismatch(const FrameHeader& got, const FrameHeader& want, bo
     return p2p && kind == CollectiveKind::kBroadcast ? "point-to-point message" : toString(kind);
   };
   if (got.magic != want.magic) return concat("bad frame magic 0x", std::hex, got.magic);
-  if (got.seq != want.seq || got.kind != want.kind)
+  if (got.seq != want.seq || got.kind != want.kind) {
+    // A broadcast whose ranks named different roots: each root only sends and returns, so
+    // its frames are first read here, by the next collective (over TCP, no rank of such a
+    // broadcast need read anything during it).
+    const bool staleBroadcast = !p2p && got.seq < want.seq &&
+                                got.kind == static_cast<uint8_t>(CollectiveKind::kBroadcast);
     return concat("collective mismatch: peer is at ", kindName(got.kind), " #", got.seq,
                   ", this rank at ", kindName(want.kind), " #", want.seq,
-                  " (every rank must issue the same collectives in the same order)");
+                  staleBroadcast ? concat(" (this rank never read that broadcast's data: "
+                                          "probably a root mismatch in broadcast #", got.seq,
+                                          "; every rank must pass the same src)")
+                                 : std::string(" (every rank must issue the same collectives "
+                                               "in the same order)"));
+  }
   if (got.count != want.count)
     return concat("count mismatch in ", kindName(want.kind), " #", want.seq, ": peer has ",
                   got.count, " elements, this rank ", want.count,
