@@ -43,6 +43,12 @@ class Group:
     p2p: dict = field(default_factory=dict)  # (lo, hi, tag) -> channels (ringreduce.p2p)
     eager: list = field(default_factory=list)  # (thread, dst, tag): sends that returned early (p2p)
     destroyed: bool = False
+    # World only: what its destroyed groups and p2p channels found (their destroy() ran
+    # before the world's): whether one had failed, and a global rank one found dead or
+    # frozen (-1: none). The world's farewell through the store then waits for that rank no
+    # more than after a failure of the world itself.
+    child_failed: bool = False
+    child_lost: int = -1
 
     @property
     def size(self) -> int:

@@ -98,8 +98,10 @@ def from_store(store: Any, rank: int, size: int, name: str,
         return _connect(world, store, members, rank, p, name, secs)
 
 
-def destroy_group(g: Group) -> None:
-    """Group.destroy: close the group's connections (the world: ringreduce.destroy())."""
+def destroy_group(g: Group, world: Group | None = None) -> None:
+    """Group.destroy: close the group's connections (the world: ringreduce.destroy()).
+    `world`: the world it belongs to (default: the current one; ringreduce.destroy() passes
+    the world it is destroying, no longer current by then)."""
     if g.destroyed:
         return
     if g is _state._DEFAULT[0]:
@@ -107,15 +109,21 @@ def destroy_group(g: Group) -> None:
         return
     g.destroyed = True  # before the store goes: p2p's helper threads check it first
     g.store = None
-    world = _state._DEFAULT[0]
+    if world is None:
+        world = _state._DEFAULT[0]
     if world is not None and g in world.children:
         world.children.remove(g)
     for pair in list(g.p2p.values()):  # its point-to-point channels go with it
         for ch in pair:
-            destroy_group(ch)
+            destroy_group(ch, world)
     g.p2p.clear()
     if g.comm is not None:
         g.comm.destroy()
+        if world is not None and g.comm.failed_at_destroy:
+            world.child_failed = True
+            lost = g.comm.lost_peer_at_destroy
+            if lost >= 0 and world.child_lost < 0:
+                world.child_lost = g.ranks[lost] if g.ranks else lost
 
 
 def destroy_default() -> None:
@@ -152,8 +160,10 @@ def destroy_default() -> None:
         try:
             if g.comm is not None:
                 g.comm.destroy()
-                failed = g.comm.failed_at_destroy
+                failed = g.comm.failed_at_destroy or g.child_failed
                 lost = g.comm.lost_peer_at_destroy  # dead or frozen: says no "bye"
+                if lost < 0:  # or one that a group or p2p channel found
+                    lost = g.child_lost
         finally:
             # After the communicator: the store outlives nothing that could still use it.
             _rendezvous.release_store(g.store_key, g.rank, g.world_size, g.store_prefix,
@@ -201,7 +211,7 @@ def destroy_children(world: Group) -> None:
     """Destroy every live group of `world` (ringreduce.destroy(); failures do not stop it)."""
     for g in list(world.children):
         try:
-            destroy_group(g)
+            destroy_group(g, world)
         except Exception as e:  # noqa: BLE001 - the world's destroy goes on regardless
             log.warning("destroying %r failed: %s", g, e)
     world.children.clear()

@@ -177,10 +177,11 @@ def skipped_call(rank: int, world: int) -> str:
         return f"{type(e).__name__} after {time.monotonic() - t0:.1f} s: {e}"
 
 
-def member_dies(rank: int, world: int) -> str:
+def member_dies(rank: int, world: int) -> dict:
     """Overlapping groups A = [1, 2, 3] and B = [0, 2] of 4 ranks: world rank 2 exits; every
     member of every group it belonged to (ranks 1 and 3 in A, rank 0 in B) must fail its
-    group all-reduce naming world rank 2 -- never a hang."""
+    group all-reduce naming world rank 2 -- never a hang. Then rr.destroy(), timed: the
+    world never saw the death, its groups did."""
     import os
 
     a = rr.new_group([1, 2, 3])
@@ -190,9 +191,12 @@ def member_dies(rank: int, world: int) -> str:
     g = b if rank == 0 else a
     try:
         rr.allreduce(np.ones(4), group=g)
-        return "no error"
+        msg = "no error"
     except Exception as e:  # noqa: BLE001
-        return f"{type(e).__name__}: {e}"
+        msg = f"{type(e).__name__}: {e}"
+    t = time.monotonic()
+    rr.destroy()
+    return {"error": msg, "destroy_secs": time.monotonic() - t}
 
 
 def torch_reinit_subgroups(rank: int, world: int) -> list:
