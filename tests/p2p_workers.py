@@ -675,3 +675,28 @@ def torch_call_sites(rank: int, world: int) -> dict:
         out["p2p"] = str(e)
     dist.destroy_process_group()
     return out
+
+
+def ring_death(rank: int, world: int) -> dict:
+    """An isend/irecv ring; world rank 1 exits at iteration 20. Each survivor destroys as
+    soon as its own call fails (as a program that ends on the exception does): ranks whose
+    neighbour failed because of rank 1 learn why that neighbour left, naming rank 1 too."""
+    import os
+
+    x = np.full(64, float(rank), np.float32)
+    y = np.zeros_like(x)
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    try:
+        for i in range(100000):
+            if rank == 1 and i == 20:
+                os._exit(0)
+            a, b = rr.isend(x, dst=nxt), rr.irecv(y, src=prv)
+            a.wait()
+            b.wait()
+            if y[0] != prv:
+                return {"error": f"wrong data {y[0]} from {prv} at {i}"}
+        msg = "no error"
+    except Exception as e:  # noqa: BLE001
+        msg = f"{type(e).__name__}: {e}"
+    rr.destroy()
+    return {"error": msg}

@@ -90,6 +90,22 @@ def test_a_receiver_whose_sender_left_names_the_recv(transport: str) -> None:
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_ring_names_the_dead_rank_on_every_survivor(transport: str) -> None:
+    """Before, ranks 3 and 0 were told only that their neighbour "left the job (destroy(),
+    or its program ended ...)": rank 2 left after rank 1's death failed its recv, and its
+    goodbye said nothing of why. Now a goodbye carries the process's first failure."""
+    outs = run_world_raw(4, "p2p_workers:ring_death", timeout=60, expendable=[1],
+                         env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "20"})
+    for r in (0, 2, 3):
+        v = outs[r].value
+        assert v is not None, outs[r].describe()
+        # "rank 1 (<host>) ...", not only a heartbeat note ("rank 1 (pid N) was last heard")
+        assert v["error"].startswith("PeerFailure") and re.search(r"rank 1 \([^p]", v["error"]), \
+            (r, v)
+
+
+@pytest.mark.timeout(90)
 def test_destroy_waits_for_an_early_returned_send_and_says_so() -> None:
     outs = run_world(2, "p2p_workers:unreceived_send", timeout=60,
                      env={"RINGREDUCE_TIMEOUT": "4"})

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 
 #include "comm/site.h"
 #include "core/error.h"
@@ -14,6 +15,18 @@
 
 namespace rr::comm {
 
+namespace {
+// The first failure of any communicator of this process (poison()): a communicator that
+// later leaves normally (destroy()) tells its peers, so a rank waiting for this one learns
+// why it left -- e.g. the rank whose death made it fail -- not only that it did.
+std::mutex gFailureMu;
+std::string gFirstFailure;  // guarded by gFailureMu
+
+std::string firstFailure() {
+  std::lock_guard<std::mutex> lock(gFailureMu);
+  return gFirstFailure;
+}
+}  // namespace
 
 Communicator::Communicator(int rank, int world, std::vector<std::unique_ptr<Connection>> conns,
                            Options opts)
@@ -135,6 +148,10 @@ void Communicator::poison(const std::string& reason, transport::AbortCode code, 
   if (!failure_.empty()) return;
   failure_ = reason;
   lostPeer_ = lostPeer;
+  {
+    std::lock_guard<std::mutex> lock(gFailureMu);
+    if (gFirstFailure.empty()) gFirstFailure = reason;
+  }
   if (!flightPath_.empty()) {
     std::string path = flightPath_ + ".rank" + std::to_string(rank_) + ".json";
     if (FILE* f = std::fopen(path.c_str(), "w")) {
@@ -158,10 +175,11 @@ void Communicator::poison(const std::string& reason, transport::AbortCode code, 
 void Communicator::farewell() {
   if (dialer_) dialer_->close();
   if (poisoned() || aborted_.load()) return;
-  if (shm_) shm_->publishLeft();
+  const std::string why = firstFailure();
+  if (shm_) shm_->publishLeft(why);
   for (auto& c : conns_) {
     if (!c) continue;
-    c->sendGoodbye();
+    c->sendGoodbye(why);
     c->close();
   }
 }

@@ -192,6 +192,8 @@ class Communicator {
   // Shared memory's part of every liveness check: a local peer's published failure
   // (throws as its abort frame would), its goodbye (gone_), its exit (PeerError).
   void checkLocalPeers();
+  // Why peer `p` left (its goodbye's or shared-memory farewell's reason), "" if it gave none.
+  std::string leftWhy(int p);
   void connectLazily(int peer);
   // Wait until `dialFd` is readable (>= 0) or `peer` has dialled this rank, serving other
   // dialling peers and watching the overlay meanwhile.

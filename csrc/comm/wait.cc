@@ -113,10 +113,17 @@ void Communicator::checkAlive(int peer) {
   noteWait();
   if (hb_ && peer >= 0) hb_->setWaiting(peer);
   checkLiveness(-1, peer, true);
-  if (peer >= 0 && gone_[static_cast<size_t>(peer)])
+  if (peer >= 0 && gone_[static_cast<size_t>(peer)]) {
+    const std::string why = leftWhy(peer);
+    if (!why.empty())
+      throw PeerError(peer, PeerCause::kLeft, detail::concat("rank ", label(peer), " (", peerHost(peer),
+                                           ") left the job after a failure on its side while rank ",
+                                           label(rank_), " waited for it in ", describeCurrent(),
+                                           ": ", why));
     throw PeerError(peer, PeerCause::kLeft, detail::concat("rank ", label(peer), " (", peerHost(peer),
                                          ") left the job (destroy(), or its program ended: normally or by an exception) while rank ",
                                          label(rank_), " waited for it in ", describeCurrent()));
+  }
   pollIdle();
 }
 
@@ -166,6 +173,14 @@ void Communicator::checkLiveness(int sendPeer, int recvPeer, bool shm) {
   if (deadline_.expired()) timeout(sendPeer, recvPeer, shm);
   if (shm_) checkLocalPeers();
   checkHeartbeats(recvPeer >= 0 ? recvPeer : sendPeer);
+}
+
+std::string Communicator::leftWhy(int p) {
+  const auto& c = conns_[static_cast<size_t>(p)];
+  if (c && !c->leftWhy().empty()) return c->leftWhy();
+  if (!shm_) return "";
+  const int r = shm_->localIndex(p);
+  return r >= 0 ? shm_->leftWhy(r) : std::string();
 }
 
 void Communicator::checkLocalPeers() {

@@ -83,8 +83,11 @@ class Connection {
 
   // Best effort, non-blocking: tell the peer we are failing. Skipped mid-frame.
   virtual void sendAbort(AbortCode code, const std::string& reason) = 0;
-  // Best effort, non-blocking: tell the peer we are leaving normally (destroy()).
-  virtual void sendGoodbye() = 0;
+  // Best effort, non-blocking: tell the peer we are leaving normally (destroy()); `why`:
+  // "" or the failure (on another communicator of this process) we leave after.
+  virtual void sendGoodbye(const std::string& why) = 0;
+  // The `why` of the peer's goodbye, once one was read ("" before, or if it gave none).
+  const std::string& leftWhy() const { return leftWhy_; }
   virtual void close() = 0;
 
  protected:
@@ -93,6 +96,7 @@ class Connection {
   int peer_;
   int label_ = peer_;
   std::string peerHost_;
+  std::string leftWhy_;
 };
 
 // Makes connections after init, for peers a communicator did not connect at init (lazy

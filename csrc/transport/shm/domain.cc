@@ -106,9 +106,21 @@ void ShmDomain::publishAbort(uint8_t code, const std::string& reason) {
   notify();
 }
 
-void ShmDomain::publishLeft() {
-  ctl(rank_).left.v.store(1, std::memory_order_release);
+void ShmDomain::publishLeft(const std::string& why) {
+  Control& c = ctl(rank_);
+  if (!c.abortCode.v.load(std::memory_order_relaxed)) {  // the reason slot is free
+    const size_t n = std::min(why.size(), sizeof(c.abortReason) - 1);
+    std::memcpy(c.abortReason, why.data(), n);
+    c.abortReason[n] = '\0';
+  }
+  c.left.v.store(1, std::memory_order_release);  // after the reason: readers see both
   notify();
+}
+
+std::string ShmDomain::leftWhy(int r) {
+  Control& c = ctl(r);
+  if (!leftOf(r) || c.abortCode.v.load(std::memory_order_acquire)) return "";
+  return std::string(c.abortReason, strnlen(c.abortReason, sizeof(c.abortReason)));
 }
 
 uint32_t ShmDomain::abortOf(int r, std::string* reason) {

@@ -104,6 +104,12 @@ class ShmDomain {
   int rank() const { return rank_; }    // index among the local ranks
   int world() const { return world_; }  // number of local ranks
   int globalRank(int local) const { return members_[static_cast<size_t>(local)]; }
+  // The local index of communicator rank `global`, or -1 if it is not on this host.
+  int localIndex(int global) const {
+    for (size_t i = 0; i < members_.size(); ++i)
+      if (members_[i] == global) return static_cast<int>(i);
+    return -1;
+  }
   const ShmConfig& config() const { return cfg_; }
 
   Control& ctl(int r) { return *reinterpret_cast<Control*>(base_[static_cast<size_t>(r)]); }
@@ -156,10 +162,13 @@ class ShmDomain {
   // This rank failed (`code`: an AbortCode) / leaves on purpose: tell the local peers
   // through its control block (liveness.h), then wake them.
   void publishAbort(uint8_t code, const std::string& reason);
-  void publishLeft();
+  // `why`: "" or the failure (on another communicator of its process) it leaves after.
+  void publishLeft(const std::string& why = "");
   // Local rank `r`'s failure: its AbortCode + 1 and *reason, or 0 (none).
   uint32_t abortOf(int r, std::string* reason);
   bool leftOf(int r) { return ctl(r).left.v.load(std::memory_order_acquire) != 0; }
+  // publishLeft's `why` of local rank `r` ("" if none, or it has not left).
+  std::string leftWhy(int r);
   // Whether this rank can read every local peer's memory with process_vm_readv (cma.h):
   // probed once, on first use (after attach).
   bool cmaReadable();

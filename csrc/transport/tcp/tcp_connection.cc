@@ -40,14 +40,27 @@ void TcpConnection::failErrno(const char* doing, int err) {
                                         ") failed while ", doing, ": ", std::strerror(err)));
 }
 
-void TcpConnection::raiseAbort(const FrameHeader& h, const char* already, size_t alreadyLen) {
+namespace {
+// The text payload of a control frame (abort, goodbye) whose header was read, `already` of
+// it read with the header. Bounded by kMaxAbortReason; best effort (0.5 s).
+std::string readReason(int fd, const FrameHeader& h, const char* already, size_t alreadyLen) {
   size_t want = std::min<size_t>(h.payloadBytes, kMaxAbortReason);
-  std::string reason(already, std::min(alreadyLen, want));
+  std::string reason(already ? already : "", already ? std::min(alreadyLen, want) : 0);
   if (reason.size() < want) {
     std::string rest(want - reason.size(), '\0');
     std::string err;
-    if (readFull(fd_.get(), rest.data(), rest.size(), Deadline::after(0.5), &err)) reason += rest;
+    if (readFull(fd, rest.data(), rest.size(), Deadline::after(0.5), &err)) reason += rest;
   }
+  return reason;
+}
+}  // namespace
+
+void TcpConnection::readGoodbye(const FrameHeader& h, const char* already, size_t alreadyLen) {
+  leftWhy_ = readReason(fd_.get(), h, already, alreadyLen);
+}
+
+void TcpConnection::raiseAbort(const FrameHeader& h, const char* already, size_t alreadyLen) {
+  const std::string reason = readReason(fd_.get(), h, already, alreadyLen);
   std::string msg = detail::concat("rank ", label_, " (", peerHost_, ") failed: ", reason);
   switch (static_cast<AbortCode>(h.op)) {
     case AbortCode::kMismatch: throw MismatchError(msg);
@@ -118,6 +131,11 @@ bool TcpConnection::progressRecv(RecvOp& op) {
         }
         if (op.got.magic == kFrameMagic &&
             op.got.kind == static_cast<uint8_t>(CollectiveKind::kGoodbye)) {
+          readGoodbye(op.got, static_cast<const char*>(op.data), op.done - H);
+          if (!leftWhy_.empty())
+            throw PeerError(peer_, PeerCause::kLeft, detail::concat(
+                                       "rank ", label_, " (", peerHost_, ") left the job after "
+                                       "a failure on its side: ", leftWhy_));
           throw PeerError(peer_, PeerCause::kLeft, detail::concat(
                                      "rank ", label_, " (", peerHost_,
                                      ") left the job (it called destroy(), or its program ended: "
@@ -167,6 +185,7 @@ Connection::Idle TcpConnection::checkIdle(const FrameHeader* current) {
   if (static_cast<size_t>(r) == sizeof(h) && h.magic == kFrameMagic &&
       h.kind == static_cast<uint8_t>(CollectiveKind::kGoodbye)) {
     ::recv(fd_.get(), &h, sizeof(h), MSG_DONTWAIT);
+    readGoodbye(h, nullptr, 0);
     return Idle::kGoodbye;
   }
   if (current && static_cast<size_t>(r) == sizeof(h) && h.magic == kFrameMagic &&
@@ -190,7 +209,9 @@ void TcpConnection::sendAbort(AbortCode code, const std::string& reason) {
   sendControl(CollectiveKind::kAbort, static_cast<uint8_t>(code), reason);
 }
 
-void TcpConnection::sendGoodbye() { sendControl(CollectiveKind::kGoodbye, 0, ""); }
+void TcpConnection::sendGoodbye(const std::string& why) {
+  sendControl(CollectiveKind::kGoodbye, 0, why);
+}
 
 void TcpConnection::sendControl(CollectiveKind kind, uint8_t code, const std::string& payload) {
   if (!fd_.valid() || midSend_) return;

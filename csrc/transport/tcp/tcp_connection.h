@@ -17,7 +17,7 @@ class TcpConnection final : public Connection {
   int fd() const override { return fd_.get(); }
   Idle checkIdle(const FrameHeader* current) override;
   void sendAbort(AbortCode code, const std::string& reason) override;
-  void sendGoodbye() override;
+  void sendGoodbye(const std::string& why) override;
   void close() override;
 
  private:
@@ -25,6 +25,8 @@ class TcpConnection final : public Connection {
   [[noreturn]] void failErrno(const char* doing, int err);
   void sendControl(CollectiveKind kind, uint8_t code, const std::string& payload);
   [[noreturn]] void raiseAbort(const FrameHeader& h, const char* already, size_t alreadyLen);
+  // A goodbye's header was read (`already`: payload bytes read with it): read its `why`.
+  void readGoodbye(const FrameHeader& h, const char* already, size_t alreadyLen);
 
   Fd fd_;
   bool midSend_ = false;  // a frame is partially written: an abort frame would corrupt it
