@@ -194,6 +194,8 @@ class Communicator {
   void checkLocalPeers();
   // Why peer `p` left (its goodbye's or shared-memory farewell's reason), "" if it gave none.
   std::string leftWhy(int p);
+  // Raise what shared memory says peer `p` failed with (ShmDomain::abortOf's code, reason).
+  [[noreturn]] void throwPeerAbort(int p, uint32_t code, const std::string& reason) const;
   void connectLazily(int peer);
   // Wait until `dialFd` is readable (>= 0) or `peer` has dialled this rank, serving other
   // dialling peers and watching the overlay meanwhile.

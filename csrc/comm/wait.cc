@@ -175,6 +175,15 @@ void Communicator::checkLiveness(int sendPeer, int recvPeer, bool shm) {
   checkHeartbeats(recvPeer >= 0 ? recvPeer : sendPeer);
 }
 
+void Communicator::throwPeerAbort(int p, uint32_t code, const std::string& reason) const {
+  std::string msg = detail::concat("rank ", label(p), " (", peerHost(p), ") failed: ", reason);
+  switch (static_cast<transport::AbortCode>(code - 1)) {
+    case transport::AbortCode::kMismatch: throw MismatchError(msg);
+    case transport::AbortCode::kTimeout: throw TimeoutError(msg);
+    default: throw PeerError(p, PeerCause::kAborted, msg);
+  }
+}
+
 std::string Communicator::leftWhy(int p) {
   const auto& c = conns_[static_cast<size_t>(p)];
   if (c && !c->leftWhy().empty()) return c->leftWhy();
@@ -194,6 +203,10 @@ void Communicator::checkLocalPeers() {
       continue;
     }
     const int p = d.globalRank(r);
+    // It failed, said why, and then ended (its destroy() after the failure): its reason
+    // names the cause (a timeout, another rank's death), its exit only the consequence.
+    std::string why;
+    if (const uint32_t code = d.abortOf(r, &why)) throwPeerAbort(p, code, why);
     throw PeerError(p, PeerCause::kClosed,
                     detail::concat("rank ", label(p), " (", peerHost(p), ") exited (its process "
                                    "is gone: crashed or killed) while rank ", label(rank_),
@@ -205,14 +218,7 @@ void Communicator::checkLocalPeers() {
     const int p = d.globalRank(r);
     const auto& c = conns_[static_cast<size_t>(p)];
     if (c && c->fd() >= 0) continue;  // its connection says all this (abort frame, goodbye)
-    if (const uint32_t code = d.abortOf(r, &reason)) {
-      std::string msg = detail::concat("rank ", label(p), " (", peerHost(p), ") failed: ", reason);
-      switch (static_cast<transport::AbortCode>(code - 1)) {
-        case transport::AbortCode::kMismatch: throw MismatchError(msg);
-        case transport::AbortCode::kTimeout: throw TimeoutError(msg);
-        default: throw PeerError(p, PeerCause::kAborted, msg);
-      }
-    }
+    if (const uint32_t code = d.abortOf(r, &reason)) throwPeerAbort(p, code, reason);
     if (d.leftOf(r)) gone_[static_cast<size_t>(p)] = 1;
   }
 }
