@@ -229,6 +229,17 @@ MISMATCHES: dict[str, tuple[str, Callable[[int, bool], Any]]] = {
         np.ones(rr.get_world_size() * (3 if odd else 2)))),
     "reduce_scatter-op": ("op mismatch", lambda r, odd: rr.reduce_scatter(
         np.ones(rr.get_world_size() * 4), op="min" if odd else "max")),
+    # Integer avg runs as an int64 sum inside the core: its frames must still describe the
+    # call each rank made (before, every one of these returned silently).
+    "intavg-vs-int64-sum": ("dtype mismatch", lambda r, odd: rr.allreduce(
+        np.full(7, 100, np.int64 if odd else np.int32), op="sum" if odd else "avg")),
+    "intavg-int8-vs-uint8": ("dtype mismatch", lambda r, odd: rr.allreduce(
+        np.full(4, 255, np.uint8) if odd else np.full(4, -1, np.int8), op="avg")),
+    "intavg-vs-sum-of-twice-as-many": ("count mismatch", lambda r, odd: rr.allreduce(
+        np.full(14 if odd else 7, 100, np.int64), op="sum" if odd else "avg")),
+    "reduce_scatter-intavg": ("dtype mismatch", lambda r, odd: rr.reduce_scatter(
+        np.full(rr.get_world_size() * 7, 100, np.int64 if odd else np.int32),
+        op="sum" if odd else "avg")),
     "broadcast-root": ("root mismatch",
                        lambda r, odd: rr.broadcast(np.full(64, float(r)), src=1 if odd else 0)),
     # The odd rank believes it is the root: over TCP both roots wait for partials (or

@@ -85,6 +85,7 @@ void allreduce(Communicator& c, void* buf, size_t count, DataType dtype, ReduceO
   }
   if (intavg::applies(dtype, op)) {
     std::vector<int64_t> wide = intavg::widen(dtype, buf, count);
+    const Communicator::DescribedAs as(c, dtype, op, count);
     allreduce(c, wide.data(), wide.size(), DataType::kInt64, ReduceOp::kSum, algo);
     intavg::narrow(dtype, wide.data(), buf, count, c.world());
     return;

@@ -35,6 +35,7 @@ void reduce(Communicator& c, void* buf, size_t count, DataType dtype, ReduceOp o
   }
   if (intavg::applies(dtype, op)) {
     std::vector<int64_t> wide = intavg::widen(dtype, buf, count);
+    const Communicator::DescribedAs as(c, dtype, op, count);
     reduce(c, wide.data(), wide.size(), DataType::kInt64, ReduceOp::kSum, root);
     if (me == root) intavg::narrow(dtype, wide.data(), buf, count, n);
     return;

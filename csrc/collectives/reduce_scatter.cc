@@ -34,6 +34,7 @@ void reduceScatter(Communicator& c, const void* in, void* out, size_t count, Dat
   if (intavg::applies(dtype, op)) {  // block r of the wide input is block r of `in`, widened
     std::vector<int64_t> wide = intavg::widen(dtype, in, total);
     std::vector<int64_t> mine(count * intavg::words(dtype));
+    const Communicator::DescribedAs as(c, dtype, op, count);
     reduceScatter(c, wide.data(), mine.data(), mine.size(), DataType::kInt64, ReduceOp::kSum);
     intavg::narrow(dtype, mine.data(), out, count, n);
     return;

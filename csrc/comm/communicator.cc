@@ -88,6 +88,12 @@ FrameHeader Communicator::begin(CollectiveKind kind, DataType dtype, ReduceOp op
   h.seq = ++seq_;
   h.root = root;
   h.count = count;
+  if (as_.on) {
+    as_.on = false;
+    h.dtype = static_cast<uint8_t>(as_.dtype);
+    h.op = static_cast<uint8_t>(as_.op);
+    h.count = as_.count;
+  }
   curKind_ = kind;
   curAlgo_ = algo;
   curHeader_ = h;

@@ -88,6 +88,23 @@ class Communicator {
   // that later collectives line up on every rank.
   void skip() { checkUsable(); ++seq_; }
 
+  // While one is in scope, the next begin()'s frames describe the caller's call (dtype, op,
+  // per-rank count) instead of the call that carries it: an integer avg runs as an int64
+  // sum (collectives/int_avg.h), yet ranks must still agree on what they were asked for --
+  // int32 avg must not meet int64 sum, nor int8 avg uint8 avg, unnoticed.
+  class DescribedAs {
+   public:
+    DescribedAs(Communicator& c, DataType dtype, ReduceOp op, size_t count) : c_(c) {
+      c_.as_ = {true, dtype, op, count};
+    }
+    ~DescribedAs() { c_.as_.on = false; }
+    DescribedAs(const DescribedAs&) = delete;
+    DescribedAs& operator=(const DescribedAs&) = delete;
+
+   private:
+    Communicator& c_;
+  };
+
   // Block until sendPeer is writable or recvPeer readable (-1 = none), watching all other
   // peers for EOF/abort meanwhile. Throws TimeoutError at the deadline, PeerError on a dead
   // peer, Error after abort().
@@ -184,6 +201,12 @@ class Communicator {
   std::string peerContext(int peer) const;
 
  private:
+  struct {
+    bool on = false;
+    DataType dtype = DataType::kFloat32;
+    ReduceOp op = ReduceOp::kSum;
+    size_t count = 0;
+  } as_;  // DescribedAs; consumed by begin()
   // The one liveness check of every wait (sockets: waitIo between polls; shared memory:
   // checkAlive): abort, the deadline, then the peers' heartbeats (silent peer, collective
   // issued out of order, stall report). `shm`: the wait is on shared memory (for messages).
