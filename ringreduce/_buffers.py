@@ -140,7 +140,7 @@ def torch_fast_code(x: Any) -> int | None:
     (the caller then takes the general path, which explains what is wrong)."""
     code = (_TORCH_FAST or torch_dtype_codes()).get(x.dtype)
     if (code is None or not x.is_cpu or x.requires_grad or x.layout is not _TORCH[0].strided
-            or not x.is_contiguous()):
+            or not x.is_contiguous() or x.is_conj() or x.is_neg()):
         return None
     return code
 
@@ -166,6 +166,15 @@ def check_torch_tensor(x: Any, what: str, writable: bool, complex_ok: bool = Fal
         raise ValueError(
             f"{what}: tensor is not contiguous (strides {tuple(x.stride())}); "
             f"pass x.contiguous() and copy the result back, or use a contiguous buffer"
+        )
+    if x.is_conj() or x.is_neg():
+        # Lazy views (x.conj(), and the negated imaginary part x.conj().imag): memory holds
+        # the values before conjugation / negation, which is what the core would move.
+        fix = "x.resolve_conj()" if x.is_conj() else "x.resolve_neg()"
+        raise ValueError(
+            f"{what}: tensor is a lazy {'conjugate' if x.is_conj() else 'negative'} view "
+            f"(its memory holds the values before {'conj()' if x.is_conj() else 'negation'}); "
+            f"pass {fix} and copy the result back"
         )
     name = str(x.dtype).replace("torch.", "")
     code = _code(name, x.dtype, what, complex_ok)

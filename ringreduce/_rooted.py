@@ -144,9 +144,11 @@ def all_to_all(x: Any, out: Any = None, send_counts: Any = None, recv_counts: An
 
 
 def _as_ints(v: Any, n: int, name: str) -> list[int]:
-    try:
-        out = [int(c) for c in v]
-    except (TypeError, ValueError):
+    import operator
+
+    try:  # index(): ints (numpy's, a 0-d integer tensor's) only; 2.7 is no count
+        out = [operator.index(c) for c in v]
+    except TypeError:
         raise TypeError(f"all_to_all: {name} must be a sequence of {n} ints, got {v!r}") from None
     if len(out) != n or any(c < 0 for c in out):
         raise ValueError(f"all_to_all: {name} needs {n} counts >= 0 (one per rank), got {out}")

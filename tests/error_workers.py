@@ -79,6 +79,19 @@ def bad_inputs(rank: int, world: int) -> list[str]:
                 [torch.ones(3, dtype=torch.bfloat16)], op="bxor"), ValueError, "bitwise"),
             ("float64 bor async", lambda: rr.allreduce(np.ones(3), op="bor", async_op=True),
              ValueError, "bitwise"),
+            # Lazy conj / neg views: before, their raw memory moved (a broadcast sent 1+2j
+            # for conj(1+2j); max over negated views picked the wrong element).
+            ("conjugate view", lambda: rr.broadcast(torch.tensor([1 + 2j]).conj(), src=0),
+             ValueError, r"lazy conjugate view.*resolve_conj\(\)"),
+            ("negative view", lambda: rr.allreduce(torch.tensor([1 + 2j]).conj().imag,
+                                                   op="max"),
+             ValueError, r"lazy negative view.*resolve_neg\(\)"),
+            ("conjugate view allgather", lambda: rr.allgather(torch.ones(2, dtype=torch.complex64)
+                                                              .conj()),
+             ValueError, "lazy conjugate view"),
+            ("fractional all_to_all counts", lambda: rr.all_to_all(
+                np.ones(world * 2, np.float32), send_counts=[2.7] + [2] * (world - 1)),
+             TypeError, "send_counts must be a sequence of .* ints"),
             ("read-only array", lambda: rr.allreduce(ro), ValueError, "read-only"),
             ("read-only broadcast", lambda: rr.broadcast(ro), ValueError, "read-only"),
             ("meta-device tensor", lambda: rr.allreduce(torch.empty(3, device="meta")),
