@@ -41,9 +41,11 @@ def new_group(ranks: Sequence[int] | None = None, timeout: float | None = None) 
     secs = _check_timeout(timeout, "new_group")
     world.created += 1  # every rank counts, member or not: the key prefix stays in step
     idx = world.created
+    prefix = f"{world.store_prefix}group{idx}/"
     if world.rank not in members:
+        _left_out(world, prefix, members, f"group{idx}")
         return None
-    return _make(world, members, f"{world.store_prefix}group{idx}/", f"group{idx}", secs)
+    return _make(world, members, prefix, f"group{idx}", secs)
 
 
 def split(parent: Group, color: int | None, key: int = 0) -> Group | None:
@@ -266,6 +268,30 @@ def _make(world: Group, members: list[int], prefix: str, name: str,
         return _connect(world, store, members, me, prefix, name, timeout, p2p)
 
 
+def _left_out(world: Group, prefix: str, members: list[int], name: str) -> None:
+    """new_group on a rank its `members` leave out: say so under the group's prefix, so that
+    members given a list with this rank in it stop at once (instead of waiting for it until
+    the connect timeout), and fail here too if group rank 0 published such a list already.
+    Two writes, one read: no wait (ranks outside a group never wait for it)."""
+    store, me, text = world.store, world.rank, ",".join(map(str, members))
+    msg = (f"{name}: world rank {me} was called with ranks [{text}], without itself, but "
+           f"other ranks list it as a member; every rank must create groups in the same "
+           f"order with the same ranks")
+    try:
+        store.set(f"{prefix}left-out/{me}", f"ValueError\n{msg}")  # group rank 0's members
+        store.append(prefix + "left-out", f"{me}:{text};")  # for group rank 0 (_agree)
+        first = store.get(prefix + "members").decode() if store.check([prefix + "members"]) \
+            else ""
+    except (RuntimeError, NotImplementedError):  # a store without append: no check
+        return
+    if first and str(me) in first.split(","):
+        err = ValueError(f"{name}: world rank {me} was called with ranks [{text}], without "
+                         f"itself, but world rank {first.split(',')[0]} with [{first}]; every "
+                         f"rank must create groups in the same order with the same ranks")
+        _rendezvous._fail(store, world.store_prefix + "groups/", err)
+        raise _rendezvous._fail(store, prefix, err)
+
+
 def _agree(store: Any, prefix: str, me: int, members: list[int], timeout: float,
            name: str, out_of_step: str) -> None:
     """Every member must have been given the same member list: group rank 0 publishes its
@@ -278,15 +304,40 @@ def _agree(store: Any, prefix: str, me: int, members: list[int], timeout: float,
         # First come, first kept: two ranks that each think they are group rank 0 (given
         # different lists) must not overwrite each other's list and then both claim rank 0.
         first = _publish_once(store, prefix + "members", text)
+        if first == text:  # a rank of this list that was given one without itself?
+            _check_left_out(store, prefix, members, text, name, out_of_step)
     else:
-        _rendezvous._wait(store, [prefix + "members"], timeout, me,
-                          f"world rank {members[0]} to create {name}", prefix)
+        # Group rank 0 may have been given a list without itself (_left_out says so).
+        with _rendezvous.also_stop_on(f"{prefix}left-out/{members[0]}"):
+            _rendezvous._wait(store, [prefix + "members"], timeout, me,
+                              f"world rank {members[0]} to create {name}", prefix)
         first = store.get(prefix + "members").decode()
     if first != text:
         err = ValueError(
             f"{name}: world rank {members[me]} was called with ranks [{text}] but world rank "
             f"{first.split(',')[0]} with [{first}]; every rank must create groups in the same "
             f"order with the same ranks (did a rank skip a new_group call?)")
+        _rendezvous._fail(store, out_of_step, err)
+        raise _rendezvous._fail(store, prefix, err)
+
+
+def _check_left_out(store: Any, prefix: str, members: list[int], text: str, name: str,
+                    out_of_step: str) -> None:
+    """Group rank 0, after publishing `members`: fail the group if one of them called
+    new_group with a list that leaves it out (_left_out; whichever of the two writes last
+    sees the other's)."""
+    try:
+        if not store.check([prefix + "left-out"]):
+            return
+        told = dict(e.split(":", 1) for e in store.get(prefix + "left-out").decode().split(";")
+                    if e)
+    except (RuntimeError, NotImplementedError):
+        return
+    bad = next((m for m in members if str(m) in told), None)
+    if bad is not None:
+        err = ValueError(f"{name}: world rank {members[0]} was called with ranks [{text}] but "
+                         f"world rank {bad} with [{told[str(bad)]}], without itself; every rank "
+                         f"must create groups in the same order with the same ranks")
         _rendezvous._fail(store, out_of_step, err)
         raise _rendezvous._fail(store, prefix, err)
 

@@ -177,6 +177,24 @@ def skipped_call(rank: int, world: int) -> str:
         return f"{type(e).__name__} after {time.monotonic() - t0:.1f} s: {e}"
 
 
+def left_out(rank: int, world: int, who: int, late: float) -> str:
+    """World rank `who` calls new_group with the list of all ranks less itself; the others
+    with all ranks. `late`: seconds `who` comes after the others (0: the others come
+    late by 1 s instead). Returns "None" (no group, no error) or the error and how long
+    this rank's new_group took."""
+    ranks = [r for r in range(world) if r != who] if rank == who else list(range(world))
+    if rank == who:
+        time.sleep(late)
+    elif not late:
+        time.sleep(1.0)
+    t0 = time.monotonic()
+    try:
+        g = rr.new_group(ranks)
+        return "None" if g is None else f"a group {g.ranks}"
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__} after {time.monotonic() - t0:.1f} s: {e}"
+
+
 def member_dies(rank: int, world: int) -> dict:
     """Overlapping groups A = [1, 2, 3] and B = [0, 2] of 4 ranks: world rank 2 exits; every
     member of every group it belonged to (ranks 1 and 3 in A, rank 0 in B) must fail its

@@ -36,6 +36,22 @@ def test_new_group_mismatch_is_named(odd: tuple) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("who,late", [(2, 1.0), (2, 0.0), (0, 1.0), (0, 0.0)])
+def test_a_rank_left_out_of_its_own_list_stops_the_members_promptly(who: int,
+                                                                     late: float) -> None:
+    """Before, the rank returned None and the members waited for it until the connect
+    timeout, told 'missing addr/2 (did every rank start ...)' -- or, when it was group rank
+    0 of their list, 'world rank 0 to create group1'. Either order of arrival."""
+    outs = run_world(3, "group_workers:left_out", who, late, timeout=90,
+                     env={"RINGREDUCE_CONNECT_TIMEOUT": "60"})
+    for r, o in enumerate(outs):
+        if r == who and o == "None":  # it came first: it cannot know yet; the others say
+            continue
+        assert o.startswith("ValueError") and "without itself" in o, f"rank {r}: {o}"
+        assert float(o.split()[2]) < 15, f"rank {r} waited for the connect timeout: {o}"
+
+
+@pytest.mark.timeout(120)
 def test_a_skipped_new_group_stops_every_rank_promptly() -> None:
     """Before, the members waited for the connect timeout, told to check WORLD_SIZE."""
     outs = run_world(3, "group_workers:skipped_call", timeout=90,
