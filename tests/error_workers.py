@@ -512,3 +512,23 @@ def destroy_with_pending(rank: int, world: int) -> dict:
     except Exception as e:  # noqa: BLE001
         res["after"] = f"{type(e).__name__}: {e}"
     return res
+
+
+def dies_after_sending(rank: int, world: int) -> dict:
+    """3 ranks over TCP: rank 0 enters an all-reduce at once, rank 1 enters and is killed
+    1 s later (its data for rank 0 already sent), rank 2 enters 6 s late. Rank 0, waiting
+    for rank 2 with rank 1's data unread in its socket, must name rank 1's exit when it
+    happens -- before, it stopped watching that socket and learnt of it only when rank 1's
+    heartbeats were missed (4 s later), told that rank 1 'stopped responding'."""
+    x = np.full(1024, float(rank + 1), np.float32)
+    rr.barrier()
+    if rank == 1:
+        threading.Timer(1.0, os.kill, (os.getpid(), 9)).start()
+    if rank == 2:
+        time.sleep(6.0)
+    t0 = time.monotonic()
+    try:
+        rr.allreduce(x)
+        return {"error": "no error", "secs": time.monotonic() - t0}
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"{type(e).__name__}: {e}", "secs": time.monotonic() - t0}

@@ -94,6 +94,16 @@ def test_killed_peer_raises_peer_failure_everywhere(world: int, algo: str, trans
         assert v["destroy_s"] < 3.0, f"destroy() took {v['destroy_s']:.1f} s with a dead peer"
 
 
+@pytest.mark.timeout(90)
+def test_a_peer_killed_after_sending_is_named_while_waiting_for_another() -> None:
+    outs = run_world_raw(3, error_workers.dies_after_sending, timeout=60, expendable=[1],
+                         env={"RINGREDUCE_TRANSPORT": "tcp", "RINGREDUCE_TIMEOUT": "30"})
+    v = outs[0].value
+    assert v is not None, outs[0].describe()
+    assert v["error"].startswith("PeerFailure") and "rank 1 (" in v["error"], v
+    assert "stopped responding" not in v["error"] and v["secs"] < 3.0, v  # killed at 1 s
+
+
 # ------------------------------------------------------------------- mismatches
 
 

@@ -62,8 +62,10 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
       } else if (p == kListenerSlot) {
         acceptDialler();
       } else {
-        onIdleReadable(p);  // throws on EOF / abort; otherwise stop watching this peer
-        pfds_[i].events = 0;
+        onIdleReadable(p);  // throws on EOF / abort; otherwise stop watching this peer --
+        // for data, that is; for it closing its side, still (see watchIdle)
+        if (gone_[static_cast<size_t>(p)]) pfds_[i].fd = -1;  // poll skips it, HUP and all
+        else pfds_[i].events = POLLRDHUP;
       }
     }
     if (ready) return;
@@ -90,10 +92,13 @@ int Communicator::pollWaits() {
 void Communicator::watchIdle(int sendPeer, int recvPeer) {
   for (int p : watchList_) {
     if (p == sendPeer || p == recvPeer) continue;
-    if (early_[static_cast<size_t>(p)] || gone_[static_cast<size_t>(p)]) continue;
+    if (gone_[static_cast<size_t>(p)]) continue;
     const auto& c = conns_[static_cast<size_t>(p)];
     if (!c) continue;
-    pfds_.push_back({c->fd(), POLLIN, 0});  // watch for death/abort
+    // Watch for death/abort; once its data of this collective is waiting unread, only for
+    // the peer closing its side (POLLRDHUP: data stays readable, a FIN does not).
+    pfds_.push_back({c->fd(), static_cast<short>(early_[static_cast<size_t>(p)] ? POLLRDHUP
+                                                                               : POLLIN), 0});
     pfdPeer_.push_back(p);
   }
   if (dialer_ && dialer_->listenFd() >= 0) {
@@ -103,7 +108,10 @@ void Communicator::watchIdle(int sendPeer, int recvPeer) {
 }
 
 void Communicator::onIdleReadable(int p) {
-  if (conn(p).checkIdle(&curHeader_) == Connection::Idle::kGoodbye)
+  Connection& c = conn(p);
+  const bool early = early_[static_cast<size_t>(p)] != 0;
+  if ((early ? c.checkClosedAfterEarlyData() : c.checkIdle(&curHeader_)) ==
+      Connection::Idle::kGoodbye)
     gone_[static_cast<size_t>(p)] = 1;
   else
     early_[static_cast<size_t>(p)] = 1;
@@ -149,8 +157,8 @@ void Communicator::pollIdle() {
     if (!pfds_[i].revents) continue;
     if (pfdPeer_[i] == kListenerSlot)
       acceptDialler();
-    else if (conn(pfdPeer_[i]).checkIdle(&curHeader_) == Connection::Idle::kGoodbye)
-      gone_[static_cast<size_t>(pfdPeer_[i])] = 1;
+    else
+      onIdleReadable(pfdPeer_[i]);
   }
 }
 

@@ -80,6 +80,12 @@ class Connection {
   // this or an earlier collective that does not match it is a mismatch (MismatchError).
   enum class Idle { kEarlyData, kGoodbye };
   virtual Idle checkIdle(const FrameHeader* current) = 0;
+  // Called when the peer closed its side (POLLRDHUP, POLLHUP, POLLERR) of a connection whose
+  // data of this collective arrived early and is not read yet: look past the unread frames
+  // without consuming them. A goodbye there -- it finished and left: return (kGoodbye). An
+  // abort frame: throw its reason. Neither: it ended without a word (killed, crashed):
+  // throw PeerError now, not when a heartbeat goes missing.
+  virtual Idle checkClosedAfterEarlyData() = 0;
 
   // Best effort, non-blocking: tell the peer we are failing. Skipped mid-frame.
   virtual void sendAbort(AbortCode code, const std::string& reason) = 0;

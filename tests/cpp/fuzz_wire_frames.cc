@@ -435,9 +435,11 @@ void runIdleCase(Rng& rng) {
   }
   if (rng.chance(0.1)) s.resize(rng.below(s.size() + 1));
   bool close = rng.chance(0.3);
-  if (s.size() >= kH && isCtl(headerAt(s, 0), CollectiveKind::kAbort) &&
+  if (s.size() >= kH &&
+      (isCtl(headerAt(s, 0), CollectiveKind::kAbort) ||
+       isCtl(headerAt(s, 0), CollectiveKind::kGoodbye)) &&
       s.size() - kH < std::min<uint64_t>(headerAt(s, 0).payloadBytes, kMaxAbortReason))
-    close = rng.chance(0.97);  // else raiseAbort waits 0.5 s for the rest: covered, rarely
+    close = rng.chance(0.97);  // else the reason's read waits 0.5 s for the rest: rarely
   bool withCurrent = rng.chance(0.8);
   Out want = predictIdle(s, close, withCurrent ? &cur : nullptr);
   Pair fds = makePair(rng.chance(0.08));
@@ -462,8 +464,12 @@ void runIdleCase(Rng& rng) {
   FZ_CHECK(since(t0) < 2.5, "checkIdle blocked for ", since(t0), " s");
   FZ_CHECK(got == want, "checkIdle on ", s.size(), " bytes (close ", close, "): got ", name(got),
            " '", what, "', expected ", name(want));
-  if (got == Out::kOk || got == Out::kGoodbye) {  // nothing consumed but a goodbye header
-    size_t skip = got == Out::kGoodbye ? kH : 0;
+  if (got == Out::kOk || got == Out::kGoodbye) {  // nothing consumed but a goodbye
+    // A goodbye's header and its reason: as much of it as arrived, at most kMaxAbortReason.
+    size_t skip = 0;
+    if (got == Out::kGoodbye)
+      skip = kH + static_cast<size_t>(std::min<uint64_t>(
+                      {headerAt(s, 0).payloadBytes, kMaxAbortReason, s.size() - kH}));
     Bytes rest(s.size() - skip);
     if (!rest.empty() &&
         !tcp::readFull(conn.fd(), rest.data(), rest.size(), Deadline::after(2), &err))

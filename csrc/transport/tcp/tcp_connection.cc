@@ -2,11 +2,13 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "core/crc32c.h"
 #include "core/error.h"
@@ -60,7 +62,10 @@ void TcpConnection::readGoodbye(const FrameHeader& h, const char* already, size_
 }
 
 void TcpConnection::raiseAbort(const FrameHeader& h, const char* already, size_t alreadyLen) {
-  const std::string reason = readReason(fd_.get(), h, already, alreadyLen);
+  throwAbort(h, readReason(fd_.get(), h, already, alreadyLen));
+}
+
+void TcpConnection::throwAbort(const FrameHeader& h, const std::string& reason) {
   std::string msg = detail::concat("rank ", label_, " (", peerHost_, ") failed: ", reason);
   switch (static_cast<AbortCode>(h.op)) {
     case AbortCode::kMismatch: throw MismatchError(msg);
@@ -203,6 +208,34 @@ Connection::Idle TcpConnection::checkIdle(const FrameHeader* current) {
     if (!mm.empty()) throw MismatchError(detail::concat("rank ", label_, " (", peerHost_, "): ", mm));
   }
   return Idle::kEarlyData;
+}
+
+Connection::Idle TcpConnection::checkClosedAfterEarlyData() {
+  constexpr size_t H = sizeof(FrameHeader);
+  int avail = 0;
+  if (::ioctl(fd_.get(), FIONREAD, &avail) < 0) failErrno("watching", errno);
+  std::vector<char> buf(static_cast<size_t>(std::max(avail, 0)));
+  ssize_t r = buf.empty() ? 0 : ::recv(fd_.get(), buf.data(), buf.size(), MSG_PEEK | MSG_DONTWAIT);
+  if (r < 0) {
+    if (errno == ECONNRESET) failClosed("waiting on other peers");
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) failErrno("watching", errno);
+    r = 0;
+  }
+  const size_t n = static_cast<size_t>(r);
+  for (size_t off = 0; off + H <= n;) {
+    FrameHeader h;
+    std::memcpy(&h, buf.data() + off, H);
+    if (h.magic != kFrameMagic) break;
+    if (h.kind == static_cast<uint8_t>(CollectiveKind::kGoodbye)) return Idle::kGoodbye;
+    if (h.kind == static_cast<uint8_t>(CollectiveKind::kAbort)) {
+      const size_t len = std::min<size_t>({h.payloadBytes, kMaxAbortReason, n - off - H});
+      throwAbort(h, std::string(buf.data() + off + H, len));
+    }
+    if (h.payloadBytes > n - off - H) break;  // cut off mid-frame
+    off += H + h.payloadBytes;
+  }
+  failClosed("waiting on other peers (it had sent this rank data of this collective, not yet "
+             "read, and then closed the connection without a goodbye)");
 }
 
 void TcpConnection::sendAbort(AbortCode code, const std::string& reason) {

@@ -16,6 +16,7 @@ class TcpConnection final : public Connection {
   bool progressRecv(RecvOp& op) override;
   int fd() const override { return fd_.get(); }
   Idle checkIdle(const FrameHeader* current) override;
+  Idle checkClosedAfterEarlyData() override;
   void sendAbort(AbortCode code, const std::string& reason) override;
   void sendGoodbye(const std::string& why) override;
   void close() override;
@@ -25,6 +26,7 @@ class TcpConnection final : public Connection {
   [[noreturn]] void failErrno(const char* doing, int err);
   void sendControl(CollectiveKind kind, uint8_t code, const std::string& payload);
   [[noreturn]] void raiseAbort(const FrameHeader& h, const char* already, size_t alreadyLen);
+  [[noreturn]] void throwAbort(const FrameHeader& h, const std::string& reason);
   // A goodbye's header was read (`already`: payload bytes read with it): read its `why`.
   void readGoodbye(const FrameHeader& h, const char* already, size_t alreadyLen);
 
