@@ -259,13 +259,27 @@ def _make(world: Group, members: list[int], prefix: str, name: str,
     if len(members) == 1:
         return _register(world, _single(world, members, prefix, name))
     store = world.store if store is None else store
-    out_of_step = world.store_prefix + "groups/"  # _fail posts under prefix + "failed"
+    out_of_step = _out_of_step(world)
     with _rendezvous.also_stop_on(out_of_step + "failed"), \
             _rendezvous.watching(world, [m for m in members if m != world.rank]):
         if not p2p:  # a channel's members follow from its key: nothing to compare
             _agree(store, prefix, me, members, float(world.options["connect_timeout"]), name,
                    out_of_step)
         return _connect(world, store, members, me, prefix, name, timeout, p2p)
+
+
+def _out_of_step(world: Group) -> str:
+    """The job-wide prefix every group creation watches (_fail posts under prefix +
+    "failed"): a rank that finds the groups out of step cannot know under which group's
+    prefix the others wait."""
+    return world.store_prefix + "groups/"
+
+
+def _fail_group(store: Any, prefix: str, out_of_step: str, err: Exception) -> Exception:
+    """Post why a group's creation fails under its prefix and the job's out-of-step prefix
+    (_out_of_step); return `err`."""
+    _rendezvous._fail(store, out_of_step, err)
+    return _rendezvous._fail(store, prefix, err)
 
 
 def _left_out(world: Group, prefix: str, members: list[int], name: str) -> None:
@@ -288,8 +302,7 @@ def _left_out(world: Group, prefix: str, members: list[int], name: str) -> None:
         err = ValueError(f"{name}: world rank {me} was called with ranks [{text}], without "
                          f"itself, but world rank {first.split(',')[0]} with [{first}]; every "
                          f"rank must create groups in the same order with the same ranks")
-        _rendezvous._fail(store, world.store_prefix + "groups/", err)
-        raise _rendezvous._fail(store, prefix, err)
+        raise _fail_group(store, prefix, _out_of_step(world), err)
 
 
 def _agree(store: Any, prefix: str, me: int, members: list[int], timeout: float,
@@ -317,8 +330,7 @@ def _agree(store: Any, prefix: str, me: int, members: list[int], timeout: float,
             f"{name}: world rank {members[me]} was called with ranks [{text}] but world rank "
             f"{first.split(',')[0]} with [{first}]; every rank must create groups in the same "
             f"order with the same ranks (did a rank skip a new_group call?)")
-        _rendezvous._fail(store, out_of_step, err)
-        raise _rendezvous._fail(store, prefix, err)
+        raise _fail_group(store, prefix, out_of_step, err)
 
 
 def _check_left_out(store: Any, prefix: str, members: list[int], text: str, name: str,
@@ -338,8 +350,7 @@ def _check_left_out(store: Any, prefix: str, members: list[int], text: str, name
         err = ValueError(f"{name}: world rank {members[0]} was called with ranks [{text}] but "
                          f"world rank {bad} with [{told[str(bad)]}], without itself; every rank "
                          f"must create groups in the same order with the same ranks")
-        _rendezvous._fail(store, out_of_step, err)
-        raise _rendezvous._fail(store, prefix, err)
+        raise _fail_group(store, prefix, out_of_step, err)
 
 
 def _publish_once(store: Any, key: str, value: str) -> str:
