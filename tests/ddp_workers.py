@@ -408,6 +408,159 @@ def sc_dataclass_output(rank: int, world: int, steps: int = 3) -> dict:
     return {"diff": maxdiff(model, ref)}
 
 
+# ---------------------------------------------------------------- found by a helper's hunt
+
+
+class CheckpointedHead(nn.Module):
+    """o(checkpoint(tanh(a(x)))) with torch.utils.checkpoint(use_reentrant=True) around the
+    last layer: its gradients arrive inside a nested backward, a's after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 16)
+        self.o = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(self.o, torch.tanh(self.a(x)), use_reentrant=True)
+
+
+def sc_reentrant_checkpoint(rank: int, world: int, steps: int = 3, **ddp_kw: Any) -> dict:
+    """The end of the nested backward is not the end of backward (it was: 'a.weight did
+    not receive a gradient'; with static_graph 'o.bias was marked ready twice')."""
+    model, ref = make(CheckpointedHead)
+    ddp = DDP(model, bucket_cap_mb=TINY_CAP_MB, **ddp_kw)
+    opt, ropt = sgd(ddp), sgd(ref)
+    for s in range(steps):
+        x, y = batch(s, world)
+        opt.zero_grad()
+        F.mse_loss(ddp(shard(x, rank).requires_grad_()), shard(y, rank)).backward()
+        opt.step()
+        ropt.zero_grad()
+        F.mse_loss(ref(x.requires_grad_()), y).backward()
+        ropt.step()
+    return {"diff": maxdiff(model, ref)}
+
+
+def sc_unused_but_unsynced(rank: int, world: int, steps: int = 2) -> dict:
+    """find_unused_parameters: `c` gets gradients only in no_sync() micro-batches, not in
+    the synchronised one: it is reduced all the same (torch's local_used_map); it was left
+    as each rank's own accumulation, silently different per rank."""
+    model, ref = make(Branchy)
+    ddp = DDP(model, find_unused_parameters=True, bucket_cap_mb=TINY_CAP_MB)
+    opt, ropt = sgd(ddp), sgd(ref)
+    for s in range(steps):
+        x, y = batch(s, world)
+        xs, ys = [shard(x, r) for r in range(world)], [shard(y, r) for r in range(world)]
+        opt.zero_grad()
+        ropt.zero_grad()
+        with ddp.no_sync():
+            F.mse_loss(ddp(xs[rank]), ys[rank]).backward()
+        F.mse_loss(ddp(xs[rank], use_c=False), ys[rank]).backward()
+        for r in range(world):
+            (F.mse_loss(ref(xs[r]), ys[r]) / world).backward()
+            (F.mse_loss(ref(xs[r], use_c=False), ys[r]) / world).backward()
+        opt.step()
+        ropt.step()
+    return {"diff": maxdiff(model, ref)}
+
+
+def sc_forward_without_backward(rank: int, world: int, steps: int = 3) -> dict:
+    """find_unused_parameters: rank 0 alone runs an extra grad-enabled forward (logging)
+    that never sees a backward: it issues no collective (it did: a mismatch on every rank)."""
+    model, ref = make(Branchy)
+    ddp = DDP(model, find_unused_parameters=True, bucket_cap_mb=TINY_CAP_MB)
+    opt, ropt = sgd(ddp), sgd(ref)
+    for s in range(steps):
+        x, y = batch(s, world)
+        if rank == 0:
+            ddp(shard(x, rank), use_c=False).sum().item()
+        opt.zero_grad()
+        F.mse_loss(ddp(shard(x, rank), use_c=s % 2 == 0), shard(y, rank)).backward()
+        opt.step()
+        ropt.zero_grad()
+        F.mse_loss(ref(x, use_c=s % 2 == 0), y).backward()
+        ropt.step()
+    return {"diff": maxdiff(model, ref)}
+
+
+class _Boom(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        raise ValueError("boom in backward")
+
+
+def sc_failed_backward_sticks(rank: int, world: int) -> dict:
+    """A backward that raised after some gradients were ready: every later synchronised
+    forward raises (it raised once, then training went on out of step with the peers);
+    no_grad forwards (evaluation) still run."""
+    model, _ = make(MLP)
+    ddp = DDP(model, bucket_cap_mb=TINY_CAP_MB)
+    # Buckets launched at the end of backward only: the failed backward issues no collective
+    # on any rank, so the suite's communicator stays in step (with overlap on some ranks
+    # only, those would have launched buckets the others never match).
+    ddp.reducer.overlap = False
+    x, y = batch(0, world)
+    errors = []
+    try:
+        F.mse_loss(ddp(_Boom.apply(shard(x, rank).requires_grad_())), shard(y, rank)).backward()
+    except ValueError as e:
+        errors.append(str(e))
+    for _ in range(2):
+        try:
+            ddp(shard(x, rank))
+        except RuntimeError as e:
+            errors.append(str(e))
+    with torch.no_grad():
+        ddp(shard(x, rank))
+    rr.barrier()  # still in step
+    return {"errors": errors}
+
+
+def sc_copies(rank: int, world: int, steps: int = 2) -> dict:
+    """copy.deepcopy and torch.save / torch.load of the wrapper give a model that reduces
+    its gradients (the copy's were silently local; saving failed on a local hook)."""
+    import io
+
+    model, ref = make(MLP)
+    ddp = DDP(model, bucket_cap_mb=TINY_CAP_MB)
+    buf = io.BytesIO()
+    torch.save(ddp, buf)
+    buf.seek(0)
+    out = {}
+    for name, m in (("deepcopy", copy.deepcopy(ddp)),
+                    ("pickled", torch.load(buf, weights_only=False))):
+        r = copy.deepcopy(ref)
+        opt, ropt = sgd(m), sgd(r)
+        for s in range(steps):
+            x, y = batch(s, world)
+            opt.zero_grad()
+            F.mse_loss(m(shard(x, rank)), shard(y, rank)).backward()
+            opt.step()
+            ropt.zero_grad()
+            F.mse_loss(r(x), y).backward()
+            ropt.step()
+        out[name] = maxdiff(m.module, r)
+    out["original_untouched"] = maxdiff(model, ref)
+    return out
+
+
+def sc_forward_sync_buffers_false(rank: int, world: int) -> dict:
+    """forward_sync_buffers=False still syncs buffers at construction (torch 2.13), unlike
+    broadcast_buffers=False; bucket_cap_mb=0 gives one bucket per parameter."""
+    model, _ = make(ConvBN)
+    with torch.no_grad():
+        model.bn.running_mean.fill_(float(rank + 1))
+    ddp = DDP(model, forward_sync_buffers=False, bucket_cap_mb=0)
+    return {"synced": model.bn.running_mean.tolist(), "flag": ddp.forward_sync_buffers,
+            "buckets": len(ddp.reducer.buckets), "params": len(list(model.parameters()))}
+
+
 def _future_hook(state: Any, bucket: Any) -> Any:
     """A custom comm hook written as for torch (work.get_future()), on the rr wrapper."""
     buf = bucket.buffer().div_(rr.get_world_size())
@@ -448,6 +601,13 @@ SCENARIOS: dict = {
     "buffers_not_broadcast": sc_buffers_not_broadcast,
     "dataclass_output": sc_dataclass_output,
     "future_hook": lambda r, w: sc_plain(r, w, bucket_cap_mb=TINY_CAP_MB, hook=_future_hook),
+    "reentrant_checkpoint": lambda r, w: sc_reentrant_checkpoint(r, w),
+    "reentrant_checkpoint_static": lambda r, w: sc_reentrant_checkpoint(r, w, static_graph=True),
+    "unused_but_unsynced": sc_unused_but_unsynced,
+    "forward_without_backward": sc_forward_without_backward,
+    "failed_backward_sticks": sc_failed_backward_sticks,
+    "copies": sc_copies,
+    "forward_sync_buffers_false": sc_forward_sync_buffers_false,
 }
 
 

@@ -245,6 +245,9 @@ def test_rejects_unsupported_arguments(single_process):
         DDP(nn.Linear(2, 2), mixed_precision=object())
     with pytest.raises(TypeError, match="unexpected"):
         DDP(nn.Linear(2, 2), bogus=1)
+    frozen = nn.Linear(2, 2).requires_grad_(False)
+    with pytest.raises(RuntimeError, match="not needed when a module doesn't have any parameter"):
+        DDP(frozen)  # as torch
 
 
 # ----------------------------------------------------------------------------- bucket math
@@ -309,7 +312,9 @@ def test_assign_buckets_rejects_bad_input():
     with pytest.raises(ValueError):
         assign_buckets([2], [4, 4], [0, 0], 10)
     with pytest.raises(ValueError):
-        cap_bytes(0)
+        cap_bytes(-1)
+    assert cap_bytes(0) == 0  # torch accepts 0: one bucket per parameter
+    assert assign_buckets([0, 1, 2], [4, 4, 4], [0, 0, 0], 0) == [[0], [1], [2]]
 
 
 def test_complete_order():
@@ -371,6 +376,41 @@ def test_broadcast_buffers_false_keeps_local_buffers(suite):
         assert r["kept"] == [float(rank + 1)] * len(r["kept"]), (rank, r["kept"])
         assert r["moved"] != r["kept"] and r["params"] == res[0]["params"], (rank, r)
     assert len({tuple(r["moved"]) for r in res}) == world  # each rank its own statistics
+
+
+
+@pytest.mark.parametrize("name", ["reentrant_checkpoint", "reentrant_checkpoint_static",
+                                  "unused_but_unsynced", "forward_without_backward"])
+def test_training_patterns_match_single_process(suite, name):
+    """Reentrant checkpointing (the nested backward's end is not the end of backward), a
+    parameter used only in no_sync() micro-batches, a forward on one rank that never sees
+    a backward (find_unused_parameters): each trains exactly as one process does."""
+    _, res = _get(suite, name)
+    for rank, r in enumerate(res):
+        assert r["diff"] < EXACT, f"rank {rank}: max |param - reference| = {r['diff']}"
+
+
+def test_failed_backward_is_an_error_at_every_later_forward(suite):
+    _, res = _get(suite, "failed_backward_sticks")
+    for r in res:
+        assert r["errors"][0] == "boom in backward"
+        assert len(r["errors"]) == 3, r["errors"]
+        assert all("expected to have finished reduction" in e for e in r["errors"][1:])
+
+
+def test_deepcopy_and_pickle_of_the_wrapper_reduce(suite):
+    _, res = _get(suite, "copies")
+    for rank, r in enumerate(res):
+        assert r["deepcopy"] < EXACT and r["pickled"] < EXACT, (rank, r)
+        assert r["original_untouched"] == 0.0  # the copies have parameters of their own
+
+
+def test_forward_sync_buffers_false_syncs_at_construction(suite):
+    _, res = _get(suite, "forward_sync_buffers_false")
+    for r in res:
+        assert r["synced"] == [1.0] * len(r["synced"]), r  # rank 0's buffers
+        assert r["flag"] is False
+        assert r["buckets"] == r["params"]  # bucket_cap_mb=0: one bucket per parameter
 
 
 def test_sparse_gradients_and_torch_hooks_say_what_to_do(single_process):

@@ -24,9 +24,10 @@ def cap_bytes(bucket_cap_mb: float) -> int:
     """Bucket cap in bytes for a bucket_cap_mb argument (MiB, as torch DDP reads it)."""
     if bucket_cap_mb is None:
         bucket_cap_mb = DEFAULT_BUCKET_CAP_MB
-    if bucket_cap_mb <= 0:
-        raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb}")
-    return max(1, int(bucket_cap_mb * 1024 * 1024))
+    if not bucket_cap_mb >= 0:
+        raise ValueError(f"bucket_cap_mb must be >= 0 (0: one bucket per parameter), got "
+                         f"{bucket_cap_mb}")
+    return int(bucket_cap_mb * 1024 * 1024)
 
 
 def assign_buckets(order: Sequence[int], nbytes: Sequence[int], keys: Sequence[Hashable],
@@ -41,8 +42,8 @@ def assign_buckets(order: Sequence[int], nbytes: Sequence[int], keys: Sequence[H
     of its own). Buckets are returned ordered by the position of their first parameter in
     `order`, so bucket 0 holds the earliest-ready gradients.
     """
-    if cap <= 0 or first_cap <= 0:
-        raise ValueError("bucket limits must be positive")
+    if cap < 0 or first_cap < 0:
+        raise ValueError("bucket limits must be >= 0 (0: one parameter per bucket)")
     seen = set()
     for i in order:
         if not 0 <= i < len(nbytes):

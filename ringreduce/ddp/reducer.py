@@ -2,17 +2,26 @@
 
 Contract (what every rank does, in the same order, so collectives always match):
   * forward (grad enabled, sync on): prepare() opens an iteration; with unused-parameter
-    detection it marks the parameters not reachable from the outputs ready (zeros).
+    detection it finds the parameters not reachable from the outputs, and the first
+    gradient hook of the backward marks them ready (zeros) -- not prepare() itself: a
+    forward never followed by a backward (a logging or evaluation forward on one rank)
+    issues no collective, as in torch.
   * backward: each parameter's post-accumulate-grad hook copies its gradient into its slot of
     a flat bucket buffer (or the gradient already is that slot: gradient_as_bucket_view).
     When a bucket's last slot is filled the bucket is ready; ready buckets are launched
     (async all-reduce, or the comm hook) strictly in bucket-index order: a bucket that is
     ready early waits for all lower-index buckets to be launched.
-  * end of backward (engine callback, queued by the first hook): parameters that got no
+  * end of backward (engine callback, queued by the first hook; one that runs at the end of
+    a nested backward -- reentrant checkpointing -- while gradients are still missing hands
+    over to the next hook, which queues it on the outer backward): parameters that got no
     gradient are filled with zeros so that every bucket is launched on every rank, the
     works are waited for in order and the averaged gradients written back. A missing
     gradient without find_unused_parameters raises after the collectives completed, so the
     other ranks are not left hanging.
+  * no_sync() backwards record which parameters got a gradient (unused-parameter
+    detection): a parameter used only in accumulated micro-batches is reduced, as in torch.
+  * a backward that never finished (it raised) is an error at every later synchronised
+    forward: the ranks no longer agree on which collectives were issued.
   * after the first synchronised iteration, buckets are rebuilt in the gradient-ready order
     rank 0 observed (broadcast, so all ranks agree).
   * inside DistributedDataParallel.join() (join_mode): every synchronised iteration is
@@ -105,6 +114,10 @@ class Reducer:
         self.stats = Stats()
         self._index_of = {id(p): i for i, p in enumerate(params)}
         self._static_unused: list | None = None  # static_graph: learned in iteration 1
+        # Detection mode: parameters that got a gradient in no_sync() backwards since the
+        # last synchronised iteration (torch's local_used_map counts them too).
+        self._used_unsynced: set = set()
+        self._broken: str | None = None  # why this reducer is out of step with its peers
         self._rebuilt = False
         self.buckets: list[Bucket] = []
         self._loc: list = [None] * self.n  # param index -> (bucket, slot)
@@ -161,6 +174,7 @@ class Reducer:
         self._next = 0
         self._works: list = [None] * nb
         self._order: list = []
+        self._unused_pending: list = []  # marked ready (zeros) by the first hook
         # Parameters whose gradient was left where autograd put it (not copied into the
         # bucket yet), and buckets all-reduced on those gradients in place (_launch).
         self._in_place = [False] * self.n
@@ -175,6 +189,11 @@ class Reducer:
             self._close_stale()
         self._reset()
 
+    def check_usable(self) -> None:
+        """Called before a synchronised forward: refuse to go on out of step (see _close_stale)."""
+        if self._broken is not None:
+            raise RuntimeError(self._broken)
+
     def prepare(self, outputs: Any) -> None:
         """Called at the end of a forward that will be followed by a synchronised backward."""
         if self._open:
@@ -182,30 +201,28 @@ class Reducer:
         self._reset()
         self._open = True
         self.stats.launch_times = []
-        if self._detect_unused():
+        if self.find_unused:
             used = self._reachable(outputs)
-            unused = [i for i in range(self.n) if i not in used]
+            self._unused_pending = [i for i in range(self.n) if i not in used]
         elif self.static_graph:
-            unused = self._static_unused or []
-        else:
-            unused = []
-        for i in unused:
-            self._mark_ready(i, have_grad=False)
+            # Learned from the gradients of the first backward (as torch's static graph),
+            # not from the graph, which reentrant checkpointing hides.
+            self._unused_pending = list(self._static_unused or [])
 
     def _close_stale(self) -> None:
         """The previous synchronised forward's iteration never finished."""
         if self._fired_any:
             self._reset()
-            raise RuntimeError(
+            self._broken = (
                 "DistributedDataParallel: expected to have finished reduction in the prior "
-                "iteration before starting a new one. The previous backward did not complete "
-                "(did it raise?), so ranks may now disagree on which gradients were reduced. "
-                "Re-create the process group and the DDP model to recover.")
-        if self._launched_any or self._detect_unused() or self.join_mode:
-            # A forward (grad enabled) without backward after unused parameters were marked
-            # ready: finish the iteration exactly as a backward would, so that every rank
-            # issues the same collectives (others may have launched buckets; inside join()
-            # a joined rank shadows every synchronised iteration).
+                "iteration before starting a new one. A backward did not complete (did it "
+                "raise?), so this rank's gradient all-reduces are out of step with the other "
+                "ranks'; training on would average gradients of different steps. Re-create "
+                "the process group and the DDP model (e.g. from a checkpoint) to recover.")
+            raise RuntimeError(self._broken)
+        if self._launched_any or self.join_mode:
+            # Inside join() a joined rank shadows every synchronised iteration, also one
+            # without a backward: finish it exactly as a backward would.
             self._finalize(from_engine=False)
 
     def _reachable(self, outputs: Any) -> set:
@@ -235,8 +252,14 @@ class Reducer:
 
     # ------------------------------------------------------------------ hooks
     def _on_grad(self, i: int) -> None:
-        if not self._open:
-            return  # no_sync(), or a backward not preceded by a DDP forward
+        if not self._open:  # no_sync(), or a backward not preceded by a DDP forward
+            if self._detect_unused() and self.params[i].grad is not None:
+                self._used_unsynced.add(i)
+            return
+        if self._unused_pending:  # the first gradient of this backward
+            pending, self._unused_pending = self._unused_pending, []
+            for j in pending:
+                self._mark_ready(j, have_grad=False)
         if not self._callback_queued:
             torch.autograd.Variable._execution_engine.queue_callback(self._engine_callback)
             self._callback_queued = True
@@ -339,6 +362,12 @@ class Reducer:
 
     # ------------------------------------------------------------------ end of backward
     def _engine_callback(self) -> None:
+        if _in_nested_backward() and not all(self._ready):
+            # The end of a reentrant backward (torch.utils.checkpoint(use_reentrant=True))
+            # inside the real one, whose other gradients are still to come: the next hook
+            # queues the callback again, on the outer backward.
+            self._callback_queued = False
+            return
         self._finalize(from_engine=True)
 
     def _finalize(self, from_engine: bool) -> None:
@@ -361,7 +390,8 @@ class Reducer:
             used_map = None
             if detect:
                 # Which parameters got a gradient on any rank (max of 0/1 flags).
-                used_map = torch.tensor(self._fired, dtype=torch.int32)
+                used_map = torch.tensor([f or i in self._used_unsynced
+                                         for i, f in enumerate(self._fired)], dtype=torch.int32)
                 used_work = api.allreduce(used_map, op="max", async_op=True, group=self.group)
             elif missing and from_engine:
                 error = self._unused_error(missing)
@@ -402,6 +432,7 @@ class Reducer:
             raise
         finally:
             self.stats.in_place = sum(self._direct)
+            self._used_unsynced.clear()
             self._reset()
         if rebuild:
             self._rebuild(order)
@@ -534,6 +565,14 @@ def _add_hint(e: BaseException, in_join: bool) -> None:
            "numbers of batches, wrap the training loop in `with model.join():`. ")
         + "The communicator is unusable: ringreduce.destroy(), ringreduce.init() and "
         "re-create the DDP model (e.g. from a checkpoint) to continue.")
+
+
+def _in_nested_backward() -> bool:
+    """Whether the autograd engine runs this (a final callback) at the end of a backward
+    started inside another backward's node (reentrant checkpointing): that node is then
+    still the thread's current one; at the end of the outermost backward there is none."""
+    current = getattr(torch._C, "_current_autograd_node", None)
+    return current is not None and current() is not None
 
 
 def _make_hook(ref: weakref.ref[Reducer], i: int) -> Callable:

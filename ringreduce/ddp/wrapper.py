@@ -94,9 +94,11 @@ class DistributedDataParallel(nn.Module):
             construction checks shapes across ranks and copies rank 0's parameters and
             buffers to all ranks (unless init_sync=False).
         broadcast_buffers: broadcast rank 0's buffers (e.g. BatchNorm running stats) at the
-            start of each forward.
+            start of each forward; False also leaves them out of the construction's sync.
+        forward_sync_buffers: torch 2.13's name for broadcast_buffers, except that buffers
+            are synchronised at construction whatever its value (as torch).
         bucket_cap_mb: bucket size cap in MiB (default 25); the first bucket is 1 MiB so
-            communication starts early in backward.
+            communication starts early in backward; 0: one bucket per parameter.
         find_unused_parameters: allow parameters that get no gradient in an iteration
             (traverses the autograd graph after each forward, and reduces a used-flags map at
             the end of backward; parameters unused on every rank keep their .grad).
@@ -114,10 +116,12 @@ class DistributedDataParallel(nn.Module):
                  gradient_as_bucket_view: bool = False, static_graph: bool = False,
                  **kwargs: Any) -> None:
         super().__init__()
-        # torch's newer name for broadcast_buffers; check_reduction is ignored by torch too.
+        # torch's newer name for broadcast_buffers, which leaves the construction's buffer
+        # sync on; check_reduction is ignored by torch too.
         forward_sync_buffers = kwargs.pop("forward_sync_buffers", None)
+        init_sync_buffers = broadcast_buffers is None or bool(broadcast_buffers)
         if forward_sync_buffers is not None:
-            broadcast_buffers = forward_sync_buffers
+            broadcast_buffers, init_sync_buffers = forward_sync_buffers, True
         for name, value in kwargs.items():
             if name not in _UNSUPPORTED_DEFAULTS:
                 raise TypeError(f"DistributedDataParallel got an unexpected argument {name!r}")
@@ -141,6 +145,10 @@ class DistributedDataParallel(nn.Module):
                 f"sparse=True); use sparse=False, or torch.nn.parallel.DistributedDataParallel "
                 f"over the 'ringreduce' backend, which reduces them")
         params_all = list(module.named_parameters())
+        ignore = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()) or ())
+        if not any(p.requires_grad for n, p in params_all if n not in ignore):
+            raise RuntimeError("DistributedDataParallel is not needed when a module doesn't "
+                               "have any parameter that requires a gradient.")
         device = _cuda.module_device(params_all)
         ids, out_dev = _cuda.check_device_args(device, device_ids, output_device)
         g = _state.resolve(process_group, "DistributedDataParallel()")
@@ -161,7 +169,6 @@ class DistributedDataParallel(nn.Module):
         self._rank = g.rank
         self._world = g.world_size
 
-        ignore = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()) or ())
         params = [(n, p) for n, p in params_all if n not in ignore]
         buffers = [(n, b) for n, b in module.named_buffers() if n not in ignore]
         self._buffer_list = [b for _, b in buffers]
@@ -172,24 +179,62 @@ class DistributedDataParallel(nn.Module):
         self._buffer_sync: BufferSync | None = None
         if self._world == 1:
             return
-        # Buffers are checked and copied from rank 0 only when they are synchronised
-        # (broadcast_buffers; torch's init sync leaves them alone otherwise).
-        checked = buffers if self.broadcast_buffers else []
+        # Buffers are checked and copied from rank 0 unless broadcast_buffers=False (torch's
+        # init sync leaves them alone then; forward_sync_buffers=False does not).
+        checked = buffers if init_sync_buffers else []
         verify_shapes([n for n, _ in params] + [n for n, _ in checked],
                       [p for _, p in params] + [b for _, b in checked], self._rank,
                       self._world, num_buffers=len(checked), group=process_group)
         if init_sync:
             broadcast_tensors([p for _, p in params] + [b for _, b in checked], 0, self._rank,
                               group=process_group)
-        self._buffer_sync = BufferSync(self._rank, process_group)
-        trainable = [(n, p) for n, p in params if p.requires_grad]
+        self._make_reducer()
+
+    def _make_reducer(self) -> None:
+        """The buffer sync and the gradient reducer (no collective: construction has made
+        the replicas equal, or they were copied from one that was)."""
+        g = _state.resolve(self.process_group, "DistributedDataParallel()")
+        self._buffer_sync = BufferSync(self._rank, self.process_group)
+        trainable = [(n, p) for n, p in self._sync_params if p.requires_grad]
         if not trainable:
             return
         self.reducer = Reducer(
             [p for _, p in trainable], [n for n, _ in trainable], self._world, self._rank,
-            self.bucket_bytes_cap, FIRST_BUCKET_BYTES, gradient_as_bucket_view,
-            find_unused_parameters, static_graph, process_group)
-        self.reducer.overlap = overlap_policy(g, device)
+            self.bucket_bytes_cap, FIRST_BUCKET_BYTES, self.gradient_as_bucket_view,
+            self.find_unused_parameters, self.static_graph, self.process_group)
+        self.reducer.overlap = overlap_policy(g, _cuda.module_device(self._sync_params))
+
+    # ------------------------------------------------------------------ copies
+    def __getstate__(self) -> dict:
+        """copy.deepcopy / pickle (torch.save of the wrapper), as torch: the copy gets a
+        reducer of its own on the world, without the comm hook; only a wrapper on the world
+        (process_group=None) can be copied."""
+        if self.process_group is not None:
+            raise RuntimeError(
+                "DistributedDataParallel pickling / deepcopy is supported only with the "
+                "default group (process_group=None), as in torch; copy or save "
+                "model.module instead and wrap the copy in a new DistributedDataParallel")
+        state = dict(self.__dict__)
+        for k in ("reducer", "_buffer_sync", "_join", "_comm_hook_set"):
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self.reducer, self._buffer_sync, self._join = None, None, None
+        g = _state.resolve(None, "unpickling a DistributedDataParallel")
+        self._rank, self._world = g.rank, g.world_size
+        if self._world > 1:
+            self._make_reducer()
+
+    @property
+    def forward_sync_buffers(self) -> bool:
+        """torch 2.13's name for broadcast_buffers."""
+        return self.broadcast_buffers
+
+    @forward_sync_buffers.setter
+    def forward_sync_buffers(self, value: bool) -> None:
+        self.broadcast_buffers = bool(value)
 
     # ------------------------------------------------------------------ forward
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
@@ -197,6 +242,8 @@ class DistributedDataParallel(nn.Module):
             return self.module(*inputs, **kwargs)
         grad_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
         if self.reducer is not None:
+            if grad_sync:
+                self.reducer.check_usable()
             self.reducer.close_open_iteration()
         sync_buffers = bool(self.require_forward_param_sync and self.broadcast_buffers
                             and self._buffer_list)
