@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from . import _env
+from . import _env, _procnet
 
 _STORES: dict[tuple, Any] = {}  # (addr, port) -> the TCPStore made here, while acquired
 _REFS: dict[tuple, int] = {}  # (addr, port) -> how many make_store calls hold it
@@ -240,6 +240,8 @@ def farewell_borrowed(store: Any, rank: int, world: int, prefix: str, timeout: f
 
     def talk() -> None:
         try:
+            if rank != 0 and _procnet.server_closed(store):
+                return  # see _farewell
             store.add(bye, 1 + _proxy(store, prefix, rank, lost))
             if rank == 0:
                 _poll(lambda: store.add(bye, 0) >= world, deadline)
@@ -278,6 +280,8 @@ def _farewell(box: list, rank: int, world: int, prefix: str, closing: bool, dead
     store = box.pop()
     bye, ack, acked = prefix + "bye", prefix + "bye-ack", prefix + "acked"
     try:
+        if rank != 0 and _procnet.server_closed(store):
+            return  # rank 0 stopped waiting and closed it: a store call would log a trace
         proxy = _proxy(store, prefix, rank, lost)
         store.add(bye, 1 + proxy)
         if rank == 0:

@@ -69,6 +69,19 @@ def store_same_port(rank: int, world: int, cycles: int) -> dict:
             "listening": int(os.environ["MASTER_PORT"]) in listening_ports()}
 
 
+def late_destroy(rank: int, world: int) -> dict:
+    """Rank 1 calls destroy() well after rank 0's farewell stopped waiting for it."""
+    from ringreduce import _rendezvous
+
+    rr.init(timeout=30)
+    rr.allreduce(np.ones(3))
+    if rank == 1:
+        time.sleep(_rendezvous._FAREWELL_S + 1.5)
+    t = time.monotonic()
+    rr.destroy()
+    return {"destroy_s": time.monotonic() - t}
+
+
 def store_reinit_after_late_farewell(rank: int, world: int) -> dict:
     """The last rank reaches destroy() after every farewell wait ended; rank 0 starts its
     farewell 0.5 s after rank 1, so rank 1 stops waiting for rank 0's answer while rank 0's

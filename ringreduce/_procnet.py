@@ -1,0 +1,68 @@
+"""Whether the TCPStore server this process talks to has closed its side (Linux /proc).
+
+A rank that reaches destroy() long after rank 0 (which hosts the store and stops it when its
+farewell gives up waiting) would otherwise find out with a store call, and torch's TCPStore
+logs a C++ stack trace ("recvValue failed ... Did the remote server shutdown or crash?")
+before raising, in a job where nothing failed. The kernel already knows: the client's
+socket to the server is in CLOSE_WAIT once the server closed it. Reading that sends
+nothing, so the server (if it is still there) sees no stray connection.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+_CLOSE_WAIT = "08"  # include/net/tcp_states.h
+
+
+def _store_port(store: Any) -> int | None:
+    """The port of the TCPStore under `store` (through PrefixStores), or None."""
+    for _ in range(64):
+        port = getattr(store, "port", None)
+        if isinstance(port, int) and port > 0:
+            return port
+        nxt = getattr(store, "underlying_store", None)
+        if nxt is None or nxt is store:
+            return None
+        store = nxt
+    return None
+
+
+def _socket_inodes() -> set:
+    out = set()
+    try:
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                link = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                out.add(link[8:-1])
+    except OSError:
+        pass
+    return out
+
+
+def server_closed(store: Any) -> bool:
+    """True if every connection of this process to the store's port is half-closed by the
+    server (CLOSE_WAIT) -- it stopped; False when one is still open, or it cannot be told
+    (no /proc, not a TCPStore, no connection found)."""
+    port = _store_port(store)
+    if port is None:
+        return False
+    mine = _socket_inodes()
+    states = []
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f, None)
+                for line in f:
+                    cols = line.split()
+                    if len(cols) < 10 or cols[9] not in mine:
+                        continue
+                    if int(cols[2].rsplit(":", 1)[1], 16) == port:
+                        states.append(cols[3])
+        except OSError:
+            continue
+    return bool(states) and all(s == _CLOSE_WAIT for s in states)
