@@ -500,3 +500,15 @@ def destroyed_with_work_queued(rank: int, world: int) -> dict:
         time.sleep(0.5)
         g.destroy()
     return out
+
+
+def late_group_member(rank: int, world: int) -> dict:
+    """3 ranks; group [1, 2]; world rank 1 reaches the group's all-reduce 2.5 s late."""
+    g = rr.new_group([1, 2])
+    if g is None:
+        return {"sum": None}
+    if rank == 1:
+        time.sleep(2.5)
+    x = np.full(4, float(rank), np.float32)
+    rr.allreduce(x, group=g)
+    return {"sum": float(x[0])}

@@ -225,3 +225,17 @@ def test_destroying_a_group_with_work_queued_names_the_group(transport: str) -> 
                     r"on another thread\) during allreduce #1 on group\d+ ", running), running
     assert re.fullmatch(r"the communicator of group\d+ was destroyed \(its Group.destroy\(\) "
                         r"or ringreduce.destroy\(\)\) before this call could run", queued), queued
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_a_group_stall_report_names_world_ranks(transport: str) -> None:
+    """World rank 2 waits for world rank 1 on the group [1, 2]; its stall report said
+    "stall: rank 1 has waited ..." (its group rank) -- then "rank 1" was both the waiting
+    and the late rank (found by a helper)."""
+    outs = run_world_raw(3, "group_workers:late_group_member", timeout=45,
+                         env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_STALL_WARN": "1"})
+    assert [o.value for o in outs] == [{"sum": None}, {"sum": 3.0}, {"sum": 3.0}], outs
+    stall = [ln for ln in outs[2].stderr.splitlines() if "stall:" in ln]
+    assert stall and "stall: rank 2 has waited" in stall[0], (stall, outs[2].stderr)
+    assert re.search(r"rank 1 \(.*\) is idle", stall[0]), stall[0]

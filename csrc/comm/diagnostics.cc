@@ -90,7 +90,7 @@ void Communicator::reportStall(int64_t waitedMs, int waitingFor) {
     here = detail::concat("; others (", nAhead ? (nAhead == 1 ? "rank " : "ranks ") + ahead + " and "
                                                : std::string(),
                           "this rank) at ", toString(curKind_), " #", seq_);
-  RR_WARN("stall: rank ", rank_, " has waited ", waitedMs / 1000.0, " s in ", describeCurrent(),
+  RR_WARN("stall: rank ", label(rank_), " has waited ", waitedMs / 1000.0, " s in ", describeCurrent(),
           "; ", behind.empty() ? std::string("no rank reports being behind") : behind, here, chain,
           " (a rank stuck in user code, or one that skipped this collective?)");
 }

@@ -24,6 +24,7 @@ constexpr double kHandshakeCapSec = 5.0;  // a peer whose hello arrived answers 
 void Communicator::setDialer(std::unique_ptr<transport::Dialer> dialer,
                              const std::vector<int>& watch) {
   dialer_ = std::move(dialer);
+  if (dialer_) dialer_->setLabels(opts_.rankLabels);
   watch_.assign(static_cast<size_t>(world_), 0);
   watchList_.clear();
   for (int p : watch) {

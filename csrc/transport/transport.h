@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "transport/frame.h"
 
@@ -111,6 +113,11 @@ class Connection {
 class Dialer {
  public:
   virtual ~Dialer() = default;
+  // The rank messages name rank i by (world ranks, when this is a group's dialer).
+  void setLabels(std::vector<int> labels) { labels_ = std::move(labels); }
+  int label(int r) const {
+    return r >= 0 && static_cast<size_t>(r) < labels_.size() ? labels_[static_cast<size_t>(r)] : r;
+  }
   // Readable when a peer is dialling this rank (-1 once closed).
   virtual int listenFd() const = 0;
   // Host of `peer` as init learnt it (for messages).
@@ -127,6 +134,9 @@ class Dialer {
                                                 double timeoutSec) = 0;
   // Stop accepting (destroy, failure): nothing of the job keeps listening.
   virtual void close() = 0;
+
+ private:
+  std::vector<int> labels_;
 };
 
 }  // namespace rr::transport

@@ -20,16 +20,18 @@ const std::string& TcpDialer::peerHost(int peer) const {
 }
 
 int TcpDialer::dial(int peer, double timeoutSec) {
-  RR_CHECK(peer >= 0 && peer < me_.rank, "rank ", me_.rank, " dials only lower ranks, not ", peer);
+  RR_CHECK(peer >= 0 && peer < me_.rank, "rank ", label(me_.rank), " dials only lower ranks, not ",
+           label(peer));
   Endpoint ep = parseEndpoint(addrs_[static_cast<size_t>(peer)]);
   try {
     // The peer has listened since before init returned anywhere: a refusal means it is gone.
     pending_[static_cast<size_t>(peer)] =
         connectTo(ep, Deadline::after(timeoutSec),
-                  detail::concat("rank ", me_.rank, " connecting to rank ", peer), false);
+                  detail::concat("rank ", label(me_.rank), " connecting to rank ", label(peer)),
+                  false);
   } catch (const Error& e) {
     throw PeerError(peer, PeerCause::kClosed,
-                    detail::concat("rank ", peer, " (", ep.host, ") cannot be reached at ",
+                    detail::concat("rank ", label(peer), " (", ep.host, ") cannot be reached at ",
                                    ep.str(), " (it exited, crashed or destroyed its "
                                    "communicator): ", e.what()));
   }
@@ -41,7 +43,8 @@ std::unique_ptr<Connection> TcpDialer::finishDial(int peer, double timeoutSec) {
   RR_CHECK(fd.valid(), "finishDial without dial for rank ", peer);
   const std::string& addr = addrs_[static_cast<size_t>(peer)];
   connectHandshake(fd.get(), me_, peer, addr, Deadline::after(timeoutSec));
-  RR_DEBUG("rank ", me_.rank, ": connected to rank ", peer, " at ", addr, " on first use");
+  RR_DEBUG("rank ", label(me_.rank), ": connected to rank ", label(peer), " at ", addr,
+           " on first use");
   return std::make_unique<TcpConnection>(peer, hosts_[static_cast<size_t>(peer)], std::move(fd));
 }
 
@@ -54,10 +57,11 @@ std::unique_ptr<Connection> TcpDialer::acceptOne(bool (*wanted)(void*, int), voi
   std::string reason;
   int peer = acceptHandshakeImpl(fd.get(), me_, Deadline::after(timeoutSec), wanted, ctx, &reason);
   if (peer < 0) {
-    RR_WARN("rank ", me_.rank, " refused a connection from ", from, ": ", reason);
+    RR_WARN("rank ", label(me_.rank), " refused a connection from ", from, ": ", reason);
     return nullptr;
   }
-  RR_DEBUG("rank ", me_.rank, ": accepted rank ", peer, " from ", from, " on first use");
+  RR_DEBUG("rank ", label(me_.rank), ": accepted rank ", label(peer), " from ", from,
+           " on first use");
   return std::make_unique<TcpConnection>(peer, from, std::move(fd));
 }
 
