@@ -117,8 +117,7 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
     if not box:
         raise _timeout_error(
             f"rank {rank} could not {what} {master_addr}:{master_port} within {timeout:.0f} s: "
-            f"something accepted the connection but never answered like a torch TCPStore "
-            f"({hint})")
+            f"{_why_unreachable(master_addr, master_port)} ({hint})")
     if isinstance(box[0], Exception):
         e = box[0]
         if is_master and "EADDRINUSE" in str(e):  # at once, not a timeout
@@ -134,6 +133,25 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
     if is_master:
         _MASTER.add(key)
     return box[0]
+
+
+def _why_unreachable(host: str, port: int) -> str:
+    """Why a TCPStore could not be reached, from one plain connect (torch's constructor only
+    times out, after retrying): the name, nothing listening, no answer, or a program that
+    accepts and never speaks the store's protocol."""
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=2.0):
+            return "something accepted the connection but never answered like a torch TCPStore"
+    except socket.gaierror as e:
+        return f"the name {host!r} does not resolve ({e.strerror or e})"
+    except ConnectionRefusedError:
+        return "nothing listens there (connection refused)"
+    except TimeoutError:
+        return "a connection attempt gets no answer (a firewall, or an address not routed here)"
+    except OSError as e:
+        return f"cannot connect: {e.strerror or e}"
 
 
 def _is_old_server(key: tuple, store: Any, deadline: float) -> bool:

@@ -73,6 +73,26 @@ def test_unreachable_master_addr() -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("where,why", [
+    ("port", "nothing listens there (connection refused)"),
+    ("name", "the name 'nohost.invalid' does not resolve")])
+def test_unreachable_store_says_why(where: str, why: str) -> None:
+    """Rank 1 cannot reach the store: a port nobody listens on, a name that does not
+    resolve. It said "something accepted the connection but never answered like a torch
+    TCPStore" for both (found by a helper), sending users after a port squatter."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]  # free once closed
+    bad = {"MASTER_PORT": str(closed)} if where == "port" else {"MASTER_ADDR": "nohost.invalid"}
+    outs = _outcomes(2, {}, rank_env={1: bad})
+    story = _story(outs)
+    v1 = outs[1].value
+    assert outs[1].ok and v1["type"] == "CollectiveTimeout", story
+    assert "could not reach the store" in v1["msg"] and why in v1["msg"], story
+    assert "never answered" not in v1["msg"], story
+
+
+@pytest.mark.timeout(60)
 def test_master_port_in_use() -> None:
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))
