@@ -6,10 +6,11 @@
 
 Each rank gets the variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT, GROUP_RANK, ROLE_RANK, ROLE_WORLD_SIZE, TORCHELASTIC_RUN_ID, ...)
-plus a fresh RINGREDUCE_SECRET, runs in its own process group, and has its output lines
-prefixed with ``[rank K] ``. When one rank fails the others are stopped (SIGTERM, then
-SIGKILL after a grace period) and the launcher exits with that rank's code (128+signal for a
-signal). SIGINT/SIGTERM/SIGHUP sent to the launcher are forwarded to every rank; a second
+plus a fresh RINGREDUCE_SECRET (and OMP_NUM_THREADS=1 unless set, as torchrun), runs in
+its own process group, and has its output lines prefixed with ``[rank K] ``. When one rank
+fails, the others get SETTLE_S to fail on their own (all such failures are reported), then
+are stopped (SIGTERM, then SIGKILL after a grace period); the launcher exits with the code
+of the failure to blame (_root_cause; 128+signal for a signal). SIGINT/SIGTERM/SIGHUP sent to the launcher are forwarded to every rank; a second
 one kills them at once.
 
 This module imports nothing from the rest of the package, so it also runs as a plain file.
@@ -36,6 +37,10 @@ from typing import IO, Callable
 
 PROG = "ringreduce-run"
 DEFAULT_GRACE_S = 5.0
+# After a rank fails, how long the others may take to fail on their own before they are
+# stopped: a rank that sys.exit(3)s makes its peers raise PeerFailure (code 1) within
+# milliseconds -- sometimes before its own exit is seen -- and all of them are reported.
+SETTLE_S = 0.5
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _OPTS_WITH_VALUE = ("-n", "--nproc-per-node", "--nproc_per_node", "--master-port",
                     "--master_port", "--master-addr", "--master_addr", "--grace-period",
@@ -341,36 +346,55 @@ class _Job:
             t.join(timeout=2.0)  # pipes held open by escaped grandchildren: don't hang
 
 
+def _root_cause(failed: list[tuple[int, int]]) -> tuple[int, int]:
+    """The failure to blame among ranks that failed on their own: one killed by a signal or
+    exiting with a code of its own choosing before one with 1 (an uncaught exception -- what
+    the peers of a failed rank raise), else the first seen."""
+    def specific(event: tuple[int, int]) -> int:
+        return 2 if event[1] < 0 else 1 if event[1] != 1 else 0
+    return max(failed, key=specific)  # max keeps the first of equals
+
+
 def _supervise(job: _Job, grace: float) -> int:
-    """Wait for the ranks; stop them all on the first failure or signal. Returns the exit
-    code and prints the final explanation."""
-    failed: tuple[int, int] | None = None
-    stopped = 0  # ranks still running when the failure was noticed
+    """Wait for the ranks; stop them all on the first failure (after SETTLE_S, in which
+    others may fail on their own too) or signal. Returns the exit code and prints the final
+    explanation."""
+    failed: list[tuple[int, int]] = []  # ranks that failed on their own, in order seen
+    stopped = 0  # ranks still running when they were stopped
+    settle: float | None = None  # when ranks still running after a failure get SIGTERM
     deadline: float | None = None  # when ranks still running get SIGKILL
+    sent = "SIGTERM"
     while job.alive():
         if job.signals and deadline is None:  # on_signal already forwarded it
             deadline = time.monotonic() + grace
-        wait = 0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic()))
-        event = job.next_exit(wait)
-        if event is not None and event[1] != 0 and failed is None and not job.signals:
-            failed = event
+            sent = _signal_name(job.signals[0])
+        waits = [0.2] + [max(0.0, t - time.monotonic()) for t in (settle, deadline) if t]
+        event = job.next_exit(min(waits))
+        if event is not None and event[1] != 0 and deadline is None and not job.signals:
+            failed.append(event)
+            job.signal(signal.SIGTERM, ranks=[event[0]])  # its leftover children
+            if settle is None:
+                settle = time.monotonic() + SETTLE_S
+        if settle is not None and deadline is None and (
+                time.monotonic() >= settle or not job.alive()):
             stopped = len(job.alive())
             job.signal(signal.SIGTERM)
-            job.signal(signal.SIGTERM, ranks=[event[0]])  # its leftover children
             deadline = time.monotonic() + grace
         if deadline is not None and time.monotonic() >= deadline and job.alive():
             killed = job.alive()
             print(f"{PROG}: {_plural(len(killed), 'rank')} still running {grace:g} s after "
-                  f"SIGTERM: sending SIGKILL to rank(s) {', '.join(map(str, killed))}",
+                  f"{sent}: sending SIGKILL to rank(s) {', '.join(map(str, killed))}",
                   file=sys.stderr, flush=True)
             job.signal(signal.SIGKILL)
             deadline = float("inf")
-    if failed is not None:
-        rank, code = failed
+    if failed:
+        rank, code = _root_cause(failed)
         others = (f"terminated the other {_plural(stopped, 'rank')}" if stopped
                   else "the other ranks had already exited")
-        print(f"{PROG}: rank {rank} (pid {job.procs[rank].pid}) {_describe(code)}; {others}",
-              file=sys.stderr, flush=True)
+        also = "; ".join(f"rank {r} {_describe(c)}" for r, c in failed if r != rank)
+        also = f" (also failed on their own: {also})" if also else ""
+        print(f"{PROG}: rank {rank} (pid {job.procs[rank].pid}) {_describe(code)}{also}; "
+              f"{others}", file=sys.stderr, flush=True)
         return code if code > 0 else 128 - code
     if job.signals:
         sig = job.signals[0]
@@ -413,6 +437,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     secret = os.environ.get("RINGREDUCE_SECRET") or secrets.token_hex(16)
     run_id = os.environ.get("TORCHELASTIC_RUN_ID") or uuid.uuid4().hex
     base = dict(os.environ)
+    if "OMP_NUM_THREADS" not in base and opts.nproc > 1:
+        # As torchrun: N ranks each starting one OpenMP/torch thread per core oversubscribe
+        # the machine N times.
+        base["OMP_NUM_THREADS"] = "1"
+        print(f"{PROG}: setting OMP_NUM_THREADS=1 for each rank (as torchrun does) to avoid "
+              f"overloading the machine; set it yourself to tune it", file=sys.stderr,
+              flush=True)
     preexec = _parent_death_signal()
 
     job = _Job()

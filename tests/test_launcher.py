@@ -140,7 +140,8 @@ def _streaming(*args: str) -> Iterator[_Streaming]:
 
 @pytest.mark.timeout(60)
 def test_env_of_ranks(marker: str) -> None:
-    r = _launch("-n", "3", _script("print_env.py"), marker, "--flag")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    r = _launch("-n", "3", _script("print_env.py"), marker, "--flag", env=env)
     assert r.returncode == 0, r.stderr
     ranks = _ranked_json(r.stdout)
     assert sorted(ranks) == [0, 1, 2], r.stdout
@@ -158,6 +159,8 @@ def test_env_of_ranks(marker: str) -> None:
         assert info["RINGREDUCE_SECRET"] == secret
         assert info["argv"] == [marker, "--flag"]
         assert info["own_group"], "each rank must lead its own process group"
+        assert info["OMP_NUM_THREADS"] == "1"  # torchrun's default with several ranks
+    assert "setting OMP_NUM_THREADS=1" in r.stderr, r.stderr
     _assert_no_leftovers(marker)
 
 
@@ -171,6 +174,10 @@ def test_given_port_addr_and_secret_are_kept(marker: str) -> None:
     assert {i["MASTER_PORT"] for i in ranks.values()} == {"29999"}
     assert {i["MASTER_ADDR"] for i in ranks.values()} == {"localhost"}
     assert {i["RINGREDUCE_SECRET"] for i in ranks.values()} == {"s3cret"}
+    env["OMP_NUM_THREADS"] = "3"
+    r = _launch("-n", "2", _script("print_env.py"), marker, env=env)
+    assert {i["OMP_NUM_THREADS"] for i in _ranked_json(r.stdout).values()} == {"3"}
+    assert "OMP_NUM_THREADS" not in r.stderr, r.stderr
 
 
 @pytest.mark.timeout(60)
@@ -240,6 +247,20 @@ def test_failing_rank_stops_the_others(marker: str) -> None:
     last = r.stderr.strip().splitlines()[-1]
     assert re.fullmatch(r"ringreduce-run: rank 1 \(pid \d+\) exited with code 3; "
                         r"terminated the other 3 ranks", last), r.stderr
+    _assert_no_leftovers(marker)
+
+
+@pytest.mark.timeout(60)
+def test_the_rank_that_failed_first_is_named_not_the_first_seen(marker: str) -> None:
+    """Rank 0's exit (code 1, the PeerFailure its peer's exit causes) is seen before rank
+    1's (code 3). It was named alone, with exit code 1, and code 3 appeared nowhere (found
+    by a helper: 6 of 13 runs of a real job). Both are reported; the launcher exits 3."""
+    r = _launch("-n", "3", _script("exit_chain.py"), marker)
+    assert r.returncode == 3, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"ringreduce-run: rank 1 \(pid \d+\) exited with code 3 \(also failed on "
+                        r"their own: rank 0 exited with code 1\); terminated the other 1 rank",
+                        last), r.stderr
     _assert_no_leftovers(marker)
 
 
