@@ -461,3 +461,26 @@ def test_a_signal_to_the_bench_stops_every_rank(tmp_path, sig):
             except ProcessLookupError:
                 pass
         p.wait()
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 5])
+def test_check_inputs_expose_misplaced_data(world: int) -> None:
+    """--check's inputs: a result rotated by a few elements, or a block handed to the wrong
+    rank, must differ from what is expected. With ((r + i) % 4) + 1 every sum over 4 ranks
+    was 10 and sums over 2 ranks repeated every 4 elements: such bugs printed OK (found by
+    a helper)."""
+    import torch
+
+    from ringreduce.bench.checks import pattern
+
+    n = 4096
+    total = sum(pattern(r, n) for r in range(world))
+    for shift in (1, 2, 4, 8, 128, n // world):
+        wrong = int((torch.roll(total, shift) != total).sum())
+        assert wrong > n // 2, (shift, wrong)
+    blocks = [pattern(r, n // world) for r in range(world)]
+    for r in range(world - 1):  # rank r given rank r + 1's block
+        assert int((blocks[r] != blocks[r + 1]).sum()) > len(blocks[r]) // 2
+    for r in range(world):
+        p = pattern(r, n)
+        assert int(p.min()) == 1 and int(p.max()) == 4  # small: exact in every dtype

@@ -1,7 +1,10 @@
 """Buffers for one case, filled with rank-dependent values, and what every rank must get back.
 
-Rank r's input element i is ((r + i) % 4) + 1: small integers, so sums and products are
-exact in every dtype and a block that went to the wrong place or rank shows up as wrong.
+Rank r's input element i is a hash of (r, i) mapped to 1..4: small integers, so sums and
+products are exact in every dtype, and -- being different for every rank and position, not
+periodic -- a block that went to the wrong place or rank shows up as wrong (with
+((r + i) % 4) + 1, every sum over 4 ranks was 10 and 2 ranks' sums repeated every 4
+elements: a rotated result or swapped blocks passed).
 Floating-point results are compared with a tolerance of a few ulps of the dtype (the
 reduction order and avg's division may round differently); integers must match exactly.
 """
@@ -22,8 +25,13 @@ TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": t
 
 
 def pattern(rank: int, count: int) -> torch.Tensor:
-    """Rank `rank`'s input values as int64."""
-    return (torch.arange(count, dtype=torch.int64) + rank) % 4 + 1
+    """Rank `rank`'s input values as int64 (1..4; a 32-bit mix of rank and index)."""
+    m = 0xFFFFFFFF
+    x = (torch.arange(count, dtype=torch.int64) * 0x9E3779B1 + rank * 0x85EBCA77 + 0x165667B1) & m
+    x = x ^ (x >> 15)
+    x = (x * 0x2C1B3C6D) & m
+    x = x ^ (x >> 12)
+    return (x >> 7) % 4 + 1
 
 
 def _reduce(parts: Iterable[torch.Tensor], redop: str, world: int,
