@@ -276,3 +276,19 @@ def destroyer(rank: int, world: int, delay_s: float, transport_bytes: int) -> di
     except Exception as e:  # noqa: BLE001
         box["after"] = f"{type(e).__name__}: {e}"
     return box
+
+
+def abort_mid_frame(rank: int, world: int, nbytes: int, at: float) -> dict:
+    """Rank 1 broadcasts `nbytes` to rank 0 over a slow link and calls rr.abort() from a
+    watchdog thread `at` s in, while a frame is half sent; rank 0 reports what it heard."""
+    import threading
+
+    x = np.zeros(nbytes // 4, np.float32)
+    rr.barrier()
+    if rank == 1:
+        threading.Timer(at, rr.abort).start()
+    try:
+        rr.broadcast(x, src=1)
+        return {"type": None, "msg": ""}
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        return {"type": type(e).__name__, "msg": str(e), "cause": getattr(e, "cause", None)}

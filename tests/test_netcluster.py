@@ -215,3 +215,21 @@ def test_slow_link_is_slow_not_failed(cluster_factory) -> None:
         # 8 s at 1 MB/s moves about 8-16 of these all-reduces; unthrottled it would be
         # hundreds: the link really was slow, and the job went on.
         assert v["wrong"] == 0 and 3 <= v["after_event"] < 40, v
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(tc_unavailable() is not None, reason=tc_unavailable() or "")
+def test_a_rank_aborting_mid_frame_is_named_with_its_reason(cluster_factory) -> None:
+    """Rank 1 aborts (a watchdog's rr.abort()) while a broadcast frame to rank 0 is half
+    sent over a 50 Mbit/s link: its abort frame could not be sent mid-frame, so rank 0 saw
+    only the close -- "closed the connection ... (the peer process probably exited or
+    crashed)" about a live rank (found by a helper). The frame is now finished with zeros
+    and rank 0 is told why."""
+    c = cluster_factory(2, "50mbit")
+    outs = run_world_raw(2, "fault_workers:abort_mid_frame", 16 << 20, 0.5, timeout=90,
+                         env=ENV, master_addr=c.addr(0), rank_prefix=c.prefix(1))
+    v0, v1 = outs[0].value, outs[1].value
+    assert v1 and "aborted" in v1["msg"], outs[1].describe()
+    assert v0 and v0["type"] is not None, outs[0].describe()
+    assert "rank 1" in v0["msg"] and "failed" in v0["msg"], v0["msg"]
+    assert "closed the connection" not in v0["msg"], v0["msg"]

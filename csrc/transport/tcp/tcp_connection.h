@@ -25,6 +25,8 @@ class TcpConnection final : public Connection {
   [[noreturn]] void failClosed(const char* doing);
   [[noreturn]] void failErrno(const char* doing, int err);
   void sendControl(CollectiveKind kind, uint8_t code, const std::string& payload);
+  // Finish a partially written frame with zeros, within `d` (false: not done).
+  bool padFrame(Deadline d);
   [[noreturn]] void raiseAbort(const FrameHeader& h, const char* already, size_t alreadyLen);
   [[noreturn]] void throwAbort(const FrameHeader& h, const std::string& reason);
   // A goodbye's header was read (`already`: payload bytes read with it): read its `why`.
@@ -32,6 +34,7 @@ class TcpConnection final : public Connection {
 
   Fd fd_;
   bool midSend_ = false;  // a frame is partially written: an abort frame would corrupt it
+  size_t midRemain_ = 0;  // ... and this many of its bytes are still to go
 };
 
 }  // namespace rr::transport::tcp
