@@ -119,6 +119,9 @@ def test_precedence() -> None:
     ({"WORLD_SIZE": "2"}, "WORLD_SIZE is set but RANK is not"),
     ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"},
      "LOCAL_RANK=2 but LOCAL_WORLD_SIZE=2"),
+    # LOCAL_WORLD_SIZE unset (it defaults to WORLD_SIZE): named it all the same before.
+    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "3"}, "LOCAL_RANK=3 but WORLD_SIZE=2"),
+    ({"RANK": "", "WORLD_SIZE": "2"}, "RANK is empty"),
     ({"MASTER_PORT": "http"}, "MASTER_PORT='http' is not an integer"),
     ({"MASTER_PORT": "70000"}, "MASTER_PORT=70000 is not a TCP port"),
     ({"OMPI_COMM_WORLD_RANK": "4", "OMPI_COMM_WORLD_SIZE": "4"},

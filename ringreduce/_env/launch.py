@@ -36,7 +36,8 @@ def _env_int(env: Mapping[str, str], name: str, default: int | None = None) -> i
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         if default is None:
-            raise ValueError(f"{name} is not set; set it to a whole number, or launch with "
+            raise ValueError(f"{name} is {'not set' if raw is None else 'empty'}; set it to a "
+                             "whole number, or launch with "
                              "torchrun / ringreduce-run, which set it for you")
         return default
     try:
@@ -220,7 +221,9 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
         _check_range("RANK", rank, "WORLD_SIZE", world)
         lrank = _env_int(env, "LOCAL_RANK", rank)
         lsize = _env_int(env, "LOCAL_WORLD_SIZE", world)
-        _check_range("LOCAL_RANK", lrank, "LOCAL_WORLD_SIZE", lsize)
+        # Unset, LOCAL_WORLD_SIZE defaults to WORLD_SIZE: name the variable that was read.
+        _check_range("LOCAL_RANK", lrank, "LOCAL_WORLD_SIZE" if env.get(
+            "LOCAL_WORLD_SIZE", "").strip() else "WORLD_SIZE", lsize)
         for size_name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
             # A torchrun under mpirun makes WORLD_SIZE >= the launcher's process count; fewer
             # means RANK/WORLD_SIZE were left over in the environment (each MPI process
