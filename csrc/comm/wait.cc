@@ -5,6 +5,7 @@
 // the same way (checkLiveness).
 #include <errno.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -145,6 +146,11 @@ void Communicator::probePeers() {
     const int p = silentPeer(false, &s, &age);
     if (p >= 0) throw PeerError(p, PeerCause::kSilent, silence(p, s, age));
   }
+  // Between collectives (Executor::probeIdle): no data of a current collective waits unread.
+  // A flag left by the last one made a peer that then died "had sent this rank data of this
+  // collective, not yet read" while this rank created a group (found by a helper); data of
+  // the next collective that did arrive is seen again by checkIdle.
+  std::fill(early_.begin(), early_.end(), 0);
   pollIdle();  // a closed connection or an abort frame throws; a goodbye marks it gone
 }
 
