@@ -11,22 +11,28 @@ nothing, so the server (if it is still there) sees no stray connection.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 _CLOSE_WAIT = "08"  # include/net/tcp_states.h
 
 
-def _store_port(store: Any) -> int | None:
-    """The port of the TCPStore under `store` (through PrefixStores), or None."""
+def find_store(store: Any, pred: Callable[[Any], bool]) -> Any:
+    """The first of `store` and the stores under it (PrefixStore.underlying_store) for which
+    pred holds, or None."""
     for _ in range(64):
-        port = getattr(store, "port", None)
-        if isinstance(port, int) and port > 0:
-            return port
+        if pred(store):
+            return store
         nxt = getattr(store, "underlying_store", None)
         if nxt is None or nxt is store:
             return None
         store = nxt
     return None
+
+
+def _store_port(store: Any) -> int | None:
+    """The port of the TCPStore under `store` (through PrefixStores), or None."""
+    s = find_store(store, lambda s: isinstance(getattr(s, "port", None), int) and s.port > 0)
+    return None if s is None else s.port
 
 
 def _socket_inodes() -> set:

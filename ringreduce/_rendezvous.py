@@ -351,15 +351,9 @@ def torch_default_store() -> Any:
 def store_host(store: Any) -> str | None:
     """The host of the TCPStore under `store` (through PrefixStores), or None (FileStore,
     HashStore, a store without one)."""
-    for _ in range(64):
-        host = getattr(store, "host", None)
-        if isinstance(host, str) and host:
-            return host
-        nxt = getattr(store, "underlying_store", None)
-        if nxt is None or nxt is store:
-            return None
-        store = nxt
-    return None
+    s = _procnet.find_store(store, lambda s: isinstance(getattr(s, "host", None), str)
+                            and bool(s.host))
+    return None if s is None else s.host
 
 
 def _timeout_error(msg: str) -> Exception:
