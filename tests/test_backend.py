@@ -26,7 +26,7 @@ COLLECTIVES = ["allreduce_ops", "allreduce_async_future", "allreduce_noncontig",
                                                                      "world3-reuses"])
 def suite(request):
     world, reuse = request.param
-    results = run_world(world, "ddp_workers:backend_suite", reuse, timeout=150, env=_ENV,
+    results = run_world(world, "backend_workers:backend_suite", reuse, timeout=150, env=_ENV,
                         init=reuse)
     return world, reuse, results
 

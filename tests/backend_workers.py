@@ -1,0 +1,314 @@
+"""Functions that run inside ranks (started by _spawn.run_world) for test_backend.py: the
+"ringreduce" torch.distributed backend's collectives checked against expectations computed
+from every rank's inputs, and torch's own DDP over it against torch DDP over gloo (same
+data, same init). The models and data helpers are tests/ddp_workers.py's."""
+
+from __future__ import annotations
+
+import copy
+import time
+import traceback
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from ddp_workers import MLP, Branchy, batch, maxdiff, sgd, shard
+from torch import nn
+
+import ringreduce as rr
+
+
+def _close(a: torch.Tensor, b: Any) -> bool:
+    return bool(torch.allclose(a.double(), torch.as_tensor(b).double(), rtol=1e-6, atol=1e-6))
+
+
+def backend_collectives(rank: int, world: int) -> dict:
+    """dist.* over the "ringreduce" backend; {check: ok} (expectations from ranks' inputs)."""
+    import torch.distributed as dist
+
+    res: dict = {}
+
+    def check(name: str, fn: Callable[[], bool]) -> None:
+        try:
+            res[name] = bool(fn())
+        except Exception:  # noqa: BLE001
+            res[name] = traceback.format_exc()
+
+    n = world
+    tri = n * (n + 1) / 2  # sum of rank+1
+
+    def allreduce_ops() -> bool:
+        ok = True
+        for op, exp in [(dist.ReduceOp.SUM, tri), (dist.ReduceOp.MAX, n), (dist.ReduceOp.MIN, 1),
+                        (dist.ReduceOp.AVG, tri / n)]:
+            t = torch.full((7,), float(rank + 1))
+            dist.all_reduce(t, op=op)
+            ok &= _close(t, torch.full((7,), exp))
+        t = torch.full((5,), rank + 1, dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.PRODUCT)
+        fact = 1
+        for i in range(1, n + 1):
+            fact *= i
+        return ok and bool((t == fact).all())
+
+    def allreduce_async_future() -> bool:
+        t = torch.full((1000,), float(rank + 1))
+        w = dist.all_reduce(t, async_op=True)
+        v = w.get_future().wait()
+        w.wait()
+        return w.is_completed() and _close(v[0], torch.full((1000,), tri)) and v[0] is t
+
+    def allreduce_noncontig() -> bool:
+        base = torch.zeros(4, 6)
+        view = base[:, ::2]
+        view.fill_(rank + 1.0)
+        dist.all_reduce(view)
+        return _close(view, torch.full((4, 3), tri)) and bool((base[:, 1::2] == 0).all())
+
+    def allreduce_param_grad_enabled() -> bool:
+        p = nn.Parameter(torch.full((3,), float(rank + 1)))
+        dist.all_reduce(p.data)
+        dist.all_reduce(p)  # torch allows a leaf that requires grad, as gloo does
+        return _close(p.detach(), torch.full((3,), tri * n))
+
+    def broadcast() -> bool:
+        t = torch.arange(10.) * (rank + 1)
+        dist.broadcast(t, src=n - 1)
+        return _close(t, torch.arange(10.) * n)
+
+    def all_gather() -> bool:
+        outs = [torch.empty(2, 3) for _ in range(n)]
+        dist.all_gather(outs, torch.full((2, 3), float(rank)))
+        ok = all(_close(o, torch.full((2, 3), float(r))) for r, o in enumerate(outs))
+        # async: result() and the future's value are the output tensors (a flat list, as
+        # gloo's; a list of lists raised in torch's cast)
+        outs = [torch.empty(4) for _ in range(n)]
+        w = dist.all_gather(outs, torch.full((4,), rank + 0.5), async_op=True)
+        got, fut = w.result(), w.get_future().wait()
+        want = [torch.full((4,), r + 0.5) for r in range(n)]
+        return ok and all(len(v) == n and all(_close(a, b) for a, b in zip(v, want))
+                          for v in (got, fut))
+
+    def all_gather_into_tensor() -> bool:
+        out = torch.empty(n * 3)
+        dist.all_gather_into_tensor(out, torch.full((3,), float(rank)))
+        return _close(out, torch.arange(n).repeat_interleave(3).float())
+
+    def reduce_scatter() -> bool:
+        out = torch.empty(4)
+        dist.reduce_scatter(out, [torch.full((4,), float(rank + 10 * i)) for i in range(n)])
+        return _close(out, torch.full((4,), sum(range(n)) + 10.0 * rank * n))
+
+    def reduce_scatter_tensor() -> bool:
+        out = torch.empty(2)
+        inp = torch.arange(2.0 * n) + rank
+        dist.reduce_scatter_tensor(out, inp)
+        exp = (torch.arange(2.0 * n) * n + sum(range(n)))[rank * 2:(rank + 1) * 2]
+        return _close(out, exp)
+
+    def barrier() -> bool:
+        dist.barrier()
+        w = dist.barrier(async_op=True)
+        return w.wait() is not False
+
+    def objects() -> bool:
+        objs: list = [None] * n
+        dist.all_gather_object(objs, {"rank": rank, "s": "x" * rank})
+        lst = [{"from": 0}] if rank == 0 else [None]
+        dist.broadcast_object_list(lst, src=0)
+        return objs == [{"rank": r, "s": "x" * r} for r in range(n)] and lst == [{"from": 0}]
+
+    def reduce_gather_scatter() -> bool:
+        t = torch.full((3,), float(rank + 1))
+        dist.reduce(t, dst=0)
+        ok = _close(t, torch.full((3,), tri if rank == 0 else float(rank + 1)))
+        g = [torch.empty(2) for _ in range(n)] if rank == 0 else None
+        w = dist.gather(torch.full((2,), float(rank)), g, dst=0, async_op=True)
+        w.wait()
+        if rank == 0:
+            ok &= all(_close(x, torch.full((2,), float(r))) for r, x in enumerate(g))
+            ok &= len(w.result()) == n and all(a is b for a, b in zip(w.result(), g))
+        o = torch.empty(2)
+        dist.scatter(o, [torch.full((2,), float(i)) for i in range(n)] if rank == 0 else None,
+                     src=0)
+        return ok and _close(o, torch.full((2,), float(rank)))
+
+    def bad_op_message() -> bool:
+        try:  # a root outside the group: a clear error (was a bare IndexError)
+            dist.broadcast(torch.ones(2), group_src=n)
+            return False
+        except ValueError as e:
+            if f"rank {n} is not a rank of this process group" not in str(e):
+                return False
+        try:  # bitwise on floats: refused before anything moves, saying why
+            dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND)
+        except ValueError as e:
+            return "bitwise" in str(e)
+        return False
+
+    def bitwise_ops() -> bool:
+        bits = torch.tensor([1 << rank, 0xFF, rank], dtype=torch.int32)
+        want = {dist.ReduceOp.BAND: [0 if n > 1 else 1, 0xFF, 0],  # rank 0's 0 ANDs to 0
+                dist.ReduceOp.BOR: [(1 << n) - 1, 0xFF, 0],
+                dist.ReduceOp.BXOR: [(1 << n) - 1, 0xFF * (n % 2), 0]}
+        for r in range(n):
+            want[dist.ReduceOp.BOR][2] |= r
+            want[dist.ReduceOp.BXOR][2] ^= r
+        ok = True
+        for op, exp in want.items():
+            t = bits.clone()
+            dist.all_reduce(t, op=op)
+            ok &= t.tolist() == exp
+        flags = torch.tensor([rank == 0, True, False])  # bool: SUM = or, PRODUCT = and
+        t = flags.clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        ok &= t.tolist() == [True, True, False]
+        t = flags.clone()
+        dist.all_reduce(t, op=dist.ReduceOp.PRODUCT)
+        return ok and t.tolist() == [n == 1, True, False]
+
+    def premul_sum() -> bool:
+        """PREMUL_SUM with a double and a tensor factor (all_reduce, reduce_scatter_tensor:
+        its input must stay untouched)."""
+        ok = True
+        for factor in (0.5, torch.tensor([0.25])):
+            op = dist._make_nccl_premul_sum(factor)
+            f = float(factor) if not torch.is_tensor(factor) else float(factor[0])
+            t = torch.full((6,), float(rank + 1))
+            dist.all_reduce(t, op=op)
+            ok &= _close(t, torch.full((6,), f * tri))
+            inp = torch.arange(2.0 * n) + rank
+            out = torch.empty(2)
+            dist.reduce_scatter_tensor(out, inp.clone(), op=op)
+            full = sum(torch.arange(2.0 * n) + r for r in range(n)) * f
+            ok &= _close(out, full[2 * rank:2 * rank + 2])
+        return ok
+
+    def wait_timeout() -> bool:
+        """work.wait(timeout) is honoured: the last rank arrives 1.5 s late, the others'
+        0.3 s wait raises; the collective itself still completes right."""
+        from datetime import timedelta
+
+        import ringreduce as rr
+
+        if rank == n - 1:
+            time.sleep(1.5)
+        t = torch.full((3,), float(rank + 1))
+        w = dist.all_reduce(t, async_op=True)
+        raised = False
+        if rank != n - 1:
+            t0 = time.monotonic()
+            try:
+                w.wait(timeout=timedelta(seconds=0.3))
+            except rr.CollectiveTimeout as e:
+                raised = "did not complete within" in str(e) and time.monotonic() - t0 < 1.2
+        w.wait()
+        return (raised or rank == n - 1 or n == 1) and _close(t, torch.full((3,), tri))
+
+    def sparse_message() -> bool:
+        # all_reduce of a sparse COO tensor sums like gloo's (rank r puts r + 1 at r % 3 and
+        # 1 at 3, so counts of non-zeros differ by rank); other ops are refused.
+        t = torch.sparse_coo_tensor(torch.tensor([[rank % 3, 3]]), torch.tensor([rank + 1.0, 1.0]),
+                                    (5,))
+        dist.all_reduce(t)
+        want = torch.zeros(5)
+        for r in range(n):
+            want[r % 3] += r + 1
+        want[3] = n
+        ok = t.is_sparse and torch.equal(t.to_dense(), want)
+        try:
+            dist.all_reduce(torch.ones(3).to_sparse(), op=dist.ReduceOp.MAX)
+        except ValueError as e:
+            return ok and "SUM only" in str(e) and ".to_dense()" in str(e)
+        return False
+
+    for fn in (sparse_message, wait_timeout, allreduce_ops, allreduce_async_future, allreduce_noncontig,
+               allreduce_param_grad_enabled, broadcast, all_gather, all_gather_into_tensor,
+               reduce_scatter, reduce_scatter_tensor, barrier, objects, reduce_gather_scatter,
+               bad_op_message, bitwise_ops, premul_sum):
+        check(fn.__name__, fn)
+    return res
+
+
+_KEEP: list = []
+
+
+def backend_ddp_vs_gloo(rank: int, world: int) -> dict:
+    """torch DDP over "ringreduce" vs torch DDP over gloo: same data, same init."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
+    from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+    gloo = dist.new_group(backend="gloo")
+    # torch quirk: powerSGD's callbacks run on gloo's worker threads and hold the group in
+    # closures; were the last reference dropped there, ~ProcessGroupGloo would join its own
+    # thread (std::system_error "Resource deadlock avoided", abort). Keep it to the end.
+    _KEEP.append(gloo)
+    out: dict = {}
+    variants = {
+        "plain": ({}, None),
+        "view_small_buckets": ({"gradient_as_bucket_view": True, "bucket_cap_mb": 0.0005}, None),
+        "find_unused": ({"find_unused_parameters": True}, None),
+        "fp16_hook": ({}, default_hooks.fp16_compress_hook),
+        # its .then() callbacks wait for further all-reduces' futures (nested waits)
+        "powersgd": ({}, powerSGD.powerSGD_hook),
+    }
+    for name, (kw, hook) in variants.items():
+        try:
+            torch.manual_seed(1 + rank)  # different init per rank: DDP broadcasts rank 0's
+            a = Branchy() if name == "find_unused" else MLP()
+            b = copy.deepcopy(a)
+            da = TorchDDP(a, **kw)
+            db = TorchDDP(b, process_group=gloo, **kw)
+            if name == "powersgd":
+                for d, pg in ((da, dist.group.WORLD), (db, gloo)):
+                    d.register_comm_hook(powerSGD.PowerSGDState(
+                        process_group=pg, matrix_approximation_rank=1, start_powerSGD_iter=2,
+                        min_compression_rate=0.5), hook)
+            elif hook is not None:
+                da.register_comm_hook(dist.group.WORLD, hook)
+                db.register_comm_hook(gloo, hook)
+            oa, ob = sgd(da), sgd(db)
+            kw_fwd = {"use_c": rank == 0} if name == "find_unused" else {}
+            for s in range(5 if name == "powersgd" else 3):
+                x, y = batch(s, world)
+                for d, o in ((da, oa), (db, ob)):
+                    o.zero_grad()
+                    F.mse_loss(d(shard(x, rank), **kw_fwd), shard(y, rank)).backward()
+                    o.step()
+            out[name] = {"diff": maxdiff(a, b)}
+        except Exception:  # noqa: BLE001
+            out[name] = {"error": traceback.format_exc()}
+    return out
+
+
+def backend_suite(rank: int, world: int, reuse: bool) -> dict:
+    """init_process_group("ringreduce"), then the checks. reuse=True: ringreduce.init()
+    ran first (by the spawn helper) and the backend must reuse its communicator."""
+    import torch.distributed as dist
+
+    from ringreduce import _rendezvous, backend
+
+    torch.set_num_threads(1)
+    if reuse:
+        # rr.init() holds MASTER_PORT's store; hand that store to torch too.
+        store = next(iter(_rendezvous._STORES.values()))
+        dist.init_process_group("ringreduce", store=store, rank=rank, world_size=world)
+    else:
+        assert not rr.is_initialized()
+        dist.init_process_group("ringreduce")
+    pg = dist.group.WORLD
+    impl = backend.impl_of(pg)
+    info = {"backend": dist.get_backend(), "owns": getattr(impl, "_owns", None),
+            "rr_initialized": rr.is_initialized(), "is_ours": impl is not None,
+            "c10d": pg._get_backend(torch.device("cpu")).__class__.__name__
+            if not isinstance(pg, backend.ProcessGroupRingReduce) else None,
+            "group_name": pg.group_name}
+    res = {"info": info, "collectives": backend_collectives(rank, world),
+           "ddp": backend_ddp_vs_gloo(rank, world)}
+    dist.destroy_process_group()
+    res["info"]["rr_after_destroy"] = rr.is_initialized()
+    if reuse and rr.is_initialized():
+        rr.barrier()  # the user's communicator still works
+    return res
