@@ -97,7 +97,6 @@ bool TcpConnection::progressSend(SendOp& op) {
     ssize_t r = ::sendmsg(fd_.get(), &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (r > 0) {
       op.done += static_cast<size_t>(r);
-      midSend_ = op.done < total;
       midRemain_ = total - op.done;
       continue;
     }
@@ -110,7 +109,7 @@ bool TcpConnection::progressSend(SendOp& op) {
     }
     failErrno("sending", errno);
   }
-  midSend_ = false;
+  midRemain_ = 0;
   return true;
 }
 
@@ -246,7 +245,7 @@ void TcpConnection::sendAbort(AbortCode code, const std::string& reason) {
   // a helper). The zeros land in a buffer that the failure leaves undefined anyway (with
   // RINGREDUCE_CHECKSUM=1 the peer reports a checksum error instead). At most 0.5 s: frames
   // are segments (RINGREDUCE_SEGMENT_BYTES) in most algorithms.
-  if (midSend_ && fd_.valid()) padFrame(Deadline::after(0.5));
+  if (midRemain_ > 0 && fd_.valid()) padFrame(Deadline::after(0.5));
   sendControl(CollectiveKind::kAbort, static_cast<uint8_t>(code), reason);
 }
 
@@ -258,7 +257,6 @@ bool TcpConnection::padFrame(Deadline d) {
     if (!writeFull(fd_.get(), zeros.data(), n, d, &err)) return false;
     midRemain_ -= n;
   }
-  midSend_ = false;
   return true;
 }
 
@@ -267,7 +265,7 @@ void TcpConnection::sendGoodbye(const std::string& why) {
 }
 
 void TcpConnection::sendControl(CollectiveKind kind, uint8_t code, const std::string& payload) {
-  if (!fd_.valid() || midSend_) return;
+  if (!fd_.valid() || midRemain_ > 0) return;
   FrameHeader h;
   h.kind = static_cast<uint8_t>(kind);
   h.op = code;

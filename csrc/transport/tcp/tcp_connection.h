@@ -33,8 +33,8 @@ class TcpConnection final : public Connection {
   void readGoodbye(const FrameHeader& h, const char* already, size_t alreadyLen);
 
   Fd fd_;
-  bool midSend_ = false;  // a frame is partially written: an abort frame would corrupt it
-  size_t midRemain_ = 0;  // ... and this many of its bytes are still to go
+  // Bytes of a partially written frame still to go (> 0: an abort frame would corrupt it).
+  size_t midRemain_ = 0;
 };
 
 }  // namespace rr::transport::tcp
