@@ -27,29 +27,30 @@ def launch(script: str, n: int, mode: str, iters: int, transport: str = "auto",
     """Run the ranks to completion; each rank's JSON (None where a rank wrote none).
     SystemExit naming the setup if a rank fails."""
     port = free_port()
-    tmp = tempfile.mkdtemp(prefix="rr-bench-")
-    outs = [os.path.join(tmp, f"{r}.json") for r in range(n)]
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(script), "--worker", mode,
-                               outs[r], str(iters)],
-                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(n),
-                                   "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
-                                   "MASTER_PORT": str(port), "RINGREDUCE_TRANSPORT": transport})
-             for r in range(n)]
-    try:
-        for p in procs:
-            if p.wait(timeout=timeout) != 0:
-                raise SystemExit(f"{mode} on {n} ranks ({transport}) failed: a rank exited "
-                                 f"with {p.returncode}")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    res = []
-    for path in outs:
+    with tempfile.TemporaryDirectory(prefix="rr-bench-") as tmp:  # removed, whatever happens
+        outs = [os.path.join(tmp, f"{r}.json") for r in range(n)]
+        procs = [subprocess.Popen([sys.executable, os.path.abspath(script), "--worker", mode,
+                                   outs[r], str(iters)],
+                                  env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(n),
+                                       "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
+                                       "MASTER_PORT": str(port),
+                                       "RINGREDUCE_TRANSPORT": transport})
+                 for r in range(n)]
         try:
-            with open(path) as f:
-                res.append(json.load(f))
-        except FileNotFoundError:
-            res.append(None)
+            for p in procs:
+                if p.wait(timeout=timeout) != 0:
+                    raise SystemExit(f"{mode} on {n} ranks ({transport}) failed: a rank "
+                                     f"exited with {p.returncode}")
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        res = []
+        for path in outs:
+            try:
+                with open(path) as f:
+                    res.append(json.load(f))
+            except FileNotFoundError:
+                res.append(None)
     return res

@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import statistics
@@ -133,6 +134,7 @@ def run_once(lib: str, fault: str, world: int, limit: float) -> list[dict]:
         rows.append({"rank": r, "latency": res["t"] - t_fault, "type": res["type"],
                      "wrong": res["wrong"],
                      "msg": res["msg"], "named": bool(re.search(rf"\brank {VICTIM}\b", res["msg"]))})
+    shutil.rmtree(tmp, ignore_errors=True)
     return rows
 
 

@@ -77,7 +77,11 @@ def worker(name: str, out: str, spec: str) -> None:
 def _launch(name: str, n: int, spec: str) -> list:
     if name != "mpi":
         return _local.launch(__file__, n, name, spec, "shm")
-    tmp = tempfile.mkdtemp(prefix="rr-lat-")
+    with tempfile.TemporaryDirectory(prefix="rr-lat-") as tmp:
+        return _launch_mpi(n, spec, tmp)
+
+
+def _launch_mpi(n: int, spec: str, tmp: str) -> list:
     # each MPI rank writes its own file: the worker's OUT gets the rank appended
     script = ("import os, sys; sys.argv[3] += os.environ['OMPI_COMM_WORLD_RANK']; "
               f"sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "

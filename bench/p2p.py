@@ -105,12 +105,13 @@ def _run(name: str, iters: int, transport: str = "auto") -> dict:
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         return {}
-    out = os.path.join(tempfile.mkdtemp(prefix="rr-p2p-"), "r0.json")
-    subprocess.run([mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "2",
-                    sys.executable, os.path.abspath(__file__), "--worker", name, out, str(iters)],
-                   check=True, timeout=600)
-    with open(out) as f:
-        return json.load(f)
+    with tempfile.TemporaryDirectory(prefix="rr-p2p-") as tmp:
+        out = os.path.join(tmp, "r0.json")
+        subprocess.run([mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "2",
+                        sys.executable, os.path.abspath(__file__), "--worker", name, out,
+                        str(iters)], check=True, timeout=600)
+        with open(out) as f:
+            return json.load(f)
 
 
 def main() -> None:

@@ -163,7 +163,11 @@ def _load(path: str) -> dict | None:
 
 
 def run_config(n: int, transport: str, a: argparse.Namespace, env: dict) -> dict:
-    tmp = tempfile.mkdtemp(prefix="rr-scaling-")
+    with tempfile.TemporaryDirectory(prefix="rr-scaling-") as tmp:
+        return _run_config(tmp, n, transport, a, env)
+
+
+def _run_config(tmp: str, n: int, transport: str, a: argparse.Namespace, env: dict) -> dict:
     iters = min(a.iters, 50) if n >= 32 else a.iters
     cmd = [sys.executable, "-m", "ringreduce.run", "-n", str(n), "--no-prefix",
            "--grace-period", str(a.kill_limit), sys.executable, os.path.abspath(__file__),
@@ -193,7 +197,7 @@ def run_config(n: int, transport: str, a: argparse.Namespace, env: dict) -> dict
         last = [ln for ln in row["log_tail"].splitlines() if ln.strip()][-2:]
         lost = [r for r in range(n) if m[r] is None]
         row["error"] = (f"{row['error'] + '; ' if row['error'] else ''}ranks {lost} wrote no results "
-                        f"({tmp}/launcher.log ends: {' | '.join(last)})").strip()
+                        f"(the launcher's log ends: {' | '.join(last)})").strip()
         return row
     med = statistics.median
     ls = [r["link_stats"] for r in m]

@@ -202,6 +202,7 @@ def _dump(summary: dict, f: TextIO) -> None:
 def main() -> int:
     import argparse
     import json
+    import shutil
     import signal
     import subprocess
     import tempfile
@@ -282,6 +283,7 @@ def main() -> int:
     wall = time.time() - t0
 
     tests = _parse_junit(junit)
+    shutil.rmtree(tmp, ignore_errors=True)  # TEMP_DIR, file:// rendezvous, junit
     counts = {}
     for r in tests.values():
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
