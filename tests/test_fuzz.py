@@ -34,7 +34,8 @@ from error_workers import _ACK, _AUTH, _HELLO, _MAGIC, _VERSION, _recv_all
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_TIMEOUT_S = 300
 SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
-SOURCES = ["csrc/core/crc32c.cc", "csrc/core/log.cc", "csrc/core/sha256.cc", "csrc/core/types.cc",
+SOURCES = ["csrc/core/crc32c.cc", "csrc/core/interrupt.cc", "csrc/core/log.cc",
+           "csrc/core/sha256.cc", "csrc/core/types.cc",
            "csrc/transport/frame.cc", "csrc/transport/heartbeat.cc",
            "csrc/transport/tcp/socket.cc", "csrc/transport/tcp/handshake.cc",
            "csrc/transport/tcp/tcp_connection.cc", "tests/cpp/fuzz_wire.cc",

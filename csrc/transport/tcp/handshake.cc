@@ -118,7 +118,7 @@ void connectHandshake(int fd, const Identity& me, int target, const std::string&
                                            " failed: ", why));
   };
   Hello hello{};
-  if (!readFull(fd, &hello, sizeof(hello), d, &err)) fail("reading hello: " + err);
+  if (!readFull(fd, &hello, sizeof(hello), d, &err, true)) fail("reading hello: " + err);
   if (hello.magic != kHelloMagic || hello.version != kVersion)
     fail("the process listening there is not a compatible ringreduce rank");
   if (hello.rank != target)
@@ -130,7 +130,7 @@ void connectHandshake(int fd, const Identity& me, int target, const std::string&
   std::memcpy(auth.mac, m.data(), 32);
   if (!writeFull(fd, &auth, sizeof(auth), d, &err)) fail("sending authentication: " + err);
   Ack ack{};
-  if (!readFull(fd, &ack, sizeof(ack), d, &err)) fail("reading reply: " + err);
+  if (!readFull(fd, &ack, sizeof(ack), d, &err, true)) fail("reading reply: " + err);
   if (ack.magic != kHelloMagic) fail("malformed reply");
   if (ack.status != kOk) fail(std::string("refused: ") + statusText(ack.status));
   crypto::Digest want = mac(me.secret, 'A', auth.nonce, hello.nonce, target, me.rank, me.world);

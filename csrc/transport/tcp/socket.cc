@@ -19,8 +19,28 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/interrupt.h"
 
 namespace rr::transport::tcp {
+
+namespace {
+// poll() one descriptor until it is ready or `deadline` passes, in slices of 100 ms, running
+// Python's signal handlers between them (core/interrupt.h): connecting and accepting at init
+// or group creation may wait for minutes (RINGREDUCE_CONNECT_TIMEOUT) on a peer that died
+// or stopped, and Ctrl-C must still stop the rank. Returns poll()'s result.
+int pollInterruptible(pollfd* p, Deadline deadline) {
+  while (true) {
+    checkInterrupt();
+    const int ms = deadline.pollMs();
+    const int pr = ::poll(p, 1, ms < 0 || ms > 100 ? 100 : ms);
+    if (pr < 0 && errno == EINTR) {
+      checkInterrupt(true);
+      continue;
+    }
+    if (pr != 0 || deadline.expired()) return pr;
+  }
+}
+}  // namespace
 
 void Fd::reset() {
   if (fd_ >= 0) ::close(fd_);
@@ -197,7 +217,7 @@ Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what, boo
       }
       if (rc != 0) {
         pollfd p{fd.get(), POLLOUT, 0};
-        int pr = ::poll(&p, 1, deadline.pollMs());
+        int pr = pollInterruptible(&p, deadline);
         if (pr <= 0) {
           lastErr = pr == 0 ? "connect timed out" : std::strerror(errno);
           continue;
@@ -218,6 +238,7 @@ Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what, boo
     if (deadline.expired())
       RR_THROW(TimeoutError, what, ": could not connect to ", ep.str(), ": ", lastErr,
                " (is the peer running and reachable from this interface?)");
+    checkInterrupt(true);
     std::this_thread::sleep_for(std::chrono::milliseconds(backoffMs));
     backoffMs = backoffMs * 2 > 200 ? 200 : backoffMs * 2;
   }
@@ -241,12 +262,12 @@ Fd acceptOne(int listenFd, Deadline deadline, std::string* peerAddr) {
     if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
       RR_THROW(Error, "accept failed: ", std::strerror(errno));
     pollfd p{listenFd, POLLIN, 0};
-    int pr = ::poll(&p, 1, deadline.pollMs());
+    int pr = pollInterruptible(&p, deadline);
     if (pr == 0 && deadline.expired()) return Fd();
   }
 }
 
-bool readFull(int fd, void* buf, size_t n, Deadline d, std::string* errMsg) {
+bool readFull(int fd, void* buf, size_t n, Deadline d, std::string* errMsg, bool interruptible) {
   char* p = static_cast<char*>(buf);
   size_t got = 0;
   while (got < n) {
@@ -265,7 +286,8 @@ bool readFull(int fd, void* buf, size_t n, Deadline d, std::string* errMsg) {
       return false;
     }
     pollfd pf{fd, POLLIN, 0};
-    if (::poll(&pf, 1, d.pollMs()) == 0 && d.expired()) {
+    if ((interruptible ? pollInterruptible(&pf, d) : ::poll(&pf, 1, d.pollMs())) == 0 &&
+        d.expired()) {
       *errMsg = "timed out";
       return false;
     }

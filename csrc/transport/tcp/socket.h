@@ -70,14 +70,18 @@ Fd listenOn(const std::string& host, int port, int* boundPort);
 Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what, bool retry = true);
 
 // Accept one connection (listener is non-blocking); returns invalid Fd at the deadline.
+// connectTo and acceptOne run Python's signal handlers while they wait (core/interrupt.h:
+// Interrupted when one raised), as readFull does when `interruptible`.
 Fd acceptOne(int listenFd, Deadline deadline, std::string* peerAddr);
 
 void setNonBlocking(int fd);
 void setNoDelay(int fd);
 
 // Read/write exactly n bytes on a non-blocking socket, polling until the deadline.
-// Return false on timeout or EOF/error (errMsg says which).
-bool readFull(int fd, void* buf, size_t n, Deadline d, std::string* errMsg);
+// Return false on timeout or EOF/error (errMsg says which). `interruptible`: see above (not
+// on failure paths, which must not throw).
+bool readFull(int fd, void* buf, size_t n, Deadline d, std::string* errMsg,
+              bool interruptible = false);
 bool writeFull(int fd, const void* buf, size_t n, Deadline d, std::string* errMsg);
 
 }  // namespace rr::transport::tcp
