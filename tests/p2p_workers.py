@@ -196,12 +196,16 @@ def send_first(rank: int, world: int) -> list:
     return fails
 
 
-def size_mismatch(rank: int, world: int, n: int) -> str:
-    """Rank 0 sends n float32, rank 1 receives n + 2. The receiver fails at once; the
-    sender's send may return (eager, as over TCP), and then a later send on that channel
-    must fail (the receiver's abort reached it). Rank 0 returns what each send did, rank 1
-    what its recv and a second one said."""
+def size_mismatch(rank: int, world: int, n: int, good_first: bool = False) -> str:
+    """Rank 0 sends n float32, rank 1 receives n + 2 (good_first: one matching message
+    first). The receiver fails at once; the sender's send may return (eager, as over TCP),
+    and then its next send on that channel, once the receiver has failed, must fail too
+    (the receiver's abort reached it). Rank 0 returns what each send did, rank 1 what its
+    recv and a second one said."""
+    flag = os.path.join(os.path.dirname(os.environ["RR_SPAWN_ARGS"]), "recv_failed")
     if rank == 1:
+        if good_first:
+            rr.recv(np.ones(n, np.float32), 0)
         said = []
         for _ in range(2):
             try:
@@ -209,13 +213,19 @@ def size_mismatch(rank: int, world: int, n: int) -> str:
                 said.append("no error")
             except Exception as e:  # noqa: BLE001
                 said.append(type(e).__name__ + ": " + str(e))
+            open(flag, "a").close()
         return " | ".join(said)
+    if good_first:
+        rr.send(np.ones(n, np.float32), 1)
     said = []
     for _ in range(4):
         try:
             rr.send(np.ones(n, np.float32), 1)
             said.append("no error")
-            time.sleep(0.2)  # for the receiver's abort to arrive
+            deadline = time.monotonic() + 20
+            while not os.path.exists(flag) and time.monotonic() < deadline:
+                time.sleep(0.01)  # until the receiver has failed
+            time.sleep(0.1)  # and published its abort
         except Exception as e:  # noqa: BLE001
             said.append(type(e).__name__ + ": " + str(e))
             break

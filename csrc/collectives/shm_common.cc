@@ -89,6 +89,10 @@ uint64_t lineSend(comm::Communicator& c, const transport::FrameHeader& h, const 
   ShmDomain& d = *c.shm();
   const uint64_t round = d.nextRound();
   lineWaitFree(c, round);
+  // The receiver may have failed this channel (a size mismatch on a message this rank sent
+  // before): say so now, not never -- the line may be free without waiting (found by a
+  // helper: a third send "succeeded" after the receiver had failed on the second).
+  c.checkLocalAborts();
   writeLine(d, h, payload, bytes, round);
   lineRelease(c, round);
   return round;

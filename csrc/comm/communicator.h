@@ -173,6 +173,10 @@ class Communicator {
   // Its socket part: read what peers' idle connections hold -- an abort (throws), a
   // goodbye, a dialler -- without waiting. A point-to-point sender never reads otherwise.
   void pollIdle();
+  // Its shared-memory part, without waiting: a local peer's published failure (its abort)
+  // throws here. One load per local peer: for a sender that may return before the receiver
+  // reads (an eager point-to-point send), which would otherwise never look.
+  void checkLocalAborts();
 
   // Record the first failure, tell every peer (abort frames) and close all connections.
   // Later begin() calls throw a clear "unusable" error.

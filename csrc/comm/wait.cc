@@ -237,6 +237,14 @@ void Communicator::checkLocalPeers() {
   }
 }
 
+void Communicator::checkLocalAborts() {
+  transport::shm::ShmDomain& d = *shm_;
+  std::string why;
+  for (int r = 0; r < d.world(); ++r)
+    if (r != d.rank())
+      if (const uint32_t code = d.abortOf(r, &why)) throwPeerAbort(d.globalRank(r), code, why);
+}
+
 [[noreturn]] void Communicator::timeout(int sendPeer, int recvPeer, bool shm) {
   std::string who;
   auto name = [&](int p) { return detail::concat("rank ", label(p), " (", peerHost(p), ")"); };
