@@ -27,6 +27,7 @@ from . import _env, _procnet
 _STORES: dict[tuple, Any] = {}  # (addr, port) -> the TCPStore made here, while acquired
 _REFS: dict[tuple, int] = {}  # (addr, port) -> how many make_store calls hold it
 _MASTER: set = set()  # keys whose store hosts the server in this process
+_IN_RANK0: set = set()  # id()s of stores made here that rank 0's process serves
 # Keys whose reference a failed init left: the store stays up so that ranks still joining
 # can read why init failed (prefix + "failed"); the next init() adopts it (same address)
 # or drops it, and destroy() drops it.
@@ -132,6 +133,8 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
     _REFS[key] = 1
     if is_master:
         _MASTER.add(key)
+    elif not use_agent_store:
+        _IN_RANK0.add(id(box[0]))  # served by rank 0's process (_store_failed)
     return box[0]
 
 
@@ -227,6 +230,7 @@ def release_store(key: tuple | None, rank: int, world: int, prefix: str, timeout
     closing = False
     if _REFS[key] <= 0:
         del _STORES[key], _REFS[key]
+        _IN_RANK0.discard(id(store))  # the id may be reused by a later object
         # 2 references = `store` here + getrefcount's argument: no Python code holds it.
         closing = (key in _MASTER and sys.getrefcount(store) <= 2
                    and not _torch_holds(store))
@@ -441,7 +445,7 @@ def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,
         watch = getattr(_WATCH, "v", None)
         if watch is not None:  # because this rank's destroy() released it meanwhile?
             check_destroyed(watch[0], what)
-        raise _store_failed(rank, f"the wait for {what}", e) from e
+        raise _store_failed(rank, f"the wait for {what}", e, store) from e
 
 
 def _wait_for(store: Any, keys: list[str], timeout: float, rank: int, what: str,
@@ -490,7 +494,7 @@ def allgather(store: Any, prefix: str, rank: int, world: int, timeout: float, st
     except RingReduceError:
         raise  # ours (a timeout, another rank's failure): it says what happened
     except RuntimeError as e:  # torch's DistStoreError / DistNetworkError: the store is gone
-        raise _store_failed(rank, "a group's shared memory setup", e) from e
+        raise _store_failed(rank, "a group's shared memory setup", e, store) from e
 
 
 def _fail(store: Any, prefix: str, error: Exception) -> Exception:
@@ -520,12 +524,12 @@ def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None
     except (ValueError, RingReduceError) as e:
         gone = getattr(e, "store_error", None)  # _wait's: say which phase it was
         if gone is not None:
-            raise _store_failed(rank, during, gone) from gone
+            raise _store_failed(rank, during, gone, store) from gone
         if rank == 0 and prefix is None:  # init: this process usually hosts the store and
             _linger(store, world)  # may exit next: let the others read "failed". A group's
         raise  # store is the world's, which outlives this error: nothing to wait for
     except RuntimeError as e:  # torch's DistStoreError / DistNetworkError: the store is gone
-        raise _store_failed(rank, during, e) from e
+        raise _store_failed(rank, during, e, store) from e
 
 
 def _linger(store: Any, world: int, cap: float = 2.0) -> None:
@@ -544,11 +548,22 @@ def _linger(store: Any, world: int, cap: float = 2.0) -> None:
     time.sleep(0.5)
 
 
-def _store_failed(rank: int, during: str, e: Exception) -> Exception:
-    err = _rr_error(
-        f"rank {rank}: the rendezvous store failed during {during} ({type(e).__name__}: "
-        f"{str(e).strip().splitlines()[0] if str(e).strip() else e!r}); the store lives in "
-        f"rank 0 (or the launcher's agent) -- did it exit or crash?")
+def _store_failed(rank: int, during: str, e: Exception, store: Any = None) -> Exception:
+    """The error for a store that stopped answering. One that world rank 0's process serves
+    (not the launcher's agent's, not the caller's own) means rank 0 is gone: a PeerFailure
+    naming it (peer_rank 0), as any other dead peer is named -- before, a RingReduceError
+    that `except rr.PeerFailure` missed (found by a helper)."""
+    why = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else e!r}"
+    if store is not None and id(store) in _IN_RANK0:
+        from ._C import PeerFailure
+
+        err = PeerFailure(f"rank {rank}: rank 0 is gone (the rendezvous store it serves "
+                          f"stopped answering during {during}: {why}); it exited or crashed")
+        err.peer_rank, err.cause = 0, "closed"  # type: ignore[attr-defined]
+    else:
+        err = _rr_error(f"rank {rank}: the rendezvous store failed during {during} ({why}); "
+                        f"the store lives in rank 0 (or the launcher's agent) -- did it exit "
+                        f"or crash?")
     err.store_error = e  # type: ignore[attr-defined]
     return err
 

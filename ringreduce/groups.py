@@ -12,9 +12,10 @@ among themselves: ranks outside a group never wait for it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from . import _comm, _env, _rendezvous, _state, _work
@@ -92,12 +93,14 @@ def from_store(store: Any, rank: int, size: int, name: str,
     p = f"ringreduce/{world.options.get('session', '')[:16]}/"
     store.set(f"{p}grank/{rank}", str(world.rank))
     keys = [f"{p}grank/{r}" for r in range(size)]
-    # The members are known once all have started: until then any rank's failure stops it.
-    with _rendezvous.watching(world, [r for r in range(world.world_size) if r != world.rank]):
-        _rendezvous._wait(store, keys, timeout, rank, f"the members of {name} to start", p)
-    members = [int(store.get(k)) for k in keys]
-    with _rendezvous.watching(world, [m for m in members if m != world.rank]):
-        return _connect(world, store, members, rank, p, name, secs)
+    with _interrupts_told(world, store, p, name):
+        # The members are known once all have started: until then any rank's failure stops it.
+        with _rendezvous.watching(world, [r for r in range(world.world_size)
+                                          if r != world.rank]):
+            _rendezvous._wait(store, keys, timeout, rank, f"the members of {name} to start", p)
+        members = [int(store.get(k)) for k in keys]
+        with _rendezvous.watching(world, [m for m in members if m != world.rank]):
+            return _connect(world, store, members, rank, p, name, secs)
 
 
 def destroy_group(g: Group, world: Group | None = None) -> None:
@@ -261,11 +264,29 @@ def _make(world: Group, members: list[int], prefix: str, name: str,
     store = world.store if store is None else store
     out_of_step = _out_of_step(world)
     with _rendezvous.also_stop_on(out_of_step + "failed"), \
-            _rendezvous.watching(world, [m for m in members if m != world.rank]):
+            _rendezvous.watching(world, [m for m in members if m != world.rank]), \
+            _interrupts_told(world, store, prefix, name):
         if not p2p:  # a channel's members follow from its key: nothing to compare
             _agree(store, prefix, me, members, float(world.options["connect_timeout"]), name,
                    out_of_step)
         return _connect(world, store, members, me, prefix, name, timeout, p2p)
+
+
+@contextlib.contextmanager
+def _interrupts_told(world: Group, store: Any, prefix: str, name: str) -> Iterator[None]:
+    """A Ctrl-C (KeyboardInterrupt, or a launcher's SystemExit) while this rank creates a
+    group is posted under the group's prefix, so the other members stop at once -- before,
+    they waited for this rank until RINGREDUCE_CONNECT_TIMEOUT (120 s) if it lived on (found
+    by a helper). Errors post their own reason where they arise."""
+    try:
+        yield
+    except Exception:
+        raise
+    except BaseException as e:
+        _rendezvous._fail(store, prefix, _rendezvous._rr_error(
+            f"world rank {world.rank} stopped creating {name}: {type(e).__name__} "
+            f"(interrupted)"))
+        raise
 
 
 def _out_of_step(world: Group) -> str:

@@ -40,7 +40,7 @@ import time
 import traceback
 from typing import Any
 
-from . import _C, _buffers, _state, groups
+from . import _C, _buffers, _rendezvous, _state, groups
 from ._state import Group
 
 log = logging.getLogger("ringreduce")
@@ -314,7 +314,11 @@ def _match(g: Group, world: Group, peers: list[int], tag: int, what: str,
 def _wanted(g: Group, world: Group, src: int, tag: int) -> bool:
     lo, hi = min(src, world.rank), max(src, world.rank)
     store = g.store  # None: destroyed meanwhile (the caller's next check says so)
-    return store is not None and bool(store.check([f"{_base(g, lo, hi, tag)}want{src}"]))
+    try:
+        return store is not None and bool(store.check([f"{_base(g, lo, hi, tag)}want{src}"]))
+    except RuntimeError as e:  # torch's DistNetworkError: the store is gone
+        raise _rendezvous._store_failed(world.rank, f"a receive from any rank (tag {tag})",
+                                        e, store) from e
 
 
 def _base(g: Group, lo: int, hi: int, tag: int) -> str:

@@ -449,17 +449,18 @@ def group_threads(rank: int, world: int) -> dict:
     return {"with_world": with_world, "with_groups": with_groups, "after": threads()}
 
 
-def dies_before_waits(rank: int, world: int, what: str) -> dict:
-    """Rank 1 is SIGKILLed (or SIGSTOPped: what="stop") after a barrier; the others then wait
-    for it outside any collective: creating a group with it ("group"), a first message from
-    it on a new tag ("recv"), a receive from any source ("any"). Each must raise
-    PeerFailure naming rank 1 -- before, they waited until the connect timeout or
-    RINGREDUCE_TIMEOUT, told to check WORLD_SIZE or their send/recv order."""
+def dies_before_waits(rank: int, world: int, what: str, victim: int = 1) -> dict:
+    """Rank `victim` is SIGKILLed (or SIGSTOPped: what="stop") after a barrier; the others
+    then wait for it outside any collective: creating a group with it ("group"), a first
+    message from it on a new tag ("recv"), a receive from any source ("any"). Each must
+    raise PeerFailure naming it -- before, they waited until the connect timeout or
+    RINGREDUCE_TIMEOUT, told to check WORLD_SIZE or their send/recv order; with rank 0
+    (the store's host) the victim, they got torch's DistNetworkError or a RingReduceError."""
     import os
     import signal
 
     rr.barrier()
-    if rank == 1:
+    if rank == victim:
         time.sleep(0.3)
         os.kill(os.getpid(), signal.SIGSTOP if what.endswith("stop") else signal.SIGKILL)
         time.sleep(60)
@@ -468,7 +469,7 @@ def dies_before_waits(rank: int, world: int, what: str) -> dict:
         if what.startswith("group"):
             rr.new_group(list(range(world)))
         elif what.startswith("recv"):
-            rr.recv(np.zeros(4), 1, tag=77)
+            rr.recv(np.zeros(4), victim, tag=77)
         else:
             rr.recv(np.zeros(4), None, tag=78)
         return {"error": "no error", "secs": time.monotonic() - t0}
@@ -512,3 +513,24 @@ def late_group_member(rank: int, world: int) -> dict:
     x = np.full(4, float(rank), np.float32)
     rr.allreduce(x, group=g)
     return {"sum": float(x[0])}
+
+
+def interrupted_new_group(rank: int, world: int) -> str:
+    """Rank 1 is interrupted (as by Ctrl-C) while it waits in new_group for rank 2, which
+    comes 2 s late, and lives on. The others must stop at once, told why -- before, they
+    waited for rank 1 until RINGREDUCE_CONNECT_TIMEOUT."""
+    import _thread
+
+    if rank == 2:
+        time.sleep(2.0)
+    if rank == 1:
+        threading.Timer(0.5, _thread.interrupt_main).start()
+    t0 = time.monotonic()
+    try:
+        rr.new_group(list(range(world)))
+        return "no error"
+    except KeyboardInterrupt:
+        time.sleep(12.0)  # alive, as a program that catches Ctrl-C and goes on
+        return "interrupted"
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__} after {time.monotonic() - t0:.1f} s: {e}"

@@ -176,22 +176,37 @@ def test_a_group_costs_one_thread_and_leaves_none(transport: str) -> None:
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("what,transport", [("group", "shm"), ("group", "tcp"),
-                                            ("recv", "shm"), ("any", "tcp"),
-                                            ("group-stop", "shm"), ("recv-stop", "tcp")])
-def test_a_rank_lost_outside_collectives_is_named(what: str, transport: str) -> None:
+@pytest.mark.parametrize("what,transport,victim", [
+    ("group", "shm", 1), ("group", "tcp", 1), ("recv", "shm", 1), ("any", "tcp", 1),
+    ("group-stop", "shm", 1), ("recv-stop", "tcp", 1),
+    ("group", "tcp", 0), ("recv", "shm", 0), ("any", "shm", 0), ("any", "tcp", 0)])
+def test_a_rank_lost_outside_collectives_is_named(what: str, transport: str,
+                                                  victim: int) -> None:
     """Waits in the store (a group's creation, a p2p tag's first message, an any-source
-    receive) watch the world's view of the peers they wait for."""
-    outs = run_world_raw(3, "group_workers:dies_before_waits", what, timeout=80,
-                         expendable=[1], env={"RINGREDUCE_TRANSPORT": transport,
-                                              "RINGREDUCE_TIMEOUT": "40",
-                                              "RINGREDUCE_CONNECT_TIMEOUT": "40"})
+    receive) watch the world's view of the peers they wait for; rank 0, whose process serves
+    the store, is named too when the store goes with it."""
+    outs = run_world_raw(3, "group_workers:dies_before_waits", what, victim, timeout=80,
+                         expendable=[victim], env={"RINGREDUCE_TRANSPORT": transport,
+                                                   "RINGREDUCE_TIMEOUT": "40",
+                                                   "RINGREDUCE_CONNECT_TIMEOUT": "40"})
     limit = 8.0 if what.endswith("stop") else 5.0  # frozen: the heartbeat timeout (4 s)
-    for r in (0, 2):
+    for r in {0, 1, 2} - {victim}:
         v = outs[r].value
         assert v is not None, outs[r].describe()
-        assert v["error"].startswith("PeerFailure") and "rank 1 " in v["error"], (r, v)
-        assert v["peer_rank"] == 1 and v["secs"] < limit, (r, v)
+        assert v["error"].startswith("PeerFailure") and f"rank {victim} " in v["error"], (r, v)
+        assert v["peer_rank"] == victim and v["secs"] < limit, (r, v)
+
+
+@pytest.mark.timeout(90)
+def test_a_rank_interrupted_in_new_group_stops_the_others_at_once() -> None:
+    outs = run_world(3, "group_workers:interrupted_new_group", timeout=80,
+                     env={"RINGREDUCE_CONNECT_TIMEOUT": "60"})
+    assert outs[1] == "interrupted", outs
+    for r in (0, 2):
+        o = outs[r]
+        assert o.startswith("RingReduceError") and \
+            "world rank 1 stopped creating group1: KeyboardInterrupt" in o, f"rank {r}: {o}"
+        assert float(o.split()[2]) < 10, f"rank {r} waited for the connect timeout: {o}"
 
 
 @pytest.mark.parametrize("prefix,pause", [(None, True), ("g/1/", False)])
