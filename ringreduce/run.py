@@ -19,6 +19,7 @@ This module imports nothing from the rest of the package, so it also runs as a p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import os
 import queue
@@ -342,8 +343,32 @@ class _Job:
         self.signal(signal.SIGKILL, ranks=range(len(self.procs)))
         for p in self.procs:
             p.wait()
+        n = _remove_segments({p.pid for p in self.procs})
+        if n:
+            print(f"{PROG}: removed {_plural(n, 'shared-memory segment')} that killed ranks "
+                  f"left in /dev/shm", file=sys.stderr, flush=True)
         for t in self.threads:
             t.join(timeout=2.0)  # pipes held open by escaped grandchildren: don't hang
+
+
+def _remove_segments(pids: set[int]) -> int:
+    """Remove the shared-memory segments named as those of processes `pids` (ringreduce's
+    names end in -<creator pid>-<32 hex digits>, csrc/transport/shm/segment.cc). A segment
+    is unlinked once every peer has mapped it; a rank killed before then (SIGKILL while a
+    group is being created) leaves its name behind. Only our ranks' own, after they ended."""
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:
+        return 0
+    pat = re.compile(r"rr-.+-(\d+)-[0-9a-f]{32}")
+    n = 0
+    for name in names:
+        m = pat.fullmatch(name)
+        if m and int(m.group(1)) in pids:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join("/dev/shm", name))
+                n += 1
+    return n
 
 
 def _root_cause(failed: list[tuple[int, int]]) -> tuple[int, int]:

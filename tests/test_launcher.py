@@ -288,6 +288,27 @@ def test_rank_killed_by_signal(marker: str) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_segments_of_killed_ranks_are_removed(marker: str) -> None:
+    """A rank SIGKILLed while creating a communicator (its peers not attached yet: the name
+    is still linked) left its segment in /dev/shm for good (found by a helper); the launcher
+    removes those of its ranks' pids -- and nothing else."""
+    tag = marker.replace("-", "")
+    other = Path(f"/dev/shm/rr-{tag}-{os.getpid()}-{'0' * 32}")  # not a rank's: stays
+    other.write_bytes(b"")
+    try:
+        r = _launch("-n", "3", _script("shm_left_by_killed.py"), tag)
+        assert r.returncode == 128 + signal.SIGKILL, r.stderr
+        left = [n for n in os.listdir("/dev/shm") if tag in n]
+        assert left == [other.name], left
+        assert "removed 3 shared-memory segments" in r.stderr, r.stderr
+    finally:
+        for n in os.listdir("/dev/shm"):
+            if tag in n:
+                os.unlink(f"/dev/shm/{n}")
+    _assert_no_leftovers(marker)
+
+
+@pytest.mark.timeout(60)
 def test_output_prefix() -> None:
     r = _launch("-n", "2", _script("output.py"))
     assert r.returncode == 0, r.stderr
