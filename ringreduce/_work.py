@@ -83,6 +83,21 @@ class Work:
     def is_completed(self) -> bool:
         return self._finished or self._cwork.is_completed()
 
+    def exception(self) -> BaseException | None:
+        """torch's Work.exception(): the error the collective failed with; None while it
+        runs or if it succeeded. Never blocks."""
+        if not self.is_completed():
+            return None
+        try:
+            self.wait(0)
+        except Exception as e:  # noqa: BLE001 - returned, as torch does
+            return e
+        return None
+
+    def is_success(self) -> bool:
+        """torch's Work.is_success(): completed without an error (never blocks)."""
+        return self.is_completed() and self.exception() is None
+
     def source_rank(self) -> int:
         """For an irecv: the world rank the message came from (waits for it first)."""
         if self.source is None:

@@ -496,6 +496,8 @@ def destroyed_with_work_queued(rank: int, world: int) -> dict:
                 out[f"w{i}"] = "no error"
             except rr.RingReduceError as e:
                 out[f"w{i}"] = str(e)
+        # torch's Work.exception() / is_success(): the same error, without raising
+        out["exc"] = [type(w.exception()).__name__ for w in ws if not w.is_success()]
     rr.barrier()  # the world still works
     if rank == 0:
         time.sleep(0.5)

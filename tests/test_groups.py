@@ -236,8 +236,10 @@ def test_destroying_a_group_with_work_queued_names_the_group(transport: str) -> 
     outs = run_world(2, "group_workers:destroyed_with_work_queued", timeout=60,
                      env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30"})
     running, queued = outs[1]["w0"], outs[1]["w1"]
+    # Not "on another thread": the caller's own thread, after queueing it (found by a helper).
     assert re.match(r"communicator was destroyed \(Group.destroy\(\) or ringreduce.destroy\(\) "
-                    r"on another thread\) during allreduce #1 on group\d+ ", running), running
+                    r"was called while it ran\) during allreduce #1 on group\d+ ", running), running
+    assert outs[1]["exc"] == ["RingReduceError", "RingReduceError"], outs[1]
     assert re.fullmatch(r"the communicator of group\d+ was destroyed \(its Group.destroy\(\) "
                         r"or ringreduce.destroy\(\)\) before this call could run", queued), queued
 

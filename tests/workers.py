@@ -564,8 +564,14 @@ def family_async(rec: Recorder, rank: int, world: int) -> None:
                 errs.append("wait(timeout=0.05) did not return False while a peer was late")
             if w.is_completed():
                 errs.append("is_completed() True while a peer was late")
+            if w.exception() is not None or w.is_success():
+                errs.append("exception() / is_success() while running: "
+                            f"{w.exception()!r} / {w.is_success()}")
         if w.wait() is not True:
             errs.append("wait() did not return True")
+        if w.exception() is not None or not w.is_success():
+            errs.append(f"exception() / is_success() after success: {w.exception()!r} / "
+                        f"{w.is_success()}")
         if w.wait(timeout=0.01) is not True:
             errs.append("a second wait() on a finished Work did not return True")
         errs += compare_exact(values(x.view), reduce_np(

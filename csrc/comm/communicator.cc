@@ -195,7 +195,7 @@ void Communicator::throwAborted() const {
     RR_THROW(Error, "communicator was destroyed (",
              opts_.groupName.empty() || opts_.p2pChannel ? "ringreduce.destroy()"
                                                          : "Group.destroy() or ringreduce.destroy()",
-             " on another thread) during ", describeCurrent(),
+             " was called while it ran) during ", describeCurrent(),
              "; the collective did not complete on this rank");
   RR_THROW(Error, "communicator aborted during ", describeCurrent());
 }
