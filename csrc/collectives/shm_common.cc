@@ -1,5 +1,7 @@
 #include "collectives/shm_common.h"
 
+#include <errno.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -117,6 +119,10 @@ size_t cmaRead(comm::Communicator& c, int from, uint64_t addr, char* dst, size_t
     const int err = transport::shm::readFrom(pid, addr + o, dst + o, std::min(kPiece, len - o));
     if (err) {
       c.checkAlive(peer);  // a dead peer is named as such
+      if (err == ESRCH)  // gone before its pidfd said so: no setting would have helped
+        throw PeerError(peer, PeerCause::kClosed, detail::concat(
+            "rank ", c.label(peer), " (pid ", pid, ") exited (its process is gone: crashed "
+            "or killed) while this rank read its buffer in ", c.describeCurrent()));
       RR_THROW(Error, what, ": reading rank ", c.label(peer), "'s buffer (process_vm_readv, pid ",
                pid, ") failed: ", std::strerror(err), "; RINGREDUCE_CMA=0 avoids it");
     }
