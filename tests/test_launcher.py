@@ -108,9 +108,9 @@ class _Streaming:
             sink.append(line)
             self.lines.put(line)
 
-    def wait_for(self, pattern: str, count: int) -> None:
+    def wait_for(self, pattern: str, count: int, timeout: float = TIMEOUT_S) -> None:
         seen = 0
-        deadline = time.monotonic() + TIMEOUT_S
+        deadline = time.monotonic() + timeout
         while seen < count:
             line = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
             seen += re.search(pattern, line) is not None
@@ -345,6 +345,23 @@ def test_sigint_is_forwarded(marker: str) -> None:
     for rank in range(3):
         assert f"[rank {rank}] interrupted {rank}" in out, out
     assert job.stderr[-1].startswith("ringreduce-run: received SIGINT; stopped 3 ranks")
+    _assert_no_leftovers(marker)
+
+
+@pytest.mark.timeout(90)
+def test_sigint_reaches_ranks_in_a_collective_as_keyboard_interrupt(marker: str) -> None:
+    """Ranks 0 and 1 wait in an all-reduce for rank 2 when Ctrl-C comes. Before, they often
+    raised PeerFailure ("rank 2 left the job": its KeyboardInterrupt was quicker), and the
+    still-pending SIGINT then broke Python's printing of it ("lost sys.stderr")."""
+    with _streaming("-n", "3", _script("interrupted_allreduce.py"), marker) as job:
+        job.wait_for(r"^\[rank \d\] ready", 3, timeout=60)
+        time.sleep(0.5)  # into the all-reduce
+        job.proc.send_signal(signal.SIGINT)
+        job.finish()
+    out = "".join(job.stdout) + "".join(job.stderr)
+    for rank in range(3):
+        assert re.search(rf"\[rank {rank}\] interrupted {rank} ", out), out
+    assert "lost sys.stderr" not in out and "failed" not in out, out
     _assert_no_leftovers(marker)
 
 

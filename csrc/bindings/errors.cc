@@ -1,5 +1,7 @@
 #include "bindings/errors.h"
 
+#include <string>
+
 #include "bindings/signals.h"
 #include "core/error.h"
 #include "core/interrupt.h"
@@ -22,6 +24,27 @@ Classes& classes() {
   return c;
 }
 
+// A signal that arrived while the call waited, whose handler has not run yet, goes first:
+// Ctrl-C under ringreduce-run reaches every rank at once, and a rank whose main thread did
+// not take the signal often sees a peer's goodbye ("rank 2 left the job") before its own
+// 100 ms check -- then the pending KeyboardInterrupt struck while Python printed that
+// PeerFailure, leaving "lost sys.stderr" instead of a traceback (found by a helper).
+// True when a handler raised: its exception is set, with `what` noted on it.
+bool signalFirst(const char* what) {
+  if (PyErr_CheckSignals() == 0) return false;
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  if (value != nullptr) {
+    std::string note = std::string("ringreduce: this rank's call had also failed: ") + what;
+    PyObject* ok = PyObject_CallMethod(value, "add_note", "s", note.c_str());
+    if (ok == nullptr) PyErr_Clear();
+    Py_XDECREF(ok);
+  }
+  PyErr_Restore(type, value, tb);
+  return true;
+}
+
 // Our exception types -> their Python classes. `anything`: also map foreign C++ exceptions
 // (to RuntimeError) instead of leaving them to pybind11's next translator.
 void translate(std::exception_ptr p, bool anything) {
@@ -31,8 +54,9 @@ void translate(std::exception_ptr p, bool anything) {
   } catch (const InvalidArgument& e) {
     PyErr_SetString(PyExc_ValueError, e.what());
   } catch (const TimeoutError& e) {
-    PyErr_SetString(c.timeout, e.what());
+    if (!signalFirst(e.what())) PyErr_SetString(c.timeout, e.what());
   } catch (const PeerError& e) {
+    if (signalFirst(e.what())) return;
     PyObject* inst = PyObject_CallFunction(c.peer, "s", e.what());
     if (inst) {
       PyObject_SetAttrString(inst, "peer_rank", py::int_(e.peer()).ptr());
@@ -41,11 +65,11 @@ void translate(std::exception_ptr p, bool anything) {
       Py_DECREF(inst);
     }
   } catch (const MismatchError& e) {
-    PyErr_SetString(c.mismatch, e.what());
+    if (!signalFirst(e.what())) PyErr_SetString(c.mismatch, e.what());
   } catch (const Interrupted& e) {
     if (!reraiseSignalError(e)) PyErr_SetString(c.base, e.what());
   } catch (const Error& e) {
-    PyErr_SetString(c.base, e.what());
+    if (!signalFirst(e.what())) PyErr_SetString(c.base, e.what());
   } catch (const std::exception& e) {
     if (!anything) throw;
     PyErr_SetString(PyExc_RuntimeError, e.what());
