@@ -261,6 +261,13 @@ MISMATCHES: dict[str, tuple[str, Callable[[int, bool], Any]]] = {
         np.full(64, float(r)), dst=r if odd else 0)),
     "gather-root": ("root mismatch", lambda r, odd: rr.gather(
         np.full(64, float(r)), dst=r if odd else 0)),
+    # TCP: each root sends and keeps its own block; nobody waits (the next call names it).
+    "scatter-root": ("root mismatch", lambda r, odd: rr.scatter(
+        np.zeros(64), src=r if odd else 0,
+        x=np.full((rr.get_world_size(), 64), float(r)) if odd or r == 0 else None)),
+    # The odd rank's empty call is a no-op: its next call meets the others' current one.
+    "zero-count": ("pass an empty buffer?", lambda r, odd: rr.allreduce(
+        np.ones(0 if odd else 64))),
 }
 
 

@@ -108,10 +108,12 @@ def test_a_peer_killed_after_sending_is_named_while_waiting_for_another() -> Non
 
 
 MISMATCH_NAMES = [n for n in error_workers.MISMATCHES
-                  if n not in ("broadcast-root", "kind", "reduce-root", "gather-root")]
+                  if n not in ("broadcast-root", "kind", "reduce-root", "gather-root",
+                               "scatter-root", "zero-count")]
 
 
-SEND_ONLY_MAY_RETURN = ("broadcast", "reduce-root", "gather-root")
+SEND_ONLY_MAY_RETURN = ("broadcast", "reduce-root", "gather-root", "scatter-root",
+                        "zero-count")
 
 
 def _check_mismatch(outs: list, world: int) -> None:
@@ -189,6 +191,18 @@ def test_mismatched_broadcast_roots_are_detected(world: int, transport: str) -> 
     root mismatch, not only the sequence numbers."""
     outs = run_world_raw(world, error_workers.mismatch, ["broadcast-root"], timeout=40,
                          env=_env(transport, RINGREDUCE_TIMEOUT="4"))
+    _check_mismatch(outs, world)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport,world", [("tcp", 3), ("shm", 2), ("shm", 3)])
+def test_scatter_roots_and_empty_calls_are_named(world: int, transport: str) -> None:
+    """A TCP scatter whose last rank believes it is the root returns everywhere (each root
+    keeps its own block); the next call must say "root mismatch in scatter", not only the
+    sequence numbers. A rank whose all-reduce had 0 elements skips it: the mismatch that
+    follows asks whether a rank passed an empty buffer (found by a helper)."""
+    outs = run_world_raw(world, error_workers.mismatch, ["scatter-root", "zero-count"],
+                         timeout=80, env=_env(transport, RINGREDUCE_TIMEOUT="4"))
     _check_mismatch(outs, world)
 
 

@@ -15,15 +15,26 @@ std::string describeMismatch(const FrameHeader& got, const FrameHeader& want, bo
     // A broadcast whose ranks named different roots: each root only sends and returns, so
     // its frames are first read here, by the next collective (over TCP, no rank of such a
     // broadcast need read anything during it).
-    const bool staleBroadcast = !p2p && got.seq < want.seq &&
-                                got.kind == static_cast<uint8_t>(CollectiveKind::kBroadcast);
+    // The same for a TCP scatter (each rank that thinks it is the root sends and keeps its
+    // own block). A peer one call ahead in the same kind: often a call this rank made with
+    // an empty buffer, which the peer skipped (zero-size calls are no-ops: found by a helper).
+    const bool stale = !p2p && got.seq < want.seq &&
+                       (got.kind == static_cast<uint8_t>(CollectiveKind::kBroadcast) ||
+                        got.kind == static_cast<uint8_t>(CollectiveKind::kScatter));
+    const bool skipped = got.seq == want.seq + 1 && got.kind == want.kind;
+    const bool behind = got.seq + 1 == want.seq && got.kind == want.kind;
+    const char* src = got.kind == static_cast<uint8_t>(CollectiveKind::kScatter) ? "scatter"
+                                                                                 : "broadcast";
     return concat("collective mismatch: peer is at ", kindName(got.kind), " #", got.seq,
                   ", this rank at ", kindName(want.kind), " #", want.seq,
-                  staleBroadcast ? concat(" (this rank never read that broadcast's data: "
-                                          "probably a root mismatch in broadcast #", got.seq,
-                                          "; every rank must pass the same src)")
-                                 : std::string(" (every rank must issue the same collectives "
-                                               "in the same order)"));
+                  stale ? concat(" (this rank never read that ", src, "'s data: probably a "
+                                 "root mismatch in ", src, " #", got.seq,
+                                 "; every rank must pass the same src)")
+                        : concat(" (every rank must issue the same collectives in the same "
+                                 "order", skipped || behind ? "; a call with 0 elements is "
+                                 "skipped, without a message: did " : "",
+                                 skipped ? "the peer" : behind ? "this rank" : "",
+                                 skipped || behind ? " pass an empty buffer?" : "", ")"));
   }
   if (got.count != want.count)
     return concat("count mismatch in ", kindName(want.kind), " #", want.seq, ": peer has ",
