@@ -557,8 +557,8 @@ def _store_failed(rank: int, during: str, e: Exception, store: Any = None) -> Ex
     if store is not None and id(store) in _IN_RANK0:
         from ._C import PeerFailure
 
-        err = PeerFailure(f"rank {rank}: rank 0 is gone (the rendezvous store it serves "
-                          f"stopped answering during {during}: {why}); it exited or crashed")
+        err = PeerFailure(f"rank {rank}: the rendezvous store failed during {during} ({why}); "
+                          f"rank 0's process serves it: rank 0 exited or crashed")
         err.peer_rank, err.cause = 0, "closed"  # type: ignore[attr-defined]
     else:
         err = _rr_error(f"rank {rank}: the rendezvous store failed during {during} ({why}); "

@@ -200,11 +200,18 @@ Connection::Idle TcpConnection::checkIdle(const FrameHeader* current) {
     FrameHeader want = *current;
     want.payloadBytes = h.payloadBytes;
     std::string mm = describeMismatch(h, want, p2p_);
-    if (h.seq < current->seq)
-      mm = detail::concat("collective mismatch: peer sent data of ",
-                          toString(static_cast<CollectiveKind>(h.kind)), " #", h.seq,
+    if (h.seq < current->seq) {
+      // A root that only sends (broadcast, scatter) left it: the ranks named different roots.
+      const auto k = static_cast<CollectiveKind>(h.kind);
+      const bool rooted = k == CollectiveKind::kBroadcast || k == CollectiveKind::kScatter;
+      mm = detail::concat("collective mismatch: peer sent data of ", toString(k), " #", h.seq,
                           " that this rank never received, while this rank is at ",
-                          toString(static_cast<CollectiveKind>(current->kind)), " #", current->seq);
+                          toString(static_cast<CollectiveKind>(current->kind)), " #", current->seq,
+                          rooted && !p2p_ ? detail::concat(" (probably a root mismatch in ",
+                                                           toString(k), " #", h.seq,
+                                                           "; every rank must pass the same src)")
+                                          : std::string());
+    }
     if (!mm.empty()) throw MismatchError(detail::concat("rank ", label_, " (", peerHost_, "): ", mm));
   }
   return Idle::kEarlyData;
