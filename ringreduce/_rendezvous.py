@@ -126,9 +126,12 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
                 f"rank {rank} could not {what} {master_addr}:{master_port}: port already in "
                 f"use (by another program, or by a store this process still holds open); pick "
                 f"another MASTER_PORT ({str(e).strip().splitlines()[0]})") from e
+        # torch's own timeout may come first (it retries refused connects until then): say
+        # why, as below, not only "timed out" (the CI saw both orders).
+        why = "" if is_master else _why_unreachable(master_addr, master_port) + "; torch: "
         raise _timeout_error(
             f"rank {rank} could not {what} {master_addr}:{master_port} within {timeout:.0f} s: "
-            f"{e} ({hint})") from e
+            f"{why}{str(e).strip().splitlines()[0] if str(e).strip() else e!r} ({hint})") from e
     _STORES[key] = box[0]
     _REFS[key] = 1
     if is_master:
