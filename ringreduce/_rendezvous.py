@@ -125,13 +125,13 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
             raise _rr_error(
                 f"rank {rank} could not {what} {master_addr}:{master_port}: port already in "
                 f"use (by another program, or by a store this process still holds open); pick "
-                f"another MASTER_PORT ({str(e).strip().splitlines()[0]})") from e
+                f"another MASTER_PORT ({_first_line(e)})") from e
         # torch's own timeout may come first (it retries refused connects until then): say
         # why, as below, not only "timed out" (the CI saw both orders).
         why = "" if is_master else _why_unreachable(master_addr, master_port) + "; torch: "
         raise _timeout_error(
             f"rank {rank} could not {what} {master_addr}:{master_port} within {timeout:.0f} s: "
-            f"{why}{str(e).strip().splitlines()[0] if str(e).strip() else e!r} ({hint})") from e
+            f"{why}{_first_line(e)} ({hint})") from e
     _STORES[key] = box[0]
     _REFS[key] = 1
     if is_master:
@@ -551,12 +551,19 @@ def _linger(store: Any, world: int, cap: float = 2.0) -> None:
     time.sleep(0.5)
 
 
+def _first_line(e: Exception) -> str:
+    """The first line of torch's error (its C++ ones go on with a stack trace), or its repr
+    when it has no text."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else repr(e)
+
+
 def _store_failed(rank: int, during: str, e: Exception, store: Any = None) -> Exception:
     """The error for a store that stopped answering. One that world rank 0's process serves
     (not the launcher's agent's, not the caller's own) means rank 0 is gone: a PeerFailure
     naming it (peer_rank 0), as any other dead peer is named -- before, a RingReduceError
     that `except rr.PeerFailure` missed (found by a helper)."""
-    why = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else e!r}"
+    why = f"{type(e).__name__}: {_first_line(e)}"
     if store is not None and id(store) in _IN_RANK0:
         from ._C import PeerFailure
 
