@@ -35,12 +35,8 @@ bool signalFirst(const char* what) {
   PyObject *type, *value, *tb;
   PyErr_Fetch(&type, &value, &tb);
   PyErr_NormalizeException(&type, &value, &tb);
-  if (value != nullptr) {
-    std::string note = std::string("ringreduce: this rank's call had also failed: ") + what;
-    PyObject* ok = PyObject_CallMethod(value, "add_note", "s", note.c_str());
-    if (ok == nullptr) PyErr_Clear();
-    Py_XDECREF(ok);
-  }
+  if (value != nullptr)
+    addNote(value, std::string("ringreduce: this rank's call had also failed: ") + what);
   PyErr_Restore(type, value, tb);
   return true;
 }

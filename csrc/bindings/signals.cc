@@ -103,12 +103,7 @@ bool reraiseHandlers(const Interrupted& e) {
   Raised r = tRaised;
   tRaised = Raised{};
   if (r.type == nullptr) return false;
-  if (r.value != nullptr) {
-    std::string note = std::string("ringreduce: ") + e.what();
-    PyObject* ok = PyObject_CallMethod(r.value, "add_note", "s", note.c_str());
-    if (ok == nullptr) PyErr_Clear();
-    Py_XDECREF(ok);
-  }
+  if (r.value != nullptr) addNote(r.value, std::string("ringreduce: ") + e.what());
   PyErr_Restore(r.type, r.value, r.tb);
   return true;
 }
@@ -123,5 +118,11 @@ void installSignalCheck() {
 }
 
 bool reraiseSignalError(const Interrupted& e) { return reraiseHandlers(e); }
+
+void addNote(PyObject* exc, const std::string& note) {
+  PyObject* ok = PyObject_CallMethod(exc, "add_note", "s", note.c_str());
+  if (ok == nullptr) PyErr_Clear();
+  Py_XDECREF(ok);
+}
 
 }  // namespace rr::bindings

@@ -4,6 +4,8 @@
 
 #include <pybind11/pybind11.h>
 
+#include <string>
+
 #include "core/interrupt.h"
 
 namespace rr::bindings {
@@ -14,4 +16,6 @@ void installSignalCheck();
 // thread that made the core throw `e` (with a note naming `e`); false if there is none.
 // GIL held.
 bool reraiseSignalError(const Interrupted& e);
+// Add `note` to exception instance `exc` (PEP 678 add_note); best effort. GIL held.
+void addNote(PyObject* exc, const std::string& note);
 }  // namespace rr::bindings
