@@ -31,7 +31,6 @@ void scatter(Communicator& c, const void* in, void* out, size_t count, DataType 
   transport::FrameHeader h = c.begin(CollectiveKind::kScatter, dtype, ReduceOp::kSum, root, a,
                                      count, bytes * static_cast<size_t>(n));
   if (a == Algorithm::kShm) {
-    keepMine();
     shm::scatter(c, h, static_cast<const char*>(in), static_cast<char*>(out), bytes, root);
     return;
   }

@@ -9,7 +9,8 @@ void allreduce(comm::Communicator& c, const transport::FrameHeader& h, const All
 void broadcast(comm::Communicator& c, const transport::FrameHeader& h, char* buf, size_t bytes,
                int root);
 void barrier(comm::Communicator& c, const transport::FrameHeader& h);
-// shm_rooted.cc: `bytes` per rank; root's out (gather) / in (scatter) hold n blocks.
+// shm_rooted.cc: `bytes` per rank; root's out (gather) / in (scatter) hold n blocks. Scatter
+// copies the root's own block too, while the others read theirs.
 void gather(comm::Communicator& c, const transport::FrameHeader& h, const char* in, char* out,
             size_t bytes, int root);
 void scatter(comm::Communicator& c, const transport::FrameHeader& h, const char* in, char* out,

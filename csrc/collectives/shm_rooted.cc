@@ -13,7 +13,8 @@
 // slots for p = 0, 1, ...; rank p copies its own chunks out. Every rank first moves its fin
 // to the start of its block (it never reads the chunks before) and to the end after it, so
 // the root's "every fin passed this slot's previous chunk" waits only on the rank that
-// reads it.
+// reads it. The root copies its own block while the others read theirs (before, at the start,
+// it held them back by that copy: 2 ranks, 64 MiB, 12.4 ms where 6-7 suffice).
 #include <algorithm>
 #include <cstring>
 
@@ -27,6 +28,12 @@ using transport::shm::Control;
 using transport::shm::reached;
 
 namespace {
+
+// The root's own block of `in`, into its `out`.
+void keepRootBlock(const char* in, char* out, size_t bytes, int me) {
+  const char* mine = in + static_cast<size_t>(me) * bytes;
+  if (mine != out) std::memmove(out, mine, bytes);
+}
 
 // Keep every counter of every rank in step at the end, whatever its role was.
 void finish(comm::Communicator& c, ShmDomain& d, uint32_t chunks, size_t bytes) {
@@ -105,6 +112,7 @@ void scatter(comm::Communicator& c, const transport::FrameHeader& h, const char*
   if (all <= d.config().smallMax) {  // every block rides in the root's line: one round
     const uint64_t rd = lineRound(c, h, me == root ? in : nullptr, me == root ? all : 0);
     if (me != root) std::memcpy(out, d.linePayload(root, rd) + static_cast<size_t>(me) * bytes, bytes);
+    else keepRootBlock(in, out, bytes, me);
     lineRelease(c, rd);
     c.addBytesDone(bytes);
     return;
@@ -118,6 +126,7 @@ void scatter(comm::Communicator& c, const transport::FrameHeader& h, const char*
   lineRelease(c, rd);
   if (meta[0]) {  // one copy per block, all at once; the root waits until all are read
     if (me != root) cmaRead(c, root, meta[1] + static_cast<uint64_t>(me) * bytes, out, bytes, "scatter");
+    else keepRootBlock(in, out, bytes, me);  // while they read (first, it delayed them by it)
     lineRelease(c, lineRound(c, h, nullptr, 0));
     c.addBytesDone(bytes);
     return;
@@ -142,6 +151,7 @@ void scatter(comm::Communicator& c, const transport::FrameHeader& h, const char*
         d.notify();
       }
     }
+    keepRootBlock(in, out, bytes, me);  // while the peers copy out their last chunks
     // Peers still read our last chunks: wait until every fin passed them.
     const uint32_t end = base + G * static_cast<uint32_t>(n);
     waitFor(c, [&] { return allReached(d, [](Control& x) -> auto& { return x.fin.v; }, end,
