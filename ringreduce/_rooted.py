@@ -88,6 +88,11 @@ def scatter(out: Any, src: int, x: Any = None, group: Any = None,
             raise ValueError(
                 f"scatter: x must hold size * out.numel() = {o.units() * g.world_size} elements "
                 f"of {o.dtype}, got {b.units()} of {b.dtype}")
+        ob = _overlap(x, b, out, o)
+        if ob and o.ptr != b.ptr + root * ob:  # peers would read what the root writes
+            raise ValueError(
+                f"scatter: out overlaps x in memory other than as x's own block {root} (the "
+                "source's); pass a separate out, or that block (x[rank]) to scatter in place")
         iptr = b.ptr
     else:
         iptr = 0
@@ -158,14 +163,19 @@ def _as_ints(v: Any, n: int, name: str) -> list[int]:
 def _check_apart(x: Any, b: Any, out: Any, o: Any) -> None:
     """all_to_all cannot run in place: blocks are written while others are still being
     sent (MPI forbids the aliasing too). Refused before anything moves."""
+    if _overlap(x, b, out, o):
+        raise ValueError("all_to_all: out overlaps x in memory; pass a separate out (or "
+                         "None for a new one), then copy back if needed")
+
+
+def _overlap(x: Any, b: Any, out: Any, o: Any) -> int:
+    """0 when x's and out's bytes are apart, else the byte size of out's buffer."""
     if not b.count or not o.count:
-        return
+        return 0
     size = x.element_size() if hasattr(x, "element_size") else x.itemsize
     osize = out.element_size() if hasattr(out, "element_size") else out.itemsize
     xb, ob = b.units() * size, o.units() * osize
-    if b.ptr < o.ptr + ob and o.ptr < b.ptr + xb:
-        raise ValueError("all_to_all: out overlaps x in memory; pass a separate out (or "
-                         "None for a new one), then copy back if needed")
+    return ob if b.ptr < o.ptr + ob and o.ptr < b.ptr + xb else 0
 
 
 def _counts(v: Any, rows: int, n: int, name: str, what: str) -> list[int]:

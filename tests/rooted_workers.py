@@ -141,6 +141,7 @@ def matrix(rank: int, world: int) -> list:
             if rank == 0 and out.tolist() != [[0], [world - 1]]:
                 fails.append(f"gather on a group: {out}")
     # bad input, before any data moves
+    buf = np.zeros(2 * world + 1)
     bad = [
         ("reduce dst", lambda: rr.reduce(np.ones(3), dst=world)),
         ("gather out size", lambda: rr.gather(np.ones(3), dst=rank, out=np.ones(2))),
@@ -149,6 +150,9 @@ def matrix(rank: int, world: int) -> list:
          else (_ for _ in ()).throw(ValueError())),
         ("all_to_all counts", lambda: rr.all_to_all(np.ones(4), send_counts=[1] * (world + 1))),
         ("band float", lambda: rr.reduce(np.ones(3), dst=0, op="band")),
+        # the source's out overlapping x other than as its own block (here: shifted by one)
+        ("scatter out overlaps", lambda: rr.scatter(buf[1:3], src=rank,
+                                                    x=buf[:2 * world].reshape(world, 2))),
     ]
     for what, call in bad:
         try:
@@ -381,6 +385,14 @@ def single_copy_paths(rank: int, world: int) -> dict:
                 fails.append(f"scatter root={root} per={per}")
     # the blocks this rank read in place, as a non-root (ranks 1..n-2 are never the root)
     scatter_read = comm.cma_bytes() - before
+    # in place at the source: its out is its own block of x (the peers read the others)
+    for root in {0, world - 1}:
+        per = 1 << 20
+        blocks = np.stack([np.arange(per, dtype=np.float32) + p * 7 + root for p in ranks])
+        got = blocks[rank] if rank == root else np.full(per, -1.0, np.float32)
+        rr.scatter(got, src=root, x=blocks if rank == root else None)
+        if not np.array_equal(got, np.arange(per, dtype=np.float32) + rank * 7 + root):
+            fails.append(f"scatter in place root={root}")
     return {"fails": fails, "cma_bytes": int(comm.cma_bytes()), "scatter_read": scatter_read,
             "readable": bool(comm.cma_readable())}
 
