@@ -140,6 +140,7 @@ def matrix(rank: int, world: int) -> list:
             out = rr.gather(np.array([rank]), dst=0, group=g)
             if rank == 0 and out.tolist() != [[0], [world - 1]]:
                 fails.append(f"gather on a group: {out}")
+    _in_place(rank, world, fails)
     # bad input, before any data moves
     buf = np.zeros(2 * world + 1)
     bad = [
@@ -321,6 +322,28 @@ def complex_sweep(rank: int, world: int) -> list:
     return fails
 
 
+def _in_place(rank: int, world: int, fails: list) -> None:
+    """In place at the root: gather's x is its own block of out, scatter's out its own block
+    of x (shared memory copies it while the peers read theirs)."""
+    ranks = list(range(world))
+    for root in {0, world - 1}:
+        per = 1 << 20
+        full = np.zeros((world, per), np.float32)
+        x = full[rank] if rank == root else np.empty(per, np.float32)
+        x[:] = np.arange(per, dtype=np.float32) + rank * 5 + root
+        got = rr.gather(x, dst=root, out=full if rank == root else None)
+        if rank == root and not np.array_equal(
+                got, np.stack([np.arange(per, dtype=np.float32) + p * 5 + root for p in ranks])):
+            fails.append(f"gather in place root={root}")
+    for root in {0, world - 1}:
+        per = 1 << 20
+        blocks = np.stack([np.arange(per, dtype=np.float32) + p * 7 + root for p in ranks])
+        got = blocks[rank] if rank == root else np.full(per, -1.0, np.float32)
+        rr.scatter(got, src=root, x=blocks if rank == root else None)
+        if not np.array_equal(got, np.arange(per, dtype=np.float32) + rank * 7 + root):
+            fails.append(f"scatter in place root={root}")
+
+
 def single_copy_paths(rank: int, world: int) -> dict:
     """Large shared-memory all_to_all: equal and uneven blocks (zeros included), several
     dtypes, torch tensors, a subgroup, and `out` overlapping `x` (refused); large scatter
@@ -385,14 +408,7 @@ def single_copy_paths(rank: int, world: int) -> dict:
                 fails.append(f"scatter root={root} per={per}")
     # the blocks this rank read in place, as a non-root (ranks 1..n-2 are never the root)
     scatter_read = comm.cma_bytes() - before
-    # in place at the source: its out is its own block of x (the peers read the others)
-    for root in {0, world - 1}:
-        per = 1 << 20
-        blocks = np.stack([np.arange(per, dtype=np.float32) + p * 7 + root for p in ranks])
-        got = blocks[rank] if rank == root else np.full(per, -1.0, np.float32)
-        rr.scatter(got, src=root, x=blocks if rank == root else None)
-        if not np.array_equal(got, np.arange(per, dtype=np.float32) + rank * 7 + root):
-            fails.append(f"scatter in place root={root}")
+    _in_place(rank, world, fails)
     return {"fails": fails, "cma_bytes": int(comm.cma_bytes()), "scatter_read": scatter_read,
             "readable": bool(comm.cma_readable())}
 
