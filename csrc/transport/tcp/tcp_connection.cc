@@ -1,12 +1,14 @@
 #include "transport/tcp/tcp_connection.h"
 
 #include <errno.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -15,8 +17,36 @@
 
 namespace rr::transport::tcp {
 
+namespace {
+// Between two processes of one host (both ends of the socket have one address: loopback, or
+// a host's own address), a frame's payload is read in pieces of at most this size: a read
+// holds the socket's lock while it copies, and the sender's packets, which the sending
+// process itself pushes through the receive path, wait in the backlog meanwhile. Whole-frame
+// reads halved loopback's rate here (a C test, 32 MiB: 2.0 GB/s read at once, 5.1 in 32 KiB
+// pieces; 2-rank TCP gather / scatter of 64 MiB: ~22 -> ~15 ms). Across hosts the link paces
+// the data and the extra reads cost: an emulated 10 Gbit/s 4-host all-reduce of 64 MiB was
+// ~15% slower in pieces, so there a read takes all it can.
+constexpr size_t kLocalRecvPiece = 32 << 10;
+
+bool bothEndsLocal(int fd) {
+  sockaddr_storage a{}, b{};
+  socklen_t la = sizeof a, lb = sizeof b;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &la) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&b), &lb) != 0 || a.ss_family != b.ss_family)
+    return false;
+  if (a.ss_family == AF_INET)
+    return reinterpret_cast<sockaddr_in&>(a).sin_addr.s_addr ==
+           reinterpret_cast<sockaddr_in&>(b).sin_addr.s_addr;
+  if (a.ss_family == AF_INET6)
+    return std::memcmp(&reinterpret_cast<sockaddr_in6&>(a).sin6_addr,
+                       &reinterpret_cast<sockaddr_in6&>(b).sin6_addr, sizeof(in6_addr)) == 0;
+  return false;
+}
+}  // namespace
+
 TcpConnection::TcpConnection(int peer, std::string peerHost, Fd fd)
-    : Connection(peer, std::move(peerHost)), fd_(std::move(fd)) {}
+    : Connection(peer, std::move(peerHost)), fd_(std::move(fd)),
+      recvPiece_(bothEndsLocal(fd_.get()) ? kLocalRecvPiece : SIZE_MAX) {}
 
 TcpConnection::~TcpConnection() { close(); }
 
@@ -43,12 +73,6 @@ void TcpConnection::failErrno(const char* doing, int err) {
 }
 
 namespace {
-// A frame's payload is read in pieces of at most this size: a read holds the socket's lock
-// while it copies, and the sender's packets wait in the backlog meanwhile; whole-frame reads
-// halved loopback's rate here (a C test, 32 MiB: 2.0 GB/s read at once, 5.1 in 32 KiB
-// pieces, 5.3 in 16; ringreduce's 2-rank TCP gather / scatter of 64 MiB: ~22 -> ~15 ms).
-constexpr size_t kRecvPiece = 32 << 10;
-
 // The text payload of a control frame (abort, goodbye) whose header was read, `already` of
 // it read with the header. Bounded by kMaxAbortReason; best effort (0.5 s).
 std::string readReason(int fd, const FrameHeader& h, const char* already, size_t alreadyLen) {
@@ -127,9 +151,9 @@ bool TcpConnection::progressRecv(RecvOp& op) {
     int n = 0;
     if (op.done < H) {
       iov[n++] = {reinterpret_cast<char*>(&op.got) + op.done, H - op.done};
-      if (op.len) iov[n++] = {op.data, std::min(op.len, kRecvPiece)};
+      if (op.len) iov[n++] = {op.data, std::min(op.len, recvPiece_)};
     } else {
-      iov[n++] = {static_cast<char*>(op.data) + (op.done - H), std::min(total - op.done, kRecvPiece)};
+      iov[n++] = {static_cast<char*>(op.data) + (op.done - H), std::min(total - op.done, recvPiece_)};
     }
     ssize_t r = ::readv(fd_.get(), iov, n);
     if (r > 0) {

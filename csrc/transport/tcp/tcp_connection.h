@@ -33,6 +33,8 @@ class TcpConnection final : public Connection {
   void readGoodbye(const FrameHeader& h, const char* already, size_t alreadyLen);
 
   Fd fd_;
+  // Most payload bytes one read takes (see tcp_connection.cc's kLocalRecvPiece).
+  size_t recvPiece_;
   // Bytes of a partially written frame still to go (> 0: an abort frame would corrupt it).
   size_t midRemain_ = 0;
 };
