@@ -144,12 +144,12 @@ def init_outcome(rank: int, world: int, behave: dict) -> dict:
     return {"type": None, "msg": "", "elapsed": time.time() - t0, "is_rr": False}
 
 
-def late_rank(rank: int, world: int, late: int, sleep_s: float) -> dict:
-    """Rank `late` spends sleep_s in "user code" before its sixth all-reduce; everyone's
+def late_rank(rank: int, world: int, late: int, sleep_s: float, at: int = 6) -> dict:
+    """Rank `late` spends sleep_s in "user code" before its `at`-th all-reduce; everyone's
     results are checked (the others wait, log a stall report, and succeed)."""
     wrong = 0
     for it in range(1, 9):
-        if rank == late and it == 6:
+        if rank == late and it == at:
             time.sleep(sleep_s)
         if not _one("allreduce", rank, world, it, 1000, "auto"):
             wrong += 1
