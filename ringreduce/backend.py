@@ -141,9 +141,12 @@ def _done(value: Any) -> _Work:
     return _Work(Completion(None, value))
 
 
-def _inplace(t: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None] | None]:
+def _inplace(t: torch.Tensor, written: bool = True
+             ) -> tuple[torch.Tensor, Callable[[], None] | None]:
     """A contiguous tensor sharing memory with `t` when possible (plus the copy-back needed
-    when it is not); .detach() so in-place collectives on parameters are allowed."""
+    when it is not); .detach() so in-place collectives on parameters are allowed. A tensor
+    the collective writes must not have elements sharing memory (expand()): refused here,
+    before anything moves (the copy-back would fail after the data moved)."""
     if t.device.type != "cpu":
         raise ValueError(f"the ringreduce backend handles CPU tensors; got one on {t.device} "
                          f"(use nccl for CUDA tensors: init_process_group('cpu:ringreduce,"
@@ -154,6 +157,10 @@ def _inplace(t: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None] | None]:
     d = t.detach()
     if d.is_contiguous():
         return d, None
+    if written and torch._debug_has_internal_overlap(d) == 1:
+        raise ValueError(f"the collective writes its result into a tensor whose elements "
+                         f"share memory (strides {tuple(d.stride())}, e.g. from expand()); "
+                         f"pass a tensor with its own memory (.clone() / .contiguous())")
     tmp = d.contiguous()
 
     def back() -> None:
@@ -307,7 +314,7 @@ class _Ops:
                     f"all_gather: every output must match the input ({inp.numel()} elements "
                     f"of {inp.dtype}); got {o.numel()} of {o.dtype} (use all_gather_object "
                     f"or pad for uneven sizes)")
-        src, _ = _inplace(inp)
+        src, _ = _inplace(inp, written=False)
         flat = torch.empty((self._size,) + tuple(src.shape), dtype=src.dtype)
 
         def scatter_out() -> None:
@@ -321,7 +328,7 @@ class _Ops:
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
                           opts: Any = None) -> _Work:
-        src, _ = _inplace(input)
+        src, _ = _inplace(input, written=False)
         dst, back = _inplace(output)
         if dst.numel() != src.numel() * self._size:
             raise ValueError(f"all_gather_into_tensor: output has {output.numel()} elements; "
@@ -385,7 +392,7 @@ class _Ops:
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
                               opts: Any = None) -> _Work:
-        src, _ = _inplace(input)
+        src, _ = _inplace(input, written=False)
         dst, back = _inplace(output)
         if dst.numel() * self._size != src.numel():
             raise ValueError(f"reduce_scatter_tensor: input has {input.numel()} elements; it "
@@ -410,8 +417,10 @@ class _Ops:
 
     def gather(self, output_tensors: list, input_tensors: list, opts: Any = None) -> _Work:
         root = int(getattr(opts, "rootRank", 0))
-        inp, _ = _inplace(input_tensors[0])
+        inp, _ = _inplace(input_tensors[0], written=False)
         outs = output_tensors[0] if self._rank == root and output_tensors else []
+        if self._rank == root:
+            self._check_list("gather", "gather_list", outs, inp)
         flat = torch.empty((self._size,) + tuple(inp.shape), dtype=inp.dtype) if outs else None
 
         def copy_out() -> None:
@@ -421,18 +430,32 @@ class _Ops:
         return _work(rooted.gather(inp, self._world(root, "gather"), out=flat, group=self._g,
                                    async_op=True), list(outs), copy_out)
 
+    def _check_list(self, what: str, name: str, ts: Any, like: torch.Tensor) -> None:
+        """The root's gather_list / scatter_list: world_size tensors of like's size and dtype
+        (checked before anything moves, as gloo does)."""
+        if len(ts) != self._size:
+            raise ValueError(f"{what}: {name} has {len(ts)} tensors; it needs one per rank of "
+                             f"the group (world_size = {self._size})")
+        for i, t in enumerate(ts):
+            if t.numel() != like.numel() or t.dtype != like.dtype:
+                raise ValueError(
+                    f"{what}: {name}[{i}] has {t.numel()} elements of {t.dtype}; each must "
+                    f"have {like.numel()} of {like.dtype}, as this rank's "
+                    f"{'input' if what == 'gather' else 'output'} tensor")
+
     def scatter(self, output_tensors: list, input_tensors: list, opts: Any = None) -> _Work:
         root = int(getattr(opts, "rootRank", 0))
         out, back = _inplace(output_tensors[0])
         flat = None
         if self._rank == root:
+            self._check_list("scatter", "scatter_list", input_tensors[0], out)
             flat = torch.cat([t.detach().reshape(-1) for t in input_tensors[0]])
         return _work(rooted.scatter(out, self._world(root, "scatter"), x=flat, group=self._g,
                                     async_op=True), output_tensors, back)
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list,
                       input_split_sizes: list, opts: Any = None) -> _Work:
-        src, _ = _inplace(input)
+        src, _ = _inplace(input, written=False)
         dst, back = _inplace(output)
         return _work(rooted.all_to_all(src, out=dst, send_counts=input_split_sizes or None,
                                        recv_counts=output_split_sizes or None, group=self._g,
@@ -455,7 +478,7 @@ class _Ops:
                                        group=self._g, async_op=True), output_tensors, copy_out)
 
     def send(self, tensors: list, dst: int, tag: int = 0) -> _Work:
-        buf, _ = _inplace(tensors[0])
+        buf, _ = _inplace(tensors[0], written=False)
         # A small first message on its channel is copied and sent later, so the Work is
         # complete now (gloo's sends complete before the receiver posts, too).
         w = p2p.send_buffered(buf, self._world(dst, "send"), tag=tag, group=self._g)

@@ -146,6 +146,33 @@ def backend_collectives(rank: int, world: int) -> dict:
             return "bitwise" in str(e)
         return False
 
+    def bad_lists_and_expanded() -> bool:
+        """Refused before anything moves, as gloo does (each rank is its own root here, so
+        every rank raises): a gather_list / scatter_list of the wrong length or tensor size
+        (the lists were concatenated as given: a wrong result or lost data), and an
+        expand()ed output (the copy-back failed after the data moved)."""
+        t = torch.ones(2)
+        cases = [
+            (lambda: dist.gather(t, [torch.empty(2) for _ in range(n + 1)], dst=rank),
+             f"gather_list has {n + 1} tensors"),
+            (lambda: dist.gather(t, [torch.empty(3) for _ in range(n)], dst=rank),
+             "gather_list[0] has 3 elements"),
+            (lambda: dist.scatter(t, [torch.ones(3) for _ in range(n)], src=rank),
+             "scatter_list[0] has 3 elements"),
+            (lambda: dist.all_reduce(torch.ones(1).expand(4)), "share memory"),
+        ]
+        for call, words in cases:
+            try:
+                call()
+                return False
+            except ValueError as e:
+                if words not in str(e):
+                    return False
+        x = torch.ones(1).expand(4)  # as an input only, fine
+        g = [torch.empty(4) for _ in range(n)]
+        dist.all_gather(g, x)
+        return all(torch.equal(a, torch.ones(4)) for a in g)
+
     def bitwise_ops() -> bool:
         bits = torch.tensor([1 << rank, 0xFF, rank], dtype=torch.int32)
         want = {dist.ReduceOp.BAND: [0 if n > 1 else 1, 0xFF, 0],  # rank 0's 0 ANDs to 0
@@ -225,7 +252,7 @@ def backend_collectives(rank: int, world: int) -> dict:
     for fn in (sparse_message, wait_timeout, allreduce_ops, allreduce_async_future, allreduce_noncontig,
                allreduce_param_grad_enabled, broadcast, all_gather, all_gather_into_tensor,
                reduce_scatter, reduce_scatter_tensor, barrier, objects, reduce_gather_scatter,
-               bad_op_message, bitwise_ops, premul_sum):
+               bad_op_message, bad_lists_and_expanded, bitwise_ops, premul_sum):
         check(fn.__name__, fn)
     return res
 
