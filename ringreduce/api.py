@@ -250,7 +250,7 @@ def broadcast(x: Any, src: int = 0, async_op: bool = False,
     root = g.group_rank(src, "broadcast src")
     if _cuda((x,), backend, g):
         return _gpu().broadcast(g, x, root, async_op, backend)
-    b = as_buffer(x, "broadcast(x)")
+    b = as_buffer(x, "broadcast(x)", writable=g.rank != root)  # the source only reads x
     if g.comm is None:
         return _finish(None, (x,), async_op=async_op)
     return _finish(g.comm.broadcast(b.ptr, b.count, b.code, root, async_op), (x,),

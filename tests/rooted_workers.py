@@ -141,6 +141,7 @@ def matrix(rank: int, world: int) -> list:
             if rank == 0 and out.tolist() != [[0], [world - 1]]:
                 fails.append(f"gather on a group: {out}")
     _in_place(rank, world, fails)
+    _aliasing(rank, world, fails)
     # bad input, before any data moves
     buf = np.zeros(2 * world + 1)
     bad = [
@@ -320,6 +321,34 @@ def complex_sweep(rank: int, world: int) -> list:
             fails.append(f"world 1: {e}")
     rr.barrier()
     return fails
+
+
+def _aliasing(rank: int, world: int, fails: list) -> None:
+    """An all-gather whose x straddles two blocks of out (shared memory published x after
+    this rank's block had overwritten its first half: wrong on every rank); read-only
+    buffers where the call only reads them (a broadcast's source, a send)."""
+    ranks = list(range(world))
+    for per in (8, 100_000) if world > 1 else ():
+        out = np.zeros(world * per, np.float32)
+        x = out[per // 2:per // 2 + per]
+        x[:] = np.arange(per, dtype=np.float32) + 1000 * rank
+        got = rr.allgather(x, out=out)
+        want = np.concatenate([np.arange(per, dtype=np.float32) + 1000 * p for p in ranks])
+        if not np.array_equal(got, want):
+            fails.append(f"allgather with x straddling out's blocks, per={per}")
+    ro = np.arange(5.0) if rank == 0 else np.zeros(5)
+    ro.flags.writeable = rank != 0
+    rr.broadcast(ro, src=0)
+    if not np.array_equal(ro, np.arange(5.0)):
+        fails.append("broadcast from a read-only source")
+    if world > 1:
+        if rank == 0:
+            rr.send(ro, dst=world - 1, tag=7)
+        elif rank == world - 1:
+            got = np.zeros(5)
+            rr.recv(got, src=0, tag=7)
+            if not np.array_equal(got, np.arange(5.0)):
+                fails.append("send of a read-only array")
 
 
 def _in_place(rank: int, world: int, fails: list) -> None:

@@ -25,8 +25,8 @@ void allgather(Communicator& c, const void* in, void* out, size_t count, DataTyp
   const Algorithm a = planGatherAll(c, CollectiveKind::kAllGather, total, count * es);
   transport::FrameHeader h =
       c.begin(CollectiveKind::kAllGather, dtype, ReduceOp::kSum, 0, a, count, total);
-  if (a == Algorithm::kShm) {
-    shm::allgather(c, h, static_cast<const char*>(in), dst, count * es);
+  if (a == Algorithm::kShm) {  // from `mine`: an `in` straddling blocks was overwritten above
+    shm::allgather(c, h, mine, dst, count * es);
     return;
   }
   RingPlan p;
