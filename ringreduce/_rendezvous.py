@@ -13,6 +13,7 @@ destroy(). Stores the caller or torch passed in are never released here: not our
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import sys
 import threading
@@ -541,7 +542,7 @@ def _linger(store: Any, world: int, cap: float = 2.0) -> None:
     count twice and the missing RANK is not waited for (at most `cap` s; a rank that starts
     slowly would otherwise find no store and only time out), then 0.5 s for them to read
     "failed"."""
-    p = f"ringreduce/{_GENERATION[0]}/"
+    p = _world_prefix()
 
     def everyone_came() -> bool:  # as many claims as processes (a duplicate RANK too)
         return sum(int(store.add(p + f"claim/{r}", 0)) for r in range(world)) >= world
@@ -578,11 +579,20 @@ def _store_failed(rank: int, during: str, e: Exception, store: Any = None) -> Ex
     return err
 
 
+def _world_prefix() -> str:
+    """Store keys of this process's latest init. A torchrun restart (TORCHELASTIC_RESTART_COUNT
+    > 0) starts fresh processes, counting inits from 1 again, on the agent's store, which
+    still holds the failed attempt's keys: they get the attempt's own prefix (before, every
+    restarted rank found its rank "claimed by 2 processes")."""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return f"ringreduce/{_GENERATION[0]}{'' if restart in ('', '0') else '-r' + restart}/"
+
+
 def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None,
               timeout: float, my_hb: str, prefix: str | None) -> Peers:
     if prefix is None:
         _GENERATION[0] += 1
-    p = f"ringreduce/{_GENERATION[0]}/" if prefix is None else prefix
+    p = _world_prefix() if prefix is None else prefix
     n = store.add(p + f"claim/{rank}", 1)
     if n > 1:
         raise _fail(store, p, ValueError(

@@ -162,3 +162,25 @@ def test_adapter_for_another_torch_is_refused() -> None:
     why = _c10d_build.mismatch("2.12.0", "2.13.0", Path("/c/x/lib.so"))
     assert why is not None and "built for torch 2.12.0" in why and "delete /c/x" in why
     assert _c10d_build.mismatch("2.13.0", "2.13.0", Path("/c/x/lib.so")) is None
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("api", ["rr", "torch"])
+def test_torchrun_restart_inits_again(api: str) -> None:
+    """torchrun --max-restarts 1: rank 1 fails after init and an all-reduce; the restarted
+    workers init again on the agent's store, which still holds the first attempt's keys
+    (they got "rank 1 was claimed by 2 processes" every time before)."""
+    script = Path(__file__).resolve().parent / "scripts" / "elastic_restart.py"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           "2", "--max-restarts", "1", "--monitor-interval", "0.2", str(script), api]
+    p = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+            p.wait()
+    assert p.returncode == 0, out[-4000:]
+    for r in (0, 1):
+        assert f"attempt 1 rank {r}: ok" in out, out[-4000:]
