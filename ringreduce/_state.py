@@ -11,6 +11,7 @@ rank inside the group.
 from __future__ import annotations
 
 import operator
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,7 @@ class Group:
     p2p: dict = field(default_factory=dict)  # (lo, hi, tag) -> channels (ringreduce.p2p)
     eager: list = field(default_factory=list)  # (thread, dst, tag): sends that returned early (p2p)
     destroyed: bool = False
+    forked: int = 0  # in a forked child: the pid of the parent that made this group
     # World only: what its destroyed groups and p2p channels found (their destroy() ran
     # before the world's): whether one had failed, and a global rank one found dead or
     # frozen (-1: none). The world's farewell through the store then waits for that rank no
@@ -134,8 +136,39 @@ def add_channel(world: Group, peer: int, to_peer: Group, from_peer: Group) -> No
         _RECV[1][peer] = from_peer.comm.native_handle()
 
 
+def _forked_message(what: str, name: str, parent: int) -> str:
+    return (f"{what}: {name!r} was made by process {parent}, the parent of this forked process "
+            f"(a DataLoader worker, os.fork()); its connections and threads belong to the "
+            f"parent and cannot be used here. Run collectives in the parent, or start this "
+            f"process with its own RANK and call ringreduce.init() in it")
+
+
+# A forked child's copies of its parent's groups: kept (their communicators are never freed
+# here: see PyComm::forgetAfterFork) and refused.
+_FORKED: list = []
+
+
+def _after_fork_in_child() -> None:
+    g = _DEFAULT[0]
+    if g is None:
+        return
+    parent = os.getppid()
+    for sub in [g, *list(g.children)]:
+        for c in [sub, *(ch for pair in list(sub.p2p.values()) for ch in pair)]:
+            if c.comm is not None:
+                c.comm.forget_after_fork()
+            c.forked, c.destroyed = parent, True  # destroy() and the exit hook skip it
+            _FORKED.append(c)
+    set_default(None)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def current(what: str = "this call") -> Group:
     g = _DEFAULT[0]
+    if g is None and _FORKED:
+        raise RuntimeError(_forked_message(what, "world", _FORKED[0].forked))
     if g is None:
         raise RuntimeError(
             f"ringreduce is not initialised: call ringreduce.init() before {what} "
@@ -152,6 +185,8 @@ def resolve(group: Any, what: str = "this call") -> Group:
         raise TypeError(
             f"{what}: group must be a ringreduce Group (from ringreduce.new_group or "
             f"Group.split) or None for the world, got {type(group).__name__}")
+    if group.forked:
+        raise RuntimeError(_forked_message(what, group.name, group.forked))
     if group.destroyed:
         again = ("ringreduce.init() again" if group.name == "world" else
                  "a new group with ringreduce.new_group (ringreduce.destroy() destroys every "

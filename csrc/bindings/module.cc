@@ -252,7 +252,12 @@ class PyComm {
     return py::none();
   }
 
+  ~PyComm() {
+    if (exec_ && exec_->forked()) forgetAfterFork();
+  }
+
   void destroy() {
+    if (exec_ && exec_->forked()) return forgetAfterFork();  // nothing of it is ours to end
     std::shared_ptr<runtime::Executor> e = std::move(exec_);  // under the GIL: later calls see
     if (!e) return;                                           // "destroyed" at once
     py::gil_scoped_release nogil;
@@ -260,6 +265,15 @@ class PyComm {
     failedAtDestroy_ = e->comm().failed();  // the executor thread has stopped
     lostPeer_ = e->comm().lostPeer();
     e.reset();      // freed here, or by the last thread still returning from a call
+  }
+
+  // In a forked child (a DataLoader worker, os.fork()): this copy's executor thread, peers
+  // and segments belong to the parent. Drop it without running its destructor (that would
+  // say goodbye for the parent and wait for a thread that does not exist here).
+  void forgetAfterFork() {
+    if (!exec_) return;
+    static auto* kept = new std::vector<std::shared_ptr<runtime::Executor>>();  // never freed
+    kept->push_back(std::move(exec_));
   }
 
   std::shared_ptr<runtime::Executor> exec_;
@@ -574,6 +588,7 @@ PYBIND11_MODULE(_C, m) {
            "Opaque handle for the C entry points of _C.NATIVE_API (torch_adapter/native_api.h)")
       .def("abort", [](PyComm& c) { if (c.exec_) c.exec_->abort(); })
       .def("destroy", &PyComm::destroy)
+      .def("forget_after_fork", &PyComm::forgetAfterFork)
       // After destroy(): whether the communicator had failed or been aborted (then peers
       // may be gone, and destroy's farewell through the store waits less for them).
       .def_property_readonly("failed_at_destroy", [](PyComm& c) { return c.failedAtDestroy_; })

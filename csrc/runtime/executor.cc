@@ -1,5 +1,9 @@
 #include "runtime/executor.h"
 
+#include <pthread.h>
+
+#include <atomic>
+
 #include "core/error.h"
 #include "core/interrupt.h"
 #include "core/log.h"
@@ -7,12 +11,33 @@
 
 namespace rr::runtime {
 
+namespace {
+// Bumped in every forked child (pthread_atfork): executors made before are the parent's.
+std::atomic<unsigned> gForkGen{0};
+const bool kAtFork = [] {
+  ::pthread_atfork(nullptr, nullptr, [] { gForkGen.fetch_add(1, std::memory_order_relaxed); });
+  return true;
+}();
+
+[[noreturn]] void throwForked() {
+  RR_THROW(Error, "this communicator was made by the parent of this forked process (a "
+                  "DataLoader worker, os.fork()); its connections and threads belong to the "
+                  "parent: run collectives there, or init a new communicator in this process");
+}
+}  // namespace
+
 Executor::Executor(std::unique_ptr<comm::Communicator> comm)
-    : comm_(std::move(comm)), worker_([this] { loop(); }) {}
+    : comm_(std::move(comm)), worker_([this] { loop(); }),
+      forkGen_(gForkGen.load(std::memory_order_relaxed)) {
+  (void)kAtFork;
+}
+
+bool Executor::forked() const { return forkGen_ != gForkGen.load(std::memory_order_relaxed); }
 
 Executor::~Executor() { shutdown(); }
 
 std::shared_ptr<Work> Executor::submit(Task fn, std::string what, uint32_t site) {
+  if (forked()) throwForked();
   auto w = std::make_shared<Work>(std::move(what), site);
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -73,6 +98,7 @@ void Executor::probeIdle() {
 }
 
 void Executor::runSync(Task fn, std::string what, uint32_t site) {
+  if (forked()) throwForked();  // before mu_, which a parent's thread may have held
   {
     std::unique_lock<std::mutex> g(mu_);
     if (stop_) RR_THROW(Error, "communicator was destroyed");

@@ -50,6 +50,10 @@ class Executor : public std::enable_shared_from_this<Executor> {
   void shutdown();
 
   comm::Communicator& comm() { return *comm_; }
+  // This process is a fork() of the one that made the executor (a DataLoader worker): its
+  // thread, connections and segments are the parent's. Calls are refused; the owner must
+  // leak it (its destructor would say goodbye for the parent and wait on the parent's thread).
+  bool forked() const;
 
  private:
   void loop();
@@ -70,6 +74,7 @@ class Executor : public std::enable_shared_from_this<Executor> {
   std::atomic<int> inline_{0};
   std::mutex execMu_;           // held while any collective executes (worker or inline)
   std::thread worker_;
+  unsigned forkGen_;  // the process's fork generation when this was made
 };
 
 }  // namespace rr::runtime
