@@ -403,9 +403,10 @@ def watching(world: Any, peers: Any) -> Iterator[None]:
         _WATCH.v = prev
 
 
-def probe(world: Any, peers: Any, what: str) -> None:
-    """Raise if one of `peers` is known to be gone (see watching), or the world was
-    destroyed meanwhile."""
+def probe(world: Any, peers: Any, what: str, left_too: bool = True) -> None:
+    """Raise if one of `peers` is known to be gone (see watching) -- with left_too, also
+    when it left the job (said goodbye: it will never come) -- or the world was destroyed
+    meanwhile."""
     from ._C import PeerFailure
 
     check_destroyed(world, what)
@@ -413,7 +414,7 @@ def probe(world: Any, peers: Any, what: str) -> None:
     if comm is None:
         return
     try:
-        comm.probe_peers()
+        comm.probe_peers([int(p) for p in peers] if left_too else [])
     except PeerFailure as e:
         p = getattr(e, "peer_rank", None)
         if p is not None and p not in peers:

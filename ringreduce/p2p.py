@@ -281,7 +281,8 @@ def _match(g: Group, world: Group, peers: list[int], tag: int, what: str,
         for x in (g, world):  # destroyed on another thread: before g.store is used
             _rendezvous.check_destroyed(x, f"{what}(src=None, tag={tag})")
         if now >= probe_at:  # a dead or frozen sender: PeerFailure, not the timeout
-            _rendezvous.probe(world, peers, f"{what}(src=None, tag={tag})")
+            # (a sender that left the job is no failure: another may still send)
+            _rendezvous.probe(world, peers, f"{what}(src=None, tag={tag})", left_too=False)
             probe_at = now + 0.1
         look_in_store = now >= store_at
         n = len(peers)

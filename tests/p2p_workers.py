@@ -292,6 +292,26 @@ def sender_leaves(rank: int, world: int) -> str:
     return "no error"
 
 
+def sender_left_before_a_new_tag(rank: int, world: int) -> str:
+    """Rank 0 leaves (destroy()) after one message on tag 0; rank 1 then receives on tag 7,
+    whose channel rank 0 never makes: a PeerFailure saying it left, at once (the channel's
+    rendezvous waited RINGREDUCE_CONNECT_TIMEOUT, 120 s, then blamed WORLD_SIZE)."""
+    import time
+
+    x = np.ones(4)
+    if rank == 0:
+        rr.send(x, 1)
+        return "left"
+    rr.recv(x, 0)
+    time.sleep(1.0)  # rank 0 is gone by now
+    t0 = time.monotonic()
+    try:
+        rr.recv(x, 0, tag=7)
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__} after {time.monotonic() - t0:.1f} s: {e}"
+    return "no error"
+
+
 def unreceived_send(rank: int, world: int) -> dict:
     """Rank 0's first message on tag 9 returns at once, but rank 1 never receives it: rank
     0's destroy() waits for it (RINGREDUCE_TIMEOUT), warning which send it waits for, and the

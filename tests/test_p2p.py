@@ -87,6 +87,17 @@ def test_messages_on_a_new_channel_keep_their_order(transport: str) -> None:
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_receiver_on_a_new_tag_whose_sender_left_is_told_at_once(transport: str) -> None:
+    outs = run_world(2, "p2p_workers:sender_left_before_a_new_tag", timeout=60,
+                     env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30",
+                          "RINGREDUCE_CONNECT_TIMEOUT": "40"})
+    err = outs[1]
+    assert err.startswith("PeerFailure after ") and "rank 0 (" in err and "left the job" in err, outs
+    assert float(err.split()[2]) < 10, outs
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_a_receiver_whose_sender_left_names_the_recv(transport: str) -> None:
     outs = run_world(2, "p2p_workers:sender_leaves", timeout=60,
                      env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30"})

@@ -75,8 +75,9 @@ class Communicator {
   // (shared memory's pidfds), its connection closed or carries an abort, or its heartbeats
   // stopped -- so a wait outside any collective (a group's creation, a p2p channel's
   // rendezvous in the store) names a dead or frozen peer instead of timing out. Same
-  // threading as incoming().
-  void probePeers();
+  // threading as incoming(). A peer of `waitedFor` that said goodbye (destroy(), or its
+  // program ended) is gone too: this wait cannot end.
+  void probePeers(const std::vector<int>& waitedFor = {});
   // Open TCP connections (for link_stats and tests). Executor thread.
   int openConnections() const;
 

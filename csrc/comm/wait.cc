@@ -136,7 +136,7 @@ void Communicator::checkAlive(int peer) {
   pollIdle();
 }
 
-void Communicator::probePeers() {
+void Communicator::probePeers(const std::vector<int>& waitedFor) {
   if (aborted_.load()) throwAborted();
   if (shm_) checkLocalPeers();
   if (hb_ && opts_.heartbeatTimeoutSec > 0) {
@@ -152,6 +152,13 @@ void Communicator::probePeers() {
   // the next collective that did arrive is seen again by checkIdle.
   std::fill(early_.begin(), early_.end(), 0);
   pollIdle();  // a closed connection or an abort frame throws; a goodbye marks it gone
+  for (int p : waitedFor) {
+    if (p < 0 || p >= world_ || p == rank_ || !gone_[static_cast<size_t>(p)]) continue;
+    const std::string why = leftWhy(p);
+    throw PeerError(p, PeerCause::kLeft, detail::concat(
+        "rank ", label(p), " (", peerHost(p), ") left the job (destroy(), or its program ended",
+        why.empty() ? std::string(": normally or by an exception)") : "after a failure: " + why + ")"));
+  }
 }
 
 void Communicator::pollIdle() {

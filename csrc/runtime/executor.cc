@@ -89,12 +89,12 @@ bool Executor::incomingIdle(int peer) {
   return ex.owns_lock() && comm_->incoming(peer);
 }
 
-void Executor::probeIdle() {
+void Executor::probeIdle(const std::vector<int>& waitedFor) {
   std::unique_lock<std::mutex> g(mu_);
   if (stop_) RR_THROW(Error, "communicator was destroyed");
   if (!queue_.empty() || busy_) return;
   std::unique_lock<std::mutex> ex(execMu_, std::try_to_lock);  // an inline run holds it
-  if (ex.owns_lock()) comm_->probePeers();
+  if (ex.owns_lock()) comm_->probePeers(waitedFor);
 }
 
 void Executor::runSync(Task fn, std::string what, uint32_t site) {

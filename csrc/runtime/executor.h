@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "runtime/work.h"
@@ -41,7 +42,7 @@ class Executor : public std::enable_shared_from_this<Executor> {
   // reading that very message). Any thread; never blocks on a collective.
   bool incomingIdle(int peer);
   // comm().probePeers() if nothing is queued or running (what runs checks liveness itself).
-  void probeIdle();
+  void probeIdle(const std::vector<int>& waitedFor = {});
 
   // Fail the running collective and everything queued, promptly. Thread-safe.
   void abort();
