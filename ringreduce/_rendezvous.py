@@ -453,26 +453,39 @@ def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,
         raise _store_failed(rank, f"the wait for {what}", e, store) from e
 
 
+def _raise_posted(store: Any, stops: list, rank: int, what: str) -> None:
+    """Raise the failure another rank posted under one of `stops`, if any."""
+    stop = next((k for k in stops if store.check([k])), None)
+    if stop is None:
+        return
+    kind, _, msg = store.get(stop).decode().partition("\n")
+    msg = f"rank {rank}: stopped waiting for {what} because another rank failed: {msg}"
+    if kind == "ValueError":  # bad settings: the same class on every rank
+        raise ValueError(msg)
+    raise _timeout_error(msg) if kind == "CollectiveTimeout" else _rr_error(msg)
+
+
 def _wait_for(store: Any, keys: list[str], timeout: float, rank: int, what: str,
               prefix: str, hint: str) -> None:
+    from ._C import PeerFailure
+
     deadline = time.monotonic() + timeout
     pause = 0.001
     stops = [prefix + "failed", *getattr(_ALSO, "keys", ())]
     watch = getattr(_WATCH, "v", None)
     probe_at = time.monotonic() + 0.05
     while not store.check(keys):
+        _raise_posted(store, stops, rank, what)
         if watch is not None and time.monotonic() >= probe_at:
-            probe(watch[0], watch[1], what)  # checks destroy() too
+            try:
+                probe(watch[0], watch[1], what)  # checks destroy() too
+            except PeerFailure:
+                # A rank that failed here posts why, then leaves: say why, not that it left.
+                _raise_posted(store, stops, rank, what)
+                raise
             probe_at = time.monotonic() + 0.1
         elif watch is not None:
             check_destroyed(watch[0], what)
-        stop = next((k for k in stops if store.check([k])), None)
-        if stop is not None:
-            kind, _, msg = store.get(stop).decode().partition("\n")
-            msg = f"rank {rank}: stopped waiting for {what} because another rank failed: {msg}"
-            if kind == "ValueError":  # bad settings: the same class on every rank
-                raise ValueError(msg)
-            raise _timeout_error(msg) if kind == "CollectiveTimeout" else _rr_error(msg)
         if time.monotonic() > deadline:
             missing = [k for k in keys if not store.check([k])]
             raise _fail(store, prefix, _timeout_error(
