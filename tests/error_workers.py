@@ -93,7 +93,6 @@ def bad_inputs(rank: int, world: int) -> list[str]:
                 np.ones(world * 2, np.float32), send_counts=[2.7] + [2] * (world - 1)),
              TypeError, "send_counts must be a sequence of .* ints"),
             ("read-only array", lambda: rr.allreduce(ro), ValueError, "read-only"),
-            ("read-only broadcast", lambda: rr.broadcast(ro), ValueError, "read-only"),
             ("meta-device tensor", lambda: rr.allreduce(torch.empty(3, device="meta")),
              ValueError, r"meta.*\.cpu\(\)"),
             ("sparse tensor", lambda: rr.allreduce(sparse), ValueError, "sparse.*to_dense"),
@@ -143,7 +142,9 @@ def bad_inputs(rank: int, world: int) -> list[str]:
              lambda: rr.allreduce_coalesced([torch.ones(2), torch.ones(3, 3).t()]), ValueError,
              r"xs\[1\].*not contiguous"),
         ]
-        if world > 1:
+        if world > 1:  # a broadcast writes into its receivers' x (its source only reads it)
+            cases.append(("read-only broadcast receiver", lambda: rr.broadcast(ro, src=0),
+                          ValueError, "read-only"))
             cases.append(("reduce_scatter count not a multiple",
                           lambda: rr.reduce_scatter(np.ones(world * 3 + 1)), ValueError,
                           (rf"{world * 3 + 1} elements, not a multiple of world_size {world}.*pad "
