@@ -261,6 +261,25 @@ def run_world(world_size: int, target: Target, *args: Any, timeout: float = 60,
     return [o.value for o in outcomes]
 
 
+def run_command(cmd: list, timeout: float, env: Mapping[str, str] | None = None
+                ) -> tuple[int, str]:
+    """Run `cmd` in its own session (stdout and stderr together); on the timeout the whole
+    session is killed -- ranks and their children too -- and the output so far returned
+    with rc -9."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=None if env is None else dict(env), start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(p)
+        out, _ = p.communicate()
+    finally:
+        if p.poll() is None:
+            _kill_group(p)
+            p.wait()
+    return p.returncode, out
+
+
 def _kill_group(p: subprocess.Popen) -> None:
     try:
         os.killpg(p.pid, signal.SIGKILL)  # start_new_session: pgid == pid

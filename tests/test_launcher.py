@@ -441,16 +441,11 @@ def test_forked_children_cannot_use_or_end_the_parents_communicator(api: str) ->
     """Children forked after init (DataLoader workers, os.fork) ran collectives as their
     parent's rank (wrong results on the peers), hung at exit in the inherited exit hook,
     or said goodbye for the parent (its peers then failed)."""
-    p = subprocess.Popen([sys.executable, str(RUN_PY), "-n", "2", _script("fork_child.py"), api],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)  # a hung child is killed with its group
-    try:
-        out, _ = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, 9)
-            p.wait()
-    assert p.returncode == 0, out[-4000:]
+    from _spawn import run_command
+
+    rc, out = run_command([sys.executable, str(RUN_PY), "-n", "2", _script("fork_child.py"), api],
+                          timeout=60)  # a hung child is killed with its session
+    assert rc == 0, out[-4000:]
     assert out.count("child refused:") == 6 and "child ran" not in out, out[-4000:]
     assert "parent of this forked process" in out, out[-4000:]
     assert "rank 0 ok" in out and "rank 1 ok" in out, out[-4000:]

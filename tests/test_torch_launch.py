@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from _spawn import free_port
+from _spawn import free_port, run_command
 from netcluster import Cluster, cleanup_stale, unavailable
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "plain_torch_job.py"
@@ -173,14 +173,7 @@ def test_torchrun_restart_inits_again(api: str) -> None:
     script = Path(__file__).resolve().parent / "scripts" / "elastic_restart.py"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
            "2", "--max-restarts", "1", "--monitor-interval", "0.2", str(script), api]
-    p = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True, start_new_session=True)
-    try:
-        out, _ = p.communicate(timeout=120)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, 9)
-            p.wait()
-    assert p.returncode == 0, out[-4000:]
+    rc, out = run_command(cmd, timeout=120, env=_env())
+    assert rc == 0, out[-4000:]
     for r in (0, 1):
         assert f"attempt 1 rank {r}: ok" in out, out[-4000:]

@@ -6,18 +6,11 @@ the second attempt must init again on the same agent store and get right results
 import os
 import sys
 
+import _either_api
 import torch
-import torch.distributed as dist
-
-import ringreduce as rr
 
 attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-if sys.argv[1] == "rr":
-    rr.init()
-    rank, world, allreduce = rr.get_rank(), rr.get_world_size(), rr.allreduce
-else:
-    dist.init_process_group("ringreduce")
-    rank, world, allreduce = dist.get_rank(), dist.get_world_size(), dist.all_reduce
+rank, world, allreduce, finish = _either_api.init(sys.argv[1])
 x = torch.full((8,), float(rank + 1 + 100 * attempt))
 allreduce(x)
 want = sum(r + 1 + 100 * attempt for r in range(world))
@@ -29,7 +22,4 @@ if attempt == 0:  # the others wait to be restarted (torchrun stops them)
 
     time.sleep(60)
 print(f"attempt {attempt} rank {rank}: ok", flush=True)
-if sys.argv[1] == "rr":
-    rr.destroy()
-else:
-    dist.destroy_process_group()
+finish()

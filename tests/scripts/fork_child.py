@@ -7,17 +7,10 @@ nor say goodbye for the parent); the parents' collectives stay right."""
 import os
 import sys
 
+import _either_api
 import torch
-import torch.distributed as dist
 
-import ringreduce as rr
-
-if sys.argv[1] == "rr":
-    rr.init()
-    rank, world, allreduce = rr.get_rank(), rr.get_world_size(), rr.allreduce
-else:
-    dist.init_process_group("ringreduce")
-    rank, world, allreduce = dist.get_rank(), dist.get_world_size(), dist.all_reduce
+rank, world, allreduce, finish = _either_api.init(sys.argv[1])
 for it in range(3):
     pid = os.fork()
     if pid == 0:
@@ -33,7 +26,4 @@ for it in range(3):
     allreduce(x)
     assert torch.equal(x, torch.full((4,), float(sum(range(world)) + world * it))), x
 print(f"rank {rank} ok", flush=True)
-if sys.argv[1] == "rr":
-    rr.destroy()
-else:
-    dist.destroy_process_group()
+finish()
