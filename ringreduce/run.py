@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import IO, Callable
 
 PROG = "ringreduce-run"
@@ -230,11 +230,14 @@ def _parent_death_signal() -> Callable[[], None] | None:
     return preexec
 
 
-def _pump(src: IO[bytes], dst: IO[str], prefix: bytes, lock: threading.Lock) -> None:
+def _pump(src: IO[bytes], dst: IO[str], prefix: bytes, lock: threading.Lock,
+          on_line: Callable[[bytes], None] | None = None) -> None:
     """Copy lines from a child's pipe to our stream with a prefix, until EOF."""
     binary = getattr(dst, "buffer", None)  # absent when a caller swapped in a text stream
     broken = False
     for line in iter(src.readline, b""):
+        if on_line is not None:
+            on_line(line)
         if broken:
             continue  # keep draining so the child never blocks on a full pipe
         out = prefix + line if line.endswith(b"\n") else prefix + line + b"\n"
@@ -280,6 +283,8 @@ class _Job:
         self.signals: list[int] = []
         self.running_at_signal = 0  # ranks still running when the first signal came
         self.out_lock = threading.Lock()  # one line at a time on our stdout/stderr
+        self.pumps: dict[int, list[threading.Thread]] = {}  # rank -> its output's threads
+        self.peer_failed: set[int] = set()  # ranks whose uncaught exception was a PeerFailure
 
     def alive(self) -> list[int]:
         return [r for r in range(len(self.procs)) if r not in self.codes]
@@ -318,16 +323,31 @@ class _Job:
             tag = f"[rank {rank}] ".encode()
             for src, dst in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
                 if src is not None:
-                    self._thread(_pump, src, dst, tag, self.out_lock)
+                    self.pumps.setdefault(rank, []).append(
+                        self._thread(_pump, src, dst, tag, self.out_lock,
+                                     lambda line, r=rank: self._note(r, line)))
             self._thread(self._wait, rank, proc)
+
+    def _note(self, rank: int, line: bytes) -> None:
+        # A traceback's last line: "ringreduce._C.PeerFailure: rank 2 (...) exited ..."
+        if line.startswith((b"ringreduce._C.PeerFailure", b"ringreduce.PeerFailure")):
+            self.peer_failed.add(rank)
+
+    def drained(self, ranks: Collection[int], timeout: float = 0.5) -> set[int]:
+        """peer_failed, once the output of `ranks` (exited) has been read to its end."""
+        for r in ranks:
+            for t in self.pumps.get(r, ()):
+                t.join(timeout)  # a grandchild holding the pipe open: give up
+        return self.peer_failed
 
     def _wait(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
         self.exited.put((rank, proc.wait()))
 
-    def _thread(self, target: Callable[..., None], *args: object) -> None:
+    def _thread(self, target: Callable[..., None], *args: object) -> threading.Thread:
         t = threading.Thread(target=target, args=args, daemon=True)
         t.start()
         self.threads.append(t)
+        return t
 
     def next_exit(self, timeout: float) -> tuple[int, int] | None:
         try:
@@ -371,12 +391,15 @@ def _remove_segments(pids: set[int]) -> int:
     return n
 
 
-def _root_cause(failed: list[tuple[int, int]]) -> tuple[int, int]:
+def _root_cause(failed: list[tuple[int, int]], peer_failed: Collection[int] = ()
+                ) -> tuple[int, int]:
     """The failure to blame among ranks that failed on their own: one killed by a signal or
     exiting with a code of its own choosing before one with 1 (an uncaught exception -- what
-    the peers of a failed rank raise), else the first seen."""
+    the peers of a failed rank raise), and of those, one whose exception was not ringreduce's
+    PeerFailure (the rank that raised it only reports another's failure, and may well exit
+    first); else the first seen."""
     def specific(event: tuple[int, int]) -> int:
-        return 2 if event[1] < 0 else 1 if event[1] != 1 else 0
+        return 3 if event[1] < 0 else 2 if event[1] != 1 else 0 if event[0] in peer_failed else 1
     return max(failed, key=specific)  # max keeps the first of equals
 
 
@@ -413,7 +436,7 @@ def _supervise(job: _Job, grace: float) -> int:
             job.signal(signal.SIGKILL)
             deadline = float("inf")
     if failed:
-        rank, code = _root_cause(failed)
+        rank, code = _root_cause(failed, job.drained([r for r, _ in failed]))
         others = (f"terminated the other {_plural(stopped, 'rank')}" if stopped
                   else "the other ranks had already exited")
         also = "; ".join(f"rank {r} {_describe(c)}" for r, c in failed if r != rank)

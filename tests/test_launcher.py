@@ -265,6 +265,19 @@ def test_the_rank_that_failed_first_is_named_not_the_first_seen(marker: str) -> 
 
 
 @pytest.mark.timeout(60)
+def test_a_rank_that_raised_a_peer_failure_is_not_blamed(marker: str) -> None:
+    """Both exit with 1; rank 0 first, after a PeerFailure (it only reports rank 1's
+    failure). It was named, rank 1's exception only listed (found by a helper)."""
+    r = _launch("-n", "3", _script("exit_chain.py"), marker, "exc")
+    assert r.returncode == 1, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"ringreduce-run: rank 1 \(pid \d+\) exited with code 1 \(also failed on "
+                        r"their own: rank 0 exited with code 1\); terminated the other 1 rank",
+                        last), r.stderr
+    _assert_no_leftovers(marker)
+
+
+@pytest.mark.timeout(60)
 def test_ranks_ignoring_sigterm_get_sigkill(marker: str) -> None:
     start = time.monotonic()
     r = _launch("-n", "3", "--grace-period", "1", _script("fail_rank1.py"), marker,
