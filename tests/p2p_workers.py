@@ -312,10 +312,11 @@ def sender_left_before_a_new_tag(rank: int, world: int) -> str:
     return "no error"
 
 
-def unreceived_send(rank: int, world: int) -> dict:
+def unreceived_send(rank: int, world: int, linger: float) -> dict:
     """Rank 0's first message on tag 9 returns at once, but rank 1 never receives it: rank
-    0's destroy() waits for it (RINGREDUCE_TIMEOUT), warning which send it waits for, and the
-    send's failure is logged."""
+    0's destroy() waits for it (RINGREDUCE_TIMEOUT) while rank 1 lives on (`linger` s),
+    warning which send it waits for, and the send's failure is logged; once rank 1 has left
+    the job (linger 0), at once."""
     import logging
 
     records: list = []
@@ -326,6 +327,8 @@ def unreceived_send(rank: int, world: int) -> dict:
     if rank == 0:
         rr.send(np.ones(3), 1, tag=9)
     returned = time.monotonic() - t0
+    if rank == 1:
+        time.sleep(linger)
     rr.destroy()
     return {"returned": returned, "destroyed": time.monotonic() - t0,
             "logs": [r.getMessage() for r in records]}
