@@ -251,29 +251,20 @@ def test_failing_rank_stops_the_others(marker: str) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_the_rank_that_failed_first_is_named_not_the_first_seen(marker: str) -> None:
+@pytest.mark.parametrize("mode,code", [("codes", 3), ("exc", 1)])
+def test_the_rank_that_failed_first_is_named_not_the_first_seen(marker: str, mode: str,
+                                                                 code: int) -> None:
     """Rank 0's exit (code 1, the PeerFailure its peer's exit causes) is seen before rank
-    1's (code 3). It was named alone, with exit code 1, and code 3 appeared nowhere (found
-    by a helper: 6 of 13 runs of a real job). Both are reported; the launcher exits 3."""
-    r = _launch("-n", "3", _script("exit_chain.py"), marker)
-    assert r.returncode == 3, r.stderr
+    1's. "codes": rank 1 exits with 3; it was named alone, with exit code 1, and code 3
+    appeared nowhere (found by a helper: 6 of 13 runs of a real job). "exc": both exit with
+    1, rank 0's traceback ending in a PeerFailure, rank 1's in a ValueError; rank 0 was
+    named (found by a helper). Both are reported; the launcher exits with the code named."""
+    r = _launch("-n", "3", _script("exit_chain.py"), marker, mode)
+    assert r.returncode == code, r.stderr
     last = r.stderr.strip().splitlines()[-1]
-    assert re.fullmatch(r"ringreduce-run: rank 1 \(pid \d+\) exited with code 3 \(also failed on "
-                        r"their own: rank 0 exited with code 1\); terminated the other 1 rank",
-                        last), r.stderr
-    _assert_no_leftovers(marker)
-
-
-@pytest.mark.timeout(60)
-def test_a_rank_that_raised_a_peer_failure_is_not_blamed(marker: str) -> None:
-    """Both exit with 1; rank 0 first, after a PeerFailure (it only reports rank 1's
-    failure). It was named, rank 1's exception only listed (found by a helper)."""
-    r = _launch("-n", "3", _script("exit_chain.py"), marker, "exc")
-    assert r.returncode == 1, r.stderr
-    last = r.stderr.strip().splitlines()[-1]
-    assert re.fullmatch(r"ringreduce-run: rank 1 \(pid \d+\) exited with code 1 \(also failed on "
-                        r"their own: rank 0 exited with code 1\); terminated the other 1 rank",
-                        last), r.stderr
+    assert re.fullmatch(rf"ringreduce-run: rank 1 \(pid \d+\) exited with code {code} \(also "
+                        r"failed on their own: rank 0 exited with code 1\); terminated the "
+                        r"other 1 rank", last), r.stderr
     _assert_no_leftovers(marker)
 
 

@@ -2,7 +2,7 @@
 moment BEFORE rank 1 exits with code 3 (the real failure); rank 2 sleeps. With "exc", both
 exit with 1 after a traceback's last line: rank 0's a PeerFailure, rank 1's a ValueError.
 
-Usage: exit_chain.py MARKER [exc]
+Usage: exit_chain.py MARKER [codes|exc]
 """
 
 import os
