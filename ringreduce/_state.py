@@ -148,17 +148,23 @@ def _forked_message(what: str, name: str, parent: int) -> str:
 _FORKED: list = []
 
 
+def communicators(world: Group) -> list:
+    """The world, its groups and every p2p channel of them (copies of the lists: other
+    threads may add or drop some)."""
+    return [c for sub in [world, *list(world.children)]
+            for c in [sub, *(ch for pair in list(sub.p2p.values()) for ch in pair)]]
+
+
 def _after_fork_in_child() -> None:
     g = _DEFAULT[0]
     if g is None:
         return
     parent = os.getppid()
-    for sub in [g, *list(g.children)]:
-        for c in [sub, *(ch for pair in list(sub.p2p.values()) for ch in pair)]:
-            if c.comm is not None:
-                c.comm.forget_after_fork()
-            c.forked, c.destroyed = parent, True  # destroy() and the exit hook skip it
-            _FORKED.append(c)
+    for c in communicators(g):
+        if c.comm is not None:
+            c.comm.forget_after_fork()
+        c.forked, c.destroyed = parent, True  # destroy() and the exit hook skip it
+        _FORKED.append(c)
     set_default(None)
 
 

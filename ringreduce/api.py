@@ -147,10 +147,9 @@ def abort() -> None:
     g = _state._DEFAULT[0]
     if g is None:
         return
-    for sub in [g, *list(g.children)]:  # copies: other threads may add or drop some
-        for c in [sub, *(ch for pair in list(sub.p2p.values()) for ch in pair)]:
-            if c.comm is not None and not c.destroyed:
-                c.comm.abort()
+    for c in _state.communicators(g):
+        if c.comm is not None and not c.destroyed:
+            c.comm.abort()
     _gpu().abort("ringreduce.abort() was called")
 
 

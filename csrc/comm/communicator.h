@@ -222,6 +222,8 @@ class Communicator {
   void checkLocalPeers();
   // Why peer `p` left (its goodbye's or shared-memory farewell's reason), "" if it gave none.
   std::string leftWhy(int p);
+  // Peer `p` said goodbye: "rank p (host) left the job ..." + `during` (" while ...", or "").
+  [[noreturn]] void throwLeft(int p, const std::string& during);
   // Raise what shared memory says peer `p` failed with (ShmDomain::abortOf's code, reason).
   [[noreturn]] void throwPeerAbort(int p, uint32_t code, const std::string& reason) const;
   void connectLazily(int peer);

@@ -122,18 +122,21 @@ void Communicator::checkAlive(int peer) {
   noteWait();
   if (hb_ && peer >= 0) hb_->setWaiting(peer);
   checkLiveness(-1, peer, true);
-  if (peer >= 0 && gone_[static_cast<size_t>(peer)]) {
-    const std::string why = leftWhy(peer);
-    if (!why.empty())
-      throw PeerError(peer, PeerCause::kLeft, detail::concat("rank ", label(peer), " (", peerHost(peer),
-                                           ") left the job after a failure on its side while rank ",
-                                           label(rank_), " waited for it in ", describeCurrent(),
-                                           ": ", why));
-    throw PeerError(peer, PeerCause::kLeft, detail::concat("rank ", label(peer), " (", peerHost(peer),
-                                         ") left the job (destroy(), or its program ended: normally or by an exception) while rank ",
-                                         label(rank_), " waited for it in ", describeCurrent()));
-  }
+  if (peer >= 0 && gone_[static_cast<size_t>(peer)])
+    throwLeft(peer, detail::concat(" while rank ", label(rank_), " waited for it in ",
+                                   describeCurrent()));
   pollIdle();
+}
+
+void Communicator::throwLeft(int p, const std::string& during) {
+  const std::string why = leftWhy(p);
+  if (!why.empty())
+    throw PeerError(p, PeerCause::kLeft, detail::concat("rank ", label(p), " (", peerHost(p),
+                                        ") left the job after a failure on its side", during,
+                                        ": ", why));
+  throw PeerError(p, PeerCause::kLeft, detail::concat(
+      "rank ", label(p), " (", peerHost(p),
+      ") left the job (destroy(), or its program ended: normally or by an exception)", during));
 }
 
 void Communicator::probePeers(const std::vector<int>& waitedFor) {
@@ -152,13 +155,8 @@ void Communicator::probePeers(const std::vector<int>& waitedFor) {
   // the next collective that did arrive is seen again by checkIdle.
   std::fill(early_.begin(), early_.end(), 0);
   pollIdle();  // a closed connection or an abort frame throws; a goodbye marks it gone
-  for (int p : waitedFor) {
-    if (p < 0 || p >= world_ || p == rank_ || !gone_[static_cast<size_t>(p)]) continue;
-    const std::string why = leftWhy(p);
-    throw PeerError(p, PeerCause::kLeft, detail::concat(
-        "rank ", label(p), " (", peerHost(p), ") left the job (destroy(), or its program ended",
-        why.empty() ? std::string(": normally or by an exception)") : "after a failure: " + why + ")"));
-  }
+  for (int p : waitedFor)
+    if (p >= 0 && p < world_ && p != rank_ && gone_[static_cast<size_t>(p)]) throwLeft(p, "");
 }
 
 void Communicator::pollIdle() {
