@@ -42,7 +42,9 @@ class Group:
     created: int = 0
     children: list = field(default_factory=list)
     p2p: dict = field(default_factory=dict)  # (lo, hi, tag) -> channels (ringreduce.p2p)
-    eager: list = field(default_factory=list)  # (thread, dst, tag): sends that returned early (p2p)
+    # (thread or isend's Work, dst, tag): sends that returned early or were never waited
+    # for (p2p); destroy() completes them
+    eager: list = field(default_factory=list)
     destroyed: bool = False
     forked: int = 0  # in a forked child: the pid of the parent that made this group
     # World only: what its destroyed groups and p2p channels found (their destroy() ran

@@ -183,8 +183,9 @@ def destroy_default() -> None:
 
 def _finish_eager_sends(world: Group) -> None:
     """Sends that returned before their receiver posted (ringreduce.p2p, the first message
-    on a channel) are delivered before the channels close, as MPI_Finalize completes
-    buffered sends: wait for them, at most RINGREDUCE_TIMEOUT (a failure is logged)."""
+    on a channel) and isend()s never waited for are delivered before the channels close, as
+    MPI_Finalize completes buffered sends: wait for them, at most RINGREDUCE_TIMEOUT (a
+    failure is logged)."""
     pending = [e for e in world.eager if e[0].is_alive()]
     world.eager.clear()
     t0 = time.monotonic()
@@ -195,8 +196,8 @@ def _finish_eager_sends(world: Group) -> None:
     late = [(dst, tag) for t, dst, tag in pending if t.is_alive()]
     if not late:
         return
-    log.warning("rank %d: destroy() waits (at most RINGREDUCE_TIMEOUT) for %d send(s) that "
-                "returned before their receiver posted and are not received yet: to rank(s) "
+    log.warning("rank %d: destroy() waits (at most RINGREDUCE_TIMEOUT) for %d send(s) not "
+                "received yet (returned early, or isend() never waited for): to rank(s) "
                 "%s; did those ranks skip their recv?", world.rank, len(late),
                 ", ".join(f"{d} (tag {t})" for d, t in late[:8]))
     for t, _, _ in pending:

@@ -68,8 +68,10 @@ def recv(x: Any, src: int | None = None, tag: int = 0, group: Any = None) -> int
 
 
 def isend(x: Any, dst: int, tag: int = 0, group: Any = None) -> Any:
-    """Start sending `x` to `dst`; returns a Work (do not modify `x` until it completes)."""
-    return _post(x, dst, tag, group, "isend", sending=True, async_op=True)
+    """Start sending `x` to `dst`; returns a Work (do not modify `x` until it completes).
+    A Work never waited for is still completed by destroy() (and at exit), as a send that
+    returned early is."""
+    return _unwaited(_post(x, dst, tag, group, "isend", sending=True, async_op=True), dst, tag)
 
 
 def irecv(x: Any, src: int | None = None, tag: int = 0, group: Any = None) -> Any:
@@ -86,7 +88,8 @@ def send_buffered(x: Any, dst: int, tag: int = 0, group: Any = None) -> Any:
     """torch's dist.send / dist.isend: isend(), except that a message of at most
     EAGER_MAX bytes on a channel not made yet is copied and sent from a helper thread
     (None is returned: the send is complete for the caller), as send() does."""
-    return _post(x, dst, tag, group, "isend", sending=True, async_op=True, eager=True)
+    return _unwaited(_post(x, dst, tag, group, "isend", sending=True, async_op=True,
+                           eager=True), dst, tag)
 
 
 # A blocking send of at most this many bytes returns before the receiver posts, also as the
@@ -208,6 +211,45 @@ def _send_later(world: Group, start: Any, dst: int, tag: int) -> None:
         world.eager[:] = [e for e in world.eager if e[0].is_alive()]
         world.eager.append((t, dst, tag))
     t.start()
+
+
+class _Unwaited:
+    """An isend's Work as destroy() waits for it, like an early-returned send's thread
+    (is_alive / join); a failure nobody waited for is logged then."""
+
+    __slots__ = ("work",)
+
+    def __init__(self, work: Any):
+        self.work = work
+
+    def is_alive(self) -> bool:
+        return not self.work.is_completed()
+
+    def join(self, timeout: float) -> None:
+        try:
+            self.work.wait(timeout)
+        except Exception as e:  # noqa: BLE001 - the owner never waited: say it here
+            log.error("a send started with isend() and never waited for failed: %s", e)
+            self.work = _DONE
+
+
+class _Done:
+    @staticmethod
+    def is_completed() -> bool:
+        return True
+
+
+_DONE = _Done()
+
+
+def _unwaited(w: Any, dst: int, tag: int) -> Any:
+    """Register isend's Work `w` with the world, whose destroy() completes it."""
+    if w is not None:
+        world = _state._DEFAULT[0]
+        with _LOCK:
+            world.eager[:] = [e for e in world.eager if e[0].is_alive()]
+            world.eager.append((_Unwaited(w), dst, tag))
+    return w
 
 
 def _nbytes(x: Any) -> int:
