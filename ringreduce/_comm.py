@@ -59,7 +59,7 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
                                  options["connect_timeout"])
     try:
         comm = _C.Communicator(rank, world, listener, peers.addrs, peers.secret, options,
-                               peers.hb_addrs, meet)
+                               peers.hb_addrs, meet, _rendezvous.watched_probe(f"{name} to connect"))
     except Exception as e:
         if meet is not None:  # no mesh to carry the abort: the others wait in the store
             _rendezvous._fail(store, peers.prefix, e)

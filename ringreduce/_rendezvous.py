@@ -13,6 +13,7 @@ destroy(). Stores the caller or torch passed in are never released here: not our
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import secrets
 import sys
@@ -401,6 +402,13 @@ def watching(world: Any, peers: Any) -> Iterator[None]:
         yield
     finally:
         _WATCH.v = prev
+
+
+def watched_probe(what: str) -> Any:
+    """For a wait outside the store (a group's TCP connect in C++): a function raising as
+    _wait does when a peer this thread watches (see watching) is gone; None if none."""
+    w = getattr(_WATCH, "v", None)
+    return None if w is None else functools.partial(probe, w[0], w[1], what)
 
 
 def probe(world: Any, peers: Any, what: str, left_too: bool = True) -> None:

@@ -733,3 +733,48 @@ def ring_death(rank: int, world: int) -> dict:
         msg = f"{type(e).__name__}: {e}"
     rr.destroy()
     return {"error": msg}
+
+
+def unwaited_isend(rank: int, world: int, nelem: int) -> str:
+    """Rank 0 starts an isend and returns at once, never waiting for its Work (the harness
+    then destroys): destroy() completes the send, as it does an early-returned one. Before,
+    the channel went with the world and rank 1 failed (shared memory: "rank 0 left the job")
+    or waited RINGREDUCE_CONNECT_TIMEOUT in the channel's TCP connect."""
+    want = np.arange(nelem, dtype=np.float32) + 7
+    if rank == 0:
+        rr.isend(want, 1, tag=3)
+        return "sent"
+    got = np.zeros(nelem, np.float32)
+    rr.recv(got, 0, tag=3)
+    return "ok" if np.array_equal(got, want) else f"wrong: {got[:4]}"
+
+
+def left_while_connecting(rank: int, world: int, leaver: int) -> str:
+    """Rank `leaver` posts an irecv and the other rank a send: both publish their channel's
+    addresses; the leaver destroys while rank 1 (slowed down) has not dialed rank 0 yet.
+    Before, the other rank waited RINGREDUCE_CONNECT_TIMEOUT: rank 1 retrying its connect to
+    rank 0's closed listener, or rank 0 accepting a dial that never came. Now rank 1 takes
+    the refusal as final (every rank listens before it publishes its address) and rank 0's
+    wait asks the world, which knows rank 1 left."""
+    import time
+
+    from ringreduce import _comm
+
+    if rank == 1:
+        plan = _comm.shm_options  # runs after the address exchange, before the dial
+
+        def slowly(*a, **k):  # noqa: ANN002, ANN003, ANN202
+            time.sleep(1.5)
+            return plan(*a, **k)
+
+        _comm.shm_options = slowly
+    if rank == leaver:
+        rr.irecv(np.zeros(1 << 20, np.float32), 1 - rank)
+        time.sleep(0.5)
+        return "left"
+    t0 = time.monotonic()
+    try:
+        rr.send(np.zeros(1 << 20, np.float32), 1 - rank)  # 4 MiB: not an early-returning send
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__} after {time.monotonic() - t0:.1f} s: {e}"
+    return "no error"

@@ -138,6 +138,28 @@ def test_destroy_waits_for_an_early_returned_send_and_says_so(linger: float) -> 
         assert sender["destroyed"] < 2.5 and "left the job" in logs, outs
 
 
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("nelem", [5, (3 << 20) // 4 + 1])  # early-returning size, and not
+def test_destroy_completes_an_isend_never_waited_for(transport: str, nelem: int) -> None:
+    outs = run_world(2, "p2p_workers:unwaited_isend", nelem, timeout=60,
+                     env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "20",
+                          "RINGREDUCE_CONNECT_TIMEOUT": "30"})
+    assert outs == ["sent", "ok"], outs
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("leaver", [0, 1])  # the one rank 1 dials; the one rank 0 awaits
+def test_a_sender_whose_receiver_left_while_connecting_is_told_at_once(leaver: int) -> None:
+    outs = run_world(2, "p2p_workers:left_while_connecting", leaver, timeout=60,
+                     env={"RINGREDUCE_TRANSPORT": "tcp", "RINGREDUCE_TIMEOUT": "40",
+                          "RINGREDUCE_CONNECT_TIMEOUT": "40"})
+    err = outs[1 - leaver]
+    assert err.startswith("PeerFailure after ") and f"rank {leaver} (" in err, outs
+    assert ("cannot be reached" if leaver == 0 else "left the job") in err, outs
+    assert float(err.split()[2]) < 10, outs
+
+
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("world", [2, 3])
 def test_torch_p2p_on_ringreduce(world: int) -> None:

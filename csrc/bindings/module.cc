@@ -171,8 +171,15 @@ class PyComm {
  public:
   PyComm(int rank, int world, PyListener& pl, const std::vector<std::string>& addrs,
          const std::string& secret, const py::dict& opts, const std::vector<std::string>& hbAddrs,
-         const py::object& shmStore) {
+         const py::object& shmStore, const py::object& probe) {
     transport::tcp::Listener& listener = pl.tcp;
+    // A group's set-up stops when the world knows a member is gone (Python's probe raises).
+    transport::tcp::StillWanted check;
+    if (!probe.is_none())
+      check = [&probe] {
+        py::gil_scoped_acquire gil;
+        probe();
+      };
     Options o = bindings::optionsFromDict(opts);
     if (world < 1 || rank < 0 || rank >= world)
       throw InvalidArgument("rank " + std::to_string(rank) + " out of range for world size " +
@@ -191,13 +198,13 @@ class PyComm {
     std::unique_ptr<transport::Dialer> dialer;
     {
       py::gil_scoped_release nogil;
-      transport::tcp::Identity me{rank, world, secret};
+      transport::tcp::Identity me{rank, world, secret, o.rankLabels};
       Deadline d = Deadline::after(o.connectTimeoutSec);
       if (sparse) {
-        conns = transport::tcp::connectSubset(me, listener, addrs, overlay, d);
+        conns = transport::tcp::connectSubset(me, listener, addrs, overlay, d, check);
         dialer = std::make_unique<transport::tcp::TcpDialer>(me, std::move(listener), addrs);
       } else {
-        conns = transport::tcp::connectMesh(me, listener, addrs, d);
+        conns = transport::tcp::connectMesh(me, listener, addrs, d, check);
         listener.close();  // nobody else may connect after init
       }
     }
@@ -426,10 +433,11 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<PyComm>(m, "Communicator")
       .def(py::init<int, int, PyListener&, const std::vector<std::string>&, const std::string&,
-                    const py::dict&, const std::vector<std::string>&, const py::object&>(),
+                    const py::dict&, const std::vector<std::string>&, const py::object&,
+                    const py::object&>(),
            py::arg("rank"), py::arg("world"), py::arg("listener"), py::arg("addrs"),
            py::arg("secret"), py::arg("options"), py::arg("heartbeat_addrs") = std::vector<std::string>(),
-           py::arg("shm_store") = py::none())
+           py::arg("shm_store") = py::none(), py::arg("probe") = py::none())
       .def_property_readonly("rank", [](PyComm& c) { return c.ex().comm().rank(); })
       .def_property_readonly("world", [](PyComm& c) { return c.ex().comm().world(); })
       .def("plan_of",

@@ -28,12 +28,9 @@ int TcpDialer::dial(int peer, double timeoutSec) {
     pending_[static_cast<size_t>(peer)] =
         connectTo(ep, Deadline::after(timeoutSec),
                   detail::concat("rank ", label(me_.rank), " connecting to rank ", label(peer)),
-                  false);
+                  Retry::kOnce);
   } catch (const Error& e) {
-    throw PeerError(peer, PeerCause::kClosed,
-                    detail::concat("rank ", label(peer), " (", ep.host, ") cannot be reached at ",
-                                   ep.str(), " (it exited, crashed or destroyed its "
-                                   "communicator): ", e.what()));
+    throwUnreachable(peer, label(peer), ep, e);
   }
   return pending_[static_cast<size_t>(peer)].get();
 }

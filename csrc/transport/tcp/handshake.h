@@ -11,6 +11,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "core/deadline.h"
 
@@ -20,6 +21,10 @@ struct Identity {
   int rank = 0;
   int world = 0;
   std::string secret;
+  std::vector<int> labels;  // a group's: the world rank of each rank, for messages
+  int shown(int r) const {
+    return r >= 0 && static_cast<size_t>(r) < labels.size() ? labels[static_cast<size_t>(r)] : r;
+  }
 };
 
 // Acceptor side. On success returns the authenticated peer rank; on failure returns -1 and

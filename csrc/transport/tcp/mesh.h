@@ -30,16 +30,22 @@ class Listener {
 };
 
 // Returns one connection per peer rank (nullptr at index me.rank). peerAddrs[i] is
-// "host:port" of rank i. Strangers and refused peers are logged and ignored; a rank that
-// never shows up raises TimeoutError naming it.
+// "host:port" of rank i. Strangers and refused handshakes are logged and ignored; a rank
+// that never shows up raises TimeoutError naming it; a rank whose listener refuses (every
+// rank listens before it publishes its address) raises PeerError: it is gone. `check`
+// runs every ~250 ms while they wait for a peer.
 std::vector<std::unique_ptr<Connection>> connectMesh(const Identity& me, Listener& listener,
                                                      const std::vector<std::string>& peerAddrs,
-                                                     Deadline d);
+                                                     Deadline d, const StillWanted& check = {});
 // The same for the peers in `want` only (sorted; symmetric: rank a lists b iff b lists a,
 // or the procedure waits for a peer that never dials). Higher ranks that dial early for a
 // lazy connection (TcpDialer) are accepted too; other slots stay null.
 std::vector<std::unique_ptr<Connection>> connectSubset(const Identity& me, Listener& listener,
                                                        const std::vector<std::string>& peerAddrs,
-                                                       const std::vector<int>& want, Deadline d);
+                                                       const std::vector<int>& want, Deadline d,
+                                                       const StillWanted& check = {});
+
+// The PeerError of a peer (`shown` as in messages) whose listener at `ep` cannot be reached.
+[[noreturn]] void throwUnreachable(int peer, int shown, const Endpoint& ep, const Error& why);
 
 }  // namespace rr::transport::tcp

@@ -197,14 +197,17 @@ Fd listenOn(const std::string& host, int port, int* boundPort) {
            " (is the port in use, or the address not on this host? set RINGREDUCE_SOCKET_IFNAME)");
 }
 
-Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what, bool retry) {
+Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what, Retry retry,
+             const StillWanted& check) {
   std::string lastErr = "timed out";
   int backoffMs = 5;
   while (true) {
+    bool refused = true;  // by every address this round
     for (const auto& a : resolve(ep.host, ep.port, SOCK_STREAM, false, deadline)) {
       const auto* sa = reinterpret_cast<const sockaddr*>(a.data());
       Fd fd(::socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
       if (!fd.valid()) {
+        refused = false;
         lastErr = std::strerror(errno);
         continue;
       }
@@ -212,6 +215,7 @@ Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what, boo
       setBuffers(fd.get());
       int rc = ::connect(fd.get(), sa, static_cast<socklen_t>(a.size()));
       if (rc != 0 && errno != EINPROGRESS) {
+        refused = refused && errno == ECONNREFUSED;
         lastErr = std::strerror(errno);
         continue;
       }
@@ -219,6 +223,7 @@ Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what, boo
         pollfd p{fd.get(), POLLOUT, 0};
         int pr = pollInterruptible(&p, deadline);
         if (pr <= 0) {
+          refused = false;
           lastErr = pr == 0 ? "connect timed out" : std::strerror(errno);
           continue;
         }
@@ -226,6 +231,7 @@ Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what, boo
         socklen_t el = sizeof(err);
         ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &el);
         if (err != 0) {
+          refused = refused && err == ECONNREFUSED;
           lastErr = std::strerror(err);
           continue;
         }
@@ -233,12 +239,15 @@ Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what, boo
       setNoDelay(fd.get());
       return fd;
     }
-    if (!retry)
+    if (retry == Retry::kOnce)
       RR_THROW(Error, what, ": could not connect to ", ep.str(), ": ", lastErr);
+    if (retry == Retry::kUnlessRefused && refused)
+      RR_THROW(Refused, what, ": could not connect to ", ep.str(), ": ", lastErr);
     if (deadline.expired())
       RR_THROW(TimeoutError, what, ": could not connect to ", ep.str(), ": ", lastErr,
                " (is the peer running and reachable from this interface?)");
     checkInterrupt(true);
+    if (check) check();
     std::this_thread::sleep_for(std::chrono::milliseconds(backoffMs));
     backoffMs = backoffMs * 2 > 200 ? 200 : backoffMs * 2;
   }

@@ -5,10 +5,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "core/deadline.h"
+#include "core/error.h"
 
 namespace rr::transport::tcp {
 
@@ -64,10 +66,29 @@ void setResolveDelayForTesting(double seconds);
 // ephemeral port when port == 0. Returns the listening fd; *boundPort gets the port.
 Fd listenOn(const std::string& host, int port, int* boundPort);
 
-// Connect to ep, retrying refused/unreachable attempts until the deadline. The returned
-// socket is non-blocking with TCP_NODELAY. Throws TimeoutError naming ep and the last error.
-// retry=false: one attempt per address (a peer known to listen already: a refusal is final).
-Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what, bool retry = true);
+// How connectTo treats failed attempts.
+enum class Retry {
+  kUntilDeadline,  // refused or unreachable: try again until the deadline
+  kOnce,           // one attempt per address (the peer is known to listen already)
+  kUnlessRefused,  // as kUntilDeadline, but a refusal from every address throws Refused:
+                   // the peer listened before it published its address, so it is gone
+};
+
+// What connectTo throws in Retry::kUnlessRefused when every address refused.
+class Refused : public Error {
+ public:
+  using Error::Error;
+};
+
+// Called between attempts while a connection's set-up waits for a peer (connectTo's
+// retries, mesh.h's accepts): throws to stop the wait (a group's set-up: a member the
+// world's communicator knows is gone).
+using StillWanted = std::function<void()>;
+
+// Connect to ep. The returned socket is non-blocking with TCP_NODELAY. Throws TimeoutError
+// naming ep and the last error at the deadline. `check`, if set, runs before each retry.
+Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what,
+             Retry retry = Retry::kUntilDeadline, const StillWanted& check = {});
 
 // Accept one connection (listener is non-blocking); returns invalid Fd at the deadline.
 // connectTo and acceptOne run Python's signal handlers while they wait (core/interrupt.h:
