@@ -153,6 +153,9 @@ def _check_mismatch(outs: list, world: int) -> None:
             assert res["after"] is not None, f"{where}: the next collective succeeded"
             if phrase in res["msg"]:
                 named.append(r)
+                if name == "op":  # by number, not "peer" / "this rank": relayed text stays clear
+                    assert re.search(rf"rank {world - 1} (uses )?max\b", res["msg"]), (
+                        f"{where}: the odd rank is not named with its op: {res['msg']}")
             else:
                 assert res["type"] == "PeerFailure" and "closed the connection" in res["msg"], (
                     f"{where}: message lacks {phrase!r}: {res['msg']}")

@@ -66,7 +66,7 @@ def test_size_mismatch_is_an_error_on_both_sides(transport: str, n: int,
     first, again = outs[1].split(" | ")
     # Named as a message, not as the broadcast that carries it (as before).
     assert first.startswith("CollectiveMismatch: ") and re.search(
-        rf"count mismatch in point-to-point message #{2 if good_first else 1}: peer has \d+ elements, this rank \d+ "
+        rf"count mismatch in point-to-point message #{2 if good_first else 1}: rank 0 has \d+ elements, rank 1 \d+ "
         r"\(a recv's buffer must have the sent message's size and dtype\)", first), first
     assert "this point-to-point channel (p2p 0->1 tag 0) is unusable" in again, again
     assert "destroy the world" in again, again

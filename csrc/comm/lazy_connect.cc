@@ -83,7 +83,7 @@ void Communicator::connectLazily(int peer) {
 
 void Communicator::adopt(transport::Connection& c) const {
   c.setChecksum(opts_.checksum);
-  c.setLabel(label(c.peer()));
+  c.setLabels(label(c.peer()), label(rank_));
   c.setP2p(opts_.p2pChannel);
 }
 

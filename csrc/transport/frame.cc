@@ -4,8 +4,12 @@
 
 namespace rr::transport {
 
-std::string describeMismatch(const FrameHeader& got, const FrameHeader& want, bool p2p) {
+std::string describeMismatch(const FrameHeader& got, const FrameHeader& want, bool p2p,
+                             int peer, int self) {
   using detail::concat;
+  // Ranks by number: the message is relayed to every rank (a receiver of "peer ... this
+  // rank" could not tell which rank was odd).
+  const std::string them = concat("rank ", peer), me = concat("rank ", self);
   auto kindName = [p2p](uint8_t k) {
     auto kind = static_cast<CollectiveKind>(k);
     return p2p && kind == CollectiveKind::kBroadcast ? "point-to-point message" : toString(kind);
@@ -25,41 +29,41 @@ std::string describeMismatch(const FrameHeader& got, const FrameHeader& want, bo
     const bool behind = got.seq + 1 == want.seq && got.kind == want.kind;
     const char* src = got.kind == static_cast<uint8_t>(CollectiveKind::kScatter) ? "scatter"
                                                                                  : "broadcast";
-    return concat("collective mismatch: peer is at ", kindName(got.kind), " #", got.seq,
-                  ", this rank at ", kindName(want.kind), " #", want.seq,
-                  stale ? concat(" (this rank never read that ", src, "'s data: probably a "
+    return concat("collective mismatch: ", them, " is at ", kindName(got.kind), " #", got.seq,
+                  ", ", me, " at ", kindName(want.kind), " #", want.seq,
+                  stale ? concat(" (", me, " never read that ", src, "'s data: probably a "
                                  "root mismatch in ", src, " #", got.seq,
                                  "; every rank must pass the same src)")
                         : concat(" (every rank must issue the same collectives in the same "
                                  "order", skipped || behind ? "; a call with 0 elements is "
                                  "skipped, without a message: did " : "",
-                                 skipped ? "the peer" : behind ? "this rank" : "",
+                                 skipped ? them : behind ? me : std::string(),
                                  skipped || behind ? " pass an empty buffer?" : "", ")"));
   }
   if (got.count != want.count)
-    return concat("count mismatch in ", kindName(want.kind), " #", want.seq, ": peer has ",
-                  got.count, " elements, this rank ", want.count,
+    return concat("count mismatch in ", kindName(want.kind), " #", want.seq, ": ", them, " has ",
+                  got.count, " elements, ", me, " ", want.count,
                   p2p ? " (a recv's buffer must have the sent message's size and dtype)" : "");
   if (got.dtype != want.dtype)
-    return concat("dtype mismatch in ", kindName(want.kind), " #", want.seq, ": peer has ",
-                  toString(static_cast<DataType>(got.dtype)), ", this rank ",
+    return concat("dtype mismatch in ", kindName(want.kind), " #", want.seq, ": ", them, " has ",
+                  toString(static_cast<DataType>(got.dtype)), ", ", me, " ",
                   toString(static_cast<DataType>(want.dtype)),
                   p2p ? " (a recv's buffer must have the sent message's size and dtype)" : "");
   if (got.op != want.op)
-    return concat("op mismatch in ", kindName(want.kind), " #", want.seq, ": peer uses ",
-                  toString(static_cast<ReduceOp>(got.op)), ", this rank ",
+    return concat("op mismatch in ", kindName(want.kind), " #", want.seq, ": ", them, " uses ",
+                  toString(static_cast<ReduceOp>(got.op)), ", ", me, " ",
                   toString(static_cast<ReduceOp>(want.op)));
   if (got.root != want.root)
-    return concat("root mismatch in ", kindName(want.kind), " #", want.seq, ": peer has root ",
-                  got.root, ", this rank ", want.root);
+    return concat("root mismatch in ", kindName(want.kind), " #", want.seq, ": ", them, " has root ",
+                  got.root, ", ", me, " ", want.root);
   if (got.algo != want.algo)
-    return concat("algorithm mismatch in ", kindName(want.kind), " #", want.seq, ": peer runs ",
-                  toString(static_cast<Algorithm>(got.algo)), ", this rank ",
+    return concat("algorithm mismatch in ", kindName(want.kind), " #", want.seq, ": ", them, " runs ",
+                  toString(static_cast<Algorithm>(got.algo)), ", ", me, " ",
                   toString(static_cast<Algorithm>(want.algo)),
                   " (pass the same algo= on every rank)");
   if (got.payloadBytes != want.payloadBytes)
-    return concat("frame size mismatch in ", kindName(want.kind), " #", want.seq, ": peer sent ",
-                  got.payloadBytes, " bytes, this rank expects ", want.payloadBytes);
+    return concat("frame size mismatch in ", kindName(want.kind), " #", want.seq, ": ", them, " sent ",
+                  got.payloadBytes, " bytes, ", me, " expects ", want.payloadBytes);
   return "";
 }
 

@@ -39,6 +39,7 @@ enum class AbortCode : uint8_t { kOther = 0, kMismatch = 1, kTimeout = 2, kPeer 
 // agree, else a message naming the first differing field with both values.
 // p2p: the frames are a point-to-point channel's messages (ringreduce/p2p.py sends each as a
 // broadcast from the sender), named as such rather than as broadcasts.
-std::string describeMismatch(const FrameHeader& got, const FrameHeader& want, bool p2p = false);
+std::string describeMismatch(const FrameHeader& got, const FrameHeader& want, bool p2p,
+                             int peer, int self);
 
 }  // namespace rr::transport

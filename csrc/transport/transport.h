@@ -57,8 +57,12 @@ class Connection {
   Connection& operator=(const Connection&) = delete;
 
   int peer() const { return peer_; }
-  // The rank messages name the peer by (its world rank, when this is a group's connection).
-  void setLabel(int label) { label_ = label; }
+  // The ranks messages name the peer and this rank by (world ranks, when this is a group's
+  // connection).
+  void setLabels(int peer, int self) {
+    label_ = peer;
+    selfLabel_ = self;
+  }
   const std::string& peerHost() const { return peerHost_; }
 
   // Advance without blocking; return true once the whole frame is through. Throw
@@ -103,6 +107,7 @@ class Connection {
   bool p2p_ = false;
   int peer_;
   int label_ = peer_;
+  int selfLabel_ = -1;
   std::string peerHost_;
   std::string leftWhy_;
 };

@@ -329,7 +329,7 @@ void runConnectCase(Rng& rng) {
 // The real connector against the real acceptor through a recording relay: the mirrors
 // above must reproduce every MAC in the captured bytes, and the capture feeds the replays.
 void checkRealHandshake(Rng& rng) {
-  tcp::Identity acc{0, 3, randomSecret(rng)}, con{2, 3, acc.secret};
+  tcp::Identity acc{0, 3, randomSecret(rng), {}}, con{2, 3, acc.secret, {}};
   int a[2], c[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, a) != 0 ||
       ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, c) != 0)

@@ -178,7 +178,7 @@ bool TcpConnection::progressRecv(RecvOp& op) {
                                      "expected data from it -- did it skip this collective, "
                                      "or fail?"));
         }
-        std::string mm = describeMismatch(op.got, op.expect, p2p_);
+        std::string mm = describeMismatch(op.got, op.expect, p2p_, label_, selfLabel_);
         if (!mm.empty()) {
           if (op.got.magic != kFrameMagic)
             throw PeerError(peer_, PeerCause::kProtocol, detail::concat("protocol error from rank ", label_, " (",
@@ -229,13 +229,14 @@ Connection::Idle TcpConnection::checkIdle(const FrameHeader* current) {
     // yet. In a matching run that can only be a later step of the same collective.
     FrameHeader want = *current;
     want.payloadBytes = h.payloadBytes;
-    std::string mm = describeMismatch(h, want, p2p_);
+    std::string mm = describeMismatch(h, want, p2p_, label_, selfLabel_);
     if (h.seq < current->seq) {
       // A root that only sends (broadcast, scatter) left it: the ranks named different roots.
       const auto k = static_cast<CollectiveKind>(h.kind);
       const bool rooted = k == CollectiveKind::kBroadcast || k == CollectiveKind::kScatter;
-      mm = detail::concat("collective mismatch: peer sent data of ", toString(k), " #", h.seq,
-                          " that this rank never received, while this rank is at ",
+      mm = detail::concat("collective mismatch: rank ", label_, " sent data of ", toString(k),
+                          " #", h.seq, " that rank ", selfLabel_,
+                          " never received, while it is at ",
                           toString(static_cast<CollectiveKind>(current->kind)), " #", current->seq,
                           rooted && !p2p_ ? detail::concat(" (probably a root mismatch in ",
                                                            toString(k), " #", h.seq,
