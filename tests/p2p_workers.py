@@ -763,7 +763,7 @@ def left_while_connecting(rank: int, world: int, leaver: int) -> str:
     if rank == 1:
         plan = _comm.shm_options  # runs after the address exchange, before the dial
 
-        def slowly(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        def slowly(*a: object, **k: object) -> dict:
             time.sleep(1.5)
             return plan(*a, **k)
 
