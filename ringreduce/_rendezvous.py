@@ -435,10 +435,20 @@ def probe(world: Any, peers: Any, what: str, left_too: bool = True) -> None:
 
 
 def check_destroyed(world: Any, what: str) -> None:
-    """Raise if ringreduce.destroy() was called (on another thread) while this one waited."""
+    """Raise if ringreduce.destroy() or abort() was called (on another thread) while this
+    one waited."""
     if world.destroyed:
         raise _rr_error(f"rank {world.rank}: ringreduce.destroy() was called while this rank "
                         f"waited for {what}")
+    check_aborted(world, what)
+
+
+def check_aborted(world: Any, what: str) -> None:
+    """After ringreduce.abort() a new group or point-to-point channel is refused, as every
+    call on the existing ones is (the C++ communicator's text)."""
+    if world.aborted:
+        raise _rr_error(f"communicator was aborted; destroy it and init again (rank "
+                        f"{world.rank}, {what})")
 
 
 def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,

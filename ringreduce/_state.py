@@ -46,6 +46,7 @@ class Group:
     # for (p2p); destroy() completes them
     eager: list = field(default_factory=list)
     destroyed: bool = False
+    aborted: bool = False  # World only: ringreduce.abort() was called (refuse new channels)
     forked: int = 0  # in a forked child: the pid of the parent that made this group
     # World only: what its destroyed groups and p2p channels found (their destroy() ran
     # before the world's): whether one had failed, and a global rank one found dead or

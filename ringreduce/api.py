@@ -147,6 +147,7 @@ def abort() -> None:
     g = _state._DEFAULT[0]
     if g is None:
         return
+    g.aborted = True  # groups and p2p channels not made yet are refused too
     for c in _state.communicators(g):
         if c.comm is not None and not c.destroyed:
             c.comm.abort()

@@ -195,6 +195,14 @@ def aborter(rank: int, world: int, delay_s: float, on: str = "world") -> dict:
         out = {"type": type(e).__name__, "msg": str(e), "t": time.time(), "t0": t0}
     else:
         out = {"type": None}
+    if rank == 0:  # what the abort did not reach yet: a new tag's channel, a new group
+        out["after"] = []
+        for call in (lambda: rr.send(x, last, tag=11), lambda: rr.new_group([0, last])):
+            try:
+                call()
+                out["after"].append("no error")
+            except rr.RingReduceError as e:
+                out["after"].append(str(e))
     t1 = time.monotonic()
     rr.destroy()
     out["destroy_s"] = time.monotonic() - t1

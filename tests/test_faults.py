@@ -174,7 +174,8 @@ def test_abort_from_a_watchdog_thread(transport: str, on: str) -> None:
     """rr.abort() from another thread ends rank 0's blocked all-reduce at once, rank 1 (also
     blocked) learns it from rank 0, the late rank's next call fails naming the cause, and
     destroy() returns promptly. The same on a group and on a point-to-point channel (before,
-    abort() reached only the world's communicator: those waited for the late rank)."""
+    abort() reached only the world's communicator: those waited for the late rank). Later
+    calls that would make a new channel or group are refused as well."""
     env = {"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30",
            "RINGREDUCE_HEARTBEAT_TIMEOUT": "30"}
     delay = 1.0
@@ -184,6 +185,10 @@ def test_abort_from_a_watchdog_thread(transport: str, on: str) -> None:
     r0, r1, r2 = (o.value for o in outs)
     assert r0["type"] == "RingReduceError" and "aborted" in r0["msg"], story
     assert r0["t"] - r0["t0"] < delay + 0.5, story
+    # Refused at once too: a send on a tag without a channel yet (it returned, and failed
+    # in a log, before), a new group.
+    assert [a.startswith("communicator was aborted") for a in r0["after"]] == [True, True], \
+        r0["after"]
     if on == "p2p":
         assert r0["destroy_s"] < 5, story
         return
