@@ -653,7 +653,10 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
     what = "all ranks to publish their addresses" if prefix is None else (
         f"the {world} ranks of {prefix.rstrip('/')} (a group or point-to-point channel being "
         f"set up) to publish their addresses")
-    _wait(store, keys, timeout, rank, what, p)
+    hint = {} if prefix is None else {"hint": "addr/N: the member of group rank N; did every "
+                                      "member call new_group (or the matching send/recv), in "
+                                      "the same order?"}
+    _wait(store, keys, timeout, rank, what, p, **hint)
     got = [v.decode() for v in store.multi_get(
         [*keys, *(p + f"{k}/{r}" for k in ("host", "hb") for r in range(world)), p + "session"])]
     return Peers(addrs=got[:world], hosts=got[world:2 * world], secret=secret, prefix=p,

@@ -86,7 +86,7 @@ def from_store(store: Any, rank: int, size: int, name: str,
     secs = _check_timeout(timeout, "new_group")
     if size == 1:
         return _register(world, _single(world, [world.rank], "ringreduce/", name))
-    timeout = float(world.options["connect_timeout"])
+    timeout = _setup_secs(world, secs)
     # Under the world's session (random per init): torch names groups by a counter that
     # restarts when the default group is destroyed, so after a re-init the same PrefixStore
     # still holds the keys of the earlier group of that name.
@@ -97,7 +97,9 @@ def from_store(store: Any, rank: int, size: int, name: str,
         # The members are known once all have started: until then any rank's failure stops it.
         with _rendezvous.watching(world, [r for r in range(world.world_size)
                                           if r != world.rank]):
-            _rendezvous._wait(store, keys, timeout, rank, f"the members of {name} to start", p)
+            _rendezvous._wait(store, keys, timeout, rank, f"the members of group {name} to "
+                              f"start", p, hint="the group ranks missing have not called "
+                              "new_group: every member must call it, in the same order")
         members = [int(store.get(k)) for k in keys]
         with _rendezvous.watching(world, [m for m in members if m != world.rank]):
             return _connect(world, store, members, rank, p, name, secs)
@@ -269,9 +271,15 @@ def _make(world: Group, members: list[int], prefix: str, name: str,
             _rendezvous.watching(world, [m for m in members if m != world.rank]), \
             _interrupts_told(world, store, prefix, name):
         if not p2p:  # a channel's members follow from its key: nothing to compare
-            _agree(store, prefix, me, members, float(world.options["connect_timeout"]), name,
-                   out_of_step)
+            _agree(store, prefix, me, members, _setup_secs(world, timeout), name, out_of_step)
         return _connect(world, store, members, me, prefix, name, timeout, p2p)
+
+
+def _setup_secs(world: Group, timeout: float | None) -> float:
+    """How long a group's set-up may wait for its members: RINGREDUCE_CONNECT_TIMEOUT, or
+    the group's own timeout if shorter (gloo's new_group(timeout=) bounds its connect too)."""
+    secs = float(world.options["connect_timeout"])
+    return secs if timeout is None else min(secs, timeout)
 
 
 @contextlib.contextmanager
@@ -392,7 +400,8 @@ def _connect(world: Group, store: Any, members: list[int], me: int, prefix: str,
              name: str, timeout: float | None = None, p2p: bool = False) -> Group:
     tun = _env.tunables()
     maddr, ifname = world.net
-    options = world.options if timeout is None else {**world.options, "timeout": timeout}
+    options = world.options if timeout is None else {
+        **world.options, "timeout": timeout, "connect_timeout": _setup_secs(world, timeout)}
     if p2p:
         options = {**options, "p2p_channel": True}
     g = _comm.connect(me, len(members), tun, options, store, maddr, ifname, world.secret,

@@ -360,6 +360,39 @@ def group_timeouts(rank: int, world: int) -> dict:
     return out
 
 
+def setup_timeout(rank: int, world: int, api: str) -> str:
+    """new_group(timeout=) bounds the group's set-up too, as gloo's: the last rank never
+    calls it (torch's dist.new_group, or rr.new_group); the others must give up after the
+    group's 2 s, not RINGREDUCE_CONNECT_TIMEOUT (60 s here). Returns the error and how long
+    new_group took ("skipped" on the last rank, which stays until the others are done)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    dist.init_process_group("ringreduce", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
+    store = dist.distributed_c10d._get_default_store()
+    out = "skipped"
+    if rank != world - 1:
+        t0 = time.monotonic()
+        try:
+            if api == "torch":
+                dist.new_group(list(range(world)), timeout=timedelta(seconds=2))
+            else:
+                rr.new_group(list(range(world)), timeout=2.0)
+            out = "no error"
+        except Exception as e:  # noqa: BLE001
+            out = f"{type(e).__name__} after {time.monotonic() - t0:.1f} s: {e}"
+        store.add("done", 1)
+    deadline = time.monotonic() + 60
+    while store.add("done", 0) < world - 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    store.add("passed", 1)  # rank 0 serves the store: it leaves last
+    while rank == 0 and store.add("passed", 0) < world and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return out
+
+
 def one_host_links(rank: int, world: int) -> dict:
     """Overlapping groups A = [0, 1, 2] and B = [1, 3] of 4 ranks on one host: what each
     group holds open (link_stats), their results, then world rank 1 is SIGKILLed while the

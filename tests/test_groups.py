@@ -115,6 +115,21 @@ def test_group_timeout_is_the_groups_own() -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("api", ["torch", "native"])
+def test_group_timeout_bounds_its_setup(api: str) -> None:
+    """A member that never calls new_group(timeout=2 s): gloo gives up after 2 s; before,
+    ringreduce waited for RINGREDUCE_CONNECT_TIMEOUT (found by a helper)."""
+    outs = run_world(3, "group_workers:setup_timeout", api, timeout=100, init=False,
+                     env={"RINGREDUCE_CONNECT_TIMEOUT": "60"})
+    assert outs[2] == "skipped", outs
+    for r in (0, 1):
+        o = outs[r]
+        assert " after " in o and "/2 " in o and "new_group" in o, f"rank {r}: {o}"
+        secs = float(o.split(" after ")[1].split()[0])
+        assert 1.5 <= secs < 8, f"rank {r} waited {secs} s, not the group's 2 s: {o}"
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_one_host_groups_open_no_connections(transport: str) -> None:
     """Over shared memory a group on one host opens no TCP connection: its ranks watch each
