@@ -209,6 +209,18 @@ def backend_collectives(rank: int, world: int) -> dict:
             dist.reduce_scatter_tensor(out, inp.clone(), op=op)
             full = sum(torch.arange(2.0 * n) + r for r in range(n)) * f
             ok &= _close(out, full[2 * rank:2 * rank + 2])
+        # An integer tensor is refused before anything moves, naming the op and the dtype
+        # (before, reduce_scatter_tensor blamed `out`: "must hold 2 elements of float32").
+        op = dist._make_nccl_premul_sum(0.5)
+        for call in (lambda: dist.all_reduce(torch.ones(6, dtype=torch.int8), op=op),
+                     lambda: dist.reduce_scatter_tensor(torch.empty(2, dtype=torch.int8),
+                                                        torch.ones(2 * n, dtype=torch.int8),
+                                                        op=op)):
+            try:
+                call()
+                ok = False
+            except TypeError as e:
+                ok &= "PREMUL_SUM" in str(e) and "floating-point tensor, got Char" in str(e)
         return ok
 
     def wait_timeout() -> bool:
