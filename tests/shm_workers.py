@@ -547,3 +547,33 @@ def destroy_after_a_death(rank: int, world: int) -> dict:
     t0 = time.monotonic()
     rr.destroy()
     return {"error": err, "destroy_secs": time.monotonic() - t0}
+
+
+def late_rank(rank: int, world: int, op: str) -> dict:
+    """The last rank enters a small collective 2.5 s late; the others (RINGREDUCE_TIMEOUT=1)
+    time out first -- their inputs already published in shared memory. The late rank must
+    fail too (as gloo's does), not return as if the collective had completed everywhere.
+    The ranks stay alive (the store) until the late rank is done."""
+    late = world - 1
+    x = np.arange(10.0) + rank
+    calls = {"allreduce": lambda: rr.allreduce(x), "barrier": rr.barrier,
+             "allgather": lambda: rr.allgather(x),
+             "broadcast": lambda: rr.broadcast(x, src=late)}
+    store = _state._DEFAULT[0].store
+    if rank == late:
+        time.sleep(2.5)
+    t0 = time.monotonic()
+    try:
+        calls[op]()
+        out = {"type": None, "msg": ""}
+    except rr.RingReduceError as e:
+        out = {"type": type(e).__name__, "msg": str(e)}
+    out["secs"] = time.monotonic() - t0
+    store.add("done", 1)
+    deadline = time.monotonic() + 30
+    while store.add("done", 0) < world and time.monotonic() < deadline:
+        time.sleep(0.05)
+    store.add("passed", 1)  # rank 0 serves the store: it leaves last
+    while rank == 0 and store.add("passed", 0) < world and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return out

@@ -83,6 +83,20 @@ def test_oversubscribed_eight_ranks_on_two_cores_make_progress() -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("op", ["allreduce", "barrier", "allgather", "broadcast"])
+def test_a_late_rank_fails_the_collective_its_peers_timed_out_of(op: str) -> None:
+    """Before, the late rank found every input published, returned success and failed only
+    at its next call (found by a helper comparing with gloo)."""
+    outs = run_world(3, "shm_workers:late_rank", op, timeout=40,
+                     env={"RINGREDUCE_TIMEOUT": "1", "RINGREDUCE_TRANSPORT": "shm"})
+    for r, o in enumerate(outs[:2]):
+        assert o["type"] in ("CollectiveTimeout", "PeerFailure"), f"rank {r}: {o}"
+    o = outs[2]
+    assert o["type"] in ("CollectiveTimeout", "PeerFailure") and "timed out" in o["msg"] \
+        and o["secs"] < 1, o
+
+
+@pytest.mark.timeout(60)
 def test_mismatched_counts_detected_over_shm() -> None:
     outs = run_world(3, "shm_workers:count_mismatch", timeout=40)
     for o in outs:

@@ -84,6 +84,11 @@ uint64_t lineRound(comm::Communicator& c, const transport::FrameHeader& h, const
   writeLine(d, h, payload, bytes, round);
   for (int r = 0; r < n; ++r)
     if (r != me) awaitLine(c, h, r, round);
+  // A peer that published its line and then gave up waiting for ours (its timeout) has
+  // failed this communicator: this rank, finding every line there without waiting, must
+  // fail too -- not return as if the collective had completed everywhere (gloo's late rank
+  // raises). One relaxed-clean cache line per peer (abortCode is written only on failure).
+  c.checkLocalAborts();
   return round;
 }
 
