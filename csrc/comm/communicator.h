@@ -44,10 +44,7 @@ class Communicator {
   int rank() const { return rank_; }
   // The world rank of rank `p` of this communicator, for messages (a group's ranks are
   // named as the user knows them; the world's label is the rank itself).
-  int label(int p) const {
-    const auto& l = opts_.rankLabels;
-    return p >= 0 && static_cast<size_t>(p) < l.size() ? l[static_cast<size_t>(p)] : p;
-  }
+  int label(int p) const { return rankLabel(opts_.rankLabels, p); }
   int world() const { return world_; }
   const Options& options() const { return opts_; }
   uint64_t seq() const { return seq_; }

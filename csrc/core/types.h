@@ -4,8 +4,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace rr {
+
+// The rank messages show for rank r of a communicator: labels[r] (a group's world ranks),
+// or r itself (the world; an index outside the list).
+inline int rankLabel(const std::vector<int>& labels, int r) {
+  return r >= 0 && static_cast<size_t>(r) < labels.size() ? labels[static_cast<size_t>(r)] : r;
+}
 
 enum class DataType : uint8_t {
   kFloat32 = 0,

@@ -120,9 +120,7 @@ class Dialer {
   virtual ~Dialer() = default;
   // The rank messages name rank i by (world ranks, when this is a group's dialer).
   void setLabels(std::vector<int> labels) { labels_ = std::move(labels); }
-  int label(int r) const {
-    return r >= 0 && static_cast<size_t>(r) < labels_.size() ? labels_[static_cast<size_t>(r)] : r;
-  }
+  int label(int r) const { return rankLabel(labels_, r); }
   // Readable when a peer is dialling this rank (-1 once closed).
   virtual int listenFd() const = 0;
   // Host of `peer` as init learnt it (for messages).

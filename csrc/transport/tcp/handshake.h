@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/deadline.h"
+#include "core/types.h"
 
 namespace rr::transport::tcp {
 
@@ -22,9 +23,7 @@ struct Identity {
   int world = 0;
   std::string secret;
   std::vector<int> labels;  // a group's: the world rank of each rank, for messages
-  int shown(int r) const {
-    return r >= 0 && static_cast<size_t>(r) < labels.size() ? labels[static_cast<size_t>(r)] : r;
-  }
+  int shown(int r) const { return rankLabel(labels, r); }
 };
 
 // Acceptor side. On success returns the authenticated peer rank; on failure returns -1 and
