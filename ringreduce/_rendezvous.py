@@ -424,11 +424,12 @@ def probe(world: Any, peers: Any, what: str, left_too: bool = True) -> None:
     try:
         comm.probe_peers([int(p) for p in peers] if left_too else [])
     except PeerFailure as e:
-        p = getattr(e, "peer_rank", None)
-        if p is not None and p not in peers:
+        p, via = getattr(e, "peer_rank", None), getattr(e, "relayed_by", None)
+        if p is not None and p not in peers and via not in peers:
             return  # not one this wait needs: the calls that need it report it
         err = PeerFailure(f"rank {world.rank} stopped waiting for {what}: {e}")
         err.peer_rank, err.cause = p, getattr(e, "cause", None)  # type: ignore[attr-defined]
+        err.relayed_by = via  # type: ignore[attr-defined]
         raise err from None
     except RuntimeError as e:  # destroyed on another thread meanwhile
         raise _rr_error(f"rank {world.rank}: stopped waiting for {what}: {e}") from None

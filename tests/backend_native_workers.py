@@ -174,7 +174,8 @@ def peer_dies(rank: int, world: int, victim: int) -> dict:
         out["first"] = {"type": type(e).__name__, "msg": str(e), "is_peer":
                         isinstance(e, rr.PeerFailure),
                         "peer_rank": getattr(e, "peer_rank", None),
-                        "cause": getattr(e, "cause", None)}
+                        "cause": getattr(e, "cause", None),
+                        "relayed_by": getattr(e, "relayed_by", None)}
     out["t_err"] = time.monotonic() - t0
     try:
         dist.all_reduce(t)

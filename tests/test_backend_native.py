@@ -38,9 +38,10 @@ def test_dead_peer_named_by_dist_all_reduce(transport: str) -> None:
         first = o.value["first"]
         assert first is not None and first["is_peer"], f"rank {o.rank}: {first}\n{story}"
         assert re.search(rf"\brank {victim}\b", first["msg"]), first
-        # saw it itself (the victim's connection closed), or heard it from a survivor
-        assert (first["cause"], first["peer_rank"] == victim) in (("closed", True),
-                                                                  ("aborted", False)), first
+        # saw it itself (the victim's connection closed), or heard it from a survivor (whose
+        # abort frame names the victim: relayed_by is that survivor)
+        assert first["cause"] == "closed" and first["peer_rank"] == victim, first
+        assert first["relayed_by"] not in (victim, o.rank), first
         assert o.value["t_err"] < 2.5, o.value
         assert o.value["second"] is not None, "the next call must be refused"
         assert o.value["t_destroy"] < 5, o.value

@@ -84,10 +84,18 @@ def _check(outs: list, t_fault: float, victim: int, action: str, limit_s: float)
         assert r["after"] and "init" in r["after"], f"rank {o.rank}: next call: {r['after']}"
         assert r["destroy_s"] < 5.0, f"rank {o.rank}: destroy took {r['destroy_s']:.1f} s"
     # The cause is typed (PeerFailure.cause): survivors that saw the fault themselves say how
-    # it looked; the others heard of it through a survivor's abort frame.
+    # it looked; the others heard of it through a survivor's abort frame, which names the
+    # victim too (peer_rank; relayed_by: the survivor that told them).
     direct = "silent" if action == "stop" else "closed"
     causes = [o.value["cause"] for o in outs if o.rank != victim]
-    assert set(causes) <= {direct, "aborted"} and direct in causes, f"causes {causes}:\n{story}"
+    assert set(causes) == {direct}, f"causes {causes}:\n{story}"
+    for o in outs:
+        if o.rank != victim:
+            r = o.value
+            assert r["peer_rank"] == victim, f"rank {o.rank}: peer_rank {r['peer_rank']}\n{story}"
+            assert r["relayed_by"] in (None, *range(len(outs))) \
+                and r["relayed_by"] not in (victim, o.rank), f"rank {o.rank}: {r}"
+    assert any(o.value["relayed_by"] is None for o in outs if o.rank != victim), story
 
 
 @pytest.mark.timeout(90)

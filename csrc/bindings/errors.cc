@@ -57,6 +57,8 @@ void translate(std::exception_ptr p, bool anything) {
     if (inst) {
       PyObject_SetAttrString(inst, "peer_rank", py::int_(e.peer()).ptr());
       PyObject_SetAttrString(inst, "cause", py::str(toString(e.cause())).ptr());
+      PyObject_SetAttrString(inst, "relayed_by",
+                             e.via() >= 0 ? py::int_(e.via()).ptr() : Py_None);
       PyErr_SetObject(c.peer, inst);
       Py_DECREF(inst);
     }
@@ -86,6 +88,8 @@ void registerErrors(py::module_& m) {
       py::make_tuple(base, py::handle(PyExc_TimeoutError)).release();
   static py::exception<TimeoutError> timeout(m, "CollectiveTimeout", timeoutBases.ptr());
   static py::exception<PeerError> peer(m, "PeerFailure", base.ptr());
+  // Class defaults, for instances made in Python (ringreduce._rendezvous) too.
+  for (const char* a : {"peer_rank", "cause", "relayed_by"}) py::setattr(peer, a, py::none());
   static py::exception<MismatchError> mismatch(m, "CollectiveMismatch", base.ptr());
   classes() = Classes{base.ptr(), timeout.ptr(), peer.ptr(), mismatch.ptr()};
   py::register_exception_translator([](std::exception_ptr p) { translate(p, false); });

@@ -153,10 +153,11 @@ void Communicator::setHeartbeat(std::unique_ptr<transport::Heartbeat> hb) {
   hb_->setState(0, seq_, 0);
 }
 
-void Communicator::poison(const std::string& reason, transport::AbortCode code, int lostPeer) {
+void Communicator::poison(const std::string& reason, transport::AbortCode code,
+                          transport::Culprit lost) {
   if (!failure_.empty()) return;
   failure_ = reason;
-  lostPeer_ = lostPeer;
+  lostPeer_ = lost.rank;
   {
     std::lock_guard<std::mutex> lock(gFailureMu);
     if (gFirstFailure.empty()) gFirstFailure = reason;
@@ -173,10 +174,11 @@ void Communicator::poison(const std::string& reason, transport::AbortCode code, 
   }
   if (dialer_) dialer_->close();
   const std::string& msg = reason;  // receivers prefix "rank <us> (<host>) failed: "
-  if (shm_) shm_->publishAbort(static_cast<uint8_t>(code), msg);
+  if (shm_) shm_->publishAbort(static_cast<uint8_t>(code), msg, lost);
   for (auto& c : conns_) {
     if (!c) continue;
-    c->sendAbort(code, msg);
+    // The lost rank itself (silent, not dead) hears of its own loss from this rank.
+    c->sendAbort(code, msg, c->peer() == lost.rank ? transport::Culprit{} : lost);
     c->close();
   }
 }

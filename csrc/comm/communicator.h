@@ -179,9 +179,10 @@ class Communicator {
   // Record the first failure, tell every peer (abort frames) and close all connections.
   // Later begin() calls throw a clear "unusable" error.
   // lostPeer: the peer found dead or frozen (it will not say goodbye), if that was the cause.
-  void poison(const std::string& reason, transport::AbortCode code, int lostPeer = -1);
+  void poison(const std::string& reason, transport::AbortCode code,
+              transport::Culprit lost = {});
   bool poisoned() const { return !failure_.empty(); }
-  int lostPeer() const { return lostPeer_; }  // poison()'s lostPeer; -1: none
+  int lostPeer() const { return lostPeer_; }  // poison()'s lost.rank; -1: none
   // False when the last collective was refused before it began (describeCurrent would
   // describe the one before it).
   bool begun() const { return begun_; }
@@ -221,8 +222,10 @@ class Communicator {
   std::string leftWhy(int p);
   // Peer `p` said goodbye: "rank p (host) left the job ..." + `during` (" while ...", or "").
   [[noreturn]] void throwLeft(int p, const std::string& during);
-  // Raise what shared memory says peer `p` failed with (ShmDomain::abortOf's code, reason).
-  [[noreturn]] void throwPeerAbort(int p, uint32_t code, const std::string& reason) const;
+  // Raise what shared memory says peer `p` failed with (ShmDomain::abortOf's code, reason,
+  // and the rank it lost, named instead of `p` when that is another rank).
+  [[noreturn]] void throwPeerAbort(int p, uint32_t code, const std::string& reason,
+                                   transport::Culprit who = {}) const;
   void connectLazily(int peer);
   // Wait until `dialFd` is readable (>= 0) or `peer` has dialled this rank, serving other
   // dialling peers and watching the overlay meanwhile.

@@ -194,11 +194,16 @@ void Communicator::checkLiveness(int sendPeer, int recvPeer, bool shm) {
   checkHeartbeats(recvPeer >= 0 ? recvPeer : sendPeer);
 }
 
-void Communicator::throwPeerAbort(int p, uint32_t code, const std::string& reason) const {
+void Communicator::throwPeerAbort(int p, uint32_t code, const std::string& reason,
+                                  transport::Culprit who) const {
   std::string msg = detail::concat("rank ", label(p), " (", peerHost(p), ") failed: ", reason);
   switch (static_cast<transport::AbortCode>(code - 1)) {
     case transport::AbortCode::kMismatch: throw MismatchError(msg);
     case transport::AbortCode::kTimeout: throw TimeoutError(msg);
+    case transport::AbortCode::kPeer:  // it lost a rank: name that one (unless it is us)
+      if (who.rank >= 0 && who.rank < world_ && who.rank != rank_ && who.rank != p)
+        throw PeerError(who.rank, who.cause, msg, p);
+      [[fallthrough]];
     default: throw PeerError(p, PeerCause::kAborted, msg);
   }
 }
@@ -225,7 +230,8 @@ void Communicator::checkLocalPeers() {
     // It failed, said why, and then ended (its destroy() after the failure): its reason
     // names the cause (a timeout, another rank's death), its exit only the consequence.
     std::string why;
-    if (const uint32_t code = d.abortOf(r, &why)) throwPeerAbort(p, code, why);
+    transport::Culprit who;
+    if (const uint32_t code = d.abortOf(r, &why, &who)) throwPeerAbort(p, code, why, who);
     throw PeerError(p, PeerCause::kClosed,
                     detail::concat("rank ", label(p), " (", peerHost(p), ") exited (its process "
                                    "is gone: crashed or killed) while rank ", label(rank_),
@@ -237,7 +243,8 @@ void Communicator::checkLocalPeers() {
     const int p = d.globalRank(r);
     const auto& c = conns_[static_cast<size_t>(p)];
     if (c && c->fd() >= 0) continue;  // its connection says all this (abort frame, goodbye)
-    if (const uint32_t code = d.abortOf(r, &reason)) throwPeerAbort(p, code, reason);
+    transport::Culprit who;
+    if (const uint32_t code = d.abortOf(r, &reason, &who)) throwPeerAbort(p, code, reason, who);
     if (d.leftOf(r)) gone_[static_cast<size_t>(p)] = 1;
   }
 }
@@ -245,9 +252,11 @@ void Communicator::checkLocalPeers() {
 void Communicator::checkLocalAborts() {
   transport::shm::ShmDomain& d = *shm_;
   std::string why;
+  transport::Culprit who;
   for (int r = 0; r < d.world(); ++r)
     if (r != d.rank())
-      if (const uint32_t code = d.abortOf(r, &why)) throwPeerAbort(d.globalRank(r), code, why);
+      if (const uint32_t code = d.abortOf(r, &why, &who))
+        throwPeerAbort(d.globalRank(r), code, why, who);
 }
 
 [[noreturn]] void Communicator::timeout(int sendPeer, int recvPeer, bool shm) {

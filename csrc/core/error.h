@@ -39,17 +39,20 @@ enum class PeerCause {
 };
 const char* toString(PeerCause c);
 
-// A peer died, closed its connection, sent an abort or violated the protocol.
+// A peer died, closed its connection, sent an abort or violated the protocol. `via`: the
+// rank that told this one (its abort frame named `peer`, which it lost), or -1 (seen here).
 class PeerError : public Error {
  public:
-  PeerError(int peer, PeerCause cause, const std::string& what)
-      : Error(what), peer_(peer), cause_(cause) {}
+  PeerError(int peer, PeerCause cause, const std::string& what, int via = -1)
+      : Error(what), peer_(peer), cause_(cause), via_(via) {}
   int peer() const { return peer_; }
   PeerCause cause() const { return cause_; }
+  int via() const { return via_; }
 
  private:
   int peer_;
   PeerCause cause_;
+  int via_;
 };
 
 // Ranks issued different collectives (kind, count, dtype, op or root differ).

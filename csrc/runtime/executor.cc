@@ -130,14 +130,25 @@ static void rethrowWithContext(comm::Communicator& c) {
     c.poison(e.what(), transport::AbortCode::kTimeout);
     throw TimeoutError(e.what() + ctx);
   } catch (const PeerError& e) {
+    int peer = e.peer(), via = e.via();
+    PeerCause cause = e.cause();
+    // Told by `via` that it lost `peer` (its abort frame): name that rank, unless the frame
+    // names no other rank of this communicator -- then the relaying rank, as before.
+    if (via >= 0 && (peer < 0 || peer >= c.world() || peer == c.rank() || peer == via)) {
+      peer = via;
+      via = -1;
+      cause = PeerCause::kAborted;
+    }
     // A closed socket says nothing of what the peer was doing: its heartbeats do (a silent
     // peer's error already quotes its last heartbeat).
     std::string msg = e.what();
-    if (e.cause() != PeerCause::kSilent) msg += c.peerContext(e.peer());
-    const bool lost = e.cause() == PeerCause::kClosed || e.cause() == PeerCause::kSilent ||
-                      e.cause() == PeerCause::kNetwork;  // it will not say goodbye
-    c.poison(msg, transport::AbortCode::kPeer, lost ? e.peer() : -1);
-    throw PeerError(c.label(e.peer()), e.cause(), msg + ctx);  // users know world ranks
+    if (cause != PeerCause::kSilent && via < 0) msg += c.peerContext(peer);
+    const bool lost = cause == PeerCause::kClosed || cause == PeerCause::kSilent ||
+                      cause == PeerCause::kNetwork;  // it will not say goodbye
+    c.poison(msg, transport::AbortCode::kPeer,
+             lost ? transport::Culprit{peer, cause} : transport::Culprit{});
+    throw PeerError(c.label(peer), cause, msg + ctx,
+                    via >= 0 ? c.label(via) : -1);  // users know world ranks
   } catch (const Error& e) {
     c.poison(e.what(), transport::AbortCode::kOther);
     throw Error(e.what() + ctx);

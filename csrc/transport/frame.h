@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/error.h"
 #include "core/types.h"
 
 namespace rr::transport {
@@ -34,6 +35,14 @@ constexpr uint32_t kFlagCrc = 1;
 
 // Carried in FrameHeader::op of an abort frame so the peer raises the same error class.
 enum class AbortCode : uint8_t { kOther = 0, kMismatch = 1, kTimeout = 2, kPeer = 3 };
+
+// The peer a failing rank lost (kPeer: it died, went silent or its network failed), carried
+// by its abort (frame: root = rank + 1, step = cause; shared memory: its control block), so
+// that ranks hearing of it name that rank (PeerFailure.peer_rank), not the relaying one.
+struct Culprit {
+  int rank = -1;  // communicator rank; -1: none
+  PeerCause cause = PeerCause::kClosed;
+};
 
 // Compare an incoming header against the one this rank expects. Returns "" when they
 // agree, else a message naming the first differing field with both values.

@@ -93,8 +93,9 @@ class Connection {
   // throw PeerError now, not when a heartbeat goes missing.
   virtual Idle checkClosedAfterEarlyData() = 0;
 
-  // Best effort, non-blocking: tell the peer we are failing. Skipped mid-frame.
-  virtual void sendAbort(AbortCode code, const std::string& reason) = 0;
+  // Best effort, non-blocking: tell the peer we are failing (because we lost `who`, if any).
+  // Skipped mid-frame.
+  virtual void sendAbort(AbortCode code, const std::string& reason, Culprit who) = 0;
   // Best effort, non-blocking: tell the peer we are leaving normally (destroy()); `why`:
   // "" or the failure (on another communicator of this process) we leave after.
   virtual void sendGoodbye(const std::string& why) = 0;

@@ -96,12 +96,14 @@ void ShmDomain::attach(const std::vector<std::string>& names) {
   }
 }
 
-void ShmDomain::publishAbort(uint8_t code, const std::string& reason) {
+void ShmDomain::publishAbort(uint8_t code, const std::string& reason, Culprit who) {
   Control& c = ctl(rank_);
   if (c.abortCode.v.load(std::memory_order_relaxed)) return;
   const size_t n = std::min(reason.size(), sizeof(c.abortReason) - 1);
   std::memcpy(c.abortReason, reason.data(), n);
   c.abortReason[n] = '\0';
+  c.abortCulprit.v.store(static_cast<uint32_t>(who.rank + 1), std::memory_order_relaxed);
+  c.abortCause.v.store(static_cast<uint32_t>(who.cause), std::memory_order_relaxed);
   c.abortCode.v.store(static_cast<uint32_t>(code) + 1, std::memory_order_release);
   notify();
 }
@@ -123,11 +125,17 @@ std::string ShmDomain::leftWhy(int r) {
   return std::string(c.abortReason, strnlen(c.abortReason, sizeof(c.abortReason)));
 }
 
-uint32_t ShmDomain::abortOf(int r, std::string* reason) {
+uint32_t ShmDomain::abortOf(int r, std::string* reason, Culprit* who) {
   Control& c = ctl(r);
   const uint32_t code = c.abortCode.v.load(std::memory_order_acquire);
   if (code && reason)
     *reason = std::string(c.abortReason, strnlen(c.abortReason, sizeof(c.abortReason)));
+  if (code && who) {
+    who->rank = static_cast<int>(c.abortCulprit.v.load(std::memory_order_relaxed)) - 1;
+    const uint32_t cause = c.abortCause.v.load(std::memory_order_relaxed);
+    who->cause = cause <= static_cast<uint32_t>(PeerCause::kHandshake)
+                     ? static_cast<PeerCause>(cause) : PeerCause::kClosed;
+  }
   return code;
 }
 

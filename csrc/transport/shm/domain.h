@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "transport/frame.h"
 #include "transport/shm/segment.h"
 
 namespace rr::transport::shm {
@@ -53,6 +54,8 @@ struct Control {
   // What the owner's connections would say (liveness.h): its failure -- an AbortCode + 1,
   // written last (release), after the reason -- and that it left on purpose.
   Word32 abortCode;
+  Word32 abortCulprit;  // with abortCode kPeer: the rank it lost + 1 (0: none), and how
+  Word32 abortCause;
   Word32 left;
   char abortReason[1024];  // NUL-terminated, truncated
 };
@@ -161,11 +164,12 @@ class ShmDomain {
   void notify();
   // This rank failed (`code`: an AbortCode) / leaves on purpose: tell the local peers
   // through its control block (liveness.h), then wake them.
-  void publishAbort(uint8_t code, const std::string& reason);
+  void publishAbort(uint8_t code, const std::string& reason, Culprit who);
   // `why`: "" or the failure (on another communicator of its process) it leaves after.
   void publishLeft(const std::string& why = "");
-  // Local rank `r`'s failure: its AbortCode + 1 and *reason, or 0 (none).
-  uint32_t abortOf(int r, std::string* reason);
+  // Local rank `r`'s failure: its AbortCode + 1, *reason and *who (the rank it lost, if
+  // any), or 0 (none).
+  uint32_t abortOf(int r, std::string* reason, Culprit* who = nullptr);
   bool leftOf(int r) { return ctl(r).left.v.load(std::memory_order_acquire) != 0; }
   // publishLeft's `why` of local rank `r` ("" if none, or it has not left).
   std::string leftWhy(int r);

@@ -100,6 +100,10 @@ void TcpConnection::throwAbort(const FrameHeader& h, const std::string& reason) 
   switch (static_cast<AbortCode>(h.op)) {
     case AbortCode::kMismatch: throw MismatchError(msg);
     case AbortCode::kTimeout: throw TimeoutError(msg);
+    case AbortCode::kPeer:  // it lost a rank: name that one (the communicator checks it)
+      if (h.root > 0 && h.step <= static_cast<uint32_t>(PeerCause::kHandshake))
+        throw PeerError(h.root - 1, static_cast<PeerCause>(h.step), msg, peer_);
+      [[fallthrough]];
     default: throw PeerError(peer_, PeerCause::kAborted, msg);
   }
 }
@@ -276,7 +280,7 @@ Connection::Idle TcpConnection::checkClosedAfterEarlyData() {
              "read, and then closed the connection without a goodbye)");
 }
 
-void TcpConnection::sendAbort(AbortCode code, const std::string& reason) {
+void TcpConnection::sendAbort(AbortCode code, const std::string& reason, Culprit who) {
   // Failing in the middle of a frame (a rank interrupted or aborted while sending): finish
   // it with zeros if that is quick, so that the peer, which is reading it, gets the reason
   // next -- not a bare close, told "the peer process probably exited or crashed" (found by
@@ -284,7 +288,7 @@ void TcpConnection::sendAbort(AbortCode code, const std::string& reason) {
   // RINGREDUCE_CHECKSUM=1 the peer reports a checksum error instead). At most 0.5 s: frames
   // are segments (RINGREDUCE_SEGMENT_BYTES) in most algorithms.
   if (midRemain_ > 0 && fd_.valid()) padFrame(Deadline::after(0.5));
-  sendControl(CollectiveKind::kAbort, static_cast<uint8_t>(code), reason);
+  sendControl(CollectiveKind::kAbort, static_cast<uint8_t>(code), reason, who);
 }
 
 bool TcpConnection::padFrame(Deadline d) {
@@ -302,11 +306,16 @@ void TcpConnection::sendGoodbye(const std::string& why) {
   sendControl(CollectiveKind::kGoodbye, 0, why);
 }
 
-void TcpConnection::sendControl(CollectiveKind kind, uint8_t code, const std::string& payload) {
+void TcpConnection::sendControl(CollectiveKind kind, uint8_t code, const std::string& payload,
+                                Culprit who) {
   if (!fd_.valid() || midRemain_ > 0) return;
   FrameHeader h;
   h.kind = static_cast<uint8_t>(kind);
   h.op = code;
+  if (who.rank >= 0) {  // Culprit's encoding (frame.h)
+    h.root = who.rank + 1;
+    h.step = static_cast<uint32_t>(who.cause);
+  }
   std::string r = payload.substr(0, kMaxAbortReason);
   h.payloadBytes = r.size();
   iovec iov[2] = {{&h, sizeof(h)}, {r.data(), r.size()}};

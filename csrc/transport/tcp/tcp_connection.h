@@ -17,14 +17,15 @@ class TcpConnection final : public Connection {
   int fd() const override { return fd_.get(); }
   Idle checkIdle(const FrameHeader* current) override;
   Idle checkClosedAfterEarlyData() override;
-  void sendAbort(AbortCode code, const std::string& reason) override;
+  void sendAbort(AbortCode code, const std::string& reason, Culprit who) override;
   void sendGoodbye(const std::string& why) override;
   void close() override;
 
  private:
   [[noreturn]] void failClosed(const char* doing);
   [[noreturn]] void failErrno(const char* doing, int err);
-  void sendControl(CollectiveKind kind, uint8_t code, const std::string& payload);
+  void sendControl(CollectiveKind kind, uint8_t code, const std::string& payload,
+                   Culprit who = {});
   // Finish a partially written frame with zeros, within `d` (false: not done).
   bool padFrame(Deadline d);
   [[noreturn]] void raiseAbort(const FrameHeader& h, const char* already, size_t alreadyLen);
