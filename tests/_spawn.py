@@ -280,6 +280,19 @@ def run_command(cmd: list, timeout: float, env: Mapping[str, str] | None = None
     return p.returncode, out
 
 
+def stay_until(store: Any, key: str, count: int, rank: int, world: int,
+               secs: float = 60) -> None:
+    """Rank side: wait (at most `secs`) until the store's counter `key` reaches `count`,
+    then leave together -- rank 0 last, since it serves the store. For tests whose ranks
+    must outlive another rank's failure (an exit would end the others' waits sooner)."""
+    deadline = time.monotonic() + secs
+    while store.add(key, 0) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    store.add("passed", 1)
+    while rank == 0 and store.add("passed", 0) < world and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _kill_group(p: subprocess.Popen) -> None:
     try:
         os.killpg(p.pid, signal.SIGKILL)  # start_new_session: pgid == pid

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import numpy as np
+from _spawn import stay_until
 
 import ringreduce as rr
 
@@ -345,12 +346,7 @@ def group_timeouts(rank: int, world: int) -> dict:
     store = dist.distributed_c10d._get_default_store()
     if rank != 1:
         store.add("timed_out", 1)
-    deadline = time.monotonic() + 30
-    while store.add("timed_out", 0) < world - 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    store.add("passed", 1)  # rank 0 serves the store: it leaves last
-    while rank == 0 and store.add("passed", 0) < world and time.monotonic() < deadline:
-        time.sleep(0.05)
+    stay_until(store, "timed_out", world - 1, rank, world, 30)
     for bad in (0, -1, "soon"):
         try:
             rr.new_group([0], timeout=bad)
@@ -384,12 +380,7 @@ def setup_timeout(rank: int, world: int, api: str) -> str:
         except Exception as e:  # noqa: BLE001
             out = f"{type(e).__name__} after {time.monotonic() - t0:.1f} s: {e}"
         store.add("done", 1)
-    deadline = time.monotonic() + 60
-    while store.add("done", 0) < world - 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    store.add("passed", 1)  # rank 0 serves the store: it leaves last
-    while rank == 0 and store.add("passed", 0) < world and time.monotonic() < deadline:
-        time.sleep(0.05)
+    stay_until(store, "done", world - 1, rank, world)
     return out
 
 

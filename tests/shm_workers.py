@@ -10,6 +10,7 @@ import signal
 import time
 
 import numpy as np
+from _spawn import stay_until
 
 import ringreduce as rr
 from ringreduce import _state
@@ -570,10 +571,5 @@ def late_rank(rank: int, world: int, op: str) -> dict:
         out = {"type": type(e).__name__, "msg": str(e)}
     out["secs"] = time.monotonic() - t0
     store.add("done", 1)
-    deadline = time.monotonic() + 30
-    while store.add("done", 0) < world and time.monotonic() < deadline:
-        time.sleep(0.05)
-    store.add("passed", 1)  # rank 0 serves the store: it leaves last
-    while rank == 0 and store.add("passed", 0) < world and time.monotonic() < deadline:
-        time.sleep(0.05)
+    stay_until(store, "done", world, rank, world, 30)
     return out
