@@ -560,3 +560,44 @@ def interrupted_new_group(rank: int, world: int) -> str:
         return "interrupted"
     except Exception as e:  # noqa: BLE001
         return f"{type(e).__name__} after {time.monotonic() - t0:.1f} s: {e}"
+
+
+def silent_strangers(rank: int, world: int) -> dict:
+    """While a TCP group is set up (the last rank comes 2 s late), something opens 3
+    connections to every rank's group listener and never says a word (a port scanner, a
+    hung process). The members must connect past them: before, each got up to 5 s of the
+    accept loop in turn, and the job failed with a false "rank 1 stopped responding"."""
+    import socket
+
+    from ringreduce import _state
+
+    w = _state.current("test")
+    prefix = f"{w.store_prefix}group{w.created + 1}/addr/"
+    socks: list = []
+
+    def stranger() -> None:
+        deadline = time.monotonic() + 20
+        for r in range(world):
+            while not w.store.check([prefix + str(r)]) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if time.monotonic() < deadline:
+                host, port = w.store.get(prefix + str(r)).decode().rsplit(":", 1)
+                socks.extend(socket.create_connection((host.strip("[]"), int(port)))
+                             for _ in range(3))
+
+    t = threading.Thread(target=stranger, daemon=True)
+    if rank == 0:
+        t.start()
+    if rank == world - 1:
+        time.sleep(2.0)
+    t0 = time.monotonic()
+    g = rr.new_group(list(range(world)))
+    took = time.monotonic() - t0
+    x = _data(rank, 1000, np.float64)
+    rr.allreduce(x, group=g)
+    ok = bool(np.array_equal(x, sum(_data(r, 1000, np.float64) for r in range(world))))
+    if rank == 0:
+        t.join(1)
+    for s in socks:
+        s.close()
+    return {"took": took, "ok": ok, "strangers": len(socks)}

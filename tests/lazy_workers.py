@@ -44,3 +44,34 @@ def low_fd_limit(rank: int, world: int, soft: int, hard: int) -> dict:
     assert np.allclose(x, world * (world + 1) / 2)
     rr.destroy()
     return {"limit": list(resource.getrlimit(resource.RLIMIT_NOFILE))}
+
+
+def silent_strangers(rank: int, world: int, per_rank: int) -> dict:
+    """Sparse mode keeps each rank's listener open for connections made on first use. Rank
+    0 opens `per_rank` connections to every listener that never say a word; then every pair
+    connects (all-to-all). Those connections must not wait behind the strangers (before,
+    each stranger got up to 5 s of the accept in turn: 12 of them timed the job out)."""
+    import socket
+    import time
+
+    from ringreduce import _rendezvous
+
+    w = _state.current()
+    socks = []
+    if rank == 0:
+        p = _rendezvous._world_prefix()
+        for r in range(world):
+            host, port = w.store.get(f"{p}addr/{r}").decode().rsplit(":", 1)
+            socks += [socket.create_connection((host.strip("[]"), int(port)))
+                      for _ in range(per_rank)]
+    rr.barrier()
+    t0 = time.monotonic()
+    blocks = np.arange(world * 3, dtype=np.int32) + 100 * rank
+    got = np.asarray(rr.all_to_all(blocks)).ravel()
+    want = np.concatenate([np.arange(3 * rank, 3 * rank + 3) + 100 * p for p in range(world)])
+    took = time.monotonic() - t0
+    rr.barrier()
+    for s in socks:
+        s.close()
+    return {"ok": bool((got == want).all()), "took": took,
+            "connections": w.comm.link_stats()["connections"]}

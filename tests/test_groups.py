@@ -115,6 +115,16 @@ def test_group_timeout_is_the_groups_own() -> None:
 
 
 @pytest.mark.timeout(120)
+def test_silent_connections_do_not_hold_up_a_groups_tcp_setup() -> None:
+    outs = run_world(3, "group_workers:silent_strangers", timeout=100,
+                     env={"RINGREDUCE_TRANSPORT": "tcp", "RINGREDUCE_CONNECT_TIMEOUT": "60"})
+    assert outs[0]["strangers"] == 9, outs
+    for r, o in enumerate(outs):
+        assert o["ok"], f"rank {r}: wrong all-reduce: {o}"
+    assert outs[2]["took"] < 4, f"the late rank's new_group took {outs[2]['took']:.1f} s: {outs}"
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("api", ["torch", "native"])
 def test_group_timeout_bounds_its_setup(api: str) -> None:
     """A member that never calls new_group(timeout=2 s): gloo gives up after 2 s; before,

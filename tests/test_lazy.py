@@ -76,6 +76,15 @@ def test_connections_are_made_on_first_use(world: int) -> None:
     assert outs[root]["after_gather"]["connections"] > len(outs[root]["overlay"])
 
 
+@pytest.mark.timeout(120)
+def test_silent_connections_do_not_hold_up_connections_on_first_use() -> None:
+    outs = run_world(6, "lazy_workers:silent_strangers", 8, timeout=90,
+                     env={**SPARSE, "RINGREDUCE_TRANSPORT": "tcp", "RINGREDUCE_TIMEOUT": "60"})
+    for rank, o in enumerate(outs):
+        assert o["ok"] and o["connections"] == 5, (rank, o)
+        assert o["took"] < 4, f"rank {rank}: the all-to-all took {o['took']:.1f} s: {outs}"
+
+
 # A dead or frozen rank is named on every survivor, within the same bounds as a full mesh,
 # though most survivors hear of it only through the overlay's abort frames.
 _FAULTS = [("tcp", "ring", 8, 3, "kill", "mid", "allreduce"),

@@ -92,11 +92,27 @@ void Communicator::acceptDialler() {
     auto* me = static_cast<Communicator*>(self);
     return r > me->rank_ && r < me->world_ && !me->conns_[static_cast<size_t>(r)];
   };
-  std::unique_ptr<Connection> c = dialer_->acceptOne(wanted, this, kHandshakeCapSec);
-  if (!c) return;
-  const int p = c->peer();
-  adopt(*c);
-  conns_[static_cast<size_t>(p)] = std::move(c);
+  while (std::unique_ptr<Connection> c = dialer_->acceptOne(wanted, this)) {
+    const int p = c->peer();
+    adopt(*c);
+    conns_[static_cast<size_t>(p)] = std::move(c);
+  }
+  // The wait in progress polls the connections still authenticating (accept_queue.h), not
+  // the ones that finished or were dropped (their numbers may be reused).
+  std::vector<int> now = dialer_->pendingFds();
+  for (size_t i = 0; i < pfds_.size(); ++i)
+    if (pfdPeer_[i] == kListenerSlot && pfds_[i].fd != dialer_->listenFd() &&
+        std::find(now.begin(), now.end(), pfds_[i].fd) == now.end())
+      pfds_[i].fd = -1;
+  for (int fd : now) {
+    bool seen = false;
+    for (size_t i = 0; i < pfds_.size() && !seen; ++i)
+      seen = pfdPeer_[i] == kListenerSlot && pfds_[i].fd == fd;
+    if (!seen) {
+      pfds_.push_back({fd, POLLIN, 0});
+      pfdPeer_.push_back(kListenerSlot);
+    }
+  }
 }
 
 void Communicator::waitForLink(int peer, int dialFd) {

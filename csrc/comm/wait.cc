@@ -105,6 +105,10 @@ void Communicator::watchIdle(int sendPeer, int recvPeer) {
   if (dialer_ && dialer_->listenFd() >= 0) {
     pfds_.push_back({dialer_->listenFd(), POLLIN, 0});
     pfdPeer_.push_back(kListenerSlot);
+    for (int fd : dialer_->pendingFds()) {  // dialling peers still authenticating
+      pfds_.push_back({fd, POLLIN, 0});
+      pfdPeer_.push_back(kListenerSlot);
+    }
   }
 }
 

@@ -132,10 +132,13 @@ class Dialer {
   virtual int dial(int peer, double timeoutSec) = 0;
   // Finish dial(): authenticate (the hello is readable) and return the connection.
   virtual std::unique_ptr<Connection> finishDial(int peer, double timeoutSec) = 0;
-  // Accept one peer that is dialling (listenFd readable). `wanted(rank)` says whether that
-  // rank may connect now. Returns null (and logs why) for a refused or vanished caller.
-  virtual std::unique_ptr<Connection> acceptOne(bool (*wanted)(void*, int), void* ctx,
-                                                double timeoutSec) = 0;
+  // Accept the peers that are dialling (listenFd or a pendingFds() readable) without
+  // blocking: returns one authenticated connection, or null when none is complete (refused
+  // callers are logged and dropped). Call it until null. `wanted(rank)` says whether that
+  // rank may connect now.
+  virtual std::unique_ptr<Connection> acceptOne(bool (*wanted)(void*, int), void* ctx) = 0;
+  // Accepted connections whose authentication is awaited: poll them (POLLIN) as listenFd.
+  virtual std::vector<int> pendingFds() const = 0;
   // Stop accepting (destroy, failure): nothing of the job keeps listening.
   virtual void close() = 0;
 

@@ -9,7 +9,8 @@
 namespace rr::transport::tcp {
 
 TcpDialer::TcpDialer(Identity me, Listener listener, std::vector<std::string> peerAddrs)
-    : me_(std::move(me)), listener_(std::move(listener)), addrs_(std::move(peerAddrs)) {
+    : me_(me), listener_(std::move(listener)), addrs_(std::move(peerAddrs)),
+      accepting_(me, detail::concat("rank ", rankLabel(me.labels, me.rank))) {
   RR_CHECK_EQ(static_cast<int>(addrs_.size()), me_.world, "one address per rank");
   for (const auto& a : addrs_) hosts_.push_back(a.empty() ? std::string("?") : parseEndpoint(a).host);
   pending_.resize(addrs_.size());
@@ -45,26 +46,24 @@ std::unique_ptr<Connection> TcpDialer::finishDial(int peer, double timeoutSec) {
   return std::make_unique<TcpConnection>(peer, hosts_[static_cast<size_t>(peer)], std::move(fd));
 }
 
-std::unique_ptr<Connection> TcpDialer::acceptOne(bool (*wanted)(void*, int), void* ctx,
-                                                 double timeoutSec) {
-  if (!listener_.fd() || listener_.fd() < 0) return nullptr;
-  std::string from;
-  Fd fd = tcp::acceptOne(listener_.fd(), Deadline::after(0.0), &from);
-  if (!fd.valid()) return nullptr;  // the caller gave up meanwhile
-  std::string reason;
-  int peer = acceptHandshakeImpl(fd.get(), me_, Deadline::after(timeoutSec), wanted, ctx, &reason);
-  if (peer < 0) {
-    RR_WARN("rank ", label(me_.rank), " refused a connection from ", from, ": ", reason);
-    return nullptr;
+std::unique_ptr<Connection> TcpDialer::acceptOne(bool (*wanted)(void*, int), void* ctx) {
+  if (ready_.empty() && listener_.fd() >= 0) {
+    accepting_.acceptWaiting(listener_.fd());
+    ready_ = accepting_.progress(wanted, ctx);
   }
-  RR_DEBUG("rank ", label(me_.rank), ": accepted rank ", label(peer), " from ", from,
+  if (ready_.empty()) return nullptr;
+  AcceptQueue::Accepted a = std::move(ready_.back());
+  ready_.pop_back();
+  RR_DEBUG("rank ", label(me_.rank), ": accepted rank ", label(a.rank), " from ", a.from,
            " on first use");
-  return std::make_unique<TcpConnection>(peer, from, std::move(fd));
+  return std::make_unique<TcpConnection>(a.rank, a.from, std::move(a.fd));
 }
 
 void TcpDialer::close() {
   listener_.close();
   for (auto& f : pending_) f.reset();
+  accepting_ = AcceptQueue(me_, "");
+  ready_.clear();
 }
 
 std::vector<int> overlayPeers(int rank, int world) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "transport/tcp/accept_queue.h"
 #include "transport/tcp/handshake.h"
 #include "transport/tcp/mesh.h"
 #include "transport/transport.h"
@@ -22,8 +23,8 @@ class TcpDialer final : public Dialer {
   const std::string& peerHost(int peer) const override;
   int dial(int peer, double timeoutSec) override;
   std::unique_ptr<Connection> finishDial(int peer, double timeoutSec) override;
-  std::unique_ptr<Connection> acceptOne(bool (*wanted)(void*, int), void* ctx,
-                                        double timeoutSec) override;
+  std::unique_ptr<Connection> acceptOne(bool (*wanted)(void*, int), void* ctx) override;
+  std::vector<int> pendingFds() const override { return accepting_.fds(); }
   void close() override;
 
  private:
@@ -32,6 +33,8 @@ class TcpDialer final : public Dialer {
   std::vector<std::string> addrs_;
   std::vector<std::string> hosts_;
   std::vector<Fd> pending_;  // dialled, not yet authenticated, per peer
+  AcceptQueue accepting_;    // accepted, not yet authenticated
+  std::vector<AcceptQueue::Accepted> ready_;  // authenticated, not yet taken by acceptOne
 };
 
 // The peers every rank connects at init when the job is too large for a full mesh: ranks

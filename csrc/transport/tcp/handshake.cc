@@ -66,20 +66,26 @@ crypto::Digest mac(const std::string& secret, char tag, const uint8_t* n1, const
 
 }  // namespace
 
-int acceptHandshakeImpl(int fd, const Identity& me, Deadline d, bool (*isExpected)(void*, int),
-                        void* ctx, std::string* reason) {
+bool sendHello(int fd, const Identity& me, AcceptState* st, std::string* reason) {
   std::string err;
   Hello hello{kHelloMagic, kVersion, me.rank, me.world, {}};
   crypto::randomBytes(hello.nonce, sizeof(hello.nonce));
-  if (!writeFull(fd, &hello, sizeof(hello), d, &err)) {
+  std::memcpy(st->nonce, hello.nonce, sizeof(st->nonce));
+  // A fresh socket's buffer takes it at once; the short deadline only bounds a broken one.
+  if (!writeFull(fd, &hello, sizeof(hello), Deadline::after(1.0), &err)) {
     *reason = "sending hello: " + err;
-    return -1;
+    return false;
   }
+  return true;
+}
+
+int finishAccept(int fd, const Identity& me, const AcceptState& st, const uint8_t* authBytes,
+                 bool (*isExpected)(void*, int), void* ctx, std::string* reason) {
+  static_assert(sizeof(Auth) == kAuthBytes, "kAuthBytes is the size of Auth");
+  const Deadline d = Deadline::after(1.0);  // an ack fits the socket's buffer
   Auth auth{};
-  if (!readFull(fd, &auth, sizeof(auth), d, &err)) {
-    *reason = "reading authentication: " + err;
-    return -1;
-  }
+  std::memcpy(&auth, authBytes, sizeof(auth));
+  std::string err;
   auto refuse = [&](uint32_t status, const std::string& detail) {
     Ack ack{kHelloMagic, status, {}};
     std::string e;
@@ -90,7 +96,7 @@ int acceptHandshakeImpl(int fd, const Identity& me, Deadline d, bool (*isExpecte
   // `pad` is outside the MAC: anything but the zero a real peer sends is a forgery or noise.
   if (auth.magic != kHelloMagic || auth.version != kVersion || auth.pad != 0)
     return refuse(kBadMagic, "");
-  crypto::Digest want = mac(me.secret, 'C', hello.nonce, auth.nonce, auth.rank, auth.world, auth.target);
+  crypto::Digest want = mac(me.secret, 'C', st.nonce, auth.nonce, auth.rank, auth.world, auth.target);
   crypto::Digest got;
   std::memcpy(got.data(), auth.mac, 32);
   if (!crypto::digestEqual(want, got)) return refuse(kBadAuth, "");
@@ -101,13 +107,26 @@ int acceptHandshakeImpl(int fd, const Identity& me, Deadline d, bool (*isExpecte
   if (!isExpected(ctx, auth.rank))
     return refuse(kDuplicate, detail::concat(": rank ", auth.rank));
   Ack ack{kHelloMagic, kOk, {}};
-  crypto::Digest am = mac(me.secret, 'A', auth.nonce, hello.nonce, me.rank, auth.rank, me.world);
+  crypto::Digest am = mac(me.secret, 'A', auth.nonce, st.nonce, me.rank, auth.rank, me.world);
   std::memcpy(ack.mac, am.data(), 32);
   if (!writeFull(fd, &ack, sizeof(ack), d, &err)) {
     *reason = "sending ack: " + err;
     return -1;
   }
   return auth.rank;
+}
+
+int acceptHandshakeImpl(int fd, const Identity& me, Deadline d, bool (*isExpected)(void*, int),
+                        void* ctx, std::string* reason) {
+  AcceptState st;
+  if (!sendHello(fd, me, &st, reason)) return -1;
+  uint8_t auth[kAuthBytes];
+  std::string err;
+  if (!readFull(fd, auth, sizeof(auth), d, &err)) {
+    *reason = "reading authentication: " + err;
+    return -1;
+  }
+  return finishAccept(fd, me, st, auth, isExpected, ctx, reason);
 }
 
 void connectHandshake(int fd, const Identity& me, int target, const std::string& targetAddr,

@@ -10,6 +10,8 @@
 // Refusals carry a status code so the connector can say why instead of seeing a bare EOF.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -26,24 +28,31 @@ struct Identity {
   int shown(int r) const { return rankLabel(labels, r); }
 };
 
-// Acceptor side. On success returns the authenticated peer rank; on failure returns -1 and
-// sets *reason (the caller logs it and keeps accepting). `isExpected(rank)` says whether
-// that rank may still connect (not yet connected, higher than ours).
-template <typename Pred>
-int acceptHandshake(int fd, const Identity& me, Deadline d, Pred isExpected, std::string* reason);
+// Acceptor side, in two steps, so that many connections are served at once
+// (accept_queue.h) and one that never answers holds up nobody: send this rank's hello at
+// accept; once the caller has read the peer's kAuthBytes answer, check it and acknowledge.
+// finishAccept returns the peer's rank, or -1 and *reason (refused: the caller logs it).
+// `isExpected(ctx, rank)` says whether that rank may connect now.
+struct AcceptState {
+  uint8_t nonce[16] = {};
+};
+constexpr size_t kAuthBytes = 72;
+bool sendHello(int fd, const Identity& me, AcceptState* st, std::string* reason);
+int finishAccept(int fd, const Identity& me, const AcceptState& st, const uint8_t* auth,
+                 bool (*isExpected)(void*, int), void* ctx, std::string* reason);
 
-// Connector side: authenticate to `target`. Throws PeerError / TimeoutError with the reason.
-void connectHandshake(int fd, const Identity& me, int target, const std::string& targetAddr,
-                      Deadline d);
-
-// Non-template core of acceptHandshake (the predicate is applied by the template).
+// Both steps for one connection, blocking until `d` (the wire fuzzer, tests/cpp, drives the
+// acceptor side through it).
 int acceptHandshakeImpl(int fd, const Identity& me, Deadline d, bool (*isExpected)(void*, int),
                         void* ctx, std::string* reason);
-
 template <typename Pred>
 int acceptHandshake(int fd, const Identity& me, Deadline d, Pred isExpected, std::string* reason) {
   auto thunk = [](void* ctx, int r) { return (*static_cast<Pred*>(ctx))(r); };
   return acceptHandshakeImpl(fd, me, d, thunk, &isExpected, reason);
 }
+
+// Connector side: authenticate to `target`. Throws PeerError / TimeoutError with the reason.
+void connectHandshake(int fd, const Identity& me, int target, const std::string& targetAddr,
+                      Deadline d);
 
 }  // namespace rr::transport::tcp

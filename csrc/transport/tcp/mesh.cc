@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "transport/tcp/accept_queue.h"
 #include "transport/tcp/tcp_connection.h"
 
 namespace rr::transport::tcp {
@@ -49,17 +50,30 @@ std::vector<std::unique_ptr<Connection>> connectSubset(const Identity& me, Liste
     conns[static_cast<size_t>(peer)] = std::make_unique<TcpConnection>(peer, ep.host, std::move(fd));
     RR_DEBUG("connected to rank ", peer, " at ", ep.str());
   }
-  // Accept every wanted higher rank, in any order; refuse strangers and duplicates.
+  // Accept every wanted higher rank, in any order; refuse strangers and duplicates. All
+  // pending handshakes are served at once (accept_queue.h): a silent stranger holds up nobody.
   int missing = 0;
   for (int r = me.rank + 1; r < me.world; ++r) missing += wanted[static_cast<size_t>(r)];
+  AcceptQueue q(me, detail::concat("rank ", me.shown(me.rank)));
+  auto expected = [](void* c, int r) {
+    return !(*static_cast<std::vector<std::unique_ptr<Connection>>*>(c))[static_cast<size_t>(r)];
+  };
+  Deadline nextCheck = Deadline::after(0.25);
   while (missing > 0) {
-    std::string from;
-    Fd fd = acceptOne(listener.fd(), check ? d.capped(0.25) : d, &from);
-    if (!fd.valid() && check && !d.expired()) {
-      check();
-      continue;
+    std::vector<pollfd> pfds{{listener.fd(), POLLIN, 0}};
+    for (int fd : q.fds()) pfds.push_back({fd, POLLIN, 0});
+    Deadline wait = check ? d.capped(0.25) : d;
+    if (const int due = q.nextDueMs(); due >= 0) wait = wait.capped(due / 1000.0);
+    pollInterruptible(pfds.data(), pfds.size(), wait);
+    q.acceptWaiting(listener.fd());
+    for (auto& a : q.progress(expected, &conns)) {
+      RR_DEBUG("accepted rank ", a.rank, " from ", a.from);
+      missing -= wanted[static_cast<size_t>(a.rank)];
+      conns[static_cast<size_t>(a.rank)] =
+          std::make_unique<TcpConnection>(a.rank, a.from, std::move(a.fd));
     }
-    if (!fd.valid()) {
+    if (missing == 0) break;
+    if (d.expired()) {
       std::string who;
       for (int r = me.rank + 1; r < me.world; ++r)
         if (wanted[static_cast<size_t>(r)] && !conns[static_cast<size_t>(r)])
@@ -69,17 +83,10 @@ std::vector<std::unique_ptr<Connection>> connectSubset(const Identity& me, Liste
                " (did they start? are WORLD_SIZE and MASTER_ADDR the same everywhere? "
                "is a firewall in the way? raise RINGREDUCE_CONNECT_TIMEOUT if startup is slow)");
     }
-    std::string reason;
-    // A stranger gets a short window so it cannot stall the legitimate peers for long.
-    int peer = acceptHandshake(fd.get(), me, d.capped(5.0),
-                               [&](int r) { return !conns[static_cast<size_t>(r)]; }, &reason);
-    if (peer < 0) {
-      RR_WARN("refused a connection from ", from, ": ", reason);
-      continue;
+    if (check && nextCheck.expired()) {
+      check();
+      nextCheck = Deadline::after(0.25);
     }
-    conns[static_cast<size_t>(peer)] = std::make_unique<TcpConnection>(peer, from, std::move(fd));
-    RR_DEBUG("accepted rank ", peer, " from ", from);
-    missing -= wanted[static_cast<size_t>(peer)];
   }
   return conns;
 }

@@ -23,16 +23,14 @@
 
 namespace rr::transport::tcp {
 
-namespace {
-// poll() one descriptor until it is ready or `deadline` passes, in slices of 100 ms, running
-// Python's signal handlers between them (core/interrupt.h): connecting and accepting at init
-// or group creation may wait for minutes (RINGREDUCE_CONNECT_TIMEOUT) on a peer that died
-// or stopped, and Ctrl-C must still stop the rank. Returns poll()'s result.
-int pollInterruptible(pollfd* p, Deadline deadline) {
+// Connecting and accepting at init or group creation may wait for minutes
+// (RINGREDUCE_CONNECT_TIMEOUT) on a peer that died or stopped, and Ctrl-C must still stop the
+// rank: poll in slices of 100 ms, running Python's signal handlers between them.
+int pollInterruptible(pollfd* p, size_t n, Deadline deadline) {
   while (true) {
     checkInterrupt();
     const int ms = deadline.pollMs();
-    const int pr = ::poll(p, 1, ms < 0 || ms > 100 ? 100 : ms);
+    const int pr = ::poll(p, static_cast<nfds_t>(n), ms < 0 || ms > 100 ? 100 : ms);
     if (pr < 0 && errno == EINTR) {
       checkInterrupt(true);
       continue;
@@ -40,7 +38,7 @@ int pollInterruptible(pollfd* p, Deadline deadline) {
     if (pr != 0 || deadline.expired()) return pr;
   }
 }
-}  // namespace
+
 
 void Fd::reset() {
   if (fd_ >= 0) ::close(fd_);
@@ -221,7 +219,7 @@ Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what, Ret
       }
       if (rc != 0) {
         pollfd p{fd.get(), POLLOUT, 0};
-        int pr = pollInterruptible(&p, deadline);
+        int pr = pollInterruptible(&p, 1, deadline);
         if (pr <= 0) {
           refused = false;
           lastErr = pr == 0 ? "connect timed out" : std::strerror(errno);
@@ -271,7 +269,7 @@ Fd acceptOne(int listenFd, Deadline deadline, std::string* peerAddr) {
     if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
       RR_THROW(Error, "accept failed: ", std::strerror(errno));
     pollfd p{listenFd, POLLIN, 0};
-    int pr = pollInterruptible(&p, deadline);
+    int pr = pollInterruptible(&p, 1, deadline);
     if (pr == 0 && deadline.expired()) return Fd();
   }
 }
@@ -295,7 +293,7 @@ bool readFull(int fd, void* buf, size_t n, Deadline d, std::string* errMsg, bool
       return false;
     }
     pollfd pf{fd, POLLIN, 0};
-    if ((interruptible ? pollInterruptible(&pf, d) : ::poll(&pf, 1, d.pollMs())) == 0 &&
+    if ((interruptible ? pollInterruptible(&pf, 1, d) : ::poll(&pf, 1, d.pollMs())) == 0 &&
         d.expired()) {
       *errMsg = "timed out";
       return false;

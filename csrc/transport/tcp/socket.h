@@ -3,6 +3,8 @@
 // uses TcpConnection's non-blocking progress instead.
 #pragma once
 
+#include <poll.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -94,6 +96,10 @@ Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what,
 // connectTo and acceptOne run Python's signal handlers while they wait (core/interrupt.h:
 // Interrupted when one raised), as readFull does when `interruptible`.
 Fd acceptOne(int listenFd, Deadline deadline, std::string* peerAddr);
+
+// poll() `n` descriptors until one is ready or `deadline` passes, running Python's signal
+// handlers every 100 ms (core/interrupt.h). Returns poll()'s result.
+int pollInterruptible(pollfd* p, size_t n, Deadline deadline);
 
 void setNonBlocking(int fd);
 void setNoDelay(int fd);

@@ -1,0 +1,91 @@
+#include "transport/tcp/accept_queue.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "core/log.h"
+
+namespace rr::transport::tcp {
+
+void AcceptQueue::acceptWaiting(int listenFd) {
+  if (listenFd < 0) return;
+  while (true) {
+    std::string from;
+    Fd fd = acceptOne(listenFd, Deadline::after(0.0), &from);
+    if (!fd.valid()) return;
+    if (pending_.size() >= kMaxPending) {
+      RR_WARN(what_, " refused a connection from ", pending_.front().from, ": no answer while ",
+              kMaxPending, " connections waited to authenticate (a flood of connections?)");
+      pending_.erase(pending_.begin());
+    }
+    Pending p;
+    p.fd = std::move(fd);
+    p.from = std::move(from);
+    p.due = Deadline::after(kAnswerSec);
+    std::string why;
+    if (!sendHello(p.fd.get(), me_, &p.st, &why)) {
+      RR_WARN(what_, " refused a connection from ", p.from, ": ", why);
+      continue;
+    }
+    pending_.push_back(std::move(p));
+  }
+}
+
+bool AcceptQueue::readAnswer(Pending& p, std::string* why) {
+  while (p.got < kAuthBytes) {
+    ssize_t r = ::recv(p.fd.get(), p.auth + p.got, kAuthBytes - p.got, MSG_DONTWAIT);
+    if (r > 0) {
+      p.got += static_cast<size_t>(r);
+      continue;
+    }
+    if (r == 0) {
+      *why = "reading authentication: connection closed by peer";
+      return false;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return false;  // not complete yet
+    *why = std::string("reading authentication: ") + std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+
+std::vector<AcceptQueue::Accepted> AcceptQueue::progress(bool (*wanted)(void*, int), void* ctx) {
+  std::vector<Accepted> out;
+  for (size_t i = 0; i < pending_.size();) {
+    Pending& p = pending_[i];
+    std::string why;
+    bool done = readAnswer(p, &why);
+    int rank = -1;
+    if (done) {
+      rank = finishAccept(p.fd.get(), me_, p.st, p.auth, wanted, ctx, &why);
+    } else if (why.empty() && p.due.expired()) {
+      why = detail::concat("reading authentication: no answer within ", kAnswerSec, " s");
+    } else if (why.empty()) {
+      ++i;  // still waiting for its answer
+      continue;
+    }
+    if (rank >= 0) out.push_back({rank, std::move(p.from), std::move(p.fd)});
+    else RR_WARN(what_, " refused a connection from ", p.from, ": ", why);
+    pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+  return out;
+}
+
+std::vector<int> AcceptQueue::fds() const {
+  std::vector<int> out;
+  out.reserve(pending_.size());
+  for (const auto& p : pending_) out.push_back(p.fd.get());
+  return out;
+}
+
+int AcceptQueue::nextDueMs() const {
+  int ms = -1;
+  for (const auto& p : pending_) ms = ms < 0 ? p.due.pollMs() : std::min(ms, p.due.pollMs());
+  return ms;
+}
+
+}  // namespace rr::transport::tcp

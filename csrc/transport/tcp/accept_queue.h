@@ -1,0 +1,66 @@
+// Connections accepted on a listener but not authenticated yet (handshake.h), served all at
+// once: each gets this rank's hello at accept and has kAnswerSec to answer; answers are read
+// as they arrive. So a connection that says nothing (a port scanner, a stuck or hostile
+// process) holds only its own slot. Before, the accept loops gave each connection up to 5 s
+// in turn, and N silent ones kept the real peers out for N x 5 s (found by a helper: a job
+// then failed with a false "rank 1 stopped responding").
+//
+// Not thread-safe: one thread (the set-up's, or the communicator's executor) drives it.
+#pragma once
+
+#include <poll.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/deadline.h"
+#include "transport/tcp/handshake.h"
+#include "transport/tcp/socket.h"
+
+namespace rr::transport::tcp {
+
+class AcceptQueue {
+ public:
+  static constexpr double kAnswerSec = 5.0;  // a real peer answers in microseconds
+  static constexpr size_t kMaxPending = 64;  // beyond: the oldest is dropped
+
+  // `what`: how this rank is named in warnings ("rank 3").
+  AcceptQueue(Identity me, std::string what) : me_(std::move(me)), what_(std::move(what)) {}
+
+  struct Accepted {
+    int rank;
+    std::string from;
+    Fd fd;
+  };
+
+  // Accept every connection waiting on `listenFd` (never blocks) and send each the hello.
+  void acceptWaiting(int listenFd);
+  // Read the answers that arrived (never blocks); refuse bad ones and drop those out of
+  // time (logged). Returns the authenticated connections. `wanted(ctx, rank)`: may that
+  // rank connect now (not connected yet, expected).
+  std::vector<Accepted> progress(bool (*wanted)(void*, int), void* ctx);
+  // Descriptors whose answers are awaited (poll them for POLLIN).
+  std::vector<int> fds() const;
+  // Milliseconds until the first answer is due (-1: none pending).
+  int nextDueMs() const;
+
+ private:
+  struct Pending {
+    Fd fd;
+    std::string from;
+    AcceptState st;
+    uint8_t auth[kAuthBytes] = {};
+    size_t got = 0;
+    Deadline due;
+  };
+  // Read what `p` sent; true when its answer is complete. false + *why when it failed.
+  static bool readAnswer(Pending& p, std::string* why);
+
+  Identity me_;
+  std::string what_;
+  std::vector<Pending> pending_;
+};
+
+}  // namespace rr::transport::tcp
