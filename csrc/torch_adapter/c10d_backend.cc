@@ -37,6 +37,41 @@ namespace py = pybind11;
 
 namespace {
 
+// While torch's C++ calls into ringreduce's Python (DDP's buffer broadcast and bucket rebuild
+// run inside a torch.compile'd forward), dynamo's frame hook is off, as torch._dynamo.disable
+// turns it off: with it on, dynamo traced ringreduce's own functions and recompiled them for
+// every shape (34 recompiles, a 6 s first step against gloo's 0.5 s; found by a helper).
+// Needs the GIL.
+class Untraced {
+ public:
+  Untraced() {
+    static py::object* set = new py::object(lookup());  // never freed: outlives the interpreter
+    if (set->is_none()) return;
+    prior_ = (*set)(py::none());
+    set_ = set;
+  }
+  ~Untraced() {
+    if (!set_) return;
+    try {
+      (*set_)(prior_);
+    } catch (const py::error_already_set&) {  // never seen; a destructor must not throw
+    }
+  }
+  Untraced(const Untraced&) = delete;
+  Untraced& operator=(const Untraced&) = delete;
+
+ private:
+  static py::object lookup() {
+    try {
+      return py::module_::import("torch._C._dynamo.eval_frame").attr("set_eval_frame");
+    } catch (const py::error_already_set&) {  // a torch without dynamo: nothing to turn off
+      return py::none();
+    }
+  }
+  py::object* set_ = nullptr;
+  py::object prior_;
+};
+
 // A Work returned by the Python side, kept alive (and its Python object with it) for as long
 // as torch holds the C++ one. wait/getFuture go through torch's own trampoline (PyWork);
 // completion and errors are asked of the Python object, which knows them.
@@ -50,22 +85,33 @@ class PyWorkRef : public c10d::Work {
     py_ = py::object();
   }
 
-  bool wait(std::chrono::milliseconds timeout) override { return work_->wait(timeout); }
+  bool wait(std::chrono::milliseconds timeout) override {
+    py::gil_scoped_acquire gil;  // the Python wait releases it while it blocks
+    Untraced off;
+    return work_->wait(timeout);
+  }
 
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return work_->getFuture(); }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    py::gil_scoped_acquire gil;
+    Untraced off;
+    return work_->getFuture();
+  }
 
   bool isCompleted() override {
     py::gil_scoped_acquire gil;
+    Untraced off;
     return py_.attr("is_completed")().cast<bool>();
   }
 
   bool isSuccess() const override {
     py::gil_scoped_acquire gil;
+    Untraced off;
     return py_.attr("is_success")().cast<bool>();
   }
 
   std::vector<at::Tensor> result() override {
     py::gil_scoped_acquire gil;
+    Untraced off;
     return py_.attr("result")().cast<std::vector<at::Tensor>>();
   }
 
@@ -74,6 +120,7 @@ class PyWorkRef : public c10d::Work {
   // recv / recvAnysource: the sender's group rank (torch's work._source_rank()).
   int sourceRank() const override {
     py::gil_scoped_acquire gil;
+    Untraced off;
     return py_.attr("source_rank")().cast<int>();
   }
 
@@ -392,12 +439,14 @@ class RingReduceBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> call(const char* name, Args&... args) {
     ++seq_;
     py::gil_scoped_acquire gil;
+    Untraced off;
     py::object w = impl_.attr(name)(args...);
     return c10::make_intrusive<PyWorkRef>(std::move(w));
   }
 
   void callVoid(const char* name) {
     py::gil_scoped_acquire gil;
+    Untraced off;
     if (impl_) impl_.attr(name)();
   }
 
