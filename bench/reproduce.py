@@ -60,7 +60,7 @@ TABLES: dict[str, list[str]] = {
                              "-e", "64M", "-f", "4", "-w", "5", "-i", "20", "--transport", "tcp",
                              "--compare", "gloo", "--check", "--json",
                              _out("gatherall_2ranks_tcp.json")],
-    "rooted": [PY, "bench/rooted.py", "--json", _out("rooted.json"), "--plot",
+    "rooted": [PY, "bench/rooted.py", "--floor", "--json", _out("rooted.json"), "--plot",
                _out("rooted.png")],
     "p2p": [PY, "bench/p2p.py", "--json", _out("p2p.json"), "--plot", _out("p2p.png")],
     "latency": [PY, "bench/latency.py", "--json", _out("latency.json"), "--plot",

@@ -3,7 +3,7 @@
 (shared memory and TCP) against torch.distributed's gloo backend, 2 and 4 ranks, same run;
 ringreduce's all-reduce of 64 MiB alongside (the bar: never slower than it).
 
-    python bench/rooted.py --json bench/rooted.json --plot bench/rooted.png
+    python bench/rooted.py --floor --json bench/rooted.json --plot bench/rooted.png
 
 Sizes follow nccl-tests: reduce moves a 64 MiB buffer per rank to the root; gather's
 output and scatter's input are 64 MiB in all (64 MiB / n per rank); all_to_all sends
@@ -115,9 +115,14 @@ def _gloo_ops(rank: int, n: int):
 
 def worker(lib: str, out: str, iters: int) -> None:
     rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    ops, reset, barrier, finish = (_gloo_ops if lib == "gloo" else _rr_ops)(rank, n)
+    if lib == "floor":
+        from _tcp_floor import floor_ops
+
+        ops, reset, barrier, finish = floor_ops(rank, n)
+    else:
+        ops, reset, barrier, finish = (_gloo_ops if lib == "gloo" else _rr_ops)(rank, n)
     res = {}
-    for name in OPS:
+    for name in [op for op in OPS if op in ops]:
         ts = []
         for i in range(iters + 2):
             reset()  # reduce/allreduce inputs (outside the timed region)
@@ -138,7 +143,8 @@ def _launch(lib: str, n: int, transport: str, iters: int) -> dict:
     per_rank = _local.launch(__file__, n, lib, iters, transport, timeout=900)
     # an iteration lasts until its slowest rank is done
     return {op: statistics.median(max(pr[op][i] for pr in per_rank)
-                                  for i in range(len(per_rank[0][op]))) * 1e3 for op in OPS}
+                                  for i in range(len(per_rank[0][op]))) * 1e3
+            for op in OPS if op in per_rank[0]}
 
 
 def main() -> None:
@@ -150,6 +156,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3,
                     help="launches of each setup, interleaved; the fastest launch counts (a "
                          "whole launch can run in a slow mode on this VM)")
+    ap.add_argument("--floor", action="store_true",
+                    help="also time the same bytes over plain sockets (bench/_tcp_floor.py): "
+                         "the kernel's floor for the TCP rows")
     a = ap.parse_args()
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from ringreduce.bench.machine import describe
@@ -161,22 +170,33 @@ def main() -> None:
         for _ in range(a.repeat):
             for label, lib, transport in [("ringreduce-shm", "rr", "shm"),
                                           ("ringreduce-tcp", "rr", "tcp"),
-                                          ("gloo", "gloo", "auto")]:
+                                          ("gloo", "gloo", "auto"),
+                                          ("tcp-floor", "floor", "tcp")][:None if a.floor
+                                                                         else 3]:
                 r = _launch(lib, n, transport, a.iters)
                 runs.setdefault(label, []).append(r)
                 print(f"{n} ranks {label:15s} " + "  ".join(
                     f"{op} {ms:8.2f} ms" for op, ms in r.items()), flush=True)
-        res[n] = {label: {op: min(r[op] for r in rs) for op in OPS} for label, rs in runs.items()}
+        res[n] = {label: {op: min(r[op] for r in rs) for op in rs[0]}
+                  for label, rs in runs.items()}
         launches[n] = runs
     ratios = {n: {t: {op: r["gloo"][op] / r[t][op] for op in OPS}
                   for t in ("ringreduce-shm", "ringreduce-tcp")} for n, r in res.items()}
+    # gloo / floor: the most any library on the kernel's TCP could beat gloo by here
+    floor = {n: {t: {op: r[t][op] / r["tcp-floor"][op] for op in r["tcp-floor"]}
+                 for t in ("gloo", "ringreduce-tcp")} for n, r in res.items() if "tcp-floor" in r}
     for n, r in ratios.items():
         for t, v in r.items():
             print(f"{n} ranks {t} speed-up over gloo: " +
                   ", ".join(f"{op} {x:.2f}x" for op, x in v.items()))
+    for n, r in floor.items():
+        for t, v in r.items():
+            print(f"{n} ranks {t} time / TCP floor: " +
+                  ", ".join(f"{op} {x:.2f}" for op, x in v.items()))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"machine": describe(), "ms": res, "speedup_vs_gloo": ratios,
+                       "time_over_tcp_floor": floor,
                        "launches_ms": launches, "checked": True, "iters": a.iters,
                        "repeat": a.repeat}, f, indent=1)
     if a.plot:
@@ -187,10 +207,11 @@ def main() -> None:
 
         fig, axes = plt.subplots(1, len(res), figsize=(5 * len(res), 3.6), squeeze=False)
         for ax, (n, r) in zip(axes[0], res.items()):
-            w = 0.27
+            w = 0.8 / len(r)
             for k, label in enumerate(r):
-                ax.bar([i + (k - 1) * w for i in range(len(OPS))], [r[label][op] for op in OPS],
-                       w, label=label)
+                ks = [i for i, op in enumerate(OPS) if op in r[label]]
+                ax.bar([i + (k - (len(r) - 1) / 2) * w for i in ks],
+                       [r[label][OPS[i]] for i in ks], w, label=label)
             ax.set_xticks(range(len(OPS)), OPS, rotation=20)
             ax.set_yscale("log")
             ax.set_ylabel("ms (median, slowest rank)")
