@@ -261,7 +261,20 @@ def backend_collectives(rank: int, world: int) -> dict:
             return ok and "SUM only" in str(e) and ".to_dense()" in str(e)
         return False
 
-    for fn in (sparse_message, wait_timeout, allreduce_ops, allreduce_async_future, allreduce_noncontig,
+    def split_refused() -> bool:
+        """ProcessGroup.split_group is not supported yet: a NotImplementedError saying what
+        to use instead, on every rank, before anything moves (torch's own text was "does not
+        implement getBackendOptions"); the group stays usable."""
+        try:
+            dist.group.WORLD.split_group(list(range(n)))
+            return False
+        except NotImplementedError as e:
+            ok = "split_group" in str(e) and "new_group(ranks)" in str(e)
+        t = torch.full((3,), float(rank + 1))
+        dist.all_reduce(t)
+        return ok and _close(t, torch.full((3,), tri))
+
+    for fn in (split_refused, sparse_message, wait_timeout, allreduce_ops, allreduce_async_future, allreduce_noncontig,
                allreduce_param_grad_enabled, broadcast, all_gather, all_gather_into_tensor,
                reduce_scatter, reduce_scatter_tensor, barrier, objects, reduce_gather_scatter,
                bad_op_message, bad_lists_and_expanded, bitwise_ops, premul_sum):

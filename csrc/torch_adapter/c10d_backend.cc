@@ -288,6 +288,15 @@ class RingReduceBackend : public c10d::Backend {
 
   const std::string getBackendName() const override { return "ringreduce"; }
 
+  // ProcessGroup.split_group asks for these first (supportsSplitting() is false): say what to
+  // do instead of torch's "does not implement getBackendOptions".
+  c10::intrusive_ptr<Options> getBackendOptions() override { refuseSplit(); }
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>&,
+                                          const std::vector<int>&,
+                                          const c10::intrusive_ptr<Options>&) override {
+    refuseSplit();
+  }
+
   py::object impl() const { return impl_; }
   // Calls that took the synchronous path (tests and benchmarks check it is taken).
   uint64_t directCalls() const { return direct_; }
@@ -448,6 +457,13 @@ class RingReduceBackend : public c10d::Backend {
     py::gil_scoped_acquire gil;
     Untraced off;
     if (impl_) impl_.attr(name)();
+  }
+
+  [[noreturn]] static void refuseSplit() {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "ringreduce does not support ProcessGroup.split_group / "
+                                "torch.distributed.split_group yet; make the subgroup with "
+                                "torch.distributed.new_group(ranks) (every rank of the job "
+                                "calls it), which it supports");
   }
 
   py::object impl_;
