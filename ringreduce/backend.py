@@ -244,6 +244,24 @@ class _Ops:
         when it is made (the default group's timeout, else RINGREDUCE_TIMEOUT); work.wait(
         timeout) bounds a single wait."""
 
+    def timeout_seconds(self) -> float:
+        """This group's collective deadline (the adapter's getBackendOptions)."""
+        return float(self._g.options.get("timeout", 0.0))
+
+    def split(self, store: Any, ranks: list, timeout: float, name: str) -> Any:
+        """ProcessGroup.split_group: this rank's backend of the group of global `ranks`
+        (sorted), set up through `store` as dist.new_group's groups are; None when this rank
+        is not one of them. Every parent rank calls it; only members rendezvous."""
+        me = self._g.ranks[self._rank] if self._g.ranks else self._rank
+        if me not in ranks:
+            return None
+        # Keys of their own: torch's store for a split is not guaranteed to be per group.
+        store = dist.PrefixStore(f"ringreduce-split/{name}/{','.join(map(str, ranks))}/", store)
+        rank, size = ranks.index(me), len(ranks)
+        secs = timedelta(seconds=timeout) if timeout > 0 else None
+        return _adapter().RingReduceBackend(rank, size, _Impl(store, rank, size, secs,
+                                                              name or None))
+
     # -- collectives
     def allreduce(self, tensors: list, opts: Any = None) -> _Work:
         op = _op(opts)

@@ -261,20 +261,23 @@ def backend_collectives(rank: int, world: int) -> dict:
             return ok and "SUM only" in str(e) and ".to_dense()" in str(e)
         return False
 
-    def split_refused() -> bool:
-        """ProcessGroup.split_group is not supported yet: a NotImplementedError saying what
-        to use instead, on every rank, before anything moves (torch's own text was "does not
-        implement getBackendOptions"); the group stays usable."""
-        try:
-            dist.group.WORLD.split_group(list(range(n)))
-            return False
-        except NotImplementedError as e:
-            ok = "split_group" in str(e) and "new_group(ranks)" in str(e)
+    def split_group() -> bool:
+        """ProcessGroup.split_group (torch's names it; before, "does not implement
+        getBackendOptions"): each rank asks for its parity's group -- [0, 2] and [1] at 3
+        ranks, two groups of one at 2 -- then all-reduces in it and in the world."""
+        ranks = [r for r in range(n) if r % 2 == rank % 2]
+        sub = dist.group.WORLD.split_group(ranks)
+        # ProcessGroup.split_group does not register the group with torch's Python registry
+        # (dist.split_group does, gloo's too): use the ProcessGroup's own methods.
+        ok = sub is not None and sub.size() == len(ranks) and sub.rank() == ranks.index(rank)
+        t = torch.full((3,), float(rank + 1))
+        sub.allreduce(t).wait()
+        ok &= _close(t, torch.full((3,), float(sum(r + 1 for r in ranks))))
         t = torch.full((3,), float(rank + 1))
         dist.all_reduce(t)
         return ok and _close(t, torch.full((3,), tri))
 
-    for fn in (split_refused, sparse_message, wait_timeout, allreduce_ops, allreduce_async_future, allreduce_noncontig,
+    for fn in (split_group, sparse_message, wait_timeout, allreduce_ops, allreduce_async_future, allreduce_noncontig,
                allreduce_param_grad_enabled, broadcast, all_gather, all_gather_into_tensor,
                reduce_scatter, reduce_scatter_tensor, barrier, objects, reduce_gather_scatter,
                bad_op_message, bad_lists_and_expanded, bitwise_ops, premul_sum):

@@ -20,7 +20,7 @@ COLLECTIVES = ["allreduce_ops", "allreduce_async_future", "allreduce_noncontig",
                "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "barrier",
                "objects", "reduce_gather_scatter", "bad_op_message",
                "bad_lists_and_expanded", "bitwise_ops",
-               "premul_sum", "wait_timeout", "sparse_message", "split_refused"]
+               "premul_sum", "wait_timeout", "sparse_message", "split_group"]
 
 
 @pytest.fixture(scope="module", params=[(2, False), (3, True)], ids=["world2-owns",

@@ -288,13 +288,28 @@ class RingReduceBackend : public c10d::Backend {
 
   const std::string getBackendName() const override { return "ringreduce"; }
 
-  // ProcessGroup.split_group asks for these first (supportsSplitting() is false): say what to
-  // do instead of torch's "does not implement getBackendOptions".
-  c10::intrusive_ptr<Options> getBackendOptions() override { refuseSplit(); }
-  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>&,
-                                          const std::vector<int>&,
-                                          const c10::intrusive_ptr<Options>&) override {
-    refuseSplit();
+  // ProcessGroup.split_group / dist.split_group: torch asks for the options, then each rank
+  // of the parent calls split() with the new group's sorted global ranks and its store; a
+  // member gets its new backend (a ringreduce group set up through that store, as
+  // dist.new_group's), any other rank null.
+  bool supportsSplitting() const override { return true; }
+  c10::intrusive_ptr<Options> getBackendOptions() override {
+    py::gil_scoped_acquire gil;
+    Untraced off;
+    const double secs = impl_.attr("timeout_seconds")().cast<double>();
+    return c10::make_intrusive<Options>(
+        "ringreduce", std::chrono::milliseconds(static_cast<int64_t>(secs * 1000.0)));
+  }
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<Options>& opts) override {
+    py::gil_scoped_acquire gil;
+    Untraced off;
+    const double secs = opts ? static_cast<double>(opts->timeout.count()) / 1000.0 : 0.0;
+    py::object b = impl_.attr("split")(py::cast(store), ranks, secs,
+                                       opts ? opts->group_name : std::string());
+    if (b.is_none()) return nullptr;
+    return b.cast<c10::intrusive_ptr<c10d::Backend>>();
   }
 
   py::object impl() const { return impl_; }
@@ -457,13 +472,6 @@ class RingReduceBackend : public c10d::Backend {
     py::gil_scoped_acquire gil;
     Untraced off;
     if (impl_) impl_.attr(name)();
-  }
-
-  [[noreturn]] static void refuseSplit() {
-    TORCH_CHECK_NOT_IMPLEMENTED(false, "ringreduce does not support ProcessGroup.split_group / "
-                                "torch.distributed.split_group yet; make the subgroup with "
-                                "torch.distributed.new_group(ranks) (every rank of the job "
-                                "calls it), which it supports");
   }
 
   py::object impl_;
