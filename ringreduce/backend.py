@@ -249,15 +249,17 @@ class _Ops:
         return float(self._g.options.get("timeout", 0.0))
 
     def split(self, store: Any, ranks: list, timeout: float, name: str) -> Any:
-        """ProcessGroup.split_group: this rank's backend of the group of global `ranks`
-        (sorted), set up through `store` as dist.new_group's groups are; None when this rank
-        is not one of them. Every parent rank calls it; only members rendezvous."""
-        me = self._g.ranks[self._rank] if self._g.ranks else self._rank
-        if me not in ranks:
+        """ProcessGroup.split_group: this rank's backend of the group of `ranks` (sorted
+        ranks *of this parent group*, as torch documents them), set up through `store` as
+        dist.new_group's groups are; None when this rank is not one of them. Every parent
+        rank calls it; only members rendezvous."""
+        if self._rank not in ranks:
             return None
-        # Keys of their own: torch's store for a split is not guaranteed to be per group.
-        store = dist.PrefixStore(f"ringreduce-split/{name}/{','.join(map(str, ranks))}/", store)
-        rank, size = ranks.index(me), len(ranks)
+        world = [self._g.ranks[r] if self._g.ranks else r for r in ranks]
+        # Keys of their own (world ranks: parents differ): torch's store for a split is not
+        # guaranteed to be per group.
+        store = dist.PrefixStore(f"ringreduce-split/{name}/{','.join(map(str, world))}/", store)
+        rank, size = ranks.index(self._rank), len(ranks)
         secs = timedelta(seconds=timeout) if timeout > 0 else None
         return _adapter().RingReduceBackend(rank, size, _Impl(store, rank, size, secs,
                                                               name or None))

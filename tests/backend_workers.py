@@ -273,6 +273,15 @@ def backend_collectives(rank: int, world: int) -> dict:
         t = torch.full((3,), float(rank + 1))
         sub.allreduce(t).wait()
         ok &= _close(t, torch.full((3,), float(sum(r + 1 for r in ranks))))
+        # A subgroup's split takes ranks *in that subgroup*: parent = world ranks 1.. (0, 1 at
+        # 2 ranks); its last member alone asks for a group of its parent rank.
+        members = list(range(1, n)) if n > 2 else [0, 1]
+        parent = dist.new_group(members)
+        if rank in members:
+            last = len(members) - 1
+            sub = parent.split_group([last])
+            ok &= (sub is not None and sub.size() == 1 and sub.rank() == 0) \
+                if rank == members[-1] else sub is None
         t = torch.full((3,), float(rank + 1))
         dist.all_reduce(t)
         return ok and _close(t, torch.full((3,), tri))

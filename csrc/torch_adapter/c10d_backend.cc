@@ -45,11 +45,19 @@ namespace {
 class Untraced {
  public:
   Untraced() {
-    static py::object* set = new py::object(lookup());  // never freed: outlives the interpreter
-    if (set->is_none()) return;
+    py::object* set = setter();
+    if (!set || set->is_none()) return;
     prior_ = (*set)(py::none());
     set_ = set;
   }
+  // torch._C._dynamo.eval_frame.set_eval_frame, looked up once at module import (not in a
+  // function-local static: its lock, taken with the GIL held, could deadlock an import that
+  // releases the GIL). Never freed: it outlives the interpreter.
+  static py::object*& setter() {
+    static py::object* set = nullptr;
+    return set;
+  }
+  static void init() { setter() = new py::object(lookup()); }
   ~Untraced() {
     if (!set_) return;
     try {
@@ -289,7 +297,7 @@ class RingReduceBackend : public c10d::Backend {
   const std::string getBackendName() const override { return "ringreduce"; }
 
   // ProcessGroup.split_group / dist.split_group: torch asks for the options, then each rank
-  // of the parent calls split() with the new group's sorted global ranks and its store; a
+  // of the parent calls split() with the new group's sorted ranks in the parent and its store; a
   // member gets its new backend (a ringreduce group set up through that store, as
   // dist.new_group's), any other rank null.
   bool supportsSplitting() const override { return true; }
@@ -485,6 +493,7 @@ class RingReduceBackend : public c10d::Backend {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "ringreduce's c10d Backend (built against the installed torch)";
   m.attr("TORCH_BUILD_VERSION") = RR_TORCH_VERSION;
+  Untraced::init();
   // Registered with torch's c10d::Backend as base, so torch accepts it from the creator
   // function and stores it in the ProcessGroup like gloo's or NCCL's.
   py::class_<RingReduceBackend, c10d::Backend, c10::intrusive_ptr<RingReduceBackend>>(

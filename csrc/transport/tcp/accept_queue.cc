@@ -10,12 +10,21 @@
 
 namespace rr::transport::tcp {
 
-void AcceptQueue::acceptWaiting(int listenFd) {
-  if (listenFd < 0) return;
+size_t AcceptQueue::acceptWaiting(int listenFd) {
+  size_t n = 0;
+  if (listenFd < 0) return n;
   while (true) {
     std::string from;
-    Fd fd = acceptOne(listenFd, Deadline::after(0.0), &from);
-    if (!fd.valid()) return;
+    Fd fd;
+    try {
+      fd = acceptOne(listenFd, Deadline::after(0.0), &from);
+    } catch (const Error& e) {  // EMFILE, ENFILE, ENOBUFS: free a slot, try again later
+      RR_WARN(what_, " could not accept a connection (", e.what(), ")",
+              pending_.empty() ? "" : "; dropped the oldest one still authenticating");
+      if (!pending_.empty()) pending_.erase(pending_.begin());
+      return n;
+    }
+    if (!fd.valid()) return n;
     if (pending_.size() >= kMaxPending) {
       RR_WARN(what_, " refused a connection from ", pending_.front().from, ": no answer while ",
               kMaxPending, " connections waited to authenticate (a flood of connections?)");
@@ -31,7 +40,14 @@ void AcceptQueue::acceptWaiting(int listenFd) {
       continue;
     }
     pending_.push_back(std::move(p));
+    ++n;
   }
+}
+
+void AcceptQueue::awaitAnswer(Deadline d) const {
+  std::vector<pollfd> pfds;
+  for (const auto& p : pending_) pfds.push_back({p.fd.get(), POLLIN, 0});
+  if (!pfds.empty()) ::poll(pfds.data(), pfds.size(), d.pollMs());
 }
 
 bool AcceptQueue::readAnswer(Pending& p, std::string* why) {
@@ -55,13 +71,26 @@ bool AcceptQueue::readAnswer(Pending& p, std::string* why) {
 
 std::vector<AcceptQueue::Accepted> AcceptQueue::progress(bool (*wanted)(void*, int), void* ctx) {
   std::vector<Accepted> out;
+  // The caller's `wanted` sees its connections, not this batch's: two connections claiming
+  // one rank in a batch must not both be accepted.
+  struct Both {
+    bool (*wanted)(void*, int);
+    void* ctx;
+    const std::vector<Accepted>* out;
+  } both{wanted, ctx, &out};
+  auto fresh = [](void* c, int r) {
+    auto* b = static_cast<Both*>(c);
+    for (const auto& a : *b->out)
+      if (a.rank == r) return false;
+    return b->wanted(b->ctx, r);
+  };
   for (size_t i = 0; i < pending_.size();) {
     Pending& p = pending_[i];
     std::string why;
     bool done = readAnswer(p, &why);
     int rank = -1;
     if (done) {
-      rank = finishAccept(p.fd.get(), me_, p.st, p.auth, wanted, ctx, &why);
+      rank = finishAccept(p.fd.get(), me_, p.st, p.auth, fresh, &both, &why);
     } else if (why.empty() && p.due.expired()) {
       why = detail::concat("reading authentication: no answer within ", kAnswerSec, " s");
     } else if (why.empty()) {

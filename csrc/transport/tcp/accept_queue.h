@@ -35,8 +35,12 @@ class AcceptQueue {
     Fd fd;
   };
 
-  // Accept every connection waiting on `listenFd` (never blocks) and send each the hello.
-  void acceptWaiting(int listenFd);
+  // Accept every connection waiting on `listenFd` (never blocks) and send each the hello;
+  // returns how many. Out of descriptors (EMFILE): the oldest pending one is dropped instead
+  // of failing the caller.
+  size_t acceptWaiting(int listenFd);
+  // Wait (at most until `d`) until an answer is readable on a pending connection.
+  void awaitAnswer(Deadline d) const;
   // Read the answers that arrived (never blocks); refuse bad ones and drop those out of
   // time (logged). Returns the authenticated connections. `wanted(ctx, rank)`: may that
   // rank connect now (not connected yet, expected).

@@ -48,8 +48,17 @@ std::unique_ptr<Connection> TcpDialer::finishDial(int peer, double timeoutSec) {
 
 std::unique_ptr<Connection> TcpDialer::acceptOne(bool (*wanted)(void*, int), void* ctx) {
   if (ready_.empty() && listener_.fd() >= 0) {
-    accepting_.acceptWaiting(listener_.fd());
+    const size_t fresh = accepting_.acceptWaiting(listener_.fd());
     ready_ = accepting_.progress(wanted, ctx);
+    // A peer that just dialled answers the hello within microseconds; its answer is read
+    // here, as before the queue, not at this rank's next wait -- which may come only after a
+    // long computation, past the dialler's 5 s wait for the ack. A silent connection costs
+    // this wait once (all that came together share it), never the 5 s of its own slot.
+    const Deadline d = Deadline::after(kFreshAnswerSec);
+    while (fresh > 0 && ready_.empty() && !accepting_.fds().empty() && !d.expired()) {
+      accepting_.awaitAnswer(d);
+      ready_ = accepting_.progress(wanted, ctx);
+    }
   }
   if (ready_.empty()) return nullptr;
   AcceptQueue::Accepted a = std::move(ready_.back());

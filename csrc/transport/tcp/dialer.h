@@ -33,6 +33,7 @@ class TcpDialer final : public Dialer {
   std::vector<std::string> addrs_;
   std::vector<std::string> hosts_;
   std::vector<Fd> pending_;  // dialled, not yet authenticated, per peer
+  static constexpr double kFreshAnswerSec = 1.0;  // acceptOne's wait for new dialers' answers
   AcceptQueue accepting_;    // accepted, not yet authenticated
   std::vector<AcceptQueue::Accepted> ready_;  // authenticated, not yet taken by acceptOne
 };
