@@ -87,8 +87,13 @@ uint64_t lineRound(comm::Communicator& c, const transport::FrameHeader& h, const
   // A peer that published its line and then gave up waiting for ours (its timeout) has
   // failed this communicator: this rank, finding every line there without waiting, must
   // fail too -- not return as if the collective had completed everywhere (gloo's late rank
-  // raises). One relaxed-clean cache line per peer (abortCode is written only on failure).
-  c.checkLocalAborts();
+  // raises). Only a peer that did not finish this round (lineDone): one that completed it
+  // and then failed -- rr.abort() right after -- concerns the next call, not this one.
+  // A clean cache line per peer (abortCode is written only on failure).
+  for (int r = 0; r < n; ++r)
+    if (r != me && d.abortOf(r, nullptr) &&
+        d.ctl(r).lineDone.v.load(std::memory_order_acquire) < round)
+      c.checkLocalAborts();
   return round;
 }
 

@@ -58,6 +58,14 @@ std::vector<std::unique_ptr<Connection>> connectSubset(const Identity& me, Liste
   auto expected = [](void* c, int r) {
     return !(*static_cast<std::vector<std::unique_ptr<Connection>>*>(c))[static_cast<size_t>(r)];
   };
+  auto take = [&](std::vector<AcceptQueue::Accepted> batch) {
+    for (auto& a : batch) {
+      RR_DEBUG("accepted rank ", a.rank, " from ", a.from);
+      missing -= wanted[static_cast<size_t>(a.rank)];
+      conns[static_cast<size_t>(a.rank)] =
+          std::make_unique<TcpConnection>(a.rank, a.from, std::move(a.fd));
+    }
+  };
   Deadline nextCheck = Deadline::after(0.25);
   while (missing > 0) {
     std::vector<pollfd> pfds{{listener.fd(), POLLIN, 0}};
@@ -66,12 +74,7 @@ std::vector<std::unique_ptr<Connection>> connectSubset(const Identity& me, Liste
     if (const int due = q.nextDueMs(); due >= 0) wait = wait.capped(due / 1000.0);
     pollInterruptible(pfds.data(), pfds.size(), wait);
     q.acceptWaiting(listener.fd());
-    for (auto& a : q.progress(expected, &conns)) {
-      RR_DEBUG("accepted rank ", a.rank, " from ", a.from);
-      missing -= wanted[static_cast<size_t>(a.rank)];
-      conns[static_cast<size_t>(a.rank)] =
-          std::make_unique<TcpConnection>(a.rank, a.from, std::move(a.fd));
-    }
+    take(q.progress(expected, &conns));
     if (missing == 0) break;
     if (d.expired()) {
       std::string who;
@@ -87,6 +90,14 @@ std::vector<std::unique_ptr<Connection>> connectSubset(const Identity& me, Liste
       check();
       nextCheck = Deadline::after(0.25);
     }
+  }
+  // Connections still authenticating when the peers are all in: a duplicate RANK or another
+  // job's process answers at once and is told why it is refused (as it was when the accept
+  // loop served them in turn); a silent one is dropped after this short grace.
+  const Deadline grace = Deadline::after(0.5);
+  while (!q.fds().empty() && !grace.expired()) {
+    q.awaitAnswer(grace);
+    take(q.progress(expected, &conns));
   }
   return conns;
 }
