@@ -5,8 +5,10 @@
 // need the pair in the same collective (data flows both ways or one way, but both sides
 // call conn()). Every wait of a rank -- data, shared memory, or another pair's dial --
 // accepts whoever is dialling it, so a dialler waits only for its peer to reach some wait
-// of that collective. The one blocking step, an acceptor finishing a handshake, waits for a
-// strictly higher rank, so chains of such waits end.
+// of that collective. The blocking steps end on their own: an acceptor reads the answers of
+// connections dialled just now for at most 1 s (shared by all of them; a later answer is
+// read at its next wait), and a dialler waits at most 5 s for the ack, from a lower rank
+// that is itself in a wait of this collective -- so chains of waits end.
 #include <poll.h>
 
 #include <algorithm>

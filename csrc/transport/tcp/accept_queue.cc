@@ -51,22 +51,9 @@ void AcceptQueue::awaitAnswer(Deadline d) const {
 }
 
 bool AcceptQueue::readAnswer(Pending& p, std::string* why) {
-  while (p.got < kAuthBytes) {
-    ssize_t r = ::recv(p.fd.get(), p.auth + p.got, kAuthBytes - p.got, MSG_DONTWAIT);
-    if (r > 0) {
-      p.got += static_cast<size_t>(r);
-      continue;
-    }
-    if (r == 0) {
-      *why = "reading authentication: connection closed by peer";
-      return false;
-    }
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return false;  // not complete yet
-    *why = std::string("reading authentication: ") + std::strerror(errno);
-    return false;
-  }
-  return true;
+  if (readSome(p.fd.get(), p.auth, kAuthBytes, &p.got, why)) return true;
+  if (!why->empty()) *why = "reading authentication: " + *why;
+  return false;
 }
 
 std::vector<AcceptQueue::Accepted> AcceptQueue::progress(bool (*wanted)(void*, int), void* ctx) {
@@ -103,6 +90,8 @@ std::vector<AcceptQueue::Accepted> AcceptQueue::progress(bool (*wanted)(void*, i
   }
   return out;
 }
+
+bool AcceptQueue::empty() const { return pending_.empty(); }
 
 std::vector<int> AcceptQueue::fds() const {
   std::vector<int> out;

@@ -45,6 +45,8 @@ class AcceptQueue {
   // time (logged). Returns the authenticated connections. `wanted(ctx, rank)`: may that
   // rank connect now (not connected yet, expected).
   std::vector<Accepted> progress(bool (*wanted)(void*, int), void* ctx);
+  // No connection is waiting to authenticate.
+  bool empty() const;
   // Descriptors whose answers are awaited (poll them for POLLIN).
   std::vector<int> fds() const;
   // Milliseconds until the first answer is due (-1: none pending).

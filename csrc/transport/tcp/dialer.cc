@@ -55,7 +55,7 @@ std::unique_ptr<Connection> TcpDialer::acceptOne(bool (*wanted)(void*, int), voi
     // long computation, past the dialler's 5 s wait for the ack. A silent connection costs
     // this wait once (all that came together share it), never the 5 s of its own slot.
     const Deadline d = Deadline::after(kFreshAnswerSec);
-    while (fresh > 0 && ready_.empty() && !accepting_.fds().empty() && !d.expired()) {
+    while (fresh > 0 && ready_.empty() && !accepting_.empty() && !d.expired()) {
       accepting_.awaitAnswer(d);
       ready_ = accepting_.progress(wanted, ctx);
     }

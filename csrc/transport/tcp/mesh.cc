@@ -95,7 +95,7 @@ std::vector<std::unique_ptr<Connection>> connectSubset(const Identity& me, Liste
   // job's process answers at once and is told why it is refused (as it was when the accept
   // loop served them in turn); a silent one is dropped after this short grace.
   const Deadline grace = Deadline::after(0.5);
-  while (!q.fds().empty() && !grace.expired()) {
+  while (!q.empty() && !grace.expired()) {
     q.awaitAnswer(grace);
     take(q.progress(expected, &conns));
   }

@@ -274,13 +274,12 @@ Fd acceptOne(int listenFd, Deadline deadline, std::string* peerAddr) {
   }
 }
 
-bool readFull(int fd, void* buf, size_t n, Deadline d, std::string* errMsg, bool interruptible) {
+bool readSome(int fd, void* buf, size_t n, size_t* got, std::string* errMsg) {
   char* p = static_cast<char*>(buf);
-  size_t got = 0;
-  while (got < n) {
-    ssize_t r = ::recv(fd, p + got, n - got, 0);
+  while (*got < n) {
+    ssize_t r = ::recv(fd, p + *got, n - *got, MSG_DONTWAIT);
     if (r > 0) {
-      got += static_cast<size_t>(r);
+      *got += static_cast<size_t>(r);
       continue;
     }
     if (r == 0) {
@@ -288,10 +287,17 @@ bool readFull(int fd, void* buf, size_t n, Deadline d, std::string* errMsg, bool
       return false;
     }
     if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      *errMsg = std::strerror(errno);
-      return false;
-    }
+    if (errno != EAGAIN && errno != EWOULDBLOCK) *errMsg = std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+
+bool readFull(int fd, void* buf, size_t n, Deadline d, std::string* errMsg, bool interruptible) {
+  size_t got = 0;
+  errMsg->clear();
+  while (!readSome(fd, buf, n, &got, errMsg)) {
+    if (!errMsg->empty()) return false;
     pollfd pf{fd, POLLIN, 0};
     if ((interruptible ? pollInterruptible(&pf, 1, d) : ::poll(&pf, 1, d.pollMs())) == 0 &&
         d.expired()) {

@@ -110,5 +110,9 @@ void setNoDelay(int fd);
 bool readFull(int fd, void* buf, size_t n, Deadline d, std::string* errMsg,
               bool interruptible = false);
 bool writeFull(int fd, const void* buf, size_t n, Deadline d, std::string* errMsg);
+// Read what has arrived, without waiting, into buf[*got, n); true once all n bytes are in.
+// false with *errMsg empty: the rest has not arrived yet (call again; *got keeps the
+// progress); false with *errMsg set: EOF or an error. readFull is this plus a poll.
+bool readSome(int fd, void* buf, size_t n, size_t* got, std::string* errMsg);
 
 }  // namespace rr::transport::tcp
