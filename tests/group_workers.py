@@ -601,3 +601,31 @@ def silent_strangers(rank: int, world: int) -> dict:
     for s in socks:
         s.close()
     return {"took": took, "ok": ok, "strangers": len(socks)}
+
+
+def slow_setup_tail(rank: int, world: int) -> dict:
+    """A one-host group whose last set-up step returns 2.5 s later on rank 1 than on the
+    others (a slow store, a loaded host), with a 1.5 s heartbeat timeout. The others wait
+    in the group's first all-reduce meanwhile; heartbeats used to start only after set-up,
+    so they failed with "rank 1 stopped responding ... never heard from"."""
+    from ringreduce import _rendezvous
+
+    gather = _rendezvous.allgather
+
+    def slow(store: Any, prefix: str, r: int, n: int, timeout: float, step: str,
+             value: str) -> list:
+        out = gather(store, prefix, r, n, timeout, step, value)
+        if step == "unlinked" and r == 1:
+            time.sleep(2.5)
+        return out
+
+    _rendezvous.allgather = slow
+    try:
+        t0 = time.monotonic()
+        g = rr.new_group(list(range(world)))
+        x = _data(rank, 100, np.float64)
+        rr.allreduce(x, group=g)
+    finally:
+        _rendezvous.allgather = gather
+    ok = bool(np.array_equal(x, sum(_data(r, 100, np.float64) for r in range(world))))
+    return {"ok": ok, "took": time.monotonic() - t0}

@@ -125,6 +125,14 @@ def test_silent_connections_do_not_hold_up_a_groups_tcp_setup() -> None:
 
 
 @pytest.mark.timeout(120)
+def test_a_slower_setup_is_no_silence() -> None:
+    outs = run_world(3, "group_workers:slow_setup_tail", timeout=100,
+                     env={"RINGREDUCE_TRANSPORT": "shm", "RINGREDUCE_HEARTBEAT_TIMEOUT": "1.5"})
+    for r, o in enumerate(outs):
+        assert o["ok"] and o["took"] >= 2.4, f"rank {r}: {o}"
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("api", ["torch", "native"])
 def test_group_timeout_bounds_its_setup(api: str) -> None:
     """A member that never calls new_group(timeout=2 s): gloo gives up after 2 s; before,

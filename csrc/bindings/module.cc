@@ -3,6 +3,7 @@
 // alive), releases the GIL around everything that can block, and maps C++ exceptions to
 // Python classes.
 #include <algorithm>
+#include <exception>
 #include <cstring>
 
 #include <pybind11/functional.h>
@@ -166,6 +167,23 @@ struct PyListener {
   std::unique_ptr<transport::Heartbeat> hb;
 };
 
+// Start `hb` sending to every peer, or (`overlay`: sparse mode) to the overlay only, which
+// alone watches this rank.
+void startHeartbeat(transport::Heartbeat& hb, int rank, int world,
+                    const std::vector<std::string>& hbAddrs, const std::string& secret,
+                    const py::dict& opts, const Options& o, const std::vector<int>* overlay) {
+  if (static_cast<int>(hbAddrs.size()) != world)
+    throw InvalidArgument("need one heartbeat address per rank");
+  std::vector<std::string> targets = hbAddrs;
+  if (overlay)
+    for (int p = 0; p < static_cast<int>(targets.size()); ++p)
+      if (p != rank && std::find(overlay->begin(), overlay->end(), p) == overlay->end())
+        targets[static_cast<size_t>(p)].clear();
+  std::string session = opts.contains("session") ? opts["session"].cast<std::string>() : "";
+  hb.setName(o.groupName.empty() ? "world" : o.groupName);
+  hb.start(rank, targets, transport::heartbeatKey(secret, session), o.heartbeatIntervalSec);
+}
+
 // Owns the executor; what Python sees as _C.Communicator.
 class PyComm {
  public:
@@ -196,6 +214,20 @@ class PyComm {
     std::vector<int> overlay;  // connected at init and watched; socketless: none, all watched
     if (sparse && !socketless) overlay = transport::tcp::overlayPeers(rank, world);
     std::unique_ptr<transport::Dialer> dialer;
+    // Heartbeats start before connecting: a peer whose set-up ends later (a slow connect,
+    // shared memory set-up, a store call) is heard from meanwhile, not taken for a silent
+    // one by a rank already waiting in its first collective (found by a test: a 3 s slower
+    // set-up made the other rank fail with "stopped responding ... never heard from").
+    const bool beat = !hbAddrs.empty() && o.heartbeatTimeoutSec > 0 && pl.hb;
+    if (beat) startHeartbeat(*pl.hb, rank, world, hbAddrs, secret, opts, o,
+                             sparse && !socketless ? &overlay : nullptr);
+    // A failed set-up stops them (without a goodbye): its peers learn why another way.
+    struct StopOnThrow {
+      transport::Heartbeat* hb;
+      ~StopOnThrow() {
+        if (hb && std::uncaught_exceptions() > 0) hb->stop();
+      }
+    } stopOnThrow{beat ? pl.hb.get() : nullptr};
     {
       py::gil_scoped_release nogil;
       transport::tcp::Identity me{rank, world, secret, o.rankLabels};
@@ -221,17 +253,9 @@ class PyComm {
         if (socketless) comm->watchLocalProcesses();
       }
     }
-    if (!hbAddrs.empty() && o.heartbeatTimeoutSec > 0 && pl.hb) {
-      if (static_cast<int>(hbAddrs.size()) != world)
-        throw InvalidArgument("need one heartbeat address per rank");
-      std::string session = opts.contains("session") ? opts["session"].cast<std::string>() : "";
-      std::vector<std::string> targets = hbAddrs;
-      for (int p = 0; p < world; ++p)  // sparse: only the overlay hears from this rank
-        if (p != rank && !comm->watched(p)) targets[static_cast<size_t>(p)].clear();
-      pl.hb->setName(o.groupName.empty() ? "world" : o.groupName);
-      pl.hb->start(rank, targets, transport::heartbeatKey(secret, session),
-                   o.heartbeatIntervalSec);
-      comm->setHeartbeat(std::move(pl.hb));
+    if (beat) {
+      comm->setHeartbeat(std::move(pl.hb));  // stopped by the communicator from now on
+      stopOnThrow.hb = nullptr;
     }
     exec_ = std::make_shared<runtime::Executor>(std::move(comm));
   }
