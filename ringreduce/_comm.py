@@ -41,7 +41,7 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
     host = bind if ":" not in bind else f"[{bind}]"
     peers = _rendezvous.exchange(store, rank, world, f"{host}:{listener.port}", secret,
                                  options["connect_timeout"], f"{host}:{listener.heartbeat_port}",
-                                 prefix=prefix)
+                                 prefix=prefix, settings=_env.job_wide(tun, options))
     options["session"] = peers.session  # per-init heartbeat key: no replay across inits
     # Busy-poll (sockets and shared memory) briefly only when every local rank can have its
     # own CPU among those this process may run on (affinity mask, cgroup quota): spinning

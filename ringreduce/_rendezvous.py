@@ -550,14 +550,17 @@ def _rr_error(msg: str) -> Exception:
 
 
 def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None,
-             timeout: float, my_hb: str = "", prefix: str | None = None) -> Peers:
+             timeout: float, my_hb: str = "", prefix: str | None = None,
+             settings: str = "") -> Peers:
     """Publish this rank's address and host; return everyone's, plus the job secret.
-    prefix: the keys' prefix (a group's, unique in the job); default: this init's own."""
+    prefix: the keys' prefix (a group's, unique in the job); default: this init's own.
+    settings: this rank's job-wide knobs (_env.job_wide); init raises ValueError on every
+    rank, naming the variable, if they differ (a group's are its world's)."""
     from ._C import RingReduceError
 
     during = "init" if prefix is None else "a group's creation"
     try:
-        return _exchange(store, rank, world, my_addr, secret, timeout, my_hb, prefix)
+        return _exchange(store, rank, world, my_addr, secret, timeout, my_hb, prefix, settings)
     except (ValueError, RingReduceError) as e:
         gone = getattr(e, "store_error", None)  # _wait's: say which phase it was
         if gone is not None:
@@ -567,6 +570,20 @@ def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None
         raise  # store is the world's, which outlives this error: nothing to wait for
     except RuntimeError as e:  # torch's DistStoreError / DistNetworkError: the store is gone
         raise _store_failed(rank, during, e, store) from e
+
+
+def _same_settings(per_rank: list, rank: int) -> None:
+    """ValueError naming the first job-wide knob whose value differs between ranks (every
+    rank reads the same lists, so every rank raises the same error)."""
+    tables = [dict(kv.split("=", 1) for kv in s.split(";") if "=" in kv) for s in per_rank]
+    for var in tables[rank]:
+        values = [t.get(var, "?") for t in tables]
+        if len(set(values)) > 1:
+            shown = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values[:8]))
+            more = f" (and {len(values) - 8} more ranks)" if len(values) > 8 else ""
+            raise ValueError(
+                f"{var} differs between ranks ({shown}{more}); it must be the same on every "
+                f"rank of a job: set it (or leave it unset) alike for all of them")
 
 
 def _linger(store: Any, world: int, cap: float = 2.0) -> None:
@@ -622,7 +639,7 @@ def _world_prefix() -> str:
 
 
 def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None,
-              timeout: float, my_hb: str, prefix: str | None) -> Peers:
+              timeout: float, my_hb: str, prefix: str | None, settings: str = "") -> Peers:
     if prefix is None:
         _GENERATION[0] += 1
     p = _world_prefix() if prefix is None else prefix
@@ -648,8 +665,9 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
     if secret is None:
         _wait(store, [p + "secret"], timeout, rank, "rank 0 to publish the job secret", p)
         secret = store.get(p + "secret").decode()
-    store.multi_set([p + f"{k}/{rank}" for k in ("addr", "host", "hb")],
-                    [my_addr, _env.host_identity(), my_hb])
+    cfg = ("cfg",) if prefix is None else ()  # before addr/N, which the others wait for
+    store.multi_set([p + f"{k}/{rank}" for k in (*cfg, "addr", "host", "hb")],
+                    [*(settings for _ in cfg), my_addr, _env.host_identity(), my_hb])
     keys = [p + f"addr/{r}" for r in range(world)]
     what = "all ranks to publish their addresses" if prefix is None else (
         f"the {world} ranks of {prefix.rstrip('/')} (a group or point-to-point channel being "
@@ -659,6 +677,9 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
                                       "the same order?"}
     _wait(store, keys, timeout, rank, what, p, **hint)
     got = [v.decode() for v in store.multi_get(
-        [*keys, *(p + f"{k}/{r}" for k in ("host", "hb") for r in range(world)), p + "session"])]
+        [*keys, *(p + f"{k}/{r}" for k in ("host", "hb", *cfg) for r in range(world)),
+         p + "session"])]
+    if cfg:
+        _same_settings(got[3 * world:4 * world], rank)
     return Peers(addrs=got[:world], hosts=got[world:2 * world], secret=secret, prefix=p,
                  hb_addrs=got[2 * world:3 * world], session=got[-1])

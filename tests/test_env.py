@@ -261,6 +261,8 @@ def test_bad_tunables(name: str, raw: str, allowed: str) -> None:
      "RINGREDUCE_HEARTBEAT_INTERVAL=10 must be shorter than RINGREDUCE_HEARTBEAT_TIMEOUT=4"),
     ({"RINGREDUCE_HEARTBEAT_INTERVAL": "1", "RINGREDUCE_HEARTBEAT_TIMEOUT": "1"},
      "must be shorter"),
+    ({"RINGREDUCE_HEARTBEAT_INTERVAL": "1e-9"},  # was accepted: a quarter core per idle rank
+     "RINGREDUCE_HEARTBEAT_INTERVAL=1e-09: expected at least 0.01 seconds"),
 ])
 def test_values_the_core_or_each_other_refuse(env: dict, message: str) -> None:
     """Refused when read, naming the variables (were: a ValueError at connect naming no

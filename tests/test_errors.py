@@ -308,6 +308,33 @@ def test_wrong_secret_is_refused(world: int) -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("var,values", [
+    ("RINGREDUCE_SEGMENT_BYTES", ("64", "1M")),  # was "frame size mismatch in allgather"
+    ("RINGREDUCE_TREE_THRESHOLD_BYTES", ("0", "1G")),  # was "pass the same algo="
+    ("RINGREDUCE_TRANSPORT", ("tcp", "auto")),  # was "collective mismatch"
+    ("RINGREDUCE_HALF_WIRE", ("32", None)),
+])
+def test_job_wide_settings_that_differ_are_named_at_init(var: str, values: tuple) -> None:
+    rank_env = {r: {var: v} for r, v in enumerate(values) if v is not None}
+    outs = run_world_raw(3, error_workers.init_only, timeout=40, init=False,
+                         rank_env=rank_env)
+    story = "\n".join(o.describe() for o in outs)
+    assert all(o.ok for o in outs), story
+    for o in outs:
+        v = o.value
+        assert v["type"] == "ValueError", f"rank {o.rank}: {v}"
+        assert f"{var} differs between ranks" in v["msg"] and "rank 2:" in v["msg"], v["msg"]
+
+
+@pytest.mark.timeout(60)
+def test_job_wide_settings_written_differently_but_equal_agree() -> None:
+    outs = run_world(2, error_workers.init_only, timeout=40, init=False,
+                     rank_env={0: {"RINGREDUCE_SEGMENT_BYTES": "512K"},
+                               1: {"RINGREDUCE_SEGMENT_BYTES": "524288"}})
+    assert [o["sum"] for o in outs] == [[2.0] * 4] * 2, outs
+
+
+@pytest.mark.timeout(60)
 def test_strangers_on_the_listening_port_are_refused() -> None:
     res = run_world(2, error_workers.strangers, timeout=45, init=False,
                     env={"RINGREDUCE_CONNECT_TIMEOUT": "20"})

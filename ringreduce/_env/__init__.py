@@ -26,6 +26,7 @@ from .tunables import (
     check_seconds,
     core_options,
     describe_tunables,
+    job_wide,
     tunables,
 )
 
@@ -40,6 +41,7 @@ __all__ = [
     "detect_launch",
     "expand_hostlist",
     "host_identity",
+    "job_wide",
     "launch_given",
     "resolve",
     "select_interface_address",

@@ -235,6 +235,10 @@ def _cross_check(t: Any) -> Any:
     if t.segment_bytes < 64:
         raise ValueError(f"RINGREDUCE_SEGMENT_BYTES={t.segment_bytes}: expected at least 64 "
                          f"bytes (the default is 512K)")
+    if t.heartbeat_interval < 0.01:  # 1e-9 made an idle rank burn a quarter of a core
+        raise ValueError(f"RINGREDUCE_HEARTBEAT_INTERVAL={t.heartbeat_interval:g}: expected "
+                         f"at least 0.01 seconds (the default is 0.5; a peer is declared "
+                         f"silent only after RINGREDUCE_HEARTBEAT_TIMEOUT anyway)")
     if t.heartbeat_timeout > 0 and t.heartbeat_interval >= t.heartbeat_timeout:
         raise ValueError(
             f"RINGREDUCE_HEARTBEAT_INTERVAL={t.heartbeat_interval:g} must be shorter than "
@@ -242,6 +246,21 @@ def _cross_check(t: Any) -> Any:
             f"after the timeout, so heartbeats must come more often; e.g. at most a quarter "
             f"of it), or set RINGREDUCE_HEARTBEAT_TIMEOUT=0 to turn the check off")
     return t
+
+
+# Knobs every rank of a job must set alike: they shape what goes on the wire (segment
+# size, half-precision partials), which algorithm runs, or how ranks connect. Init compares
+# them (ringreduce._rendezvous) and names the variable; before, a difference surfaced as a
+# "frame size mismatch" or "pass the same algo=" that blamed the program (found by a helper).
+JOB_WIDE = ("transport", "algo", "segment_bytes", "half_wire", "tree_threshold_bytes",
+            "full_mesh_max")
+
+
+def job_wide(t: Any, options: Mapping[str, Any]) -> str:
+    """This rank's job-wide settings as one line ("RINGREDUCE_X=v;..."): the parsed values
+    (512K and 524288 agree), the core's where init's arguments set them."""
+    env = {f.name: f.metadata["env"] for f in dataclasses.fields(t)}
+    return ";".join(f"{env[k]}={options.get(k, getattr(t, k))}" for k in JOB_WIDE)
 
 
 def describe_tunables() -> str:
