@@ -378,6 +378,13 @@ def init_only(rank: int, world: int) -> dict:
         rr.destroy()
 
 
+def init_and_destroy(rank: int, world: int) -> str:
+    """init() and destroy(), no collective (init's own must not use RINGREDUCE_TIMEOUT)."""
+    rr.init()
+    rr.destroy()
+    return "ok"
+
+
 _HELLO = struct.Struct("<IIii16s")
 _AUTH = struct.Struct("<IIiiii16s32s")
 _ACK = struct.Struct("<II32s")

@@ -327,6 +327,16 @@ def test_job_wide_settings_that_differ_are_named_at_init(var: str, values: tuple
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_init_waits_under_the_connect_timeout_not_the_collective_one(transport: str) -> None:
+    """Init's shared-memory set-up exchanges segment names with collectives; they ran under
+    RINGREDUCE_TIMEOUT, so a tiny one failed init ("allgather #1 timed out"; a helper)."""
+    outs = run_world(3, error_workers.init_and_destroy, timeout=40, init=False,
+                     env={"RINGREDUCE_TIMEOUT": "1e-9", "RINGREDUCE_TRANSPORT": transport})
+    assert outs == ["ok"] * 3, outs
+
+
+@pytest.mark.timeout(60)
 def test_job_wide_settings_written_differently_but_equal_agree() -> None:
     outs = run_world(2, error_workers.init_only, timeout=40, init=False,
                      rank_env={0: {"RINGREDUCE_SEGMENT_BYTES": "512K"},

@@ -228,10 +228,10 @@ class PyComm {
         if (hb && std::uncaught_exceptions() > 0) hb->stop();
       }
     } stopOnThrow{beat ? pl.hb.get() : nullptr};
+    const Deadline d = Deadline::after(o.connectTimeoutSec);  // connecting and set-up
     {
       py::gil_scoped_release nogil;
       transport::tcp::Identity me{rank, world, secret, o.rankLabels};
-      Deadline d = Deadline::after(o.connectTimeoutSec);
       if (sparse) {
         conns = transport::tcp::connectSubset(me, listener, addrs, overlay, d, check);
         dialer = std::make_unique<transport::tcp::TcpDialer>(me, std::move(listener), addrs);
@@ -249,7 +249,9 @@ class PyComm {
       ShmMeeting meet = socketless ? meetOverStore(shmStore) : meetOverTcp(*comm);
       {
         py::gil_scoped_release nogil;
+        comm->beginSetup(std::max(d.pollMs(), 100) / 1000.0);
         setupShm(*comm, plan, meet);
+        comm->endSetup();
         if (socketless) comm->watchLocalProcesses();
       }
     }

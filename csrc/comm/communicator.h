@@ -47,6 +47,17 @@ class Communicator {
   int label(int p) const { return rankLabel(opts_.rankLabels, p); }
   int world() const { return world_; }
   const Options& options() const { return opts_; }
+  // Init's own collectives (the shared-memory set-up over TCP) wait at most `sec`, what is
+  // left of the connect timeout, not RINGREDUCE_TIMEOUT, and a timeout says so;
+  // endSetup() gives the collectives their own timeout back.
+  void beginSetup(double sec) {
+    setupOf_ = opts_.timeoutSec;
+    opts_.timeoutSec = sec;
+  }
+  void endSetup() {
+    opts_.timeoutSec = setupOf_;
+    setupOf_ = -1;
+  }
   uint64_t seq() const { return seq_; }
   // The connection to `peer`, made now (comm/lazy_connect.cc) if it is not there yet.
   Connection& conn(int peer) {
@@ -251,6 +262,7 @@ class Communicator {
   Options opts_;
   uint64_t seq_ = 0;
   Deadline deadline_ = Deadline::never();
+  double setupOf_ = -1;  // in init's set-up (beginSetup): the collective timeout, else -1
   ScratchArena scratch_;
   std::unique_ptr<transport::shm::ShmDomain> shm_;
   std::unique_ptr<transport::shm::PeerProcesses> procs_;  // watchLocalProcesses(), else null

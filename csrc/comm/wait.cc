@@ -272,8 +272,10 @@ void Communicator::checkLocalAborts() {
     who += (who.empty() ? "" : " and ") + std::string("waiting to send to ") + name(sendPeer);
   RR_THROW(TimeoutError, "rank ", label(rank_), ": ", describeCurrent(), " timed out after ",
            opts_.timeoutSec, " s ", who, diagnosis(recvPeer >= 0 ? recvPeer : sendPeer),
-           " (is that rank stuck, or did it skip this collective? raise timeout= or "
-           "RINGREDUCE_TIMEOUT for slow steps)");
+           setupOf_ >= 0 ? " (in init's shared-memory set-up, within RINGREDUCE_CONNECT_TIMEOUT: "
+                           "is that rank stuck or still starting?)"
+                         : " (is that rank stuck, or did it skip this collective? raise "
+                           "timeout= or RINGREDUCE_TIMEOUT for slow steps)");
 }
 
 }  // namespace rr::comm
