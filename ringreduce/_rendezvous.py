@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from . import _env, _procnet
+from . import _env, _procnet, _state
 
 _STORES: dict[tuple, Any] = {}  # (addr, port) -> the TCPStore made here, while acquired
 _REFS: dict[tuple, int] = {}  # (addr, port) -> how many make_store calls hold it
@@ -441,15 +441,7 @@ def check_destroyed(world: Any, what: str) -> None:
     if world.destroyed:
         raise _rr_error(f"rank {world.rank}: ringreduce.destroy() was called while this rank "
                         f"waited for {what}")
-    check_aborted(world, what)
-
-
-def check_aborted(world: Any, what: str) -> None:
-    """After ringreduce.abort() a new group or point-to-point channel is refused, as every
-    call on the existing ones is (the C++ communicator's text)."""
-    if world.aborted:
-        raise _rr_error(f"communicator was aborted; destroy it and init again (rank "
-                        f"{world.rank}, {what})")
+    _state.check_aborted(world, what)
 
 
 def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,

@@ -186,10 +186,15 @@ def current(what: str = "this call") -> Group:
     return g
 
 
-def resolve(group: Any, what: str = "this call") -> Group:
-    """The communicator a call with `group=` runs on: the world when None."""
+def resolve(group: Any, what: str = "this call", runs: bool = True) -> Group:
+    """The communicator a call with `group=` runs on: the world when None. `runs`: the call
+    would run something (a collective), refused after ringreduce.abort() -- which a group
+    of one, having no C++ communicator to refuse it, checks here."""
     if group is None:
-        return current(what)
+        group = current(what)
+        if runs and group.comm is None:
+            check_aborted(group, what)
+        return group
     if not isinstance(group, Group):
         raise TypeError(
             f"{what}: group must be a ringreduce Group (from ringreduce.new_group or "
@@ -201,4 +206,17 @@ def resolve(group: Any, what: str = "this call") -> Group:
                  "a new group with ringreduce.new_group (ringreduce.destroy() destroys every "
                  "group)")
         raise RuntimeError(f"{what}: group {group.name!r} was destroyed; make {again}")
+    if runs and group.comm is None:
+        check_aborted(_DEFAULT[0], what)
     return group
+
+
+def check_aborted(world: Group | None, what: str) -> None:
+    """After ringreduce.abort() every call is refused (the C++ communicator's words): here
+    those with no communicator to refuse them (a group of one, a world of one) and new
+    groups and point-to-point channels."""
+    if world is not None and world.aborted:
+        from ._C import RingReduceError
+
+        raise RingReduceError(f"communicator was aborted; destroy it and init again (rank "
+                              f"{world.rank}, {what})")

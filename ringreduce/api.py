@@ -167,12 +167,12 @@ def is_initialized() -> bool:
 
 def get_rank(group: Any = None) -> int:
     """This process's rank in the world (or in `group`)."""
-    return _state.resolve(group, "get_rank()").rank
+    return _state.resolve(group, "get_rank()", runs=False).rank
 
 
 def get_world_size(group: Any = None) -> int:
     """Number of ranks in the world (or in `group`)."""
-    return _state.resolve(group, "get_world_size()").world_size
+    return _state.resolve(group, "get_world_size()", runs=False).world_size
 
 
 def _gpu() -> Any:
@@ -237,6 +237,7 @@ def allreduce(x: Any, op: Any = "sum", algo: str = "auto", async_op: bool = Fals
     opc, alc = op_code(op), algo_code(algo) or g.default_algo
     _buffers.check_reduction(b, opc)
     if g.comm is None:  # (x,): what Work.get_future() hands out, as for a real collective
+        _state.check_aborted(_state._DEFAULT[0], "allreduce()")
         return _finish(None, (x,), async_op=async_op)
     cw = g.comm.allreduce(b.ptr, b.count, b.code, opc, alc, async_op)
     return Work(cw, (x,)) if async_op else None

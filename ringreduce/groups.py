@@ -261,7 +261,7 @@ def _make(world: Group, members: list[int], prefix: str, name: str,
     """This rank's Group of world ranks `members` (in group-rank order); p2p: a
     point-to-point channel (small messages over shared memory are sent eagerly); store:
     where `prefix` lives (default: the world's store)."""
-    _rendezvous.check_aborted(world, f"creating {name}")
+    _state.check_aborted(world, f"creating {name}")
     me = members.index(world.rank)
     if len(members) == 1:
         return _register(world, _single(world, members, prefix, name))

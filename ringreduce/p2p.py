@@ -119,7 +119,7 @@ def _post(x: Any, peer: int, tag: int, group: Any, what: str, sending: bool,
 
     g = _state.resolve(group, f"{what}()")
     world = _state.current(f"{what}()")
-    _rendezvous.check_aborted(world, f"{what}()")
+    _state.check_aborted(world, f"{what}()")
     name = "dst" if sending else "src"
     g.group_rank(peer, f"{what} {name}")  # an int, and a member of the group
     peer = _state.as_rank(peer, f"{what} {name}")
@@ -277,7 +277,7 @@ def _recv_any(x: Any, tag: int, group: Any, what: str, async_op: bool) -> Any:
 
     g = _state.resolve(group, f"{what}()")
     world = _state.current(f"{what}()")
-    _rendezvous.check_aborted(world, f"{what}()")
+    _state.check_aborted(world, f"{what}()")
     tag = _check_tag(tag, what)
     _buffers.as_buffer(x, f"{what}(x)", writable=True)  # bad input fails before any wait
     peers = [r for r in (g.ranks or range(g.size)) if r != world.rank]

@@ -384,6 +384,31 @@ def test_world_size_one_needs_no_store() -> None:
     assert not rr.is_initialized()
 
 
+def test_abort_refuses_later_calls_at_world_size_one() -> None:
+    """A world of one (and a group of one) has no C++ communicator: after abort() its
+    collectives returned as if nothing happened while larger worlds refuse them (a helper)."""
+    rr.init(rank=0, world_size=1)
+    try:
+        solo = rr.new_group([0])
+        rr.abort()
+        x = np.ones(3)
+        calls = {"allreduce": lambda: rr.allreduce(x), "barrier": rr.barrier,
+                 "broadcast": lambda: rr.broadcast(x, src=0),
+                 "allgather": lambda: rr.allgather(x),
+                 "allreduce on a group of one": lambda: rr.allreduce(x, group=solo),
+                 "new_group": lambda: rr.new_group([0])}
+        for what, call in calls.items():
+            with pytest.raises(rr.RingReduceError, match="communicator was aborted"):
+                call()
+                pytest.fail(f"{what} after abort() was not refused")
+        assert rr.get_rank() == 0 and rr.get_world_size(solo) == 1
+    finally:
+        rr.destroy()
+    rr.init(rank=0, world_size=1)  # a new init runs again
+    rr.allreduce(np.ones(2))
+    rr.destroy()
+
+
 # ------------------------------------------------------------- the spawn helper
 
 
