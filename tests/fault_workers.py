@@ -301,3 +301,13 @@ def abort_mid_frame(rank: int, world: int, nbytes: int, at: float) -> dict:
         return {"type": None, "msg": ""}
     except Exception as e:  # noqa: BLE001 - reported to the test
         return {"type": type(e).__name__, "msg": str(e), "cause": getattr(e, "cause", None)}
+
+
+def leaver_loop(rank: int, world: int, victim: int, collective: str, algo: str) -> dict:
+    """Rank `victim` raises (its exit hook says goodbye: a rank that *left*) after a few
+    collectives; the others loop until they fail and say whom they blame."""
+    if rank == victim:
+        for it in range(1, 4):
+            _one(collective, rank, world, it, 3000, algo)
+        raise RuntimeError("the victim's program failed")
+    return fault_loop(rank, world, collective, 3000, algo, limit_s=30.0)

@@ -250,3 +250,25 @@ def test_torch_backend_survivors_raise_with_the_users_line(tmp_path: Path, actio
         assert re.search(r"\brank 1\b", r["msg"]), r["msg"]
         assert "called from fault_workers.py:" in r["msg"], r["msg"]
         assert r["t_err"] - t_fault < 2.5, f"rank {o.rank}: {r['t_err'] - t_fault:.2f} s"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport,algo,collective", [
+    ("tcp", "tree", "allreduce"), ("tcp", "ring", "allreduce"), ("shm", "auto", "allreduce"),
+    ("tcp", "tree", "reduce")])
+def test_a_rank_that_left_is_named_on_every_survivor(transport: str, algo: str,
+                                                     collective: str) -> None:
+    """A rank whose program ended (an exception, then its exit hook's goodbye) while the
+    others still needed it: survivors told by another survivor blamed that survivor
+    (peer_rank = the relaying rank, cause "aborted"; found by a helper)."""
+    victim = 2
+    outs = run_world_raw(4, "fault_workers:leaver_loop", victim, collective, algo, timeout=60,
+                         env={"RINGREDUCE_TRANSPORT": transport}, expendable=[victim])
+    story = "\n".join(o.describe() for o in outs)
+    for o in outs:
+        if o.rank == victim:
+            continue
+        assert o.ok and o.value["type"] == "PeerFailure", story
+        r = o.value
+        assert (r["peer_rank"], r["cause"]) == (victim, "left"), f"rank {o.rank}: {r}\n{story}"
+        assert r["relayed_by"] not in (victim, o.rank), f"rank {o.rank}: {r}"

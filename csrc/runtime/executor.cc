@@ -143,8 +143,10 @@ static void rethrowWithContext(comm::Communicator& c) {
     // peer's error already quotes its last heartbeat).
     std::string msg = e.what();
     if (cause != PeerCause::kSilent && via < 0) msg += c.peerContext(peer);
+    // A rank gone from the job (dead, silent, cut off, or left while needed): the abort
+    // names it, so survivors that never waited for it name it too, not this rank.
     const bool lost = cause == PeerCause::kClosed || cause == PeerCause::kSilent ||
-                      cause == PeerCause::kNetwork;  // it will not say goodbye
+                      cause == PeerCause::kNetwork || cause == PeerCause::kLeft;
     c.poison(msg, transport::AbortCode::kPeer,
              lost ? transport::Culprit{peer, cause} : transport::Culprit{});
     throw PeerError(c.label(peer), cause, msg + ctx,
