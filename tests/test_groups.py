@@ -187,13 +187,22 @@ def test_a_failure_reaches_socketless_group_members_through_shared_memory() -> N
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
-def test_groups_called_in_different_orders_name_the_other_group(transport: str) -> None:
+@pytest.mark.parametrize("first", [0, 1])
+def test_groups_called_in_different_orders_name_the_other_group(transport: str,
+                                                                first: int) -> None:
+    """Rank `first` times out first (4 s; the other waits 12 s): the other is still blocked
+    on its other communicator then, and the error says where. (With one timeout for both,
+    which one still saw the other blocked was a race.)"""
     outs = run_world(3, "group_workers:groups_out_of_order", timeout=60,
-                     env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "4"})
-    assert "CollectiveTimeout" in outs[0] and "on group" in outs[0], outs[0]
-    assert re.search(r"rank 1 .*meanwhile in allreduce #\d+ on world", outs[0]), outs[0]
-    assert "CollectiveTimeout" in outs[1], outs[1]
-    assert re.search(r"rank 0 .*meanwhile in allreduce #1 on group", outs[1]), outs[1]
+                     env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "12"},
+                     rank_env={first: {"RINGREDUCE_TIMEOUT": "4"}})
+    o = outs[first]
+    assert "CollectiveTimeout" in o, o
+    if first == 0:
+        assert "on group" in o and re.search(r"rank 1 .*meanwhile in allreduce #\d+ on world", o), o
+    else:
+        assert re.search(r"rank 0 .*meanwhile in allreduce #1 on group", o), o
+    assert outs[1 - first] != "no error", outs
 
 
 @pytest.mark.timeout(120)
