@@ -311,3 +311,38 @@ def leaver_loop(rank: int, world: int, victim: int, collective: str, algo: str) 
             _one(collective, rank, world, it, 3000, algo)
         raise RuntimeError("the victim's program failed")
     return fault_loop(rank, world, collective, 3000, algo, limit_s=30.0)
+
+
+def idle_aborter(rank: int, world: int, on: str, hold_s: float = 8.0) -> dict:
+    """Rank 0 calls rr.abort() between calls and then stays alive (a watchdog that aborts,
+    then cleans up) for hold_s; the others are blocked on it in an all-reduce (on the world
+    or a group) or a recv, or come later. Before, an idle rank's abort reached nobody: they
+    waited until rank 0 exited (or RINGREDUCE_TIMEOUT)."""
+    g = rr.new_group(list(range(world))) if on == "group" else None
+    x = np.ones(64)
+    if on == "recv" and rank in (0, 1):  # the channel exists before the abort
+        rr.send(x, 1, tag=5) if rank == 0 else rr.recv(x, 0, tag=5)
+    rr.barrier()
+    if rank == 0:
+        time.sleep(1.0)
+        rr.abort()
+        time.sleep(hold_s)
+        rr.destroy()
+        return {"type": None}
+    if on == "late":
+        time.sleep(2.0)
+    t0 = time.monotonic()
+    try:
+        if on == "recv":
+            if rank == 1:
+                rr.recv(x, 0, tag=5)
+            else:
+                return {"type": None}
+        else:
+            rr.allreduce(x, group=g)
+        out = {"type": None, "secs": time.monotonic() - t0}
+    except rr.RingReduceError as e:
+        out = {"type": type(e).__name__, "msg": str(e), "secs": time.monotonic() - t0,
+               "peer_rank": getattr(e, "peer_rank", None), "cause": getattr(e, "cause", None)}
+    rr.destroy()
+    return out

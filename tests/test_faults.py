@@ -272,3 +272,21 @@ def test_a_rank_that_left_is_named_on_every_survivor(transport: str, algo: str,
         r = o.value
         assert (r["peer_rank"], r["cause"]) == (victim, "left"), f"rank {o.rank}: {r}\n{story}"
         assert r["relayed_by"] not in (victim, o.rank), f"rank {o.rank}: {r}"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+@pytest.mark.parametrize("on", ["world", "group", "recv", "late"])
+def test_an_idle_ranks_abort_reaches_its_peers(transport: str, on: str) -> None:
+    """rr.abort() while nothing runs (found by a helper: nobody was told)."""
+    outs = run_world_raw(3, "fault_workers:idle_aborter", on, timeout=60,
+                         env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30"})
+    story = "\n".join(o.describe() for o in outs)
+    assert all(o.ok for o in outs), story
+    waiting = [1] if on == "recv" else [1, 2]
+    for r in waiting:
+        v = outs[r].value
+        assert v["type"] == "PeerFailure" and v["peer_rank"] == 0 and v["cause"] == "aborted", \
+            f"rank {r}: {v}\n{story}"
+        assert "ringreduce.abort() on rank 0" in v["msg"], v["msg"]
+        assert v["secs"] < 4.0, f"rank {r} learnt of the abort after {v['secs']:.1f} s"

@@ -205,6 +205,13 @@ void Communicator::throwAborted() const {
   RR_THROW(Error, "communicator aborted during ", describeCurrent());
 }
 
+void Communicator::announceAbort() {
+  if (!failure_.empty()) return;
+  poison(detail::concat("communicator aborted (ringreduce.abort() on rank ", label(rank_),
+                        ", idle after collective #", seq_, ")"),
+         transport::AbortCode::kOther);
+}
+
 void Communicator::abort(bool destroying) {
   if (destroying) destroying_.store(true);
   aborted_.store(true);

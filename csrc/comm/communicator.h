@@ -193,6 +193,9 @@ class Communicator {
   void poison(const std::string& reason, transport::AbortCode code,
               transport::Culprit lost = {});
   bool poisoned() const { return !failure_.empty(); }
+  // After abort(): tell the peers (abort frames, shared-memory abort) if no failed
+  // collective did. Only while no collective runs (Executor's worker, under execMu_).
+  void announceAbort();
   int lostPeer() const { return lostPeer_; }  // poison()'s lost.rank; -1: none
   // False when the last collective was refused before it began (describeCurrent would
   // describe the one before it).

@@ -143,10 +143,12 @@ static void rethrowWithContext(comm::Communicator& c) {
     // peer's error already quotes its last heartbeat).
     std::string msg = e.what();
     if (cause != PeerCause::kSilent && via < 0) msg += c.peerContext(peer);
-    // A rank gone from the job (dead, silent, cut off, or left while needed): the abort
-    // names it, so survivors that never waited for it name it too, not this rank.
+    // A rank gone from the job (dead, silent, cut off, or left while needed) or that gave
+    // up (its abort): this rank's abort names it, so survivors that never waited for it
+    // name it too, not this rank.
     const bool lost = cause == PeerCause::kClosed || cause == PeerCause::kSilent ||
-                      cause == PeerCause::kNetwork || cause == PeerCause::kLeft;
+                      cause == PeerCause::kNetwork || cause == PeerCause::kLeft ||
+                      cause == PeerCause::kAborted;
     c.poison(msg, transport::AbortCode::kPeer,
              lost ? transport::Culprit{peer, cause} : transport::Culprit{});
     throw PeerError(c.label(peer), cause, msg + ctx,
@@ -183,7 +185,16 @@ void Executor::loop() {
     std::pair<Task, std::shared_ptr<Work>> item;
     {
       std::unique_lock<std::mutex> g(mu_);
-      cv_.wait(g, [&] { return stop_ || !queue_.empty(); });
+      cv_.wait(g, [&] { return stop_ || !queue_.empty() || announce_; });
+      if (announce_) {
+        announce_ = false;
+        g.unlock();
+        // Under execMu_: after a collective running now (inline) has failed and told the
+        // peers itself, never while one writes frames.
+        std::lock_guard<std::mutex> ex(execMu_);
+        comm_->announceAbort();
+        continue;
+      }
       if (queue_.empty()) return;  // stop_ and nothing left
       item = std::move(queue_.front());
       queue_.pop_front();
@@ -200,7 +211,14 @@ void Executor::loop() {
   }
 }
 
-void Executor::abort() { comm_->abort(); }
+void Executor::abort() {
+  comm_->abort();
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    announce_ = true;
+  }
+  cv_.notify_all();
+}
 
 void Executor::shutdown() {
   {

@@ -44,7 +44,9 @@ class Executor : public std::enable_shared_from_this<Executor> {
   // comm().probePeers() if nothing is queued or running (what runs checks liveness itself).
   void probeIdle(const std::vector<int>& waitedFor = {});
 
-  // Fail the running collective and everything queued, promptly. Thread-safe.
+  // Fail the running collective and everything queued, promptly, and tell the peers --
+  // also when nothing runs (the worker sends the abort then: before, an idle rank's abort()
+  // reached no peer, which waited for it until RINGREDUCE_TIMEOUT). Thread-safe.
   void abort();
   // abort() if anything is running (on the worker or inline on a caller's thread), wait for
   // it to end, join the worker and say goodbye to the peers. Idempotent; any thread.
@@ -70,6 +72,7 @@ class Executor : public std::enable_shared_from_this<Executor> {
   std::deque<std::pair<Task, std::shared_ptr<Work>>> queue_;
   bool stop_ = false;
   bool busy_ = false;           // worker is executing a task
+  bool announce_ = false;       // abort() was called: the worker tells the peers
   // runSync calls executing on their caller's thread: raised under mu_ (so shutdown() sees
   // every call that got past its stop_ check), lowered without it (off the hot path's lock).
   std::atomic<int> inline_{0};
