@@ -157,7 +157,11 @@ void Communicator::poison(const std::string& reason, transport::AbortCode code,
                           transport::Culprit lost) {
   if (!failure_.empty()) return;
   failure_ = reason;
-  lostPeer_ = lost.rank;
+  // Dead, frozen or cut off: it will say no goodbye (the farewell speaks for it). A rank
+  // that left or aborted is named in the abort too, but says its own goodbye.
+  const bool gone = lost.cause == PeerCause::kClosed || lost.cause == PeerCause::kSilent ||
+                    lost.cause == PeerCause::kNetwork;
+  lostPeer_ = gone ? lost.rank : -1;
   {
     std::lock_guard<std::mutex> lock(gFailureMu);
     if (gFirstFailure.empty()) gFirstFailure = reason;

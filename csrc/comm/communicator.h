@@ -196,7 +196,7 @@ class Communicator {
   // After abort(): tell the peers (abort frames, shared-memory abort) if no failed
   // collective did. Only while no collective runs (Executor's worker, under execMu_).
   void announceAbort();
-  int lostPeer() const { return lostPeer_; }  // poison()'s lost.rank; -1: none
+  int lostPeer() const { return lostPeer_; }  // poison()'s lost.rank if dead/silent; else -1
   // False when the last collective was refused before it began (describeCurrent would
   // describe the one before it).
   bool begun() const { return begun_; }
