@@ -226,3 +226,32 @@ def late_rank(rank: int, world: int, late: int, sleep_s: float) -> dict:
             wrong += 1
     dist.destroy_process_group()
     return {"wrong": wrong}
+
+
+def async_mismatch(rank: int, world: int) -> dict:
+    """An async dist.all_reduce whose ranks disagree on the size: wait() raises
+    CollectiveMismatch, and -- as gloo's -- is_success() is False, exception() returns the
+    error (it returned None) and the future's wait() raises it. A successful one's
+    exception() is None."""
+    torch.set_num_threads(1)
+    dist.init_process_group("ringreduce")
+    out: dict = {}
+    ok = dist.all_reduce(torch.ones(3), async_op=True)
+    ok.wait()
+    out["ok_exc"] = repr(ok.exception())
+    w = dist.all_reduce(torch.ones(4 + rank), async_op=True)
+    try:
+        w.wait()
+        out["wait"] = "no error"
+    except Exception as e:  # noqa: BLE001
+        out["wait"] = f"{type(e).__name__}: {e}"
+    out["success"] = w.is_success()
+    e = w.exception()
+    out["exc"] = f"{type(e).__name__}: {e}" if e is not None else None
+    try:
+        w.get_future().wait()
+        out["future"] = "no error"
+    except Exception as e:  # noqa: BLE001
+        out["future"] = f"{type(e).__name__}: {e}"
+    dist.destroy_process_group()
+    return out

@@ -62,3 +62,13 @@ def test_destroyed_communicator_is_refused() -> None:
 def test_stall_report_names_the_dist_call_site() -> None:
     late_rank_reports("backend_native_workers:late_rank", init=False,
                       ok=lambda v: v["wrong"] == 0)
+
+
+@pytest.mark.timeout(90)
+def test_failed_async_work_reports_its_error() -> None:
+    for r in run_world(2, "backend_native_workers:async_mismatch", timeout=60, init=False):
+        assert r["ok_exc"] == "None", r
+        assert r["wait"].startswith("CollectiveMismatch: ") and "count mismatch" in r["wait"], r
+        assert r["success"] is False, r
+        assert r["exc"] == r["wait"], r  # the same error object's text
+        assert "CollectiveMismatch" in r["future"] and "count mismatch" in r["future"], r

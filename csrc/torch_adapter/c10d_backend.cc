@@ -117,6 +117,17 @@ class PyWorkRef : public c10d::Work {
     return py_.attr("is_success")().cast<bool>();
   }
 
+  // work.exception() after a failure (gloo: the error; torch's default here: None). The
+  // Python error is kept whole, so torch's binding hands back our exception object.
+  std::exception_ptr exception() const override {
+    py::gil_scoped_acquire gil;
+    Untraced off;
+    py::object e = py_.attr("exception")();
+    if (e.is_none()) return nullptr;
+    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(e.ptr())), e.ptr());
+    return std::make_exception_ptr(py::error_already_set());
+  }
+
   std::vector<at::Tensor> result() override {
     py::gil_scoped_acquire gil;
     Untraced off;
