@@ -243,6 +243,7 @@ void runConnectCase(Rng& rng) {
   tcp::setNonBlocking(sv[1]);
   Out got = Out::kBlock;
   std::string what;
+  PeerCause cause = PeerCause::kHandshake;
   double took = 0;
   std::thread connector([&] {
     int64_t t0 = nowNs();
@@ -255,6 +256,7 @@ void runConnectCase(Rng& rng) {
         std::rethrow_exception(e);
       } catch (const PeerError& x) {
         what = x.what();
+        cause = x.cause();
         got = x.peer() == target ? Out::kPeer : Out::kOtherRr;
       } catch (...) {
         got = classify(e, &what);
@@ -321,6 +323,11 @@ void runConnectCase(Rng& rng) {
   FZ_CHECK(took < limit + 2.0, "connectHandshake took ", took, " s (deadline ", limit, " s)");
   FZ_CHECK(got == (accept ? Out::kOk : Out::kPeer), "connectHandshake (mode ", mode, ") ended ",
            name(got), " '", what, "', expected ", accept ? "success" : "PeerError");
+  // Closed before a whole hello: the listening process is gone (a dead rank, named as one
+  // when relayed); anything else wrong is a failed handshake.
+  if (!accept)
+    FZ_CHECK(cause == (mode == kHelloTrunc ? PeerCause::kClosed : PeerCause::kHandshake),
+             "connectHandshake (mode ", mode, ") gave cause ", toString(cause), ": '", what, "'");
   closeFd(&my);
   closeFd(&sv[0]);
   ++gStats.handshakes;

@@ -133,11 +133,22 @@ void connectHandshake(int fd, const Identity& me, int target, const std::string&
                       Deadline d) {
   std::string err;
   auto fail = [&](const std::string& why) -> void {
-    throw PeerError(target, PeerCause::kHandshake, detail::concat("handshake with rank ", target, " at ", targetAddr,
-                                           " failed: ", why));
+    throw PeerError(target, PeerCause::kHandshake,
+                    detail::concat("handshake with rank ", me.shown(target), " at ", targetAddr,
+                                   " failed: ", why));
   };
   Hello hello{};
-  if (!readFull(fd, &hello, sizeof(hello), d, &err, true)) fail("reading hello: " + err);
+  if (!readFull(fd, &hello, sizeof(hello), d, &err, true)) {
+    // Closed or reset before its hello: the process that listened there is gone (it listens
+    // from before its address is published until destroy) -- a dead rank, which survivors
+    // told of it must name too (a handshake failure is not relayed as the culprit).
+    if (err != "timed out")
+      throw PeerError(target, PeerCause::kClosed,
+                      detail::concat("rank ", me.shown(target), " at ", targetAddr,
+                                     " closed the connection before its hello (", err,
+                                     "): the process exited or crashed"));
+    fail("reading hello: " + err);
+  }
   if (hello.magic != kHelloMagic || hello.version != kVersion)
     fail("the process listening there is not a compatible ringreduce rank");
   if (hello.rank != target)
