@@ -41,6 +41,7 @@ class Completion:
         self.value = value
         self.after = after
         self._lock = threading.Lock()
+        self._set_lock = threading.RLock()  # the Future is set once; a callback may re-enter
         self._done = False
         self._exc: BaseException | None = None
         self._future: torch.futures.Future | None = None
@@ -48,43 +49,69 @@ class Completion:
     def finish(self) -> BaseException | None:
         """Wait for the collective, run `after` once; return its exception (or None)."""
         with self._lock:
-            if not self._done:
-                try:
-                    if self.work is not None:
-                        self.work.wait()
-                    if self.after is not None:
-                        self.after()
-                except BaseException as e:  # noqa: BLE001 - handed to every waiter
-                    self._exc = e
-                self._done = True
-                self.after = None
+            self._finish_locked()
             return self._exc
 
+    def _finish_locked(self) -> None:
+        if self._done:
+            return
+        try:
+            if self.work is not None:
+                self.work.wait()
+            if self.after is not None:
+                self.after()
+        except BaseException as e:  # noqa: BLE001 - handed to every waiter
+            self._exc = e
+        self._done = True
+        self.after = None
+
+    def settle(self) -> BaseException | None:
+        """finish(), then complete the Future here if the completer thread has not yet: once
+        a Work's wait() returned, its Future is done, as torch's are (found by a helper:
+        ``f = w.get_future(); w.wait(); f.value()`` failed in ~1 of 5 calls)."""
+        exc = self.finish()
+        self._set_future(exc)
+        return exc
+
     def is_completed(self) -> bool:
+        """Never blocks. True only once the outputs are in place (`after` ran) or the error
+        is known: a poller then sees what wait() would (before, True came as soon as the
+        core finished, before the copy into the caller's tensors, and exception() stayed
+        None for a failure nobody waited for)."""
         if self._done:
             return True
-        return self.work is None or self.work.is_completed()
+        if self.work is not None and not self.work.is_completed():
+            return False
+        if self._lock.acquire(blocking=False):  # else another thread is finishing it now
+            try:
+                self._finish_locked()
+            finally:
+                self._lock.release()
+            self._set_future(self._exc)
+        return self._done
 
     def exception(self) -> BaseException | None:
+        self.is_completed()
         return self._exc
 
     def future(self) -> torch.futures.Future:
         """The Future of this collective (created on first call, completed by the
         completer thread, or at once when already done)."""
         with self._lock:
-            if self._future is None:
-                self._future = torch.futures.Future()
-                fut = self._future
-                if self._done:
-                    _set(fut, self._exc, self.value)
-                else:
+            fut, done = self._future, self._done
+            if fut is None:
+                fut = self._future = torch.futures.Future()
+                if not done:
                     _COMPLETER.submit(self)
-            return self._future
+        if done:
+            self._set_future(self._exc)
+        return fut
 
     def _set_future(self, exc: BaseException | None) -> None:
-        fut = self._future
-        if fut is not None and not fut.done():
-            _set(fut, exc, self.value)
+        with self._set_lock:
+            fut = self._future
+            if fut is not None and not fut.done():
+                _set(fut, exc, self.value)
 
 
 def _set(fut: torch.futures.Future, exc: BaseException | None, value: Any) -> None:

@@ -44,6 +44,7 @@ class Work:
         self._finished = cwork is None
         self._lock = threading.Lock()
         self._outputs = (result,) if result is not None else keep  # get_future()'s value
+        self._completion: Any = None  # get_future()'s (one Future per Work, as torch's)
         # irecv: the sender's world rank, or a function returning it once received.
         self.source: Any = None
         if cwork is not None:
@@ -57,17 +58,32 @@ class Work:
         """
         if timeout is not None:
             timeout = _env.check_seconds("Work.wait(timeout)", timeout, allow_zero=True)
+        if not self._wait(timeout):
+            return False
+        if self._completion is not None:  # get_future()'s: done once wait() returns
+            self._completion.settle()
+        return True
+
+    def _wait(self, timeout: float | None = None) -> bool:
         if not self._finished:
             if not self._cwork.wait(timeout):
                 return False
-            with self._lock:  # get_future()'s thread may wait too: `after` runs once
-                if not self._finished:
-                    if self._after is not None:
-                        self._after()
-                        self._after = None
-                    self._finished = True
-                    self._keep = ()
+            self._run_after(True)
         return True
+
+    def _run_after(self, block: bool) -> None:
+        # get_future()'s thread may wait too: `after` runs once
+        if not self._lock.acquire(blocking=block):
+            return  # another thread is running it
+        try:
+            if not self._finished:
+                if self._after is not None:
+                    self._after()
+                    self._after = None
+                self._finished = True
+                self._keep = ()
+        finally:
+            self._lock.release()
 
     def get_future(self) -> Any:
         """torch's Work.get_future(): a torch.futures.Future completed (on a helper thread)
@@ -76,12 +92,34 @@ class Work:
         A failed collective sets the Future's error."""
         import torch
 
-        from ._futures import future_of
+        from ._futures import Completion
 
-        return future_of(self, [t for t in self._outputs if isinstance(t, torch.Tensor)])
+        with self._lock:
+            if self._completion is None:
+                self._completion = Completion(
+                    _Plain(self), [t for t in self._outputs if isinstance(t, torch.Tensor)])
+            c = self._completion
+        return c.future()
 
     def is_completed(self) -> bool:
-        return self._finished or self._cwork.is_completed()
+        """Never blocks; True once the outputs are in place (a copy into the caller's
+        buffer done) or the collective failed -- what wait() would then return or raise."""
+        done = self._poll()
+        if done and self._completion is not None:
+            self._completion.is_completed()  # get_future()'s is done then too
+        return done
+
+    def _poll(self) -> bool:
+        if self._finished:
+            return True
+        if not self._cwork.is_completed():
+            return False
+        try:
+            self._cwork.wait(0)
+        except Exception:  # noqa: BLE001 - failed: completed (exception() returns it)
+            return True
+        self._run_after(False)
+        return self._finished
 
     def exception(self) -> BaseException | None:
         """torch's Work.exception(): the error the collective failed with; None while it
@@ -109,6 +147,15 @@ class Work:
         """The output (tensor/array) once waited for."""
         self.wait()
         return self._result
+
+
+class _Plain:
+    """A Work as its Future's Completion sees it: waiting and polling without completing
+    that Future (the Completion does; Work.wait() would re-enter it)."""
+
+    def __init__(self, work: Work):
+        self.wait = work._wait
+        self.is_completed = work._poll
 
 
 def _finish(cwork: Any, keep: tuple, after: Any = None, result: Any = None,

@@ -88,7 +88,7 @@ class _Work(dist._Work):
                     f"ringreduce: the collective did not complete within work.wait(timeout="
                     f"{secs:g} s); it is still running (it fails by itself at the "
                     f"process group's timeout, RINGREDUCE_TIMEOUT)")
-        exc = self._c.finish()
+        exc = self._c.settle()  # its Future is done too once wait() returns
         if exc is not None:
             raise exc
         return True

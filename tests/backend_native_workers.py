@@ -255,3 +255,49 @@ def async_mismatch(rank: int, world: int) -> dict:
         out["future"] = f"{type(e).__name__}: {e}"
     dist.destroy_process_group()
     return out
+
+
+def async_polling(rank: int, world: int) -> dict:
+    """torch's non-blocking Work checks on the ringreduce backend, as on gloo: is_completed()
+    polled without wait() is True only once all_gather's outputs and a non-contiguous
+    all_reduce's result are in place; a failure nobody waited for shows in is_success() /
+    exception(); a Future taken before wait() is done once wait() returns (all three broke
+    before: found by a helper)."""
+    torch.set_num_threads(1)
+    dist.init_process_group("ringreduce")
+    bad = []
+
+    def spin(w: Any) -> None:
+        deadline = time.monotonic() + 30
+        while not w.is_completed() and time.monotonic() < deadline:
+            pass
+
+    for i in range(30):
+        outs = [torch.full((3,), -1.0) for _ in range(world)]
+        w = dist.all_gather(outs, torch.full((3,), float(rank * 100 + i)), async_op=True)
+        spin(w)
+        if any(outs[r][0].item() != r * 100 + i for r in range(world)):
+            bad.append(f"all_gather {i}: outputs not in place when is_completed() was True")
+            break
+        w.wait()
+    for i in range(30):
+        t = torch.arange(6.0).reshape(2, 3).t() * (rank + 1) + i
+        w = dist.all_reduce(t, async_op=True)
+        spin(w)
+        if not torch.equal(t, torch.arange(6.0).reshape(2, 3).t() * (world * (world + 1) / 2)
+                           + i * world):
+            bad.append(f"all_reduce {i}: result not in place when is_completed() was True")
+            break
+        w.wait()
+    for i in range(50):
+        w = dist.all_reduce(torch.full((2,), float(rank)), async_op=True)
+        f = w.get_future()
+        w.wait()
+        if not f.done():
+            bad.append(f"future {i}: not done after work.wait()")
+            break
+    w = dist.all_reduce(torch.ones(4 + rank), async_op=True)  # sizes differ: fails
+    spin(w)
+    out = {"bad": bad, "polled": [w.is_completed(), w.is_success(), type(w.exception()).__name__]}
+    dist.destroy_process_group()
+    return out

@@ -72,3 +72,12 @@ def test_failed_async_work_reports_its_error() -> None:
         assert r["success"] is False, r
         assert r["exc"] == r["wait"], r  # the same error object's text
         assert "CollectiveMismatch" in r["future"] and "count mismatch" in r["future"], r
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_polled_async_work_matches_wait(transport: str) -> None:
+    for r in run_world(3, "backend_native_workers:async_polling", timeout=90, init=False,
+                       env={"RINGREDUCE_TRANSPORT": transport}):
+        assert r["bad"] == [], r
+        assert r["polled"] == [True, False, "CollectiveMismatch"], r

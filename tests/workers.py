@@ -579,6 +579,27 @@ def family_async(rec: Recorder, rank: int, world: int) -> None:
             world), "late allreduce")
         return errs, digest(x.view)
 
+    def future_after_wait():
+        # A Future taken before wait() is done once wait() returns, and a Work has one
+        # Future (both failed before: found by a helper).
+        import torch
+
+        errs = []
+        for i in range(50):
+            u = torch.full((3,), float(rank + i))
+            w = rr.allreduce(u, async_op=True)
+            f = w.get_future()
+            w.wait()
+            if not f.done() or w.get_future() is not f:
+                errs.append(f"iteration {i}: Future done={f.done()} after wait(), "
+                            f"same Future: {w.get_future() is f}")
+                break
+            if not torch.equal(f.value()[0], torch.full((3,), float(sum(range(world)) + i * world))):
+                errs.append(f"iteration {i}: Future value {f.value()}")
+                break
+        return errs, None
+
+    rec.case("async", "future after wait", future_after_wait)
     rec.case("async", "queued mixed collectives", queued)
     rec.case("async", "20 async then sync", many_then_sync)
     rec.case("async", "wait timeout", wait_timeout)
