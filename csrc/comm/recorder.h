@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -55,7 +56,10 @@ class Recorder {
     cur_.ok = ok;
     ring_[n_ % kFlight] = cur_;
     ++n_;
-    if (tracing_ && trace_.size() < kMaxTrace) trace_.push_back(cur_);
+    if (tracing_) {
+      std::lock_guard<std::mutex> g(traceMu_);
+      if (trace_.size() < kMaxTrace) trace_.push_back(cur_);
+    }
   }
   // Last records, oldest first (including the unfinished one, if any).
   std::vector<Record> flight() const {
@@ -65,14 +69,23 @@ class Recorder {
     if (open_) out.push_back(cur_);
     return out;
   }
-  const std::vector<Record>& trace() const { return trace_; }
-  void clearTrace() { trace_.clear(); }
+  // A copy: Python reads it (trace_events) while the executor thread may still append --
+  // a group destroyed with work queued (ThreadSanitizer found the reallocation under it).
+  std::vector<Record> trace() const {
+    std::lock_guard<std::mutex> g(traceMu_);
+    return trace_;
+  }
+  void clearTrace() {
+    std::lock_guard<std::mutex> g(traceMu_);
+    trace_.clear();
+  }
 
  private:
   Record ring_[kFlight];
   size_t n_ = 0;
   Record cur_;
   bool open_ = false;
+  mutable std::mutex traceMu_;  // guards trace_ (appended by the executor, read by Python)
   bool tracing_ = false;
   std::vector<Record> trace_;
 };

@@ -147,9 +147,11 @@ class HeartbeatHub {
           due = std::min(due, h->nextNs_);
         }
         polled = beats_;
+        // Read each descriptor under the lock: once it is released, a stop() on another
+        // thread may free a Heartbeat in `polled` (ThreadSanitizer found the read after it).
+        fds.assign(1, pollfd{wakeFd, POLLIN, 0});
+        for (Heartbeat* h : polled) fds.push_back(pollfd{h->fd_.get(), POLLIN, 0});
       }
-      fds.assign(1, pollfd{wakeFd, POLLIN, 0});
-      for (Heartbeat* h : polled) fds.push_back(pollfd{h->fd_.get(), POLLIN, 0});
       const int ms = static_cast<int>(std::max<int64_t>(0, due - nowNs()) / 1000000) + 1;
       if (::poll(fds.data(), fds.size(), ms) < 0 && errno != EINTR) return;
       std::lock_guard<std::mutex> g(mu_);

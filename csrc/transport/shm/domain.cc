@@ -140,17 +140,22 @@ uint32_t ShmDomain::abortOf(int r, std::string* reason, Culprit* who) {
 }
 
 bool ShmDomain::cmaReadable() {
-  if (cma_ < 0) {
-    cma_ = 1;
-    for (int r = 0; r < world_ && cma_; ++r) {
+  int known = cma_.load(std::memory_order_relaxed);
+  if (known < 0) {
+    // Probed into a local and published once: Python's cma_readable() may ask while the
+    // executor's first large collective does (a provisional 1 seen by the other thread
+    // would pick cross-memory reads that fail).
+    known = 1;
+    for (int r = 0; r < world_ && known; ++r) {
       if (r == rank_) continue;
       Control& p = ctl(r);
-      cma_ = canRead(static_cast<pid_t>(p.pid.v.load(std::memory_order_acquire)),
-                     p.probeAddr.v.load(std::memory_order_relaxed),
-                     p.probeValue.v.load(std::memory_order_relaxed));
+      known = canRead(static_cast<pid_t>(p.pid.v.load(std::memory_order_acquire)),
+                      p.probeAddr.v.load(std::memory_order_relaxed),
+                      p.probeValue.v.load(std::memory_order_relaxed));
     }
+    cma_.store(known, std::memory_order_relaxed);
   }
-  return cma_ == 1;
+  return known == 1;
 }
 
 bool ShmDomain::growOwn() {

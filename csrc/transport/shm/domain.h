@@ -194,7 +194,7 @@ class ShmDomain {
   // rest of the slots (empty when there is one size of slot).
   std::vector<Segment::Range> ranges(bool first) const;
   uint64_t linePrev_[2] = {0, 0};
-  int cma_ = -1;  // cmaReadable: -1 not probed yet, 0 no, 1 yes
+  std::atomic<int> cma_{-1};  // cmaReadable: -1 not probed yet, 0 no, 1 yes (any thread)
   std::atomic<uint64_t> cmaBytes_{0};
   uint64_t round_ = 0;
 };
