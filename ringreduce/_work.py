@@ -58,17 +58,12 @@ class Work:
         """
         if timeout is not None:
             timeout = _env.check_seconds("Work.wait(timeout)", timeout, allow_zero=True)
-        if not self._wait(timeout):
-            return False
-        if self._completion is not None:  # get_future()'s: done once wait() returns
-            self._completion.settle()
-        return True
-
-    def _wait(self, timeout: float | None = None) -> bool:
         if not self._finished:
             if not self._cwork.wait(timeout):
                 return False
             self._run_after(True)
+        if self._completion is not None:  # get_future()'s: done once wait() returns
+            self._completion.settle()
         return True
 
     def _run_after(self, block: bool) -> None:
@@ -97,7 +92,8 @@ class Work:
         with self._lock:
             if self._completion is None:
                 self._completion = Completion(
-                    _Plain(self), [t for t in self._outputs if isinstance(t, torch.Tensor)])
+                    self._cwork, [t for t in self._outputs if isinstance(t, torch.Tensor)],
+                    lambda: self._run_after(True))
             c = self._completion
         return c.future()
 
@@ -147,15 +143,6 @@ class Work:
         """The output (tensor/array) once waited for."""
         self.wait()
         return self._result
-
-
-class _Plain:
-    """A Work as its Future's Completion sees it: waiting and polling without completing
-    that Future (the Completion does; Work.wait() would re-enter it)."""
-
-    def __init__(self, work: Work):
-        self.wait = work._wait
-        self.is_completed = work._poll
 
 
 def _finish(cwork: Any, keep: tuple, after: Any = None, result: Any = None,

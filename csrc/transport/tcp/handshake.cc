@@ -142,7 +142,7 @@ void connectHandshake(int fd, const Identity& me, int target, const std::string&
     // Closed or reset before its hello: the process that listened there is gone (it listens
     // from before its address is published until destroy) -- a dead rank, which survivors
     // told of it must name too (a handshake failure is not relayed as the culprit).
-    if (err != "timed out")
+    if (!d.expired())
       throw PeerError(target, PeerCause::kClosed,
                       detail::concat("rank ", me.shown(target), " at ", targetAddr,
                                      " closed the connection before its hello (", err,
