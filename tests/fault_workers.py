@@ -313,6 +313,24 @@ def leaver_loop(rank: int, world: int, victim: int, collective: str, algo: str) 
     return fault_loop(rank, world, collective, 3000, algo, limit_s=30.0)
 
 
+def sender_to_leaver(rank: int, world: int, nbytes: int) -> dict:
+    """Rank 1 calls destroy() (its goodbye) and lives on; rank 0 then broadcasts to it: the
+    send fails (EPIPE) with the goodbye still unread -- it was named "closed ... probably
+    exited or crashed", not a rank that left (the race behind a flaky leaver_loop run)."""
+    rr.barrier()
+    if rank == 1:
+        rr.destroy()
+        time.sleep(2.0)
+        return {"type": None}
+    time.sleep(0.5)
+    try:
+        rr.broadcast(np.ones(nbytes // 4, np.float32), src=0)
+        return {"type": None}
+    except rr.RingReduceError as e:
+        return {"type": type(e).__name__, "msg": str(e), "peer_rank": e.peer_rank,
+                "cause": e.cause}
+
+
 def idle_aborter(rank: int, world: int, on: str, hold_s: float = 8.0) -> dict:
     """Rank 0 calls rr.abort() between calls and then stays alive (a watchdog that aborts,
     then cleans up) for hold_s; the others are blocked on it in an all-reduce (on the world

@@ -274,6 +274,19 @@ def test_a_rank_that_left_is_named_on_every_survivor(transport: str, algo: str,
         assert r["relayed_by"] not in (victim, o.rank), f"rank {o.rank}: {r}"
 
 
+@pytest.mark.timeout(60)
+def test_sending_to_a_rank_that_left_names_it_left() -> None:
+    """A TCP send that fails because the peer called destroy() reads the goodbye it left
+    behind: cause "left", not "closed" (which says the peer probably crashed)."""
+    outs = run_world_raw(2, "fault_workers:sender_to_leaver", 64 << 20, timeout=45,
+                         env={"RINGREDUCE_TRANSPORT": "tcp"})
+    story = "\n".join(o.describe() for o in outs)
+    assert all(o.ok for o in outs), story
+    r = outs[0].value
+    assert (r["type"], r["peer_rank"], r["cause"]) == ("PeerFailure", 1, "left"), story
+    assert "called destroy()" in r["msg"] and "was still sending to it" in r["msg"], r["msg"]
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 @pytest.mark.parametrize("on", ["world", "group", "recv", "late"])

@@ -67,6 +67,18 @@ void TcpConnection::failClosed(const char* doing) {
                                         " (the peer process probably exited or crashed)"));
 }
 
+void TcpConnection::failLeft(const char* doing) {
+  if (!leftWhy_.empty())
+    throw PeerError(peer_, PeerCause::kLeft, detail::concat(
+                               "rank ", label_, " (", peerHost_, ") left the job after a failure "
+                               "on its side: ", leftWhy_));
+  throw PeerError(peer_, PeerCause::kLeft, detail::concat(
+                             "rank ", label_, " (", peerHost_, ") left the job (it called "
+                             "destroy(), or its program ended: normally or by an exception) "
+                             "while this rank ", doing, " -- did it skip this collective, "
+                             "or fail?"));
+}
+
 void TcpConnection::failErrno(const char* doing, int err) {
   throw PeerError(peer_, PeerCause::kNetwork, detail::concat("connection to rank ", label_, " (", peerHost_,
                                         ") failed while ", doing, ": ", std::strerror(err)));
@@ -137,9 +149,15 @@ bool TcpConnection::progressSend(SendOp& op) {
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
     if (r < 0 && errno == EINTR) continue;
     if (r < 0 && (errno == EPIPE || errno == ECONNRESET)) {
-      int err = errno;
-      checkIdle(nullptr);  // the peer may have said why before closing: raise that instead
-      if (err == EPIPE || err == ECONNRESET) failClosed("sending to it");
+      // The peer may have said why before closing, behind frames this rank has not read yet
+      // (a goodbye read only as "closed" named a rank that called destroy() as crashed).
+      const Pending p = peekControl();
+      if (p.kind == CollectiveKind::kAbort) throwAbort(p.hdr, p.text);
+      if (p.kind == CollectiveKind::kGoodbye) {
+        leftWhy_ = p.text;
+        failLeft("was still sending to it");
+      }
+      failClosed("sending to it");
     }
     failErrno("sending", errno);
   }
@@ -171,16 +189,7 @@ bool TcpConnection::progressRecv(RecvOp& op) {
         if (op.got.magic == kFrameMagic &&
             op.got.kind == static_cast<uint8_t>(CollectiveKind::kGoodbye)) {
           readGoodbye(op.got, static_cast<const char*>(op.data), op.done - H);
-          if (!leftWhy_.empty())
-            throw PeerError(peer_, PeerCause::kLeft, detail::concat(
-                                       "rank ", label_, " (", peerHost_, ") left the job after "
-                                       "a failure on its side: ", leftWhy_));
-          throw PeerError(peer_, PeerCause::kLeft, detail::concat(
-                                     "rank ", label_, " (", peerHost_,
-                                     ") left the job (it called destroy(), or its program ended: "
-                                     "normally or by an exception) while this rank still "
-                                     "expected data from it -- did it skip this collective, "
-                                     "or fail?"));
+          failLeft("still expected data from it");
         }
         std::string mm = describeMismatch(op.got, op.expect, p2p_, label_, selfLabel_);
         if (!mm.empty()) {
@@ -252,7 +261,7 @@ Connection::Idle TcpConnection::checkIdle(const FrameHeader* current) {
   return Idle::kEarlyData;
 }
 
-Connection::Idle TcpConnection::checkClosedAfterEarlyData() {
+TcpConnection::Pending TcpConnection::peekControl() {
   constexpr size_t H = sizeof(FrameHeader);
   int avail = 0;
   if (::ioctl(fd_.get(), FIONREAD, &avail) < 0) failErrno("watching", errno);
@@ -268,14 +277,21 @@ Connection::Idle TcpConnection::checkClosedAfterEarlyData() {
     FrameHeader h;
     std::memcpy(&h, buf.data() + off, H);
     if (h.magic != kFrameMagic) break;
-    if (h.kind == static_cast<uint8_t>(CollectiveKind::kGoodbye)) return Idle::kGoodbye;
-    if (h.kind == static_cast<uint8_t>(CollectiveKind::kAbort)) {
+    if (h.kind == static_cast<uint8_t>(CollectiveKind::kGoodbye) ||
+        h.kind == static_cast<uint8_t>(CollectiveKind::kAbort)) {
       const size_t len = std::min<size_t>({h.payloadBytes, kMaxAbortReason, n - off - H});
-      throwAbort(h, std::string(buf.data() + off + H, len));
+      return {static_cast<CollectiveKind>(h.kind), h, std::string(buf.data() + off + H, len)};
     }
     if (h.payloadBytes > n - off - H) break;  // cut off mid-frame
     off += H + h.payloadBytes;
   }
+  return {};
+}
+
+Connection::Idle TcpConnection::checkClosedAfterEarlyData() {
+  const Pending p = peekControl();
+  if (p.kind == CollectiveKind::kGoodbye) return Idle::kGoodbye;
+  if (p.kind == CollectiveKind::kAbort) throwAbort(p.hdr, p.text);
   failClosed("waiting on other peers (it had sent this rank data of this collective, not yet "
              "read, and then closed the connection without a goodbye)");
 }

@@ -24,6 +24,16 @@ class TcpConnection final : public Connection {
  private:
   [[noreturn]] void failClosed(const char* doing);
   [[noreturn]] void failErrno(const char* doing, int err);
+  // The peer said goodbye (leftWhy_ holds its why) while this rank still `doing`.
+  [[noreturn]] void failLeft(const char* doing);
+  // The first abort or goodbye among the bytes received and not read yet, peeked (not
+  // consumed) past any complete frames ahead of it; kind 0: none there.
+  struct Pending {
+    CollectiveKind kind{};
+    FrameHeader hdr;
+    std::string text;
+  };
+  Pending peekControl();
   void sendControl(CollectiveKind kind, uint8_t code, const std::string& payload,
                    Culprit who = {});
   // Finish a partially written frame with zeros, within `d` (false: not done).
