@@ -29,6 +29,7 @@ DeviceMesh dimensions) is a ringreduce group made through torch's store for it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import warnings
 from datetime import timedelta
@@ -41,7 +42,8 @@ from . import _buffers, _state, api, groups, p2p
 from . import _rooted as rooted
 from ._futures import Completion
 
-__all__ = ["BACKEND_NAME", "ProcessGroupRingReduce", "create_backend", "impl_of"]
+__all__ = ["BACKEND_NAME", "ArgumentError", "ProcessGroupRingReduce", "create_backend",
+           "impl_of"]
 
 BACKEND_NAME = "ringreduce"
 
@@ -50,6 +52,26 @@ _OPS = {"SUM": "sum", "AVG": "avg", "PRODUCT": "prod", "MIN": "min", "MAX": "max
 # By torch's enum value: a dict lookup, not a ReduceOp.name per call (~10 us on a slow box).
 _BY_TYPE = {getattr(dist.ReduceOp.RedOpType, k): v for k, v in _OPS.items()
             if hasattr(dist.ReduceOp.RedOpType, k)}
+
+
+class ArgumentError(ValueError, RuntimeError):
+    """A bad argument to a torch.distributed call on this backend, refused before anything
+    moved. A ValueError, as ringreduce's own calls raise, and a RuntimeError, as gloo raises
+    for the same mistakes: code written against gloo (`except RuntimeError`) catches it."""
+
+
+def _torch_errors(fn: Callable) -> Callable:
+    """`fn` with its ValueErrors (argument checks, here and in ringreduce's API) raised as
+    ArgumentError; ringreduce's runtime errors are RuntimeErrors already."""
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ValueError as e:
+            if isinstance(e, RuntimeError):
+                raise
+            raise ArgumentError(*e.args).with_traceback(e.__traceback__) from None
+    return call
 
 
 def _op(opts: Any) -> str:
@@ -562,6 +584,14 @@ class _WaitAll:
 
     def is_completed(self) -> bool:
         return self._c.is_completed()
+
+
+for _name in ("allreduce", "allreduce_coalesced", "broadcast", "barrier", "allgather",
+              "all_gather_single", "allgather_into_tensor_coalesced", "allgather_coalesced",
+              "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor_coalesced",
+              "reduce", "gather", "scatter", "alltoall_base", "alltoall", "send", "recv",
+              "recv_anysource"):
+    setattr(_Ops, _name, _torch_errors(getattr(_Ops, _name)))
 
 
 class ProcessGroupRingReduce(_Ops, dist.ProcessGroup):

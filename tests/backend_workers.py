@@ -142,15 +142,16 @@ def backend_collectives(rank: int, world: int) -> dict:
                 return False
         try:  # bitwise on floats: refused before anything moves, saying why
             dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND)
-        except ValueError as e:
-            return "bitwise" in str(e)
+        except RuntimeError as e:  # as gloo's (and a ValueError, as ringreduce's own)
+            return "bitwise" in str(e) and isinstance(e, ValueError)
         return False
 
     def bad_lists_and_expanded() -> bool:
         """Refused before anything moves, as gloo does (each rank is its own root here, so
         every rank raises): a gather_list / scatter_list of the wrong length or tensor size
         (the lists were concatenated as given: a wrong result or lost data), and an
-        expand()ed output (the copy-back failed after the data moved)."""
+        expand()ed output (the copy-back failed after the data moved). Each error is a
+        RuntimeError, as gloo's, so `except RuntimeError` written for gloo catches it."""
         t = torch.ones(2)
         cases = [
             (lambda: dist.gather(t, [torch.empty(2) for _ in range(n + 1)], dst=rank),
@@ -166,7 +167,7 @@ def backend_collectives(rank: int, world: int) -> dict:
                 call()
                 return False
             except ValueError as e:
-                if words not in str(e):
+                if words not in str(e) or not isinstance(e, RuntimeError):
                     return False
         x = torch.ones(1).expand(4)  # as an input only, fine
         g = [torch.empty(4) for _ in range(n)]
