@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -181,6 +182,9 @@ def destroy_default() -> None:
                                               float(g.options.get("connect_timeout", 0.0)),
                                               failed=failed, lost=lost)
     _work.clear()  # the executors have stopped: nothing can touch those buffers now
+    futures = sys.modules.get(f"{__package__}._futures")  # not imported: no threads (torch)
+    if futures is not None:
+        futures._COMPLETER.shutdown()  # its threads end once they completed what is queued
 
 
 def _finish_eager_sends(world: Group) -> None:

@@ -620,3 +620,29 @@ def ddp_suite(rank: int, world: int, names: list | None = None) -> dict:
         except Exception:  # noqa: BLE001 - reported per scenario
             out[name] = {"error": traceback.format_exc()}
     return out
+
+
+def completer_threads(rank: int, world: int, n: int) -> dict:
+    """Futures whose callbacks block a while (as a DDP comm hook's may): while they block,
+    more completer threads run; afterwards one is left, and none after destroy(). Before,
+    each thread came back to standby and stayed: the peak number lived on for good."""
+    import threading
+    import time
+
+    def names() -> int:
+        return sum(t.name == "ringreduce-completer" for t in threading.enumerate())
+
+    xs = [torch.full((4,), float(rank + i)) for i in range(n)]
+    futs = [rr.allreduce(x, async_op=True).get_future().then(lambda f: time.sleep(0.05))
+            for x in xs]
+    for f in futs:
+        f.wait()
+    ok = all(torch.equal(x, torch.full((4,), float(i * world + world * (world - 1) // 2)))
+             for i, x in enumerate(xs))
+    time.sleep(0.2)  # the last callbacks return
+    after = names()
+    rr.destroy()
+    t0 = time.monotonic()
+    while names() and time.monotonic() - t0 < 5:
+        time.sleep(0.01)
+    return {"ok": ok, "after": after, "after_destroy": names()}
