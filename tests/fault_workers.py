@@ -331,6 +331,28 @@ def sender_to_leaver(rank: int, world: int, nbytes: int) -> dict:
                 "cause": e.cause}
 
 
+def left_before_the_collective(rank: int, world: int, late_s: float) -> dict:
+    """The last rank calls destroy() (its goodbye) and lives on; rank 0 reaches the next
+    all-reduce late_s later, the others at once. That all-reduce can never complete: the
+    others were told only once they waited for the leaver itself -- after rank 0 came, or
+    at the timeout blaming rank 0 (found by a helper)."""
+    rr.barrier()
+    if rank == world - 1:
+        rr.destroy()
+        time.sleep(late_s + 2.0)
+        return {"type": None}
+    time.sleep(0.3)
+    if rank == 0:
+        time.sleep(late_s)
+    t0 = time.monotonic()
+    try:
+        rr.allreduce(np.ones(1024, np.float32))
+        return {"type": None}
+    except rr.RingReduceError as e:
+        return {"type": type(e).__name__, "msg": str(e), "peer_rank": e.peer_rank,
+                "cause": e.cause, "secs": time.monotonic() - t0}
+
+
 def idle_aborter(rank: int, world: int, on: str, hold_s: float = 8.0) -> dict:
     """Rank 0 calls rr.abort() between calls and then stays alive (a watchdog that aborts,
     then cleans up) for hold_s; the others are blocked on it in an all-reduce (on the world

@@ -287,6 +287,22 @@ def test_sending_to_a_rank_that_left_names_it_left() -> None:
     assert "called destroy()" in r["msg"] and "was still sending to it" in r["msg"], r["msg"]
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_a_collective_begun_after_a_rank_left_fails_at_once(transport: str) -> None:
+    """A goodbye says which collective the leaver began last: a rank in a later one fails at
+    once naming it (cause "left"), although it is waiting for another, late rank."""
+    world = 3
+    outs = run_world_raw(world, "fault_workers:left_before_the_collective", 6.0, timeout=45,
+                         env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30"})
+    story = "\n".join(o.describe() for o in outs)
+    assert all(o.ok for o in outs), story
+    r = outs[1].value  # on time, waiting for rank 0 (6 s late) in a tree or shared memory
+    assert (r["type"], r["peer_rank"], r["cause"]) == ("PeerFailure", world - 1, "left"), story
+    assert r["secs"] < 3.0, f"told after {r['secs']:.1f} s\n{story}"
+    assert outs[0].value["peer_rank"] == world - 1, story
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 @pytest.mark.parametrize("on", ["world", "group", "recv", "late"])

@@ -21,11 +21,9 @@ namespace {
 // why it left -- e.g. the rank whose death made it fail -- not only that it did.
 std::mutex gFailureMu;
 std::string gFirstFailure;  // guarded by gFailureMu
-
-std::string firstFailure() {
-  std::lock_guard<std::mutex> lock(gFailureMu);
-  return gFirstFailure;
-}
+// The rank the first failure lost (a world rank: its label), and how; -1: none.
+int gFirstLost = -1;         // guarded by gFailureMu
+PeerCause gFirstLostCause = PeerCause::kClosed;
 }  // namespace
 
 Communicator::Communicator(int rank, int world, std::vector<std::unique_ptr<Connection>> conns,
@@ -164,7 +162,13 @@ void Communicator::poison(const std::string& reason, transport::AbortCode code,
   lostPeer_ = gone ? lost.rank : -1;
   {
     std::lock_guard<std::mutex> lock(gFailureMu);
-    if (gFirstFailure.empty()) gFirstFailure = reason;
+    if (gFirstFailure.empty()) {
+      gFirstFailure = reason;
+      if (lost.rank >= 0 && lost.rank != rank_) {
+        gFirstLost = label(lost.rank);
+        gFirstLostCause = lost.cause;
+      }
+    }
   }
   if (!flightPath_.empty()) {
     std::string path = flightPath_ + ".rank" + std::to_string(rank_) + ".json";
@@ -190,11 +194,18 @@ void Communicator::poison(const std::string& reason, transport::AbortCode code,
 void Communicator::farewell() {
   if (dialer_) dialer_->close();
   if (poisoned() || aborted_.load()) return;
-  const std::string why = firstFailure();
-  if (shm_) shm_->publishLeft(why);
+  std::string why;
+  transport::Culprit who;  // the first failure's lost rank, if it is one of ours
+  {
+    std::lock_guard<std::mutex> lock(gFailureMu);
+    why = gFirstFailure;
+    for (int r = 0; gFirstLost >= 0 && r < world_ && who.rank < 0; ++r)
+      if (r != rank_ && label(r) == gFirstLost) who = {r, gFirstLostCause};
+  }
+  if (shm_) shm_->publishLeft(why, seq_, who);
   for (auto& c : conns_) {
     if (!c) continue;
-    c->sendGoodbye(why);
+    c->sendGoodbye(why, seq_, c->peer() == who.rank ? transport::Culprit{} : who);
     c->close();
   }
 }

@@ -236,6 +236,16 @@ class Communicator {
   std::string leftWhy(int p);
   // Peer `p` said goodbye: "rank p (host) left the job ..." + `during` (" while ...", or "").
   [[noreturn]] void throwLeft(int p, const std::string& during);
+  // Peer `p` said goodbye (gone_, goneList_).
+  void markGone(int p);
+  // The last collective peer `p` began before its goodbye (0: none, or not heard).
+  uint64_t leftAfter(int p);
+  // The rank peer `p`'s goodbye says it lost (rank -1: none).
+  transport::Culprit leftCulprit(int p);
+  // In a collective: throw (throwLeft) if a peer that left had left before it began -- it
+  // will never come, even if this rank waits for someone else now (found by a helper: it
+  // was named only once this rank waited for it, or a late rank was blamed at the timeout).
+  void checkGone();
   // Raise what shared memory says peer `p` failed with (ShmDomain::abortOf's code, reason,
   // and the rank it lost, named instead of `p` when that is another rank).
   [[noreturn]] void throwPeerAbort(int p, uint32_t code, const std::string& reason,
@@ -308,6 +318,7 @@ class Communicator {
   std::vector<int> pfdPeer_;      // peer rank of each pfds_ entry (-1: wake fd)
   std::vector<uint8_t> early_;    // peer sent data for a later collective: stop watching it
   std::vector<uint8_t> gone_;     // peer said goodbye: never watch it for EOF again
+  std::vector<int> goneList_;     // the peers gone_ marks, in the order they left
   std::string failure_;
   int lostPeer_ = -1;
   bool begun_ = false;  // the last begin() passed checkUsable (describeCurrent is about it)

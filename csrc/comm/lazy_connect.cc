@@ -49,7 +49,9 @@ bool Communicator::incoming(int peer) {
   const auto& c = conns_[static_cast<size_t>(peer)];
   if (c && c->fd() >= 0) {
     pollfd p{c->fd(), POLLIN, 0};
-    if (::poll(&p, 1, 0) > 0) return true;  // a frame, EOF or an error: the receive reads it
+    // A frame, EOF or an error: the receive reads it -- but not a goodbye: the peer left
+    // without sending (an any-source receive waits on for the others, as over shared memory).
+    if (::poll(&p, 1, 0) > 0) return !c->goodbyeNext();
   }
   if (!shmAll()) return false;
   // Shared memory: every local rank's index is its communicator rank.

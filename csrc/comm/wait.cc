@@ -65,6 +65,7 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
       } else {
         onIdleReadable(p);  // throws on EOF / abort; otherwise stop watching this peer --
         // for data, that is; for it closing its side, still (see watchIdle)
+        checkGone();
         if (gone_[static_cast<size_t>(p)]) pfds_[i].fd = -1;  // poll skips it, HUP and all
         else pfds_[i].events = POLLRDHUP;
       }
@@ -117,7 +118,7 @@ void Communicator::onIdleReadable(int p) {
   const bool early = early_[static_cast<size_t>(p)] != 0;
   if ((early ? c.checkClosedAfterEarlyData() : c.checkIdle(&curHeader_)) ==
       Connection::Idle::kGoodbye)
-    gone_[static_cast<size_t>(p)] = 1;
+    markGone(p);
   else
     early_[static_cast<size_t>(p)] = 1;
 }
@@ -134,6 +135,12 @@ void Communicator::checkAlive(int peer) {
 
 void Communicator::throwLeft(int p, const std::string& during) {
   const std::string why = leftWhy(p);
+  // It left after losing a rank of ours: name that one, as its abort frame would have.
+  const transport::Culprit who = leftCulprit(p);
+  if (who.rank >= 0 && who.rank < world_ && who.rank != rank_ && who.rank != p)
+    throw PeerError(who.rank, who.cause, detail::concat("rank ", label(p), " (", peerHost(p),
+                                         ") left the job after a failure on its side", during,
+                                         ": ", why), p);
   if (!why.empty())
     throw PeerError(p, PeerCause::kLeft, detail::concat("rank ", label(p), " (", peerHost(p),
                                         ") left the job after a failure on its side", during,
@@ -195,7 +202,39 @@ void Communicator::checkLiveness(int sendPeer, int recvPeer, bool shm) {
   checkInterrupt();
   if (deadline_.expired()) timeout(sendPeer, recvPeer, shm);
   if (shm_) checkLocalPeers();
+  checkGone();
   checkHeartbeats(recvPeer >= 0 ? recvPeer : sendPeer);
+}
+
+void Communicator::markGone(int p) {
+  if (gone_[static_cast<size_t>(p)]) return;
+  gone_[static_cast<size_t>(p)] = 1;
+  goneList_.push_back(p);
+}
+
+transport::Culprit Communicator::leftCulprit(int p) {
+  const auto& c = conns_[static_cast<size_t>(p)];
+  if (c && c->leftCulprit().rank >= 0) return c->leftCulprit();
+  const int r = shm_ ? shm_->localIndex(p) : -1;
+  return r >= 0 ? shm_->leftCulprit(r) : transport::Culprit{};
+}
+
+uint64_t Communicator::leftAfter(int p) {
+  const auto& c = conns_[static_cast<size_t>(p)];
+  uint64_t seq = c ? c->leftAfter() : 0;
+  const int r = shm_ ? shm_->localIndex(p) : -1;
+  if (r >= 0 && shm_->leftOf(r)) seq = std::max(seq, shm_->leftAfter(r));
+  return seq;
+}
+
+void Communicator::checkGone() {
+  if (!begun_) return;
+  for (int p : goneList_) {
+    const uint64_t last = leftAfter(p);
+    if (last < curHeader_.seq)  // every rank of a communicator takes part in each collective
+      throwLeft(p, detail::concat(" after collective #", last, ", so it will never take part "
+                                  "in ", describeCurrent(), " of rank ", label(rank_)));
+  }
 }
 
 void Communicator::throwPeerAbort(int p, uint32_t code, const std::string& reason,
@@ -249,7 +288,7 @@ void Communicator::checkLocalPeers() {
     if (c && c->fd() >= 0) continue;  // its connection says all this (abort frame, goodbye)
     transport::Culprit who;
     if (const uint32_t code = d.abortOf(r, &reason, &who)) throwPeerAbort(p, code, reason, who);
-    if (d.leftOf(r)) gone_[static_cast<size_t>(p)] = 1;
+    if (d.leftOf(r)) markGone(p);
   }
 }
 

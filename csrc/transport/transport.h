@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -92,15 +93,24 @@ class Connection {
   // abort frame: throw its reason. Neither: it ended without a word (killed, crashed):
   // throw PeerError now, not when a heartbeat goes missing.
   virtual Idle checkClosedAfterEarlyData() = 0;
+  // Whether the next unread frame is the peer's goodbye (peeked, not consumed; never blocks).
+  virtual bool goodbyeNext() = 0;
 
   // Best effort, non-blocking: tell the peer we are failing (because we lost `who`, if any).
   // Skipped mid-frame.
   virtual void sendAbort(AbortCode code, const std::string& reason, Culprit who) = 0;
   // Best effort, non-blocking: tell the peer we are leaving normally (destroy()); `why`:
-  // "" or the failure (on another communicator of this process) we leave after.
-  virtual void sendGoodbye(const std::string& why) = 0;
+  // "" or the failure (on another communicator of this process) we leave after, and `who`
+  // the rank that failure lost, if it is one of this communicator's (the peer names it,
+  // not us); `lastSeq`: the last collective this rank began (a peer in a later one knows
+  // it will never come).
+  virtual void sendGoodbye(const std::string& why, uint64_t lastSeq, Culprit who) = 0;
   // The `why` of the peer's goodbye, once one was read ("" before, or if it gave none).
   const std::string& leftWhy() const { return leftWhy_; }
+  // The goodbye's lastSeq, once one was read (0 before).
+  uint64_t leftAfter() const { return leftAfter_; }
+  // The goodbye's `who` (rank -1: none, or none read).
+  const Culprit& leftCulprit() const { return leftCulprit_; }
   virtual void close() = 0;
 
  protected:
@@ -111,6 +121,8 @@ class Connection {
   int selfLabel_ = -1;
   std::string peerHost_;
   std::string leftWhy_;
+  uint64_t leftAfter_ = 0;
+  Culprit leftCulprit_;
 };
 
 // Makes connections after init, for peers a communicator did not connect at init (lazy

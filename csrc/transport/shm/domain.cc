@@ -108,13 +108,16 @@ void ShmDomain::publishAbort(uint8_t code, const std::string& reason, Culprit wh
   notify();
 }
 
-void ShmDomain::publishLeft(const std::string& why) {
+void ShmDomain::publishLeft(const std::string& why, uint64_t lastSeq, Culprit who) {
   Control& c = ctl(rank_);
   if (!c.abortCode.v.load(std::memory_order_relaxed)) {  // the reason slot is free
     const size_t n = std::min(why.size(), sizeof(c.abortReason) - 1);
     std::memcpy(c.abortReason, why.data(), n);
     c.abortReason[n] = '\0';
+    c.abortCulprit.v.store(static_cast<uint32_t>(who.rank + 1), std::memory_order_relaxed);
+    c.abortCause.v.store(static_cast<uint32_t>(who.cause), std::memory_order_relaxed);
   }
+  c.leftAfter.v.store(lastSeq, std::memory_order_relaxed);
   c.left.v.store(1, std::memory_order_release);  // after the reason: readers see both
   notify();
 }
@@ -123,6 +126,15 @@ std::string ShmDomain::leftWhy(int r) {
   Control& c = ctl(r);
   if (!leftOf(r) || c.abortCode.v.load(std::memory_order_acquire)) return "";
   return std::string(c.abortReason, strnlen(c.abortReason, sizeof(c.abortReason)));
+}
+
+Culprit ShmDomain::leftCulprit(int r) {
+  Control& c = ctl(r);
+  if (!leftOf(r) || c.abortCode.v.load(std::memory_order_acquire)) return {};
+  const uint32_t cause = c.abortCause.v.load(std::memory_order_relaxed);
+  if (cause > static_cast<uint32_t>(PeerCause::kHandshake)) return {};
+  return {static_cast<int>(c.abortCulprit.v.load(std::memory_order_relaxed)) - 1,
+          static_cast<PeerCause>(cause)};
 }
 
 uint32_t ShmDomain::abortOf(int r, std::string* reason, Culprit* who) {

@@ -57,6 +57,7 @@ struct Control {
   Word32 abortCulprit;  // with abortCode kPeer: the rank it lost + 1 (0: none), and how
   Word32 abortCause;
   Word32 left;
+  Word64 leftAfter;  // with left: the last collective the owner began (written before left)
   char abortReason[1024];  // NUL-terminated, truncated
 };
 
@@ -166,13 +167,17 @@ class ShmDomain {
   // through its control block (liveness.h), then wake them.
   void publishAbort(uint8_t code, const std::string& reason, Culprit who);
   // `why`: "" or the failure (on another communicator of its process) it leaves after.
-  void publishLeft(const std::string& why = "");
+  void publishLeft(const std::string& why, uint64_t lastSeq, Culprit who = {});
   // Local rank `r`'s failure: its AbortCode + 1, *reason and *who (the rank it lost, if
   // any), or 0 (none).
   uint32_t abortOf(int r, std::string* reason, Culprit* who = nullptr);
   bool leftOf(int r) { return ctl(r).left.v.load(std::memory_order_acquire) != 0; }
   // publishLeft's `why` of local rank `r` ("" if none, or it has not left).
   std::string leftWhy(int r);
+  // publishLeft's `lastSeq` of local rank `r` (once leftOf(r)).
+  uint64_t leftAfter(int r) { return ctl(r).leftAfter.v.load(std::memory_order_relaxed); }
+  // publishLeft's `who` of local rank `r` (rank -1: none, or it has not left).
+  Culprit leftCulprit(int r);
   // Whether this rank can read every local peer's memory with process_vm_readv (cma.h):
   // probed once, on first use (after attach).
   bool cmaReadable();

@@ -68,6 +68,10 @@ void TcpConnection::failClosed(const char* doing) {
 }
 
 void TcpConnection::failLeft(const char* doing) {
+  if (leftCulprit_.rank >= 0 && leftCulprit_.rank != peer_)  // the communicator checks it
+    throw PeerError(leftCulprit_.rank, leftCulprit_.cause, detail::concat(
+                        "rank ", label_, " (", peerHost_, ") left the job after a failure on its "
+                        "side: ", leftWhy_), peer_);
   if (!leftWhy_.empty())
     throw PeerError(peer_, PeerCause::kLeft, detail::concat(
                                "rank ", label_, " (", peerHost_, ") left the job after a failure "
@@ -100,7 +104,15 @@ std::string readReason(int fd, const FrameHeader& h, const char* already, size_t
 }  // namespace
 
 void TcpConnection::readGoodbye(const FrameHeader& h, const char* already, size_t alreadyLen) {
-  leftWhy_ = readReason(fd_.get(), h, already, alreadyLen);
+  noteGoodbye(h, readReason(fd_.get(), h, already, alreadyLen));
+}
+
+void TcpConnection::noteGoodbye(const FrameHeader& h, std::string why) {
+  leftWhy_ = std::move(why);
+  leftAfter_ = h.seq;
+  leftCulprit_ = {};
+  if (h.root > 0 && h.step <= static_cast<uint32_t>(PeerCause::kHandshake))  // Culprit's encoding
+    leftCulprit_ = {h.root - 1, static_cast<PeerCause>(h.step)};
 }
 
 void TcpConnection::raiseAbort(const FrameHeader& h, const char* already, size_t alreadyLen) {
@@ -154,7 +166,7 @@ bool TcpConnection::progressSend(SendOp& op) {
       const Pending p = peekControl();
       if (p.kind == CollectiveKind::kAbort) throwAbort(p.hdr, p.text);
       if (p.kind == CollectiveKind::kGoodbye) {
-        leftWhy_ = p.text;
+        noteGoodbye(p.hdr, p.text);
         failLeft("was still sending to it");
       }
       failClosed("sending to it");
@@ -288,9 +300,19 @@ TcpConnection::Pending TcpConnection::peekControl() {
   return {};
 }
 
+bool TcpConnection::goodbyeNext() {
+  FrameHeader h;
+  const ssize_t r = ::recv(fd_.get(), &h, sizeof(h), MSG_PEEK | MSG_DONTWAIT);
+  return r == static_cast<ssize_t>(sizeof(h)) && h.magic == kFrameMagic &&
+         h.kind == static_cast<uint8_t>(CollectiveKind::kGoodbye);
+}
+
 Connection::Idle TcpConnection::checkClosedAfterEarlyData() {
   const Pending p = peekControl();
-  if (p.kind == CollectiveKind::kGoodbye) return Idle::kGoodbye;
+  if (p.kind == CollectiveKind::kGoodbye) {  // peeked, not consumed: nothing reads past it
+    noteGoodbye(p.hdr, p.text);
+    return Idle::kGoodbye;
+  }
   if (p.kind == CollectiveKind::kAbort) throwAbort(p.hdr, p.text);
   failClosed("waiting on other peers (it had sent this rank data of this collective, not yet "
              "read, and then closed the connection without a goodbye)");
@@ -318,16 +340,17 @@ bool TcpConnection::padFrame(Deadline d) {
   return true;
 }
 
-void TcpConnection::sendGoodbye(const std::string& why) {
-  sendControl(CollectiveKind::kGoodbye, 0, why);
+void TcpConnection::sendGoodbye(const std::string& why, uint64_t lastSeq, Culprit who) {
+  sendControl(CollectiveKind::kGoodbye, 0, why, who, lastSeq);
 }
 
 void TcpConnection::sendControl(CollectiveKind kind, uint8_t code, const std::string& payload,
-                                Culprit who) {
+                                Culprit who, uint64_t seq) {
   if (!fd_.valid() || midRemain_ > 0) return;
   FrameHeader h;
   h.kind = static_cast<uint8_t>(kind);
   h.op = code;
+  h.seq = seq;
   if (who.rank >= 0) {  // Culprit's encoding (frame.h)
     h.root = who.rank + 1;
     h.step = static_cast<uint32_t>(who.cause);

@@ -17,8 +17,9 @@ class TcpConnection final : public Connection {
   int fd() const override { return fd_.get(); }
   Idle checkIdle(const FrameHeader* current) override;
   Idle checkClosedAfterEarlyData() override;
+  bool goodbyeNext() override;
   void sendAbort(AbortCode code, const std::string& reason, Culprit who) override;
-  void sendGoodbye(const std::string& why) override;
+  void sendGoodbye(const std::string& why, uint64_t lastSeq, Culprit who) override;
   void close() override;
 
  private:
@@ -35,13 +36,15 @@ class TcpConnection final : public Connection {
   };
   Pending peekControl();
   void sendControl(CollectiveKind kind, uint8_t code, const std::string& payload,
-                   Culprit who = {});
+                   Culprit who = {}, uint64_t seq = 0);
   // Finish a partially written frame with zeros, within `d` (false: not done).
   bool padFrame(Deadline d);
   [[noreturn]] void raiseAbort(const FrameHeader& h, const char* already, size_t alreadyLen);
   [[noreturn]] void throwAbort(const FrameHeader& h, const std::string& reason);
   // A goodbye's header was read (`already`: payload bytes read with it): read its `why`.
   void readGoodbye(const FrameHeader& h, const char* already, size_t alreadyLen);
+  // What a goodbye's header and reason say (leftWhy_, leftAfter_, leftCulprit_).
+  void noteGoodbye(const FrameHeader& h, std::string why);
 
   Fd fd_;
   // Most payload bytes one read takes (see tcp_connection.cc's kLocalRecvPiece).
