@@ -353,6 +353,30 @@ def left_before_the_collective(rank: int, world: int, late_s: float) -> dict:
                 "cause": e.cause, "secs": time.monotonic() - t0}
 
 
+def any_source_after_a_sender_left(rank: int, world: int) -> object:
+    """Channels 1->0 and 2->0 on tag 3 exist; rank 2 leaves (destroy()), rank 1 sends 2 s
+    later: rank 0's receive from any rank gets rank 1's message. Over TCP the goodbye made
+    rank 2's channel look like a waiting message, and the receive failed at once naming
+    rank 2 -- rank 1's message was never read (found by a helper)."""
+    x = np.ones(16, np.float32)
+    if rank == 0:
+        rr.recv(x, 1, tag=3)
+        rr.recv(x, 2, tag=3)
+    else:
+        rr.send(x, 0, tag=3)
+    rr.barrier()
+    if rank == 2:
+        return "left"  # the harness's destroy() says goodbye
+    if rank == 1:
+        time.sleep(2.0)
+        rr.send(np.full(16, 7, np.float32), 0, tag=3)
+        return "sent"
+    time.sleep(0.5)
+    y = np.zeros(16, np.float32)
+    src = rr.recv(y, None, tag=3)
+    return [src, float(y[0]), bool(np.all(y == 7))]
+
+
 def idle_aborter(rank: int, world: int, on: str, hold_s: float = 8.0) -> dict:
     """Rank 0 calls rr.abort() between calls and then stays alive (a watchdog that aborts,
     then cleans up) for hold_s; the others are blocked on it in an all-reduce (on the world

@@ -312,32 +312,6 @@ def sender_left_before_a_new_tag(rank: int, world: int) -> str:
     return "no error"
 
 
-def any_source_after_a_sender_left(rank: int, world: int) -> object:
-    """Channels 1->0 and 2->0 on tag 3 exist; rank 2 leaves (destroy()), rank 1 sends 2 s
-    later: rank 0's receive from any rank gets rank 1's message. Over TCP the goodbye made
-    rank 2's channel look like a waiting message, and the receive failed at once naming
-    rank 2 -- rank 1's message was never read (found by a helper)."""
-    import time
-
-    x = np.ones(16, np.float32)
-    if rank == 0:
-        rr.recv(x, 1, tag=3)
-        rr.recv(x, 2, tag=3)
-    else:
-        rr.send(x, 0, tag=3)
-    rr.barrier()
-    if rank == 2:
-        return "left"  # the harness's destroy() says goodbye
-    if rank == 1:
-        time.sleep(2.0)
-        rr.send(np.full(16, 7, np.float32), 0, tag=3)
-        return "sent"
-    time.sleep(0.5)
-    y = np.zeros(16, np.float32)
-    src = rr.recv(y, None, tag=3)
-    return [src, float(y[0]), bool(np.all(y == 7))]
-
-
 def unreceived_send(rank: int, world: int, linger: float) -> dict:
     """Rank 0's first message on tag 9 returns at once, but rank 1 never receives it: rank
     0's destroy() waits for it (RINGREDUCE_TIMEOUT) while rank 1 lives on (`linger` s),

@@ -88,7 +88,7 @@ def test_messages_on_a_new_channel_keep_their_order(transport: str) -> None:
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_any_source_receive_waits_on_when_one_sender_left(transport: str) -> None:
-    outs = run_world(3, "p2p_workers:any_source_after_a_sender_left", timeout=60,
+    outs = run_world(3, "fault_workers:any_source_after_a_sender_left", timeout=60,
                      env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30"})
     assert outs[0] == [1, 7.0, True], outs
 
