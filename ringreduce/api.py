@@ -58,6 +58,7 @@ def init(rank: int | None = None, world_size: int | None = None, *,
     if world < 1 or not 0 <= rank < world:
         raise ValueError(f"rank {rank} is out of range for world_size {world}")
     _C.set_log_prefix(f"rank {rank}")
+    _C.forget_first_failure()  # an earlier job's failure is not this one's goodbye reason
     options = _env.core_options(tun)  # what the core reads (csrc/core/tunables.def)
     if timeout is not None:
         options["timeout"] = float(timeout)

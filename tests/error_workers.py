@@ -363,6 +363,43 @@ def collective_timeout(rank: int, world: int, async_op: bool) -> dict:
     return res
 
 
+def left_after_reinit(rank: int, world: int) -> dict:
+    """Job 1: rank 1 aborts, so every other rank's first failure lost rank 1. Job 2 (init()
+    again, same processes): rank 2 leaves normally while rank 0 waits for its broadcast.
+    Rank 0 must name rank 2 (left), not rank 1 relayed by rank 2 -- job 1's failure is not
+    why rank 2 left job 2."""
+    rr.init(timeout=20)
+    rr.barrier()
+    if rank == 1:
+        time.sleep(0.5)
+        rr.abort()
+    else:
+        try:
+            rr.allreduce(np.ones(4))
+        except rr.RingReduceError:
+            pass
+    rr.destroy()
+    rr.init(timeout=20)
+    rr.barrier()
+    if rank == 2:
+        rr.destroy()
+        time.sleep(1.0)
+        return {"type": None}
+    if rank == 1:
+        time.sleep(1.0)
+        rr.destroy()
+        return {"type": None}
+    time.sleep(0.3)
+    try:
+        rr.broadcast(np.ones(4), src=2)
+        out = {"type": None}
+    except rr.RingReduceError as e:
+        out = {"type": type(e).__name__, "peer_rank": e.peer_rank, "cause": e.cause,
+               "relayed_by": e.relayed_by, "msg": str(e)}
+    rr.destroy()
+    return out
+
+
 def init_only(rank: int, world: int) -> dict:
     """init() and report how it went (for wrong-secret tests)."""
     t0 = time.time()

@@ -252,6 +252,17 @@ def test_stuck_rank_times_out_then_reinit_works(world: int, async_op: bool,
         assert v["reinit_sum"] == [s] * 5, f"rank {r}: after re-init got {v['reinit_sum']}"
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_rank_leaving_after_reinit_is_named_itself(transport: str) -> None:
+    """A goodbye names the rank its process's first failure lost; a new init() forgets an
+    earlier job's failure (else a peer of the next job named that stale rank)."""
+    res = run_world(3, error_workers.left_after_reinit, timeout=60, init=False,
+                    env=_env(transport, RINGREDUCE_CONNECT_TIMEOUT="30"))
+    v = res[0]
+    assert (v["type"], v["peer_rank"], v["cause"], v["relayed_by"]) == \
+        ("PeerFailure", 2, "left", None), v
+
+
 _stagger_cache: dict[str, list] = {}
 
 

@@ -361,6 +361,7 @@ PYBIND11_MODULE(_C, m) {
   }, "Raise ValueError (saying what to do) when `op` cannot reduce `dtype`.");
 
   m.def("set_log_level", &log::setLevel);
+  m.def("forget_first_failure", &comm::forgetFirstFailure);
   m.def("set_log_prefix", &log::setPrefix);
   m.def("isa_name", &reduce::isaName);
   // Tests only: every name lookup (numeric addresses skip it) sleeps this long first, to

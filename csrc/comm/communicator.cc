@@ -26,6 +26,12 @@ int gFirstLost = -1;         // guarded by gFailureMu
 PeerCause gFirstLostCause = PeerCause::kClosed;
 }  // namespace
 
+void forgetFirstFailure() {
+  std::lock_guard<std::mutex> lock(gFailureMu);
+  gFirstFailure.clear();
+  gFirstLost = -1;
+}
+
 Communicator::Communicator(int rank, int world, std::vector<std::unique_ptr<Connection>> conns,
                            Options opts)
     : rank_(rank), world_(world), conns_(std::move(conns)), opts_(opts) {

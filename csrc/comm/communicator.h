@@ -36,6 +36,10 @@ using transport::FrameHeader;
 using transport::RecvOp;
 using transport::SendOp;
 
+// A new job in this process (ringreduce.init() after destroy()): the failure of the last one
+// is not why this one's communicators leave, nor is the rank it lost theirs to name.
+void forgetFirstFailure();
+
 class Communicator {
  public:
   Communicator(int rank, int world, std::vector<std::unique_ptr<Connection>> conns, Options opts);
