@@ -453,6 +453,7 @@ def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,
     exited) is a RingReduceError saying so, not torch's bare DistNetworkError."""
     from ._C import RingReduceError
 
+    rank = _speaker(rank)
     try:
         _wait_for(store, keys, timeout, rank, what, prefix, hint)
     except RingReduceError:
@@ -607,18 +608,52 @@ def _store_failed(rank: int, during: str, e: Exception, store: Any = None) -> Ex
     naming it (peer_rank 0), as any other dead peer is named -- before, a RingReduceError
     that `except rr.PeerFailure` missed (found by a helper)."""
     why = f"{type(e).__name__}: {_first_line(e)}"
+    rank = _speaker(rank)
     if store is not None and id(store) in _IN_RANK0:
         from ._C import PeerFailure
 
-        err = PeerFailure(f"rank {rank}: the rendezvous store failed during {during} ({why}); "
-                          f"rank 0's process serves it: rank 0 exited or crashed")
-        err.peer_rank, err.cause = 0, "closed"  # type: ignore[attr-defined]
+        if _rank0_left():
+            err = PeerFailure(
+                f"rank {rank}: the rendezvous store failed during {during} ({why}); rank 0's "
+                f"process serves it, and rank 0 left the job (destroy()) and exited: nothing "
+                f"can be set up through the store after that -- create groups and "
+                f"point-to-point channels before rank 0 calls destroy(), or let a launcher "
+                f"host the store (torchrun, ringreduce.run)")
+            err.peer_rank, err.cause = 0, "left"  # type: ignore[attr-defined]
+        else:
+            err = PeerFailure(f"rank {rank}: the rendezvous store failed during {during} "
+                              f"({why}); rank 0's process serves it: rank 0 exited or crashed")
+            err.peer_rank, err.cause = 0, "closed"  # type: ignore[attr-defined]
     else:
         err = _rr_error(f"rank {rank}: the rendezvous store failed during {during} ({why}); "
                         f"the store lives in rank 0 (or the launcher's agent) -- did it exit "
                         f"or crash?")
     err.store_error = e  # type: ignore[attr-defined]
     return err
+
+
+def _speaker(rank: int) -> int:
+    """The rank a message names this process by: `rank` is its rank in what is being set
+    up (a group's, a channel's); errors name world ranks, as every other message does."""
+    w = getattr(_WATCH, "v", None)
+    return rank if w is None else w[0].rank
+
+
+def _rank0_left() -> bool:
+    """Whether the world this thread watches (see watching) heard rank 0's goodbye."""
+    from ._C import PeerFailure
+
+    w = getattr(_WATCH, "v", None)
+    comm = None if w is None else w[0].comm
+    if comm is None or w[0].rank == 0:
+        return False
+    try:
+        comm.probe_peers([0])
+    except PeerFailure as e:
+        return getattr(e, "peer_rank", None) == 0 and getattr(e, "cause", None) == "left"
+    except RuntimeError:  # destroyed meanwhile
+        pass
+    return False
 
 
 def _world_prefix() -> str:

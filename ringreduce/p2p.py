@@ -465,14 +465,7 @@ def _channel(g: Group, world: Group, src: int, dst: int, tag: int) -> Group:
             with _LOCK:
                 pair = g.p2p.get(key)
             if pair is None:
-                base, store = _base(g, lo, hi, tag), g.store
-                where = "" if g is world else f" in {g.name}"
-                store.set(f"{base}want{world.rank}", b"1")  # for any-source receivers
-                _meet(world, store, base, lo + hi - world.rank, src, dst, tag)
-                up = groups._make(world, [lo, hi], base + "up/",
-                                  f"p2p {lo}->{hi} tag {tag}{where}", p2p=True, store=store)
-                down = groups._make(world, [lo, hi], base + "down/",
-                                    f"p2p {hi}->{lo} tag {tag}{where}", p2p=True, store=store)
+                up, down = _make_pair(g, world, lo, hi, src, dst, tag)
                 with _LOCK:
                     pair = g.p2p[key] = (up, down)
                     made = len(g.p2p)
@@ -482,6 +475,27 @@ def _channel(g: Group, world: Group, src: int, dst: int, tag: int) -> Group:
                 if tag == 0:
                     _fast_path(g, world, lo, hi)
     return pair[0] if src == lo else pair[1]
+
+
+def _make_pair(g: Group, world: Group, lo: int, hi: int, src: int, dst: int,
+               tag: int) -> tuple:
+    """Make the channels lo -> hi and hi -> lo for `tag` (this rank is one of the two)."""
+    from . import _rendezvous
+
+    base, store, peer = _base(g, lo, hi, tag), g.store, lo + hi - world.rank
+    where = "" if g is world else f" in {g.name}"
+    with _rendezvous.watching(world, [peer]):  # _store_failed names rank 0 `left` if it did
+        try:
+            store.set(f"{base}want{world.rank}", b"1")  # for any-source receivers
+        except RuntimeError as e:  # torch's DistNetworkError: the store is gone
+            raise _rendezvous._store_failed(world.rank, f"making the channel {src} -> {dst} "
+                                            f"for tag {tag}{where}", e, store) from e
+    _meet(world, store, base, peer, src, dst, tag)
+    up = groups._make(world, [lo, hi], base + "up/", f"p2p {lo}->{hi} tag {tag}{where}",
+                      p2p=True, store=store)
+    down = groups._make(world, [lo, hi], base + "down/", f"p2p {hi}->{lo} tag {tag}{where}",
+                        p2p=True, store=store)
+    return up, down
 
 
 def _fast_path(g: Group, world: Group, lo: int, hi: int) -> None:

@@ -629,3 +629,33 @@ def slow_setup_tail(rank: int, world: int) -> dict:
         _rendezvous.allgather = gather
     ok = bool(np.array_equal(x, sum(_data(r, 100, np.float64) for r in range(world))))
     return {"ok": ok, "took": time.monotonic() - t0}
+
+
+def after_rank0_left(rank: int, world: int, what: str) -> dict:
+    """Rank 0 (its process serves the store) calls destroy() and exits; the others, once the
+    store is gone, create a group ("group") or a new point-to-point channel ("p2p"). Both
+    must raise PeerFailure naming rank 0 as `left` -- before, group rank 0 got torch's raw
+    DistNetworkError and the other "rank 0 exited or crashed" (found by a helper's audit)."""
+    if rank == 0:
+        rr.destroy()
+        return {}
+    store = rr.world_group().store
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # rank 0's destroy waits (5 s) for our goodbyes
+        try:
+            store.check(["nothing"])
+        except RuntimeError:
+            break
+        time.sleep(0.1)
+    t0 = time.monotonic()
+    try:
+        if what == "group":
+            rr.new_group([1, 2])
+        elif rank == 1:  # rr.send returns before the channel exists: its error is logged
+            rr.isend(np.ones(4), 2, tag=5).wait()
+        else:
+            rr.recv(np.zeros(4), 1, tag=5)
+        return {"error": "no error"}
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"{type(e).__name__}: {e}", "peer_rank": getattr(e, "peer_rank", None),
+                "cause": getattr(e, "cause", None), "secs": time.monotonic() - t0}

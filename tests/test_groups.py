@@ -298,3 +298,15 @@ def test_a_group_stall_report_names_world_ranks(transport: str) -> None:
     stall = [ln for ln in outs[2].stderr.splitlines() if "stall:" in ln]
     assert stall and "stall: rank 2 has waited" in stall[0], (stall, outs[2].stderr)
     assert re.search(r"rank 1 \(.*\) is idle", stall[0]), stall[0]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("what,transport", [("group", "shm"), ("group", "tcp"), ("p2p", "tcp")])
+def test_setting_up_after_rank_0_left_names_it_left(what: str, transport: str) -> None:
+    outs = run_world(3, "group_workers:after_rank0_left", what, timeout=80,
+                     env={"RINGREDUCE_TRANSPORT": transport})
+    for r in (1, 2):
+        v = outs[r]
+        assert v["error"].startswith(f"PeerFailure: rank {r}: "), (r, outs)
+        assert "rank 0 left the job" in v["error"], (r, v)
+        assert v["peer_rank"] == 0 and v["cause"] == "left" and v["secs"] < 5, (r, v)
