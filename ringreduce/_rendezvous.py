@@ -318,6 +318,12 @@ def _farewell(box: list, rank: int, world: int, prefix: str, closing: bool, dead
         elif _poll(lambda: store.check([ack]), deadline):
             words.append(bytes(store.get(ack)))
             store.add(acked, 1 + proxy)
+            if words == [b"close"]:
+                # Until rank 0 stops the server (at once, once all acked), a re-init's
+                # client could reach it and be reset by its close, which makes torch log a
+                # C++ stack trace ("recvValue failed") on every rank but 0. Watching our
+                # connection's state sends nothing.
+                _poll(lambda: _procnet.server_closed(store), min(deadline, time.monotonic() + 1))
     except RuntimeError:  # the store is gone already (rank 0 left): nothing to wait for
         pass
     finally:

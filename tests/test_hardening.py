@@ -24,11 +24,18 @@ def test_destroy_closes_the_store_fresh_port_per_cycle(world: int) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_reinit_on_the_same_port_reaches_the_new_store() -> None:
-    outs = run_world(2, "hardening_workers:store_same_port", 5, timeout=90, init=False)
-    for v in outs:
-        assert not v["listening"], v
-        assert v["elapsed"] < 60, v
+@pytest.mark.parametrize("world", [2, 3])
+def test_reinit_on_the_same_port_reaches_the_new_store(world: int) -> None:
+    """Also quietly: a re-init's client reached rank 0's old server as it stopped, and torch
+    logged a C++ stack trace ("recvValue failed ... Connection reset by peer") on most
+    re-inits of every rank but 0 (and its reconnect delay made them 0.4-0.8 s, not 0.05)."""
+    outs = run_world_raw(world, "hardening_workers:store_same_port", 5, timeout=90,
+                         init=False)
+    for o in outs:
+        assert o.ok, o.describe()
+        assert not o.value["listening"], o.value
+        assert o.value["elapsed"] < 60, o.value
+        assert "TCPStore" not in o.stderr and "recvValue" not in o.stderr, o.stderr
 
 
 
