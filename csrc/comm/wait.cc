@@ -137,17 +137,15 @@ void Communicator::throwLeft(int p, const std::string& during) {
   const std::string why = leftWhy(p);
   // It left after losing a rank of ours: name that one, as its abort frame would have.
   const transport::Culprit who = leftCulprit(p);
+  if (why.empty())
+    throw PeerError(p, PeerCause::kLeft, detail::concat(
+        "rank ", label(p), " (", peerHost(p),
+        ") left the job (destroy(), or its program ended: normally or by an exception)", during));
+  std::string msg = detail::concat("rank ", label(p), " (", peerHost(p),
+                                   ") left the job after a failure on its side", during, ": ", why);
   if (who.rank >= 0 && who.rank < world_ && who.rank != rank_ && who.rank != p)
-    throw PeerError(who.rank, who.cause, detail::concat("rank ", label(p), " (", peerHost(p),
-                                         ") left the job after a failure on its side", during,
-                                         ": ", why), p);
-  if (!why.empty())
-    throw PeerError(p, PeerCause::kLeft, detail::concat("rank ", label(p), " (", peerHost(p),
-                                        ") left the job after a failure on its side", during,
-                                        ": ", why));
-  throw PeerError(p, PeerCause::kLeft, detail::concat(
-      "rank ", label(p), " (", peerHost(p),
-      ") left the job (destroy(), or its program ended: normally or by an exception)", during));
+    throw PeerError(who.rank, who.cause, std::move(msg), p);
+  throw PeerError(p, PeerCause::kLeft, std::move(msg));
 }
 
 void Communicator::probePeers(const std::vector<int>& waitedFor) {

@@ -68,14 +68,13 @@ void TcpConnection::failClosed(const char* doing) {
 }
 
 void TcpConnection::failLeft(const char* doing) {
-  if (leftCulprit_.rank >= 0 && leftCulprit_.rank != peer_)  // the communicator checks it
-    throw PeerError(leftCulprit_.rank, leftCulprit_.cause, detail::concat(
-                        "rank ", label_, " (", peerHost_, ") left the job after a failure on its "
-                        "side: ", leftWhy_), peer_);
-  if (!leftWhy_.empty())
-    throw PeerError(peer_, PeerCause::kLeft, detail::concat(
-                               "rank ", label_, " (", peerHost_, ") left the job after a failure "
-                               "on its side: ", leftWhy_));
+  if (!leftWhy_.empty()) {
+    std::string msg = detail::concat("rank ", label_, " (", peerHost_,
+                                     ") left the job after a failure on its side: ", leftWhy_);
+    if (leftCulprit_.rank >= 0 && leftCulprit_.rank != peer_)  // the communicator checks it
+      throw PeerError(leftCulprit_.rank, leftCulprit_.cause, std::move(msg), peer_);
+    throw PeerError(peer_, PeerCause::kLeft, std::move(msg));
+  }
   throw PeerError(peer_, PeerCause::kLeft, detail::concat(
                              "rank ", label_, " (", peerHost_, ") left the job (it called "
                              "destroy(), or its program ended: normally or by an exception) "
