@@ -2,6 +2,7 @@
 // pointers + element counts (the Python layer validated the tensors/arrays and keeps them
 // alive), releases the GIL around everything that can block, and maps C++ exceptions to
 // Python classes.
+#include <array>
 #include <algorithm>
 #include <exception>
 #include <cstring>
@@ -687,16 +688,27 @@ PYBIND11_MODULE(_C, m) {
            // What this rank keeps open to its peers: TCP connections, heartbeat targets and
            // datagrams sent so far (bench/scaling.py divides by time).
            [](PyComm& c) {
-             auto& cm = c.ex().comm();
+             std::shared_ptr<runtime::Executor> e = c.held();
+             // Between collectives: a lazy connect changes the table under a reader.
+             std::array<long long, 5> v{};
+             {
+               py::gil_scoped_release nogil;
+               v = e->between([](comm::Communicator& cm) {
+                 const transport::Heartbeat* hb = cm.heartbeat();
+                 int watched = 0;
+                 for (int p = 0; p < cm.world(); ++p) watched += p != cm.rank() && cm.watched(p);
+                 return std::array<long long, 5>{
+                     cm.openConnections(), hb ? hb->targets() : 0,
+                     hb ? static_cast<long long>(hb->sent()) : 0, watched,
+                     cm.watchedProcesses()};  // pidfds (socketless groups)
+               });
+             }
              py::dict d;
-             d["connections"] = cm.openConnections();
-             const transport::Heartbeat* hb = cm.heartbeat();
-             d["heartbeat_targets"] = hb ? hb->targets() : 0;
-             d["heartbeat_sent"] = hb ? hb->sent() : 0;
-             int watched = 0;
-             for (int p = 0; p < cm.world(); ++p) watched += p != cm.rank() && cm.watched(p);
-             d["watched"] = watched;
-             d["processes_watched"] = cm.watchedProcesses();  // pidfds (socketless groups)
+             d["connections"] = v[0];
+             d["heartbeat_targets"] = v[1];
+             d["heartbeat_sent"] = v[2];
+             d["watched"] = v[3];
+             d["processes_watched"] = v[4];
              return d;
            })
       .def_property_readonly("uses_shm", [](PyComm& c) { return c.ex().comm().shm() != nullptr; })

@@ -43,6 +43,13 @@ class Executor : public std::enable_shared_from_this<Executor> {
   bool incomingIdle(int peer);
   // comm().probePeers() if nothing is queued or running (what runs checks liveness itself).
   void probeIdle(const std::vector<int>& waitedFor = {});
+  // fn(comm()) between collectives: waits for one that runs now (its deadline bounds that).
+  // For readers of state only the running collective changes (the connection table).
+  template <class F>
+  auto between(F&& fn) {
+    std::lock_guard<std::mutex> ex(execMu_);
+    return fn(*comm_);
+  }
 
   // Fail the running collective and everything queued, promptly, and tell the peers --
   // also when nothing runs (the worker sends the abort then: before, an idle rank's abort()
