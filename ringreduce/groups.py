@@ -271,8 +271,6 @@ def _make(world: Group, members: list[int], prefix: str, name: str,
         return _register(world, _single(world, members, prefix, name))
     store = world.store if store is None else store
     out_of_step = _out_of_step(world)
-    from ._C import RingReduceError
-
     with _rendezvous.also_stop_on(out_of_step + "failed"), \
             _rendezvous.watching(world, [m for m in members if m != world.rank]), \
             _interrupts_told(world, store, prefix, name):
@@ -281,9 +279,7 @@ def _make(world: Group, members: list[int], prefix: str, name: str,
                 _agree(store, prefix, me, members, _setup_secs(world, timeout), name,
                        out_of_step)
             return _connect(world, store, members, me, prefix, name, timeout, p2p)
-        except RingReduceError:
-            raise  # ours: it says what happened
-        except RuntimeError as e:  # torch's DistNetworkError: the store went away
+        except _rendezvous._torch_store().DistError as e:  # the store went away
             raise _rendezvous._store_failed(world.rank, f"creating {name}", e, store) from e
 
 

@@ -487,7 +487,7 @@ def _make_pair(g: Group, world: Group, lo: int, hi: int, src: int, dst: int,
     with _rendezvous.watching(world, [peer]):  # _store_failed names rank 0 `left` if it did
         try:
             store.set(f"{base}want{world.rank}", b"1")  # for any-source receivers
-        except RuntimeError as e:  # torch's DistNetworkError: the store is gone
+        except _rendezvous._torch_store().DistError as e:  # the store is gone
             raise _rendezvous._store_failed(world.rank, f"making the channel {src} -> {dst} "
                                             f"for tag {tag}{where}", e, store) from e
     _meet(world, store, base, peer, src, dst, tag)
