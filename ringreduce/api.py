@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -158,8 +159,12 @@ def abort() -> None:
 @atexit.register
 def _destroy_at_exit() -> None:
     # A script that forgets destroy() still says goodbye to its peers and writes its trace.
-    if _state._DEFAULT[0] is not None:
-        destroy()
+    try:
+        if _state._DEFAULT[0] is not None:
+            destroy()
+    finally:
+        if "ringreduce._futures" in sys.modules:  # end the completer threads before Python
+            sys.modules["ringreduce._futures"]._COMPLETER.join_at_exit()  # finalizes
 
 
 def is_initialized() -> bool:
