@@ -608,6 +608,16 @@ def _first_line(e: Exception) -> str:
     return text.splitlines()[0] if text else repr(e)
 
 
+@contextlib.contextmanager
+def store_used(rank: int, during: str, store: Any) -> Iterator[None]:
+    """Store calls inside: torch's DistError (the store went away) becomes _store_failed's
+    error; everything else (ours, e.g. a timeout or the fd-limit check) passes unchanged."""
+    try:
+        yield
+    except _torch_store().DistError as e:
+        raise _store_failed(rank, during, e, store) from e
+
+
 def _store_failed(rank: int, during: str, e: Exception, store: Any = None) -> Exception:
     """The error for a store that stopped answering. One that world rank 0's process serves
     (not the launcher's agent's, not the caller's own) means rank 0 is gone: a PeerFailure

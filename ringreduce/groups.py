@@ -273,14 +273,12 @@ def _make(world: Group, members: list[int], prefix: str, name: str,
     out_of_step = _out_of_step(world)
     with _rendezvous.also_stop_on(out_of_step + "failed"), \
             _rendezvous.watching(world, [m for m in members if m != world.rank]), \
-            _interrupts_told(world, store, prefix, name):
-        try:
-            if not p2p:  # a channel's members follow from its key: nothing to compare
-                _agree(store, prefix, me, members, _setup_secs(world, timeout), name,
-                       out_of_step)
-            return _connect(world, store, members, me, prefix, name, timeout, p2p)
-        except _rendezvous._torch_store().DistError as e:  # the store went away
-            raise _rendezvous._store_failed(world.rank, f"creating {name}", e, store) from e
+            _interrupts_told(world, store, prefix, name), \
+            _rendezvous.store_used(world.rank, f"creating {name}", store):
+        if not p2p:  # a channel's members follow from its key: nothing to compare
+            _agree(store, prefix, me, members, _setup_secs(world, timeout), name,
+                   out_of_step)
+        return _connect(world, store, members, me, prefix, name, timeout, p2p)
 
 
 def _setup_secs(world: Group, timeout: float | None) -> float:

@@ -484,12 +484,10 @@ def _make_pair(g: Group, world: Group, lo: int, hi: int, src: int, dst: int,
 
     base, store, peer = _base(g, lo, hi, tag), g.store, lo + hi - world.rank
     where = "" if g is world else f" in {g.name}"
-    with _rendezvous.watching(world, [peer]):  # _store_failed names rank 0 `left` if it did
-        try:
-            store.set(f"{base}want{world.rank}", b"1")  # for any-source receivers
-        except _rendezvous._torch_store().DistError as e:  # the store is gone
-            raise _rendezvous._store_failed(world.rank, f"making the channel {src} -> {dst} "
-                                            f"for tag {tag}{where}", e, store) from e
+    during = f"making the channel {src} -> {dst} for tag {tag}{where}"
+    with _rendezvous.watching(world, [peer]), \
+            _rendezvous.store_used(world.rank, during, store):  # names rank 0 `left` if so
+        store.set(f"{base}want{world.rank}", b"1")  # for any-source receivers
     _meet(world, store, base, peer, src, dst, tag)
     up = groups._make(world, [lo, hi], base + "up/", f"p2p {lo}->{hi} tag {tag}{where}",
                       p2p=True, store=store)
