@@ -28,7 +28,9 @@ import ringreduce as rr
 def _exc_info(e: BaseException, t0: float) -> dict:
     return {"type": type(e).__name__, "msg": str(e), "elapsed": time.time() - t0,
             "is_rr": isinstance(e, rr.RingReduceError), "is_timeout": isinstance(e, TimeoutError),
-            "peer_rank": getattr(e, "peer_rank", None)}
+            "peer_rank": getattr(e, "peer_rank", None),
+            "waiting_for": getattr(e, "waiting_for", None),
+            "relayed_by": getattr(e, "relayed_by", None)}
 
 
 def _expect_raise(fn: Callable[[], Any], exc: type, pattern: str, what: str) -> list[str]:

@@ -71,6 +71,7 @@ def fault_loop(rank: int, world: int, collective: str, n: int, algo: str,
         except rr.RingReduceError as e:
             out = {"type": type(e).__name__, "msg": str(e), "t_err": time.time(),
                    "peer_rank": getattr(e, "peer_rank", None),
+                   "waiting_for": getattr(e, "waiting_for", None),
                    "cause": getattr(e, "cause", None),
                    "relayed_by": getattr(e, "relayed_by", None), "iters": it, "wrong": wrong}
             try:

@@ -283,6 +283,12 @@ def test_timeout_names_the_rank_that_never_arrived(transport: str) -> None:
         assert res[r]["type"] == "CollectiveTimeout", res[r]
     for r in (0, 1):
         assert re.search(r"\brank 2\b", res[r]["msg"]), f"rank {r}: {res[r]['msg']}"
+        # The error's fields say it too: whom this rank waited for, where the chain ends.
+        assert res[r]["peer_rank"] == 2, res[r]
+        if res[r]["relayed_by"] is None:  # timed out itself: whom it waited for
+            assert res[r]["waiting_for"] in (0, 1, 2) and res[r]["waiting_for"] != r, res[r]
+        else:  # told by the rank that timed out (its abort), which named rank 2 too
+            assert res[r]["relayed_by"] == 1 - r and res[r]["waiting_for"] is None, res[r]
 
 
 @pytest.mark.timeout(60)

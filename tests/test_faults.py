@@ -143,6 +143,12 @@ def test_hung_rank_is_found_by_the_wait_chain(tmp_path: Path, transport: str) ->
         assert re.search(r"-> rank 1 \(at allreduce #\d+ .*waits for no rank", r["msg"]), (
             f"rank {o.rank}: no wait chain ending at rank 1: {r['msg']}")
         assert "last call site fault_workers.py:" in r["msg"], r["msg"]
+        if r["type"] == "CollectiveTimeout":  # its fields name rank 1 too, relayed or not
+            assert r["peer_rank"] == 1, r
+            if r["relayed_by"] is None:
+                assert r["waiting_for"] not in (None, o.rank), r
+            else:
+                assert r["waiting_for"] is None and r["relayed_by"] != o.rank, r
         assert r["t_err"] - t_fault < 4 + 3, f"rank {o.rank}: {r['t_err'] - t_fault:.1f} s"
         assert r["wrong"] == 0, r
         # The stall report (at 1.5 s) came first and named the culprit too.

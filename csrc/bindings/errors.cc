@@ -50,7 +50,16 @@ void translate(std::exception_ptr p, bool anything) {
   } catch (const InvalidArgument& e) {
     PyErr_SetString(PyExc_ValueError, e.what());
   } catch (const TimeoutError& e) {
-    if (!signalFirst(e.what())) PyErr_SetString(c.timeout, e.what());
+    if (signalFirst(e.what())) return;
+    PyObject* inst = PyObject_CallFunction(c.timeout, "s", e.what());
+    if (inst) {
+      auto rankOrNone = [](int r) { return r >= 0 ? py::object(py::int_(r)) : py::none(); };
+      PyObject_SetAttrString(inst, "waiting_for", rankOrNone(e.waitingFor()).ptr());
+      PyObject_SetAttrString(inst, "peer_rank", rankOrNone(e.stuck()).ptr());
+      PyObject_SetAttrString(inst, "relayed_by", rankOrNone(e.via()).ptr());
+      PyErr_SetObject(c.timeout, inst);
+      Py_DECREF(inst);
+    }
   } catch (const PeerError& e) {
     if (signalFirst(e.what())) return;
     PyObject* inst = PyObject_CallFunction(c.peer, "s", e.what());
@@ -90,6 +99,8 @@ void registerErrors(py::module_& m) {
   static py::exception<PeerError> peer(m, "PeerFailure", base.ptr());
   // Class defaults, for instances made in Python (ringreduce._rendezvous) too.
   for (const char* a : {"peer_rank", "cause", "relayed_by"}) py::setattr(peer, a, py::none());
+  for (const char* a : {"peer_rank", "waiting_for", "relayed_by"})
+    py::setattr(timeout, a, py::none());
   static py::exception<MismatchError> mismatch(m, "CollectiveMismatch", base.ptr());
   classes() = Classes{base.ptr(), timeout.ptr(), peer.ptr(), mismatch.ptr()};
   py::register_exception_translator([](std::exception_ptr p) { translate(p, false); });

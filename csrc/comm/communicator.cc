@@ -170,7 +170,7 @@ void Communicator::poison(const std::string& reason, transport::AbortCode code,
     std::lock_guard<std::mutex> lock(gFailureMu);
     if (gFirstFailure.empty()) {
       gFirstFailure = reason;
-      if (lost.rank >= 0 && lost.rank != rank_) {
+      if (code == transport::AbortCode::kPeer && lost.rank >= 0 && lost.rank != rank_) {
         gFirstLost = label(lost.rank);
         gFirstLostCause = lost.cause;
       }

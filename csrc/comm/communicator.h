@@ -316,8 +316,11 @@ class Communicator {
   std::string behindSummary(int exclude = -1);
   // "; wait chain: rank 0 -> rank 2 -> rank 1 (...)": follow the peers' heartbeats from
   // `first` (the rank this one waits for) to the rank that waits for nobody; *end = it.
+  // The wait chain from `first`; *end: the rank it ends at when that one is stuck (not in
+  // this collective, or waiting for no rank), else -1 (a cycle, an unwatched rank).
   std::string waitChain(int first, int* end);
-  std::string diagnosis(int waitingFor);  // waitChain + behindSummary of the others
+  // waitChain + behindSummary of the others; *stuck (optional): waitChain's end.
+  std::string diagnosis(int waitingFor, int* stuck = nullptr);
   std::vector<pollfd> pfds_;      // reused by waitIo: no allocation per wait
   std::vector<int> pfdPeer_;      // peer rank of each pfds_ entry (-1: wake fd)
   std::vector<uint8_t> early_;    // peer sent data for a later collective: stop watching it

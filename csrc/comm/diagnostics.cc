@@ -34,7 +34,10 @@ std::string Communicator::waitChain(int first, int* end) {
     chain += detail::concat(" -> rank ", label(p));
     seen[static_cast<size_t>(p)] = 1;
     *end = p;
-    if (!watched(p)) return chain + " (not among the peers this rank watches)";
+    if (!watched(p)) {
+      *end = -1;  // unknown: not a rank the chain shows stuck
+      return chain + " (not among the peers this rank watches)";
+    }
     transport::PeerStatus s = hb_->status(p);
     if (s.ageMs < 0) return chain + " (never heard from)";
     if (s.kind == 0 || s.seq != seq_)
@@ -43,15 +46,18 @@ std::string Communicator::waitChain(int first, int* end) {
       return chain + detail::concat(" (", peerDoing(p, s, " and waits for no rank: stuck outside "
                                                           "communication, e.g. in a callback, a "
                                                           "signal handler or a hung device"), ")");
-    if (seen[static_cast<size_t>(s.waitingFor)])
+    if (seen[static_cast<size_t>(s.waitingFor)]) {
+      *end = -1;  // every rank of a cycle waits for the next: none is the one stuck
       return chain + detail::concat(" -> rank ", label(s.waitingFor), " (a cycle)");
+    }
     p = s.waitingFor;
   }
 }
 
-std::string Communicator::diagnosis(int waitingFor) {
+std::string Communicator::diagnosis(int waitingFor, int* stuck) {
   int end = -1;
   std::string chain = waitChain(waitingFor, &end);
+  if (stuck != nullptr) *stuck = end;
   return chain + behindSummary(end);
 }
 

@@ -133,12 +133,18 @@ void Communicator::waitForLink(int peer, int dialFd) {
     }
     watchIdle(peer, peer);
     if (pollWaits() == 0) {
-      if (deadline_.expired())
-        RR_THROW(TimeoutError, "rank ", label(rank_), ": ", describeCurrent(), " timed out after ",
-                 opts_.timeoutSec, " s waiting for rank ", label(peer), " (", peerHost(peer), ") to ",
-                 dialFd >= 0 ? "accept a connection" : "connect", " (it needs no connection "
-                 "before this collective)", diagnosis(peer),
-                 " (is that rank stuck, or did it skip this collective?)");
+      if (deadline_.expired()) {
+        int stuck = -1;
+        const std::string diag = diagnosis(peer, &stuck);
+        throw TimeoutError(
+            detail::concat("rank ", label(rank_), ": ", describeCurrent(), " timed out after ",
+                           opts_.timeoutSec, " s waiting for rank ", label(peer), " (",
+                           peerHost(peer), ") to ",
+                           dialFd >= 0 ? "accept a connection" : "connect",
+                           " (it needs no connection before this collective)", diag,
+                           " (is that rank stuck, or did it skip this collective?)"),
+            peer, stuck);
+      }
       // Local peers' aborts and deaths (a group on one host has no connection to carry
       // them), heartbeats, signals: as every other wait.
       checkLiveness(peer, peer, false);

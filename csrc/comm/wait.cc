@@ -240,7 +240,9 @@ void Communicator::throwPeerAbort(int p, uint32_t code, const std::string& reaso
   std::string msg = detail::concat("rank ", label(p), " (", peerHost(p), ") failed: ", reason);
   switch (static_cast<transport::AbortCode>(code - 1)) {
     case transport::AbortCode::kMismatch: throw MismatchError(msg);
-    case transport::AbortCode::kTimeout: throw TimeoutError(msg);
+    case transport::AbortCode::kTimeout:  // where its wait chain ended (unless at us)
+      throw TimeoutError(msg, -1, who.rank >= 0 && who.rank < world_ && who.rank != rank_ &&
+                                          who.rank != p ? who.rank : -1, p);
     case transport::AbortCode::kPeer:  // it lost a rank: name that one (unless it is us)
       if (who.rank >= 0 && who.rank < world_ && who.rank != rank_ && who.rank != p)
         throw PeerError(who.rank, who.cause, msg, p);
@@ -307,12 +309,18 @@ void Communicator::checkLocalAborts() {
   else if (recvPeer >= 0) who = "waiting for data from " + name(recvPeer);
   if (sendPeer >= 0)
     who += (who.empty() ? "" : " and ") + std::string("waiting to send to ") + name(sendPeer);
-  RR_THROW(TimeoutError, "rank ", label(rank_), ": ", describeCurrent(), " timed out after ",
-           opts_.timeoutSec, " s ", who, diagnosis(recvPeer >= 0 ? recvPeer : sendPeer),
-           setupOf_ >= 0 ? " (in init's shared-memory set-up, within RINGREDUCE_CONNECT_TIMEOUT: "
-                           "is that rank stuck or still starting?)"
-                         : " (is that rank stuck, or did it skip this collective? raise "
-                           "timeout= or RINGREDUCE_TIMEOUT for slow steps)");
+  const int waited = recvPeer >= 0 ? recvPeer : sendPeer;
+  int stuck = -1;
+  const std::string diag = diagnosis(waited, &stuck);
+  throw TimeoutError(
+      detail::concat("rank ", label(rank_), ": ", describeCurrent(), " timed out after ",
+                     opts_.timeoutSec, " s ", who, diag,
+                     setupOf_ >= 0 ? " (in init's shared-memory set-up, within "
+                                     "RINGREDUCE_CONNECT_TIMEOUT: is that rank stuck or still "
+                                     "starting?)"
+                                   : " (is that rank stuck, or did it skip this collective? "
+                                     "raise timeout= or RINGREDUCE_TIMEOUT for slow steps)"),
+      waited, stuck);
 }
 
 }  // namespace rr::comm

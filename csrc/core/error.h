@@ -20,10 +20,24 @@ class InvalidArgument : public Error {
   using Error::Error;
 };
 
-// A deadline passed. The message names what was awaited and from whom.
+// A deadline passed. The message names what was awaited and from whom. `waitingFor`: the
+// rank this one was blocked on; `stuck`: where the wait chain (read from heartbeats) ends --
+// a rank not in this collective or waiting for no rank -- here or on the rank whose abort
+// relayed the timeout (`via`, else -1); -1 when unknown. Communicator ranks in the core;
+// the executor makes them world ranks, as PeerError's.
 class TimeoutError : public Error {
  public:
-  using Error::Error;
+  explicit TimeoutError(const std::string& what, int waitingFor = -1, int stuck = -1,
+                        int via = -1)
+      : Error(what), waitingFor_(waitingFor), stuck_(stuck), via_(via) {}
+  int waitingFor() const { return waitingFor_; }
+  int stuck() const { return stuck_; }
+  int via() const { return via_; }
+
+ private:
+  int waitingFor_;
+  int stuck_;
+  int via_;
 };
 
 // Why a peer is considered failed: typed, so callers never search the message for it.

@@ -127,8 +127,13 @@ static void rethrowWithContext(comm::Communicator& c) {
     c.poison(e.what(), transport::AbortCode::kOther);
     throw Interrupted(e.what() + ctx);
   } catch (const TimeoutError& e) {
-    c.poison(e.what(), transport::AbortCode::kTimeout);
-    throw TimeoutError(e.what() + ctx);
+    auto known = [&c](int p) { return p >= 0 && p < c.world() && p != c.rank(); };
+    const int stuck = known(e.stuck()) ? e.stuck() : -1;
+    // The abort names where the wait chain ended, so the peers' errors name it too.
+    c.poison(e.what(), transport::AbortCode::kTimeout,
+             stuck >= 0 ? transport::Culprit{stuck, PeerCause::kAborted} : transport::Culprit{});
+    auto world = [&](int p) { return known(p) ? c.label(p) : -1; };  // users know world ranks
+    throw TimeoutError(e.what() + ctx, world(e.waitingFor()), world(stuck), world(e.via()));
   } catch (const PeerError& e) {
     int peer = e.peer(), via = e.via();
     PeerCause cause = e.cause();

@@ -122,7 +122,8 @@ void TcpConnection::throwAbort(const FrameHeader& h, const std::string& reason) 
   std::string msg = detail::concat("rank ", label_, " (", peerHost_, ") failed: ", reason);
   switch (static_cast<AbortCode>(h.op)) {
     case AbortCode::kMismatch: throw MismatchError(msg);
-    case AbortCode::kTimeout: throw TimeoutError(msg);
+    case AbortCode::kTimeout:  // where its wait chain ended (the communicator checks it)
+      throw TimeoutError(msg, -1, h.root > 0 ? static_cast<int>(h.root) - 1 : -1, peer_);
     case AbortCode::kPeer:  // it lost a rank: name that one (the communicator checks it)
       if (h.root > 0 && h.step <= static_cast<uint32_t>(PeerCause::kHandshake))
         throw PeerError(h.root - 1, static_cast<PeerCause>(h.step), msg, peer_);
