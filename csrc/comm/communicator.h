@@ -315,9 +315,9 @@ class Communicator {
   // "; ... ranks not in this collective yet: rank 2 (idle after collective #4; ...)"
   std::string behindSummary(int exclude = -1);
   // "; wait chain: rank 0 -> rank 2 -> rank 1 (...)": follow the peers' heartbeats from
-  // `first` (the rank this one waits for) to the rank that waits for nobody; *end = it.
-  // The wait chain from `first`; *end: the rank it ends at when that one is stuck (not in
-  // this collective, or waiting for no rank), else -1 (a cycle, an unwatched rank).
+  // `first` (the rank this one waits for) to the rank that waits for nobody; *end = it when
+  // it is stuck (not in this collective, or waiting for no rank), else -1 (a cycle, a rank
+  // not watched).
   std::string waitChain(int first, int* end);
   // waitChain + behindSummary of the others; *stuck (optional): waitChain's end.
   std::string diagnosis(int waitingFor, int* stuck = nullptr);
