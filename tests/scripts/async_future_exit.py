@@ -5,7 +5,7 @@
 World 1 over the ringreduce backend: a few async all_reduces whose Futures are waited for,
 then a normal exit (no destroy_process_group). The completer thread used to keep the last
 Future alive into interpreter finalization, where freeing it aborted the process (rc 134 in
-~1 of 12 exits; Lightning jobs ended that way). Must exit 0 and print "ok".
+8 of 40 exits of this script; Lightning jobs ended that way). Must exit 0 and print "ok".
 """
 
 import os
