@@ -411,3 +411,25 @@ def idle_aborter(rank: int, world: int, on: str, hold_s: float = 8.0) -> dict:
                "peer_rank": getattr(e, "peer_rank", None), "cause": getattr(e, "cause", None)}
     rr.destroy()
     return out
+
+
+def killed_between_collectives(rank: int, world: int, on: str, idle_s: float) -> dict:
+    """The last rank kills itself (SIGKILL) between collectives; the others start the next
+    one after idle_s, longer than RINGREDUCE_HEARTBEAT_TIMEOUT. Found by a helper: over
+    shared memory the survivors called it frozen ("no heartbeat for ...", cause "silent"),
+    as the heartbeats were read before the connection that says it is gone."""
+    import signal
+
+    g = rr.new_group(list(range(world))) if on == "group" else None
+    x = np.full(64, rank + 1.0)
+    rr.allreduce(x, group=g)
+    if rank == world - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(idle_s)
+    t0 = time.monotonic()
+    try:
+        rr.allreduce(x, group=g)
+        return {"type": None}
+    except rr.RingReduceError as e:
+        return {"type": type(e).__name__, "msg": str(e), "secs": time.monotonic() - t0,
+                "peer_rank": getattr(e, "peer_rank", None), "cause": getattr(e, "cause", None)}

@@ -325,3 +325,25 @@ def test_an_idle_ranks_abort_reaches_its_peers(transport: str, on: str) -> None:
             f"rank {r}: {v}\n{story}"
         assert "ringreduce.abort() on rank 0" in v["msg"], v["msg"]
         assert v["secs"] < 4.0, f"rank {r} learnt of the abort after {v['secs']:.1f} s"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+@pytest.mark.parametrize("on", ["world", "group"])
+def test_a_rank_killed_between_collectives_is_named_as_gone(transport: str, on: str) -> None:
+    """Killed while idle, found at the next collective after its heartbeats ran out: the
+    survivors say it is gone (cause "closed"), not that it stopped responding."""
+    world = 3
+    outs = run_world_raw(world, "fault_workers:killed_between_collectives", on, 3.0,
+                         timeout=60, expendable=[world - 1],
+                         env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30",
+                              "RINGREDUCE_HEARTBEAT_TIMEOUT": "1.5",
+                              "RINGREDUCE_HEARTBEAT_INTERVAL": "0.25"})
+    story = "\n".join(o.describe() for o in outs)
+    assert outs[world - 1].returncode == -9, story
+    for o in outs[:-1]:
+        assert o.ok, story
+        v = o.value
+        assert (v["type"], v["peer_rank"], v["cause"]) == ("PeerFailure", world - 1, "closed"), \
+            f"rank {o.rank}: {v}\n{story}"
+        assert v["secs"] < 3.0, f"rank {o.rank} was told after {v['secs']:.1f} s"

@@ -126,11 +126,14 @@ void Communicator::onIdleReadable(int p) {
 void Communicator::checkAlive(int peer) {
   noteWait();
   if (hb_ && peer >= 0) hb_->setWaiting(peer);
+  // The connections first (over shared memory none carries this collective's data): a peer
+  // killed while this rank was between collectives is silent by now too, but its closed
+  // connection says what happened -- the heartbeats would call it frozen.
+  pollIdle();
   checkLiveness(-1, peer, true);
   if (peer >= 0 && gone_[static_cast<size_t>(peer)])
     throwLeft(peer, detail::concat(" while rank ", label(rank_), " waited for it in ",
                                    describeCurrent()));
-  pollIdle();
 }
 
 void Communicator::throwLeft(int p, const std::string& during) {
@@ -151,6 +154,14 @@ void Communicator::throwLeft(int p, const std::string& during) {
 void Communicator::probePeers(const std::vector<int>& waitedFor) {
   if (aborted_.load()) throwAborted();
   if (shm_) checkLocalPeers();
+  // Between collectives (Executor::probeIdle): no data of a current collective waits unread.
+  // A flag left by the last one made a peer that then died "had sent this rank data of this
+  // collective, not yet read" while this rank created a group (found by a helper); data of
+  // the next collective that did arrive is seen again by checkIdle.
+  std::fill(early_.begin(), early_.end(), 0);
+  // A closed connection or an abort frame throws; a goodbye marks it gone. Before the
+  // heartbeats: a peer killed a while ago is silent too, but its closed socket says why.
+  pollIdle();
   if (hb_ && opts_.heartbeatTimeoutSec > 0) {
     transport::PeerStatus s;
     int64_t age = 0;
@@ -158,12 +169,6 @@ void Communicator::probePeers(const std::vector<int>& waitedFor) {
     const int p = silentPeer(false, &s, &age);
     if (p >= 0) throw PeerError(p, PeerCause::kSilent, silence(p, s, age));
   }
-  // Between collectives (Executor::probeIdle): no data of a current collective waits unread.
-  // A flag left by the last one made a peer that then died "had sent this rank data of this
-  // collective, not yet read" while this rank created a group (found by a helper); data of
-  // the next collective that did arrive is seen again by checkIdle.
-  std::fill(early_.begin(), early_.end(), 0);
-  pollIdle();  // a closed connection or an abort frame throws; a goodbye marks it gone
   for (int p : waitedFor)
     if (p >= 0 && p < world_ && p != rank_ && gone_[static_cast<size_t>(p)]) throwLeft(p, "");
 }
