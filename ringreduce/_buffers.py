@@ -49,6 +49,25 @@ class Buffer:
         return self.count // 2 if self.complex else self.count
 
 
+def overlap(b: Buffer, o: Buffer) -> int:
+    """0 when the two buffers' bytes are apart, else the byte size of `o`."""
+    if not b.count or not o.count:
+        return 0
+
+    def nbytes(v: Buffer) -> int:
+        x = v.obj
+        return v.units() * (x.element_size() if hasattr(x, "element_size") else x.itemsize)
+
+    xb, ob = nbytes(b), nbytes(o)
+    return ob if b.ptr < o.ptr + ob and o.ptr < b.ptr + xb else 0
+
+
+def copy_of(x: Any) -> Any:
+    """A contiguous copy of a tensor or array."""
+    return x.clone(memory_format=_torch().contiguous_format) if hasattr(x, "clone") \
+        else np.array(x, order="C")
+
+
 def check_reduction(b: Buffer, op: int) -> None:
     """ValueError, before anything moves, when `op` cannot reduce b's dtype."""
     if b.complex and op not in _COMPLEX_OPS:

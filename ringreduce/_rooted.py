@@ -88,7 +88,7 @@ def scatter(out: Any, src: int, x: Any = None, group: Any = None,
             raise ValueError(
                 f"scatter: x must hold size * out.numel() = {o.units() * g.world_size} elements "
                 f"of {o.dtype}, got {b.units()} of {b.dtype}")
-        ob = _overlap(x, b, out, o)
+        ob = _buffers.overlap(b, o)
         if ob and o.ptr != b.ptr + root * ob:  # peers would read what the root writes
             raise ValueError(
                 f"scatter: out overlaps x in memory other than as x's own block {root} (the "
@@ -126,7 +126,7 @@ def all_to_all(x: Any, out: Any = None, send_counts: Any = None, recv_counts: An
         rrows = sum(sc) if recv_counts is None else sum(_as_ints(recv_counts, n, "recv_counts"))
         out = _buffers.empty_like_shape(x, (rrows,) + tuple(b.shape[1:]))
     o = as_buffer(out, "all_to_all(out)")
-    orows = (o.shape[0] if o.shape else 1) if o.count else 0
+    orows = o.shape[0] if o.shape else 1  # (n, 0): n empty rows, as x's
     rc = _counts(recv_counts, orows, n, "recv_counts", "out")
     if o.dtype != b.dtype or (o.count and o.count // max(orows, 1) != per_row):
         raise ValueError(f"all_to_all: out must be {b.dtype} with rows of {per_row} elements "
@@ -138,7 +138,7 @@ def all_to_all(x: Any, out: Any = None, send_counts: Any = None, recv_counts: An
     rcount = [c * per_row for c in rc]
     soff = [sum(scount[:p]) for p in range(n)]
     roff = [sum(rcount[:p]) for p in range(n)]
-    _check_apart(x, b, out, o)
+    _check_apart(b, o)
     if g.comm is None:
         _copy_into(out, x)
         return Work(None, result=out) if async_op else out
@@ -160,22 +160,12 @@ def _as_ints(v: Any, n: int, name: str) -> list[int]:
     return out
 
 
-def _check_apart(x: Any, b: Any, out: Any, o: Any) -> None:
+def _check_apart(b: Any, o: Any) -> None:
     """all_to_all cannot run in place: blocks are written while others are still being
     sent (MPI forbids the aliasing too). Refused before anything moves."""
-    if _overlap(x, b, out, o):
+    if _buffers.overlap(b, o):
         raise ValueError("all_to_all: out overlaps x in memory; pass a separate out (or "
                          "None for a new one), then copy back if needed")
-
-
-def _overlap(x: Any, b: Any, out: Any, o: Any) -> int:
-    """0 when x's and out's bytes are apart, else the byte size of out's buffer."""
-    if not b.count or not o.count:
-        return 0
-    size = x.element_size() if hasattr(x, "element_size") else x.itemsize
-    osize = out.element_size() if hasattr(out, "element_size") else out.itemsize
-    xb, ob = b.units() * size, o.units() * osize
-    return ob if b.ptr < o.ptr + ob and o.ptr < b.ptr + xb else 0
 
 
 def _counts(v: Any, rows: int, n: int, name: str, what: str) -> list[int]:

@@ -325,6 +325,12 @@ def reduce_scatter(x: Any, out: Any = None, op: Any = "sum", async_op: bool = Fa
         raise ValueError(
             f"reduce_scatter: out must hold {b.units() // n} elements of {b.dtype}, got {o.units()} "
             f"of {o.dtype}")
+    ob = _buffers.overlap(b, o)
+    if ob and o.ptr != b.ptr + g.rank * ob:
+        # out straddles x's blocks: writing it would change blocks still to be sent (shared
+        # memory: wrong results). Reduce from a copy; x's own block r is in place (NCCL's).
+        x = _buffers.copy_of(x)
+        b = as_buffer(x, "reduce_scatter(x)", writable=False)
     opc = op_code(op)
     _buffers.check_reduction(b, opc)
     if g.comm is None:

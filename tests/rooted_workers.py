@@ -336,6 +336,19 @@ def _aliasing(rank: int, world: int, fails: list) -> None:
         want = np.concatenate([np.arange(per, dtype=np.float32) + 1000 * p for p in ranks])
         if not np.array_equal(got, want):
             fails.append(f"allgather with x straddling out's blocks, per={per}")
+    # reduce_scatter whose out straddles x's blocks (shared memory: wrong on every rank with
+    # a block after its own -- found by a helper), and in place as x's own block.
+    for per, shift in ((8, 1), (100_003, 1), (100_003, 0)) if world > 1 else ((8, 0),):
+        xs = [(np.arange(world * per, dtype=np.int64) * 7 + p * 1_000_003) % 2**31
+              for p in ranks]
+        x = xs[rank].copy()
+        at = rank * per + (shift if rank < world - 1 else -shift)
+        got = rr.reduce_scatter(x, out=x[at:at + per])
+        if not np.array_equal(got, sum(xs)[rank * per:(rank + 1) * per]):
+            fails.append(f"reduce_scatter with out at x[{at}:], per={per}")
+    for xs in (np.zeros((world, 0), np.float32), np.zeros((world, 0, 3))):  # empty rows
+        if rr.all_to_all(xs).shape != xs.shape:
+            fails.append(f"all_to_all of shape {xs.shape}")
     ro = np.arange(5.0) if rank == 0 else np.zeros(5)
     ro.flags.writeable = rank != 0
     rr.broadcast(ro, src=0)
