@@ -433,3 +433,43 @@ def killed_between_collectives(rank: int, world: int, on: str, idle_s: float) ->
     except rr.RingReduceError as e:
         return {"type": type(e).__name__, "msg": str(e), "secs": time.monotonic() - t0,
                 "peer_rank": getattr(e, "peer_rank", None), "cause": getattr(e, "cause", None)}
+
+
+def lost_outside_the_group(rank: int, world: int, on: str) -> dict:
+    """Rank 1 is killed. Rank 2 loses it on a p2p channel or group without rank 0, fails
+    and leaves; rank 0, waiting for rank 2 on a channel or group without rank 1, names rank
+    1 (relayed by 2). Before, it named rank 2: a goodbye could name only a rank of the
+    communicator it was said on (found again by a helper)."""
+    import signal
+
+    x = np.zeros(1000, np.float32)
+    g12 = rr.new_group([1, 2]) if on == "group" else None
+    g02 = rr.new_group([0, 2]) if on == "group" else None
+
+    def step() -> None:
+        if on == "p2p":
+            if rank == 1:
+                rr.send(x, dst=2, tag=3)
+            if rank == 2:
+                rr.recv(x, src=1, tag=3)
+                rr.send(x, dst=0, tag=3)
+            if rank == 0:
+                rr.recv(x, src=2, tag=3)
+        else:
+            if rank in (1, 2):
+                rr.allreduce(x, group=g12)
+            if rank in (0, 2):
+                rr.allreduce(x, group=g02)
+
+    step()  # every channel and group has carried a message
+    rr.barrier()
+    if rank == 1:
+        time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        step()
+        return {"type": None}
+    except rr.PeerFailure as e:
+        return {"type": type(e).__name__, "msg": str(e), "secs": time.monotonic() - t0,
+                "peer_rank": e.peer_rank, "relayed_by": e.relayed_by, "cause": e.cause}

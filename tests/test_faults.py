@@ -347,3 +347,22 @@ def test_a_rank_killed_between_collectives_is_named_as_gone(transport: str, on: 
         assert (v["type"], v["peer_rank"], v["cause"]) == ("PeerFailure", world - 1, "closed"), \
             f"rank {o.rank}: {v}\n{story}"
         assert v["secs"] < 3.0, f"rank {o.rank} was told after {v['secs']:.1f} s"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+@pytest.mark.parametrize("on", ["p2p", "group"])
+def test_a_rank_lost_outside_the_group_is_named(transport: str, on: str) -> None:
+    """A goodbye names the rank its sender lost even when the receiver's channel or group
+    does not contain it (PeerFailure.peer_rank 1, relayed_by 2, not peer_rank 2)."""
+    outs = run_world_raw(3, "fault_workers:lost_outside_the_group", on, timeout=60,
+                         expendable=[1],
+                         env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30"})
+    story = "\n".join(o.describe() for o in outs)
+    assert outs[1].returncode == -9, story
+    assert outs[0].ok and outs[2].ok, story
+    got = {r: (outs[r].value["type"], outs[r].value.get("peer_rank"),
+               outs[r].value.get("relayed_by"), outs[r].value.get("cause")) for r in (0, 2)}
+    assert got == {0: ("PeerFailure", 1, 2, "closed"), 2: ("PeerFailure", 1, None, "closed")}, \
+        f"{got}\n{story}"
+    assert outs[0].value["secs"] < 5.0, story

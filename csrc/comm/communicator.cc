@@ -157,6 +157,12 @@ void Communicator::setHeartbeat(std::unique_ptr<transport::Heartbeat> hb) {
   hb_->setState(0, seq_, 0);
 }
 
+int Communicator::localOf(int world) const {
+  for (int r = 0; r < world_; ++r)
+    if (label(r) == world) return r;
+  return -1;
+}
+
 void Communicator::poison(const std::string& reason, transport::AbortCode code,
                           transport::Culprit lost) {
   if (!failure_.empty()) return;
@@ -165,13 +171,14 @@ void Communicator::poison(const std::string& reason, transport::AbortCode code,
   // that left or aborted is named in the abort too, but says its own goodbye.
   const bool gone = lost.cause == PeerCause::kClosed || lost.cause == PeerCause::kSilent ||
                     lost.cause == PeerCause::kNetwork;
-  lostPeer_ = gone ? lost.rank : -1;
+  lostPeer_ = gone && !lost.outside ? lost.rank : -1;
   {
     std::lock_guard<std::mutex> lock(gFailureMu);
     if (gFirstFailure.empty()) {
       gFirstFailure = reason;
-      if (code == transport::AbortCode::kPeer && lost.rank >= 0 && lost.rank != rank_) {
-        gFirstLost = label(lost.rank);
+      if (code == transport::AbortCode::kPeer && lost.rank >= 0 &&
+          (lost.outside || lost.rank != rank_)) {
+        gFirstLost = lost.outside ? lost.rank : label(lost.rank);
         gFirstLostCause = lost.cause;
       }
     }
@@ -192,7 +199,7 @@ void Communicator::poison(const std::string& reason, transport::AbortCode code,
   for (auto& c : conns_) {
     if (!c) continue;
     // The lost rank itself (silent, not dead) hears of its own loss from this rank.
-    c->sendAbort(code, msg, c->peer() == lost.rank ? transport::Culprit{} : lost);
+    c->sendAbort(code, msg, !lost.outside && c->peer() == lost.rank ? transport::Culprit{} : lost);
     c->close();
   }
 }
@@ -201,17 +208,20 @@ void Communicator::farewell() {
   if (dialer_) dialer_->close();
   if (poisoned() || aborted_.load()) return;
   std::string why;
-  transport::Culprit who;  // the first failure's lost rank, if it is one of ours
+  transport::Culprit who;  // the first failure's lost rank: one of ours, or outside
   {
     std::lock_guard<std::mutex> lock(gFailureMu);
     why = gFirstFailure;
-    for (int r = 0; gFirstLost >= 0 && r < world_ && who.rank < 0; ++r)
-      if (r != rank_ && label(r) == gFirstLost) who = {r, gFirstLostCause};
+    if (gFirstLost >= 0 && gFirstLost != label(rank_)) {
+      const int r = localOf(gFirstLost);
+      who = r >= 0 ? transport::Culprit{r, gFirstLostCause}
+                   : transport::Culprit{gFirstLost, gFirstLostCause, true};
+    }
   }
   if (shm_) shm_->publishLeft(why, seq_, who);
   for (auto& c : conns_) {
     if (!c) continue;
-    c->sendGoodbye(why, seq_, c->peer() == who.rank ? transport::Culprit{} : who);
+    c->sendGoodbye(why, seq_, !who.outside && c->peer() == who.rank ? transport::Culprit{} : who);
     c->close();
   }
 }

@@ -49,6 +49,8 @@ class Communicator {
   // The world rank of rank `p` of this communicator, for messages (a group's ranks are
   // named as the user knows them; the world's label is the rank itself).
   int label(int p) const { return rankLabel(opts_.rankLabels, p); }
+  // The communicator rank labelled `world` (label's inverse), or -1: not one of ours.
+  int localOf(int world) const;
   int world() const { return world_; }
   const Options& options() const { return opts_; }
   // Init's own collectives (the shared-memory set-up over TCP) wait at most `sec`, what is

@@ -55,18 +55,23 @@ const char* toString(PeerCause c);
 
 // A peer died, closed its connection, sent an abort or violated the protocol. `via`: the
 // rank that told this one (its abort frame named `peer`, which it lost), or -1 (seen here).
+// `outside`: `peer` is a world rank outside the communicator (one a point-to-point
+// channel's or group's peer lost elsewhere in the job, named by its abort or goodbye).
 class PeerError : public Error {
  public:
-  PeerError(int peer, PeerCause cause, const std::string& what, int via = -1)
-      : Error(what), peer_(peer), cause_(cause), via_(via) {}
+  PeerError(int peer, PeerCause cause, const std::string& what, int via = -1,
+            bool outside = false)
+      : Error(what), peer_(peer), cause_(cause), via_(via), outside_(outside) {}
   int peer() const { return peer_; }
   PeerCause cause() const { return cause_; }
   int via() const { return via_; }
+  bool outside() const { return outside_; }
 
  private:
   int peer_;
   PeerCause cause_;
   int via_;
+  bool outside_;
 };
 
 // Ranks issued different collectives (kind, count, dtype, op or root differ).

@@ -137,9 +137,18 @@ static void rethrowWithContext(comm::Communicator& c) {
   } catch (const PeerError& e) {
     int peer = e.peer(), via = e.via();
     PeerCause cause = e.cause();
+    // A world rank outside this communicator (`via` lost it elsewhere in the job) is named
+    // as it is; one of ours after all is taken as ours (this rank itself: `via` is named).
+    int outside = -1;
+    if (e.outside()) {
+      const int r = c.localOf(peer);
+      if (r >= 0) peer = r;
+      else outside = peer;
+    }
     // Told by `via` that it lost `peer` (its abort frame): name that rank, unless the frame
     // names no other rank of this communicator -- then the relaying rank, as before.
-    if (via >= 0 && (peer < 0 || peer >= c.world() || peer == c.rank() || peer == via)) {
+    if (outside < 0 && via >= 0 &&
+        (peer < 0 || peer >= c.world() || peer == c.rank() || peer == via)) {
       peer = via;
       via = -1;
       cause = PeerCause::kAborted;
@@ -147,16 +156,17 @@ static void rethrowWithContext(comm::Communicator& c) {
     // A closed socket says nothing of what the peer was doing: its heartbeats do (a silent
     // peer's error already quotes its last heartbeat).
     std::string msg = e.what();
-    if (cause != PeerCause::kSilent && via < 0) msg += c.peerContext(peer);
+    if (cause != PeerCause::kSilent && via < 0 && outside < 0) msg += c.peerContext(peer);
     // A rank gone from the job (dead, silent, cut off, or left while needed) or that gave
     // up (its abort): this rank's abort names it, so survivors that never waited for it
     // name it too, not this rank.
     const bool lost = cause == PeerCause::kClosed || cause == PeerCause::kSilent ||
                       cause == PeerCause::kNetwork || cause == PeerCause::kLeft ||
                       cause == PeerCause::kAborted;
-    c.poison(msg, transport::AbortCode::kPeer,
-             lost ? transport::Culprit{peer, cause} : transport::Culprit{});
-    throw PeerError(c.label(peer), cause, msg + ctx,
+    const transport::Culprit who = outside >= 0 ? transport::Culprit{outside, cause, true}
+                                                : transport::Culprit{peer, cause};
+    c.poison(msg, transport::AbortCode::kPeer, lost ? who : transport::Culprit{});
+    throw PeerError(outside >= 0 ? outside : c.label(peer), cause, msg + ctx,
                     via >= 0 ? c.label(via) : -1);  // users know world ranks
   } catch (const Error& e) {
     c.poison(e.what(), transport::AbortCode::kOther);

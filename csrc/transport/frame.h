@@ -37,12 +37,29 @@ constexpr uint32_t kFlagCrc = 1;
 enum class AbortCode : uint8_t { kOther = 0, kMismatch = 1, kTimeout = 2, kPeer = 3 };
 
 // The peer a failing rank lost (kPeer: it died, went silent or its network failed), carried
-// by its abort (frame: root = rank + 1, step = cause; shared memory: its control block), so
-// that ranks hearing of it name that rank (PeerFailure.peer_rank), not the relaying one.
+// by its abort (frame: root = encodeCulprit, step = cause; shared memory: its control block),
+// so that ranks hearing of it name that rank (PeerFailure.peer_rank), not the relaying one.
+// It may be outside the communicator (`outside`: rank is a world rank): a point-to-point
+// channel's or a group's rank that leaves after losing some other rank of the job names it.
 struct Culprit {
-  int rank = -1;  // communicator rank; -1: none
+  int rank = -1;  // communicator rank (world rank when outside); -1: none
   PeerCause cause = PeerCause::kClosed;
+  bool outside = false;
 };
+
+// Culprit.rank on the wire: 0 none, r + 1 communicator rank r, kOutsideBit | (w + 1) world
+// rank w outside the communicator (both ends of a connection share the communicator).
+constexpr uint32_t kOutsideBit = 0x40000000u;
+inline uint32_t encodeCulprit(const Culprit& c) {
+  if (c.rank < 0) return 0;
+  return static_cast<uint32_t>(c.rank + 1) | (c.outside ? kOutsideBit : 0u);
+}
+// Decode a word written by encodeCulprit with the cause beside it (none: cause unknown).
+inline Culprit decodeCulprit(uint32_t v, uint32_t cause) {
+  if (v == 0 || cause > static_cast<uint32_t>(PeerCause::kHandshake)) return {};
+  return {static_cast<int>((v & ~kOutsideBit) - 1), static_cast<PeerCause>(cause),
+          (v & kOutsideBit) != 0};
+}
 
 // Compare an incoming header against the one this rank expects. Returns "" when they
 // agree, else a message naming the first differing field with both values.

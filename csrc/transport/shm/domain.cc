@@ -102,7 +102,7 @@ void ShmDomain::publishAbort(uint8_t code, const std::string& reason, Culprit wh
   const size_t n = std::min(reason.size(), sizeof(c.abortReason) - 1);
   std::memcpy(c.abortReason, reason.data(), n);
   c.abortReason[n] = '\0';
-  c.abortCulprit.v.store(static_cast<uint32_t>(who.rank + 1), std::memory_order_relaxed);
+  c.abortCulprit.v.store(encodeCulprit(who), std::memory_order_relaxed);
   c.abortCause.v.store(static_cast<uint32_t>(who.cause), std::memory_order_relaxed);
   c.abortCode.v.store(static_cast<uint32_t>(code) + 1, std::memory_order_release);
   notify();
@@ -114,7 +114,7 @@ void ShmDomain::publishLeft(const std::string& why, uint64_t lastSeq, Culprit wh
     const size_t n = std::min(why.size(), sizeof(c.abortReason) - 1);
     std::memcpy(c.abortReason, why.data(), n);
     c.abortReason[n] = '\0';
-    c.abortCulprit.v.store(static_cast<uint32_t>(who.rank + 1), std::memory_order_relaxed);
+    c.abortCulprit.v.store(encodeCulprit(who), std::memory_order_relaxed);
     c.abortCause.v.store(static_cast<uint32_t>(who.cause), std::memory_order_relaxed);
   }
   c.leftAfter.v.store(lastSeq, std::memory_order_relaxed);
@@ -131,10 +131,8 @@ std::string ShmDomain::leftWhy(int r) {
 Culprit ShmDomain::leftCulprit(int r) {
   Control& c = ctl(r);
   if (!leftOf(r) || c.abortCode.v.load(std::memory_order_acquire)) return {};
-  const uint32_t cause = c.abortCause.v.load(std::memory_order_relaxed);
-  if (cause > static_cast<uint32_t>(PeerCause::kHandshake)) return {};
-  return {static_cast<int>(c.abortCulprit.v.load(std::memory_order_relaxed)) - 1,
-          static_cast<PeerCause>(cause)};
+  return decodeCulprit(c.abortCulprit.v.load(std::memory_order_relaxed),
+                       c.abortCause.v.load(std::memory_order_relaxed));
 }
 
 uint32_t ShmDomain::abortOf(int r, std::string* reason, Culprit* who) {
@@ -143,10 +141,10 @@ uint32_t ShmDomain::abortOf(int r, std::string* reason, Culprit* who) {
   if (code && reason)
     *reason = std::string(c.abortReason, strnlen(c.abortReason, sizeof(c.abortReason)));
   if (code && who) {
-    who->rank = static_cast<int>(c.abortCulprit.v.load(std::memory_order_relaxed)) - 1;
+    const uint32_t v = c.abortCulprit.v.load(std::memory_order_relaxed);
     const uint32_t cause = c.abortCause.v.load(std::memory_order_relaxed);
-    who->cause = cause <= static_cast<uint32_t>(PeerCause::kHandshake)
-                     ? static_cast<PeerCause>(cause) : PeerCause::kClosed;
+    *who = decodeCulprit(v, cause <= static_cast<uint32_t>(PeerCause::kHandshake)
+                                ? cause : static_cast<uint32_t>(PeerCause::kClosed));
   }
   return code;
 }

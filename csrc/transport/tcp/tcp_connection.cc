@@ -71,8 +71,9 @@ void TcpConnection::failLeft(const char* doing) {
   if (!leftWhy_.empty()) {
     std::string msg = detail::concat("rank ", label_, " (", peerHost_,
                                      ") left the job after a failure on its side: ", leftWhy_);
-    if (leftCulprit_.rank >= 0 && leftCulprit_.rank != peer_)  // the communicator checks it
-      throw PeerError(leftCulprit_.rank, leftCulprit_.cause, std::move(msg), peer_);
+    if (leftCulprit_.rank >= 0 && (leftCulprit_.outside || leftCulprit_.rank != peer_))
+      throw PeerError(leftCulprit_.rank, leftCulprit_.cause, std::move(msg), peer_,
+                      leftCulprit_.outside);  // the communicator checks it
     throw PeerError(peer_, PeerCause::kLeft, std::move(msg));
   }
   throw PeerError(peer_, PeerCause::kLeft, detail::concat(
@@ -109,9 +110,7 @@ void TcpConnection::readGoodbye(const FrameHeader& h, const char* already, size_
 void TcpConnection::noteGoodbye(const FrameHeader& h, std::string why) {
   leftWhy_ = std::move(why);
   leftAfter_ = h.seq;
-  leftCulprit_ = {};
-  if (h.root > 0 && h.step <= static_cast<uint32_t>(PeerCause::kHandshake))  // Culprit's encoding
-    leftCulprit_ = {h.root - 1, static_cast<PeerCause>(h.step)};
+  leftCulprit_ = decodeCulprit(static_cast<uint32_t>(h.root), h.step);
 }
 
 void TcpConnection::raiseAbort(const FrameHeader& h, const char* already, size_t alreadyLen) {
@@ -120,13 +119,13 @@ void TcpConnection::raiseAbort(const FrameHeader& h, const char* already, size_t
 
 void TcpConnection::throwAbort(const FrameHeader& h, const std::string& reason) {
   std::string msg = detail::concat("rank ", label_, " (", peerHost_, ") failed: ", reason);
+  const Culprit who = decodeCulprit(static_cast<uint32_t>(h.root), h.step);
   switch (static_cast<AbortCode>(h.op)) {
     case AbortCode::kMismatch: throw MismatchError(msg);
     case AbortCode::kTimeout:  // where its wait chain ended (the communicator checks it)
-      throw TimeoutError(msg, -1, h.root > 0 ? static_cast<int>(h.root) - 1 : -1, peer_);
+      throw TimeoutError(msg, -1, who.rank >= 0 && !who.outside ? who.rank : -1, peer_);
     case AbortCode::kPeer:  // it lost a rank: name that one (the communicator checks it)
-      if (h.root > 0 && h.step <= static_cast<uint32_t>(PeerCause::kHandshake))
-        throw PeerError(h.root - 1, static_cast<PeerCause>(h.step), msg, peer_);
+      if (who.rank >= 0) throw PeerError(who.rank, who.cause, msg, peer_, who.outside);
       [[fallthrough]];
     default: throw PeerError(peer_, PeerCause::kAborted, msg);
   }
@@ -352,7 +351,7 @@ void TcpConnection::sendControl(CollectiveKind kind, uint8_t code, const std::st
   h.op = code;
   h.seq = seq;
   if (who.rank >= 0) {  // Culprit's encoding (frame.h)
-    h.root = who.rank + 1;
+    h.root = static_cast<int32_t>(encodeCulprit(who));
     h.step = static_cast<uint32_t>(who.cause);
   }
   std::string r = payload.substr(0, kMaxAbortReason);
