@@ -659,3 +659,35 @@ def after_rank0_left(rank: int, world: int, what: str) -> dict:
     except Exception as e:  # noqa: BLE001
         return {"error": f"{type(e).__name__}: {e}", "peer_rank": getattr(e, "peer_rank", None),
                 "cause": getattr(e, "cause", None), "secs": time.monotonic() - t0}
+
+
+def destroyed_under_a_thread(rank: int, world: int, rounds: int = 3) -> list:
+    """Each member loops small all-reduces on a group in a thread; rank 0's main thread
+    destroys the group. The others must hear at once that rank 0 left. Before, over shared
+    memory, they mostly waited until the timeout: the destroy stopped a call of the thread
+    that had not begun a collective, and took that for a failure already told (no goodbye;
+    found by a helper)."""
+    res = []
+    for _ in range(rounds):
+        g = rr.new_group(list(range(world)))
+        out: dict = {}
+
+        def work(g: Any = g, out: dict = out) -> None:
+            t0 = time.monotonic()
+            try:
+                while True:
+                    rr.allreduce(np.ones(10, np.float32), group=g)
+            except (RuntimeError, rr.RingReduceError) as e:  # rank 0: its destroy; others: 0 left
+                out.update(type=type(e).__name__, secs=time.monotonic() - t0,
+                           peer_rank=getattr(e, "peer_rank", None), msg=str(e)[:300])
+
+        th = threading.Thread(target=work, daemon=True)
+        th.start()
+        time.sleep(0.5)
+        if rank == 0:
+            g.destroy()
+        th.join(20)
+        res.append(out or {"type": "still blocked after 20 s"})
+        g.destroy()
+        rr.barrier()  # the world is untouched
+    return res

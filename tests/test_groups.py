@@ -310,3 +310,16 @@ def test_setting_up_after_rank_0_left_names_it_left(what: str, transport: str) -
         assert v["error"].startswith(f"PeerFailure: rank {r}: "), (r, outs)
         assert "rank 0 left the job" in v["error"], (r, v)
         assert v["peer_rank"] == 0 and v["cause"] == "left" and v["secs"] < 5, (r, v)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world,transport", [(2, "shm"), (3, "shm"), (3, "tcp")])
+def test_group_destroyed_while_another_thread_runs_on_it(world: int, transport: str) -> None:
+    """Group.destroy() on one thread while another loops collectives on the group: the
+    other members are told at once that rank 0 left (not after RINGREDUCE_TIMEOUT)."""
+    outs = run_world(world, "group_workers:destroyed_under_a_thread", timeout=100,
+                     env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "40"})
+    for r, rounds in enumerate(outs[1:], 1):
+        for i, o in enumerate(rounds):
+            assert (o["type"], o["peer_rank"]) == ("PeerFailure", 0), f"rank {r} round {i}: {o}"
+            assert o["secs"] < 5.0, f"rank {r} round {i}: told after {o['secs']:.1f} s"

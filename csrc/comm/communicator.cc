@@ -206,7 +206,11 @@ void Communicator::poison(const std::string& reason, transport::AbortCode code,
 
 void Communicator::farewell() {
   if (dialer_) dialer_->close();
-  if (poisoned() || aborted_.load()) return;
+  // A failure told the peers already (abort frames). So did abort(), unless it was this
+  // destroy's own, stopping a call on another thread: if that call had begun a collective
+  // it failed it (poisoned); else nothing was lost and the peers need the goodbye (without
+  // it a group's shared-memory peers waited for this rank until their timeout).
+  if (poisoned() || (aborted_.load() && !destroying_.load())) return;
   std::string why;
   transport::Culprit who;  // the first failure's lost rank: one of ours, or outside
   {
