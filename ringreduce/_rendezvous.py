@@ -44,6 +44,7 @@ _CLOSED: dict[tuple, tuple] = {}
 # failure peers may be dead, and destroy() must return promptly: the shorter wait.
 _FAREWELL_S = 5.0
 _FAREWELL_FAILED_S = 1.0
+_GONE = ("closed", "silent", "network")  # PeerFailure causes of a rank that says no goodbye
 _GENERATION = [0]  # inits so far in this process: keys of each init live under their own prefix
 
 
@@ -431,6 +432,12 @@ def probe(world: Any, peers: Any, what: str, left_too: bool = True) -> None:
         comm.probe_peers([int(p) for p in peers] if left_too else [])
     except PeerFailure as e:
         p, via = getattr(e, "peer_rank", None), getattr(e, "relayed_by", None)
+        if via is None and p is not None and getattr(e, "cause", None) in _GONE:
+            # Found gone by the world itself (no call of the world failed): destroy's
+            # farewell says its goodbye for it, not waiting for one that never comes.
+            world.child_failed = True
+            if world.child_lost < 0:
+                world.child_lost = int(p)
         if p is not None and p not in peers and via not in peers:
             return  # not one this wait needs: the calls that need it report it
         err = PeerFailure(f"rank {world.rank} stopped waiting for {what}: {e}")

@@ -473,3 +473,20 @@ def lost_outside_the_group(rank: int, world: int, on: str) -> dict:
     except rr.PeerFailure as e:
         return {"type": type(e).__name__, "msg": str(e), "secs": time.monotonic() - t0,
                 "peer_rank": e.peer_rank, "relayed_by": e.relayed_by, "cause": e.cause}
+
+
+def destroy_after_a_dead_sender(rank: int, world: int) -> dict:
+    """Rank 1 exits before its first send; rank 0's recv names it, then destroy() must not
+    wait for rank 1's goodbye in the store's farewell (it waited the 5 s cap: the world had
+    found it gone in the recv's set-up, but nothing told the farewell; found by a helper)."""
+    if rank == 1:
+        time.sleep(1.0)
+        os._exit(3)
+    try:
+        rr.recv(np.zeros(3), src=1)
+        got = None
+    except rr.PeerFailure as e:
+        got = [e.peer_rank, e.cause]
+    t0 = time.monotonic()
+    rr.destroy()
+    return {"recv": got, "destroy_s": time.monotonic() - t0}

@@ -366,3 +366,13 @@ def test_a_rank_lost_outside_the_group_is_named(transport: str, on: str) -> None
     assert got == {0: ("PeerFailure", 1, 2, "closed"), 2: ("PeerFailure", 1, None, "closed")}, \
         f"{got}\n{story}"
     assert outs[0].value["secs"] < 5.0, story
+
+
+@pytest.mark.timeout(60)
+def test_destroy_after_a_recv_from_a_dead_rank_is_prompt() -> None:
+    outs = run_world_raw(2, "fault_workers:destroy_after_a_dead_sender", timeout=40,
+                         expendable=[1])
+    story = "\n".join(o.describe() for o in outs)
+    assert outs[0].ok and outs[1].returncode == 3, story
+    assert outs[0].value["recv"] == [1, "closed"], story
+    assert outs[0].value["destroy_s"] < 2.0, story
