@@ -336,9 +336,10 @@ class _Ops:
         root = int(getattr(opts, "rootRank", 0)) if opts is not None else 0
         if len(tensors) != 1:
             raise ValueError("the ringreduce backend broadcasts one tensor per call")
-        buf, back = _inplace(tensors[0])
+        source = root == self._rank  # only reads its tensor (an expand()ed one too, as gloo)
+        buf, back = _inplace(tensors[0], written=not source)
         return _work(api.broadcast(buf, src=self._world(root, "broadcast"), async_op=True,
-                                   group=self._g), tensors, back)
+                                   group=self._g), tensors, None if source else back)
 
     def barrier(self, opts: Any = None) -> _Work:
         return _work(api.barrier(async_op=True, group=self._g), [])

@@ -172,7 +172,10 @@ def backend_collectives(rank: int, world: int) -> dict:
         x = torch.ones(1).expand(4)  # as an input only, fine
         g = [torch.empty(4) for _ in range(n)]
         dist.all_gather(g, x)
-        return all(torch.equal(a, torch.ones(4)) for a in g)
+        # a broadcast's source only reads its tensor (was refused there, unlike gloo)
+        b = torch.full((1,), 7.0).expand(4) if rank == n - 1 else torch.zeros(4)
+        dist.broadcast(b, src=n - 1)
+        return all(torch.equal(a, torch.ones(4)) for a in g) and b.tolist() == [7.0] * 4
 
     def bitwise_ops() -> bool:
         bits = torch.tensor([1 << rank, 0xFF, rank], dtype=torch.int32)
