@@ -435,9 +435,7 @@ def probe(world: Any, peers: Any, what: str, left_too: bool = True) -> None:
         if via is None and p is not None and getattr(e, "cause", None) in _GONE:
             # Found gone by the world itself (no call of the world failed): destroy's
             # farewell says its goodbye for it, not waiting for one that never comes.
-            world.child_failed = True
-            if world.child_lost < 0:
-                world.child_lost = int(p)
+            world.note_child_failure(int(p))
         if p is not None and p not in peers and via not in peers:
             return  # not one this wait needs: the calls that need it report it
         err = PeerFailure(f"rank {world.rank} stopped waiting for {what}: {e}")

@@ -49,11 +49,19 @@ class Group:
     aborted: bool = False  # World only: ringreduce.abort() was called (refuse new channels)
     forked: int = 0  # in a forked child: the pid of the parent that made this group
     # World only: what its destroyed groups and p2p channels found (their destroy() ran
-    # before the world's): whether one had failed, and a global rank one found dead or
-    # frozen (-1: none). The world's farewell through the store then waits for that rank no
-    # more than after a failure of the world itself.
+    # before the world's), or a channel's or group's set-up through the world: whether one
+    # had failed, and a global rank one found dead or frozen (-1: none). The world's
+    # farewell through the store then waits for that rank no more than after a failure of
+    # the world itself.
     child_failed: bool = False
     child_lost: int = -1
+
+    def note_child_failure(self, lost: int) -> None:
+        """World only: a group, channel or set-up of it failed, having found world rank
+        `lost` dead or frozen (-1: none); the first such rank is kept."""
+        self.child_failed = True
+        if lost >= 0 and self.child_lost < 0:
+            self.child_lost = lost
 
     @property
     def size(self) -> int:

@@ -128,10 +128,8 @@ def destroy_group(g: Group, world: Group | None = None) -> None:
     if g.comm is not None:
         g.comm.destroy()
         if world is not None and g.comm.failed_at_destroy:
-            world.child_failed = True
             lost = g.comm.lost_peer_at_destroy
-            if lost >= 0 and world.child_lost < 0:
-                world.child_lost = g.ranks[lost] if g.ranks else lost
+            world.note_child_failure(g.ranks[lost] if g.ranks and lost >= 0 else lost)
 
 
 def destroy_default() -> None:
