@@ -248,6 +248,12 @@ class Communicator {
   uint64_t leftAfter(int p);
   // The rank peer `p`'s goodbye says it lost (rank -1: none).
   transport::Culprit leftCulprit(int p);
+  // Whether `who`, named by peer `p`'s goodbye or abort, is a rank of this communicator
+  // other than this one and `p` (then it is named, not `p`; an outside rank is too).
+  bool otherMember(const transport::Culprit& who, int p) const {
+    return !who.outside && who.rank >= 0 && who.rank < world_ && who.rank != rank_ &&
+           who.rank != p;
+  }
   // In a collective: throw (throwLeft) if a peer that left had left before it began -- it
   // will never come, even if this rank waits for someone else now (found by a helper: it
   // was named only once this rank waited for it, or a late rank was blamed at the timeout).

@@ -146,7 +146,7 @@ void Communicator::throwLeft(int p, const std::string& during) {
         ") left the job (destroy(), or its program ended: normally or by an exception)", during));
   std::string msg = detail::concat("rank ", label(p), " (", peerHost(p),
                                    ") left the job after a failure on its side", during, ": ", why);
-  if (who.outside || (who.rank >= 0 && who.rank < world_ && who.rank != rank_ && who.rank != p))
+  if (who.outside || otherMember(who, p))
     throw PeerError(who.rank, who.cause, std::move(msg), p, who.outside);
   throw PeerError(p, PeerCause::kLeft, std::move(msg));
 }
@@ -246,10 +246,9 @@ void Communicator::throwPeerAbort(int p, uint32_t code, const std::string& reaso
   switch (static_cast<transport::AbortCode>(code - 1)) {
     case transport::AbortCode::kMismatch: throw MismatchError(msg);
     case transport::AbortCode::kTimeout:  // where its wait chain ended (unless at us)
-      throw TimeoutError(msg, -1, !who.outside && who.rank >= 0 && who.rank < world_ &&
-                                          who.rank != rank_ && who.rank != p ? who.rank : -1, p);
+      throw TimeoutError(msg, -1, otherMember(who, p) ? who.rank : -1, p);
     case transport::AbortCode::kPeer:  // it lost a rank: name that one (unless it is us)
-      if (who.outside || (who.rank >= 0 && who.rank < world_ && who.rank != rank_ && who.rank != p))
+      if (who.outside || otherMember(who, p))
         throw PeerError(who.rank, who.cause, msg, p, who.outside);
       [[fallthrough]];
     default: throw PeerError(p, PeerCause::kAborted, msg);
