@@ -5,6 +5,7 @@ stop, exit or hang itself at a chosen point; report what each survivor raised an
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import numpy as np
@@ -407,10 +408,16 @@ def idle_aborter(rank: int, world: int, on: str, hold_s: float = 8.0) -> dict:
             rr.allreduce(x, group=g)
         out = {"type": None, "secs": time.monotonic() - t0}
     except rr.RingReduceError as e:
-        out = {"type": type(e).__name__, "msg": str(e), "secs": time.monotonic() - t0,
-               "peer_rank": getattr(e, "peer_rank", None), "cause": getattr(e, "cause", None)}
+        out = _failure(e, t0)
     rr.destroy()
     return out
+
+
+def _failure(e: Exception, t0: float) -> dict:
+    """What a survivor raised, and how long after t0 (its fields where it has them)."""
+    return {"type": type(e).__name__, "msg": str(e), "secs": time.monotonic() - t0,
+            "peer_rank": getattr(e, "peer_rank", None), "cause": getattr(e, "cause", None),
+            "relayed_by": getattr(e, "relayed_by", None)}
 
 
 def killed_between_collectives(rank: int, world: int, on: str, idle_s: float) -> dict:
@@ -418,8 +425,6 @@ def killed_between_collectives(rank: int, world: int, on: str, idle_s: float) ->
     one after idle_s, longer than RINGREDUCE_HEARTBEAT_TIMEOUT. Found by a helper: over
     shared memory the survivors called it frozen ("no heartbeat for ...", cause "silent"),
     as the heartbeats were read before the connection that says it is gone."""
-    import signal
-
     g = rr.new_group(list(range(world))) if on == "group" else None
     x = np.full(64, rank + 1.0)
     rr.allreduce(x, group=g)
@@ -431,8 +436,7 @@ def killed_between_collectives(rank: int, world: int, on: str, idle_s: float) ->
         rr.allreduce(x, group=g)
         return {"type": None}
     except rr.RingReduceError as e:
-        return {"type": type(e).__name__, "msg": str(e), "secs": time.monotonic() - t0,
-                "peer_rank": getattr(e, "peer_rank", None), "cause": getattr(e, "cause", None)}
+        return _failure(e, t0)
 
 
 def lost_outside_the_group(rank: int, world: int, on: str) -> dict:
@@ -440,8 +444,6 @@ def lost_outside_the_group(rank: int, world: int, on: str) -> dict:
     and leaves; rank 0, waiting for rank 2 on a channel or group without rank 1, names rank
     1 (relayed by 2). Before, it named rank 2: a goodbye could name only a rank of the
     communicator it was said on (found again by a helper)."""
-    import signal
-
     x = np.zeros(1000, np.float32)
     g12 = rr.new_group([1, 2]) if on == "group" else None
     g02 = rr.new_group([0, 2]) if on == "group" else None
@@ -471,8 +473,7 @@ def lost_outside_the_group(rank: int, world: int, on: str) -> dict:
         step()
         return {"type": None}
     except rr.PeerFailure as e:
-        return {"type": type(e).__name__, "msg": str(e), "secs": time.monotonic() - t0,
-                "peer_rank": e.peer_rank, "relayed_by": e.relayed_by, "cause": e.cause}
+        return _failure(e, t0)
 
 
 def destroy_after_a_dead_sender(rank: int, world: int) -> dict:
