@@ -30,6 +30,7 @@ from .api import (
 )
 from .groups import new_group, world_group
 from .p2p import irecv, isend, recv, send
+from .run import mark_peer_failures as _mark_peer_failures
 
 # rr.barrier() and rr.allreduce(ndarray) on the world, rr.send / rr.recv(ndarray, peer) on
 # tag 0 run without a Python frame (the latency floor); any other call goes to the Python
@@ -38,6 +39,8 @@ barrier = _C.FastCall(0, barrier, _state._FAST)
 allreduce = _C.FastCall(1, allreduce, _state._FAST)
 send = _C.FastCall(2, send, _state._SEND)
 recv = _C.FastCall(3, recv, _state._RECV)
+
+_mark_peer_failures(PeerFailure)  # in ringreduce-run's ranks only
 
 __version__ = "0.1.0"
 

@@ -14,6 +14,7 @@ of the failure to blame (_root_cause; 128+signal for a signal). SIGINT/SIGTERM/S
 one kills them at once.
 
 This module imports nothing from the rest of the package, so it also runs as a plain file.
+``import ringreduce`` imports it for mark_peer_failures.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -184,6 +186,39 @@ def _epilog() -> str:
         return ""
 
 
+# Set for the ranks: a folder where a rank leaves a file named by its pid when it ends on an
+# uncaught PeerFailure (mark_peer_failures; _root_cause reads them).
+PEER_FAILURES_VAR = "RINGREDUCE_RUN_PEER_FAILURES"
+
+
+def mark_peer_failures(peer_failure: type[BaseException]) -> None:
+    """In a rank of ringreduce-run (``import ringreduce`` calls it): when the process ends on
+    an uncaught `peer_failure` (or an exception raised while handling one, or from one) --
+    which only reports another rank's failure -- mark it for the launcher, so that it names
+    the rank that failed first, not one that failed because of it. Told through a file, not
+    read from the traceback's text: other hooks reformat it (torch prefixes every line with
+    "[rankN]: "), and with --no-prefix the launcher does not see the ranks' output."""
+    folder = os.environ.get(PEER_FAILURES_VAR)
+    if not folder:
+        return
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: object) -> None:
+        seen: BaseException | None = value
+        for _ in range(16):  # a bounded walk down the chain (it may be a cycle)
+            if seen is None or isinstance(seen, peer_failure):
+                break
+            seen = seen.__cause__ or seen.__context__
+        if isinstance(seen, peer_failure):
+            try:
+                open(os.path.join(folder, str(os.getpid())), "x").close()
+            except OSError:
+                pass  # the launcher is gone, or this process marked it already
+        previous(kind, value, tb)  # type: ignore[arg-type]
+
+    sys.excepthook = hook
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
@@ -230,14 +265,11 @@ def _parent_death_signal() -> Callable[[], None] | None:
     return preexec
 
 
-def _pump(src: IO[bytes], dst: IO[str], prefix: bytes, lock: threading.Lock,
-          on_line: Callable[[bytes], None] | None = None) -> None:
+def _pump(src: IO[bytes], dst: IO[str], prefix: bytes, lock: threading.Lock) -> None:
     """Copy lines from a child's pipe to our stream with a prefix, until EOF."""
     binary = getattr(dst, "buffer", None)  # absent when a caller swapped in a text stream
     broken = False
     for line in iter(src.readline, b""):
-        if on_line is not None:
-            on_line(line)
         if broken:
             continue  # keep draining so the child never blocks on a full pipe
         out = prefix + line if line.endswith(b"\n") else prefix + line + b"\n"
@@ -284,7 +316,8 @@ class _Job:
         self.running_at_signal = 0  # ranks still running when the first signal came
         self.out_lock = threading.Lock()  # one line at a time on our stdout/stderr
         self.pumps: dict[int, list[threading.Thread]] = {}  # rank -> its output's threads
-        self.peer_failed: set[int] = set()  # ranks whose uncaught exception was a PeerFailure
+        # Where ranks mark an exit on an uncaught PeerFailure (_env.launch.mark_peer_failures).
+        self.notes = tempfile.mkdtemp(prefix="ringreduce-run-")
 
     def alive(self) -> list[int]:
         return [r for r in range(len(self.procs)) if r not in self.codes]
@@ -324,21 +357,21 @@ class _Job:
             for src, dst in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
                 if src is not None:
                     self.pumps.setdefault(rank, []).append(
-                        self._thread(_pump, src, dst, tag, self.out_lock,
-                                     lambda line, r=rank: self._note(r, line)))
+                        self._thread(_pump, src, dst, tag, self.out_lock))
             self._thread(self._wait, rank, proc)
 
-    def _note(self, rank: int, line: bytes) -> None:
-        # A traceback's last line: "ringreduce._C.PeerFailure: rank 2 (...) exited ..."
-        if line.startswith((b"ringreduce._C.PeerFailure", b"ringreduce.PeerFailure")):
-            self.peer_failed.add(rank)
-
-    def drained(self, ranks: Collection[int], timeout: float = 0.5) -> set[int]:
-        """peer_failed, once the output of `ranks` (exited) has been read to its end."""
+    def peer_failed(self, ranks: Collection[int], timeout: float = 0.5) -> set[int]:
+        """Those of `ranks` (exited) that ended on an uncaught PeerFailure -- they only report
+        another rank's failure -- once their output has been copied to its end (so ours
+        comes after it)."""
         for r in ranks:
             for t in self.pumps.get(r, ()):
                 t.join(timeout)  # a grandchild holding the pipe open: give up
-        return self.peer_failed
+        try:
+            marked = set(os.listdir(self.notes))
+        except OSError:
+            marked = set()
+        return {r for r in ranks if str(self.procs[r].pid) in marked}
 
     def _wait(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
         self.exited.put((rank, proc.wait()))
@@ -369,6 +402,7 @@ class _Job:
                   f"left in /dev/shm", file=sys.stderr, flush=True)
         for t in self.threads:
             t.join(timeout=2.0)  # pipes held open by escaped grandchildren: don't hang
+        shutil.rmtree(self.notes, ignore_errors=True)
 
 
 def _remove_segments(pids: set[int]) -> int:
@@ -436,7 +470,7 @@ def _supervise(job: _Job, grace: float) -> int:
             job.signal(signal.SIGKILL)
             deadline = float("inf")
     if failed:
-        rank, code = _root_cause(failed, job.drained([r for r, _ in failed]))
+        rank, code = _root_cause(failed, job.peer_failed([r for r, _ in failed]))
         others = (f"terminated the other {_plural(stopped, 'rank')}" if stopped
                   else "the other ranks had already exited")
         also = "; ".join(f"rank {r} {_describe(c)}" for r, c in failed if r != rank)
@@ -501,6 +535,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if job.signals:
                 break
             env = _rank_env(base, rank, opts.nproc, opts.master_addr, port, run_id, secret)
+            env[PEER_FAILURES_VAR] = job.notes
             try:
                 job.spawn(cmd, env, not opts.no_prefix, preexec)
             except OSError as e:

@@ -251,15 +251,19 @@ def test_failing_rank_stops_the_others(marker: str) -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("mode,code", [("codes", 3), ("exc", 1)])
-def test_the_rank_that_failed_first_is_named_not_the_first_seen(marker: str, mode: str,
-                                                                 code: int) -> None:
+@pytest.mark.parametrize("mode,code,opts", [("codes", 3, ()), ("exc", 1, ()),
+                                            ("exc", 1, ("--no-prefix",)),
+                                            ("exc-torch", 1, ())])
+def test_the_rank_that_failed_first_is_named_not_the_first_seen(
+        marker: str, mode: str, code: int, opts: tuple[str, ...]) -> None:
     """Rank 0's exit (code 1, the PeerFailure its peer's exit causes) is seen before rank
     1's. "codes": rank 1 exits with 3; it was named alone, with exit code 1, and code 3
     appeared nowhere (found by a helper: 6 of 13 runs of a real job). "exc": both exit with
-    1, rank 0's traceback ending in a PeerFailure, rank 1's in a ValueError; rank 0 was
-    named (found by a helper). Both are reported; the launcher exits with the code named."""
-    r = _launch("-n", "3", _script("exit_chain.py"), marker, mode)
+    1, rank 0 on a PeerFailure, rank 1 on a ValueError; rank 0 was named (found by a
+    helper), and still was with --no-prefix (as ringreduce-bench launches) or under torch's
+    excepthook (which prefixes the traceback's lines): the launcher read the traceback's
+    last line. Both are reported; the launcher exits with the code named."""
+    r = _launch("-n", "3", *opts, _script("exit_chain.py"), marker, mode)
     assert r.returncode == code, r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert re.fullmatch(rf"ringreduce-run: rank 1 \(pid \d+\) exited with code {code} \(also "

@@ -1,26 +1,56 @@
 """Rank 0 exits with code 1 (as a rank does on the PeerFailure its peer's exit causes) a
 moment BEFORE rank 1 exits with code 3 (the real failure); rank 2 sleeps. With "exc", both
-exit with 1 after a traceback's last line: rank 0's a PeerFailure, rank 1's a ValueError.
+exit with 1 on an uncaught exception: rank 0's a ringreduce PeerFailure (raised while
+handling another error, as a wrapper would), rank 1's a ValueError. "exc-torch" as "exc",
+under the excepthook torch.distributed installs, which prefixes every line with "[rankN]: ".
 
-Usage: exit_chain.py MARKER [codes|exc]
+Usage: exit_chain.py MARKER [codes|exc|exc-torch]
 """
 
+import io
 import os
 import sys
+import tempfile
 import time
 
-print("ready", flush=True)
 rank = os.environ["RANK"]
-exc = sys.argv[2:] == ["exc"]
+mode = sys.argv[2] if len(sys.argv) > 2 else "codes"
+if mode != "codes":
+    import ringreduce  # (about a second: before the race below starts)
+print("ready", flush=True)
+if mode == "exc-torch":
+    old_hook = sys.excepthook
+
+    def torch_like_hook(*args: object) -> None:  # as torch.distributed's excepthook
+        old, sys.stderr = sys.stderr, io.StringIO()
+        try:
+            old_hook(*args)  # type: ignore[arg-type]
+        finally:
+            text, sys.stderr = sys.stderr.getvalue(), old
+        sys.stderr.write("\n".join(f"[rank{rank}]: {s}" if s else "" for s in text.split("\n")))
+
+    sys.excepthook = torch_like_hook
+# Rank 0 leaves this file just before it fails: rank 1 fails after it, however long each
+# took to start.
+first = os.path.join(tempfile.gettempdir(), f"{sys.argv[1]}-rank0-failed")
 if rank == "0":
     time.sleep(0.5)
-    if exc:
-        print("ringreduce._C.PeerFailure: rank 1 (127.0.0.1) exited", file=sys.stderr, flush=True)
+    open(first, "w").close()
+    if mode != "codes":
+        try:
+            raise ringreduce.PeerFailure("rank 1 (127.0.0.1) exited")
+        except ringreduce.PeerFailure as e:
+            raise RuntimeError("training step failed") from e
     sys.exit(1)
 if rank == "1":
-    time.sleep(0.6)
-    if exc:
-        print("ValueError: the real failure", file=sys.stderr, flush=True)
-    sys.exit(1 if exc else 3)
+    for _ in range(200):
+        if os.path.exists(first):
+            break
+        time.sleep(0.05)
+    os.unlink(first)
+    time.sleep(0.1)
+    if mode != "codes":
+        raise ValueError("the real failure")
+    sys.exit(3)
 while True:
     time.sleep(1000)
