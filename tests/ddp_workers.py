@@ -560,6 +560,108 @@ def sc_forward_sync_buffers_false(rank: int, world: int) -> dict:
             "buckets": len(ddp.reducer.buckets), "params": len(list(model.parameters()))}
 
 
+def sc_no_grad_forward_before_backward(rank: int, world: int, steps: int = 3) -> dict:
+    """A forward under torch.no_grad() (a metric, a validation batch) between the training
+    forward and its backward: the backward still averages the gradients (it did not: each
+    rank kept its own, no error)."""
+    model, ref = make(MLP)
+    ddp = DDP(model, bucket_cap_mb=TINY_CAP_MB)
+    opt, ropt = sgd(ddp), sgd(ref)
+    for s in range(steps):
+        x, y = batch(s, world)
+        opt.zero_grad()
+        loss = F.mse_loss(ddp(shard(x, rank)), shard(y, rank))
+        with torch.no_grad():
+            ddp(batch(50 + s, world)[0][:2 + rank])  # a different batch on each rank
+        loss.backward()
+        opt.step()
+        ropt.zero_grad()
+        F.mse_loss(ref(x), y).backward()
+        ropt.step()
+    return {"diff": maxdiff(model, ref)}
+
+
+def _agreed(t: torch.Tensor) -> bool:
+    """Whether `t` is the same on every rank."""
+    t = t.detach().double().flatten()
+    lo, hi = t.clone(), t.clone()
+    rr.allreduce(lo, op="min")
+    rr.allreduce(hi, op="max")
+    return bool(torch.equal(lo, hi))
+
+
+def sc_bn_forwards_between(rank: int, world: int, steps: int = 3) -> dict:
+    """BatchNorm, broadcast_buffers=True: a first forward under inference_mode() (a sanity
+    check before training: its staging buffer became an inference tensor, and the next
+    sync failed), then two forwards before one backward (two views of a batch: the
+    buffer sync bumped the running stats' versions, "modified by an inplace operation").
+    Gradients and buffers agree across ranks."""
+    torch.manual_seed(3)
+    model = ConvBN()
+    ddp = DDP(model, bucket_cap_mb=TINY_CAP_MB)
+    with torch.inference_mode():
+        ddp(shard(batch(90, world, (3, 8, 8))[0], rank))
+    grads_agree = True
+    for s in range(steps):
+        x, y = batch(s, world, (3, 8, 8))
+        ddp.zero_grad()
+        y1 = ddp(shard(x, rank))
+        y2 = ddp(shard(x, rank).flip(-1))
+        (F.mse_loss(y1, shard(y, rank)) + y2.pow(2).mean()).backward()
+        grads_agree &= all(_agreed(p.grad) for p in model.parameters())
+    ddp.eval()
+    with torch.no_grad():
+        ddp(shard(x, rank))  # every rank gets rank 0's running stats (eval: kept as they are)
+    return {"grads_agree": grads_agree, "buffers_agree": all(_agreed(b) for b in model.buffers())}
+
+
+class _Ema(nn.Module):
+    """Reassigns its buffer in forward (an exponential moving average of its inputs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+        self.register_buffer("ema", torch.zeros(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.ema = 0.5 * self.ema + 0.5 * x.mean(0)
+        return self.lin(x)
+
+
+def sc_reassigned_buffer(rank: int, world: int, steps: int = 3) -> dict:
+    """A buffer the module reassigns is still broadcast from rank 0 before each forward
+    (it was not: the wrapper kept the construction's tensor, and the ranks drifted apart)."""
+    ddp = DDP(_Ema())
+    ema0 = torch.zeros(8)  # rank 0's after each step
+    diff = 0.0
+    for s in range(steps):
+        x = batch(s, world)[0]
+        ddp(shard(x, rank)).sum().backward()
+        want = 0.5 * ema0 + 0.5 * shard(x, rank).mean(0)
+        diff = max(diff, float((ddp.module.ema - want).abs().max()))
+        ema0 = 0.5 * ema0 + 0.5 * shard(x, 0).mean(0)
+    return {"diff": diff}
+
+
+def sc_unused_on_one_rank_first(rank: int, world: int) -> dict:
+    """A parameter used on the last rank only, in the very first iteration, without
+    find_unused_parameters: the other ranks get the actionable error, the last trains on,
+    and the communicator stays in step (the first iteration's bucket rebuild was skipped by
+    the ranks with the error only: a mismatch at everyone's next call)."""
+    model, _ = make(Branchy)
+    model.never.requires_grad_(False)  # (not reduced)
+    ddp = DDP(model, bucket_cap_mb=TINY_CAP_MB)
+    x, y = batch(0, world)
+    msg = None
+    try:
+        F.mse_loss(ddp(shard(x, rank), use_c=rank == world - 1), shard(y, rank)).backward()
+    except RuntimeError as e:
+        msg = str(e)
+    t = torch.ones(3)
+    rr.allreduce(t)
+    return {"msg": msg, "comm_ok": bool((t == world).all())}
+
+
 def _future_hook(state: Any, bucket: Any) -> Any:
     """A custom comm hook written as for torch (work.get_future()), on the rr wrapper."""
     buf = bucket.buffer().div_(rr.get_world_size())
@@ -607,6 +709,10 @@ SCENARIOS: dict = {
     "failed_backward_sticks": sc_failed_backward_sticks,
     "copies": sc_copies,
     "forward_sync_buffers_false": sc_forward_sync_buffers_false,
+    "no_grad_forward_before_backward": sc_no_grad_forward_before_backward,
+    "bn_forwards_between": sc_bn_forwards_between,
+    "reassigned_buffer": sc_reassigned_buffer,
+    "unused_on_one_rank_first": sc_unused_on_one_rank_first,
 }
 
 

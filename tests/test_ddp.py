@@ -390,6 +390,31 @@ def test_training_patterns_match_single_process(suite, name):
         assert r["diff"] < EXACT, f"rank {rank}: max |param - reference| = {r['diff']}"
 
 
+@pytest.mark.parametrize("name", ["no_grad_forward_before_backward", "reassigned_buffer"])
+def test_forwards_between_and_reassigned_buffers(suite, name):
+    """A no_grad() forward between a forward and its backward (found by a helper: the
+    backward skipped its all-reduce); a buffer the module reassigns (it was never synced)."""
+    _, res = _get(suite, name)
+    for rank, r in enumerate(res):
+        assert r["diff"] < EXACT, f"rank {rank}: max |value - reference| = {r['diff']}"
+
+
+def test_batchnorm_with_inference_and_two_forwards(suite):
+    _, res = _get(suite, "bn_forwards_between")
+    for rank, r in enumerate(res):
+        assert r["grads_agree"] and r["buffers_agree"], f"rank {rank}: {r}"
+
+
+def test_parameter_unused_on_some_ranks_in_the_first_iteration(suite):
+    world, res = _get(suite, "unused_on_one_rank_first")
+    for rank, r in enumerate(res):
+        assert r["comm_ok"], f"rank {rank}: the communicator is out of step"
+        if rank == world - 1:
+            assert r["msg"] is None, r["msg"]
+        else:
+            assert "did not receive a gradient" in r["msg"] and "'c.weight'" in r["msg"], r["msg"]
+
+
 def test_failed_backward_is_an_error_at_every_later_forward(suite):
     _, res = _get(suite, "failed_backward_sticks")
     for r in res:

@@ -162,9 +162,17 @@ class BufferSync:
             return
         offs, size = _layout(buffers)
         if self._flat.numel() != size:
-            self._flat = torch.empty(size, dtype=torch.uint8)
+            # Not an inference tensor even when the first sync runs in inference_mode() (a
+            # sanity-check validation): the later syncs outside it write into it.
+            with torch.inference_mode(False):
+                self._flat = torch.empty(size, dtype=torch.uint8)
         if self.rank == src:
             _pack(self._flat, buffers, offs)
         api.broadcast(self._flat, src=_world_rank(self.group, src), group=self.group)
         if self.rank != src:
-            _unpack(self._flat, buffers, offs)
+            # Copied in without bumping the buffers' version counters, as torch's buffer sync:
+            # a forward before the previous one's backward (two views of a batch through a
+            # BatchNorm) must not make that backward fail with "modified by an inplace
+            # operation".
+            with torch.autograd._unsafe_preserve_version_counter(tuple(buffers)):
+                _unpack(self._flat, buffers, offs)

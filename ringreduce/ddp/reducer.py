@@ -423,9 +423,11 @@ class Reducer:
                     and (from_engine or self.join_mode)):
                 self._static_unused = [i for i, u in enumerate(global_unused) if u]
             # Inside join() the rebuild must not depend on what this rank saw: joined ranks
-            # replay it unconditionally after the first shadowed iteration.
+            # replay it unconditionally after the first shadowed iteration. Nor on this
+            # rank's unused-parameter error (the others, without one, rebuild: the error is
+            # raised after it, so every rank's next collective is the same).
             rebuild = not self._rebuilt and (
-                self.join_mode or (self._fired_any and error is None and from_engine))
+                self.join_mode or (self._fired_any and from_engine))
             order = list(self._order)
         except _C.RingReduceError as e:
             _add_hint(e, self.join_mode)

@@ -171,7 +171,7 @@ class DistributedDataParallel(nn.Module):
 
         params = [(n, p) for n, p in params_all if n not in ignore]
         buffers = [(n, b) for n, b in module.named_buffers() if n not in ignore]
-        self._buffer_list = [b for _, b in buffers]
+        self._ignored = ignore
         self._sync_params = params  # what join() makes identical at the end
         self._join: Join | None = None
         self._join_in_error = False
@@ -228,6 +228,15 @@ class DistributedDataParallel(nn.Module):
             self._make_reducer()
 
     @property
+    def _buffer_list(self) -> list[torch.Tensor]:
+        """The module's buffers now: read at every sync, as torch's _assign_modules_buffers,
+        because a module may reassign one (`self.ema = 0.9 * self.ema + ...`): a list made
+        at construction would broadcast into the old tensors, leaving the replicas' buffers
+        to drift apart without an error."""
+        ignored = getattr(self, "_ignored", ())
+        return [b for n, b in self.module.named_buffers() if n not in ignored]
+
+    @property
     def forward_sync_buffers(self) -> bool:
         """torch 2.13's name for broadcast_buffers."""
         return self.broadcast_buffers
@@ -241,17 +250,21 @@ class DistributedDataParallel(nn.Module):
         if self._world == 1:
             return self.module(*inputs, **kwargs)
         grad_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
-        if self.reducer is not None:
+        if self.reducer is not None and torch.is_grad_enabled():
+            # A forward without autograd (torch.no_grad(): a metric, a validation batch)
+            # leaves an iteration prepared for a backward open, as torch's does: closing it
+            # made that backward skip its all-reduce (each rank kept its own gradients).
             if grad_sync:
                 self.reducer.check_usable()
             self.reducer.close_open_iteration()
+        buffers = self._buffer_list
         sync_buffers = bool(self.require_forward_param_sync and self.broadcast_buffers
-                            and self._buffer_list)
+                            and buffers)
         src = 0
         if self._join is not None:  # inside join(): tell the others this rank still trains
             src = self._join.notify(grad_sync, sync_buffers)
         if sync_buffers:
-            self._buffer_sync(self._buffer_list, src)
+            self._buffer_sync(buffers, src)
         out = self.module(*inputs, **kwargs)
         self.require_forward_param_sync = grad_sync
         if grad_sync and self.reducer is not None:
