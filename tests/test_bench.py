@@ -76,7 +76,13 @@ def test_parse_args_defaults_and_options():
 @pytest.mark.parametrize("argv", [["-o", "sendrecv"], ["-d", "complex64"], ["--op", "xor"],
                                   ["--compare", "nccl"], ["-b", "1M", "-e", "8"], ["-i", "0"],
                                   ["-n", "0"], ["--tune-out", "t.json"], ["-b", "lots"],
-                                  ["-f", "inf"], ["-f", "nan"], ["-f", "1"]])
+                                  ["-f", "inf"], ["-f", "nan"], ["-f", "1"],
+                                  ["--timeout", "nan"], ["--timeout", "inf"],
+                                  ["--model", "--link-gbit", "0"],
+                                  ["--model", "--link-gbit", "-1"],
+                                  ["--model", "--alpha-us", "nan"],
+                                  ["--json", "/nonexistent-rr-dir/x.json"],
+                                  ["--plot", "/nonexistent-rr-dir/x.png"]])
 def test_parse_args_errors(argv, capsys):
     with pytest.raises(SystemExit) as e:
         cli.parse_args(argv)

@@ -310,6 +310,9 @@ def test_interface_lo() -> None:
     assert env_mod.select_interface_address(None, "lo") == "127.0.0.1"
     assert env_mod.select_interface_address("10.1.2.3", "lo") == "127.0.0.1"  # ifname wins
     assert env_mod.select_interface_address(None, "no_such0,lo") == "127.0.0.1"
+    for empty in (",", " , "):  # a list of nothing: said so (was a bare ValueError(''))
+        with pytest.raises(ValueError, match=r"names no interface.*available: .*\blo\b"):
+            env_mod.select_interface_address(None, empty)
 
 
 @pytest.mark.timeout(60)

@@ -131,6 +131,10 @@ def select_interface_address(master_addr: str | None, ifname: str | None,
     """
     if ifname:
         names = [n.strip() for n in ifname.split(",") if n.strip()]
+        if not names:
+            raise ValueError(f"RINGREDUCE_SOCKET_IFNAME={ifname!r} names no interface; set it "
+                             f"to one or a comma-separated list (available: "
+                             f"{', '.join(_interface_names()) or 'none found'}), or unset it")
         errors: list[str] = []
         for name in names:
             try:

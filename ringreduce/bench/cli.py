@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 PROG = "ringreduce-bench"
 OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter", "barrier", "reduce", "gather",
@@ -88,6 +89,19 @@ def _nonneg(text: str) -> int:
     if v < 0:
         raise argparse.ArgumentTypeError(f"got {v}; need 0 or more")
     return v
+
+
+def _finite(low: float, strict: bool) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(v) or v < low or (strict and v == low):
+            raise argparse.ArgumentTypeError(
+                f"got {text}; need a finite number {'>' if strict else '>='} {low:g}")
+        return v
+    return parse
 
 
 def _ops(text: str) -> list[str]:
@@ -202,9 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="with --model: host counts (default 1,8,64,512)")
     a("--ranks-per-host", type=_positive, default=8, metavar="L",
       help="with --model: ranks per host (default 8)")
-    a("--link-gbit", type=float, default=100.0, metavar="G",
+    a("--link-gbit", type=_finite(0.0, strict=True), default=100.0, metavar="G",
       help="with --model: each host's link, Gbit/s (default 100)")
-    a("--alpha-us", type=float, default=8.4, metavar="US",
+    a("--alpha-us", type=_finite(0.0, strict=False), default=8.4, metavar="US",
       help="with --model: per-message latency between hosts (default 8.4, this machine's TCP)")
     a("--shm-alpha-us", type=float, default=0.8, metavar="US", help=argparse.SUPPRESS)
     a("--shm-beta-ns-per-byte", type=float, default=0.057, metavar="NS", help=argparse.SUPPRESS)
@@ -222,8 +236,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error(str(e))
     if args.tune_out and not args.tune:
         p.error("--tune-out needs --tune")
-    if args.timeout <= 0:
-        p.error("--timeout must be > 0 seconds")
+    from .._env.tunables import check_seconds
+
+    try:
+        check_seconds("--timeout", args.timeout)
+    except ValueError as e:
+        p.error(str(e))
+    for opt in ("json", "csv", "plot", "tune_out"):  # found before the sweep, not after it
+        path = getattr(args, opt)
+        folder = os.path.dirname(os.path.abspath(path)) if path else ""
+        if path and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
+            p.error(f"--{opt.replace('_', '-')} {path}: the folder {folder} does not exist or "
+                    f"is not writable; create it or pick another path")
     if "nccl" in args.compare and args.device != "cuda":
         p.error("--compare nccl needs --device cuda (NCCL moves CUDA buffers only)")
     return args

@@ -76,7 +76,7 @@ def _header(meta: dict, skipped: list[dict]) -> list[str]:
 def _op_table(op: str, rows: list[Row], anchors: list[str]) -> list[str]:
     mine = [r for r in rows if r.op == op and r.lib == "ringreduce"]
     by = {(r.lib, r.size): r for r in rows if r.op == op}
-    head = (f"#{'size':>11} {'count':>12} {'type':>9} {'redop':>6} {'root':>5} {'algo':>6} "
+    head = (f"#{'size':>11} {'count':>12} {'type':>9} {'redop':>6} {'root':>5} {'algo':>8} "
             f"{'time(us)':>10} {'p99(us)':>10} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} "
             f"{'#wrong':>7}")
     unit = f"#{'(B)':>11} {'(elements)':>12}"
@@ -89,7 +89,7 @@ def _op_table(op: str, rows: list[Row], anchors: list[str]) -> list[str]:
         wrong = "N/A" if r.wrong is None else str(r.wrong)
         bw = op != "barrier"
         line = (f"{r.size:>12} {r.count:>12} {r.dtype if bw else '-':>9} {redop:>6} {root:>5} "
-                f"{r.algo:>6} {_fmt(r.time_us, 10)} {_fmt(r.p99_us, 10)} "
+                f"{r.algo:>8} {_fmt(r.time_us, 10)} {_fmt(r.p99_us, 10)} "
                 f"{_fmt(r.algbw if bw else None, 11, 3)} {_fmt(r.busbw if bw else None, 11, 3)} "
                 f"{wrong:>7}")
         for a in anchors:
