@@ -191,12 +191,17 @@ def _differ(rank: int, world: int, kind: str) -> nn.Module:
         m = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4))
         m.register_buffer("stats", torch.zeros(6 if odd else 3))
         return m
+    if kind == "extra_buffer":
+        m = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4))
+        if odd:
+            m.register_buffer("extra", torch.zeros(2))
+        return m
     raise ValueError(kind)
 
 
 def models_differ(rank: int, world: int) -> dict:
     out = {}
-    for kind in ("shape", "count", "dtype", "buffer"):
+    for kind in ("shape", "count", "dtype", "buffer", "extra_buffer"):
         try:
             DDP(_differ(rank, world, kind))
             out[kind] = {"type": None, "msg": None}

@@ -38,8 +38,8 @@ def verify_shapes(names: Sequence[str], params: Sequence[torch.Tensor], rank: in
     """
     nparams = len(params) - num_buffers
     descs = [_describe(p, i >= nparams) for i, p in enumerate(params)]
-    summary = torch.tensor([len(params), _hash64("|".join(descs))], dtype=torch.int64)
-    gathered = api.allgather(summary, group=group)  # (world, 2)
+    summary = torch.tensor([len(params), nparams, _hash64("|".join(descs))], dtype=torch.int64)
+    gathered = api.allgather(summary, group=group)  # (world, 3)
     if bool((gathered == gathered[0]).all()):
         return
     # Something differs: every rank saw the same gathered table, so all take this path.
@@ -62,11 +62,13 @@ def verify_shapes(names: Sequence[str], params: Sequence[torch.Tensor], rank: in
             enc[4 + k] = s
     encs = api.allgather(enc, group=group)
     per_rank = []
+    any_buffers = bool((gathered[:, 0] != gathered[:, 1]).any())
     for r in range(world):
         e = encs[r].tolist()
         if not e[0]:
-            per_rank.append(f"rank {r}: none (it has only {int(gathered[r, 0])} "
-                            + ("parameters and buffers)" if num_buffers else "parameters)"))
+            n, np_ = int(gathered[r, 0]), int(gathered[r, 1])
+            per_rank.append(f"rank {r}: none (it has {np_} parameters" + (
+                f" and {n - np_} buffers)" if any_buffers else ")"))
             continue
         shape = tuple(e[4:4 + min(e[1], 8)])
         dt = str(_DTYPES[e[2]]).replace("torch.", "") if e[2] >= 0 else "?"
@@ -75,8 +77,11 @@ def verify_shapes(names: Sequence[str], params: Sequence[torch.Tensor], rank: in
     # Which ranks disagree with rank 0 at that entry (all do the same arithmetic).
     odd = [r for r in range(world) if r and not bool((encs[r] == encs[0]).all())]
     who = f"; rank(s) {odd} differ from rank 0" if odd else ""
-    kind, idx = ("buffer", first - nparams) if nparams <= first < len(params) else (
-        "parameter", first)
+    # What entry `first` is, as the lowest rank that has one there sees it (the same words
+    # on every rank, also when the ranks' parameter counts differ).
+    owner = next((r for r in range(world) if int(gathered[r, 0]) > first), 0)
+    np0 = int(gathered[owner, 1])
+    kind, idx = ("buffer", first - np0) if first >= np0 else ("parameter", first)
     raise ValueError(
         f"DistributedDataParallel: the model differs across ranks at {kind} {idx} "
         f"({name} on rank {rank}{who}): "
