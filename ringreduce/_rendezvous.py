@@ -88,6 +88,7 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
         return _STORES[key]
     dist = _torch_store()
     is_master = rank == 0 and not use_agent_store
+    _check_resolves(master_addr, rank)
     what = "start the store on" if is_master else "reach the store at"
     hint = ("is the port already in use? pick another MASTER_PORT" if is_master else
             "is rank 0 running, and is MASTER_ADDR reachable from this host?")
@@ -142,6 +143,21 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
     elif not use_agent_store:
         _IN_RANK0.add(id(box[0]))  # served by rank 0's process (_store_failed)
     return box[0]
+
+
+def _check_resolves(host: str, rank: int) -> None:
+    """Fail at once on a MASTER_ADDR no resolver knows (torch's TCPStore retries it until
+    the connect timeout, 120 s by default). Only a definite "no such name": a resolver that
+    cannot answer now (EAI_AGAIN) is waited for, as before."""
+    import socket
+
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        if e.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+            raise _rr_error(
+                f"rank {rank}: MASTER_ADDR={host!r} does not resolve on this host "
+                f"({e.strerror or e}); set it to rank 0's host name or IP address") from None
 
 
 def _why_unreachable(host: str, port: int) -> str:
