@@ -378,22 +378,16 @@ def test_broadcast_buffers_false_keeps_local_buffers(suite):
     assert len({tuple(r["moved"]) for r in res}) == world  # each rank its own statistics
 
 
-
 @pytest.mark.parametrize("name", ["reentrant_checkpoint", "reentrant_checkpoint_static",
-                                  "unused_but_unsynced", "forward_without_backward"])
+                                  "unused_but_unsynced", "forward_without_backward",
+                                  "no_grad_forward_before_backward", "reassigned_buffer"])
 def test_training_patterns_match_single_process(suite, name):
     """Reentrant checkpointing (the nested backward's end is not the end of backward), a
     parameter used only in no_sync() micro-batches, a forward on one rank that never sees
-    a backward (find_unused_parameters): each trains exactly as one process does."""
-    _, res = _get(suite, name)
-    for rank, r in enumerate(res):
-        assert r["diff"] < EXACT, f"rank {rank}: max |param - reference| = {r['diff']}"
-
-
-@pytest.mark.parametrize("name", ["no_grad_forward_before_backward", "reassigned_buffer"])
-def test_forwards_between_and_reassigned_buffers(suite, name):
-    """A no_grad() forward between a forward and its backward (found by a helper: the
-    backward skipped its all-reduce); a buffer the module reassigns (it was never synced)."""
+    a backward (find_unused_parameters), a no_grad() forward between a forward and its
+    backward (found by a helper: the backward skipped its all-reduce): each trains exactly
+    as one process does. A buffer the module reassigns is synced (it never was): each
+    rank's equals rank 0's previous one updated with its own batch."""
     _, res = _get(suite, name)
     for rank, r in enumerate(res):
         assert r["diff"] < EXACT, f"rank {rank}: max |value - reference| = {r['diff']}"
