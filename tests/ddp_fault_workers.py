@@ -94,10 +94,12 @@ def buffers_list(m: nn.Module) -> list:
 
 def join_train(rank: int, world: int, kind: str = "mlp", variant: str = "uneven",
                divide_by_initial_world_size: bool = True, micro: int = 1,
-               hook: str | None = None, **ddp_kw: Any) -> dict:
+               hook: str | None = None, metric_between: bool = False, **ddp_kw: Any) -> dict:
     """Train on this rank's 3+2r batches inside model.join(); plain SGD. Every step has
     `micro` micro-batches (all but the last under no_sync()) and, for the mixed model, an
-    extra torch.no_grad() forward (evaluation) that must be shadowed too."""
+    extra torch.no_grad() forward (evaluation) that must be shadowed too. metric_between:
+    a torch.no_grad() forward between the last forward and its backward (a metric), which
+    changes nothing: no collective, the backward's all-reduce still happens."""
     model = init_model(kind, seed=0 if rank == 0 else 1 + rank)  # DDP broadcasts rank 0's
     ddp = DDP(model, bucket_cap_mb=TINY_CAP_MB, **ddp_kw)
     if hook is not None:
@@ -114,7 +116,11 @@ def join_train(rank: int, world: int, kind: str = "mlp", variant: str = "uneven"
                     with ddp.no_sync():
                         F.mse_loss(ddp(x, **kw), y).backward()
                 else:
-                    F.mse_loss(ddp(x, **kw), y).backward()
+                    out = ddp(x, **kw)
+                    if metric_between:
+                        with torch.no_grad():
+                            ddp(batch(rank, s, 8)[0])
+                    F.mse_loss(out, y).backward()
             opt.step()
             if kind == "mixed":
                 with torch.no_grad():
@@ -225,6 +231,7 @@ def join_suite(rank: int, world: int) -> dict:
         "mixed": lambda: join_train(rank, world, kind="mixed", micro=2,
                                     find_unused_parameters=True),
         "static": lambda: join_train(rank, world, variant="zero", static_graph=True),
+        "between": lambda: join_train(rank, world, metric_between=True),
         "throw": lambda: join_throw(rank, world),
         "differ": lambda: models_differ(rank, world),
         "disagree": lambda: join_disagree(rank, world),

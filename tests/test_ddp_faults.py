@@ -75,6 +75,7 @@ JOIN_CASES = {  # scenario: replay arguments (micro-batches per step, forwards p
     "hook_view": ({}, 1),
     "mixed": ({"kind": "mixed", "micro": 2}, 3),
     "static": ({"variant": "zero"}, 1),
+    "between": ({}, 1),  # a no_grad() forward between forward and backward: no collective
 }
 
 

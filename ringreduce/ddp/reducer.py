@@ -183,6 +183,11 @@ class Reducer:
     def _detect_unused(self) -> bool:
         return self.find_unused or (self.static_graph and self._static_unused is None)
 
+    @property
+    def iteration_open(self) -> bool:
+        """Whether a synchronised forward's backward is awaited."""
+        return self._open
+
     def close_open_iteration(self) -> None:
         """Called at the start of every forward: a new forward ends the previous iteration."""
         if self._open:

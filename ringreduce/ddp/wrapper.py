@@ -250,6 +250,12 @@ class DistributedDataParallel(nn.Module):
         if self._world == 1:
             return self.module(*inputs, **kwargs)
         grad_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
+        if (self._join is not None and not torch.is_grad_enabled() and self.reducer is not None
+                and self.reducer.iteration_open):
+            # Inside join(), a forward without autograd while an iteration awaits its
+            # backward issues no collective: the joined ranks already shadow that
+            # iteration's all-reduces, which come before any other collective.
+            return self.module(*inputs, **kwargs)
         if self.reducer is not None and torch.is_grad_enabled():
             # A forward without autograd (torch.no_grad(): a metric, a validation batch)
             # leaves an iteration prepared for a backward open, as torch's does: closing it
