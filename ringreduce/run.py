@@ -316,7 +316,7 @@ class _Job:
         self.running_at_signal = 0  # ranks still running when the first signal came
         self.out_lock = threading.Lock()  # one line at a time on our stdout/stderr
         self.pumps: dict[int, list[threading.Thread]] = {}  # rank -> its output's threads
-        # Where ranks mark an exit on an uncaught PeerFailure (_env.launch.mark_peer_failures).
+        # Where ranks mark an exit on an uncaught PeerFailure (mark_peer_failures).
         self.notes = tempfile.mkdtemp(prefix="ringreduce-run-")
 
     def alive(self) -> list[int]:
