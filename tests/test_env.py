@@ -136,6 +136,13 @@ def test_precedence() -> None:
     ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "n[1-"},
      "SLURM_JOB_NODELIST='n[1-'"),
     ({"PMI_RANK": "1", "PMI_SIZE": "1.5"}, "PMI_SIZE='1.5' is not an integer"),
+    # More ranks on a host than in the job (was accepted; found by a helper).
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "8"},
+     "LOCAL_WORLD_SIZE=8 but WORLD_SIZE=2: a host cannot run more ranks"),
+    ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2",
+      "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, "OMPI_COMM_WORLD_LOCAL_SIZE=4 but OMPI_COMM_WORLD_SIZE=2"),
+    ({"PMI_RANK": "0", "PMI_SIZE": "2", "MPI_LOCALNRANKS": "3"},
+     "MPI_LOCALNRANKS=3 but PMI_SIZE=2"),
 ])
 def test_bad_launch_values(env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError) as exc:

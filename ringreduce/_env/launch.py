@@ -58,6 +58,17 @@ def _check_range(rank_name: str, rank: int, size_name: str, size: int) -> None:
                          "exported to this process")
 
 
+def _check_local(lrank_name: str, lrank: int, lsize_name: str, lsize: int, size_name: str,
+                 size: int) -> None:
+    """The local rank within the local world size, which is within the world size (a host
+    cannot hold more ranks than the job)."""
+    _check_range(lrank_name, lrank, lsize_name, lsize)
+    if lsize > size:
+        raise ValueError(f"{lsize_name}={lsize} but {size_name}={size}: a host cannot run more "
+                         f"ranks than the job has; check the launch command or the variables "
+                         "exported to this process")
+
+
 def _master(env: Mapping[str, str]) -> tuple[str | None, int | None]:
     addr = env.get("MASTER_ADDR", "").strip() or None
     port: int | None = None
@@ -222,8 +233,8 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
         lrank = _env_int(env, "LOCAL_RANK", rank)
         lsize = _env_int(env, "LOCAL_WORLD_SIZE", world)
         # Unset, LOCAL_WORLD_SIZE defaults to WORLD_SIZE: name the variable that was read.
-        _check_range("LOCAL_RANK", lrank, "LOCAL_WORLD_SIZE" if env.get(
-            "LOCAL_WORLD_SIZE", "").strip() else "WORLD_SIZE", lsize)
+        _check_local("LOCAL_RANK", lrank, "LOCAL_WORLD_SIZE" if env.get(
+            "LOCAL_WORLD_SIZE", "").strip() else "WORLD_SIZE", lsize, "WORLD_SIZE", world)
         for size_name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
             # A torchrun under mpirun makes WORLD_SIZE >= the launcher's process count; fewer
             # means RANK/WORLD_SIZE were left over in the environment (each MPI process
@@ -244,7 +255,8 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
         _check_range("OMPI_COMM_WORLD_RANK", rank, "OMPI_COMM_WORLD_SIZE", world)
         lrank = _env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", rank)
         lsize = _env_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", world)
-        _check_range("OMPI_COMM_WORLD_LOCAL_RANK", lrank, "OMPI_COMM_WORLD_LOCAL_SIZE", lsize)
+        _check_local("OMPI_COMM_WORLD_LOCAL_RANK", lrank, "OMPI_COMM_WORLD_LOCAL_SIZE", lsize,
+                     "OMPI_COMM_WORLD_SIZE", world)
         if lsize == world:  # one host: rendezvous on it, as ringreduce-run would
             addr = addr if addr is not None else "127.0.0.1"
             port = port if port is not None else _mpi_master_port(env)
@@ -258,6 +270,9 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
         _check_range("SLURM_PROCID", rank, size_name, world)
         lrank = _env_int(env, "SLURM_LOCALID", 0)
         lsize_name, lsize = _slurm_local_world_size(env, lrank, world)
+        # An allocation's tasks per node may exceed a step's task count (a smaller srun):
+        # the step's ranks on this node are at most its world.
+        lsize = min(lsize, world)
         _check_range("SLURM_LOCALID", lrank, lsize_name, lsize)
         addr = addr if addr is not None else _slurm_master_addr(env)
         port = port if port is not None else _slurm_master_port(env)
@@ -268,7 +283,7 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
         _check_range("PMI_RANK", rank, "PMI_SIZE", world)
         lrank = _env_int(env, "MPI_LOCALRANKID", rank)
         lsize = _env_int(env, "MPI_LOCALNRANKS", world)
-        _check_range("MPI_LOCALRANKID", lrank, "MPI_LOCALNRANKS", lsize)
+        _check_local("MPI_LOCALRANKID", lrank, "MPI_LOCALNRANKS", lsize, "PMI_SIZE", world)
         return LaunchInfo(rank, world, lrank, lsize, addr, port, "pmi")
 
     return LaunchInfo(0, 1, 0, 1, addr, port, "default")
