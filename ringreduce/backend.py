@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import time
 import warnings
 from datetime import timedelta
 from typing import Any, Callable
@@ -547,17 +548,7 @@ class _Ops:
         # `then` runs once all succeeded (e.g. copying results out).
         if not works:
             return _done(value)
-        last = works[-1]._c
-        prev = [w._c for w in works[:-1]]
-
-        def after() -> None:
-            for c in prev:
-                exc = c.finish()
-                if exc is not None:
-                    raise exc
-            if then is not None:
-                then()
-        return _work(_WaitAll(last), value, after)
+        return _work(_WaitAll([w._c for w in works]), value, then)
 
     def shutdown(self) -> None:
         if self._owns and not self._g.destroyed:
@@ -572,19 +563,28 @@ class _Ops:
 
 
 class _WaitAll:
-    """Adapts a Completion to the rr Work interface (wait / is_completed)."""
+    """Adapts the Completions of collectives that one Work stands for to the rr Work
+    interface (wait / is_completed): done when all are. wait() honours its timeout across
+    all of them (it waited for the last with none: a work.wait(timeout=) ran to the group's
+    timeout) and raises the first one's error (a later one's only says the communicator is
+    unusable after it)."""
 
-    def __init__(self, c: Completion):
-        self._c = c
+    def __init__(self, completions: list[Completion]):
+        self._cs = completions
 
     def wait(self, timeout: float | None = None) -> bool:
-        exc = self._c.finish()
-        if exc is not None:
-            raise exc
+        end = None if timeout is None else time.monotonic() + timeout
+        for c in self._cs:
+            if (end is not None and c.work is not None and not c.is_completed()
+                    and not c.work.wait(max(0.0, end - time.monotonic()))):
+                return False
+            exc = c.finish()
+            if exc is not None:
+                raise exc
         return True
 
     def is_completed(self) -> bool:
-        return self._c.is_completed()
+        return all(c.is_completed() for c in self._cs)
 
 
 for _name in ("allreduce", "allreduce_coalesced", "broadcast", "barrier", "allgather",

@@ -246,7 +246,29 @@ def backend_collectives(rank: int, world: int) -> dict:
             except rr.CollectiveTimeout as e:
                 raised = "did not complete within" in str(e) and time.monotonic() - t0 < 1.2
         w.wait()
-        return (raised or rank == n - 1 or n == 1) and _close(t, torch.full((3,), tri))
+        ok = (raised or rank == n - 1 or n == 1) and _close(t, torch.full((3,), tri))
+        # One Work for several collectives (coalesced all-gathers): the timeout was ignored
+        # (it waited out the group's, then raised "unusable after an earlier failure").
+        from torch.distributed.distributed_c10d import _coalescing_manager
+
+        if rank == n - 1:
+            time.sleep(1.5)
+        outs = [torch.zeros(2 * n), torch.zeros(2 * n)]
+        with _coalescing_manager(async_ops=True) as cm:
+            for k, o in enumerate(outs):
+                dist.all_gather_into_tensor(o, torch.full((2,), float(10 * k + rank)))
+        raised = False
+        if rank != n - 1:
+            t0 = time.monotonic()
+            try:
+                cm.works[0].wait(timeout=timedelta(seconds=0.3))
+            except rr.CollectiveTimeout as e:
+                raised = "did not complete within" in str(e) and time.monotonic() - t0 < 1.2
+        cm.wait()
+        want = [torch.tensor([float(10 * k + r) for r in range(n) for _ in range(2)])
+                for k in range(2)]
+        return ok and (raised or rank == n - 1 or n == 1) and all(
+            torch.equal(o, x) for o, x in zip(outs, want))
 
     def sparse_message() -> bool:
         # all_reduce of a sparse COO tensor sums like gloo's (rank r puts r + 1 at r % 3 and
