@@ -233,7 +233,7 @@ class DistributedDataParallel(nn.Module):
         because a module may reassign one (`self.ema = 0.9 * self.ema + ...`): a list made
         at construction would broadcast into the old tensors, leaving the replicas' buffers
         to drift apart without an error."""
-        ignored = getattr(self, "_ignored", ())
+        ignored = getattr(self, "_ignored", ())  # absent in a wrapper saved before 8d29f3b
         return [b for n, b in self.module.named_buffers() if n not in ignored]
 
     @property
