@@ -691,3 +691,16 @@ def destroyed_under_a_thread(rank: int, world: int, rounds: int = 3) -> list:
         g.destroy()
         rr.barrier()  # the world is untouched
     return res
+
+
+def root_mismatch(rank: int, world: int) -> str | None:
+    """Group [1, 2, 3] of 4 ranks: world rank 1 broadcasts from itself, 2 and 3 from world
+    rank 2. The error must name the roots as world ranks (it printed group ranks 0 and 1)."""
+    g = rr.new_group([1, 2, 3], timeout=20)
+    if g is None:
+        return None
+    try:
+        rr.broadcast(np.full(8, float(rank)), src=1 if rank == 1 else 2, group=g)
+        return "ok"
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"

@@ -323,3 +323,14 @@ def test_group_destroyed_while_another_thread_runs_on_it(world: int, transport: 
         for i, o in enumerate(rounds):
             assert (o["type"], o["peer_rank"]) == ("PeerFailure", 0), f"rank {r} round {i}: {o}"
             assert o["secs"] < 5.0, f"rank {r} round {i}: told after {o['secs']:.1f} s"
+
+
+@pytest.mark.timeout(90)
+def test_a_root_mismatch_on_a_group_names_world_ranks() -> None:
+    outs = run_world(4, "group_workers:root_mismatch", timeout=80)
+    assert outs[0] is None and all(o != "ok" for o in outs[1:]), outs
+    told = [o for o in outs[1:] if "root mismatch in broadcast #1" in o]
+    assert told, outs
+    for o in told:
+        roots = re.findall(r"has root rank (\d+)", o)
+        assert sorted(map(int, roots)) == [1, 2], o

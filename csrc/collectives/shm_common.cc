@@ -53,7 +53,8 @@ void awaitLine(comm::Communicator& c, const transport::FrameHeader& h, int r, ui
   transport::shm::LineHeader& P = d.line(r, round);
   waitFor(c, [&] { return P.round.load(std::memory_order_acquire) == round; }, [&] { return r; });
   std::string mm = transport::describeMismatch(described(P, h), h, c.options().p2pChannel,
-                                               c.label(d.globalRank(r)), c.label(c.rank()));
+                                               c.label(d.globalRank(r)), c.label(c.rank()),
+                                               c.options().rankLabels);
   if (!mm.empty())
     throw MismatchError(detail::concat("rank ", c.label(d.globalRank(r)), " (shared memory): ", mm));
 }

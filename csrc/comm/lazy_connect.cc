@@ -87,7 +87,7 @@ void Communicator::connectLazily(int peer) {
 
 void Communicator::adopt(transport::Connection& c) const {
   c.setChecksum(opts_.checksum);
-  c.setLabels(label(c.peer()), label(rank_));
+  c.setLabels(label(c.peer()), label(rank_), opts_.rankLabels);
   c.setP2p(opts_.p2pChannel);
 }
 

@@ -5,7 +5,7 @@
 namespace rr::transport {
 
 std::string describeMismatch(const FrameHeader& got, const FrameHeader& want, bool p2p,
-                             int peer, int self) {
+                             int peer, int self, const std::vector<int>& labels) {
   using detail::concat;
   // Ranks by number: the message is relayed to every rank (a receiver of "peer ... this
   // rank" could not tell which rank was odd).
@@ -54,8 +54,9 @@ std::string describeMismatch(const FrameHeader& got, const FrameHeader& want, bo
                   toString(static_cast<ReduceOp>(got.op)), ", ", me, " ",
                   toString(static_cast<ReduceOp>(want.op)));
   if (got.root != want.root)
-    return concat("root mismatch in ", kindName(want.kind), " #", want.seq, ": ", them, " has root ",
-                  got.root, ", ", me, " ", want.root);
+    return concat("root mismatch in ", kindName(want.kind), " #", want.seq, ": ", them,
+                  " has root rank ", rankLabel(labels, static_cast<int>(got.root)), ", ", me,
+                  " has root rank ", rankLabel(labels, static_cast<int>(want.root)));
   if (got.algo != want.algo)
     return concat("algorithm mismatch in ", kindName(want.kind), " #", want.seq, ": ", them, " runs ",
                   toString(static_cast<Algorithm>(got.algo)), ", ", me, " ",

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "core/types.h"
@@ -64,8 +65,10 @@ inline Culprit decodeCulprit(uint32_t v, uint32_t cause) {
 // Compare an incoming header against the one this rank expects. Returns "" when they
 // agree, else a message naming the first differing field with both values.
 // p2p: the frames are a point-to-point channel's messages (ringreduce/p2p.py sends each as a
-// broadcast from the sender), named as such rather than as broadcasts.
+// broadcast from the sender), named as such rather than as broadcasts. peer, self: the
+// ranks messages name the two by; labels: the same for roots (a group's world ranks; empty:
+// the world, whose roots are shown as they are).
 std::string describeMismatch(const FrameHeader& got, const FrameHeader& want, bool p2p,
-                             int peer, int self);
+                             int peer, int self, const std::vector<int>& labels);
 
 }  // namespace rr::transport

@@ -50,6 +50,9 @@ struct RecvOp {
   }
 };
 
+// The labels of a connection no communicator adopted (roots shown as they are).
+inline const std::vector<int> kNoLabels;
+
 class Connection {
  public:
   Connection(int peer, std::string peerHost) : peer_(peer), peerHost_(std::move(peerHost)) {}
@@ -59,10 +62,12 @@ class Connection {
 
   int peer() const { return peer_; }
   // The ranks messages name the peer and this rank by (world ranks, when this is a group's
-  // connection).
-  void setLabels(int peer, int self) {
+  // connection), and every rank (roots in a mismatch): `all` is the owning communicator's
+  // list, which outlives its connections.
+  void setLabels(int peer, int self, const std::vector<int>& all) {
     label_ = peer;
     selfLabel_ = self;
+    labels_ = &all;
   }
   const std::string& peerHost() const { return peerHost_; }
 
@@ -119,6 +124,7 @@ class Connection {
   int peer_;
   int label_ = peer_;
   int selfLabel_ = -1;
+  const std::vector<int>* labels_ = &kNoLabels;
   std::string peerHost_;
   std::string leftWhy_;
   uint64_t leftAfter_ = 0;

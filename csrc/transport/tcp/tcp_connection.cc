@@ -202,7 +202,7 @@ bool TcpConnection::progressRecv(RecvOp& op) {
           readGoodbye(op.got, static_cast<const char*>(op.data), op.done - H);
           failLeft("still expected data from it");
         }
-        std::string mm = describeMismatch(op.got, op.expect, p2p_, label_, selfLabel_);
+        std::string mm = describeMismatch(op.got, op.expect, p2p_, label_, selfLabel_, *labels_);
         if (!mm.empty()) {
           if (op.got.magic != kFrameMagic)
             throw PeerError(peer_, PeerCause::kProtocol, detail::concat("protocol error from rank ", label_, " (",
@@ -253,7 +253,7 @@ Connection::Idle TcpConnection::checkIdle(const FrameHeader* current) {
     // yet. In a matching run that can only be a later step of the same collective.
     FrameHeader want = *current;
     want.payloadBytes = h.payloadBytes;
-    std::string mm = describeMismatch(h, want, p2p_, label_, selfLabel_);
+    std::string mm = describeMismatch(h, want, p2p_, label_, selfLabel_, *labels_);
     if (h.seq < current->seq) {
       // A root that only sends (broadcast, scatter) left it: the ranks named different roots.
       const auto k = static_cast<CollectiveKind>(h.kind);
