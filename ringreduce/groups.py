@@ -115,10 +115,12 @@ def destroy_group(g: Group, world: Group | None = None) -> None:
     if g is _state._DEFAULT[0]:
         destroy_default()
         return
-    g.destroyed = True  # before the store goes: p2p's helper threads check it first
-    g.store = None
     if world is None:
         world = _state._DEFAULT[0]
+    if world is not None:
+        _finish_eager_sends(world, g)  # its channels carry them: they go next
+    g.destroyed = True  # before the store goes: p2p's helper threads check it first
+    g.store = None
     if world is not None and g in world.children:
         world.children.remove(g)
     for pair in list(g.p2p.values()):  # its point-to-point channels go with it
@@ -185,26 +187,29 @@ def destroy_default() -> None:
         futures._COMPLETER.shutdown()  # its threads end once they completed what is queued
 
 
-def _finish_eager_sends(world: Group) -> None:
+def _finish_eager_sends(world: Group, only: Group | None = None) -> None:
     """Sends that returned before their receiver posted (ringreduce.p2p, the first message
     on a channel) and isend()s never waited for are delivered before the channels close, as
     MPI_Finalize completes buffered sends: wait for them, at most RINGREDUCE_TIMEOUT (a
-    failure is logged)."""
-    pending = [e for e in world.eager if e[0].is_alive()]
-    world.eager.clear()
+    failure is logged). `only`: those on that group (its destroy()); else all of them."""
+    mine = [e for e in world.eager if only is None or e[3] is only]
+    world.eager[:] = [e for e in world.eager if e[3] is not only and e[0].is_alive()] \
+        if only is not None else []
+    pending = [e for e in mine if e[0].is_alive()]
     t0 = time.monotonic()
     # + 1 s: a send that gives up at its own RINGREDUCE_TIMEOUT still gets to say why
     deadline = t0 + float(world.options.get("timeout", 600.0)) + 1.0
-    for t, dst, tag in pending:
+    for t, *_ in pending:
         t.join(max(0.0, min(t0 + 2.0, deadline) - time.monotonic()))
-    late = [(dst, tag) for t, dst, tag in pending if t.is_alive()]
+    late = [(dst, tag) for t, dst, tag, _ in pending if t.is_alive()]
     if not late:
         return
-    log.warning("rank %d: destroy() waits (at most RINGREDUCE_TIMEOUT) for %d send(s) not "
+    log.warning("rank %d: %s waits (at most RINGREDUCE_TIMEOUT) for %d send(s) not "
                 "received yet (returned early, or isend() never waited for): to rank(s) "
-                "%s; did those ranks skip their recv?", world.rank, len(late),
+                "%s; did those ranks skip their recv?", world.rank,
+                "destroy()" if only is None else f"{only.name}.destroy()", len(late),
                 ", ".join(f"{d} (tag {t})" for d, t in late[:8]))
-    for t, _, _ in pending:
+    for t, *_ in pending:
         t.join(max(0.0, deadline - time.monotonic()))
 
 

@@ -71,7 +71,8 @@ def isend(x: Any, dst: int, tag: int = 0, group: Any = None) -> Any:
     """Start sending `x` to `dst`; returns a Work (do not modify `x` until it completes).
     A Work never waited for is still completed by destroy() (and at exit), as a send that
     returned early is."""
-    return _unwaited(_post(x, dst, tag, group, "isend", sending=True, async_op=True), dst, tag)
+    return _unwaited(_post(x, dst, tag, group, "isend", sending=True, async_op=True), dst, tag,
+                     group)
 
 
 def irecv(x: Any, src: int | None = None, tag: int = 0, group: Any = None) -> Any:
@@ -89,7 +90,7 @@ def send_buffered(x: Any, dst: int, tag: int = 0, group: Any = None) -> Any:
     EAGER_MAX bytes on a channel not made yet is copied and sent from a helper thread
     (None is returned: the send is complete for the caller), as send() does."""
     return _unwaited(_post(x, dst, tag, group, "isend", sending=True, async_op=True,
-                           eager=True), dst, tag)
+                           eager=True), dst, tag, group)
 
 
 # A blocking send of at most this many bytes returns before the receiver posts, also as the
@@ -156,7 +157,7 @@ def _post(x: Any, peer: int, tag: int, group: Any, what: str, sending: bool,
         return _take_turn(g, world, key, turns, ticket, post, ch)
 
     if eager:
-        _send_later(world, start, dst, tag)
+        _send_later(world, g, start, dst, tag)
         return None
     if not async_op:
         return start()  # holds its turn until it is done
@@ -194,8 +195,9 @@ def _take_turn(g: Group, world: Group, key: tuple, turns: _Turns, ticket: int, p
             _fast_path(g, world, min(key[1:3]), max(key[1:3]))
 
 
-def _send_later(world: Group, start: Any, dst: int, tag: int) -> None:
-    """Run an eager send on a helper thread; destroy() waits for it (_state.Group.eager).
+def _send_later(world: Group, g: Group, start: Any, dst: int, tag: int) -> None:
+    """Run an eager send on a helper thread; destroy() and g.destroy() wait for it
+    (_state.Group.eager).
     A failure is logged here (the channel is failed, so the next call on it raises too)."""
     site = _C.call_site_id()
 
@@ -210,7 +212,7 @@ def _send_later(world: Group, start: Any, dst: int, tag: int) -> None:
     t = threading.Thread(target=run, name="ringreduce-p2p-eager", daemon=True)
     with _LOCK:
         world.eager[:] = [e for e in world.eager if e[0].is_alive()]
-        world.eager.append((t, dst, tag))
+        world.eager.append((t, dst, tag, g))
     t.start()
 
 
@@ -243,13 +245,15 @@ class _Done:
 _DONE = _Done()
 
 
-def _unwaited(w: Any, dst: int, tag: int) -> Any:
-    """Register isend's Work `w` with the world, whose destroy() completes it."""
+def _unwaited(w: Any, dst: int, tag: int, group: Any) -> Any:
+    """Register isend's Work `w` on `group` with the world, whose destroy() (and the
+    group's) completes it."""
     if w is not None:
         world = _state._DEFAULT[0]
+        g = _state.resolve(group, "isend()")
         with _LOCK:
             world.eager[:] = [e for e in world.eager if e[0].is_alive()]
-            world.eager.append((_Unwaited(w), dst, tag))
+            world.eager.append((_Unwaited(w), dst, tag, g))
     return w
 
 
@@ -317,7 +321,7 @@ def _match(g: Group, world: Group, peers: list[int], tag: int, what: str,
     rank, and its channel."""
     from . import _rendezvous
 
-    timeout = float(world.options.get("timeout", 600.0))
+    timeout, which = _deadline(g, world)
     t0 = time.monotonic()
     store_at, store_every, naps, probe_at = t0, 0.001, 0, t0 + 0.05
     while True:
@@ -351,7 +355,7 @@ def _match(g: Group, world: Group, peers: list[int], tag: int, what: str,
 
             raise CollectiveTimeout(
                 f"{what}(src=None, tag={tag}): no rank of {peers} sent this rank a "
-                f"message within {timeout:g} s (RINGREDUCE_TIMEOUT)")
+                f"message within {timeout:g} s ({which})")
         naps += 1
         time.sleep(0 if naps < 100 else min(1e-3, 1e-5 * (naps - 99)))
 
@@ -422,19 +426,29 @@ def _ready_locked(g: Group, src: int, dst: int, tag: int) -> Group | None:
     return None if pair is None else pair[0] if src < dst else pair[1]
 
 
-def _meet(world: Group, store: Any, base: str, peer: int, src: int, dst: int,
+def _deadline(g: Group, world: Group) -> tuple[float, str]:
+    """How long a wait for a peer of group `g` may last, and what sets it: the group's own
+    timeout (new_group(timeout=), torch's too), else RINGREDUCE_TIMEOUT, as for its
+    collectives."""
+    secs = float(g.options.get("timeout", 600.0))
+    own = g is not world and secs != float(world.options.get("timeout", 600.0))
+    return secs, f"the timeout of {g.name}" if own else "RINGREDUCE_TIMEOUT"
+
+
+def _meet(g: Group, world: Group, store: Any, base: str, peer: int, src: int, dst: int,
           tag: int) -> None:
-    """Wait (RINGREDUCE_TIMEOUT, as for any peer) until `peer` starts making this pair's
+    """Wait (the group's timeout, as for any peer) until `peer` starts making this pair's
     channels too: it may legitimately arrive late (a pipeline stage still computing). Making
     them then takes connect time only."""
     from . import _rendezvous
 
+    timeout, which = _deadline(g, world)
     with _rendezvous.watching(world, [peer]):  # a dead or frozen peer: PeerFailure
         _rendezvous._wait(
-            store, [f"{base}want{peer}"], float(world.options.get("timeout", 600.0)),
+            store, [f"{base}want{peer}"], timeout,
             world.rank, f"rank {peer} to post a send, recv, isend or irecv toward rank "
             f"{world.rank} on tag {tag} (the first message {src} -> {dst} on that tag; "
-            f"RINGREDUCE_TIMEOUT)", f"{base}meet/{world.rank}/{next(_MEETS)}/",  # own "failed"
+            f"{which})", f"{base}meet/{world.rank}/{next(_MEETS)}/",  # own "failed"
             hint="is it blocked in another send/recv? Blocking calls on several tags must be "
                  "posted in an order in which both ranks meet; isend/irecv never wait for "
                  "each other")
@@ -467,9 +481,17 @@ def _channel(g: Group, world: Group, src: int, dst: int, tag: int) -> Group:
             if pair is None:
                 up, down = _make_pair(g, world, lo, hi, src, dst, tag)
                 with _LOCK:
-                    pair = g.p2p[key] = (up, down)
+                    gone = g.destroyed  # g.destroy() ran meanwhile: it could not see these
+                    if not gone:
+                        pair = g.p2p[key] = (up, down)
                     made = len(g.p2p)
                     tags = len({k[2] for k in g.p2p}) if made in _WARN_AT else 0
+                if gone:
+                    for ch in (up, down):
+                        groups.destroy_group(ch, world)
+                    raise _rendezvous._rr_error(f"rank {world.rank}: {g.name} was destroyed while the "
+                                    f"channel {src} -> {dst} for tag {tag} was being made; "
+                                    "wait for a group's isend/irecv before destroying it")
                 if tags:
                     _warn_many(world, made, tags)
                 if tag == 0:
@@ -488,11 +510,13 @@ def _make_pair(g: Group, world: Group, lo: int, hi: int, src: int, dst: int,
     with _rendezvous.watching(world, [peer]), \
             _rendezvous.store_used(world.rank, during, store):  # names rank 0 `left` if so
         store.set(f"{base}want{world.rank}", b"1")  # for any-source receivers
-    _meet(world, store, base, peer, src, dst, tag)
+    _meet(g, world, store, base, peer, src, dst, tag)
+    # A group's own timeout bounds its channels' waits too (world channels: None, the world's).
+    secs = None if g is world else _deadline(g, world)[0]
     up = groups._make(world, [lo, hi], base + "up/", f"p2p {lo}->{hi} tag {tag}{where}",
-                      p2p=True, store=store)
+                      secs, p2p=True, store=store)
     down = groups._make(world, [lo, hi], base + "down/", f"p2p {hi}->{lo} tag {tag}{where}",
-                        p2p=True, store=store)
+                        secs, p2p=True, store=store)
     return up, down
 
 

@@ -704,3 +704,59 @@ def root_mismatch(rank: int, world: int) -> str | None:
         return "ok"
     except Exception as e:  # noqa: BLE001
         return f"{type(e).__name__}: {e}"
+
+
+def _native_threads() -> int:
+    import os
+
+    return len(os.listdir("/proc/self/task"))
+
+
+def destroy_after_early_send(rank: int, world: int, rounds: int = 4) -> dict:
+    """Rank 0 sends (eagerly: the call returns before the channel exists) on a new group and
+    destroys the group at once; rank 1 receives late. Before, the channel made after the
+    destroy stayed open on rank 0 (two communicators, their threads and descriptors) until
+    rr.destroy(). Returns what rank 1 received and rank 0's thread counts and live groups."""
+    got, threads = [], []
+    for i in range(rounds):
+        g = rr.new_group([0, 1])
+        if rank == 0:
+            rr.send(np.full(10, float(i + 1)), dst=1, tag=1, group=g)
+        else:
+            time.sleep(0.3)
+            y = np.zeros(10)
+            rr.recv(y, src=0, tag=1, group=g)
+            got.append(y.tolist())
+        g.destroy()
+        rr.barrier()
+        # Python's join() returns a moment before the OS thread is gone: let them settle.
+        for _ in range(40):
+            if not threads or _native_threads() <= threads[0]:
+                break
+            time.sleep(0.05)
+        threads.append(_native_threads())
+    live = [c.name for c in rr.world_group().children]
+    return {"got": got, "threads": threads, "live": live}
+
+
+def p2p_group_timeout(rank: int, world: int, case: str) -> dict | None:
+    """new_group([0, 1], timeout=2) in a world whose RINGREDUCE_TIMEOUT is 60: rank 0
+    receives on the group from a live rank 1 that sends nothing (`case`: the tag's first
+    message, one after an earlier message made the channel, or from any source). Before, the
+    group's timeout was ignored: rank 0 waited for the world's."""
+    g = rr.new_group([0, 1], timeout=2)
+    if case == "made":
+        if rank == 0:
+            rr.recv(np.zeros(3), src=1, group=g)
+        else:
+            rr.send(np.ones(3), dst=0, group=g)
+    out = None
+    if rank == 0:
+        t0 = time.monotonic()
+        try:
+            rr.recv(np.zeros(3), src=None if case == "any" else 1, group=g)
+            out = {"error": "returned"}
+        except Exception as e:  # noqa: BLE001
+            out = {"error": f"{type(e).__name__}: {e}", "secs": time.monotonic() - t0}
+    rr.barrier()  # rank 1 waits here, alive, until rank 0 gave up
+    return out

@@ -334,3 +334,27 @@ def test_a_root_mismatch_on_a_group_names_world_ranks() -> None:
     for o in told:
         roots = re.findall(r"has root rank (\d+)", o)
         assert sorted(map(int, roots)) == [1, 2], o
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_destroying_a_group_right_after_an_early_send_closes_its_channel(transport: str) -> None:
+    """The send returns before its channel is made; destroy() waits for it, delivers the
+    message and then closes the channel with the group (it stayed open until rr.destroy())."""
+    outs = run_world(2, "group_workers:destroy_after_early_send", timeout=80,
+                     env={"RINGREDUCE_TRANSPORT": transport})
+    assert outs[1]["got"] == [[float(i + 1)] * 10 for i in range(4)], outs[1]
+    for r, o in enumerate(outs):
+        assert o["live"] == [], (r, o)
+        assert len(set(o["threads"])) == 1, f"rank {r} thread counts grew: {o['threads']}"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("case", ["first", "made", "any"])
+def test_point_to_point_on_a_group_keeps_the_groups_timeout(case: str) -> None:
+    """gloo: 'Timed out waiting 2000ms for recv'; here the world's 60 s were waited."""
+    outs = run_world(2, "group_workers:p2p_group_timeout", case, timeout=80,
+                     env={"RINGREDUCE_TIMEOUT": "60"})
+    o = outs[0]
+    assert o["error"].startswith("CollectiveTimeout") and o["secs"] < 6, o
+    assert "group1" in o["error"], o
