@@ -26,6 +26,15 @@ const bool kAtFork = [] {
 }
 }  // namespace
 
+unsigned forkGeneration() { return gForkGen.load(std::memory_order_relaxed); }
+
+void throwForkedWork(const std::string& what) {
+  RR_THROW(Error, what, " was started by the parent of this forked process (a DataLoader "
+                  "worker, os.fork()) and had not completed at the fork: only the parent "
+                  "completes it; wait for it there (before forking), or init a new "
+                  "communicator in this process");
+}
+
 Executor::Executor(std::unique_ptr<comm::Communicator> comm)
     : comm_(std::move(comm)), worker_([this] { loop(); }),
       forkGen_(gForkGen.load(std::memory_order_relaxed)) {
@@ -59,6 +68,7 @@ std::shared_ptr<Work> Executor::submit(Task fn, std::string what, uint32_t site)
 }
 
 bool Executor::runIfNext(Work* w) {
+  if (forked()) return false;  // Work::wait refuses first; never take a parent's mu_
   std::unique_lock<std::mutex> g(mu_);
   if (stop_ || busy_ || queue_.empty() || queue_.front().second.get() != w) return false;
   std::pair<Task, std::shared_ptr<Work>> item = std::move(queue_.front());

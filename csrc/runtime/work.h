@@ -15,9 +15,16 @@
 
 namespace rr::runtime {
 
+// Bumped in every forked child (executor.cc, pthread_atfork): a Work or executor made under
+// another generation belongs to the parent, whose threads alone complete it.
+unsigned forkGeneration();
+// The error of a Work (`what`) waited for in a forked child before it completed.
+[[noreturn]] void throwForkedWork(const std::string& what);
+
 class Work {
  public:
-  explicit Work(std::string what, uint32_t site = 0) : what_(std::move(what)), site_(site) {}
+  explicit Work(std::string what, uint32_t site = 0)
+      : what_(std::move(what)), site_(site), forkGen_(forkGeneration()) {}
 
   void complete(std::exception_ptr e) {
     {
@@ -28,6 +35,7 @@ class Work {
     cv_.notify_all();
   }
   bool isCompleted() {
+    if (inForkedChild()) return done_;
     std::lock_guard<std::mutex> g(mu_);
     return done_;
   }
@@ -42,7 +50,14 @@ class Work {
   // then costs what a synchronous call costs, not two thread hand-offs.
   // A Python signal handler that raises meanwhile stops the wait (Interrupted); the
   // collective goes on.
+  // In a forked child (os.fork(), a DataLoader worker) a Work the parent had not completed
+  // at the fork never completes: an error, not a wait without end.
   bool wait(double timeoutSec) {
+    if (inForkedChild()) {
+      if (!done_) throwForkedWork(what_);
+      if (exc_) std::rethrow_exception(exc_);
+      return true;
+    }
     if (timeoutSec < 0 && claim_ && !isCompleted()) claim_(this);
     const auto end = std::chrono::steady_clock::now() +
                      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -67,6 +82,7 @@ class Work {
     return true;
   }
   std::exception_ptr exception() {
+    if (inForkedChild()) return exc_;
     std::lock_guard<std::mutex> g(mu_);
     return exc_;
   }
@@ -74,8 +90,14 @@ class Work {
   uint32_t site() const { return site_; }  // comm/site.h id of the issuing Python line
 
  private:
+  // A copy in a forked child: no thread of the child completes it, and mu_ may have been
+  // held by a parent's thread at the fork, so it is read without the lock (the child's
+  // threads are all its own: nothing writes it concurrently).
+  bool inForkedChild() const { return forkGen_ != forkGeneration(); }
+
   std::string what_;
   uint32_t site_;
+  unsigned forkGen_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;

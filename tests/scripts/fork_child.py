@@ -2,10 +2,13 @@
 ringreduce.init(), "torch" for init_process_group("ringreduce")) every rank forks children,
 as DataLoader workers do, that try a collective (refused: the communicator is the
 parent's) and then exit normally, running the inherited exit hooks (which must neither hang
-nor say goodbye for the parent); the parents' collectives stay right."""
+nor say goodbye for the parent); the parents' collectives stay right. Last, a child waits
+for an async all-reduce its parent started and had not completed at the fork: refused (it
+waited forever: only the parent's thread completes it)."""
 
 import os
 import sys
+import time
 
 import _either_api
 import torch
@@ -25,5 +28,21 @@ for it in range(3):
     x = torch.full((4,), float(rank + it))
     allreduce(x)
     assert torch.equal(x, torch.full((4,), float(sum(range(world)) + world * it))), x
+if rank == 1:
+    time.sleep(1.0)  # rank 0's all-reduce is still running when it forks
+x = torch.full((1 << 16,), float(rank))
+w = allreduce(x, async_op=True)
+pid = os.fork() if rank == 0 else -1
+if pid == 0:
+    try:
+        w.wait()
+        print(f"rank {rank} child ran a collective (waited for the parent's)", flush=True)
+    except Exception as e:  # noqa: BLE001 - reported, the test reads it
+        print(f"rank {rank} child refused: {type(e).__name__}: {e}", flush=True)
+    os._exit(0)
+w.wait()
+if pid > 0:
+    assert os.waitpid(pid, 0)[1] == 0
+assert torch.equal(x, torch.full_like(x, float(sum(range(world))))), x
 print(f"rank {rank} ok", flush=True)
 finish()
