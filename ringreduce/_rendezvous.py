@@ -303,11 +303,33 @@ def _talk_until(deadline: float, target: Any, *args: Any) -> None:
     """Run a farewell's store talk on a helper thread and stop waiting for it at the
     deadline: store calls block while the server's host is frozen (SIGSTOP, a debugger) for
     the store's own timeout, not ours. An abandoned thread ends at the store's timeout and
-    drops its reference."""
-    t = threading.Thread(target=target, args=args, name="ringreduce-store-farewell",
-                         daemon=True)
-    t.start()
-    t.join(max(0.0, deadline - time.monotonic()) + 0.5)
+    drops its reference.
+
+    Ctrl-C meanwhile cuts the talk short (its polls stop, _HURRY) but still lets the thread
+    end before the KeyboardInterrupt goes on: it holds the store, so rank 0's server stayed
+    up, and a thread left inside a store call at exit took the process down (std::terminate
+    as the interpreter unwound it)."""
+    ended = threading.Event()  # not join(): one that Ctrl-C interrupted returns at once after
+
+    def run() -> None:
+        try:
+            target(*args)
+        finally:
+            ended.set()
+
+    threading.Thread(target=run, name="ringreduce-store-farewell", daemon=True).start()
+    try:
+        ended.wait(max(0.0, deadline - time.monotonic()) + 0.5)
+    except BaseException:
+        _HURRY.set()
+        try:
+            ended.wait(1.0)  # a store call in flight answers within milliseconds
+        finally:
+            _HURRY.clear()
+        raise
+
+
+_HURRY = threading.Event()  # set: farewell polls give up at once (Ctrl-C during destroy)
 
 
 def _proxy(store: Any, prefix: str, rank: int, lost: int) -> int:
@@ -350,7 +372,7 @@ def _farewell(box: list, rank: int, world: int, prefix: str, closing: bool, dead
 def _poll(done: Any, deadline: float) -> bool:
     """Call done() every 2 ms until it is true (returns True) or the deadline (False)."""
     while not done():
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or _HURRY.is_set():
             return False
         time.sleep(0.002)
     return True

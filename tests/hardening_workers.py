@@ -153,3 +153,34 @@ def allgather_after_failure(rank: int, world: int) -> dict:
             res[name] = {"raised": type(e).__name__}
         res[name]["untouched"] = bool(np.all(out == -7.0))
     return res
+
+
+def interrupted_destroy(rank: int, world: int) -> dict:
+    """Ctrl-C reaches rank 0 (it hosts the store) while its destroy() waits for rank 1's
+    goodbye. Before, the store server kept listening (the farewell thread that held it was
+    abandoned) and the process often died at exit (std::terminate: that thread was inside
+    a store call as the interpreter unwound it). Returns what rank 0 saw."""
+    import signal
+    import threading
+
+    rr.init(timeout=20)
+    x = np.full(4, float(rank))
+    rr.allreduce(x)
+    assert np.all(x == sum(range(world))), x
+    if rank != 0:
+        time.sleep(3.0)
+        rr.destroy()
+        return {}
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    t0, err = time.monotonic(), "none"
+    try:
+        rr.destroy()
+    except KeyboardInterrupt:
+        err = "KeyboardInterrupt"
+    secs = time.monotonic() - t0
+    port = int(os.environ["MASTER_PORT"])
+    end = time.monotonic() + 0.5  # rank 1 comes at 3 s: the old code listened until then
+    while port in listening_ports() and time.monotonic() < end:
+        time.sleep(0.01)
+    return {"error": err, "secs": secs, "listening": port in listening_ports(),
+            "threads": sorted(t.name for t in threading.enumerate())}

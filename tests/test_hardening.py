@@ -310,3 +310,13 @@ def test_store_release_closes_only_an_unshared_server(shared: bool) -> None:
     if shared:
         dist.barrier()  # torch's group still works
         dist.destroy_process_group()
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_during_destroy_still_closes_the_store() -> None:
+    """The exit code is checked too: a rank that dies at exit fails run_world."""
+    for _ in range(2):  # it died at exit about every other run
+        outs = run_world(2, "hardening_workers:interrupted_destroy", timeout=60, init=False)
+        o = outs[0]
+        assert o["error"] == "KeyboardInterrupt" and o["secs"] < 2.5, o
+        assert not o["listening"] and o["threads"] == ["MainThread"], o
