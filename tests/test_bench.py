@@ -263,6 +263,24 @@ def test_table_has_nccl_tests_columns_ratios_and_average():
     assert "# Out of bounds values : 0 OK" in text and "2 ranks on hostA x2" in text
 
 
+def test_every_compared_library_gets_columns_and_its_wrong_results_are_shown():
+    """nccl's rows were measured but never printed; an anchor's wrong results only reached
+    the JSON (its ratios printed as if right)."""
+    rows = _rows()
+    for r in rows[3:6]:  # gloo's, checked: one size wrong
+        r.wrong = 17 if r.size == 65536 else 0
+    rows += [Row("allreduce", "nccl", r.size, r.count, "float32", "sum", 0, "-", 2,
+                 times=[t / 2 for t in r.times], wrong=0) for r in rows[:3]]
+    a = cli.parse_args(["-o", "allreduce", "--check"])
+    meta = report.make_meta(a, 2, ["hostA", "hostA"], {}, "tcp")
+    meta["compare"] = ["nccl", "gloo"]
+    text = report.table(rows, meta, [])
+    assert "nccl(us)" in text and "xnccl" in text and "# ringreduce vs nccl" in text
+    assert text.index("nccl(us)") < text.index("gloo(us)")
+    assert "# gloo out of bounds values : 17 FAILED (at allreduce 65536 B" in text
+    assert "# nccl out of bounds values : 0 OK" in text
+
+
 def test_json_and_csv(tmp_path):
     rows, meta = _rows(), _meta()
     args = cli.parse_args(["--json", str(tmp_path / "r.json"), "--csv", str(tmp_path / "r.csv")])

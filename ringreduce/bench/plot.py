@@ -6,7 +6,8 @@ from __future__ import annotations
 from .cli import format_size
 from .metrics import Row
 
-_STYLE = {"ringreduce": ("C0", "o"), "gloo": ("C1", "s"), "mpi": ("C2", "^")}
+_STYLE = {"ringreduce": ("C0", "o"), "gloo": ("C1", "s"), "mpi": ("C2", "^"),
+          "nccl": ("C3", "D")}
 
 
 def plot(rows: list[Row], meta: dict, path: str) -> str | None:
