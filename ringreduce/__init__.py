@@ -10,6 +10,7 @@ over TCP, callable on torch CPU tensors and numpy arrays::
 """
 
 from . import _C, _state
+from ._blame import mark_peer_failures as _mark_peer_failures
 from ._C import CollectiveMismatch, CollectiveTimeout, PeerFailure, RingReduceError
 from ._rooted import all_to_all, gather, reduce, scatter
 from ._state import Group
@@ -30,7 +31,6 @@ from .api import (
 )
 from .groups import new_group, world_group
 from .p2p import irecv, isend, recv, send
-from .run import mark_peer_failures as _mark_peer_failures
 
 # rr.barrier() and rr.allreduce(ndarray) on the world, rr.send / rr.recv(ndarray, peer) on
 # tag 0 run without a Python frame (the latency floor); any other call goes to the Python

@@ -13,8 +13,8 @@ are stopped (SIGTERM, then SIGKILL after a grace period); the launcher exits wit
 of the failure to blame (_root_cause; 128+signal for a signal). SIGINT/SIGTERM/SIGHUP sent to the launcher are forwarded to every rank; a second
 one kills them at once.
 
-This module imports nothing from the rest of the package, so it also runs as a plain file.
-``import ringreduce`` imports it for mark_peer_failures.
+This module imports nothing from the rest of the package, so it also runs as a plain file
+(and ``import ringreduce`` does not import it: ``python -m ringreduce.run`` would warn).
 """
 
 from __future__ import annotations
@@ -187,36 +187,10 @@ def _epilog() -> str:
 
 
 # Set for the ranks: a folder where a rank leaves a file named by its pid when it ends on an
-# uncaught PeerFailure (mark_peer_failures; _root_cause reads them).
+# uncaught PeerFailure (ringreduce._blame, which ``import ringreduce`` installs in each rank;
+# _root_cause reads them). The same name as _blame.PEER_FAILURES_VAR: this file runs
+# standalone, importing nothing of the package.
 PEER_FAILURES_VAR = "RINGREDUCE_RUN_PEER_FAILURES"
-
-
-def mark_peer_failures(peer_failure: type[BaseException]) -> None:
-    """In a rank of ringreduce-run (``import ringreduce`` calls it): when the process ends on
-    an uncaught `peer_failure` (or an exception raised while handling one, or from one) --
-    which only reports another rank's failure -- mark it for the launcher, so that it names
-    the rank that failed first, not one that failed because of it. Told through a file, not
-    read from the traceback's text: other hooks reformat it (torch prefixes every line with
-    "[rankN]: "), and with --no-prefix the launcher does not see the ranks' output."""
-    folder = os.environ.get(PEER_FAILURES_VAR)
-    if not folder:
-        return
-    previous = sys.excepthook
-
-    def hook(kind: type[BaseException], value: BaseException, tb: object) -> None:
-        seen: BaseException | None = value
-        for _ in range(16):  # a bounded walk down the chain (it may be a cycle)
-            if seen is None or isinstance(seen, peer_failure):
-                break
-            seen = seen.__cause__ or seen.__context__
-        if isinstance(seen, peer_failure):
-            try:
-                open(os.path.join(folder, str(os.getpid())), "x").close()
-            except OSError:
-                pass  # the launcher is gone, or this process marked it already
-        previous(kind, value, tb)  # type: ignore[arg-type]
-
-    sys.excepthook = hook
 
 
 def _free_port() -> int:
@@ -316,7 +290,7 @@ class _Job:
         self.running_at_signal = 0  # ranks still running when the first signal came
         self.out_lock = threading.Lock()  # one line at a time on our stdout/stderr
         self.pumps: dict[int, list[threading.Thread]] = {}  # rank -> its output's threads
-        # Where ranks mark an exit on an uncaught PeerFailure (mark_peer_failures).
+        # Where ranks mark an exit on an uncaught PeerFailure (ringreduce._blame).
         self.notes = tempfile.mkdtemp(prefix="ringreduce-run-")
 
     def alive(self) -> list[int]:

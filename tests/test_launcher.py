@@ -458,3 +458,17 @@ def test_forked_children_cannot_use_or_end_the_parents_communicator(api: str) ->
     assert "had not completed at the fork" in out, out[-4000:]
     assert "parent of this forked process" in out, out[-4000:]
     assert "rank 0 ok" in out and "rank 1 ok" in out, out[-4000:]
+
+
+@pytest.mark.timeout(60)
+def test_python_m_ringreduce_run_does_not_warn() -> None:
+    """`python -m ringreduce.run` (ringreduce-bench -n N runs it) warned that the module was
+    already imported: `import ringreduce` imported it for the ranks' exit hook."""
+    from ringreduce import _blame, run
+
+    assert _blame.PEER_FAILURES_VAR == run.PEER_FAILURES_VAR
+    r = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "ringreduce.run",
+                        "-n", "1", _script("output.py")], capture_output=True, text=True,
+                       timeout=50, check=False)
+    assert r.returncode == 0 and "RuntimeWarning" not in r.stderr, r.stderr[-2000:]
+    assert "out line" in r.stdout, r.stdout[-2000:]

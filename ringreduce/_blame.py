@@ -1,0 +1,40 @@
+"""In a rank of ringreduce-run: mark an exit on an uncaught PeerFailure for the launcher
+(ringreduce/run.py reads the marks to blame the rank that failed first). Its own module:
+``import ringreduce`` installs it, and importing ringreduce.run instead made ``python -m
+ringreduce.run`` warn that the module was already imported."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# ringreduce/run.py sets it (its PEER_FAILURES_VAR: the same name; that file runs standalone).
+PEER_FAILURES_VAR = "RINGREDUCE_RUN_PEER_FAILURES"
+
+
+def mark_peer_failures(peer_failure: type[BaseException]) -> None:
+    """In a rank of ringreduce-run (``import ringreduce`` calls it): when the process ends on
+    an uncaught `peer_failure` (or an exception raised while handling one, or from one) --
+    which only reports another rank's failure -- mark it for the launcher, so that it names
+    the rank that failed first, not one that failed because of it. Told through a file, not
+    read from the traceback's text: other hooks reformat it (torch prefixes every line with
+    "[rankN]: "), and with --no-prefix the launcher does not see the ranks' output."""
+    folder = os.environ.get(PEER_FAILURES_VAR)
+    if not folder:
+        return
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: object) -> None:
+        seen: BaseException | None = value
+        for _ in range(16):  # a bounded walk down the chain (it may be a cycle)
+            if seen is None or isinstance(seen, peer_failure):
+                break
+            seen = seen.__cause__ or seen.__context__
+        if isinstance(seen, peer_failure):
+            try:
+                open(os.path.join(folder, str(os.getpid())), "x").close()
+            except OSError:
+                pass  # the launcher is gone, or this process marked it already
+        previous(kind, value, tb)  # type: ignore[arg-type]
+
+    sys.excepthook = hook
