@@ -440,6 +440,26 @@ def test_compare_mpi_job():
     assert "compare: mpi: " in out and "xmpi" in out
 
 
+@pytest.mark.parametrize("mode,want", [("always", "always"), ("never", "never"),
+                                       ("auto", "never")])  # pytest's stderr: no terminal
+def test_the_mpi_anchor_job_gets_the_progress_bar(monkeypatch, mode, want):
+    """The mpi anchor runs first as its own mpirun job whose output was captured: no
+    progress was shown for however long it took. The launcher decides for its rank 0."""
+    from ringreduce.bench import launch
+
+    seen = {}
+
+    def fake(n, rank_argv, out, extra=""):
+        seen["argv"] = rank_argv
+        return "not run here"
+
+    monkeypatch.setattr(launch, "mpi_command", fake)
+    args = cli.parse_args(["-n", "2", "--compare", "mpi", "--progress", mode])
+    path = launch.run_mpi_job(args, 2, ["--progress", mode], 10)
+    os.unlink(path)
+    assert seen["argv"][-2:] == ["--progress", want], seen
+
+
 def _procs_with(marker: str) -> list[int]:
     pids = []
     for d in Path("/proc").iterdir():

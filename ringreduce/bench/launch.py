@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .._cpus import usable_cpus
+from . import progress
 from .cli import PROG, strip_nproc
 
 
@@ -51,13 +52,18 @@ def run_mpi_job(args: Namespace, n: int, rank_argv: list[str], timeout: float) -
 
     fd, out = tempfile.mkstemp(prefix="ringreduce-bench-mpi-", suffix=".json")
     os.close(fd)
-    cmd = mpi_command(n, rank_argv, out, args.mpirun_args)
+    # Its rank 0 draws the progress bar on our stderr (mpirun forwards it; the ranks' own
+    # stderr is no terminal, so the launcher decides): the anchor can be the longer half.
+    show = progress.wanted(args.progress)
+    cmd = mpi_command(n, [*rank_argv, "--progress", "always" if show else "never"], out,
+                      args.mpirun_args)
     error = cmd if isinstance(cmd, str) else None
     if error is None:
         print(f"# {PROG}: running the mpi anchor first: {' '.join(cmd)}", file=sys.stderr,
               flush=True)
         p = subprocess.Popen(cmd, env=_mpi_env(), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, start_new_session=True, text=True)
+                             stderr=None if show else subprocess.STDOUT,
+                             start_new_session=True, text=True)
         try:
             text, _ = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -19,13 +19,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         import torch
 
+        from . import progress
         from .anchors import MPI
-        from .runner import sweep
+        from .runner import sweep, total_work
 
         torch.set_num_threads(1)
         lib = MPI()
         rank, world = lib.comm.Get_rank(), lib.comm.Get_size()
-        rows, skipped = sweep(args, [lib], lib.allreduce_np, rank, world)
+        bar = progress.Progress(total_work(args, world, 1),
+                                rank == 0 and progress.wanted(args.progress))
+        try:
+            rows, skipped = sweep(args, [lib], lib.allreduce_np, rank, world, bar)
+        finally:
+            bar.close()
         data = {"results": [r.as_dict() for r in rows], "skipped": skipped, "note": lib.note}
     except Exception as e:  # noqa: BLE001 -- reported as the anchor's skip reason
         rank, data = 0, {"error": f"{type(e).__name__}: {e}"}

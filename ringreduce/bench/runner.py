@@ -109,7 +109,7 @@ def sweep(args: Namespace, libs: list[anchors.Lib], reduce_: Reducer, rank: int,
     return rows, skipped
 
 
-def _total_work(args: Namespace, world: int, nlibs: int) -> float:
+def total_work(args: Namespace, world: int, nlibs: int) -> float:
     return sum(progress.weight(c.size) for op in args.ops
                for c in make_cases(op, args.sizes, args.dtype, world)) * nlibs
 
@@ -186,7 +186,7 @@ def run_rank(args: Namespace) -> int:
             return tune.run(args, me, rank, world)
         extra, skipped = _anchor_libs(args, rank, world)
         libs = [me, *extra]
-        bar = progress.Progress(_total_work(args, world, len(libs)),
+        bar = progress.Progress(total_work(args, world, len(libs)),
                                 rank == 0 and progress.wanted(args.progress))
         try:
             rows, more = sweep(args, libs, me.allreduce_np, rank, world, bar)
