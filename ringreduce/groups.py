@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -134,9 +135,20 @@ def destroy_group(g: Group, world: Group | None = None) -> None:
             world.note_child_failure(g.ranks[lost] if g.ranks and lost >= 0 else lost)
 
 
+# Held through a destroy(): a second one (another thread, an exit hook) returns when the
+# first has finished, not at once while the teardown still runs (a daemon thread's could
+# then be cut off at exit). Reentrant: a signal handler's destroy() inside one is a no-op.
+_DESTROYING = threading.RLock()
+
+
 def destroy_default() -> None:
     """ringreduce.destroy(): the world's groups, its trace (RINGREDUCE_TRACE), GPU state,
     its communicator, then its store; returns promptly even if peers are gone."""
+    with _DESTROYING:
+        _destroy_default()
+
+
+def _destroy_default() -> None:
     g = _state._DEFAULT[0]
     if g is not None:
         _finish_eager_sends(g)

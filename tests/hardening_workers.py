@@ -184,3 +184,26 @@ def interrupted_destroy(rank: int, world: int) -> dict:
         time.sleep(0.01)
     return {"error": err, "secs": secs, "listening": port in listening_ports(),
             "threads": sorted(t.name for t in threading.enumerate())}
+
+
+def concurrent_destroy(rank: int, world: int) -> dict:
+    """A thread calls destroy() while rank 1 is still 2 s from its own; the main thread's
+    destroy() a moment later must return only once the first one has finished (it returned
+    at once, with the store still up and the teardown running). Returns rank 0's view."""
+    import threading
+
+    rr.init(timeout=20)
+    x = np.full(4, float(rank))
+    rr.allreduce(x)
+    assert np.all(x == sum(range(world))), x
+    if rank != 0:
+        time.sleep(2.0)
+        rr.destroy()
+        return {}
+    first = threading.Thread(target=rr.destroy)
+    first.start()
+    time.sleep(0.2)
+    rr.destroy()
+    listening = int(os.environ["MASTER_PORT"]) in listening_ports()  # the store: closed last
+    first.join(10)
+    return {"listening": listening, "first_done": not first.is_alive()}

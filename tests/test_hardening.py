@@ -320,3 +320,9 @@ def test_ctrl_c_during_destroy_still_closes_the_store() -> None:
         o = outs[0]
         assert o["error"] == "KeyboardInterrupt" and o["secs"] < 2.5, o
         assert not o["listening"] and o["threads"] == ["MainThread"], o
+
+
+@pytest.mark.timeout(90)
+def test_a_second_destroy_returns_once_the_first_has_finished() -> None:
+    outs = run_world(2, "hardening_workers:concurrent_destroy", timeout=60, init=False)
+    assert outs[0] == {"listening": False, "first_done": True}, outs[0]
