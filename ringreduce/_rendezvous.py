@@ -603,6 +603,12 @@ def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None
     during = "init" if prefix is None else "a group's creation"
     try:
         return _exchange(store, rank, world, my_addr, secret, timeout, my_hb, prefix, settings)
+    except KeyboardInterrupt:
+        # Ctrl-C on this rank only (a debugger, a signal to one pid): the others stop at
+        # their next poll, not at the connect timeout. (A store that is gone: they find out.)
+        _fail(store, _world_prefix() if prefix is None else prefix,
+              _rr_error(f"rank {rank} was interrupted (KeyboardInterrupt) during {during}"))
+        raise
     except (ValueError, RingReduceError) as e:
         gone = getattr(e, "store_error", None)  # _wait's: say which phase it was
         if gone is not None:

@@ -123,13 +123,19 @@ def net_loop(rank: int, world: int, n: int, seconds: float, ready: str) -> dict:
 
 def init_outcome(rank: int, world: int, behave: dict) -> dict:
     """rr.init() with one rank misbehaving (behave maps str(rank) to "absent": never calls
-    init; "store_then_die": hosts the store, then exits before publishing anything).
+    init; "store_then_die": hosts the store, then exits before publishing anything;
+    "interrupted": Ctrl-C 1 s into init).
     Returns what init raised and how long it took."""
     import os
 
     action = behave.get(str(rank), "init")
     if action == "absent":
         time.sleep(300)
+    if action == "interrupted":
+        import signal
+        import threading
+
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
     if action == "store_then_die":
         from ringreduce import _rendezvous
 
@@ -140,6 +146,9 @@ def init_outcome(rank: int, world: int, behave: dict) -> dict:
     t0 = time.time()
     try:
         rr.init()
+    except KeyboardInterrupt:
+        return {"type": "KeyboardInterrupt", "msg": "", "elapsed": time.time() - t0,
+                "is_rr": False}
     except Exception as e:  # noqa: BLE001 - ValueError or a ringreduce error, both reported
         return {"type": type(e).__name__, "msg": str(e), "elapsed": time.time() - t0,
                 "is_rr": isinstance(e, rr.RingReduceError)}

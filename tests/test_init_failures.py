@@ -124,3 +124,19 @@ def test_store_host_dying_during_init() -> None:
         assert o.ok and v["is_rr"], story
         assert "store failed during init" in v["msg"] and "rank 0" in v["msg"], v["msg"]
         assert v["elapsed"] < 10, story
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_interrupted_during_init_stops_the_others_at_once() -> None:
+    """Rank 1 gets Ctrl-C while init waits for rank 2, which never comes: before, rank 0
+    waited out the connect timeout and blamed rank 2 alone."""
+    outs = _outcomes(3, {"1": "interrupted", "2": "absent"}, expendable=[2],
+                     env={"RINGREDUCE_CONNECT_TIMEOUT": "20"})
+    story = _story(outs)
+    assert outs[1].value["type"] == "KeyboardInterrupt", story
+    v = outs[0].value
+    assert v["type"] == "RingReduceError" and "another rank failed" in v["msg"], story
+    assert "rank 1 was interrupted" in v["msg"], story
+    # At once after the interrupt (1 s into rank 1's init, whose start may lag rank 0's by
+    # a few seconds under load); before, the connect timeout (20 s here).
+    assert v["elapsed"] < 10, f"rank 0 learnt of it only after {v['elapsed']:.1f} s"
