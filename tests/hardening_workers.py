@@ -207,3 +207,19 @@ def concurrent_destroy(rank: int, world: int) -> dict:
     listening = int(os.environ["MASTER_PORT"]) in listening_ports()  # the store: closed last
     first.join(10)
     return {"listening": listening, "first_done": not first.is_alive()}
+
+
+def flight_on_a_group(rank: int, world: int) -> str:
+    """3 ranks; group [1, 2]: world rank 2 stays out of the group's second all-reduce, so
+    world rank 1 (group rank 0) fails on the group and writes the flight recorder."""
+    x = np.ones(8, np.float32)
+    g = rr.new_group([1, 2], timeout=1.5)
+    if g is not None:
+        rr.allreduce(x, group=g)
+    if rank == 1:
+        try:
+            rr.allreduce(x, group=g)
+        except rr.CollectiveTimeout:
+            return "timed out"
+    time.sleep(2.5)
+    return "ok"

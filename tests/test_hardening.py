@@ -326,3 +326,18 @@ def test_ctrl_c_during_destroy_still_closes_the_store() -> None:
 def test_a_second_destroy_returns_once_the_first_has_finished() -> None:
     outs = run_world(2, "hardening_workers:concurrent_destroy", timeout=60, init=False)
     assert outs[0] == {"listening": False, "first_done": True}, outs[0]
+
+
+@pytest.mark.timeout(60)
+def test_a_groups_flight_recorder_is_named_by_world_rank_and_group(tmp_path) -> None:
+    """Group rank 0 (world rank 1) wrote flight.rank0.json, world rank 0's file."""
+    import json
+
+    path = str(tmp_path / "flight")
+    outs = run_world(3, "hardening_workers:flight_on_a_group", timeout=40,
+                     env={"RINGREDUCE_FLIGHT_RECORDER": path})
+    assert outs == ["ok", "timed out", "ok"], outs
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["flight.rank1.group1.json"]
+    dump = json.loads((tmp_path / "flight.rank1.group1.json").read_text(encoding="utf-8"))
+    assert (dump["rank"], dump["group"], dump["group_rank"]) == (1, "group1", 0), dump
+    assert dump["last_collectives"], dump

@@ -4,6 +4,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -184,13 +185,26 @@ void Communicator::poison(const std::string& reason, transport::AbortCode code,
     }
   }
   if (!flightPath_.empty()) {
-    std::string path = flightPath_ + ".rank" + std::to_string(rank_) + ".json";
+    // Named by world rank, plus the group's name for a group (its rank 0 overwrote world
+    // rank 0's file: found by a helper).
+    std::string group;
+    for (char ch : opts_.groupName)
+      group += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+    std::string path = flightPath_ + ".rank" + std::to_string(label(rank_)) +
+                       (group.empty() ? "" : "." + group) + ".json";
     if (FILE* f = std::fopen(path.c_str(), "w")) {
       std::string r = jsonEscape(reason);
-      std::fprintf(f, "{\"rank\": %d, \"world\": %d, \"error\": \"%s\",\n \"last_collectives\": %s}\n",
-                   rank_, world_, r.c_str(), recordsToJson(recorder_.flight()).c_str());
+      std::string g = jsonEscape(opts_.groupName.empty() ? "world" : opts_.groupName);
+      std::fprintf(f,
+                   "{\"rank\": %d, \"world\": %d, \"group\": \"%s\", \"group_rank\": %d, "
+                   "\"error\": \"%s\",\n \"last_collectives\": %s}\n",
+                   label(rank_), world_, g.c_str(), rank_, r.c_str(),
+                   recordsToJson(recorder_.flight()).c_str());
       std::fclose(f);
       RR_WARN("flight recorder written to ", path);
+    } else {
+      RR_WARN("could not write the flight recorder to ", path, ": ", std::strerror(errno),
+              " (RINGREDUCE_FLIGHT_RECORDER)");
     }
   }
   if (dialer_) dialer_->close();
