@@ -330,6 +330,8 @@ def test_wrong_secret_is_refused(world: int) -> None:
     ("RINGREDUCE_TREE_THRESHOLD_BYTES", ("0", "1G")),  # was "pass the same algo="
     ("RINGREDUCE_TRANSPORT", ("tcp", "auto")),  # was "collective mismatch"
     ("RINGREDUCE_HALF_WIRE", ("32", None)),
+    ("RINGREDUCE_HEARTBEAT_INTERVAL", ("3", None)),  # was "rank 1 stopped responding"
+    ("RINGREDUCE_HEARTBEAT_TIMEOUT", ("1", None)),
 ])
 def test_job_wide_settings_that_differ_are_named_at_init(var: str, values: tuple) -> None:
     rank_env = {r: {var: v} for r, v in enumerate(values) if v is not None}

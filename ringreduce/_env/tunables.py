@@ -252,8 +252,10 @@ def _cross_check(t: Any) -> Any:
 # size, half-precision partials), which algorithm runs, or how ranks connect. Init compares
 # them (ringreduce._rendezvous) and names the variable; before, a difference surfaced as a
 # "frame size mismatch" or "pass the same algo=" that blamed the program (found by a helper).
+# The heartbeat pair too: one rank's interval above another's timeout made a live rank
+# "stop responding" (each rank checks only its own pair).
 JOB_WIDE = ("transport", "algo", "segment_bytes", "half_wire", "tree_threshold_bytes",
-            "full_mesh_max")
+            "full_mesh_max", "heartbeat_interval", "heartbeat_timeout")
 
 
 def job_wide(t: Any, options: Mapping[str, Any]) -> str:
