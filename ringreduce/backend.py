@@ -38,8 +38,9 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
 
-from . import _buffers, _state, api, groups, p2p
+from . import _buffers, _env, _state, api, groups, p2p
 from . import _rooted as rooted
 from ._futures import Completion
 
@@ -222,6 +223,8 @@ class _Ops:
         g = _state._DEFAULT[0]
         if g is None:  # the default process group: it makes ringreduce's world
             secs = timeout.total_seconds() if isinstance(timeout, timedelta) else None
+            if timeout == default_pg_timeout and _env.is_set("timeout"):
+                secs = None  # torch passes its default always: RINGREDUCE_TIMEOUT wins it
             api.init(rank=rank, world_size=size, store=store, timeout=secs)
             self._owns = True
             g = _state._DEFAULT[0]

@@ -402,3 +402,25 @@ def backend_suite(rank: int, world: int, reuse: bool) -> dict:
     if reuse and rr.is_initialized():
         rr.barrier()  # the user's communicator still works
     return res
+
+
+def env_timeout(rank: int, world: int, explicit: float | None) -> dict:
+    """RINGREDUCE_TIMEOUT=2 under init_process_group("ringreduce") (timeout= given or not);
+    rank 1 comes 6 s late to the first all_reduce. torch passes its 30-minute default when
+    nobody gives one, which was taken over the variable: the all_reduce just waited."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    kw = {} if explicit is None else {"timeout": timedelta(seconds=explicit)}
+    dist.init_process_group("ringreduce", **kw)
+    if rank == 1:
+        time.sleep(6.0)
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4))
+        out = {"error": None}
+    except Exception as e:  # noqa: BLE001
+        out = {"error": type(e).__name__}
+    out["secs"] = time.monotonic() - t0
+    return out

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from _spawn import free_port, run_command, run_world
+from _spawn import free_port, run_command, run_world, run_world_raw
 
 _ENV = {k: os.environ[k] for k in ("RINGREDUCE_TRANSPORT",) if k in os.environ}
 
@@ -90,3 +90,13 @@ def test_exit_after_async_future_without_destroy():
         runs = list(pool.map(one, range(20)))
     bad = [(rc, out[-2000:]) for rc, out in runs if rc != 0 or out.strip() != "ok"]
     assert not bad, f"{len(bad)} of 20 exits failed; first: rc {bad[0][0]}\n{bad[0][1]}"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("explicit,want", [(None, 2.0), (4.0, 4.0)])
+def test_ringreduce_timeout_applies_unless_torch_is_given_one(explicit, want) -> None:
+    outs = run_world_raw(2, "backend_workers:env_timeout", explicit, timeout=60, init=False,
+                         env={"RINGREDUCE_TIMEOUT": "2"})
+    v = outs[0].value
+    assert outs[0].has_result and v["error"] == "CollectiveTimeout", outs[0].describe()
+    assert want - 0.5 < v["secs"] < want + 1.5, v

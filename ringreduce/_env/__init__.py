@@ -26,6 +26,7 @@ from .tunables import (
     check_seconds,
     core_options,
     describe_tunables,
+    is_set,
     job_wide,
     tunables,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "detect_launch",
     "expand_hostlist",
     "host_identity",
+    "is_set",
     "job_wide",
     "launch_given",
     "resolve",

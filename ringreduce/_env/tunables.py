@@ -230,6 +230,15 @@ def tunables(env: Mapping[str, str] | None = None) -> Tunables:
     return _cross_check(Tunables(**values))
 
 
+def is_set(name: str, env: Mapping[str, str] | None = None) -> bool:
+    """Whether the environment gives tunable `name` (a Tunables field) a value: a default
+    passed down by a framework (torch's process-group timeout) must not override it."""
+    env = os.environ if env is None else env
+    f = next(f for f in dataclasses.fields(Tunables) if f.name == name)
+    raw = env.get(f.metadata["env"])
+    return raw is not None and not (raw.strip() == "" and f.metadata["empty"])
+
+
 def _cross_check(t: Any) -> Any:
     """Values fine alone but not together, or outside what the core accepts."""
     if t.segment_bytes < 64:
