@@ -195,7 +195,7 @@ def _field(row: Mapping[str, Any]) -> tuple[str, Any, Any]:
         default = parse(row["env"], default)
     meta = {"env": row["env"], "parse": parse, "doc": row["doc"], "core": row["core"],
             "kind": _FAULT_FORMAT if kind == "fault" else row["shown"],
-            "empty": kind != "choice_upper"}  # RINGREDUCE_DEBUG='' means errors only
+            "empty": kind != "choice_upper"}  # RINGREDUCE_DEBUG='' means the default (WARN)
     return (row["name"], Any, dataclasses.field(default=default, metadata=meta,
                                                  repr=kind != "secret"))
 
@@ -217,7 +217,7 @@ def core_options(t: Any) -> dict[str, Any]:
 def tunables(env: Mapping[str, str] | None = None) -> Tunables:
     """Read every tunable from ``env`` (default ``os.environ``).
 
-    Unset variables (and empty ones, except RINGREDUCE_DEBUG where '' means errors only) take
+    Unset variables (and empty ones, except RINGREDUCE_DEBUG where '' means WARN, its default) take
     their defaults. Raises ValueError naming the variable, the bad value and what is allowed.
     """
     env = os.environ if env is None else env
