@@ -270,6 +270,8 @@ def test_bad_tunables(name: str, raw: str, allowed: str) -> None:
      "must be shorter"),
     ({"RINGREDUCE_HEARTBEAT_INTERVAL": "1e-9"},  # was accepted: a quarter core per idle rank
      "RINGREDUCE_HEARTBEAT_INTERVAL=1e-09: expected at least 0.01 seconds"),
+    ({"RINGREDUCE_ALGO": "shm", "RINGREDUCE_TRANSPORT": "tcp"},  # was refused at the first
+     "RINGREDUCE_ALGO=shm needs shared memory, which RINGREDUCE_TRANSPORT=tcp"),  # call, as algo=
 ])
 def test_values_the_core_or_each_other_refuse(env: dict, message: str) -> None:
     """Refused when read, naming the variables (were: a ValueError at connect naming no

@@ -254,6 +254,9 @@ def _cross_check(t: Any) -> Any:
             f"RINGREDUCE_HEARTBEAT_TIMEOUT={t.heartbeat_timeout:g} (a peer is declared silent "
             f"after the timeout, so heartbeats must come more often; e.g. at most a quarter "
             f"of it), or set RINGREDUCE_HEARTBEAT_TIMEOUT=0 to turn the check off")
+    if t.algo == "shm" and t.transport == "tcp":  # refused at the first all-reduce, as algo=
+        raise ValueError("RINGREDUCE_ALGO=shm needs shared memory, which "
+                         "RINGREDUCE_TRANSPORT=tcp turns off: unset one of them")
     return t
 
 
