@@ -122,10 +122,20 @@ def _load_tuning(path: str | None) -> dict:
             data = json.load(f)
     except (OSError, ValueError) as e:
         raise ValueError(f"RINGREDUCE_TUNING_FILE={path}: cannot read tuning file: {e}") from e
+    keys = ("alpha_us", "beta_ns_per_byte", "tree_threshold_bytes")
+    if not isinstance(data, dict):
+        raise ValueError(  # noqa: TRY004 - a bad setting, as every other one here
+            f"RINGREDUCE_TUNING_FILE={path}: expected a JSON object with {', '.join(keys)} "
+            f"(what ringreduce-bench --tune writes), got {type(data).__name__}")
     out = {}
-    for k in ("alpha_us", "beta_ns_per_byte", "tree_threshold_bytes"):
+    for k in keys:
         if k in data:
-            out[k] = data[k]
+            v = data[k]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 \
+                    or v == float("inf"):
+                raise ValueError(f"RINGREDUCE_TUNING_FILE={path}: {k}={v!r}: expected a "
+                                 f"finite number >= 0")
+            out[k] = int(v) if k == "tree_threshold_bytes" else float(v)
     return out
 
 

@@ -449,3 +449,21 @@ def test_leftover_rank_variables_under_mpirun_are_an_error() -> None:
     # torchrun under mpirun (one agent per host): WORLD_SIZE >= the MPI process count
     info = env_mod.detect_launch({**env, "RANK": "5", "WORLD_SIZE": "8"})
     assert (info.rank, info.world_size) == (5, 8)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("5", "expected a JSON object"),  # was TypeError: argument of type 'int' is not iterable
+    ('{"alpha_us": "fast"}', "alpha_us='fast': expected a finite number >= 0"),  # pybind cast
+    ('{"beta_ns_per_byte": -1}', "beta_ns_per_byte=-1: expected"),  # was accepted
+    ('{"alpha_us": NaN}', "alpha_us=nan: expected"),
+])
+def test_bad_tuning_files_are_refused_naming_the_variable(tmp_path, text, message) -> None:
+    from ringreduce import api
+
+    f = tmp_path / "tuning.json"
+    f.write_text(text)
+    with pytest.raises(ValueError, match=re.escape(f"RINGREDUCE_TUNING_FILE={f}: ")) as e:
+        api._load_tuning(str(f))
+    assert message in str(e.value)
+    f.write_text('{"alpha_us": 12.5, "tree_threshold_bytes": 65536, "other": 1}')
+    assert api._load_tuning(str(f)) == {"alpha_us": 12.5, "tree_threshold_bytes": 65536}
