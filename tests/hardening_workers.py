@@ -155,6 +155,20 @@ def allgather_after_failure(rank: int, world: int) -> dict:
     return res
 
 
+def _late_goodbye(rank: int, world: int, late_s: float) -> bool:
+    """init() and a checked all-reduce; every rank but 0 then destroys `late_s` late and is
+    done (True); rank 0 goes on (False)."""
+    rr.init(timeout=20)
+    x = np.full(4, float(rank))
+    rr.allreduce(x)
+    assert np.all(x == sum(range(world))), x
+    if rank == 0:
+        return False
+    time.sleep(late_s)
+    rr.destroy()
+    return True
+
+
 def interrupted_destroy(rank: int, world: int) -> dict:
     """Ctrl-C reaches rank 0 (it hosts the store) while its destroy() waits for rank 1's
     goodbye. Before, the store server kept listening (the farewell thread that held it was
@@ -163,13 +177,7 @@ def interrupted_destroy(rank: int, world: int) -> dict:
     import signal
     import threading
 
-    rr.init(timeout=20)
-    x = np.full(4, float(rank))
-    rr.allreduce(x)
-    assert np.all(x == sum(range(world))), x
-    if rank != 0:
-        time.sleep(3.0)
-        rr.destroy()
+    if _late_goodbye(rank, world, 3.0):
         return {}
     threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
     t0, err = time.monotonic(), "none"
@@ -192,13 +200,7 @@ def concurrent_destroy(rank: int, world: int) -> dict:
     at once, with the store still up and the teardown running). Returns rank 0's view."""
     import threading
 
-    rr.init(timeout=20)
-    x = np.full(4, float(rank))
-    rr.allreduce(x)
-    assert np.all(x == sum(range(world))), x
-    if rank != 0:
-        time.sleep(2.0)
-        rr.destroy()
+    if _late_goodbye(rank, world, 2.0):
         return {}
     first = threading.Thread(target=rr.destroy)
     first.start()
