@@ -490,7 +490,10 @@ void runMismatchChecks(Rng& rng) {
     if (rng.chance(0.8)) mutateHeader(rng, b, 0);
     if (rng.chance(0.1)) rng.fill(b.data(), kH);
     FrameHeader got = headerAt(b, 0);
-    std::string mm = describeMismatch(got, want, false, 1, 0);
+    // Roots shown as world ranks (a group's labels), or as they are (none): any value.
+    const std::vector<int> labels =
+        rng.chance(0.5) ? std::vector<int>{} : std::vector<int>{5, 3, 9};
+    std::string mm = describeMismatch(got, want, false, 1, 0, labels);
     FZ_CHECK(mm.empty() == sameFields(got, want), "describeMismatch said '", mm, "'");
     ++gStats.mismatchChecks;
   }
