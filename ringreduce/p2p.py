@@ -210,10 +210,16 @@ def _send_later(world: Group, g: Group, start: Any, dst: int, tag: int) -> None:
                       "posted its receive, failed: %s", world.rank, dst, tag, dst, e)
 
     t = threading.Thread(target=run, name="ringreduce-p2p-eager", daemon=True)
+    _outstanding(world, t, dst, tag, g)
+    t.start()
+
+
+def _outstanding(world: Group, waiter: Any, dst: int, tag: int, g: Group) -> None:
+    """Keep `waiter` (is_alive / join: a send's thread, or an unwaited isend) for destroy()
+    and g.destroy(), which complete it (_state.Group.eager); drops the finished ones."""
     with _LOCK:
         world.eager[:] = [e for e in world.eager if e[0].is_alive()]
-        world.eager.append((t, dst, tag, g))
-    t.start()
+        world.eager.append((waiter, dst, tag, g))
 
 
 class _Unwaited:
@@ -249,11 +255,7 @@ def _unwaited(w: Any, dst: int, tag: int, group: Any) -> Any:
     """Register isend's Work `w` on `group` with the world, whose destroy() (and the
     group's) completes it."""
     if w is not None:
-        world = _state._DEFAULT[0]
-        g = _state.resolve(group, "isend()")
-        with _LOCK:
-            world.eager[:] = [e for e in world.eager if e[0].is_alive()]
-            world.eager.append((_Unwaited(w), dst, tag, g))
+        _outstanding(_state._DEFAULT[0], _Unwaited(w), dst, tag, _state.resolve(group, "isend()"))
     return w
 
 
@@ -489,9 +491,10 @@ def _channel(g: Group, world: Group, src: int, dst: int, tag: int) -> Group:
                 if gone:
                     for ch in (up, down):
                         groups.destroy_group(ch, world)
-                    raise _rendezvous._rr_error(f"rank {world.rank}: {g.name} was destroyed while the "
-                                    f"channel {src} -> {dst} for tag {tag} was being made; "
-                                    "wait for a group's isend/irecv before destroying it")
+                    raise _rendezvous._rr_error(
+                        f"rank {world.rank}: {g.name} was destroyed while the channel {src} "
+                        f"-> {dst} for tag {tag} was being made; wait for a group's "
+                        "isend/irecv before destroying it")
                 if tags:
                     _warn_many(world, made, tags)
                 if tag == 0:

@@ -223,20 +223,24 @@ def tunables(env: Mapping[str, str] | None = None) -> Tunables:
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
     for f in dataclasses.fields(Tunables):
-        raw = env.get(f.metadata["env"])
-        if raw is None or (raw.strip() == "" and f.metadata["empty"]):
-            continue
-        values[f.name] = f.metadata["parse"](f.metadata["env"], raw)
+        raw = _given(f, env)
+        if raw is not None:
+            values[f.name] = f.metadata["parse"](f.metadata["env"], raw)
     return _cross_check(Tunables(**values))
+
+
+def _given(f: dataclasses.Field, env: Mapping[str, str]) -> str | None:
+    """The raw value the environment gives tunable field `f`; None: unset, or empty where
+    empty means unset."""
+    raw = env.get(f.metadata["env"])
+    return None if raw is None or (raw.strip() == "" and f.metadata["empty"]) else raw
 
 
 def is_set(name: str, env: Mapping[str, str] | None = None) -> bool:
     """Whether the environment gives tunable `name` (a Tunables field) a value: a default
     passed down by a framework (torch's process-group timeout) must not override it."""
-    env = os.environ if env is None else env
     f = next(f for f in dataclasses.fields(Tunables) if f.name == name)
-    raw = env.get(f.metadata["env"])
-    return raw is not None and not (raw.strip() == "" and f.metadata["empty"])
+    return _given(f, os.environ if env is None else env) is not None
 
 
 def _cross_check(t: Any) -> Any:
