@@ -247,6 +247,25 @@ def sc_static_graph(rank: int, world: int, steps: int = 4) -> dict:
     return {"diff": maxdiff(model, ref), "never_grad_none": model.never.weight.grad is None}
 
 
+def sc_static_graph_rank_branch(rank: int, world: int, steps: int = 3) -> dict:
+    """static_graph with `c` used on rank 0 only, every step (a static graph per rank, as
+    torch allows): rank 1 failed step 2 ("did not receive a gradient": only parameters
+    unused on every rank were pre-marked). The reference averages every rank's gradient."""
+    model, ref = make(Branchy)
+    ddp = DDP(model, static_graph=True, bucket_cap_mb=TINY_CAP_MB)
+    opt, ropt = sgd(ddp), sgd(ref)
+    for s in range(steps):
+        x, y = batch(s, world)
+        opt.zero_grad()
+        F.mse_loss(ddp(shard(x, rank), use_c=rank == 0), shard(y, rank)).backward()
+        opt.step()
+        ropt.zero_grad()
+        for r in range(world):
+            (F.mse_loss(ref(shard(x, r), use_c=r == 0), shard(y, r)) / world).backward()
+        ropt.step()
+    return {"diff": maxdiff(model, ref), "never_grad_none": model.never.weight.grad is None}
+
+
 def sc_hook_order(rank: int, world: int, steps: int = 3) -> dict:
     """A user hook sees GradBucket objects; buckets are launched in index order."""
     model, ref = make(MLP)
@@ -692,6 +711,7 @@ SCENARIOS: dict = {
     "unused": lambda r, w: sc_unused(r, w),
     "unused_view": lambda r, w: sc_unused(r, w, gradient_as_bucket_view=True),
     "static_graph": sc_static_graph,
+    "static_graph_rank_branch": sc_static_graph_rank_branch,
     "hook_order": sc_hook_order,
     "rebuild": sc_rebuild,
     "unused_error": sc_unused_error,

@@ -62,7 +62,8 @@ def _get(suite, name):
 
 @pytest.mark.parametrize("name", ["plain", "plain_wide", "plain_wide_keep",
                                   "plain_tiny_buckets_f64", "no_sync", "no_sync_view",
-                                  "static_graph", "hook_order", "rebuild"])
+                                  "static_graph", "static_graph_rank_branch", "hook_order",
+                                  "rebuild"])
 def test_matches_single_process(suite, name):
     _, res = _get(suite, name)
     for rank, r in enumerate(res):

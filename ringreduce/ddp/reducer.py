@@ -113,7 +113,11 @@ class Reducer:
         self.comm_hook_state: Any = None
         self.stats = Stats()
         self._index_of = {id(p): i for i, p in enumerate(params)}
-        self._static_unused: list | None = None  # static_graph: learned in iteration 1
+        # static_graph, learned in iteration 1: the parameters unused on every rank (their
+        # .grad is left alone), and those unused on this rank (marked ready, zeros, by the
+        # first hook: a branch only another rank takes still gets its average, as torch's).
+        self._static_unused: list | None = None
+        self._static_mine: list = []
         # Detection mode: parameters that got a gradient in no_sync() backwards since the
         # last synchronised iteration (torch's local_used_map counts them too).
         self._used_unsynced: set = set()
@@ -212,7 +216,7 @@ class Reducer:
         elif self.static_graph:
             # Learned from the gradients of the first backward (as torch's static graph),
             # not from the graph, which reentrant checkpointing hides.
-            self._unused_pending = list(self._static_unused or [])
+            self._unused_pending = list(self._static_mine)
 
     def _close_stale(self) -> None:
         """The previous synchronised forward's iteration never finished."""
@@ -427,6 +431,7 @@ class Reducer:
             if (self.static_graph and self._static_unused is None and global_unused is not None
                     and (from_engine or self.join_mode)):
                 self._static_unused = [i for i, u in enumerate(global_unused) if u]
+                self._static_mine = [i for i in missing if i not in self._used_unsynced]
             # Inside join() the rebuild must not depend on what this rank saw: joined ranks
             # replay it unconditionally after the first shadowed iteration. Nor on this
             # rank's unused-parameter error (the others, without one, rebuild: the error is
@@ -541,6 +546,7 @@ class Reducer:
             used_work.wait()
             if self.static_graph and self._static_unused is None:
                 self._static_unused = [i for i, u in enumerate(used_map.tolist()) if not u]
+                self._static_mine = list(range(self.n))  # joined: this rank uses none
         if not self._rebuilt:
             self._rebuild([])  # rank 0's order (or, if rank 0 joined, registration order)
 
