@@ -313,6 +313,17 @@ def ddp_on_groups(rank: int, world: int) -> list:
     for (n, p), q in zip(model.module.named_parameters(), ref.parameters()):
         if not torch.allclose(p, q, atol=1e-6):
             fails.append(f"{n}: {p.flatten()[:3]} != reference {q.flatten()[:3]}")
+    # World rank 3 builds a different model: its group's error names world ranks (it named
+    # group ranks: "rank(s) [1] differ from rank 0", blaming healthy world rank 1).
+    torch.manual_seed(0)
+    odd = torch.nn.Sequential(torch.nn.Linear(4, 5 if rank == 3 else 3))
+    try:
+        rr.DistributedDataParallel(odd, process_group=halves)
+        if rank >= 2:
+            fails.append("no error for world rank 3's different model")
+    except ValueError as e:
+        if rank < 2 or "rank(s) [3] differ from rank 2" not in str(e):
+            fails.append(f"mismatch error: {e}")
     return fails
 
 

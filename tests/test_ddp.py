@@ -246,6 +246,8 @@ def test_rejects_unsupported_arguments(single_process):
         DDP(nn.Linear(2, 2), mixed_precision=object())
     with pytest.raises(TypeError, match="unexpected"):
         DDP(nn.Linear(2, 2), bogus=1)
+    with pytest.raises(RuntimeError, match="uninitialized parameters.*dummy forward"):
+        DDP(nn.LazyLinear(2))  # torch's error, not a shape access deep inside the check
     frozen = nn.Linear(2, 2).requires_grad_(False)
     with pytest.raises(RuntimeError, match="not needed when a module doesn't have any parameter"):
         DDP(frozen)  # as torch

@@ -61,22 +61,23 @@ def verify_shapes(names: Sequence[str], params: Sequence[torch.Tensor], rank: in
         for k, s in enumerate(list(p.shape)[:8]):
             enc[4 + k] = s
     encs = api.allgather(enc, group=group)
+    at = world_ranks(group, world)  # messages name world ranks, as every other error does
     per_rank = []
     any_buffers = bool((gathered[:, 0] != gathered[:, 1]).any())
     for r in range(world):
         e = encs[r].tolist()
         if not e[0]:
             n, np_ = int(gathered[r, 0]), int(gathered[r, 1])
-            per_rank.append(f"rank {r}: none (it has {np_} parameters" + (
+            per_rank.append(f"rank {at[r]}: none (it has {np_} parameters" + (
                 f" and {n - np_} buffers)" if any_buffers else ")"))
             continue
         shape = tuple(e[4:4 + min(e[1], 8)])
         dt = str(_DTYPES[e[2]]).replace("torch.", "") if e[2] >= 0 else "?"
-        per_rank.append(f"rank {r}: {shape} {dt}" + ("" if e[3] else " (requires_grad=False)"))
+        per_rank.append(f"rank {at[r]}: {shape} {dt}" + ("" if e[3] else " (requires_grad=False)"))
     name = f"'{names[first]}'" if first < len(names) else "absent"
     # Which ranks disagree with rank 0 at that entry (all do the same arithmetic).
-    odd = [r for r in range(world) if r and not bool((encs[r] == encs[0]).all())]
-    who = f"; rank(s) {odd} differ from rank 0" if odd else ""
+    odd = [at[r] for r in range(world) if r and not bool((encs[r] == encs[0]).all())]
+    who = f"; rank(s) {odd} differ from rank {at[0]}" if odd else ""
     # What entry `first` is, as the lowest rank that has one there sees it (the same words
     # on every rank, also when the ranks' parameter counts differ).
     owner = next((r for r in range(world) if int(gathered[r, 0]) > first), 0)
@@ -84,10 +85,16 @@ def verify_shapes(names: Sequence[str], params: Sequence[torch.Tensor], rank: in
     kind, idx = ("buffer", first - np0) if first >= np0 else ("parameter", first)
     raise ValueError(
         f"DistributedDataParallel: the model differs across ranks at {kind} {idx} "
-        f"({name} on rank {rank}{who}): "
+        f"({name} on rank {at[rank]}{who}): "
         + "; ".join(per_rank) +
         ". Every rank must construct the same model (same layers, shapes, dtypes and "
         "requires_grad) before wrapping it.")
+
+
+def world_ranks(group: Any, size: int) -> list:
+    """World rank of each rank of `group` (None: the world), for messages."""
+    ranks = getattr(group, "ranks", None)
+    return list(ranks) if ranks is not None and len(ranks) == size else list(range(size))
 
 
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .. import api
-from ._sync import broadcast_tensors
+from ._sync import broadcast_tensors, world_ranks
 
 if TYPE_CHECKING:
     from .wrapper import DistributedDataParallel
@@ -151,10 +151,12 @@ class Join:
         throw_on_early_termination, or when the active ranks disagree."""
         active = [r for r, c in enumerate(codes) if c]
         joined = [r for r, c in enumerate(codes) if not c]
+        at = world_ranks(self.ddp.process_group, len(codes))  # messages name world ranks
         if self.throw and joined:
             raise UnevenInputsError(
                 f"DistributedDataParallel.join(throw_on_early_termination=True): rank(s) "
-                f"{joined} exhausted their inputs (detected on rank {self.ddp._rank}); every "
+                f"{[at[r] for r in joined]} exhausted their inputs (detected on rank "
+                f"{at[self.ddp._rank]}); every "
                 f"rank raises this error at the same iteration, so the process group stays "
                 f"usable. Catch it on all ranks, or use throw_on_early_termination=False to "
                 f"let the other ranks finish their inputs.")
@@ -162,7 +164,7 @@ class Join:
             def say(c: int) -> str:
                 return ("synchronised backward" if c & GRAD_SYNC else
                         "no gradient sync (torch.no_grad() or no_sync())")
-            detail = "; ".join(f"rank {r}: {say(codes[r])}"
+            detail = "; ".join(f"rank {at[r]}: {say(codes[r])}"
                                + (", buffer broadcast" if codes[r] & BUFFERS else "")
                                for r in active)
             raise RuntimeError(

@@ -145,6 +145,11 @@ class DistributedDataParallel(nn.Module):
                 f"sparse=True); use sparse=False, or torch.nn.parallel.DistributedDataParallel "
                 f"over the 'ringreduce' backend, which reduces them")
         params_all = list(module.named_parameters())
+        if any(isinstance(p, nn.parameter.UninitializedParameter) for _, p in params_all):
+            raise RuntimeError(  # torch's words (a lazy module before its first forward)
+                "Modules with uninitialized parameters can't be used with "
+                "`DistributedDataParallel`. Run a dummy forward pass to correctly initialize "
+                "the modules")
         ignore = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()) or ())
         if not any(p.requires_grad for n, p in params_all if n not in ignore):
             raise RuntimeError("DistributedDataParallel is not needed when a module doesn't "
