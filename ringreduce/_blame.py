@@ -1,7 +1,8 @@
-"""In a rank of ringreduce-run: mark an exit on an uncaught PeerFailure for the launcher
-(ringreduce/run.py reads the marks to blame the rank that failed first). Its own module:
-``import ringreduce`` installs it, and importing ringreduce.run instead made ``python -m
-ringreduce.run`` warn that the module was already imported."""
+"""In a rank of ringreduce-run: mark an exit on an uncaught PeerFailure (or another error
+that only relays another rank's failure) for the launcher (ringreduce/run.py reads the
+marks to blame the rank that failed first). Its own module: ``import ringreduce`` installs
+it, and importing ringreduce.run instead made ``python -m ringreduce.run`` warn that the
+module was already imported."""
 
 from __future__ import annotations
 
@@ -10,6 +11,15 @@ import sys
 
 # ringreduce/run.py sets it (its PEER_FAILURES_VAR: the same name; that file runs standalone).
 PEER_FAILURES_VAR = "RINGREDUCE_RUN_PEER_FAILURES"
+
+
+def is_secondary(e: BaseException, peer_failure: type[BaseException]) -> bool:
+    """A PeerFailure, or an error that relays another rank's (SECONDARY set: "stopped
+    waiting ... because another rank failed", read from the store during set-up)."""
+    return isinstance(e, peer_failure) or bool(getattr(e, SECONDARY, False))
+
+
+SECONDARY = "ringreduce_relayed"  # attribute set on errors that relay another rank's
 
 
 def mark_peer_failures(peer_failure: type[BaseException]) -> None:
@@ -27,10 +37,10 @@ def mark_peer_failures(peer_failure: type[BaseException]) -> None:
     def hook(kind: type[BaseException], value: BaseException, tb: object) -> None:
         seen: BaseException | None = value
         for _ in range(16):  # a bounded walk down the chain (it may be a cycle)
-            if seen is None or isinstance(seen, peer_failure):
+            if seen is None or is_secondary(seen, peer_failure):
                 break
             seen = seen.__cause__ or seen.__context__
-        if isinstance(seen, peer_failure):
+        if seen is not None and is_secondary(seen, peer_failure):
             try:
                 open(os.path.join(folder, str(os.getpid())), "x").close()
             except OSError:

@@ -35,8 +35,9 @@ def _store_port(store: Any) -> int | None:
     return None if s is None else s.port
 
 
-def _socket_inodes() -> set:
-    out = set()
+def _socket_fds() -> dict:
+    """This process's sockets: inode -> fd."""
+    out = {}
     try:
         for fd in os.listdir("/proc/self/fd"):
             try:
@@ -44,21 +45,16 @@ def _socket_inodes() -> set:
             except OSError:
                 continue
             if link.startswith("socket:["):
-                out.add(link[8:-1])
+                out[link[8:-1]] = int(fd)
     except OSError:
         pass
     return out
 
 
-def server_closed(store: Any) -> bool:
-    """True if every connection of this process to the store's port is half-closed by the
-    server (CLOSE_WAIT) -- it stopped; False when one is still open, or it cannot be told
-    (no /proc, not a TCPStore, no connection found)."""
-    port = _store_port(store)
-    if port is None:
-        return False
-    mine = _socket_inodes()
-    states = []
+def _connections(port: int) -> list:
+    """(tcp state, fd) of this process's TCP connections whose remote port is `port`."""
+    mine = _socket_fds()
+    out = []
     for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
         try:
             with open(table) as f:
@@ -68,7 +64,24 @@ def server_closed(store: Any) -> bool:
                     if len(cols) < 10 or cols[9] not in mine:
                         continue
                     if int(cols[2].rsplit(":", 1)[1], 16) == port:
-                        states.append(cols[3])
+                        out.append((cols[3], mine[cols[9]]))
         except OSError:
             continue
+    return out
+
+
+def client_fds(port: int) -> list:
+    """The fds of this process's connections to `port` (a store's clients, not its server's
+    accepted sockets: those have it as their local port)."""
+    return [fd for _, fd in _connections(port)]
+
+
+def server_closed(store: Any) -> bool:
+    """True if every connection of this process to the store's port is half-closed by the
+    server (CLOSE_WAIT) -- it stopped; False when one is still open, or it cannot be told
+    (no /proc, not a TCPStore, no connection found)."""
+    port = _store_port(store)
+    if port is None:
+        return False
+    states = [state for state, _ in _connections(port)]
     return bool(states) and all(s == _CLOSE_WAIT for s in states)

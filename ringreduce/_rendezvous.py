@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import os
 import secrets
 import sys
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from . import _env, _procnet, _state
+from . import _blame, _env, _procnet, _state, _store_guard
 
 _STORES: dict[tuple, Any] = {}  # (addr, port) -> the TCPStore made here, while acquired
 _REFS: dict[tuple, int] = {}  # (addr, port) -> how many make_store calls hold it
@@ -254,6 +255,8 @@ def release_store(key: tuple | None, rank: int, world: int, prefix: str, timeout
         del _STORES[key], _REFS[key]
         _IN_RANK0.discard(id(store))  # the id may be reused by a later object
         # 2 references = `store` here + getrefcount's argument: no Python code holds it.
+        if key in _MASTER and sys.getrefcount(store) > 2:
+            gc.collect()  # a failed wait's traceback cycle: its frames hold the store
         closing = (key in _MASTER and sys.getrefcount(store) <= 2
                    and not _torch_holds(store))
         _MASTER.discard(key)
@@ -504,14 +507,17 @@ def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,
 
     rank = _speaker(rank)
     try:
-        _wait_for(store, keys, timeout, rank, what, prefix, hint)
+        with _store_guard.deadline(store, timeout + _store_guard.MARGIN_S):
+            _wait_for(store, keys, timeout, rank, what, prefix, hint)
+    except _store_guard.StoreSilent as e:
+        raise _store_guard.silent_error(rank, f"the wait for {what}", store, e) from e
     except RingReduceError:
         raise  # ours (a timeout, another rank's failure): it says what happened
     except RuntimeError as e:  # torch's DistStoreError / DistNetworkError: the store is gone
         watch = getattr(_WATCH, "v", None)
         if watch is not None:  # because this rank's destroy() released it meanwhile?
             check_destroyed(watch[0], what)
-        raise _store_failed(rank, f"the wait for {what}", e, store) from e
+        raise _store_guard.store_failed(rank, f"the wait for {what}", e, store) from e
 
 
 def _raise_posted(store: Any, stops: list, rank: int, what: str) -> None:
@@ -521,9 +527,10 @@ def _raise_posted(store: Any, stops: list, rank: int, what: str) -> None:
         return
     kind, _, msg = store.get(stop).decode().partition("\n")
     msg = f"rank {rank}: stopped waiting for {what} because another rank failed: {msg}"
-    if kind == "ValueError":  # bad settings: the same class on every rank
-        raise ValueError(msg)
-    raise _timeout_error(msg) if kind == "CollectiveTimeout" else _rr_error(msg)
+    err = ValueError(msg) if kind == "ValueError" else (  # bad settings: the same class
+        _timeout_error(msg) if kind == "CollectiveTimeout" else _rr_error(msg))
+    setattr(err, _blame.SECONDARY, True)  # the launcher blames the rank that posted it
+    raise err
 
 
 def _wait_for(store: Any, keys: list[str], timeout: float, rank: int, what: str,
@@ -566,14 +573,15 @@ def allgather(store: Any, prefix: str, rank: int, world: int, timeout: float, st
     p = f"{prefix}shm/{step}/"
     keys = [p + str(r) for r in range(world)]
     try:
-        store.set(p + str(rank), value)
-        _wait(store, keys, timeout, rank, f"all ranks to reach shared memory setup ({step})",
-              prefix)
-        return [v.decode() for v in store.multi_get(keys)]
+        with _store_guard.store_used(rank, "a group's shared memory setup", store, timeout):
+            store.set(p + str(rank), value)
+            _wait(store, keys, timeout, rank, f"all ranks to reach shared memory setup "
+                  f"({step})", prefix)
+            return [v.decode() for v in store.multi_get(keys)]
     except RingReduceError:
         raise  # ours (a timeout, another rank's failure): it says what happened
     except RuntimeError as e:  # torch's DistStoreError / DistNetworkError: the store is gone
-        raise _store_failed(rank, "a group's shared memory setup", e, store) from e
+        raise _store_guard.store_failed(rank, "a group's shared memory setup", e, store) from e
 
 
 def _fail(store: Any, prefix: str, error: Exception) -> Exception:
@@ -602,22 +610,29 @@ def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None
 
     during = "init" if prefix is None else "a group's creation"
     try:
-        return _exchange(store, rank, world, my_addr, secret, timeout, my_hb, prefix, settings)
+        # Three waits of at most `timeout` each: a call stuck in torch's client past that.
+        with _store_guard.deadline(store, 3 * timeout + _store_guard.MARGIN_S):
+            return _exchange(store, rank, world, my_addr, secret, timeout, my_hb, prefix,
+                             settings)
+    except _store_guard.StoreSilent as e:
+        raise _store_guard.silent_error(rank, during, store, e) from e
     except KeyboardInterrupt:
         # Ctrl-C on this rank only (a debugger, a signal to one pid): the others stop at
         # their next poll, not at the connect timeout. (A store that is gone: they find out.)
-        _fail(store, _world_prefix() if prefix is None else prefix,
-              _rr_error(f"rank {rank} was interrupted (KeyboardInterrupt) during {during}"))
+        # A group's creation says so itself, naming the group (groups._interrupts_told).
+        if prefix is None:
+            _fail(store, _world_prefix(), _rr_error(
+                f"rank {rank} was interrupted (KeyboardInterrupt) during {during}"))
         raise
     except (ValueError, RingReduceError) as e:
         gone = getattr(e, "store_error", None)  # _wait's: say which phase it was
         if gone is not None:
-            raise _store_failed(rank, during, gone, store) from gone
+            raise _store_guard.store_failed(rank, during, gone, store) from gone
         if rank == 0 and prefix is None:  # init: this process usually hosts the store and
             _linger(store, world)  # may exit next: let the others read "failed". A group's
         raise  # store is the world's, which outlives this error: nothing to wait for
     except RuntimeError as e:  # torch's DistStoreError / DistNetworkError: the store is gone
-        raise _store_failed(rank, during, e, store) from e
+        raise _store_guard.store_failed(rank, during, e, store) from e
 
 
 def _same_settings(per_rank: list, rank: int) -> None:
@@ -655,46 +670,6 @@ def _first_line(e: Exception) -> str:
     when it has no text."""
     text = str(e).strip()
     return text.splitlines()[0] if text else repr(e)
-
-
-@contextlib.contextmanager
-def store_used(rank: int, during: str, store: Any) -> Iterator[None]:
-    """Store calls inside: torch's DistError (the store went away) becomes _store_failed's
-    error; everything else (ours, e.g. a timeout or the fd-limit check) passes unchanged."""
-    try:
-        yield
-    except _torch_store().DistError as e:
-        raise _store_failed(rank, during, e, store) from e
-
-
-def _store_failed(rank: int, during: str, e: Exception, store: Any = None) -> Exception:
-    """The error for a store that stopped answering. One that world rank 0's process serves
-    (not the launcher's agent's, not the caller's own) means rank 0 is gone: a PeerFailure
-    naming it (peer_rank 0), as any other dead peer is named -- before, a RingReduceError
-    that `except rr.PeerFailure` missed (found by a helper)."""
-    why = f"{type(e).__name__}: {_first_line(e)}"
-    rank = _speaker(rank)
-    if store is not None and id(store) in _IN_RANK0:
-        from ._C import PeerFailure
-
-        if _rank0_left():
-            err = PeerFailure(
-                f"rank {rank}: the rendezvous store failed during {during} ({why}); rank 0's "
-                f"process serves it, and rank 0 left the job (destroy()) and exited: nothing "
-                f"can be set up through the store after that -- create groups and "
-                f"point-to-point channels before rank 0 calls destroy(), or let a launcher "
-                f"host the store (torchrun, ringreduce.run)")
-            err.peer_rank, err.cause = 0, "left"  # type: ignore[attr-defined]
-        else:
-            err = PeerFailure(f"rank {rank}: the rendezvous store failed during {during} "
-                              f"({why}); rank 0's process serves it: rank 0 exited or crashed")
-            err.peer_rank, err.cause = 0, "closed"  # type: ignore[attr-defined]
-    else:
-        err = _rr_error(f"rank {rank}: the rendezvous store failed during {during} ({why}); "
-                        f"the store lives in rank 0 (or the launcher's agent) -- did it exit "
-                        f"or crash?")
-    err.store_error = e  # type: ignore[attr-defined]
-    return err
 
 
 def _speaker(rank: int) -> int:

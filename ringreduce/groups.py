@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from . import _comm, _env, _rendezvous, _state, _work
+from . import _comm, _env, _rendezvous, _state, _store_guard, _work
 from ._buffers import as_buffer
 from ._state import Group
 
@@ -93,9 +93,10 @@ def from_store(store: Any, rank: int, size: int, name: str,
     # restarts when the default group is destroyed, so after a re-init the same PrefixStore
     # still holds the keys of the earlier group of that name.
     p = f"ringreduce/{world.options.get('session', '')[:16]}/"
-    store.set(f"{p}grank/{rank}", str(world.rank))
     keys = [f"{p}grank/{r}" for r in range(size)]
-    with _interrupts_told(world, store, p, name):
+    with _interrupts_told(world, store, p, name), \
+            _store_guard.store_used(world.rank, f"creating {name}", store, 4 * timeout):
+        store.set(f"{p}grank/{rank}", str(world.rank))
         # The members are known once all have started: until then any rank's failure stops it.
         with _rendezvous.watching(world, [r for r in range(world.world_size)
                                           if r != world.rank]):
@@ -289,7 +290,8 @@ def _make(world: Group, members: list[int], prefix: str, name: str,
     with _rendezvous.also_stop_on(out_of_step + "failed"), \
             _rendezvous.watching(world, [m for m in members if m != world.rank]), \
             _interrupts_told(world, store, prefix, name), \
-            _rendezvous.store_used(world.rank, f"creating {name}", store):
+            _store_guard.store_used(world.rank, f"creating {name}", store,
+                                    4 * _setup_secs(world, timeout)):
         if not p2p:  # a channel's members follow from its key: nothing to compare
             _agree(store, prefix, me, members, _setup_secs(world, timeout), name,
                    out_of_step)
@@ -344,11 +346,12 @@ def _left_out(world: Group, prefix: str, members: list[int], name: str) -> None:
            f"other ranks list it as a member; every rank must create groups in the same "
            f"order with the same ranks")
     try:
-        store.set(f"{prefix}left-out/{me}", f"ValueError\n{msg}")  # group rank 0's members
-        store.append(prefix + "left-out", f"{me}:{text};")  # for group rank 0 (_agree)
-        first = store.get(prefix + "members").decode() if store.check([prefix + "members"]) \
-            else ""
-    except (RuntimeError, NotImplementedError):  # a store without append: no check
+        with _store_guard.deadline(store, _setup_secs(world, None)):  # a frozen store host
+            store.set(f"{prefix}left-out/{me}", f"ValueError\n{msg}")  # group rank 0's members
+            store.append(prefix + "left-out", f"{me}:{text};")  # for group rank 0 (_agree)
+            first = store.get(prefix + "members").decode() \
+                if store.check([prefix + "members"]) else ""
+    except (RuntimeError, NotImplementedError, _store_guard.StoreSilent):  # no append: no check
         return
     if first and str(me) in first.split(","):
         err = ValueError(f"{name}: world rank {me} was called with ranks [{text}], without "

@@ -40,7 +40,7 @@ import time
 import traceback
 from typing import Any
 
-from . import _C, _buffers, _rendezvous, _state, groups
+from . import _C, _buffers, _rendezvous, _state, _store_guard, groups
 from ._state import Group
 
 log = logging.getLogger("ringreduce")
@@ -365,11 +365,9 @@ def _match(g: Group, world: Group, peers: list[int], tag: int, what: str,
 def _wanted(g: Group, world: Group, src: int, tag: int) -> bool:
     lo, hi = min(src, world.rank), max(src, world.rank)
     store = g.store  # None: destroyed meanwhile (the caller's next check says so)
-    try:
+    with _store_guard.store_used(world.rank, f"a receive from any rank (tag {tag})", store,
+                                 _deadline(g, world)[0]):
         return store is not None and bool(store.check([f"{_base(g, lo, hi, tag)}want{src}"]))
-    except RuntimeError as e:  # torch's DistNetworkError: the store is gone
-        raise _rendezvous._store_failed(world.rank, f"a receive from any rank (tag {tag})",
-                                        e, store) from e
 
 
 def _base(g: Group, lo: int, hi: int, tag: int) -> str:
@@ -511,7 +509,8 @@ def _make_pair(g: Group, world: Group, lo: int, hi: int, src: int, dst: int,
     where = "" if g is world else f" in {g.name}"
     during = f"making the channel {src} -> {dst} for tag {tag}{where}"
     with _rendezvous.watching(world, [peer]), \
-            _rendezvous.store_used(world.rank, during, store):  # names rank 0 `left` if so
+            _store_guard.store_used(world.rank, during, store,  # names rank 0 `left` if so
+                                    _deadline(g, world)[0]):
         store.set(f"{base}want{world.rank}", b"1")  # for any-source receivers
     _meet(g, world, store, base, peer, src, dst, tag)
     # A group's own timeout bounds its channels' waits too (world channels: None, the world's).

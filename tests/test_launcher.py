@@ -253,7 +253,7 @@ def test_failing_rank_stops_the_others(marker: str) -> None:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("mode,code,opts", [("codes", 3, ()), ("exc", 1, ()),
                                             ("exc", 1, ("--no-prefix",)),
-                                            ("exc-torch", 1, ())])
+                                            ("exc-torch", 1, ()), ("relayed", 1, ())])
 def test_the_rank_that_failed_first_is_named_not_the_first_seen(
         marker: str, mode: str, code: int, opts: tuple[str, ...]) -> None:
     """Rank 0's exit (code 1, the PeerFailure its peer's exit causes) is seen before rank
@@ -262,7 +262,9 @@ def test_the_rank_that_failed_first_is_named_not_the_first_seen(
     1, rank 0 on a PeerFailure, rank 1 on a ValueError; rank 0 was named (found by a
     helper), and still was with --no-prefix (as ringreduce-bench launches) or under torch's
     excepthook (which prefixes the traceback's lines): the launcher read the traceback's
-    last line. Both are reported; the launcher exits with the code named."""
+    last line. "relayed": rank 0 fails on set-up's error relaying a failure rank 1 posted
+    to the store, not a PeerFailure; rank 0 was named (found by a helper). Both are
+    reported; the launcher exits with the code named."""
     r = _launch("-n", "3", *opts, _script("exit_chain.py"), marker, mode)
     assert r.returncode == code, r.stderr
     last = r.stderr.strip().splitlines()[-1]

@@ -4,7 +4,9 @@ exit with 1 on an uncaught exception: rank 0's a ringreduce PeerFailure (raised 
 handling another error, as a wrapper would), rank 1's a ValueError. "exc-torch" as "exc",
 under the excepthook torch.distributed installs, which prefixes every line with "[rankN]: ".
 
-Usage: exit_chain.py MARKER [codes|exc|exc-torch]
+"relayed": rank 0's error relays a failure rank 1 posted to the store (set-up's waits).
+
+Usage: exit_chain.py MARKER [codes|exc|exc-torch|relayed]
 """
 
 import io
@@ -36,6 +38,17 @@ first = os.path.join(tempfile.gettempdir(), f"{sys.argv[1]}-rank0-failed")
 if rank == "0":
     time.sleep(0.5)
     open(first, "w").close()
+    if mode == "relayed":  # set-up's error relaying a failure another rank posted
+        from ringreduce import _rendezvous
+
+        class Posted:  # a store holding rank 1's posted failure
+            def check(self, keys: list) -> bool:
+                return True
+
+            def get(self, key: str) -> bytes:
+                return b"RingReduceError\nrank 1 was interrupted during init"
+
+        _rendezvous._raise_posted(Posted(), ["failed"], 0, "init")
     if mode != "codes":
         try:
             raise ringreduce.PeerFailure("rank 1 (127.0.0.1) exited")

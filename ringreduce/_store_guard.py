@@ -1,0 +1,207 @@
+"""Deadlines for talking to the rendezvous store.
+
+torch's TCPStore client waits without end for a server that accepts and never answers: a
+store host frozen by SIGSTOP or a debugger, swapping, or cut off by a partition that drops
+packets. check/add/set block in recv, and get blocks after its own timeout (measured, torch
+2.13). ringreduce talks to the store after init too -- creating groups, the first message
+between two ranks on a tag, an any-source receive -- so such a store hung them silently.
+
+`deadline(store, seconds)` bounds a block of store calls: a watchdog thread shuts the
+process's connections to the store's port down once `seconds` pass with the block still
+running, which makes the call in flight return (torch raises), and the block raises
+`StoreSilent` instead. The connection stays shut: every later call fails at once too
+(`was_cut`), which is right -- a frozen server cannot be told apart from a dead one, and a
+store that answers again later finds the job already failed. Reading /proc sends nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from . import _procnet
+
+# A block's deadline is its own timeout plus this: its waits stop themselves at the timeout
+# (polling); only a call stuck in torch's client runs past it.
+MARGIN_S = 10.0
+
+
+class StoreSilent(Exception):
+    """A block of store calls overran its deadline and its connection was shut."""
+
+    def __init__(self, port: int, seconds: float) -> None:
+        super().__init__(f"the store on port {port} did not answer for {seconds:.0f} s")
+        self.port, self.seconds = port, seconds
+
+
+class _Armed:
+    __slots__ = ("due", "fired", "port", "seconds")
+
+    def __init__(self, port: int, seconds: float) -> None:
+        self.port, self.seconds, self.fired = port, seconds, False
+        self.due = time.monotonic() + seconds
+
+
+_COND = threading.Condition()
+_ARMED: set = set()
+_CUT: dict = {}  # port -> seconds: its connections the watchdog shut after that long
+_THREAD: list = []  # the watchdog, once started (per process: cleared in a forked child)
+
+
+def was_cut(store: Any) -> float | None:
+    """The deadline (s) after which the watchdog shut this process's connections to the
+    store's port, None if it did not."""
+    return _CUT.get(_procnet._store_port(store))
+
+
+@contextlib.contextmanager
+def deadline(store: Any, seconds: float | None) -> Iterator[None]:
+    """Raise StoreSilent if the block is still inside a store call `seconds` from now
+    (no deadline for None, or a store that is not a TCPStore: nothing to cut)."""
+    port = _procnet._store_port(store)
+    if port is None or seconds is None:
+        yield
+        return
+    armed = _Armed(port, seconds)
+    with _COND:
+        _ARMED.add(armed)
+        if not _THREAD:
+            _THREAD.append(threading.Thread(target=_watch, name="ringreduce-store-watchdog",
+                                            daemon=True))
+            _THREAD[0].start()
+        _COND.notify()
+    try:
+        yield
+    except BaseException as e:
+        if armed.fired:
+            raise StoreSilent(port, seconds) from e
+        raise
+    finally:
+        with _COND:
+            _ARMED.discard(armed)
+            idle = _THREAD[0] if _THREAD and not _ARMED else None
+            _COND.notify()
+        while idle is not None and idle.is_alive():  # it ends now: nothing of a job stays
+            idle.join(0.01)  # after destroy() -- unless another block armed it meanwhile
+            idle = None if _ARMED else idle
+
+
+@contextlib.contextmanager
+def store_used(rank: int, during: str, store: Any, seconds: float | None = None
+               ) -> Iterator[None]:
+    """Store calls inside, at most `seconds` (plus MARGIN_S) long: torch's DistError (the
+    store went away) becomes store_failed's error, a store that stopped answering
+    silent_error's; everything else (ours: a timeout, the fd-limit check) passes unchanged."""
+    from ._rendezvous import _torch_store
+
+    try:
+        with deadline(store, None if seconds is None else seconds + MARGIN_S):
+            yield
+    except StoreSilent as e:
+        raise silent_error(rank, during, store, e) from e
+    except _torch_store().DistError as e:
+        raise store_failed(rank, during, e, store) from e
+
+
+def _in_rank0(store: Any) -> bool:
+    from . import _rendezvous
+
+    return store is not None and id(store) in _rendezvous._IN_RANK0
+
+
+def silent_error(rank: int, during: str, store: Any, e: StoreSilent) -> Exception:
+    """The error for a store that did not answer until the deadline (see deadline). Served
+    by world rank 0's process: a PeerFailure naming rank 0 as silent, as a frozen peer is
+    named; else (a launcher's agent, torch's or the caller's store) a CollectiveTimeout."""
+    from . import _rendezvous
+
+    rank = _rendezvous._speaker(rank)
+    head = (f"rank {rank}: the rendezvous store did not answer for {e.seconds:.0f} s during "
+            f"{during}")
+    if _in_rank0(store):
+        from ._C import PeerFailure
+
+        err = PeerFailure(f"{head}; rank 0's process serves it: rank 0 is frozen (stopped, "
+                          f"in a debugger, swapping) or its host is unreachable")
+        err.peer_rank, err.cause = 0, "silent"  # type: ignore[attr-defined]
+        return err
+    return _rendezvous._timeout_error(
+        f"{head} (port {e.port}); the process serving it -- the launcher's agent, or torch's "
+        f"rank 0 -- is frozen (stopped, in a debugger, swapping) or its host is unreachable")
+
+
+def store_failed(rank: int, during: str, e: Exception, store: Any = None) -> Exception:
+    """The error for a store that stopped answering. One that world rank 0's process serves
+    (not the launcher's agent's, not the caller's own) means rank 0 is gone: a PeerFailure
+    naming it (peer_rank 0), as any other dead peer is named -- before, a RingReduceError
+    that `except rr.PeerFailure` missed (found by a helper). A store whose connection the
+    watchdog shut (an earlier call found it silent) is silent_error's, again."""
+    from . import _rendezvous
+
+    cut = None if store is None else was_cut(store)
+    if cut is not None:
+        return silent_error(rank, during, store, StoreSilent(_procnet._store_port(store), cut))
+    why = f"{type(e).__name__}: {_rendezvous._first_line(e)}"
+    rank = _rendezvous._speaker(rank)
+    if _in_rank0(store):
+        from ._C import PeerFailure
+
+        if _rendezvous._rank0_left():
+            err = PeerFailure(
+                f"rank {rank}: the rendezvous store failed during {during} ({why}); rank 0's "
+                f"process serves it, and rank 0 left the job (destroy()) and exited: nothing "
+                f"can be set up through the store after that -- create groups and "
+                f"point-to-point channels before rank 0 calls destroy(), or let a launcher "
+                f"host the store (torchrun, ringreduce.run)")
+            err.peer_rank, err.cause = 0, "left"  # type: ignore[attr-defined]
+        else:
+            err = PeerFailure(f"rank {rank}: the rendezvous store failed during {during} "
+                              f"({why}); rank 0's process serves it: rank 0 exited or crashed")
+            err.peer_rank, err.cause = 0, "closed"  # type: ignore[attr-defined]
+    else:
+        err = _rendezvous._rr_error(
+            f"rank {rank}: the rendezvous store failed during {during} ({why}); the store "
+            f"lives in rank 0 (or the launcher's agent) -- did it exit or crash?")
+    err.store_error = e  # type: ignore[attr-defined]
+    return err
+
+
+def _watch() -> None:
+    """The watchdog: runs while a block is armed, then ends (a new block starts another)."""
+    with _COND:
+        while _ARMED:
+            now = time.monotonic()
+            for a in [a for a in _ARMED if not a.fired and a.due <= now]:
+                a.fired = True
+                _CUT[a.port] = a.seconds
+                _cut(a.port)
+            dues = [a.due for a in _ARMED if not a.fired]
+            _COND.wait(min(dues) - now if dues else None)
+        _THREAD.clear()
+
+
+def _cut(port: int) -> None:
+    """Shut down (not close: torch owns the fds) every connection of this process whose
+    remote port is `port`; a blocked recv on it then returns."""
+    for fd in _procnet.client_fds(port):
+        try:
+            s = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        with contextlib.suppress(OSError), s:
+            s.shutdown(socket.SHUT_RDWR)
+
+
+def _after_fork() -> None:
+    global _COND
+    _COND = threading.Condition()
+    _ARMED.clear()
+    _THREAD.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)
