@@ -225,3 +225,78 @@ def flight_on_a_group(rank: int, world: int) -> str:
             return "timed out"
     time.sleep(2.5)
     return "ok"
+
+
+def frozen_store_host(rank: int, world: int) -> dict:
+    """Rank 0, whose process serves the store, freezes (SIGSTOP) after a barrier; the others
+    then create a group, which needs the store. torch's TCPStore client waits without end
+    for a frozen server (check/add/set; get after its own timeout), so they must stop at
+    ringreduce's deadline instead, naming rank 0."""
+    import signal
+
+    rr.barrier()
+    if rank == 0:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(0.5)
+    t = time.monotonic()
+    try:
+        rr.new_group(list(range(world)))
+    except Exception as e:  # noqa: BLE001 - what the test checks
+        return {"type": type(e).__name__, "msg": str(e), "secs": time.monotonic() - t,
+                "peer": getattr(e, "peer_rank", None)}
+    return {"type": None, "secs": time.monotonic() - t}
+
+
+def store_after_failed_wait(rank: int, world: int, what: str) -> dict:
+    """Rank 1 dies while rank 0 waits in the store for it (a first message on a tag, or a
+    group); rank 0 catches the PeerFailure and destroys. The store server kept listening
+    (a thread, ~11 fds): the failed wait's traceback cycle held the store, and destroy()
+    read that as "someone still uses it"."""
+    import signal
+    import threading
+
+    rr.init()
+    if rank == 1:
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    err = None
+    try:
+        if what == "recv":
+            rr.recv(np.zeros(10, np.float32), src=1, tag=9)
+        else:
+            rr.new_group([0, 1])
+    except rr.PeerFailure as e:
+        err = e.peer_rank
+    rr.destroy()
+    port = int(os.environ["MASTER_PORT"])
+    return {"peer": err, "listening": port in listening_ports(),
+            "threads": sorted(t.name for t in threading.enumerate())}
+
+
+def blame_after_relay(rank: int, world: int) -> dict:
+    """Rank 1 freezes; rank 2, in an all-reduce, names it and leaves (destroy, exit); rank
+    0, waiting for a first message from rank 1, is told (relayed by rank 2). Its next world
+    call must fail on that loss again (the communicator is unusable after it): over shared
+    memory it ran and blamed rank 2 as crashed (its closed socket was read first)."""
+    import signal
+
+    rr.init()
+    out: dict = {}
+    try:
+        if rank == 1:
+            time.sleep(0.5)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        elif rank == 0:
+            rr.recv(np.zeros(10, np.float32), src=1, tag=9)
+        else:
+            rr.allreduce(np.ones(4, np.float32))
+    except rr.PeerFailure as e:
+        out["first"] = e.peer_rank
+    if rank == 0:
+        time.sleep(1.0)  # rank 2 is gone by now
+        try:
+            rr.allreduce(np.ones(4, np.float32))
+        except rr.RingReduceError as e:
+            out["next"] = str(e)
+    rr.destroy()
+    return out

@@ -341,3 +341,41 @@ def test_a_groups_flight_recorder_is_named_by_world_rank_and_group(tmp_path) -> 
     dump = json.loads((tmp_path / "flight.rank1.group1.json").read_text(encoding="utf-8"))
     assert (dump["rank"], dump["group"], dump["group_rank"]) == (1, "group1", 0), dump
     assert dump["last_collectives"], dump
+
+
+@pytest.mark.timeout(120)
+def test_a_frozen_store_host_is_named_at_the_deadline() -> None:
+    """Rank 0 (the store's host) frozen while the others create a group: they waited
+    forever inside torch's store calls (its client has no deadline for a server that
+    accepts and never answers); now they stop at the timeout, naming rank 0."""
+    env = {"RINGREDUCE_CONNECT_TIMEOUT": "4", "RINGREDUCE_TIMEOUT": "4"}
+    outs = run_world_raw(3, "hardening_workers:frozen_store_host", timeout=60, env=env,
+                         expendable=[0])
+    for o in outs[1:]:
+        assert o.value is not None, o.describe()
+        v = o.value
+        assert v["type"] == "PeerFailure" and v["peer"] == 0, v
+        assert "rank 0 is frozen" in v["msg"] and "did not answer" in v["msg"], v
+        assert v["secs"] < 25, v  # the wait's 4 s + the margin (10 s)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("what", ["recv", "group"])
+def test_destroy_after_a_failed_store_wait_closes_the_store(what: str) -> None:
+    outs = run_world_raw(2, "hardening_workers:store_after_failed_wait", what, timeout=60,
+                         init=False, expendable=[1])
+    assert outs[0].value == {"peer": 1, "listening": False, "threads": ["MainThread"]}, \
+        outs[0].describe()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_the_next_call_after_a_relayed_loss_names_the_lost_rank(transport: str) -> None:
+    env = {"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_HEARTBEAT_TIMEOUT": "2"}
+    outs = run_world_raw(3, "hardening_workers:blame_after_relay", timeout=60, env=env,
+                         init=False, expendable=[1])
+    assert outs[2].value == {"first": 1}, outs[2].describe()
+    assert outs[0].value is not None and outs[0].value["first"] == 1, outs[0].describe()
+    nxt = outs[0].value["next"]
+    assert "unusable after an earlier failure" in nxt and "rank 1 (" in nxt, nxt
+    assert "stopped responding" in nxt and "closed" not in nxt, nxt

@@ -99,12 +99,24 @@ bool Executor::incomingIdle(int peer) {
   return ex.owns_lock() && comm_->incoming(peer);
 }
 
+static void rethrowWithContext(comm::Communicator& c);
+
 void Executor::probeIdle(const std::vector<int>& waitedFor) {
   std::unique_lock<std::mutex> g(mu_);
   if (stop_) RR_THROW(Error, "communicator was destroyed");
   if (!queue_.empty() || busy_) return;
   std::unique_lock<std::mutex> ex(execMu_, std::try_to_lock);  // an inline run holds it
-  if (ex.owns_lock()) comm_->probePeers(waitedFor);
+  if (!ex.owns_lock()) return;
+  try {
+    comm_->probePeers(waitedFor);
+  } catch (...) {
+    // A peer found gone between collectives fails the communicator as a collective's
+    // failure does: the next call repeats this cause. Else, over shared memory, a rank
+    // that relayed the loss and then left was blamed next as crashed (its socket closed
+    // first) -- found by a helper.
+    if (comm_->poisoned()) throw;
+    rethrowWithContext(*comm_);
+  }
 }
 
 void Executor::runSync(Task fn, std::string what, uint32_t site) {
