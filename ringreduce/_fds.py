@@ -58,8 +58,9 @@ def ensure(world: int, eager_peers: int, what: str = "init") -> None:
             f"({now} open, {PER_PEER} per connected peer x {eager_peers} peers, {SLACK} "
             f"spare) but the limit is {soft} (hard limit {hard}); raise it before starting "
             f"the job (`ulimit -n {need_all}`, or LimitNOFILE= / `--ulimit nofile=` in "
-            f"systemd / docker), or lower RINGREDUCE_FULL_MESH_MAX so init connects fewer "
-            f"peers")
+            f"systemd / docker; every further group or point-to-point channel of {world} "
+            f"ranks takes about {PER_PEER * eager_peers} more), or lower "
+            f"RINGREDUCE_FULL_MESH_MAX so init connects fewer peers")
     if soft != inf and soft < need_all:
         log.warning("%s: open-file limit %d (hard %d) covers %d peers, not all %d: a "
                     "collective that connects every pair (all_to_all) may fail with 'Too many "
