@@ -320,7 +320,15 @@ def _any_entry(g: Group, tag: int) -> list:
 def _match(g: Group, world: Group, peers: list[int], tag: int, what: str,
            entry: list) -> tuple:
     """The first rank of `peers` (from entry[1] on) whose message on `tag` waits for this
-    rank, and its channel."""
+    rank, and its channel. Its store reads (_wanted) end at the receive's deadline (one
+    watchdog arming for the whole wait, not one per read)."""
+    with _store_guard.store_used(world.rank, f"a receive from any rank (tag {tag})", g.store,
+                                 _deadline(g, world)[0]):
+        return _poll_peers(g, world, peers, tag, what, entry)
+
+
+def _poll_peers(g: Group, world: Group, peers: list[int], tag: int, what: str,
+                entry: list) -> tuple:
     from . import _rendezvous
 
     timeout, which = _deadline(g, world)
@@ -365,8 +373,7 @@ def _match(g: Group, world: Group, peers: list[int], tag: int, what: str,
 def _wanted(g: Group, world: Group, src: int, tag: int) -> bool:
     lo, hi = min(src, world.rank), max(src, world.rank)
     store = g.store  # None: destroyed meanwhile (the caller's next check says so)
-    with _store_guard.store_used(world.rank, f"a receive from any rank (tag {tag})", store,
-                                 _deadline(g, world)[0]):
+    with _store_guard.store_used(world.rank, f"a receive from any rank (tag {tag})", store):
         return store is not None and bool(store.check([f"{_base(g, lo, hi, tag)}want{src}"]))
 
 
