@@ -10,6 +10,7 @@ nothing, so the server (if it is still there) sees no stray connection.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from typing import Any, Callable
 
@@ -51,8 +52,19 @@ def _socket_fds() -> dict:
     return out
 
 
-def _connections(port: int) -> list:
-    """(tcp state, fd) of this process's TCP connections whose remote port is `port`."""
+def _ip(hexaddr: str) -> Any:
+    """An address as /proc/net/tcp{,6} writes it (host-order 32-bit words), as an
+    ipaddress object; IPv4-mapped IPv6 as IPv4."""
+    raw = bytes.fromhex(hexaddr)
+    if len(raw) == 4:
+        return ipaddress.IPv4Address(raw[::-1])
+    a = ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+    return a.ipv4_mapped or a
+
+
+def _connections(port: int, addrs: Any = None) -> list:
+    """(tcp state, fd, socket inode) of this process's TCP connections whose remote port is
+    `port` (and remote address one of `addrs`, ipaddress objects, unless None)."""
     mine = _socket_fds()
     out = []
     for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
@@ -63,17 +75,19 @@ def _connections(port: int) -> list:
                     cols = line.split()
                     if len(cols) < 10 or cols[9] not in mine:
                         continue
-                    if int(cols[2].rsplit(":", 1)[1], 16) == port:
-                        out.append((cols[3], mine[cols[9]]))
-        except OSError:
+                    host, _, rport = cols[2].rpartition(":")
+                    if int(rport, 16) == port and (addrs is None or _ip(host) in addrs):
+                        out.append((cols[3], mine[cols[9]], cols[9]))
+        except (OSError, ValueError):
             continue
     return out
 
 
-def client_fds(port: int) -> list:
-    """The fds of this process's connections to `port` (a store's clients, not its server's
-    accepted sockets: those have it as their local port)."""
-    return [fd for _, fd in _connections(port)]
+def client_sockets(port: int, addrs: Any = None) -> list:
+    """(fd, inode) of this process's connections to `port` at `addrs` (see _connections):
+    a store's clients, not its server's accepted sockets (those have it as their local
+    port)."""
+    return [(fd, inode) for _, fd, inode in _connections(port, addrs)]
 
 
 def server_closed(store: Any) -> bool:
@@ -83,5 +97,5 @@ def server_closed(store: Any) -> bool:
     port = _store_port(store)
     if port is None:
         return False
-    states = [state for state, _ in _connections(port)]
+    states = [c[0] for c in _connections(port)]
     return bool(states) and all(s == _CLOSE_WAIT for s in states)

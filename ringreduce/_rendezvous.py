@@ -287,7 +287,7 @@ def farewell_borrowed(store: Any, rank: int, world: int, prefix: str, timeout: f
 
     def talk() -> None:
         try:
-            if rank != 0 and _procnet.server_closed(store):
+            if (rank != 0 and _procnet.server_closed(store)) or _store_guard.was_cut(store):
                 return  # see _farewell
             store.add(bye, 1 + _proxy(store, prefix, rank, lost))
             if rank == 0:
@@ -349,8 +349,9 @@ def _farewell(box: list, rank: int, world: int, prefix: str, closing: bool, dead
     store = box.pop()
     bye, ack, acked = prefix + "bye", prefix + "bye-ack", prefix + "acked"
     try:
-        if rank != 0 and _procnet.server_closed(store):
-            return  # rank 0 stopped waiting and closed it: a store call would log a trace
+        if (rank != 0 and _procnet.server_closed(store)) or _store_guard.was_cut(store):
+            return  # rank 0 stopped waiting and closed it (or we did, the watchdog): a
+            # store call would log a trace
         proxy = _proxy(store, prefix, rank, lost)
         store.add(bye, 1 + proxy)
         if rank == 0:
@@ -506,6 +507,7 @@ def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,
     from ._C import RingReduceError
 
     rank = _speaker(rank)
+    _store_guard.refuse_if_cut(rank, f"the wait for {what}", store)
     try:
         with _store_guard.deadline(store, timeout + _store_guard.MARGIN_S):
             _wait_for(store, keys, timeout, rank, what, prefix, hint)
@@ -588,7 +590,8 @@ def _fail(store: Any, prefix: str, error: Exception) -> Exception:
     """Tell the other ranks why this one gives up (they stop waiting at their next poll),
     return `error`."""
     try:
-        store.set(prefix + "failed", f"{type(error).__name__}\n{error}")
+        if not _store_guard.was_cut(store):  # else torch would log a trace, then fail
+            store.set(prefix + "failed", f"{type(error).__name__}\n{error}")
     except RuntimeError:
         pass  # the store is gone: the others will find out themselves
     return error
@@ -609,6 +612,7 @@ def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None
     from ._C import RingReduceError
 
     during = "init" if prefix is None else "a group's creation"
+    _store_guard.refuse_if_cut(rank, during, store)
     try:
         # Three waits of at most `timeout` each: a call stuck in torch's client past that.
         with _store_guard.deadline(store, 3 * timeout + _store_guard.MARGIN_S):

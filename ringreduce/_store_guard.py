@@ -17,6 +17,7 @@ store that answers again later finds the job already failed. Reading /proc sends
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import socket
 import threading
@@ -40,34 +41,60 @@ class StoreSilent(Exception):
 
 
 class _Armed:
-    __slots__ = ("due", "fired", "port", "seconds")
+    __slots__ = ("addrs", "due", "fired", "port", "seconds")
 
-    def __init__(self, port: int, seconds: float) -> None:
-        self.port, self.seconds, self.fired = port, seconds, False
+    def __init__(self, port: int, addrs: Any, seconds: float) -> None:
+        self.port, self.addrs, self.seconds, self.fired = port, addrs, seconds, False
         self.due = time.monotonic() + seconds
 
 
 _COND = threading.Condition()
 _ARMED: set = set()
-_CUT: dict = {}  # port -> seconds: its connections the watchdog shut after that long
+_CUT: dict = {}  # socket inode the watchdog shut -> after how many seconds
 _THREAD: list = []  # the watchdog, once started (per process: cleared in a forked child)
+_ADDRS: dict = {}  # store host -> its addresses (resolved once per process)
+
+
+def _where(store: Any) -> tuple:
+    """(port, addresses or None) of the TCPStore under `store`: the connections that are
+    its. Addresses None: the host did not resolve -- any connection to the port."""
+    from ._rendezvous import store_host
+
+    port = _procnet._store_port(store)
+    host = None if port is None else store_host(store)
+    if host is None:
+        return port, None
+    if host not in _ADDRS:
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            ips = {ipaddress.ip_address(str(i[4][0]).split("%")[0]) for i in infos}
+            _ADDRS[host] = {getattr(a, "ipv4_mapped", None) or a for a in ips} or None
+        except (OSError, ValueError):
+            _ADDRS[host] = None
+    return port, _ADDRS[host]
 
 
 def was_cut(store: Any) -> float | None:
-    """The deadline (s) after which the watchdog shut this process's connections to the
-    store's port, None if it did not."""
-    return _CUT.get(_procnet._store_port(store))
+    """After how many seconds of silence the watchdog shut this process's connection to
+    the store (one still open: a new store on the same port is not), None if it did not."""
+    if not _CUT:
+        return None
+    port, addrs = _where(store)
+    if port is None:
+        return None
+    cut = [_CUT[i] for _, i in _procnet.client_sockets(port, addrs) if i in _CUT]
+    return max(cut) if cut else None
 
 
 @contextlib.contextmanager
 def deadline(store: Any, seconds: float | None) -> Iterator[None]:
     """Raise StoreSilent if the block is still inside a store call `seconds` from now
     (no deadline for None, or a store that is not a TCPStore: nothing to cut)."""
-    port = _procnet._store_port(store)
-    if port is None or seconds is None:
+    port, addrs = _where(store) if seconds is not None else (None, None)
+    if port is None:
         yield
         return
-    armed = _Armed(port, seconds)
+    armed = _Armed(port, addrs, seconds)
     with _COND:
         _ARMED.add(armed)
         if not _THREAD:
@@ -77,7 +104,7 @@ def deadline(store: Any, seconds: float | None) -> Iterator[None]:
         _COND.notify()
     try:
         yield
-    except BaseException as e:
+    except Exception as e:  # not Ctrl-C, SystemExit, GeneratorExit: those pass as they are
         if armed.fired:
             raise StoreSilent(port, seconds) from e
         raise
@@ -86,6 +113,8 @@ def deadline(store: Any, seconds: float | None) -> Iterator[None]:
             _ARMED.discard(armed)
             idle = _THREAD[0] if _THREAD and not _ARMED else None
             _COND.notify()
+        if idle is threading.current_thread():
+            idle = None
         while idle is not None and idle.is_alive():  # it ends now: nothing of a job stays
             idle.join(0.01)  # after destroy() -- unless another block armed it meanwhile
             idle = None if _ARMED else idle
@@ -99,6 +128,7 @@ def store_used(rank: int, during: str, store: Any, seconds: float | None = None
     silent_error's; everything else (ours: a timeout, the fd-limit check) passes unchanged."""
     from ._rendezvous import _torch_store
 
+    refuse_if_cut(rank, during, store)
     try:
         with deadline(store, None if seconds is None else seconds + MARGIN_S):
             yield
@@ -114,7 +144,16 @@ def _in_rank0(store: Any) -> bool:
     return store is not None and id(store) in _rendezvous._IN_RANK0
 
 
-def silent_error(rank: int, during: str, store: Any, e: StoreSilent) -> Exception:
+def refuse_if_cut(rank: int, during: str, store: Any) -> None:
+    """Raise silent_error's error, without a store call, if the watchdog cut this store's
+    connection earlier: torch would fail at once too, but log a C++ stack trace first."""
+    cut = None if store is None else was_cut(store)
+    if cut is not None:
+        raise silent_error(rank, during, store, StoreSilent(_where(store)[0], cut), True)
+
+
+def silent_error(rank: int, during: str, store: Any, e: StoreSilent,
+                 earlier: bool = False) -> Exception:
     """The error for a store that did not answer until the deadline (see deadline). Served
     by world rank 0's process: a PeerFailure naming rank 0 as silent, as a frozen peer is
     named; else (a launcher's agent, torch's or the caller's store) a CollectiveTimeout."""
@@ -122,7 +161,9 @@ def silent_error(rank: int, during: str, store: Any, e: StoreSilent) -> Exceptio
 
     rank = _rendezvous._speaker(rank)
     head = (f"rank {rank}: the rendezvous store did not answer for {e.seconds:.0f} s during "
-            f"{during}")
+            f"{during}") if not earlier else (
+        f"rank {rank}: cannot use the rendezvous store during {during}: it did not answer "
+        f"for {e.seconds:.0f} s earlier, and this process shut its connection then")
     if _in_rank0(store):
         from ._C import PeerFailure
 
@@ -145,7 +186,7 @@ def store_failed(rank: int, during: str, e: Exception, store: Any = None) -> Exc
 
     cut = None if store is None else was_cut(store)
     if cut is not None:
-        return silent_error(rank, during, store, StoreSilent(_procnet._store_port(store), cut))
+        return silent_error(rank, during, store, StoreSilent(_where(store)[0], cut), True)
     why = f"{type(e).__name__}: {_rendezvous._first_line(e)}"
     rank = _rendezvous._speaker(rank)
     if _in_rank0(store):
@@ -178,23 +219,23 @@ def _watch() -> None:
             now = time.monotonic()
             for a in [a for a in _ARMED if not a.fired and a.due <= now]:
                 a.fired = True
-                _CUT[a.port] = a.seconds
-                _cut(a.port)
+                _cut(a)
             dues = [a.due for a in _ARMED if not a.fired]
             _COND.wait(min(dues) - now if dues else None)
         _THREAD.clear()
 
 
-def _cut(port: int) -> None:
-    """Shut down (not close: torch owns the fds) every connection of this process whose
-    remote port is `port`; a blocked recv on it then returns."""
-    for fd in _procnet.client_fds(port):
+def _cut(a: _Armed) -> None:
+    """Shut down (not close: torch owns the fds) this process's connections to the store
+    (port and address); a blocked recv on one then returns."""
+    for fd, inode in _procnet.client_sockets(a.port, a.addrs):
         try:
             s = socket.socket(fileno=os.dup(fd))
         except OSError:
             continue
         with contextlib.suppress(OSError), s:
             s.shutdown(socket.SHUT_RDWR)
+        _CUT[inode] = a.seconds
 
 
 def _after_fork() -> None:

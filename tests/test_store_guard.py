@@ -1,0 +1,83 @@
+"""The store watchdog (ringreduce/_store_guard.py) in one process: a "store" whose server
+accepts and never answers (as a frozen host's kernel does), next to an unrelated connection
+to the same port on another address. The multi-rank case (a SIGSTOPped rank 0) is in
+test_hardening.py."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+
+import pytest
+
+from ringreduce import _store_guard
+
+
+class _SilentStore:
+    """What _store_guard reads of a TCPStore (host, port), and a call that blocks in recv
+    on a connection to a server that never answers."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.conn = socket.create_connection((host, port))
+
+    def check(self) -> bytes:
+        return self.conn.recv(1)  # b"" once shut down
+
+
+@pytest.fixture
+def servers():
+    """Listeners on 127.0.0.1:P and 127.0.0.2:P (the same port), never answering."""
+    a = socket.socket()
+    a.bind(("127.0.0.1", 0))
+    port = a.getsockname()[1]
+    b = socket.socket()
+    b.bind(("127.0.0.2", port))
+    for s in (a, b):
+        s.listen(8)
+    yield port
+    for s in (a, b):
+        s.close()
+
+
+def test_a_silent_call_is_cut_at_the_deadline_and_nothing_else(servers: int) -> None:
+    store = _SilentStore("127.0.0.1", servers)
+    other = socket.create_connection(("127.0.0.2", servers))  # same port, another host
+    t0 = time.monotonic()
+    with pytest.raises(_store_guard.StoreSilent), _store_guard.deadline(store, 0.5):
+        if store.check() == b"":
+            raise ConnectionError("shut down")  # as torch raises on a closed connection
+    assert 0.4 < time.monotonic() - t0 < 5
+    assert _store_guard.was_cut(store) == 0.5
+    other.sendall(b"x")  # still open: only the store's connections are cut
+    assert [t.name for t in threading.enumerate() if "watchdog" in t.name] == []
+    # A new connection on that port (a new store after a re-init) is not "cut".
+    store.conn.close()
+    fresh = _SilentStore("127.0.0.1", servers)
+    assert _store_guard.was_cut(fresh) is None
+    fresh.conn.close()
+    other.close()
+
+
+def test_ctrl_c_in_a_fired_block_stays_a_ctrl_c(servers: int) -> None:
+    """A KeyboardInterrupt (or SystemExit) raised in a block whose deadline passed is the
+    user's, not a silent store: it passes unchanged, and the block is disarmed."""
+    store = _SilentStore("127.0.0.1", servers)
+    with pytest.raises(KeyboardInterrupt), _store_guard.deadline(store, 0.2):
+        store.check()
+        raise KeyboardInterrupt
+    assert not _store_guard._ARMED
+    with contextlib.suppress(OSError):
+        store.conn.close()
+
+
+def test_refused_at_once_after_a_cut(servers: int) -> None:
+    store = _SilentStore("127.0.0.1", servers)
+    with pytest.raises(_store_guard.StoreSilent), _store_guard.deadline(store, 0.2):
+        store.check()
+        raise ConnectionError("shut down")
+    with pytest.raises(Exception, match="did not answer for 0 s earlier"):
+        _store_guard.refuse_if_cut(3, "creating group2", store)
+    store.conn.close()
