@@ -347,6 +347,21 @@ def sc_shape_mismatch(rank: int, world: int) -> dict:
     return {"msg": None}
 
 
+def sc_option_mismatch(rank: int, world: int) -> dict:
+    """The last rank is given other arguments (one at a time): a ValueError naming the
+    argument on every rank, not a CollectiveMismatch at the first bucket (or, for
+    broadcast_buffers, "the model differs ... 0 buffers")."""
+    out = {}
+    for name, mine, other in [("bucket_cap_mb", 25, 1), ("find_unused_parameters", False, True),
+                              ("broadcast_buffers", True, False)]:
+        try:
+            DDP(nn.Linear(4, 4), **{name: other if rank == world - 1 else mine})
+            out[name] = None
+        except ValueError as e:
+            out[name] = str(e)
+    return out
+
+
 def sc_state_dict(rank: int, world: int) -> dict:
     model, _ = make(ConvBN)
     ddp = DDP(model)
@@ -716,6 +731,7 @@ SCENARIOS: dict = {
     "rebuild": sc_rebuild,
     "unused_error": sc_unused_error,
     "shape_mismatch": sc_shape_mismatch,
+    "option_mismatch": sc_option_mismatch,
     "state_dict": sc_state_dict,
     "nosync_unused": lambda r, w: sc_nosync_unused(r, w),
     "nosync_unused_view": lambda r, w: sc_nosync_unused(r, w, gradient_as_bucket_view=True),

@@ -160,6 +160,16 @@ def test_shape_mismatch_names_parameter(suite):
         assert f"rank {world - 1}: (17, 8)" in r["msg"]
 
 
+def test_different_arguments_are_named(suite):
+    world, res = _get(suite, "option_mismatch")
+    last = world - 1
+    for r in res:
+        assert "different bucket_cap_mb: rank 0: 25; " in r["bucket_cap_mb"], r
+        assert f"rank {last}: 1." in r["bucket_cap_mb"], r
+        assert "different find_unused_parameters: rank 0: False" in r["find_unused_parameters"]
+        assert f"rank {last}: False" in r["broadcast_buffers"], r
+
+
 def test_state_dict_and_initial_broadcast(suite):
     _, res = _get(suite, "state_dict")
     assert all(r["keys_ok"] and r["synced"] for r in res)

@@ -28,9 +28,12 @@ def _hash64(text: str) -> int:
 
 
 def verify_shapes(names: Sequence[str], params: Sequence[torch.Tensor], rank: int,
-                  world: int, num_buffers: int = 0, group: Any = None) -> None:
+                  world: int, num_buffers: int = 0, group: Any = None,
+                  options: Sequence[tuple] = ()) -> None:
     """Raise ValueError on every rank when the ranks' parameter lists differ, naming the
-    first parameter that differs (index, name, shape and dtype on each rank).
+    first parameter that differs (index, name, shape and dtype on each rank) -- or when
+    their `options` ((argument name, integer value) pairs: the wrapper's arguments that
+    decide which collectives run) differ, naming the first one.
 
     The last `num_buffers` entries of `params` are buffers (checked the same way, without
     requires_grad): ranks whose buffers differ would otherwise fail later, in the buffer
@@ -38,10 +41,12 @@ def verify_shapes(names: Sequence[str], params: Sequence[torch.Tensor], rank: in
     """
     nparams = len(params) - num_buffers
     descs = [_describe(p, i >= nparams) for i, p in enumerate(params)]
-    summary = torch.tensor([len(params), nparams, _hash64("|".join(descs))], dtype=torch.int64)
-    gathered = api.allgather(summary, group=group)  # (world, 3)
+    summary = torch.tensor([len(params), nparams, _hash64("|".join(descs))]
+                           + [int(v) for _, v in options], dtype=torch.int64)
+    gathered = api.allgather(summary, group=group)  # (world, 3 + len(options))
     if bool((gathered == gathered[0]).all()):
         return
+    _check_options(gathered[:, 3:], options, world_ranks(group, world))
     # Something differs: every rank saw the same gathered table, so all take this path.
     nmax = int(gathered[:, 0].max())
     mine = torch.full((nmax,), 0, dtype=torch.int64)
@@ -89,6 +94,20 @@ def verify_shapes(names: Sequence[str], params: Sequence[torch.Tensor], rank: in
         + "; ".join(per_rank) +
         ". Every rank must construct the same model (same layers, shapes, dtypes and "
         "requires_grad) before wrapping it.")
+
+
+def _check_options(table: torch.Tensor, options: Sequence[tuple], at: list) -> None:
+    """ValueError naming the first option whose value differs between ranks (table: one
+    row per rank); every rank reads the same table, so every rank raises."""
+    for j, (name, _) in enumerate(options):
+        col = table[:, j].tolist()
+        if len(set(col)) > 1:
+            show = (lambda v: f"{v / 2 ** 20:g}") if name == "bucket_cap_mb" else bool
+            raise ValueError(
+                f"DistributedDataParallel: the ranks were given different {name}: "
+                + "; ".join(f"rank {at[r]}: {show(v)}" for r, v in enumerate(col))
+                + ". It decides which collectives run: every rank must wrap the model with "
+                "the same arguments.")
 
 
 def world_ranks(group: Any, size: int) -> list:

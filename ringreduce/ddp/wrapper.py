@@ -189,7 +189,12 @@ class DistributedDataParallel(nn.Module):
         checked = buffers if init_sync_buffers else []
         verify_shapes([n for n, _ in params] + [n for n, _ in checked],
                       [p for _, p in params] + [b for _, b in checked], self._rank,
-                      self._world, num_buffers=len(checked), group=process_group)
+                      self._world, num_buffers=len(checked), group=process_group,
+                      options=[("bucket_cap_mb", self.bucket_bytes_cap),
+                               ("find_unused_parameters", find_unused_parameters),
+                               ("static_graph", static_graph), ("init_sync", init_sync),
+                               ("broadcast_buffers", self.broadcast_buffers),
+                               ("buffer sync at init (forward_sync_buffers)", init_sync_buffers)])
         if init_sync:
             broadcast_tensors([p for _, p in params] + [b for _, b in checked], 0, self._rank,
                               group=process_group)
