@@ -63,7 +63,10 @@ def init(rank: int | None = None, world_size: int | None = None, *,
     options = _env.core_options(tun)  # what the core reads (csrc/core/tunables.def)
     if timeout is not None:
         options["timeout"] = float(timeout)
-    options.update(_load_tuning(tun.tuning_file))
+    # The file's fit, unless the environment sets a value itself (RINGREDUCE_TREE_THRESHOLD_
+    # BYTES beside a tuning file: the explicit variable wins, as every other setting's).
+    options.update({k: v for k, v in _load_tuning(tun.tuning_file).items()
+                    if k != "tree_threshold_bytes" or not _env.is_set(k)})
     if world == 1:
         _state.set_default(_state.Group(rank=0, world_size=1, comm=None, options=options,
                                         hosts=[_env.host_identity()], ranks=[0],

@@ -467,3 +467,23 @@ def test_bad_tuning_files_are_refused_naming_the_variable(tmp_path, text, messag
     assert message in str(e.value)
     f.write_text('{"alpha_us": 12.5, "tree_threshold_bytes": 65536, "other": 1}')
     assert api._load_tuning(str(f)) == {"alpha_us": 12.5, "tree_threshold_bytes": 65536}
+
+
+def test_an_explicit_tree_threshold_beats_the_tuning_file(tmp_path, monkeypatch) -> None:
+    """The tuning file's fit applies unless RINGREDUCE_TREE_THRESHOLD_BYTES is set (the
+    file overrode it, unlike every other explicit setting)."""
+    import ringreduce as rr
+    from ringreduce import _state
+
+    f = tmp_path / "tuning.json"
+    f.write_text('{"alpha_us": 12.5, "tree_threshold_bytes": 65536}')
+    monkeypatch.setenv("RINGREDUCE_TUNING_FILE", str(f))
+    for given, expected in [(None, 65536), ("1234", 1234)]:
+        if given is not None:
+            monkeypatch.setenv("RINGREDUCE_TREE_THRESHOLD_BYTES", given)
+        rr.init(rank=0, world_size=1)
+        try:
+            opts = _state._DEFAULT[0].options
+            assert (opts["tree_threshold_bytes"], opts["alpha_us"]) == (expected, 12.5)
+        finally:
+            rr.destroy()
