@@ -205,9 +205,12 @@ def _finish_eager_sends(world: Group, only: Group | None = None) -> None:
     on a channel) and isend()s never waited for are delivered before the channels close, as
     MPI_Finalize completes buffered sends: wait for them, at most RINGREDUCE_TIMEOUT (a
     failure is logged). `only`: those on that group (its destroy()); else all of them."""
-    mine = [e for e in world.eager if only is None or e[3] is only]
-    world.eager[:] = [e for e in world.eager if e[3] is not only and e[0].is_alive()] \
-        if only is not None else []
+    from . import p2p
+
+    with p2p._LOCK:  # a send on another thread registers its own meanwhile (_outstanding)
+        mine = [e for e in world.eager if only is None or e[3] is only]
+        world.eager[:] = [e for e in world.eager if e[3] is not only and e[0].is_alive()] \
+            if only is not None else []
     pending = [e for e in mine if e[0].is_alive()]
     t0 = time.monotonic()
     # + 1 s: a send that gives up at its own RINGREDUCE_TIMEOUT still gets to say why

@@ -44,7 +44,7 @@ from . import _C, _buffers, _rendezvous, _state, _store_guard, groups
 from ._state import Group
 
 log = logging.getLogger("ringreduce")
-_LOCK = threading.Lock()  # guards _MAKING, _ANY and Group.p2p (never held while connecting)
+_LOCK = threading.Lock()  # guards _MAKING, _ANY, Group.p2p and .eager (never held connecting)
 # Keyed by the group's id() first: channels, and so messages, are per group.
 _MAKING: dict = {}  # (group, lo, hi, tag) -> lock held by the thread making that pair
 _ANY: dict = {}  # (group, tag) -> [lock serialising any-source matches, next peer to try]
