@@ -7,11 +7,12 @@ packets. check/add/set block in recv, and get blocks after its own timeout (meas
 between two ranks on a tag, an any-source receive -- so such a store hung them silently.
 
 `deadline(store, seconds)` bounds a block of store calls: a watchdog thread shuts the
-process's connections to the store's port down once `seconds` pass with the block still
-running, which makes the call in flight return (torch raises), and the block raises
-`StoreSilent` instead. The connection stays shut: every later call fails at once too
-(`was_cut`), which is right -- a frozen server cannot be told apart from a dead one, and a
-store that answers again later finds the job already failed. Reading /proc sends nothing.
+process's connections to the store (its port at its address) down once `seconds` pass with
+the block still running, which makes the call in flight return (torch raises), and the
+block raises `StoreSilent` instead. The connection stays shut: later use is refused at once
+(`was_cut`, `refuse_if_cut`), which is right -- a frozen server cannot be told apart from a
+dead one, and a store that answers again later finds the job already failed. Reading /proc
+sends nothing.
 """
 
 from __future__ import annotations
