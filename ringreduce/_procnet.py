@@ -99,3 +99,11 @@ def server_closed(store: Any) -> bool:
         return False
     states = [c[0] for c in _connections(port)]
     return bool(states) and all(s == _CLOSE_WAIT for s in states)
+
+
+def store_host(store: Any) -> str | None:
+    """The host of the TCPStore under `store` (through PrefixStores), or None (FileStore,
+    HashStore, a store without one)."""
+    s = find_store(store, lambda s: isinstance(getattr(s, "host", None), str)
+                            and bool(s.host))
+    return None if s is None else s.host

@@ -25,7 +25,17 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from . import _blame, _env, _procnet, _state, _store_guard
+from . import _blame, _env, _state, _store_guard
+from ._farewell import (  # noqa: F401 - farewell_borrowed, _FAREWELL_S: used through here
+    _FAREWELL_FAILED_S,
+    _FAREWELL_S,
+    _farewell,
+    _farewell_deadline,
+    _poll,
+    _talk_until,
+    farewell_borrowed,
+)
+from ._procnet import store_host  # noqa: F401 - callers use _rendezvous.store_host
 
 _STORES: dict[tuple, Any] = {}  # (addr, port) -> the TCPStore made here, while acquired
 _REFS: dict[tuple, int] = {}  # (addr, port) -> how many make_store calls hold it
@@ -39,12 +49,6 @@ _LINGER: set = set()
 # may stop: a client of the next init there checks it is not talking to that server in its
 # last moments (acked: this rank already told rank 0 it read the answer).
 _CLOSED: dict[tuple, tuple] = {}
-# How long destroy() waits for the other ranks to be done with the store before rank 0
-# stops its server (and they for rank 0's word): a rank that is gone or far behind costs
-# destroy() at most this; it gives up quietly (the store is not needed any more). After a
-# failure peers may be dead, and destroy() must return promptly: the shorter wait.
-_FAREWELL_S = 5.0
-_FAREWELL_FAILED_S = 1.0
 _GONE = ("closed", "silent", "network")  # PeerFailure causes of a rank that says no goodbye
 _GENERATION = [0]  # inits so far in this process: keys of each init live under their own prefix
 
@@ -274,114 +278,6 @@ def release_store(key: tuple | None, rank: int, world: int, prefix: str, timeout
         _CLOSED[key] = (prefix, words == [b"close"])
 
 
-def farewell_borrowed(store: Any, rank: int, world: int, prefix: str, timeout: float,
-                      failed: bool = False, lost: int = -1) -> None:
-    """destroy() on a store that is not ours (torch's, when init_process_group("ringreduce")
-    made the world; the caller's): whoever hosts it -- torch's rank 0 -- may drop it right
-    after, yet the other ranks may still make point-to-point channels or groups through it
-    (gloo needs no store after init; we do). So every rank says "bye" and rank 0 waits until
-    all have (at most `timeout`, capped as release_store's wait is; `lost` as there). Never
-    raises."""
-    deadline = _farewell_deadline(timeout, failed)
-    bye = prefix + "bye"
-
-    def talk() -> None:
-        try:
-            if (rank != 0 and _procnet.server_closed(store)) or _store_guard.was_cut(store):
-                return  # see _farewell
-            store.add(bye, 1 + _proxy(store, prefix, rank, lost))
-            if rank == 0:
-                _poll(lambda: store.add(bye, 0) >= world, deadline)
-        except RuntimeError:  # the store is gone already: nothing to wait for
-            pass
-
-    _talk_until(deadline, talk)
-
-
-def _farewell_deadline(timeout: float, failed: bool) -> float:
-    return time.monotonic() + min(timeout, _FAREWELL_FAILED_S if failed else _FAREWELL_S)
-
-
-def _talk_until(deadline: float, target: Any, *args: Any) -> None:
-    """Run a farewell's store talk on a helper thread and stop waiting for it at the
-    deadline: store calls block while the server's host is frozen (SIGSTOP, a debugger) for
-    the store's own timeout, not ours. An abandoned thread ends at the store's timeout and
-    drops its reference.
-
-    Ctrl-C meanwhile cuts the talk short (its polls stop, _HURRY) but still lets the thread
-    end before the KeyboardInterrupt goes on: it holds the store, so rank 0's server stayed
-    up, and a thread left inside a store call at exit took the process down (std::terminate
-    as the interpreter unwound it)."""
-    ended = threading.Event()  # not join(): one that Ctrl-C interrupted returns at once after
-
-    def run() -> None:
-        try:
-            target(*args)
-        finally:
-            ended.set()
-
-    threading.Thread(target=run, name="ringreduce-store-farewell", daemon=True).start()
-    try:
-        ended.wait(max(0.0, deadline - time.monotonic()) + 0.5)
-    except BaseException:
-        _HURRY.set()
-        try:
-            ended.wait(1.0)  # a store call in flight answers within milliseconds
-        finally:
-            _HURRY.clear()
-        raise
-
-
-_HURRY = threading.Event()  # set: farewell polls give up at once (Ctrl-C during destroy)
-
-
-def _proxy(store: Any, prefix: str, rank: int, lost: int) -> int:
-    """1 if this rank is the first to report `lost` (a rank found dead or frozen, which
-    will say nothing) and so speaks for it in the farewell, else 0."""
-    if lost < 0 or lost == rank:
-        return 0
-    return int(store.add(f"{prefix}lost/{lost}", 1) == 1)
-
-
-def _farewell(box: list, rank: int, world: int, prefix: str, closing: bool, deadline: float,
-              words: list, lost: int = -1) -> None:
-    """release_store's talk through the store (helper thread); drops box's reference."""
-    store = box.pop()
-    bye, ack, acked = prefix + "bye", prefix + "bye-ack", prefix + "acked"
-    try:
-        if (rank != 0 and _procnet.server_closed(store)) or _store_guard.was_cut(store):
-            return  # rank 0 stopped waiting and closed it (or we did, the watchdog): a
-            # store call would log a trace
-        proxy = _proxy(store, prefix, rank, lost)
-        store.add(bye, 1 + proxy)
-        if rank == 0:
-            _poll(lambda: store.add(bye, 0) >= world, deadline)
-            store.set(ack, "close" if closing else "keep")
-            _poll(lambda: store.add(acked, 0) >= world - 1 - proxy, deadline)
-        elif _poll(lambda: store.check([ack]), deadline):
-            words.append(bytes(store.get(ack)))
-            store.add(acked, 1 + proxy)
-            if words == [b"close"]:
-                # Until rank 0 stops the server (at once, once all acked), a re-init's
-                # client could reach it and be reset by its close, which makes torch log a
-                # C++ stack trace ("recvValue failed") on every rank but 0. Watching our
-                # connection's state sends nothing.
-                _poll(lambda: _procnet.server_closed(store), min(deadline, time.monotonic() + 1))
-    except RuntimeError:  # the store is gone already (rank 0 left): nothing to wait for
-        pass
-    finally:
-        store = None  # the last reference: TCPStore's destructor closes its sockets
-
-
-def _poll(done: Any, deadline: float) -> bool:
-    """Call done() every 2 ms until it is true (returns True) or the deadline (False)."""
-    while not done():
-        if time.monotonic() > deadline or _HURRY.is_set():
-            return False
-        time.sleep(0.002)
-    return True
-
-
 def _torch_holds(store: Any) -> bool:
     """True when torch's default process group was given `store` (wrapped in PrefixStores,
     which keep it alive from C++, invisible to sys.getrefcount)."""
@@ -404,14 +300,6 @@ def torch_default_store() -> Any:
     except (ImportError, RuntimeError, AttributeError):
         pass
     return None
-
-
-def store_host(store: Any) -> str | None:
-    """The host of the TCPStore under `store` (through PrefixStores), or None (FileStore,
-    HashStore, a store without one)."""
-    s = _procnet.find_store(store, lambda s: isinstance(getattr(s, "host", None), str)
-                            and bool(s.host))
-    return None if s is None else s.host
 
 
 def _timeout_error(msg: str) -> Exception:
@@ -507,19 +395,19 @@ def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,
     from ._C import RingReduceError
 
     rank = _speaker(rank)
-    _store_guard.refuse_if_cut(rank, f"the wait for {what}", store)
+    refuse_if_cut(rank, f"the wait for {what}", store)
     try:
         with _store_guard.deadline(store, timeout + _store_guard.MARGIN_S):
             _wait_for(store, keys, timeout, rank, what, prefix, hint)
     except _store_guard.StoreSilent as e:
-        raise _store_guard.silent_error(rank, f"the wait for {what}", store, e) from e
+        raise silent_error(rank, f"the wait for {what}", store, e) from e
     except RingReduceError:
         raise  # ours (a timeout, another rank's failure): it says what happened
     except RuntimeError as e:  # torch's DistStoreError / DistNetworkError: the store is gone
         watch = getattr(_WATCH, "v", None)
         if watch is not None:  # because this rank's destroy() released it meanwhile?
             check_destroyed(watch[0], what)
-        raise _store_guard.store_failed(rank, f"the wait for {what}", e, store) from e
+        raise store_failed(rank, f"the wait for {what}", e, store) from e
 
 
 def _raise_posted(store: Any, stops: list, rank: int, what: str) -> None:
@@ -575,7 +463,7 @@ def allgather(store: Any, prefix: str, rank: int, world: int, timeout: float, st
     p = f"{prefix}shm/{step}/"
     keys = [p + str(r) for r in range(world)]
     try:
-        with _store_guard.store_used(rank, "a group's shared memory setup", store, timeout):
+        with store_used(rank, "a group's shared memory setup", store, timeout):
             store.set(p + str(rank), value)
             _wait(store, keys, timeout, rank, f"all ranks to reach shared memory setup "
                   f"({step})", prefix)
@@ -583,7 +471,7 @@ def allgather(store: Any, prefix: str, rank: int, world: int, timeout: float, st
     except RingReduceError:
         raise  # ours (a timeout, another rank's failure): it says what happened
     except RuntimeError as e:  # torch's DistStoreError / DistNetworkError: the store is gone
-        raise _store_guard.store_failed(rank, "a group's shared memory setup", e, store) from e
+        raise store_failed(rank, "a group's shared memory setup", e, store) from e
 
 
 def _fail(store: Any, prefix: str, error: Exception) -> Exception:
@@ -612,14 +500,14 @@ def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None
     from ._C import RingReduceError
 
     during = "init" if prefix is None else "a group's creation"
-    _store_guard.refuse_if_cut(rank, during, store)
+    refuse_if_cut(rank, during, store)
     try:
         # Three waits of at most `timeout` each: a call stuck in torch's client past that.
         with _store_guard.deadline(store, 3 * timeout + _store_guard.MARGIN_S):
             return _exchange(store, rank, world, my_addr, secret, timeout, my_hb, prefix,
                              settings)
     except _store_guard.StoreSilent as e:
-        raise _store_guard.silent_error(rank, during, store, e) from e
+        raise silent_error(rank, during, store, e) from e
     except KeyboardInterrupt:
         # Ctrl-C on this rank only (a debugger, a signal to one pid): the others stop at
         # their next poll, not at the connect timeout. (A store that is gone: they find out.)
@@ -631,12 +519,12 @@ def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None
     except (ValueError, RingReduceError) as e:
         gone = getattr(e, "store_error", None)  # _wait's: say which phase it was
         if gone is not None:
-            raise _store_guard.store_failed(rank, during, gone, store) from gone
+            raise store_failed(rank, during, gone, store) from gone
         if rank == 0 and prefix is None:  # init: this process usually hosts the store and
             _linger(store, world)  # may exit next: let the others read "failed". A group's
         raise  # store is the world's, which outlives this error: nothing to wait for
     except RuntimeError as e:  # torch's DistStoreError / DistNetworkError: the store is gone
-        raise _store_guard.store_failed(rank, during, e, store) from e
+        raise store_failed(rank, during, e, store) from e
 
 
 def _same_settings(per_rank: list, rank: int) -> None:
@@ -674,6 +562,90 @@ def _first_line(e: Exception) -> str:
     when it has no text."""
     text = str(e).strip()
     return text.splitlines()[0] if text else repr(e)
+
+
+@contextlib.contextmanager
+def store_used(rank: int, during: str, store: Any, seconds: float | None = None
+               ) -> Iterator[None]:
+    """Store calls inside, at most `seconds` (plus _store_guard.MARGIN_S) long: torch's DistError (the
+    store went away) becomes store_failed's error, a store that stopped answering
+    silent_error's; everything else (ours: a timeout, the fd-limit check) passes unchanged."""
+    refuse_if_cut(rank, during, store)
+    try:
+        with _store_guard.deadline(store, None if seconds is None else seconds + _store_guard.MARGIN_S):
+            yield
+    except _store_guard.StoreSilent as e:
+        raise silent_error(rank, during, store, e) from e
+    except _torch_store().DistError as e:
+        raise store_failed(rank, during, e, store) from e
+
+
+def _in_rank0(store: Any) -> bool:
+    return store is not None and id(store) in _IN_RANK0
+
+
+def refuse_if_cut(rank: int, during: str, store: Any) -> None:
+    """Raise silent_error's error, without a store call, if the watchdog cut this store's
+    connection earlier: torch would fail at once too, but log a C++ stack trace first."""
+    cut = None if store is None else _store_guard.was_cut(store)
+    if cut is not None:
+        raise silent_error(rank, during, store, _store_guard.StoreSilent(_store_guard._where(store)[0], cut), True)
+
+
+def silent_error(rank: int, during: str, store: Any, e: _store_guard.StoreSilent,
+                 earlier: bool = False) -> Exception:
+    """The error for a store that did not answer until the deadline (see deadline). Served
+    by world rank 0's process: a PeerFailure naming rank 0 as silent, as a frozen peer is
+    named; else (a launcher's agent, torch's or the caller's store) a CollectiveTimeout."""
+    rank = _speaker(rank)
+    head = (f"rank {rank}: the rendezvous store did not answer for {e.seconds:.0f} s during "
+            f"{during}") if not earlier else (
+        f"rank {rank}: cannot use the rendezvous store during {during}: it did not answer "
+        f"for {e.seconds:.0f} s earlier, and this process shut its connection then")
+    if _in_rank0(store):
+        from ._C import PeerFailure
+
+        err = PeerFailure(f"{head}; rank 0's process serves it: rank 0 is frozen (stopped, "
+                          f"in a debugger, swapping) or its host is unreachable")
+        err.peer_rank, err.cause = 0, "silent"  # type: ignore[attr-defined]
+        return err
+    return _timeout_error(
+        f"{head} (port {e.port}); the process serving it -- the launcher's agent, or torch's "
+        f"rank 0 -- is frozen (stopped, in a debugger, swapping) or its host is unreachable")
+
+
+def store_failed(rank: int, during: str, e: Exception, store: Any = None) -> Exception:
+    """The error for a store that stopped answering. One that world rank 0's process serves
+    (not the launcher's agent's, not the caller's own) means rank 0 is gone: a PeerFailure
+    naming it (peer_rank 0), as any other dead peer is named -- before, a RingReduceError
+    that `except rr.PeerFailure` missed (found by a helper). A store whose connection the
+    watchdog shut (an earlier call found it silent) is silent_error's, again."""
+    cut = None if store is None else _store_guard.was_cut(store)
+    if cut is not None:
+        return silent_error(rank, during, store, _store_guard.StoreSilent(_store_guard._where(store)[0], cut), True)
+    why = f"{type(e).__name__}: {_first_line(e)}"
+    rank = _speaker(rank)
+    if _in_rank0(store):
+        from ._C import PeerFailure
+
+        if _rank0_left():
+            err = PeerFailure(
+                f"rank {rank}: the rendezvous store failed during {during} ({why}); rank 0's "
+                f"process serves it, and rank 0 left the job (destroy()) and exited: nothing "
+                f"can be set up through the store after that -- create groups and "
+                f"point-to-point channels before rank 0 calls destroy(), or let a launcher "
+                f"host the store (torchrun, ringreduce.run)")
+            err.peer_rank, err.cause = 0, "left"  # type: ignore[attr-defined]
+        else:
+            err = PeerFailure(f"rank {rank}: the rendezvous store failed during {during} "
+                              f"({why}); rank 0's process serves it: rank 0 exited or crashed")
+            err.peer_rank, err.cause = 0, "closed"  # type: ignore[attr-defined]
+    else:
+        err = _rr_error(
+            f"rank {rank}: the rendezvous store failed during {during} ({why}); the store "
+            f"lives in rank 0 (or the launcher's agent) -- did it exit or crash?")
+    err.store_error = e  # type: ignore[attr-defined]
+    return err
 
 
 def _speaker(rank: int) -> int:

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import operator
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+EAGER_LOCK = threading.Lock()  # guards every Group's .eager (p2p adds, destroy takes)
 
 @dataclass(eq=False)
 class Group:
@@ -44,7 +46,7 @@ class Group:
     p2p: dict = field(default_factory=dict)  # (lo, hi, tag) -> channels (ringreduce.p2p)
     # (thread or isend's Work, dst, tag): sends that returned early or were never waited
     # for (p2p); destroy() completes them
-    eager: list = field(default_factory=list)
+    eager: list = field(default_factory=list)  # under EAGER_LOCK
     destroyed: bool = False
     aborted: bool = False  # World only: ringreduce.abort() was called (refuse new channels)
     forked: int = 0  # in a forked child: the pid of the parent that made this group

@@ -59,10 +59,8 @@ _ADDRS: dict = {}  # store host -> its addresses (resolved once per process)
 def _where(store: Any) -> tuple:
     """(port, addresses or None) of the TCPStore under `store`: the connections that are
     its. Addresses None: the host did not resolve -- any connection to the port."""
-    from ._rendezvous import store_host
-
     port = _procnet._store_port(store)
-    host = None if port is None else store_host(store)
+    host = None if port is None else _procnet.store_host(store)
     if host is None:
         return port, None
     if host not in _ADDRS:
@@ -119,98 +117,6 @@ def deadline(store: Any, seconds: float | None) -> Iterator[None]:
         while idle is not None and idle.is_alive():  # it ends now: nothing of a job stays
             idle.join(0.01)  # after destroy() -- unless another block armed it meanwhile
             idle = None if _ARMED else idle
-
-
-@contextlib.contextmanager
-def store_used(rank: int, during: str, store: Any, seconds: float | None = None
-               ) -> Iterator[None]:
-    """Store calls inside, at most `seconds` (plus MARGIN_S) long: torch's DistError (the
-    store went away) becomes store_failed's error, a store that stopped answering
-    silent_error's; everything else (ours: a timeout, the fd-limit check) passes unchanged."""
-    from ._rendezvous import _torch_store
-
-    refuse_if_cut(rank, during, store)
-    try:
-        with deadline(store, None if seconds is None else seconds + MARGIN_S):
-            yield
-    except StoreSilent as e:
-        raise silent_error(rank, during, store, e) from e
-    except _torch_store().DistError as e:
-        raise store_failed(rank, during, e, store) from e
-
-
-def _in_rank0(store: Any) -> bool:
-    from . import _rendezvous
-
-    return store is not None and id(store) in _rendezvous._IN_RANK0
-
-
-def refuse_if_cut(rank: int, during: str, store: Any) -> None:
-    """Raise silent_error's error, without a store call, if the watchdog cut this store's
-    connection earlier: torch would fail at once too, but log a C++ stack trace first."""
-    cut = None if store is None else was_cut(store)
-    if cut is not None:
-        raise silent_error(rank, during, store, StoreSilent(_where(store)[0], cut), True)
-
-
-def silent_error(rank: int, during: str, store: Any, e: StoreSilent,
-                 earlier: bool = False) -> Exception:
-    """The error for a store that did not answer until the deadline (see deadline). Served
-    by world rank 0's process: a PeerFailure naming rank 0 as silent, as a frozen peer is
-    named; else (a launcher's agent, torch's or the caller's store) a CollectiveTimeout."""
-    from . import _rendezvous
-
-    rank = _rendezvous._speaker(rank)
-    head = (f"rank {rank}: the rendezvous store did not answer for {e.seconds:.0f} s during "
-            f"{during}") if not earlier else (
-        f"rank {rank}: cannot use the rendezvous store during {during}: it did not answer "
-        f"for {e.seconds:.0f} s earlier, and this process shut its connection then")
-    if _in_rank0(store):
-        from ._C import PeerFailure
-
-        err = PeerFailure(f"{head}; rank 0's process serves it: rank 0 is frozen (stopped, "
-                          f"in a debugger, swapping) or its host is unreachable")
-        err.peer_rank, err.cause = 0, "silent"  # type: ignore[attr-defined]
-        return err
-    return _rendezvous._timeout_error(
-        f"{head} (port {e.port}); the process serving it -- the launcher's agent, or torch's "
-        f"rank 0 -- is frozen (stopped, in a debugger, swapping) or its host is unreachable")
-
-
-def store_failed(rank: int, during: str, e: Exception, store: Any = None) -> Exception:
-    """The error for a store that stopped answering. One that world rank 0's process serves
-    (not the launcher's agent's, not the caller's own) means rank 0 is gone: a PeerFailure
-    naming it (peer_rank 0), as any other dead peer is named -- before, a RingReduceError
-    that `except rr.PeerFailure` missed (found by a helper). A store whose connection the
-    watchdog shut (an earlier call found it silent) is silent_error's, again."""
-    from . import _rendezvous
-
-    cut = None if store is None else was_cut(store)
-    if cut is not None:
-        return silent_error(rank, during, store, StoreSilent(_where(store)[0], cut), True)
-    why = f"{type(e).__name__}: {_rendezvous._first_line(e)}"
-    rank = _rendezvous._speaker(rank)
-    if _in_rank0(store):
-        from ._C import PeerFailure
-
-        if _rendezvous._rank0_left():
-            err = PeerFailure(
-                f"rank {rank}: the rendezvous store failed during {during} ({why}); rank 0's "
-                f"process serves it, and rank 0 left the job (destroy()) and exited: nothing "
-                f"can be set up through the store after that -- create groups and "
-                f"point-to-point channels before rank 0 calls destroy(), or let a launcher "
-                f"host the store (torchrun, ringreduce.run)")
-            err.peer_rank, err.cause = 0, "left"  # type: ignore[attr-defined]
-        else:
-            err = PeerFailure(f"rank {rank}: the rendezvous store failed during {during} "
-                              f"({why}); rank 0's process serves it: rank 0 exited or crashed")
-            err.peer_rank, err.cause = 0, "closed"  # type: ignore[attr-defined]
-    else:
-        err = _rendezvous._rr_error(
-            f"rank {rank}: the rendezvous store failed during {during} ({why}); the store "
-            f"lives in rank 0 (or the launcher's agent) -- did it exit or crash?")
-    err.store_error = e  # type: ignore[attr-defined]
-    return err
 
 
 def _watch() -> None:

@@ -95,7 +95,7 @@ def from_store(store: Any, rank: int, size: int, name: str,
     p = f"ringreduce/{world.options.get('session', '')[:16]}/"
     keys = [f"{p}grank/{r}" for r in range(size)]
     with _interrupts_told(world, store, p, name), \
-            _store_guard.store_used(world.rank, f"creating {name}", store, 4 * timeout):
+            _rendezvous.store_used(world.rank, f"creating {name}", store, 4 * timeout):
         store.set(f"{p}grank/{rank}", str(world.rank))
         # The members are known once all have started: until then any rank's failure stops it.
         with _rendezvous.watching(world, [r for r in range(world.world_size)
@@ -205,9 +205,7 @@ def _finish_eager_sends(world: Group, only: Group | None = None) -> None:
     on a channel) and isend()s never waited for are delivered before the channels close, as
     MPI_Finalize completes buffered sends: wait for them, at most RINGREDUCE_TIMEOUT (a
     failure is logged). `only`: those on that group (its destroy()); else all of them."""
-    from . import p2p
-
-    with p2p._LOCK:  # a send on another thread registers its own meanwhile (_outstanding)
+    with _state.EAGER_LOCK:  # a send on another thread registers its own meanwhile
         mine = [e for e in world.eager if only is None or e[3] is only]
         world.eager[:] = [e for e in world.eager if e[3] is not only and e[0].is_alive()] \
             if only is not None else []
@@ -293,7 +291,7 @@ def _make(world: Group, members: list[int], prefix: str, name: str,
     with _rendezvous.also_stop_on(out_of_step + "failed"), \
             _rendezvous.watching(world, [m for m in members if m != world.rank]), \
             _interrupts_told(world, store, prefix, name), \
-            _store_guard.store_used(world.rank, f"creating {name}", store,
+            _rendezvous.store_used(world.rank, f"creating {name}", store,
                                     4 * _setup_secs(world, timeout)):
         if not p2p:  # a channel's members follow from its key: nothing to compare
             _agree(store, prefix, me, members, _setup_secs(world, timeout), name,

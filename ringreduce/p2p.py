@@ -40,11 +40,11 @@ import time
 import traceback
 from typing import Any
 
-from . import _C, _buffers, _rendezvous, _state, _store_guard, groups
+from . import _C, _buffers, _rendezvous, _state, groups
 from ._state import Group
 
 log = logging.getLogger("ringreduce")
-_LOCK = threading.Lock()  # guards _MAKING, _ANY, Group.p2p and .eager (never held connecting)
+_LOCK = threading.Lock()  # guards _MAKING, _ANY and Group.p2p (never held while connecting)
 # Keyed by the group's id() first: channels, and so messages, are per group.
 _MAKING: dict = {}  # (group, lo, hi, tag) -> lock held by the thread making that pair
 _ANY: dict = {}  # (group, tag) -> [lock serialising any-source matches, next peer to try]
@@ -217,7 +217,7 @@ def _send_later(world: Group, g: Group, start: Any, dst: int, tag: int) -> None:
 def _outstanding(world: Group, waiter: Any, dst: int, tag: int, g: Group) -> None:
     """Keep `waiter` (is_alive / join: a send's thread, or an unwaited isend) for destroy()
     and g.destroy(), which complete it (_state.Group.eager); drops the finished ones."""
-    with _LOCK:
+    with _state.EAGER_LOCK:
         world.eager[:] = [e for e in world.eager if e[0].is_alive()]
         world.eager.append((waiter, dst, tag, g))
 
@@ -322,7 +322,7 @@ def _match(g: Group, world: Group, peers: list[int], tag: int, what: str,
     """The first rank of `peers` (from entry[1] on) whose message on `tag` waits for this
     rank, and its channel. Its store reads (_wanted) end at the receive's deadline (one
     watchdog arming for the whole wait, not one per read)."""
-    with _store_guard.store_used(world.rank, f"a receive from any rank (tag {tag})", g.store,
+    with _rendezvous.store_used(world.rank, f"a receive from any rank (tag {tag})", g.store,
                                  _deadline(g, world)[0]):
         return _poll_peers(g, world, peers, tag, what, entry)
 
@@ -373,7 +373,7 @@ def _poll_peers(g: Group, world: Group, peers: list[int], tag: int, what: str,
 def _wanted(g: Group, world: Group, src: int, tag: int) -> bool:
     lo, hi = min(src, world.rank), max(src, world.rank)
     store = g.store  # None: destroyed meanwhile (the caller's next check says so)
-    with _store_guard.store_used(world.rank, f"a receive from any rank (tag {tag})", store):
+    with _rendezvous.store_used(world.rank, f"a receive from any rank (tag {tag})", store):
         return store is not None and bool(store.check([f"{_base(g, lo, hi, tag)}want{src}"]))
 
 
@@ -516,7 +516,7 @@ def _make_pair(g: Group, world: Group, lo: int, hi: int, src: int, dst: int,
     where = "" if g is world else f" in {g.name}"
     during = f"making the channel {src} -> {dst} for tag {tag}{where}"
     with _rendezvous.watching(world, [peer]), \
-            _store_guard.store_used(world.rank, during, store,  # names rank 0 `left` if so
+            _rendezvous.store_used(world.rank, during, store,  # names rank 0 `left` if so
                                     _deadline(g, world)[0]):
         store.set(f"{base}want{world.rank}", b"1")  # for any-source receivers
     _meet(g, world, store, base, peer, src, dst, tag)

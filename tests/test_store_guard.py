@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from ringreduce import _store_guard
+from ringreduce import _rendezvous, _store_guard
 
 
 class _SilentStore:
@@ -79,5 +79,5 @@ def test_refused_at_once_after_a_cut(servers: int) -> None:
         store.check()
         raise ConnectionError("shut down")
     with pytest.raises(Exception, match="did not answer for 0 s earlier"):
-        _store_guard.refuse_if_cut(3, "creating group2", store)
+        _rendezvous.refuse_if_cut(3, "creating group2", store)
     store.conn.close()

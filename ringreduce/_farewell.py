@@ -1,0 +1,128 @@
+"""destroy()'s farewell through the store: every rank says "bye", rank 0 (the store's host)
+waits for all of them (at most a few seconds) and says whether its server stops, so no rank
+is left talking to a store that went away (torch logs a C++ stack trace then). Store talk
+runs on a helper thread with a deadline (_talk_until). ringreduce._rendezvous.release_store
+and groups' destroy of a torch subgroup call it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from . import _procnet, _store_guard
+
+# How long destroy() waits for the other ranks to be done with the store before rank 0
+# stops its server (and they for rank 0's word): a rank that is gone or far behind costs
+# destroy() at most this; it gives up quietly (the store is not needed any more). After a
+# failure peers may be dead, and destroy() must return promptly: the shorter wait.
+_FAREWELL_S = 5.0
+_FAREWELL_FAILED_S = 1.0
+
+
+def farewell_borrowed(store: Any, rank: int, world: int, prefix: str, timeout: float,
+                      failed: bool = False, lost: int = -1) -> None:
+    """destroy() on a store that is not ours (torch's, when init_process_group("ringreduce")
+    made the world; the caller's): whoever hosts it -- torch's rank 0 -- may drop it right
+    after, yet the other ranks may still make point-to-point channels or groups through it
+    (gloo needs no store after init; we do). So every rank says "bye" and rank 0 waits until
+    all have (at most `timeout`, capped as release_store's wait is; `lost` as there). Never
+    raises."""
+    deadline = _farewell_deadline(timeout, failed)
+    bye = prefix + "bye"
+
+    def talk() -> None:
+        try:
+            if (rank != 0 and _procnet.server_closed(store)) or _store_guard.was_cut(store):
+                return  # see _farewell
+            store.add(bye, 1 + _proxy(store, prefix, rank, lost))
+            if rank == 0:
+                _poll(lambda: store.add(bye, 0) >= world, deadline)
+        except RuntimeError:  # the store is gone already: nothing to wait for
+            pass
+
+    _talk_until(deadline, talk)
+
+
+def _farewell_deadline(timeout: float, failed: bool) -> float:
+    return time.monotonic() + min(timeout, _FAREWELL_FAILED_S if failed else _FAREWELL_S)
+
+
+def _talk_until(deadline: float, target: Any, *args: Any) -> None:
+    """Run a farewell's store talk on a helper thread and stop waiting for it at the
+    deadline: store calls block while the server's host is frozen (SIGSTOP, a debugger) for
+    the store's own timeout, not ours. An abandoned thread ends at the store's timeout and
+    drops its reference.
+
+    Ctrl-C meanwhile cuts the talk short (its polls stop, _HURRY) but still lets the thread
+    end before the KeyboardInterrupt goes on: it holds the store, so rank 0's server stayed
+    up, and a thread left inside a store call at exit took the process down (std::terminate
+    as the interpreter unwound it)."""
+    ended = threading.Event()  # not join(): one that Ctrl-C interrupted returns at once after
+
+    def run() -> None:
+        try:
+            target(*args)
+        finally:
+            ended.set()
+
+    threading.Thread(target=run, name="ringreduce-store-farewell", daemon=True).start()
+    try:
+        ended.wait(max(0.0, deadline - time.monotonic()) + 0.5)
+    except BaseException:
+        _HURRY.set()
+        try:
+            ended.wait(1.0)  # a store call in flight answers within milliseconds
+        finally:
+            _HURRY.clear()
+        raise
+
+
+_HURRY = threading.Event()  # set: farewell polls give up at once (Ctrl-C during destroy)
+
+
+def _proxy(store: Any, prefix: str, rank: int, lost: int) -> int:
+    """1 if this rank is the first to report `lost` (a rank found dead or frozen, which
+    will say nothing) and so speaks for it in the farewell, else 0."""
+    if lost < 0 or lost == rank:
+        return 0
+    return int(store.add(f"{prefix}lost/{lost}", 1) == 1)
+
+
+def _farewell(box: list, rank: int, world: int, prefix: str, closing: bool, deadline: float,
+              words: list, lost: int = -1) -> None:
+    """release_store's talk through the store (helper thread); drops box's reference."""
+    store = box.pop()
+    bye, ack, acked = prefix + "bye", prefix + "bye-ack", prefix + "acked"
+    try:
+        if (rank != 0 and _procnet.server_closed(store)) or _store_guard.was_cut(store):
+            return  # rank 0 stopped waiting and closed it (or we did, the watchdog): a
+            # store call would log a trace
+        proxy = _proxy(store, prefix, rank, lost)
+        store.add(bye, 1 + proxy)
+        if rank == 0:
+            _poll(lambda: store.add(bye, 0) >= world, deadline)
+            store.set(ack, "close" if closing else "keep")
+            _poll(lambda: store.add(acked, 0) >= world - 1 - proxy, deadline)
+        elif _poll(lambda: store.check([ack]), deadline):
+            words.append(bytes(store.get(ack)))
+            store.add(acked, 1 + proxy)
+            if words == [b"close"]:
+                # Until rank 0 stops the server (at once, once all acked), a re-init's
+                # client could reach it and be reset by its close, which makes torch log a
+                # C++ stack trace ("recvValue failed") on every rank but 0. Watching our
+                # connection's state sends nothing.
+                _poll(lambda: _procnet.server_closed(store), min(deadline, time.monotonic() + 1))
+    except RuntimeError:  # the store is gone already (rank 0 left): nothing to wait for
+        pass
+    finally:
+        store = None  # the last reference: TCPStore's destructor closes its sockets
+
+
+def _poll(done: Any, deadline: float) -> bool:
+    """Call done() every 2 ms until it is true (returns True) or the deadline (False)."""
+    while not done():
+        if time.monotonic() > deadline or _HURRY.is_set():
+            return False
+        time.sleep(0.002)
+    return True
