@@ -567,12 +567,14 @@ def _first_line(e: Exception) -> str:
 @contextlib.contextmanager
 def store_used(rank: int, during: str, store: Any, seconds: float | None = None
                ) -> Iterator[None]:
-    """Store calls inside, at most `seconds` (plus _store_guard.MARGIN_S) long: torch's DistError (the
-    store went away) becomes store_failed's error, a store that stopped answering
-    silent_error's; everything else (ours: a timeout, the fd-limit check) passes unchanged."""
+    """Store calls inside, at most `seconds` (plus _store_guard.MARGIN_S) long: torch's
+    DistError (the store went away) becomes store_failed's error, a store that stopped
+    answering silent_error's; everything else (ours: a timeout, the fd-limit check) passes
+    unchanged."""
     refuse_if_cut(rank, during, store)
+    margin = _store_guard.MARGIN_S
     try:
-        with _store_guard.deadline(store, None if seconds is None else seconds + _store_guard.MARGIN_S):
+        with _store_guard.deadline(store, None if seconds is None else seconds + margin):
             yield
     except _store_guard.StoreSilent as e:
         raise silent_error(rank, during, store, e) from e
@@ -587,9 +589,9 @@ def _in_rank0(store: Any) -> bool:
 def refuse_if_cut(rank: int, during: str, store: Any) -> None:
     """Raise silent_error's error, without a store call, if the watchdog cut this store's
     connection earlier: torch would fail at once too, but log a C++ stack trace first."""
-    cut = None if store is None else _store_guard.was_cut(store)
+    cut = _store_guard.cut_before(store)
     if cut is not None:
-        raise silent_error(rank, during, store, _store_guard.StoreSilent(_store_guard._where(store)[0], cut), True)
+        raise silent_error(rank, during, store, cut, earlier=True)
 
 
 def silent_error(rank: int, during: str, store: Any, e: _store_guard.StoreSilent,
@@ -620,9 +622,9 @@ def store_failed(rank: int, during: str, e: Exception, store: Any = None) -> Exc
     naming it (peer_rank 0), as any other dead peer is named -- before, a RingReduceError
     that `except rr.PeerFailure` missed (found by a helper). A store whose connection the
     watchdog shut (an earlier call found it silent) is silent_error's, again."""
-    cut = None if store is None else _store_guard.was_cut(store)
+    cut = _store_guard.cut_before(store)
     if cut is not None:
-        return silent_error(rank, during, store, _store_guard.StoreSilent(_store_guard._where(store)[0], cut), True)
+        return silent_error(rank, during, store, cut, earlier=True)
     why = f"{type(e).__name__}: {_first_line(e)}"
     rank = _speaker(rank)
     if _in_rank0(store):

@@ -85,6 +85,13 @@ def was_cut(store: Any) -> float | None:
     return max(cut) if cut else None
 
 
+def cut_before(store: Any) -> StoreSilent | None:
+    """What the watchdog found when it cut this store's connection earlier (was_cut), as
+    the StoreSilent it raised then; None if it did not."""
+    seconds = None if store is None else was_cut(store)
+    return None if seconds is None else StoreSilent(_where(store)[0], seconds)
+
+
 @contextlib.contextmanager
 def deadline(store: Any, seconds: float | None) -> Iterator[None]:
     """Raise StoreSilent if the block is still inside a store call `seconds` from now
