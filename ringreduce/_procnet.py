@@ -58,8 +58,14 @@ def _ip(hexaddr: str) -> Any:
     raw = bytes.fromhex(hexaddr)
     if len(raw) == 4:
         return ipaddress.IPv4Address(raw[::-1])
-    a = ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
-    return a.ipv4_mapped or a
+    return plain_ip(ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1]
+                                                  for i in range(0, 16, 4))))
+
+
+def plain_ip(a: Any) -> Any:
+    """An ipaddress object, an IPv4-mapped IPv6 one as the IPv4 address it maps (how a
+    dual-stack socket shows an IPv4 peer)."""
+    return getattr(a, "ipv4_mapped", None) or a
 
 
 def _connections(port: int, addrs: Any = None) -> list:

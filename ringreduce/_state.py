@@ -18,6 +18,7 @@ from typing import Any
 
 EAGER_LOCK = threading.Lock()  # guards every Group's .eager (p2p adds, destroy takes)
 
+
 @dataclass(eq=False)
 class Group:
     """A communicator over some of the job's ranks (the world, or a group of it)."""

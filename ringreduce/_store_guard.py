@@ -66,8 +66,8 @@ def _where(store: Any) -> tuple:
     if host not in _ADDRS:
         try:
             infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            ips = {ipaddress.ip_address(str(i[4][0]).split("%")[0]) for i in infos}
-            _ADDRS[host] = {getattr(a, "ipv4_mapped", None) or a for a in ips} or None
+            _ADDRS[host] = {_procnet.plain_ip(ipaddress.ip_address(str(i[4][0]).split("%")[0]))
+                            for i in infos} or None
         except (OSError, ValueError):
             _ADDRS[host] = None
     return port, _ADDRS[host]
@@ -76,20 +76,20 @@ def _where(store: Any) -> tuple:
 def was_cut(store: Any) -> float | None:
     """After how many seconds of silence the watchdog shut this process's connection to
     the store (one still open: a new store on the same port is not), None if it did not."""
-    if not _CUT:
+    cut = cut_before(store)
+    return None if cut is None else cut.seconds
+
+
+def cut_before(store: Any) -> StoreSilent | None:
+    """What the watchdog found when it cut this store's connection earlier (see was_cut),
+    as the StoreSilent it raised then; None if it did not."""
+    if not _CUT or store is None:
         return None
     port, addrs = _where(store)
     if port is None:
         return None
     cut = [_CUT[i] for _, i in _procnet.client_sockets(port, addrs) if i in _CUT]
-    return max(cut) if cut else None
-
-
-def cut_before(store: Any) -> StoreSilent | None:
-    """What the watchdog found when it cut this store's connection earlier (was_cut), as
-    the StoreSilent it raised then; None if it did not."""
-    seconds = None if store is None else was_cut(store)
-    return None if seconds is None else StoreSilent(_where(store)[0], seconds)
+    return StoreSilent(port, max(cut)) if cut else None
 
 
 @contextlib.contextmanager

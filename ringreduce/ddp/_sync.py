@@ -46,7 +46,8 @@ def verify_shapes(names: Sequence[str], params: Sequence[torch.Tensor], rank: in
     gathered = api.allgather(summary, group=group)  # (world, 3 + len(options))
     if bool((gathered == gathered[0]).all()):
         return
-    _check_options(gathered[:, 3:], options, world_ranks(group, world))
+    at = world_ranks(group, world)  # messages name world ranks, as every other error does
+    _check_options(gathered[:, 3:], options, at)
     # Something differs: every rank saw the same gathered table, so all take this path.
     nmax = int(gathered[:, 0].max())
     mine = torch.full((nmax,), 0, dtype=torch.int64)
@@ -66,7 +67,6 @@ def verify_shapes(names: Sequence[str], params: Sequence[torch.Tensor], rank: in
         for k, s in enumerate(list(p.shape)[:8]):
             enc[4 + k] = s
     encs = api.allgather(enc, group=group)
-    at = world_ranks(group, world)  # messages name world ranks, as every other error does
     per_rank = []
     any_buffers = bool((gathered[:, 0] != gathered[:, 1]).any())
     for r in range(world):
