@@ -182,6 +182,7 @@ void startHeartbeat(transport::Heartbeat& hb, int rank, int world,
         targets[static_cast<size_t>(p)].clear();
   std::string session = opts.contains("session") ? opts["session"].cast<std::string>() : "";
   hb.setName(o.groupName.empty() ? "world" : o.groupName);
+  hb.setCarrier(o.rankLabels.empty());  // the world's: groups and channels go quiet beside it
   hb.start(rank, targets, transport::heartbeatKey(secret, session), o.heartbeatIntervalSec);
 }
 
@@ -690,17 +691,18 @@ PYBIND11_MODULE(_C, m) {
            [](PyComm& c) {
              std::shared_ptr<runtime::Executor> e = c.held();
              // Between collectives: a lazy connect changes the table under a reader.
-             std::array<long long, 5> v{};
+             std::array<long long, 6> v{};
              {
                py::gil_scoped_release nogil;
                v = e->between([](comm::Communicator& cm) {
                  const transport::Heartbeat* hb = cm.heartbeat();
                  int watched = 0;
                  for (int p = 0; p < cm.world(); ++p) watched += p != cm.rank() && cm.watched(p);
-                 return std::array<long long, 5>{
+                 return std::array<long long, 6>{
                      cm.openConnections(), hb ? hb->targets() : 0,
                      hb ? static_cast<long long>(hb->sent()) : 0, watched,
-                     cm.watchedProcesses()};  // pidfds (socketless groups)
+                     cm.watchedProcesses(),  // pidfds (socketless groups)
+                     hb ? static_cast<long long>(hb->skipped()) : 0};
                });
              }
              py::dict d;
@@ -709,6 +711,7 @@ PYBIND11_MODULE(_C, m) {
              d["heartbeat_sent"] = v[2];
              d["watched"] = v[3];
              d["processes_watched"] = v[4];
+             d["heartbeat_skipped"] = v[5];  // idle: the world's heartbeat spoke for it
              return d;
            })
       .def_property_readonly("uses_shm", [](PyComm& c) { return c.ex().comm().shm() != nullptr; })

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <memory>
 #include <thread>
+#include <unordered_map>
 
 #include "core/deadline.h"
 #include "core/error.h"
@@ -59,6 +60,28 @@ struct Registry {
 Registry& registry() {
   static Registry* r = new Registry();  // never destroyed: heartbeats may outlive statics
   return *r;
+}
+
+// A peer's address without its port (FNV-1a): what its communicators share.
+uint64_t addrKey(const void* sockaddrBytes) {
+  const auto* sa = static_cast<const sockaddr*>(sockaddrBytes);
+  const uint8_t* p = nullptr;
+  size_t n = 0;
+  if (sa->sa_family == AF_INET) {
+    p = reinterpret_cast<const uint8_t*>(&reinterpret_cast<const sockaddr_in*>(sa)->sin_addr);
+    n = 4;
+  } else if (sa->sa_family == AF_INET6) {
+    p = reinterpret_cast<const uint8_t*>(&reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr);
+    n = 16;
+  }
+  uint64_t h = 14695981039346656037ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return n ? h : 0;
+}
+
+// One peer process: its address and pid (0: not known yet).
+uint64_t procKey(uint64_t addr, uint32_t pid) {
+  return addr && pid ? (addr ^ (uint64_t{pid} * 0x9E3779B97F4A7C15ull)) | 1 : 0;
 }
 
 }  // namespace
@@ -139,8 +162,11 @@ class HeartbeatHub {
         std::lock_guard<std::mutex> g(mu_);
         if (stop) return;
         const int64_t now = nowNs();
+        prune(now);
         for (Heartbeat* h : beats_) {
-          if (now >= h->nextNs_) {
+          // A round due within 1/8 period goes out with this one: the rounds of all the
+          // process's communicators fall into step, one wake-up serving them all.
+          if (now + h->periodNs_ / 8 >= h->nextNs_) {
             h->sendAll();
             h->nextNs_ = now + h->periodNs_;
           }
@@ -169,6 +195,45 @@ class HeartbeatHub {
       }
     }
   }
+
+ public:
+  // Liveness per peer process (heartbeat.h). When any of this process's communicators last
+  // heard from process `proc` (read by status(), any thread).
+  void noteHeard(uint64_t proc, int64_t now) {
+    std::lock_guard<std::mutex> g(heardMu_);
+    heard_[proc] = now;
+  }
+  int64_t heardNs(uint64_t proc) {
+    std::lock_guard<std::mutex> g(heardMu_);
+    auto it = heard_.find(proc);
+    return it == heard_.end() ? 0 : it->second;
+  }
+  // When the carrier last sent to process `proc` while hearing from it. Under mu_.
+  void noteCarried(uint64_t proc, int64_t now) { carried_[proc] = now; }
+  bool carriedSince(uint64_t proc, int64_t since) const {
+    auto it = carried_.find(proc);
+    return it != carried_.end() && it->second >= since;
+  }
+
+ private:
+  // Forget processes not heard from or carried to for a minute (re-inits, ended peers).
+  // Under mu_.
+  void prune(int64_t now) {
+    if (now < nextPruneNs_) return;
+    nextPruneNs_ = now + 10 * kSecNs;
+    const int64_t old = now - 60 * kSecNs;
+    dropOlder(carried_, old);
+    std::lock_guard<std::mutex> g(heardMu_);
+    dropOlder(heard_, old);
+  }
+  static void dropOlder(std::unordered_map<uint64_t, int64_t>& m, int64_t old) {
+    for (auto it = m.begin(); it != m.end();) it = it->second < old ? m.erase(it) : std::next(it);
+  }
+  static constexpr int64_t kSecNs = 1000000000;
+  std::unordered_map<uint64_t, int64_t> carried_;
+  int64_t nextPruneNs_ = 0;
+  std::mutex heardMu_;  // guards heard_ (after mu_ where both are taken)
+  std::unordered_map<uint64_t, int64_t> heard_;
 
   std::mutex mu_;  // guards everything here, and every registered Heartbeat's hub fields
   std::vector<Heartbeat*> beats_;
@@ -227,6 +292,11 @@ void Heartbeat::start(int rank, const std::vector<std::string>& peerAddrs,
     peerElsewhere_.assign(nslots_, std::string());
   }
   lastCounter_.assign(nslots_, 0);
+  peerAddrKey_.assign(nslots_, 0);
+  for (size_t r = 0; r < nslots_; ++r)
+    if (!peerSockaddr_[r].empty()) peerAddrKey_[r] = addrKey(peerSockaddr_[r].data());
+  lastSaid_.clear();
+  quietRounds_ = 0;
   periodNs_ = static_cast<int64_t>(clampSeconds(interval_) * 1e9);
   nextNs_ = 0;  // the first round goes out at once
   {
@@ -257,6 +327,9 @@ PeerStatus Heartbeat::status(int peer) const {
   if (peer < 0 || static_cast<size_t>(peer) >= nslots_) return s;
   const Slot& sl = slots_[static_cast<size_t>(peer)];
   int64_t last = sl.lastNs.load(std::memory_order_acquire);
+  // Heard on this communicator: any communicator's word from that process counts since.
+  const uint64_t proc = sl.proc.load(std::memory_order_relaxed);
+  if (last != 0 && proc != 0) last = std::max(last, HeartbeatHub::get().heardNs(proc));
   s.ageMs = last == 0 ? -1 : (nowNs() - last) / 1000000;
   s.pid = sl.pid.load(std::memory_order_relaxed);
   uint64_t st = sl.state.load(std::memory_order_relaxed);
@@ -318,26 +391,57 @@ void Heartbeat::sendAll(bool bye) {
   }
   d.bytes = bytes_.load(std::memory_order_relaxed);
   d.waiting = waiting_.load(std::memory_order_relaxed);
-  d.counter = ++counter_;
   {
     std::lock_guard<std::mutex> g(siteMu_);
     std::memcpy(d.site, site_.data(), site_.size());  // < kSiteBytes; the rest stays 0
   }
   const std::string other = busyElsewhere();  // < kSiteBytes
   std::memcpy(d.elsewhere, other.data(), other.size());
-  sign(key_, &d);
+  // Idle with nothing new to say (a bye, a collective, a change of site or of what the
+  // process runs elsewhere all go out at once): peers the carrier reaches are skipped.
+  const auto* said = reinterpret_cast<const uint8_t*>(&d);
+  const bool same = d.kind == 0 && !bye && lastSaid_.size() == sizeof(d) &&
+                    std::memcmp(lastSaid_.data(), said, sizeof(d)) == 0;
+  const bool quiet = !carrier_ && same && ++quietRounds_ < kRefreshRounds;
+  if (!quiet) quietRounds_ = 0;
+  lastSaid_.assign(said, said + sizeof(d));  // counter and MAC are still 0 here
+  d.counter = ++counter_;
+  HeartbeatHub& hub = HeartbeatHub::get();
+  const int64_t now = nowNs();
+  bool signed_ = false;
   for (size_t r = 0; r < nslots_; ++r) {
     if (peerSockaddr_[r].empty()) continue;
+    const uint64_t proc = targetProc(r);
+    if (quiet && proc && hub.carriedSince(proc, now - 2 * periodNs_)) {
+      skipped_.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    if (!signed_) sign(key_, &d);
+    signed_ = true;
     if (::sendto(fd_.get(), &d, sizeof(d), MSG_DONTWAIT,
                  reinterpret_cast<const sockaddr*>(peerSockaddr_[r].data()),
-                 static_cast<socklen_t>(peerSockaddr_[r].size())) > 0)
-      sent_.fetch_add(1, std::memory_order_relaxed);
+                 static_cast<socklen_t>(peerSockaddr_[r].size())) <= 0)
+      continue;
+    sent_.fetch_add(1, std::memory_order_relaxed);
+    // Carried only where the path is live both ways: the peer's own world heartbeat reached
+    // this rank lately (so its socket is open) and it has not left.
+    const Slot& s = slots_[r];
+    if (carrier_ && proc && !s.left.load(std::memory_order_relaxed) &&
+        now - s.lastNs.load(std::memory_order_relaxed) < 3 * periodNs_)
+      hub.noteCarried(proc, now);
   }
+}
+
+uint64_t Heartbeat::targetProc(size_t r) const {
+  return procKey(peerAddrKey_[r], slots_[r].pid.load(std::memory_order_relaxed));
 }
 
 void Heartbeat::receiveOne() {
   Datagram d;
-  ssize_t n = ::recv(fd_.get(), &d, sizeof(d), MSG_DONTWAIT);
+  sockaddr_storage from{};
+  socklen_t fromLen = sizeof(from);
+  ssize_t n = ::recvfrom(fd_.get(), &d, sizeof(d), MSG_DONTWAIT,
+                         reinterpret_cast<sockaddr*>(&from), &fromLen);
   if (n != static_cast<ssize_t>(sizeof(d)) || d.magic != kMagic) return;  // noise: ignore
   if (d.rank < 0 || static_cast<size_t>(d.rank) >= nslots_ || d.rank == rank_) return;
   uint8_t mac[16];
@@ -366,7 +470,11 @@ void Heartbeat::receiveOne() {
     peerSite_[static_cast<size_t>(d.rank)].assign(d.site);
     peerElsewhere_[static_cast<size_t>(d.rank)].assign(d.elsewhere);
   }
-  s.lastNs.store(nowNs(), std::memory_order_release);
+  const int64_t now = nowNs();
+  const uint64_t proc = procKey(addrKey(&from), d.pid);
+  s.proc.store(proc, std::memory_order_relaxed);
+  if (proc) HeartbeatHub::get().noteHeard(proc, now);
+  s.lastNs.store(now, std::memory_order_release);
 }
 
 }  // namespace rr::transport

@@ -8,6 +8,14 @@
 // sender's pid and what it is doing (collective kind, sequence number, bytes done), so an
 // error can say what the culprit was doing. The thread shares nothing with the data path
 // but a few atomics.
+//
+// Liveness is shared per peer process: any authenticated datagram from a process (source
+// address + pid) shows it alive to every communicator of this process that has it as a
+// member. The world's heartbeat is the carrier: it always runs at full rate. Another
+// communicator (a group, a point-to-point channel) that is idle and has nothing new to say
+// skips a peer the carrier reached within the last two periods (and heard from: a two-way
+// live path), sending in full every kRefreshRounds rounds; so idle groups cost almost no
+// traffic or CPU, and a frozen process still falls silent to all of them at once.
 #pragma once
 
 #include <atomic>
@@ -83,6 +91,12 @@ class Heartbeat {
   // ("allreduce #5 on world"), so a peer waiting for this rank on one group learns that it
   // is blocked on another (ranks that called collectives on groups in different orders).
   void setName(std::string name) { name_ = std::move(name); }
+  // The world's heartbeat (before start()): carries this process's liveness (see above).
+  void setCarrier(bool on) { carrier_ = on; }
+  // Rounds an idle heartbeat with nothing new may skip peers the carrier reaches.
+  static constexpr int kRefreshRounds = 16;
+  // `ageMs`: since the last datagram from the peer's process on any communicator (once this
+  // one has heard from it).
   PeerStatus status(int peer) const;
   // The call site peer `peer` last reported ("" if none). Takes a lock: for reports only.
   std::string site(int peer) const;
@@ -92,6 +106,8 @@ class Heartbeat {
   // Peers this rank sends heartbeats to, and datagrams sent so far (link_stats). Any thread.
   int targets() const { return targets_; }
   uint64_t sent() const { return sent_.load(std::memory_order_relaxed); }
+  // Datagrams not sent since the carrier spoke for this heartbeat (link_stats). Any thread.
+  uint64_t skipped() const { return skipped_.load(std::memory_order_relaxed); }
 
  private:
   friend class HeartbeatHub;
@@ -106,7 +122,11 @@ class Heartbeat {
     std::atomic<int> waiting{-1};
     std::atomic<uint64_t> root{0};  // root << 32 | seq's low 32 bits, as setRoot; 0: none
     std::atomic<bool> left{false};  // its last datagram was its goodbye
+    std::atomic<uint64_t> proc{0};  // its process (source address, pid): HeartbeatHub::heard
   };
+  // The process key of peer `r` as this rank sends to it (its address, the pid it gave);
+  // 0 until heard from.
+  uint64_t targetProc(size_t r) const;
 
   tcp::Fd fd_;
   int port_ = 0;
@@ -118,8 +138,10 @@ class Heartbeat {
   size_t nslots_ = 0;
   std::atomic<uint64_t> state_{0}, bytes_{0};
   std::atomic<uint64_t> root_{0};  // setRoot
-  std::atomic<uint64_t> sent_{0};
+  std::atomic<uint64_t> sent_{0}, skipped_{0};
   int targets_ = 0;
+  bool carrier_ = false;
+  std::vector<uint64_t> peerAddrKey_;  // hash of each peer's address (no port), as sent to
   std::atomic<int> waiting_{-1};
   mutable std::mutex siteMu_;  // guards site_, peerSite_ and peerElsewhere_
   std::string site_;
@@ -132,6 +154,8 @@ class Heartbeat {
   int64_t periodNs_ = 0, nextNs_ = 0;  // send period; when the next round is due
   uint64_t counter_ = 0;                // strictly increasing in every datagram sent
   std::vector<uint64_t> lastCounter_;   // per peer: replays (older counters) are ignored
+  std::vector<uint8_t> lastSaid_;       // the last datagram sent, less counter and MAC
+  int quietRounds_ = 0;                 // rounds since the last one sent to every peer
   bool running_ = false;                // between start() and stop()
 };
 

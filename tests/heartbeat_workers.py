@@ -1,0 +1,79 @@
+"""Rank-side code of tests/test_heartbeats.py: idle communicators lean on the world's
+heartbeat (liveness shared per peer process), and nothing about failure detection is lost."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+
+import ringreduce as rr
+
+
+def _checked_allreduce(g: rr.Group | None, rank: int, members: list[int]) -> None:
+    x = np.full(7, rank + 1, np.int64)
+    rr.allreduce(x, group=g)
+    want = sum(r + 1 for r in members)
+    assert (x == want).all(), f"rank {rank}: {x.tolist()}, want {want}"
+
+
+def _groups(rank: int, world: int) -> list[tuple[rr.Group, list[int]]]:
+    made = [(rr.new_group(), list(range(world))), (rr.new_group([0, 2]), [0, 2]),
+            (rr.world_group().split(rank % 2, key=rank),
+             [r for r in range(world) if r % 2 == rank % 2])]
+    return [(g, m) for g, m in made if g is not None]
+
+
+def idle_traffic(rank: int, world: int) -> dict:
+    """Groups used once, then idle for 3 s: the heartbeat datagrams each communicator sent
+    meanwhile (and skipped: the world spoke for it), groups checked before and after."""
+    groups = _groups(rank, world)
+    for g, m in groups:
+        _checked_allreduce(g, rank, m)
+    time.sleep(1.0)
+    comms = {"world": rr.world_group().comm}
+    comms.update({g.name: g.comm for g, _ in groups if g.comm is not None})
+    before = {k: c.link_stats() for k, c in comms.items()}
+    time.sleep(3.0)
+    after = {k: c.link_stats() for k, c in comms.items()}
+    for g, m in groups:
+        _checked_allreduce(g, rank, m)
+    return {k: {"sent": after[k]["heartbeat_sent"] - before[k]["heartbeat_sent"],
+                "skipped": after[k]["heartbeat_skipped"] - before[k]["heartbeat_skipped"],
+                "targets": after[k]["heartbeat_targets"]} for k in comms}
+
+
+def late_member(rank: int, world: int, late: int, secs: float) -> float:
+    """Every rank but `late` waits in an all-reduce on a group of all ranks while `late`
+    sleeps `secs` (longer than the heartbeat timeout) before joining: its group was idle
+    and quiet, its process alive -- nobody may call it silent. Returns seconds waited."""
+    g = rr.new_group()
+    _checked_allreduce(g, rank, list(range(world)))
+    rr.barrier()
+    if rank == late:
+        time.sleep(secs)
+    t0 = time.monotonic()
+    _checked_allreduce(g, rank, list(range(world)))
+    return time.monotonic() - t0
+
+
+def frozen_member(rank: int, world: int, victim: int) -> dict:
+    """`victim` stops (SIGSTOP) while its group is idle; the others then all-reduce on the
+    group: the victim must be named silent at the heartbeat timeout, as before."""
+    g = rr.new_group()
+    _checked_allreduce(g, rank, list(range(world)))
+    rr.barrier()
+    if rank == victim:
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(60)
+    time.sleep(1.0)  # the victim is stopped, its group's last word a while ago
+    t0 = time.monotonic()
+    try:
+        _checked_allreduce(g, rank, list(range(world)))
+        return {"error": "no error"}
+    except rr.PeerFailure as e:
+        return {"error": str(e), "peer_rank": e.peer_rank, "cause": e.cause,
+                "secs": time.monotonic() - t0}

@@ -1,0 +1,54 @@
+"""Heartbeats shared per peer process: an idle group or point-to-point channel skips the
+peers the world's heartbeat reaches (so dozens of unused groups cost no traffic), while
+late members are never taken for silent and frozen ones are still named at the timeout."""
+
+from __future__ import annotations
+
+import pytest
+from _spawn import run_world, run_world_raw
+
+# A timeout far below the quiet groups' refresh (16 rounds of 0.5 s): only liveness shared
+# with the world keeps an idle group's members from being called silent.
+FAST = {"RINGREDUCE_HEARTBEAT_TIMEOUT": "1.5", "RINGREDUCE_TIMEOUT": "40"}
+
+
+@pytest.mark.timeout(90)
+def test_idle_groups_send_almost_nothing_beside_the_world() -> None:
+    outs = run_world(3, "heartbeat_workers:idle_traffic", timeout=80)
+    for rank, comms in enumerate(outs):
+        world = comms.pop("world")
+        assert world["sent"] >= 4 * world["targets"], (rank, world)  # ~6 rounds in 3 s
+        # Rank 1 is outside [0, 2] and alone in its split (a group of one sends nothing).
+        assert len(comms) == (1 if rank == 1 else 3), (rank, comms)
+        for name, c in comms.items():
+            if not c["targets"]:
+                continue
+            # At most one refresh round in 3 s, where the world sent ~6 rounds.
+            assert c["sent"] <= world["sent"] // 3 and c["skipped"] > 0, (rank, name, c, world)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world,late,env", [
+    (3, 2, {}),
+    # The world heartbeats only its overlay (r +- 2^k): rank 3 is not in rank 0's, so the
+    # group must keep talking to it itself.
+    (6, 3, {"RINGREDUCE_FULL_MESH_MAX": "2"}),
+    (3, 1, {"RINGREDUCE_TRANSPORT": "tcp"}),
+], ids=["shm", "sparse-world", "tcp"])
+def test_a_member_late_to_a_quiet_group_is_not_called_silent(world: int, late: int,
+                                                             env: dict) -> None:
+    waited = run_world(world, "heartbeat_workers:late_member", late, 4.0, timeout=110,
+                       env={**FAST, **env})
+    assert all(w >= 3.0 for r, w in enumerate(waited) if r != late), waited
+
+
+@pytest.mark.timeout(90)
+def test_a_frozen_member_of_a_quiet_group_is_named_at_the_timeout() -> None:
+    outs = run_world_raw(3, "heartbeat_workers:frozen_member", 2, timeout=80, env=FAST,
+                         expendable=[2])
+    for r in (0, 1):
+        v = outs[r].value
+        assert v is not None, outs[r].describe()
+        assert v["peer_rank"] == 2 and v["cause"] == "silent", (r, v)
+        assert "rank 2 " in v["error"] and "stopped responding" in v["error"], (r, v)
+        assert v["secs"] < 6.0, (r, v)  # the timeout (1.5 s) after its last word, and slack
