@@ -45,10 +45,16 @@ def idle_traffic(rank: int, world: int) -> dict:
                 "targets": after[k]["heartbeat_targets"]} for k in comms}
 
 
-def late_member(rank: int, world: int, late: int, secs: float) -> float:
+def late_member(rank: int, world: int, late: int, secs: float, alt_addr: bool = False) -> float:
     """Every rank but `late` waits in an all-reduce on a group of all ranks while `late`
     sleeps `secs` (longer than the heartbeat timeout) before joining: its group was idle
-    and quiet, its process alive -- nobody may call it silent. Returns seconds waited."""
+    and quiet, its process alive -- nobody may call it silent. Returns seconds waited.
+    alt_addr: `late` binds its group to 127.0.0.2, the world to 127.0.0.1 (as a group can
+    when an interface list or a route picks another address later)."""
+    if alt_addr and rank == late:
+        from ringreduce import _env
+
+        _env.select_interface_address = lambda *a, **k: "127.0.0.2"
     g = rr.new_group()
     _checked_allreduce(g, rank, list(range(world)))
     rr.barrier()
@@ -59,12 +65,18 @@ def late_member(rank: int, world: int, late: int, secs: float) -> float:
     return time.monotonic() - t0
 
 
-def frozen_member(rank: int, world: int, victim: int) -> dict:
-    """`victim` stops (SIGSTOP) while its group is idle; the others then all-reduce on the
-    group: the victim must be named silent at the heartbeat timeout, as before."""
-    g = rr.new_group()
-    _checked_allreduce(g, rank, list(range(world)))
+def frozen_member(rank: int, world: int, victim: int, members: list[int] | None = None) -> dict:
+    """`victim` stops (SIGSTOP) while its group (`members`, default all) is idle; the others
+    then all-reduce on the group: the victim must be named silent at the heartbeat timeout,
+    as before. Ranks outside the group idle meanwhile (their world heartbeats go on)."""
+    members = list(range(world)) if members is None else members
+    g = rr.new_group(members)
+    if g is not None:
+        _checked_allreduce(g, rank, members)
     rr.barrier()
+    if g is None:
+        time.sleep(8.0)
+        return {"error": "not a member"}
     if rank == victim:
         time.sleep(0.2)
         os.kill(os.getpid(), signal.SIGSTOP)
@@ -72,7 +84,7 @@ def frozen_member(rank: int, world: int, victim: int) -> dict:
     time.sleep(1.0)  # the victim is stopped, its group's last word a while ago
     t0 = time.monotonic()
     try:
-        _checked_allreduce(g, rank, list(range(world)))
+        _checked_allreduce(g, rank, members)
         return {"error": "no error"}
     except rr.PeerFailure as e:
         return {"error": str(e), "peer_rank": e.peer_rank, "cause": e.cause,

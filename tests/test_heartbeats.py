@@ -4,6 +4,9 @@ late members are never taken for silent and frozen ones are still named at the t
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 from _spawn import run_world, run_world_raw
 
@@ -28,16 +31,18 @@ def test_idle_groups_send_almost_nothing_beside_the_world() -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("world,late,env", [
-    (3, 2, {}),
+@pytest.mark.parametrize("world,late,env,alt", [
+    (3, 2, {}, False),
     # The world heartbeats only its overlay (r +- 2^k): rank 3 is not in rank 0's, so the
     # group must keep talking to it itself.
-    (6, 3, {"RINGREDUCE_FULL_MESH_MAX": "2"}),
-    (3, 1, {"RINGREDUCE_TRANSPORT": "tcp"}),
-], ids=["shm", "sparse-world", "tcp"])
+    (6, 3, {"RINGREDUCE_FULL_MESH_MAX": "2"}, False),
+    (3, 1, {"RINGREDUCE_TRANSPORT": "tcp"}, False),
+    # Its group on another address than its world (liveness was keyed by address + pid).
+    (2, 0, {"RINGREDUCE_TRANSPORT": "tcp"}, True),
+], ids=["shm", "sparse-world", "tcp", "group-on-another-address"])
 def test_a_member_late_to_a_quiet_group_is_not_called_silent(world: int, late: int,
-                                                             env: dict) -> None:
-    waited = run_world(world, "heartbeat_workers:late_member", late, 4.0, timeout=110,
+                                                             env: dict, alt: bool) -> None:
+    waited = run_world(world, "heartbeat_workers:late_member", late, 4.0, alt, timeout=110,
                        env={**FAST, **env})
     assert all(w >= 3.0 for r, w in enumerate(waited) if r != late), waited
 
@@ -52,3 +57,23 @@ def test_a_frozen_member_of_a_quiet_group_is_named_at_the_timeout() -> None:
         assert v["peer_rank"] == 2 and v["cause"] == "silent", (r, v)
         assert "rank 2 " in v["error"] and "stopped responding" in v["error"], (r, v)
         assert v["secs"] < 6.0, (r, v)  # the timeout (1.5 s) after its last word, and slack
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="PID namespaces need root and unshare(1)")
+def test_ranks_with_the_same_pid_do_not_vouch_for_each_other() -> None:
+    """Ranks 1 and 2 in PID namespaces of their own, both pid 2 on one address (containers
+    sharing the host's network); rank 1 freezes while rank 0 waits for it on the group
+    [0, 1]: rank 2's heartbeats kept rank 1 alive when liveness was keyed by address + pid
+    -- a CollectiveTimeout after RINGREDUCE_TIMEOUT."""
+    ns = ["unshare", "--pid", "--fork", "sh", "-c", '"$@"; exit $?', "sh"]  # python: pid 2
+    outs = run_world_raw(3, "heartbeat_workers:frozen_member", 1, [0, 1], timeout=80,
+                         env={**FAST, "RINGREDUCE_TRANSPORT": "tcp", "RINGREDUCE_TIMEOUT": "20"},
+                         rank_prefix={1: ns, 2: ns}, expendable=[1],
+                         rank_env={r: {"RR_SPAWN_PARENT": "1"} for r in (1, 2)})  # sh's pid
+    assert outs[2].value == {"error": "not a member"}, outs[2].describe()
+    v = outs[0].value
+    assert v is not None, outs[0].describe()
+    assert v["peer_rank"] == 1 and v["cause"] == "silent", v
+    assert v["secs"] < 6.0, v

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <thread>
 #include <unordered_map>
 
@@ -36,6 +37,7 @@ struct Datagram {
   uint64_t seq;
   uint64_t bytes;
   uint64_t counter;      // strictly increasing per sender: replays are ignored
+  uint64_t proc;         // the sender's process, drawn at random (HeartbeatHub::self)
   char site[kSiteBytes];  // NUL-terminated call site of the sender's collective
   char elsewhere[kSiteBytes];  // NUL-terminated: its process's collective on another comm
   uint8_t mac[16];       // truncated HMAC-SHA256 over everything above
@@ -60,28 +62,6 @@ struct Registry {
 Registry& registry() {
   static Registry* r = new Registry();  // never destroyed: heartbeats may outlive statics
   return *r;
-}
-
-// A peer's address without its port (FNV-1a): what its communicators share.
-uint64_t addrKey(const void* sockaddrBytes) {
-  const auto* sa = static_cast<const sockaddr*>(sockaddrBytes);
-  const uint8_t* p = nullptr;
-  size_t n = 0;
-  if (sa->sa_family == AF_INET) {
-    p = reinterpret_cast<const uint8_t*>(&reinterpret_cast<const sockaddr_in*>(sa)->sin_addr);
-    n = 4;
-  } else if (sa->sa_family == AF_INET6) {
-    p = reinterpret_cast<const uint8_t*>(&reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr);
-    n = 16;
-  }
-  uint64_t h = 14695981039346656037ull;
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return n ? h : 0;
-}
-
-// One peer process: its address and pid (0: not known yet).
-uint64_t procKey(uint64_t addr, uint32_t pid) {
-  return addr && pid ? (addr ^ (uint64_t{pid} * 0x9E3779B97F4A7C15ull)) | 1 : 0;
 }
 
 }  // namespace
@@ -197,7 +177,11 @@ class HeartbeatHub {
   }
 
  public:
-  // Liveness per peer process (heartbeat.h). When any of this process's communicators last
+  // This process, to its peers: liveness is shared per process (heartbeat.h). Drawn at
+  // random (not address + pid: ranks in containers share both, and a group may bind
+  // another address than the world).
+  uint64_t self() const { return self_; }
+  // When any of this process's communicators last
   // heard from process `proc` (read by status(), any thread).
   void noteHeard(uint64_t proc, int64_t now) {
     std::lock_guard<std::mutex> g(heardMu_);
@@ -229,7 +213,12 @@ class HeartbeatHub {
   static void dropOlder(std::unordered_map<uint64_t, int64_t>& m, int64_t old) {
     for (auto it = m.begin(); it != m.end();) it = it->second < old ? m.erase(it) : std::next(it);
   }
+  static uint64_t draw() {
+    std::random_device rd;
+    return ((uint64_t{rd()} << 32) ^ rd()) | 1;
+  }
   static constexpr int64_t kSecNs = 1000000000;
+  const uint64_t self_ = draw();  // a child after fork gets a new hub, so a new one
   std::unordered_map<uint64_t, int64_t> carried_;
   int64_t nextPruneNs_ = 0;
   std::mutex heardMu_;  // guards heard_ (after mu_ where both are taken)
@@ -292,9 +281,6 @@ void Heartbeat::start(int rank, const std::vector<std::string>& peerAddrs,
     peerElsewhere_.assign(nslots_, std::string());
   }
   lastCounter_.assign(nslots_, 0);
-  peerAddrKey_.assign(nslots_, 0);
-  for (size_t r = 0; r < nslots_; ++r)
-    if (!peerSockaddr_[r].empty()) peerAddrKey_[r] = addrKey(peerSockaddr_[r].data());
   lastSaid_.clear();
   quietRounds_ = 0;
   periodNs_ = static_cast<int64_t>(clampSeconds(interval_) * 1e9);
@@ -399,14 +385,17 @@ void Heartbeat::sendAll(bool bye) {
   std::memcpy(d.elsewhere, other.data(), other.size());
   // Idle with nothing new to say (a bye, a collective, a change of site or of what the
   // process runs elsewhere all go out at once): peers the carrier reaches are skipped.
+  HeartbeatHub& hub = HeartbeatHub::get();
+  d.proc = hub.self();
   const auto* said = reinterpret_cast<const uint8_t*>(&d);
   const bool same = d.kind == 0 && !bye && lastSaid_.size() == sizeof(d) &&
                     std::memcmp(lastSaid_.data(), said, sizeof(d)) == 0;
-  const bool quiet = !carrier_ && same && ++quietRounds_ < kRefreshRounds;
-  if (!quiet) quietRounds_ = 0;
+  // Something new goes out in two rounds in a row (one may be lost); then every
+  // kRefreshRounds-th round in full.
+  quietRounds_ = same ? quietRounds_ + 1 : 0;
+  const bool quiet = !carrier_ && quietRounds_ >= 2 && quietRounds_ % kRefreshRounds != 0;
   lastSaid_.assign(said, said + sizeof(d));  // counter and MAC are still 0 here
   d.counter = ++counter_;
-  HeartbeatHub& hub = HeartbeatHub::get();
   const int64_t now = nowNs();
   bool signed_ = false;
   for (size_t r = 0; r < nslots_; ++r) {
@@ -433,15 +422,12 @@ void Heartbeat::sendAll(bool bye) {
 }
 
 uint64_t Heartbeat::targetProc(size_t r) const {
-  return procKey(peerAddrKey_[r], slots_[r].pid.load(std::memory_order_relaxed));
+  return slots_[r].proc.load(std::memory_order_relaxed);
 }
 
 void Heartbeat::receiveOne() {
   Datagram d;
-  sockaddr_storage from{};
-  socklen_t fromLen = sizeof(from);
-  ssize_t n = ::recvfrom(fd_.get(), &d, sizeof(d), MSG_DONTWAIT,
-                         reinterpret_cast<sockaddr*>(&from), &fromLen);
+  ssize_t n = ::recv(fd_.get(), &d, sizeof(d), MSG_DONTWAIT);
   if (n != static_cast<ssize_t>(sizeof(d)) || d.magic != kMagic) return;  // noise: ignore
   if (d.rank < 0 || static_cast<size_t>(d.rank) >= nslots_ || d.rank == rank_) return;
   uint8_t mac[16];
@@ -471,9 +457,8 @@ void Heartbeat::receiveOne() {
     peerElsewhere_[static_cast<size_t>(d.rank)].assign(d.elsewhere);
   }
   const int64_t now = nowNs();
-  const uint64_t proc = procKey(addrKey(&from), d.pid);
-  s.proc.store(proc, std::memory_order_relaxed);
-  if (proc) HeartbeatHub::get().noteHeard(proc, now);
+  s.proc.store(d.proc, std::memory_order_relaxed);
+  if (d.proc) HeartbeatHub::get().noteHeard(d.proc, now);
   s.lastNs.store(now, std::memory_order_release);
 }
 

@@ -9,13 +9,14 @@
 // error can say what the culprit was doing. The thread shares nothing with the data path
 // but a few atomics.
 //
-// Liveness is shared per peer process: any authenticated datagram from a process (source
-// address + pid) shows it alive to every communicator of this process that has it as a
-// member. The world's heartbeat is the carrier: it always runs at full rate. Another
-// communicator (a group, a point-to-point channel) that is idle and has nothing new to say
-// skips a peer the carrier reached within the last two periods (and heard from: a two-way
-// live path), sending in full every kRefreshRounds rounds; so idle groups cost almost no
-// traffic or CPU, and a frozen process still falls silent to all of them at once.
+// Liveness is shared per peer process: any authenticated datagram from a process (each
+// carries a random number that process drew) shows it alive to every communicator of this
+// process that has it as a member. The world's heartbeat is the carrier: it always runs at
+// full rate. Another communicator (a group, a point-to-point channel) that is idle skips a
+// peer the carrier reached within the last two periods (and heard from: a two-way live
+// path), saying anything new in two rounds in a row and everything every kRefreshRounds
+// rounds; so idle groups cost almost no traffic or CPU, and a frozen process still falls
+// silent to all of them at once.
 #pragma once
 
 #include <atomic>
@@ -122,10 +123,9 @@ class Heartbeat {
     std::atomic<int> waiting{-1};
     std::atomic<uint64_t> root{0};  // root << 32 | seq's low 32 bits, as setRoot; 0: none
     std::atomic<bool> left{false};  // its last datagram was its goodbye
-    std::atomic<uint64_t> proc{0};  // its process (source address, pid): HeartbeatHub::heard
+    std::atomic<uint64_t> proc{0};  // its process (HeartbeatHub::self there), as last heard
   };
-  // The process key of peer `r` as this rank sends to it (its address, the pid it gave);
-  // 0 until heard from.
+  // The process of peer `r` (0 until heard from).
   uint64_t targetProc(size_t r) const;
 
   tcp::Fd fd_;
@@ -141,7 +141,6 @@ class Heartbeat {
   std::atomic<uint64_t> sent_{0}, skipped_{0};
   int targets_ = 0;
   bool carrier_ = false;
-  std::vector<uint64_t> peerAddrKey_;  // hash of each peer's address (no port), as sent to
   std::atomic<int> waiting_{-1};
   mutable std::mutex siteMu_;  // guards site_, peerSite_ and peerElsewhere_
   std::string site_;
@@ -155,7 +154,7 @@ class Heartbeat {
   uint64_t counter_ = 0;                // strictly increasing in every datagram sent
   std::vector<uint64_t> lastCounter_;   // per peer: replays (older counters) are ignored
   std::vector<uint8_t> lastSaid_;       // the last datagram sent, less counter and MAC
-  int quietRounds_ = 0;                 // rounds since the last one sent to every peer
+  uint64_t quietRounds_ = 0;            // rounds in a row with nothing new to say
   bool running_ = false;                // between start() and stop()
 };
 
