@@ -5,7 +5,9 @@ algorithm, sequence number) in the C++ core; at destroy() (or process exit) rank
 ``trace.rank{r}.json`` -- or the path itself when it contains ``{rank}`` or the job has one
 rank. Open the files in https://ui.perfetto.dev or chrome://tracing; ``merge()`` combines
 them into one timeline with a row per rank. Labels given with ``label()`` (the DDP wrapper
-names its buckets this way) are drawn as instant events on a second row.
+names its buckets this way) are drawn as instant events on a second row; each group and
+point-to-point channel the rank belonged to gets a row of its own (named after it), kept
+when it is destroyed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Iterable
 from typing import Any
 
 _LABELS: list = []  # (wall-clock us, text) recorded by label()
+_KEPT: list = []  # (name, events) of this rank's destroyed groups and channels, by keep()
 _LOCK = threading.Lock()
 _MAX_LABELS = 1 << 20
 
@@ -38,20 +41,39 @@ def label(text: str) -> None:
             _LABELS.append((int(time.time() * 1e6), str(text)))
 
 
-def to_chrome(events: Iterable[dict], rank: int, labels: Iterable[tuple] = ()) -> dict:
-    """Chrome trace JSON object for one rank's core events and labels."""
+def keep(name: str, events: list[dict]) -> None:
+    """Keep a group's (or channel's) events, taken just before it is destroyed, for this
+    rank's trace file."""
+    with _LOCK:
+        if sum(len(e) for _, e in _KEPT) + len(events) <= _MAX_LABELS:
+            _KEPT.append((name, events))
+
+
+def _row(out: list, rank: int, tid: int, name: str) -> None:
+    out.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": name}})
+
+
+def to_chrome(events: Iterable[dict], rank: int, labels: Iterable[tuple] = (),
+              groups: Iterable[tuple] = ()) -> dict:
+    """Chrome trace JSON object for one rank's core events (the world's), labels and
+    groups ((name, events) each, a row per group)."""
     out: list[dict[str, Any]] = [
-        {"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}},
-        {"name": "thread_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": "collectives"}},
-        {"name": "thread_name", "ph": "M", "pid": rank, "tid": 1, "args": {"name": "labels"}},
-    ]
-    for e in events:
-        end = e["end_us"] or e["start_us"]
-        out.append({
-            "name": f"{e['collective']} #{e['seq']}", "cat": e["algo"], "ph": "X",
-            "ts": e["start_us"], "dur": max(0, end - e["start_us"]), "pid": rank, "tid": 0,
-            "args": {k: e[k] for k in ("seq", "algo", "dtype", "op", "root", "count", "bytes", "ok")},
-        })
+        {"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}}]
+    _row(out, rank, 0, "collectives")
+    _row(out, rank, 1, "labels")
+    rows = [(0, events)]
+    for tid, (name, evs) in enumerate(groups, start=2):
+        _row(out, rank, tid, name)
+        rows.append((tid, evs))
+    for tid, evs in rows:
+        for e in evs:
+            end = e["end_us"] or e["start_us"]
+            out.append({
+                "name": f"{e['collective']} #{e['seq']}", "cat": e["algo"], "ph": "X",
+                "ts": e["start_us"], "dur": max(0, end - e["start_us"]), "pid": rank,
+                "tid": tid, "args": {k: e[k] for k in ("seq", "algo", "dtype", "op", "root",
+                                                       "count", "bytes", "ok")},
+            })
     for ts, text in labels:
         out.append({"name": text, "ph": "i", "s": "t", "ts": ts, "pid": rank, "tid": 1})
     return {"traceEvents": out, "displayTimeUnit": "ms"}
@@ -60,10 +82,11 @@ def to_chrome(events: Iterable[dict], rank: int, labels: Iterable[tuple] = ()) -
 def write(comm: Any, pattern: str, rank: int, world: int) -> str | None:
     """Write this rank's trace file; returns its path."""
     with _LOCK:
-        labels = list(_LABELS)
+        labels, groups = list(_LABELS), list(_KEPT)
         _LABELS.clear()
+        _KEPT.clear()
     path = trace_path(pattern, rank, world)
-    data = to_chrome(comm.trace_events() if comm is not None else [], rank, labels)
+    data = to_chrome(comm.trace_events() if comm is not None else [], rank, labels, groups)
     with open(path, "w") as f:
         json.dump(data, f)
     return path

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from . import _comm, _env, _rendezvous, _state, _store_guard, _work
+from . import _comm, _env, _rendezvous, _state, _store_guard, _trace, _work
 from ._buffers import as_buffer
 from ._state import Group
 
@@ -130,6 +130,11 @@ def destroy_group(g: Group, world: Group | None = None) -> None:
             destroy_group(ch, world)
     g.p2p.clear()
     if g.comm is not None:
+        if _env.tunables().trace:  # its row in the rank's trace file (written by destroy())
+            try:
+                _trace.keep(g.name, g.comm.trace_events())
+            except Exception as e:  # noqa: BLE001 - the trace must not stop a destroy
+                log.warning("%s: its trace events are lost: %s", g.name, e)
         g.comm.destroy()
         if world is not None and g.comm.failed_at_destroy:
             lost = g.comm.lost_peer_at_destroy
@@ -165,8 +170,6 @@ def _destroy_default() -> None:
     # destroy() fails whatever is still queued; the buffers stay referenced until then.
     pattern = _env.tunables().trace
     if pattern:
-        from . import _trace
-
         try:
             path = _trace.write(g.comm, pattern, g.rank, g.world_size)
             log.info("rank %d: trace written to %s", g.rank, path)

@@ -227,6 +227,21 @@ def traced(rank: int, world: int, n: int) -> list:
     return [[e["collective"], e["seq"], e["bytes"], e["ok"]] for e in events]
 
 
+def traced_groups(rank: int, world: int) -> None:
+    """A group (destroyed before the end), a split and a point-to-point channel, each used,
+    next to the world's collectives: every one gets its own row in the trace file."""
+    x = np.full(6, rank + 1.0)
+    g = rr.new_group()
+    for _ in range(2):
+        rr.allreduce(x, group=g)
+    g.destroy()
+    half = rr.world_group().split(rank % 2, key=rank)
+    rr.broadcast(x, src=rank % 2, group=half)
+    rr.allreduce(x)
+    if rank < 2:
+        (rr.send if rank == 0 else rr.recv)(x, 1 - rank, tag=5)
+
+
 def _rss_kib() -> int:
     with open("/proc/self/status") as f:
         for line in f:

@@ -45,6 +45,31 @@ def test_trace_file_is_chrome_json(tmp_path) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_trace_file_has_a_row_per_group(tmp_path) -> None:
+    """Groups' and channels' collectives were not in the trace (only the world's)."""
+    pattern = str(tmp_path / "t-{rank}.json")
+    run_world(3, "shm_workers:traced_groups", env={"RINGREDUCE_TRACE": pattern})
+    for r in range(3):
+        data = json.loads((tmp_path / f"t-{r}.json").read_text())["traceEvents"]
+        rows = {e["tid"]: e["args"]["name"] for e in data if e["name"] == "thread_name"}
+        spans: dict = {}
+        for e in data:
+            if e.get("ph") == "X":
+                assert e["pid"] == r and e["args"]["ok"], e
+                spans.setdefault(rows[e["tid"]], []).append(e["name"].split(" #")[0])
+        # The split's exchange of colors runs on the world.
+        assert spans.pop("collectives") == ["allgather", "allreduce"], (r, spans)
+        assert spans.pop("group1") == ["allreduce", "allreduce"], (r, spans)
+        split = [k for k in spans if "split" in k]
+        # Rank 1 is alone in its half (a group of one has no communicator).
+        assert len(split) == (r != 1), (r, spans)
+        assert all(spans.pop(k) == ["broadcast"] for k in split), (r, spans)
+        # Ranks 0 and 1 exchanged one message on tag 5: a row for that channel.
+        assert len(spans) == (r < 2) and all(v == ["broadcast"] for v in spans.values()), \
+            (r, spans)
+
+
+@pytest.mark.timeout(60)
 def test_flight_recorder_dumped_on_failure(tmp_path) -> None:
     path = str(tmp_path / "flight")
     env = {"RINGREDUCE_FLIGHT_RECORDER": path, "RINGREDUCE_TRANSPORT": "tcp"}
