@@ -1,5 +1,5 @@
-"""Start N local ranks of a bench/ script's worker and collect what each wrote (shared by
-bench/groups.py, p2p.py and rooted.py).
+"""Start N local ranks of a bench/ script's worker, collect what each wrote, and draw its
+plot (shared by bench/groups.py, idle_groups.py, p2p.py and rooted.py).
 
 Each rank runs ``python SCRIPT --worker MODE OUT ITERS`` with torchrun's variables set
 (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, a free MASTER_PORT) and
@@ -54,3 +54,27 @@ def launch(script: str, n: int, mode: str, iters: int, transport: str = "auto",
             except FileNotFoundError:
                 res.append(None)
     return res
+
+
+def axes(ncols: int = 1, figsize: tuple = (6, 3.5), **kw: object) -> tuple:
+    """A matplotlib figure (headless) and its axes, for a bench script's --plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(1, ncols, figsize=figsize, **kw)
+
+
+def save(fig: object, path: str) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def entry(worker: object, main: object) -> None:
+    """A bench script's __main__: ``--worker MODE OUT ITERS`` runs one rank (launch()),
+    anything else the script's own command line."""
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        worker(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    else:
+        main()

@@ -149,12 +149,7 @@ def main() -> None:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
     if a.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 3.5))
+        fig, ax = _local.axes()
         for transport, rows in speed.items():
             xs = sorted(rows)
             ax.plot(xs, [rows[x]["ratio"] for x in xs], marker="o", label=transport)
@@ -164,12 +159,8 @@ def main() -> None:
         ax.set_ylabel("group of 2 in 4 / world of 2")
         ax.set_title("all-reduce on a subgroup vs a world of its size (medians)")
         ax.legend()
-        fig.tight_layout()
-        fig.savefig(a.plot, dpi=120)
+        _local.save(fig, a.plot)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        worker(sys.argv[2], sys.argv[3], int(sys.argv[4]))
-    else:
-        main()
+    _local.entry(worker, main)

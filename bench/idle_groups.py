@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """What live but unused groups cost: CPU time and heartbeat datagrams while nothing runs.
 
-    python bench/idle_groups.py --json bench/idle_groups.json --plot bench/idle_groups.png
+    python bench/idle_groups.py --json bench/idle_groups.json --plot bench/idle_groups.png \
+        --before bench/idle_groups_c50b851.json
 
 On a world of N = 4 and 8 ranks (one host, shared memory: the default), each rank creates
 G = 0, 8 and 32 groups over all ranks, runs one all-reduce on each (result checked), then
@@ -9,7 +10,8 @@ sleeps --idle seconds. Reported per setup: the CPU time a rank's process used wh
 (user + system, % of one core; median and maximum over ranks) and the heartbeat datagrams it
 sent per second (every communicator's link_stats, summed). A final all-reduce on every
 group after the idle stretch (checked) shows none of them failed meanwhile. Each setup is
-launched --repeat times; the launch with the median CPU time is kept.
+launched --repeat times; the launch with the median CPU time is kept. --before draws an
+earlier run's JSON beside (dashed); --replot JSON draws a run again without measuring.
 """
 
 from __future__ import annotations
@@ -78,7 +80,13 @@ def main() -> None:
     ap.add_argument("--plot", help="draw CPU per rank against the number of groups (PNG)")
     ap.add_argument("--idle", type=int, default=10, help="seconds idle per launch")
     ap.add_argument("--repeat", type=int, default=3, help="launches of each setup")
+    ap.add_argument("--before", help="an earlier run's JSON, drawn dashed beside this one")
+    ap.add_argument("--replot", help="draw this JSON (no measuring)")
     a = ap.parse_args()
+    if a.replot:
+        with open(a.replot) as f:
+            _plot(json.load(f)["rows"], a)
+        return
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from ringreduce.bench.machine import describe
 
@@ -104,26 +112,28 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
-    if a.plot:
-        import matplotlib
+    _plot(rows, a)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        for n in WORLDS:
-            ax.plot(GROUPS, [rows[f"{n}x{g}"]["cpu_pct_median"] for g in GROUPS], marker="o",
-                    label=f"{n} ranks")
-        ax.set_xlabel("idle groups over all ranks")
-        ax.set_ylabel("CPU per rank while idle (% of a core)")
-        ax.set_title("what unused groups cost")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(a.plot, dpi=120)
-
+def _plot(rows: dict, a: argparse.Namespace) -> None:
+    if not a.plot:
+        return
+    before = None
+    if a.before:
+        with open(a.before) as f:
+            before = json.load(f)["rows"]
+    fig, ax = _local.axes()
+    for n in WORLDS:
+        line, = ax.plot(GROUPS, [rows[f"{n}x{g}"]["cpu_pct_median"] for g in GROUPS],
+                        marker="o", label=f"{n} ranks")
+        if before:
+            ax.plot(GROUPS, [before[f"{n}x{g}"]["cpu_pct_median"] for g in GROUPS], ls="--",
+                    marker="x", color=line.get_color(), label=f"{n} ranks, before")
+    ax.set_xlabel("idle groups over all ranks")
+    ax.set_ylabel("CPU per rank while idle (% of a core)")
+    ax.set_title("what unused groups cost")
+    ax.legend()
+    _local.save(fig, a.plot)
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        worker(sys.argv[2], sys.argv[3], int(sys.argv[4]))
-    else:
-        main()
+    _local.entry(worker, main)

@@ -147,12 +147,7 @@ def main() -> None:
             json.dump({"machine": describe(), "results": res, "ratios": ratios,
                        "checked": True, "iters": a.iters, "repeat": a.repeat}, f, indent=1)
     if a.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
+        fig, (ax1, ax2) = _local.axes(2, (9, 3.5))
         names = list(res)
         ax1.bar(names, [res[n]["rtt_us"] for n in names])
         ax1.set_yscale("log")
@@ -161,12 +156,8 @@ def main() -> None:
         ax2.set_ylabel("64 MiB one-way, GB/s")
         for ax in (ax1, ax2):
             ax.tick_params(axis="x", rotation=30)
-        fig.tight_layout()
-        fig.savefig(a.plot, dpi=120)
+        _local.save(fig, a.plot)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        worker(sys.argv[2], sys.argv[3], int(sys.argv[4]))
-    else:
-        main()
+    _local.entry(worker, main)

@@ -200,12 +200,7 @@ def main() -> None:
                        "launches_ms": launches, "checked": True, "iters": a.iters,
                        "repeat": a.repeat}, f, indent=1)
     if a.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, len(res), figsize=(5 * len(res), 3.6), squeeze=False)
+        fig, axes = _local.axes(len(res), (5 * len(res), 3.6), squeeze=False)
         for ax, (n, r) in zip(axes[0], res.items()):
             w = 0.8 / len(r)
             for k, label in enumerate(r):
@@ -217,12 +212,8 @@ def main() -> None:
             ax.set_ylabel("ms (median, slowest rank)")
             ax.set_title(f"{n} ranks")
             ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(a.plot, dpi=120)
+        _local.save(fig, a.plot)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        worker(sys.argv[2], sys.argv[3], int(sys.argv[4]))
-    else:
-        main()
+    _local.entry(worker, main)
