@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import hashlib
 import os
 import secrets
 import sys
@@ -527,6 +528,12 @@ def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None
         raise store_failed(rank, during, e, store) from e
 
 
+def secret_check(secret: str) -> str:
+    """What ranks compare of the job secret at init: 32 bits of a hash, enough to tell
+    two secrets apart, not to recover one."""
+    return "sha256:" + hashlib.sha256(b"ringreduce-secret/" + secret.encode()).hexdigest()[:8]
+
+
 def _same_settings(per_rank: list, rank: int) -> None:
     """ValueError naming the first job-wide knob whose value differs between ranks (every
     rank reads the same lists, so every rank raises the same error)."""
@@ -698,8 +705,10 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
         # once those are.
         store.set(p + "session", secrets.token_hex(16))
         store.set(p + "world", str(world))
-        if secret is None:
-            store.set(p + "secret", secrets.token_hex(32))
+        # "": rank 0 was given a secret (not published): a rank without one must not wait
+        # (a group's members all have the world's).
+        if secret is None or prefix is None:
+            store.set(p + "secret", secrets.token_hex(32) if secret is None else "")
     if prefix is None:  # a group's size follows from its member list, agreed before
         _wait(store, [p + "world"], timeout, rank, "rank 0 to publish the world size", p)
         w0 = int(store.get(p + "world"))
@@ -710,7 +719,14 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
     if secret is None:
         _wait(store, [p + "secret"], timeout, rank, "rank 0 to publish the job secret", p)
         secret = store.get(p + "secret").decode()
+        if not secret:
+            raise _fail(store, p, ValueError(
+                f"RINGREDUCE_SECRET (or init(secret=)) is set on rank 0 but not on rank "
+                f"{rank}; it must be the same on every rank of a job: set it alike for all "
+                f"of them, or for none (rank 0 then draws one)"))
     cfg = ("cfg",) if prefix is None else ()  # before addr/N, which the others wait for
+    if cfg:  # a rank with another secret fails every handshake: say so before connecting
+        settings = f"{settings};RINGREDUCE_SECRET={secret_check(secret)}"
     store.multi_set([p + f"{k}/{rank}" for k in (*cfg, "addr", "host", "hb")],
                     [*(settings for _ in cfg), my_addr, _env.host_identity(), my_hb])
     keys = [p + f"addr/{r}" for r in range(world)]

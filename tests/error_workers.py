@@ -417,6 +417,15 @@ def init_only(rank: int, world: int) -> dict:
         rr.destroy()
 
 
+def init_only_unchecked(rank: int, world: int) -> dict:
+    """init_only without init's comparison of the ranks' secrets (every rank the same
+    check value): what the handshake alone does with a process holding another secret."""
+    from ringreduce import _rendezvous
+
+    _rendezvous.secret_check = lambda secret: "unchecked"
+    return init_only(rank, world)
+
+
 def init_and_destroy(rank: int, world: int) -> str:
     """init() and destroy(), no collective (init's own must not use RINGREDUCE_TIMEOUT)."""
     rr.init()

@@ -306,8 +306,11 @@ def test_late_rank_learns_why_its_peers_gave_up(transport: str) -> None:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("world", [2, 3])
 def test_wrong_secret_is_refused(world: int) -> None:
+    """The handshake refuses a process with another secret (init's own comparison of the
+    secrets, which names it first -- test_job_wide_settings_that_differ_are_named_at_init
+    -- switched off here)."""
     odd = world - 1
-    outs = run_world_raw(world, error_workers.init_only, timeout=40, init=False,
+    outs = run_world_raw(world, error_workers.init_only_unchecked, timeout=40, init=False,
                          env={"RINGREDUCE_CONNECT_TIMEOUT": "5"},
                          rank_env={odd: {"RINGREDUCE_SECRET": "not-the-job-secret"}})
     story = "\n".join(o.describe() for o in outs)
@@ -332,6 +335,9 @@ def test_wrong_secret_is_refused(world: int) -> None:
     ("RINGREDUCE_HALF_WIRE", ("32", None)),
     ("RINGREDUCE_HEARTBEAT_INTERVAL", ("3", None)),  # was "rank 1 stopped responding"
     ("RINGREDUCE_HEARTBEAT_TIMEOUT", ("1", None)),
+    # Rank 0 draws one; rank 1's own failed every handshake: rank 0 waited out the connect
+    # timeout, rank 2 blamed rank 1 as crashed.
+    ("RINGREDUCE_SECRET", (None, "b")),
 ])
 def test_job_wide_settings_that_differ_are_named_at_init(var: str, values: tuple) -> None:
     rank_env = {r: {var: v} for r, v in enumerate(values) if v is not None}
@@ -343,6 +349,23 @@ def test_job_wide_settings_that_differ_are_named_at_init(var: str, values: tuple
         v = o.value
         assert v["type"] == "ValueError", f"rank {o.rank}: {v}"
         assert f"{var} differs between ranks" in v["msg"] and "rank 2:" in v["msg"], v["msg"]
+
+
+@pytest.mark.timeout(60)
+def test_a_secret_on_rank_0_only_is_named_at_init() -> None:
+    """Rank 0 publishes no secret when it was given one: the others waited for it until
+    the connect timeout ("rank 0 to publish the job secret")."""
+    outs = run_world_raw(3, error_workers.init_only, timeout=40, init=False,
+                         rank_env={0: {"RINGREDUCE_SECRET": "s3cret"},
+                                   **{r: {"RINGREDUCE_SECRET": ""} for r in (1, 2)}},
+                         env={"RINGREDUCE_CONNECT_TIMEOUT": "30"})
+    assert all(o.ok for o in outs), "\n".join(o.describe() for o in outs)
+    for o in outs:
+        v = o.value
+        assert v["type"] == "ValueError", f"rank {o.rank}: {v}"
+        assert "RINGREDUCE_SECRET (or init(secret=)) is set on rank 0 but not on rank" in \
+            v["msg"], v["msg"]
+        assert v["elapsed"] < 10, v
 
 
 @pytest.mark.timeout(60)
