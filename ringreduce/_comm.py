@@ -33,11 +33,15 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
                                                           "group_name")}
     if labels is not None:  # a group: messages name world ranks, and the group
         options["rank_labels"], options["group_name"] = list(labels), name
-    _fds.ensure(world, _fds.eager_peers(rank, world, options.get("full_mesh_max", 16)),
-                f"rank {rank} of {name}")
-    bind = _env.select_interface_address(maddr, ifname or tun.socket_ifname,
-                                         options["connect_timeout"])
-    listener = _C.Listener(bind)
+    try:
+        _fds.ensure(world, _fds.eager_peers(rank, world, options.get("full_mesh_max", 16)),
+                    f"rank {rank} of {name}")
+        bind = _env.select_interface_address(maddr, ifname or tun.socket_ifname,
+                                             options["connect_timeout"])
+        listener = _C.Listener(bind)
+    except Exception as e:
+        _rendezvous.fail_setup(store, rank, prefix, e)
+        raise
     host = bind if ":" not in bind else f"[{bind}]"
     peers = _rendezvous.exchange(store, rank, world, f"{host}:{listener.port}", secret,
                                  options["connect_timeout"], f"{host}:{listener.heartbeat_port}",

@@ -528,6 +528,19 @@ def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None
         raise store_failed(rank, during, e, store) from e
 
 
+def fail_setup(store: Any, rank: int, prefix: str | None, error: Exception) -> None:
+    """This rank failed before it could publish its address (a bad interface name, too few
+    descriptors, no port to listen on): tell the others now -- they waited for its address
+    until the connect timeout. prefix: a group's; None: this init's (counted as exchange()
+    counts it, so a later init() of this process meets the others' next one)."""
+    if prefix is None:
+        _GENERATION[0] += 1
+    told = f"rank {rank} could not start: {error}"
+    with contextlib.suppress(Exception):  # the original error is what matters here
+        _fail(store, _world_prefix() if prefix is None else prefix,
+              ValueError(told) if isinstance(error, ValueError) else _rr_error(told))
+
+
 def secret_check(secret: str) -> str:
     """What ranks compare of the job secret at init: 32 bits of a hash, enough to tell
     two secrets apart, not to recover one."""
