@@ -40,7 +40,7 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
                                              options["connect_timeout"])
         listener = _C.Listener(bind)
     except Exception as e:
-        _rendezvous.fail_setup(store, rank, prefix, e)
+        _rendezvous.fail_setup(store, rank, world, prefix, e)
         raise
     host = bind if ":" not in bind else f"[{bind}]"
     peers = _rendezvous.exchange(store, rank, world, f"{host}:{listener.port}", secret,

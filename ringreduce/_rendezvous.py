@@ -528,7 +528,8 @@ def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None
         raise store_failed(rank, during, e, store) from e
 
 
-def fail_setup(store: Any, rank: int, prefix: str | None, error: Exception) -> None:
+def fail_setup(store: Any, rank: int, world: int, prefix: str | None,
+               error: Exception) -> None:
     """This rank failed before it could publish its address (a bad interface name, too few
     descriptors, no port to listen on): tell the others now -- they waited for its address
     until the connect timeout. prefix: a group's; None: this init's (counted as exchange()
@@ -539,6 +540,8 @@ def fail_setup(store: Any, rank: int, prefix: str | None, error: Exception) -> N
     with contextlib.suppress(Exception):  # the original error is what matters here
         _fail(store, _world_prefix() if prefix is None else prefix,
               ValueError(told) if isinstance(error, ValueError) else _rr_error(told))
+        if rank == 0 and prefix is None:  # this process may host the store and exit next
+            _linger(store, world)
 
 
 def secret_check(secret: str) -> str:

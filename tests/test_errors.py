@@ -352,17 +352,18 @@ def test_job_wide_settings_that_differ_are_named_at_init(var: str, values: tuple
 
 
 @pytest.mark.timeout(60)
-def test_a_rank_that_cannot_start_stops_the_others_at_once() -> None:
-    """Rank 1 fails before it publishes its address (an interface that does not exist):
+@pytest.mark.parametrize("bad", [1, 0])  # 0: the store's host, which exits after
+def test_a_rank_that_cannot_start_stops_the_others_at_once(bad: int) -> None:
+    """A rank fails before it publishes its address (an interface that does not exist):
     the others waited for it until the connect timeout ("missing addr/1")."""
     outs = run_world_raw(3, error_workers.init_only, timeout=50, init=False,
-                         rank_env={1: {"RINGREDUCE_SOCKET_IFNAME": "nonexist0"}},
+                         rank_env={bad: {"RINGREDUCE_SOCKET_IFNAME": "nonexist0"}},
                          env={"RINGREDUCE_CONNECT_TIMEOUT": "30"})
     assert all(o.ok for o in outs), "\n".join(o.describe() for o in outs)
     for o in outs:
         v = o.value
         assert v["type"] == "ValueError" and "'nonexist0' does not exist" in v["msg"], v
-        assert o.rank == 1 or "rank 1 could not start" in v["msg"], v
+        assert o.rank == bad or f"rank {bad} could not start" in v["msg"], v
         assert v["elapsed"] < 10, v
 
 
