@@ -181,8 +181,8 @@ class HeartbeatHub {
   // random (not address + pid: ranks in containers share both, and a group may bind
   // another address than the world).
   uint64_t self() const { return self_; }
-  // When any of this process's communicators last
-  // heard from process `proc` (read by status(), any thread).
+  // When any of this process's communicators last heard from process `proc` (read by
+  // status(), any thread).
   void noteHeard(uint64_t proc, int64_t now) {
     std::lock_guard<std::mutex> g(heardMu_);
     heard_[proc] = now;
@@ -384,7 +384,7 @@ void Heartbeat::sendAll(bool bye) {
   const std::string other = busyElsewhere();  // < kSiteBytes
   std::memcpy(d.elsewhere, other.data(), other.size());
   // Idle with nothing new to say (a bye, a collective, a change of site or of what the
-  // process runs elsewhere all go out at once): peers the carrier reaches are skipped.
+  // process runs elsewhere go out at once): peers the carrier reaches are skipped.
   HeartbeatHub& hub = HeartbeatHub::get();
   d.proc = hub.self();
   const auto* said = reinterpret_cast<const uint8_t*>(&d);
@@ -400,7 +400,8 @@ void Heartbeat::sendAll(bool bye) {
   bool signed_ = false;
   for (size_t r = 0; r < nslots_; ++r) {
     if (peerSockaddr_[r].empty()) continue;
-    const uint64_t proc = targetProc(r);
+    const Slot& s = slots_[r];
+    const uint64_t proc = s.proc.load(std::memory_order_relaxed);  // 0: not heard from yet
     if (quiet && proc && hub.carriedSince(proc, now - 2 * periodNs_)) {
       skipped_.fetch_add(1, std::memory_order_relaxed);
       continue;
@@ -414,15 +415,10 @@ void Heartbeat::sendAll(bool bye) {
     sent_.fetch_add(1, std::memory_order_relaxed);
     // Carried only where the path is live both ways: the peer's own world heartbeat reached
     // this rank lately (so its socket is open) and it has not left.
-    const Slot& s = slots_[r];
     if (carrier_ && proc && !s.left.load(std::memory_order_relaxed) &&
         now - s.lastNs.load(std::memory_order_relaxed) < 3 * periodNs_)
       hub.noteCarried(proc, now);
   }
-}
-
-uint64_t Heartbeat::targetProc(size_t r) const {
-  return slots_[r].proc.load(std::memory_order_relaxed);
 }
 
 void Heartbeat::receiveOne() {

@@ -125,8 +125,6 @@ class Heartbeat {
     std::atomic<bool> left{false};  // its last datagram was its goodbye
     std::atomic<uint64_t> proc{0};  // its process (HeartbeatHub::self there), as last heard
   };
-  // The process of peer `r` (0 until heard from).
-  uint64_t targetProc(size_t r) const;
 
   tcp::Fd fd_;
   int port_ = 0;
