@@ -45,6 +45,7 @@ class Group:
     created: int = 0
     children: list = field(default_factory=list)
     p2p: dict = field(default_factory=dict)  # (lo, hi, tag) -> channels (ringreduce.p2p)
+    p2p_failed: dict = field(default_factory=dict)  # (lo, hi, tag) -> why it was not made
     # (thread or isend's Work, dst, tag): sends that returned early or were never waited
     # for (p2p); destroy() completes them
     eager: list = field(default_factory=list)  # under EAGER_LOCK

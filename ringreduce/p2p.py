@@ -466,7 +466,8 @@ _WARN_AT = (64, 512, 4096)  # pairs of channels: warn as each of these counts is
 
 def _warn_many(world: Group, pairs: int, tags: int) -> None:
     """Each (peer, tag) costs two channels, kept until destroy(): a communicator each, with
-    its own thread and, over shared memory, its own segment (2 MiB or more of /dev/shm)."""
+    its own thread and, over shared memory, its own segments (~40 KiB per rank, plus 2 MiB
+    of slots on the sending side once it sends more than 16 KiB)."""
     log.warning("rank %d now holds %d point-to-point channels (%d distinct tags): each "
                 "(peer, tag) costs two communicators, kept until destroy(), each with a "
                 "thread and its own shared memory; use a few tags (e.g. one per stage or "
@@ -484,7 +485,13 @@ def _channel(g: Group, world: Group, src: int, dst: int, tag: int) -> Group:
         assert making is not None
         with making:  # one thread makes it; others for the same pair wait here
             with _LOCK:
-                pair = g.p2p.get(key)
+                pair, failed = g.p2p.get(key), g.p2p_failed.get(key)
+            if failed is not None:  # its store keys are spent: a new try would not meet
+                raise _rendezvous._rr_error(
+                    f"rank {world.rank}: the channels between ranks {lo} and {hi} for tag "
+                    f"{tag}{'' if g is world else ' in ' + g.name} could not be made earlier "
+                    f"({failed}); they stay unusable: use another tag, or destroy() and "
+                    "init() again")
             if pair is None:
                 up, down = _make_pair(g, world, lo, hi, src, dst, tag)
                 with _LOCK:
@@ -522,11 +529,19 @@ def _make_pair(g: Group, world: Group, lo: int, hi: int, src: int, dst: int,
     _meet(g, world, store, base, peer, src, dst, tag)
     # A group's own timeout bounds its channels' waits too (world channels: None, the world's).
     secs = None if g is world else _deadline(g, world)[0]
-    up = groups._make(world, [lo, hi], base + "up/", f"p2p {lo}->{hi} tag {tag}{where}",
-                      secs, p2p=True, store=store)
-    down = groups._make(world, [lo, hi], base + "down/", f"p2p {hi}->{lo} tag {tag}{where}",
-                        secs, p2p=True, store=store)
-    return up, down
+    made: list = []
+    try:
+        for d, a, b in (("up", lo, hi), ("down", hi, lo)):
+            made.append(groups._make(world, [lo, hi], f"{base}{d}/",
+                                     f"p2p {a}->{b} tag {tag}{where}", secs, p2p=True,
+                                     store=store))
+    except Exception as e:
+        with _LOCK:  # both ranks claimed the keys: later posts get this error, not a new try
+            g.p2p_failed[(lo, hi, tag)] = f"{type(e).__name__}: {str(e)[:500]}"
+        for ch in made:
+            groups.destroy_group(ch, world)
+        raise
+    return made[0], made[1]
 
 
 def _fast_path(g: Group, world: Group, lo: int, hi: int) -> None:

@@ -47,6 +47,90 @@ def groups_in_small_dev_shm(rank: int, world: int) -> dict:
     return {"capacity": cap, "chunk": _C.shm_slot_bytes(world, 4, cap)[0], "wrong": wrong}
 
 
+def all_pairs_in_small_dev_shm(rank: int, world: int) -> dict:
+    """Every rank isends to and irecvs from every other (a point-to-point channel per
+    direction and pair): 4 KiB messages, then 256 KiB ones over the same channels; every
+    message checked. Reports how much of /dev/shm the host uses after each round."""
+
+    def used() -> int:
+        rr.barrier()  # every channel of the round is made and its messages read
+        st = os.statvfs("/dev/shm")
+        used = (st.f_blocks - st.f_bfree) * st.f_frsize
+        rr.barrier()
+        return used
+
+    def all_pairs(n: int) -> list:
+        peers = [p for p in range(world) if p != rank]
+        got = {p: np.zeros(n, np.int32) for p in peers}
+        works = [rr.isend(np.arange(n, dtype=np.int32) * world + rank, dst=p) for p in peers]
+        works += [rr.irecv(got[p], src=p) for p in peers]
+        for w in works:
+            w.wait()
+        return [f"{n} from {p}" for p in peers
+                if not np.array_equal(got[p], np.arange(n, dtype=np.int32) * world + p)]
+
+    before = used()
+    wrong = all_pairs(1024)
+    small = used()
+    wrong += all_pairs(65536)
+    return {"world": before, "small": small - before, "large": used() - small, "wrong": wrong}
+
+
+def p2p_slots_into_full_dev_shm(rank: int, world: int) -> dict:
+    """A channel made with a small message; then /dev/shm is filled (rank 0 leaves 256 KiB)
+    before rank 0 first sends a message that needs its slots (1 MiB): both ranks get an
+    error saying /dev/shm is full, soon (no SIGBUS, no timeout)."""
+    x = np.arange(262144, dtype=np.float32)
+    if rank == 0:
+        rr.send(x[:16], dst=1)
+    else:
+        rr.recv(x[:16], src=0)
+    filler = "/dev/shm/ringreduce-test-filler"
+    if rank == 0:
+        st = os.statvfs("/dev/shm")
+        with open(filler, "wb") as f:
+            os.posix_fallocate(f.fileno(), 0, st.f_bavail * st.f_frsize - (256 << 10))
+    rr.barrier()
+    t0, error = time.monotonic(), ""
+    try:
+        if rank == 0:
+            rr.send(x, dst=1)
+        else:
+            rr.recv(x, src=0)
+    except rr.RingReduceError as e:
+        error = f"{type(e).__name__}: {e}"
+    secs = time.monotonic() - t0
+    rr.barrier()  # the world is unharmed: only the channel failed
+    if rank == 0:
+        os.unlink(filler)
+    return {"error": error, "secs": secs}
+
+
+def p2p_channel_into_full_dev_shm(rank: int, world: int) -> list:
+    """/dev/shm is filled (rank 0 leaves 16 KiB) before a pair's first isend/irecv: making
+    the channel fails on both ranks; each later try on that tag says why once more (before:
+    "rank N was claimed by 3 processes"), and the world still works."""
+    filler = "/dev/shm/ringreduce-test-filler"
+    if rank == 0:
+        st = os.statvfs("/dev/shm")
+        with open(filler, "wb") as f:
+            os.posix_fallocate(f.fileno(), 0, st.f_bavail * st.f_frsize - (16 << 10))
+    rr.barrier()
+    x, errors = np.full(16, rank, np.float32), []
+    for _ in range(3):
+        try:
+            works = [rr.isend(x, dst=1 - rank, tag=3), rr.irecv(x, src=1 - rank, tag=3)]
+            for w in works:
+                w.wait()
+            errors.append("")
+        except rr.RingReduceError as e:
+            errors.append(f"{type(e).__name__}: {e}")
+    rr.barrier()
+    if rank == 0:
+        os.unlink(filler)
+    return errors
+
+
 def grow_into_full_dev_shm(rank: int, world: int) -> dict:
     """/dev/shm is filled (rank 0 writes a file leaving 1 MiB) before the first large
     all-reduce: the slots cannot grow to their full chunk size, every rank keeps the

@@ -190,6 +190,42 @@ def test_world_and_groups_fit_dockers_default_dev_shm(docker_dev_shm: list) -> N
     assert outs == [{"capacity": 64 << 20, "chunk": 512 << 10, "wrong": []}] * 4, outs
 
 
+@pytest.mark.timeout(120)
+def test_all_pairs_point_to_point_fits_dockers_default_dev_shm(docker_dev_shm: list) -> None:
+    # A channel per direction and pair; each held ~2 MiB of slots on both of its ranks from
+    # the start (4 segments of ~2 MiB per pair): at 5 ranks all-pairs isend/irecv of 4 KiB
+    # failed with "/dev/shm is full". Now a channel's slots are allocated by its sender with
+    # its first message above a line (16 KiB), and a receiver holds none.
+    outs = run_world(5, "shm_workers:all_pairs_in_small_dev_shm", timeout=100,
+                     env={"RINGREDUCE_TRANSPORT": "shm"},
+                     rank_prefix=dict.fromkeys(range(5), docker_dev_shm))
+    assert all(o["wrong"] == [] for o in outs), outs
+    o = outs[0]
+    assert o["small"] < 20 * 100 * 1024, o  # 20 channels of two ~40 KiB control + lines
+    # 20 senders' slots: 2 MiB each (4 x 512 KiB in flight), none on the receiving side
+    assert 20 * (2 << 20) <= o["large"] < 20 * (2 << 20) + (4 << 20), o
+
+
+@pytest.mark.timeout(90)
+def test_a_channel_whose_slots_do_not_fit_fails_on_both_ranks_at_once(small_dev_shm) -> None:
+    outs = run_world(2, "shm_workers:p2p_slots_into_full_dev_shm", timeout=70,
+                     env={"RINGREDUCE_TRANSPORT": "shm", "RINGREDUCE_TIMEOUT": "40"},
+                     rank_prefix=dict.fromkeys(range(2), small_dev_shm))
+    for r, o in enumerate(outs):
+        assert "/dev/shm is full or too small" in o["error"], (r, outs)
+        assert o["secs"] < 10, f"rank {r} took {o['secs']:.1f} s (timeout 40 s): {outs}"
+
+
+@pytest.mark.timeout(90)
+def test_a_channel_that_could_not_be_made_says_why_on_every_later_try(small_dev_shm) -> None:
+    outs = run_world(2, "shm_workers:p2p_channel_into_full_dev_shm", timeout=70,
+                     env={"RINGREDUCE_TRANSPORT": "shm", "RINGREDUCE_TIMEOUT": "20"},
+                     rank_prefix=dict.fromkeys(range(2), small_dev_shm))
+    for r, errors in enumerate(outs):
+        assert all("/dev/shm is full or too small" in e for e in errors), (r, outs)
+        assert all("could not be made earlier" in e and "tag 3" in e for e in errors[1:]), outs
+
+
 @pytest.fixture
 def dev_shm_256m(tmp_path):
     """/dev/shm of 256 MiB: 1 MiB chunks at 2 ranks (its 1/16 is 16 MiB)."""

@@ -147,6 +147,7 @@ void setupShm(comm::Communicator& c, const ShmPlan& plan, ShmMeeting& meet) {
     transport::shm::ShmConfig cfg = plan.cfg;
     collectives::planShmSlots(static_cast<int>(members.size()), plan.chunkGiven,
                               transport::shm::capacityBytes(), &cfg);
+    cfg.lazySlots = c.options().p2pChannel;
     auto dom = std::make_unique<transport::shm::ShmDomain>(local, members, plan.prefix, cfg);
     dom->attach(exchangeNames(meet, members, plan.prefix, dom->ownName()));
     meet.barrier();

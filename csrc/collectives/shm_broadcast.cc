@@ -11,7 +11,8 @@
 // and TCP's do -- so two ranks may both send first. It waits only for line or slot reuse:
 // up to two small messages, or slots x copyBytes (2 MiB) of large ones, ahead. A larger
 // message, which would wait anyway, is read by the receiver straight from the sender's
-// buffer with process_vm_readv where the kernel allows it (RINGREDUCE_CMA).
+// buffer with process_vm_readv where the kernel allows it (RINGREDUCE_CMA). A channel's
+// slots exist only once its sender needs them (ShmConfig::lazySlots).
 //
 // Barrier: the line round itself -- a rank leaves it only after every rank wrote its line.
 #include <algorithm>
@@ -58,6 +59,7 @@ void broadcast(comm::Communicator& c, const transport::FrameHeader& h, char* buf
     // eager through the slots: a sender that finds them free returns without waiting.
     const uint64_t meta[2] = {bytes > K * cb && c.options().cma && d.cmaReadable() ? 1u : 0u,
                               reinterpret_cast<uint64_t>(buf)};
+    if (!meta[0]) d.needSlots(me);  // allocated before the receiver may map them
     const uint64_t rd = lineSend(c, h, meta, sizeof meta);
     if (meta[0]) {  // done when the receiver released the line: it has read the buffer
       lineWaitRead(c, rd);
@@ -69,6 +71,7 @@ void broadcast(comm::Communicator& c, const transport::FrameHeader& h, char* buf
     uint64_t meta[2];
     std::memcpy(meta, d.linePayload(root, rd), sizeof meta);
     if (meta[0]) cmaRead(c, root, meta[1], buf, bytes, "recv");
+    else d.needSlots(root);  // the sender allocated them before its line
     lineRelease(c, rd);
     d.notify();
     if (meta[0]) {

@@ -48,11 +48,14 @@ ShmDomain::ShmDomain(int rank, std::vector<int> members, const std::string& pref
                cfg_.copyBytes >= 4096 && cfg_.copyBytes % 64 == 0 &&
                cfg_.copyBytes <= cfg_.chunkBytes,
            "bad shm config");
+  // A point-to-point channel only copies: one size of slot, never grown (see lazySlots).
+  if (cfg_.lazySlots) cfg_.chunkBytes = cfg_.copyBytes;
   lineOff_ = roundUp(sizeof(Control), 4096);
   lineBytes_ = roundUp(sizeof(LineHeader) + cfg_.smallMax, 64);
   slotOff_ = roundUp(lineOff_ + 2 * lineBytes_, 4096);
   total_ = slotOff_ + static_cast<size_t>(cfg_.slots) * cfg_.chunkBytes;
   grown_ = cfg_.chunkBytes == cfg_.copyBytes || cfg_.copyBytes % 4096 || cfg_.chunkBytes % 4096;
+  slotsMapped_.assign(static_cast<size_t>(world_), 0);
   own_ = Segment::create(prefix + "-" + std::to_string(globalRank(rank_)), total_, ranges(true));
   Control* ctl = new (own_.data()) Control();
   ctl->pid.v.store(static_cast<uint64_t>(::getpid()), std::memory_order_relaxed);
@@ -68,11 +71,18 @@ ShmDomain::ShmDomain(int rank, std::vector<int> members, const std::string& pref
 
 std::vector<Segment::Range> ShmDomain::ranges(bool first) const {
   std::vector<Segment::Range> out;
-  if (grown_) {  // one size of slot: all of it from the start
-    if (first) out.push_back({0, total_});
+  if (first) out.push_back({0, slotOff_});  // control and lines
+  if (cfg_.lazySlots) return out;           // slots come later, one rank at a time (mapSlots)
+  for (const Segment::Range& x : slotRanges(first)) out.push_back(x);
+  return out;
+}
+
+std::vector<Segment::Range> ShmDomain::slotRanges(bool first) const {
+  std::vector<Segment::Range> out;
+  if (grown_) {  // one size of slot: all of it at once
+    if (first) out.push_back({slotOff_, total_ - slotOff_});
     return out;
   }
-  if (first) out.push_back({0, slotOff_});  // control and lines
   for (size_t k = 0; k < static_cast<size_t>(cfg_.slots); ++k) {
     const size_t at = slotOff_ + k * cfg_.chunkBytes;
     if (first)
@@ -81,6 +91,22 @@ std::vector<Segment::Range> ShmDomain::ranges(bool first) const {
       out.push_back({at + cfg_.copyBytes, cfg_.chunkBytes - cfg_.copyBytes});
   }
   return out;
+}
+
+void ShmDomain::mapSlots(int r) {
+  const bool own = r == rank_;
+  Segment& s = own ? own_ : peers_[static_cast<size_t>(r)];
+  for (const Segment::Range& x : slotRanges(true)) {
+    if (s.populate(x, own)) continue;
+    if (!own) RR_THROW(Error, "cannot map the slots of local rank ", r, "'s shared memory segment");
+    for (const Segment::Range& y : slotRanges(true)) s.release(y);
+    size_t bytes = 0;
+    for (const Segment::Range& y : slotRanges(true)) bytes += y.len;
+    RR_THROW(Error, "cannot allocate ", bytes >> 10, " KiB of shared memory for the slots of ",
+             s.name(), ": /dev/shm is full or too small (free it, destroy groups no longer "
+             "used, enlarge it (docker --shm-size), or set RINGREDUCE_TRANSPORT=tcp)");
+  }
+  slotsMapped_[static_cast<size_t>(r)] = 1;
 }
 
 void ShmDomain::attach(const std::vector<std::string>& names) {

@@ -80,6 +80,11 @@ struct ShmConfig {
   // reduce-scatter, broadcast, gather, scatter): <= chunkBytes, a slot's first copyBytes.
   size_t copyBytes = 512 * 1024;
   int slots = 4;                  // chunks in flight
+  // A point-to-point channel (Options::p2pChannel): a rank's slots are allocated when it
+  // first writes them (its first message larger than a line) and mapped by its peer when
+  // it first reads them, so a receiver never holds slots and a channel of small messages
+  // holds only its control blocks and lines (~40 KiB per rank instead of ~2 MiB).
+  bool lazySlots = false;
   // Spin this long before yielding (0 when ranks outnumber cores). Longer than a futex
   // wake-up on a busy VM (~100-150 us), or two ranks fall into waking each other up on
   // every message instead of catching each other while spinning.
@@ -146,6 +151,12 @@ class ShmDomain {
   bool growPending() const { return !grown_ && !growFailed_; }
   bool growOwn();
   void finishGrow(bool everyone);
+  // Before the first use of local rank `r`'s slots on a lazySlots domain: allocate ours
+  // (throws rr::Error saying what to do when /dev/shm has no room) or map the peer's (which
+  // it allocated before publishing anything in them). A no-op otherwise and after the first.
+  void needSlots(int r) {
+    if (cfg_.lazySlots && !slotsMapped_[static_cast<size_t>(r)]) mapSlots(r);
+  }
   char* slot(int r, uint32_t g) {
     return base_[static_cast<size_t>(r)] + slotOff_ + (g % static_cast<uint32_t>(cfg_.slots)) * cfg_.chunkBytes;
   }
@@ -198,6 +209,9 @@ class ShmDomain {
   // first: what a new segment allocates (control, lines, each slot's copy part); else the
   // rest of the slots (empty when there is one size of slot).
   std::vector<Segment::Range> ranges(bool first) const;
+  std::vector<Segment::Range> slotRanges(bool first) const;  // ranges' slot parts
+  std::vector<uint8_t> slotsMapped_;  // lazySlots: local rank r's slots are mapped here
+  void mapSlots(int r);
   uint64_t linePrev_[2] = {0, 0};
   std::atomic<int> cma_{-1};  // cmaReadable: -1 not probed yet, 0 no, 1 yes (any thread)
   std::atomic<uint64_t> cmaBytes_{0};

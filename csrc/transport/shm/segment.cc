@@ -112,17 +112,20 @@ Segment Segment::create(const std::string& prefix, size_t bytes, const std::vect
   s.size_ = bytes;
   // tmpfs hands out zeroed pages: no memset (it cost a quarter of a 4-rank group's setup).
   int rc = 0;
+  size_t want = 0;  // what the message names: the pages asked for now, not the file's size
+  for (const Range& r : now) want += r.len;
   for (const Range& r : now) {
     rc = populateRange(s.data() + r.off, r.len, true);
     if (rc != 0) break;
   }
   if (rc == EINVAL) {  // no MADV_POPULATE_WRITE (kernel < 5.14): everything now, as before
+    want = bytes;
     rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
     if (rc == 0) touchPages(s.data(), bytes);
   }
   ::close(fd);
   if (rc != 0)
-    RR_THROW(Error, "cannot allocate ", bytes >> 10, " KiB of shared memory for ", name, ": ",
+    RR_THROW(Error, "cannot allocate ", (want + 1023) >> 10, " KiB of shared memory for ", name, ": ",
              std::strerror(rc == EFAULT ? ENOSPC : rc),
              " (/dev/shm is full or too small: free it, destroy groups no longer used, enlarge it "
              "(docker --shm-size), or set RINGREDUCE_TRANSPORT=tcp)");
