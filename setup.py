@@ -11,6 +11,11 @@ the C++ sources see -DRINGREDUCE_WITH_CUDA, and the CUDA runtime is linked stati
 static runtime loads the driver only on the first CUDA call, so the CUDA build imports and
 runs CPU collectives on machines without a GPU or driver. NCCL is never linked: it is
 dlopen'ed at run time (csrc/nccl/loader.h). Without CUDA the build is exactly the CPU one.
+
+Compile jobs: `build_ext -j N` (or RINGREDUCE_BUILD_JOBS=N, e.g. under pip; default 2).
+A build whose mode differs from the last one in this build folder (CUDA on/off, its
+architectures, the flags above) recompiles everything instead of keeping the other mode's
+extension.
 """
 
 import os
@@ -46,7 +51,14 @@ def _flags() -> list[str]:
     return flags
 
 
-ParallelCompile("RINGREDUCE_BUILD_JOBS", default=2).install()
+def _jobs() -> int:
+    v = os.environ.get("RINGREDUCE_BUILD_JOBS", "2")
+    if not v.strip().isdigit() or int(v) < 1:
+        raise SystemExit(f"RINGREDUCE_BUILD_JOBS must be a whole number >= 1, got {v!r}")
+    return int(v)
+
+
+ParallelCompile("RINGREDUCE_BUILD_JOBS", default=_jobs()).install()
 
 ext = Pybind11Extension(
     "ringreduce._C",
@@ -139,10 +151,35 @@ def _cuda_lib_dirs(nvcc, probe):
     return good[:1]
 
 
-class CudaBuildExt(build_ext):
+class BuildExt(build_ext):
+    """build_ext that honours -j and rebuilds when the build mode changed (setuptools keeps
+    an extension newer than its sources, whatever it was built with: a CUDA build followed
+    by RINGREDUCE_CUDA=0 -- or the reverse -- silently kept the other mode's module)."""
+
+    def mode(self) -> str:
+        return " ".join(["cpu", *_flags()])
+
+    def build_extensions(self):
+        if self.parallel:  # pybind11's parallel compile reads the variable at compile time
+            os.environ["RINGREDUCE_BUILD_JOBS"] = str(max(1, int(self.parallel)))
+        stamp = Path(self.build_temp) / "ringreduce-build-mode"
+        want = self.mode()
+        if not stamp.is_file() or stamp.read_text() != want:
+            self.force = True
+        super().build_extensions()
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(want)
+
+
+class CudaBuildExt(BuildExt):
     """Compiles csrc/**/*.cu with nvcc, then builds the extension with the objects linked in."""
 
     nvcc = None
+
+    def mode(self) -> str:
+        spec = (os.environ.get("RINGREDUCE_CUDA_ARCH_LIST") or os.environ.get("TORCH_CUDA_ARCH_LIST")
+                or DEFAULT_CUDA_ARCHS)
+        return " ".join(["cuda", str(self.nvcc), spec, *_flags()])
 
     def build_extensions(self):
         cu = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.cu"))
@@ -171,7 +208,7 @@ class CudaBuildExt(build_ext):
                 flag_file.write_text(stamp)
             return str(obj)
 
-        jobs = max(1, int(os.environ.get("RINGREDUCE_BUILD_JOBS", "2")))
+        jobs = max(1, int(self.parallel or _jobs()))
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             objects = list(pool.map(compile_one, cu))
         lib_dirs = _cuda_lib_dirs(self.nvcc, str(ROOT / cu[0]))
@@ -200,4 +237,4 @@ if _NVCC is not None:
     CudaBuildExt.nvcc = _NVCC
     setup(ext_modules=[ext], cmdclass={"build_ext": CudaBuildExt, "build_py": BuildPyWithAdapter})
 else:
-    setup(ext_modules=[ext], cmdclass={"build_py": BuildPyWithAdapter})
+    setup(ext_modules=[ext], cmdclass={"build_ext": BuildExt, "build_py": BuildPyWithAdapter})

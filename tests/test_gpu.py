@@ -13,6 +13,7 @@ copy plus a 2-rank CPU all-reduce with it (minutes).
 from __future__ import annotations
 
 import ctypes
+import os
 import re
 from pathlib import Path
 
@@ -271,7 +272,8 @@ def test_nccl_not_found_error_names_what_was_tried(tmp_path):
     not_elf = tmp_path / "libnccl.so.2"
     not_elf.write_text("not a library\n" * 400)
     for bogus, extra in [(str(tmp_path / "nowhere"), "nowhere"),
-                         (str(tmp_path), "invalid ELF header")]:
+                         (str(tmp_path), "invalid ELF header"),
+                         ("~/no-such-nccl.so", "no-such-nccl.so")]:
         r = _py("""
             import ringreduce.gpu as g
             try:
@@ -283,7 +285,9 @@ def test_nccl_not_found_error_names_what_was_tried(tmp_path):
         """, env={"RINGREDUCE_NCCL_PATH": bogus})
         assert r.returncode == 0, r.stderr
         out = r.stdout
-        assert "NCCL not found: tried libnccl.so.2 in " + bogus in out, out
+        tried = (f"libnccl.so.2 in {bogus}" if Path(bogus).is_dir()
+                 else os.path.expanduser(bogus))  # a file: its path, ~ expanded
+        assert "NCCL not found: tried " + tried + "\n" in out, out
         assert extra in out
         assert "pip install nvidia-nccl-cu12" in out and "RINGREDUCE_NCCL_PATH" in out
 

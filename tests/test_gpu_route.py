@@ -150,6 +150,36 @@ def test_select_backend_with_fakes(monkeypatch):
         gpu.select_backend(x, "nccl")
     with pytest.raises(ValueError, match="host memory only"):
         gpu.select_backend(x, "tcp")
+    # Host arrays: a host path name comes back, an unknown name is refused (was returned).
+    assert gpu.select_backend(np.zeros(3), "tcp") == "tcp"
+    with pytest.raises(ValueError, match="unknown backend 'gloo'"):
+        gpu.select_backend(np.zeros(3), "gloo")
+    with pytest.raises(ValueError, match="meta device and has no memory"):
+        gpu.select_backend(torch.empty(3, device="meta"), "nccl")
+
+
+def test_nccl_verdict_names_the_missing_device_first(monkeypatch):
+    # A CUDA build on a machine without a driver or NCCL: the device is the blocker to name
+    # (was "NCCL not found", then, once NCCL was installed, the missing driver).
+    monkeypatch.setattr(gpu_device, "built_with_cuda", lambda: True)
+    monkeypatch.setattr(gpu_device, "cuda_status", lambda: (False, "no NVIDIA driver"))
+
+    def no_nccl(environ=None):
+        raise gpu.NcclUnavailable("NCCL not found")
+    monkeypatch.setattr(gpu_device, "load_nccl", no_nccl)
+    assert gpu_device.nccl_available() == (False, "no NVIDIA driver")
+
+
+def test_gpu_work_wait_with_a_timeout():
+    from ringreduce.gpu.nccl import GpuWork
+
+    class CWork:
+        def wait(self, timeout):
+            return timeout == 1.5
+
+    assert GpuWork(CWork(), ()).wait(1.5) is True  # was ModuleNotFoundError
+    with pytest.raises(ValueError):
+        GpuWork(CWork(), ()).wait(-1)
 
 
 def test_no_device_errors_are_clear(world1):
@@ -209,6 +239,8 @@ def test_host_arrays_with_backends(world1):
     x = np.ones(4, np.float32)
     with pytest.raises(ValueError, match="backend='nccl' needs CUDA tensors"):
         rr.allreduce(x, backend="nccl")
+    with pytest.raises(ValueError, match="meta device and has no memory"):
+        rr.allreduce(torch.ones(4, device="meta"), backend="nccl")
     rr.allreduce(x, backend="staged")  # host arrays: the CPU path whatever the backend
     rr.allreduce(torch.ones(3), backend="host")
     assert rr.allgather(x, backend="staged").shape == (1, 4)

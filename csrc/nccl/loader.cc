@@ -111,7 +111,8 @@ const Library& load(const std::vector<std::string>& candidates) {
     const bool bare = cand.find('/') == std::string::npos;
     const std::string path = dir ? cand + "/" + kSoname : cand;
     tried += (tried.empty() ? "" : ", ") +
-             (bare ? "the system library path (LD_LIBRARY_PATH, ldconfig) as " + cand : cand);
+             (bare ? cand + " on the system library path (LD_LIBRARY_PATH, ldconfig)"
+                   : dir ? std::string(kSoname) + " in " + cand : cand);
     ::dlerror();
     void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (h == nullptr) {
@@ -147,7 +148,7 @@ const Library& load(const std::vector<std::string>& candidates) {
   }
   if (tried.empty()) tried = "(no candidates)";
   throw NcclUnavailable(
-      "NCCL not found: tried " + std::string(kSoname) + " in " + tried + errors +
+      "NCCL not found: tried " + tried + errors +
       "\ninstall it with `pip install nvidia-nccl-cu12` (or nvidia-nccl-cu13 for CUDA 13), or "
       "set RINGREDUCE_NCCL_PATH to libnccl.so.2 or the directory that holds it");
 }

@@ -263,11 +263,15 @@ def cuda_problem(args: argparse.Namespace) -> str | None:
     except ImportError:
         return "no CUDA device: torch is not installed"
     if not torch.cuda.is_available():
+        # The bench moves torch CUDA tensors: torch's own CUDA is what it needs first.
+        if torch.version.cuda is None:
+            return (f"no CUDA device: this torch ({torch.__version__}) is a CPU-only build; "
+                    "install a CUDA build of torch")
         from ringreduce import gpu
 
         ok, why = gpu.cuda_status()
         return "no CUDA device: " + (why if not ok else "torch.cuda.is_available() is False "
-                                     "(a CPU-only torch build?)")
+                                     "(no driver or no visible device?)")
     if "nccl" in args.compare:
         import torch.distributed as dist
 

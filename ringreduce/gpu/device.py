@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 from .arrays import _NO_GPU_MODULE, CudaUnavailable, NcclUnavailable, _gpu
@@ -64,7 +65,7 @@ def nccl_candidates(environ: dict | None = None) -> list:
 
     explicit = (tunables(environ).nccl_path or "").strip()
     if explicit:
-        return [explicit]
+        return [os.path.expanduser(explicit)]
     out = []
     try:
         spec = importlib.util.find_spec("nvidia.nccl")
@@ -94,11 +95,11 @@ def nccl_available() -> tuple:
     if not built_with_cuda():
         ok, reason = cuda_status()
         return False, reason if not ok else _NO_GPU_MODULE
+    ok, reason = cuda_status()  # the device first: with none, NCCL would not help
+    if not ok:
+        return False, reason
     try:
         info = load_nccl()
     except NcclUnavailable as e:
         return False, str(e)
-    ok, reason = cuda_status()
-    if not ok:
-        return False, reason
     return True, f"NCCL {info['version']} from {info['path']}"

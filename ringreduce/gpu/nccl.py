@@ -48,7 +48,7 @@ class GpuWork:
         running after ``timeout`` seconds; raises if it failed or passed the communicator's
         timeout (the communicator is then aborted)."""
         if timeout is not None:
-            from ._env import check_seconds
+            from .._env import check_seconds
 
             timeout = check_seconds("Work.wait(timeout)", timeout, allow_zero=True)
         done = self._w.wait(timeout)

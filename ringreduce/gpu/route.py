@@ -36,6 +36,7 @@ from . import staging as stg
 from .nccl import NcclCommunicator
 
 BACKENDS = ("auto", "nccl", "staged", "host")
+_HOST_PATHS = ("cpu", "tcp", "shm")  # what select_backend may name for host arrays
 _KEY = "cuda/"
 
 
@@ -54,10 +55,18 @@ def wants(xs: Sequence[Any], backend: Any) -> bool:
     if any(cuda):
         return True
     if name == "nccl":
-        raise ValueError(
-            "backend='nccl' needs CUDA tensors; this one is in host memory (move it with "
-            ".cuda(), or use backend='auto')")
+        raise _not_for_nccl(next((x for x in xs if x is not None), None))
     return False
+
+
+def _not_for_nccl(x: Any) -> ValueError:
+    """backend='nccl' on a buffer that is not a CUDA array."""
+    if arrays._is_torch_tensor(x) and x.device.type == "meta":
+        return ValueError("backend='nccl' needs CUDA tensors; this one is on the meta device "
+                          "and has no memory (materialise it on a GPU first, e.g. "
+                          "torch.empty_like(x, device='cuda'))")
+    return ValueError("backend='nccl' needs CUDA tensors; this one is in host memory (move it "
+                      "with .cuda(), or use backend='auto')")
 
 
 def decide(backend: str, nccl: tuple, staging: tuple) -> str:
@@ -92,11 +101,13 @@ def select_backend(x: Any, backend: str = "auto") -> str:
     backend = str(backend).lower()
     if not arrays.is_cuda_array(x):
         if backend == "nccl":
-            raise ValueError(
-                "backend='nccl' needs CUDA tensors; this one is in host memory (move it with "
-                ".cuda(), or use backend='auto')"
-            )
-        return "cpu" if backend in ("auto", "staged", "host") else backend
+            raise _not_for_nccl(x)
+        if backend in _HOST_PATHS:
+            return backend
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; use one of "
+                             f"{', '.join(BACKENDS + _HOST_PATHS)}")
+        return "cpu"
     if backend not in BACKENDS:
         raise ValueError(
             f"backend={backend!r} moves host memory only; for a CUDA tensor use backend='auto', "

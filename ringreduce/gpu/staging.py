@@ -139,8 +139,9 @@ def stager_status(torch_tensor: bool) -> tuple:
                            "no CUDA device or driver, or a CPU-only torch build")
         return True, "torch CUDA runtime"
     if not device.built_with_cuda():
-        return False, ("this ringreduce build has no CUDA (nvcc was not found at install time); "
-                       "reinstall with nvcc on PATH, or pass torch CUDA tensors")
+        return False, ("this ringreduce build has no CUDA (nvcc was not found at install time, "
+                       "or RINGREDUCE_CUDA=0); reinstall with nvcc on PATH and RINGREDUCE_CUDA=1, "
+                       "or pass torch CUDA tensors")
     return device.cuda_status()
 
 
