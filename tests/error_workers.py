@@ -329,6 +329,20 @@ def mismatch(rank: int, world: int, names: list[str]) -> list[dict]:
     return out
 
 
+def reduce_root_then_leave(rank: int, world: int) -> str:
+    """Three reduces to rank 0, then rank 2 passes dst=1 in the fourth and everyone leaves at
+    once: over TCP (4 ranks) rank 2 sends to its parent in the tree to rank 1 and finishes,
+    so rank 0 waits for a message that never comes until rank 2's goodbye arrives."""
+    x = np.ones(1000, np.float32)
+    for _ in range(3):
+        rr.reduce(x, dst=0)
+    try:
+        rr.reduce(x, dst=1 if rank == 2 else 0)
+    except rr.RingReduceError as e:
+        return str(e)
+    return ""
+
+
 def collective_timeout(rank: int, world: int, async_op: bool) -> dict:
     """init(timeout=2); the last rank sleeps 4 s before its all-reduce. Then every rank
     destroys and initialises again in the same process, and a correct all-reduce follows."""

@@ -219,6 +219,21 @@ def test_mismatched_reduce_and_gather_roots_are_detected(world: int, transport: 
     _check_mismatch(outs, world)
 
 
+@pytest.mark.timeout(60)
+def test_a_rank_that_left_after_the_same_collective_is_not_said_to_skip_it() -> None:
+    """Rank 2 ran reduce #4 with another root and left: rank 0's error says the leaver's
+    last collective was #4 and asks about other arguments (was: only "did it skip this
+    collective, or fail?", and its state from a heartbeat 0.5 s old: "idle after #0")."""
+    outs = run_world_raw(4, error_workers.reduce_root_then_leave, timeout=40,
+                         env=_env("tcp", RINGREDUCE_TIMEOUT="10"))
+    story = "\n".join(o.describe() for o in outs)
+    assert all(o.ok for o in outs), story
+    msg = outs[0].value
+    assert "rank 2" in msg and "after its collective #4" in msg, story
+    assert "other arguments (root, size, group)" in msg and "reduce #4" in msg, story
+    assert "idle after collective #0" not in msg, story
+
+
 # --------------------------------------------------------------------- timeouts
 
 

@@ -245,7 +245,7 @@ class Communicator {
   // Peer `p` said goodbye (gone_, goneList_).
   void markGone(int p);
   // The last collective peer `p` began before its goodbye (0: none, or not heard).
-  uint64_t leftAfter(int p);
+  uint64_t leftAfter(int p) const;
   // The rank peer `p`'s goodbye says it lost (rank -1: none).
   transport::Culprit leftCulprit(int p);
   // Whether `who`, named by peer `p`'s goodbye or abort, is a rank of this communicator

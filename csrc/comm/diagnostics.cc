@@ -19,7 +19,12 @@ std::string Communicator::peerDoing(int peer, const transport::PeerStatus& s,
   return detail::concat(
       s.kind ? "at " : "idle after ",
       s.kind ? toString(static_cast<CollectiveKind>(s.kind)) : "collective", " #", s.seq,
-      s.kind ? detail::concat(" with ", s.bytesDone >> 10, " KiB received") : std::string(), note,
+      s.kind ? detail::concat(" with ", s.bytesDone >> 10, " KiB received") : std::string(),
+      // Heard since on another communicator of its process: this state may be stale.
+      s.reportAgeMs > s.ageMs + 200 ? detail::concat(" (as of its report ", s.reportAgeMs / 1000.0,
+                                                     " s earlier)")
+                                    : std::string(),
+      note,
       other.empty() ? std::string() : ", meanwhile in " + other + " (on another communicator)",
       site.empty() ? std::string() : "; last call site " + site);
 }
@@ -169,6 +174,13 @@ std::string Communicator::peerContext(int peer) const {
   if (!hb_ || peer < 0 || peer >= world_ || peer == rank_) return "";
   transport::PeerStatus s = hb_->status(peer);
   if (s.ageMs < 0) return "";
+  // Its goodbye is newer than its last heartbeat (0.5 s apart): it left after that one.
+  const uint64_t left = leftAfter(peer);
+  if (left > s.seq || (left == s.seq && left > 0 && s.kind)) {
+    s.seq = left;
+    s.kind = 0;
+    s.reportAgeMs = s.ageMs;
+  }
   return detail::concat("; rank ", label(peer), " (pid ", s.pid, ") was last heard ", s.ageMs / 1000.0,
                         " s earlier, ", peerDoing(peer, s));
 }

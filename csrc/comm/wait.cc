@@ -222,7 +222,7 @@ transport::Culprit Communicator::leftCulprit(int p) {
   return r >= 0 ? shm_->leftCulprit(r) : transport::Culprit{};
 }
 
-uint64_t Communicator::leftAfter(int p) {
+uint64_t Communicator::leftAfter(int p) const {
   const auto& c = conns_[static_cast<size_t>(p)];
   uint64_t seq = c ? c->leftAfter() : 0;
   const int r = shm_ ? shm_->localIndex(p) : -1;

@@ -313,10 +313,12 @@ PeerStatus Heartbeat::status(int peer) const {
   if (peer < 0 || static_cast<size_t>(peer) >= nslots_) return s;
   const Slot& sl = slots_[static_cast<size_t>(peer)];
   int64_t last = sl.lastNs.load(std::memory_order_acquire);
+  const int64_t now = nowNs();
+  s.reportAgeMs = last == 0 ? -1 : (now - last) / 1000000;
   // Heard on this communicator: any communicator's word from that process counts since.
   const uint64_t proc = sl.proc.load(std::memory_order_relaxed);
   if (last != 0 && proc != 0) last = std::max(last, HeartbeatHub::get().heardNs(proc));
-  s.ageMs = last == 0 ? -1 : (nowNs() - last) / 1000000;
+  s.ageMs = last == 0 ? -1 : (now - last) / 1000000;
   s.pid = sl.pid.load(std::memory_order_relaxed);
   uint64_t st = sl.state.load(std::memory_order_relaxed);
   s.seq = st & ((uint64_t{1} << 56) - 1);

@@ -32,6 +32,9 @@ namespace rr::transport {
 
 struct PeerStatus {
   int64_t ageMs = -1;  // since the last datagram (-1: never heard)
+  // Since the last datagram of this communicator, which the fields below come from (ageMs
+  // counts any communicator's from that process): a busy peer's state may be older.
+  int64_t reportAgeMs = -1;
   uint32_t pid = 0;
   uint64_t seq = 0;   // collective sequence number the peer is at
   uint8_t kind = 0;   // CollectiveKind it is in (0: idle)
