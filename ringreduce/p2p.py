@@ -133,6 +133,9 @@ def _post(x: Any, peer: int, tag: int, group: Any, what: str, sending: bool,
     with _LOCK:
         ch = _ready_locked(g, src, dst, tag)
         queued = key in _PENDING
+        failed = g.p2p_failed.get((min(src, dst), max(src, dst), tag))
+    if failed is not None:  # now, also for a send that would return early
+        raise _failed_before(g, world, src, dst, tag, failed)
     if ch is not None and not queued:
         return api.broadcast(x, src=src, async_op=async_op, group=ch)
     # The channel is being made (or posts still wait for it): bad input fails now, before
@@ -487,11 +490,7 @@ def _channel(g: Group, world: Group, src: int, dst: int, tag: int) -> Group:
             with _LOCK:
                 pair, failed = g.p2p.get(key), g.p2p_failed.get(key)
             if failed is not None:  # its store keys are spent: a new try would not meet
-                raise _rendezvous._rr_error(
-                    f"rank {world.rank}: the channels between ranks {lo} and {hi} for tag "
-                    f"{tag}{'' if g is world else ' in ' + g.name} could not be made earlier "
-                    f"({failed}); they stay unusable: use another tag, or destroy() and "
-                    "init() again")
+                raise _failed_before(g, world, lo, hi, tag, failed)
             if pair is None:
                 up, down = _make_pair(g, world, lo, hi, src, dst, tag)
                 with _LOCK:
@@ -512,6 +511,13 @@ def _channel(g: Group, world: Group, src: int, dst: int, tag: int) -> Group:
                 if tag == 0:
                     _fast_path(g, world, lo, hi)
     return pair[0] if src == lo else pair[1]
+
+
+def _failed_before(g: Group, world: Group, a: int, b: int, tag: int, why: str) -> Exception:
+    return _rendezvous._rr_error(
+        f"rank {world.rank}: the channels between ranks {min(a, b)} and {max(a, b)} for tag "
+        f"{tag}{'' if g is world else ' in ' + g.name} could not be made earlier ({why}); "
+        "they stay unusable: use another tag, or destroy() and init() again")
 
 
 def _make_pair(g: Group, world: Group, lo: int, hi: int, src: int, dst: int,

@@ -79,7 +79,8 @@ def all_pairs_in_small_dev_shm(rank: int, world: int) -> dict:
 def p2p_slots_into_full_dev_shm(rank: int, world: int) -> dict:
     """A channel made with a small message; then /dev/shm is filled (rank 0 leaves 256 KiB)
     before rank 0 first sends a message that needs its slots (1 MiB): both ranks get an
-    error saying /dev/shm is full, soon (no SIGBUS, no timeout)."""
+    error saying /dev/shm is full, soon (no SIGBUS, no timeout), also when rank 1 receives
+    from any source (RR_TEST_ANY_SOURCE)."""
     x = np.arange(262144, dtype=np.float32)
     if rank == 0:
         rr.send(x[:16], dst=1)
@@ -95,6 +96,8 @@ def p2p_slots_into_full_dev_shm(rank: int, world: int) -> dict:
     try:
         if rank == 0:
             rr.send(x, dst=1)
+        elif os.environ.get("RR_TEST_ANY_SOURCE"):
+            rr.recv(x)
         else:
             rr.recv(x, src=0)
     except rr.RingReduceError as e:
@@ -128,6 +131,15 @@ def p2p_channel_into_full_dev_shm(rank: int, world: int) -> list:
     rr.barrier()
     if rank == 0:
         os.unlink(filler)
+    rr.barrier()
+    try:  # room again, but the tag's keys are spent: a blocking (eager) send says so too
+        if rank == 0:
+            rr.send(x, dst=1, tag=3)
+        else:
+            rr.recv(x, src=0, tag=3)
+        errors.append("")
+    except rr.RingReduceError as e:
+        errors.append(f"{type(e).__name__}: {e}")
     return errors
 
 

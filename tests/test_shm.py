@@ -207,9 +207,12 @@ def test_all_pairs_point_to_point_fits_dockers_default_dev_shm(docker_dev_shm: l
 
 
 @pytest.mark.timeout(90)
-def test_a_channel_whose_slots_do_not_fit_fails_on_both_ranks_at_once(small_dev_shm) -> None:
+@pytest.mark.parametrize("any_source", [False, True])
+def test_a_channel_whose_slots_do_not_fit_fails_on_both_ranks_at_once(small_dev_shm,
+                                                                      any_source) -> None:
     outs = run_world(2, "shm_workers:p2p_slots_into_full_dev_shm", timeout=70,
-                     env={"RINGREDUCE_TRANSPORT": "shm", "RINGREDUCE_TIMEOUT": "40"},
+                     env={"RINGREDUCE_TRANSPORT": "shm", "RINGREDUCE_TIMEOUT": "40",
+                          "RR_TEST_ANY_SOURCE": "1" if any_source else ""},
                      rank_prefix=dict.fromkeys(range(2), small_dev_shm))
     for r, o in enumerate(outs):
         assert "/dev/shm is full or too small" in o["error"], (r, outs)

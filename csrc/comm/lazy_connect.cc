@@ -54,8 +54,9 @@ bool Communicator::incoming(int peer) {
     if (::poll(&p, 1, 0) > 0) return !c->goodbyeNext();
   }
   if (!shmAll()) return false;
-  // Shared memory: every local rank's index is its communicator rank.
-  return shm_->lineAhead(peer);
+  // Shared memory: every local rank's index is its communicator rank. A peer that failed
+  // before writing its line (its slots did not fit /dev/shm) counts: the receive reports it.
+  return shm_->lineAhead(peer) || shm_->abortOf(peer, nullptr) != 0;
 }
 
 int Communicator::openConnections() const {
