@@ -20,6 +20,18 @@ def plan(rank: int, world: int) -> str:
     return _state._DEFAULT[0].comm.plan if world > 1 else "none"
 
 
+def _fill_dev_shm(rank: int, leave: int) -> str:
+    """Rank 0 fills /dev/shm but `leave` bytes with a file (whose path it returns: rank 0
+    removes it); every rank then passes a barrier."""
+    filler = "/dev/shm/ringreduce-test-filler"
+    if rank == 0:
+        st = os.statvfs("/dev/shm")
+        with open(filler, "wb") as f:
+            os.posix_fallocate(f.fileno(), 0, st.f_bavail * st.f_frsize - leave)
+    rr.barrier()
+    return filler
+
+
 def groups_in_small_dev_shm(rank: int, world: int) -> dict:
     """The world, three groups of every rank and a split by parity, each running a
     multi-chunk all-reduce and all-to-all (checked against numpy), all alive at once."""
@@ -86,12 +98,7 @@ def p2p_slots_into_full_dev_shm(rank: int, world: int) -> dict:
         rr.send(x[:16], dst=1)
     else:
         rr.recv(x[:16], src=0)
-    filler = "/dev/shm/ringreduce-test-filler"
-    if rank == 0:
-        st = os.statvfs("/dev/shm")
-        with open(filler, "wb") as f:
-            os.posix_fallocate(f.fileno(), 0, st.f_bavail * st.f_frsize - (256 << 10))
-    rr.barrier()
+    filler = _fill_dev_shm(rank, 256 << 10)
     t0, error = time.monotonic(), ""
     try:
         if rank == 0:
@@ -113,12 +120,7 @@ def p2p_channel_into_full_dev_shm(rank: int, world: int) -> list:
     """/dev/shm is filled (rank 0 leaves 16 KiB) before a pair's first isend/irecv: making
     the channel fails on both ranks; each later try on that tag says why once more (before:
     "rank N was claimed by 3 processes"), and the world still works."""
-    filler = "/dev/shm/ringreduce-test-filler"
-    if rank == 0:
-        st = os.statvfs("/dev/shm")
-        with open(filler, "wb") as f:
-            os.posix_fallocate(f.fileno(), 0, st.f_bavail * st.f_frsize - (16 << 10))
-    rr.barrier()
+    filler = _fill_dev_shm(rank, 16 << 10)
     x, errors = np.full(16, rank, np.float32), []
     for _ in range(3):
         try:
@@ -150,12 +152,7 @@ def grow_into_full_dev_shm(rank: int, world: int) -> dict:
     fresh group (its slots grow)."""
     from ringreduce import _C
 
-    st = os.statvfs("/dev/shm")
-    filler = "/dev/shm/ringreduce-test-filler"
-    if rank == 0:
-        with open(filler, "wb") as f:
-            os.posix_fallocate(f.fileno(), 0, st.f_bavail * st.f_frsize - (1 << 20))
-    rr.barrier()
+    filler = _fill_dev_shm(rank, 1 << 20)
     wrong = []
     for it in range(3):
         x = (np.arange(3_000_001) % 13 + rank + it).astype(np.float32)
