@@ -145,6 +145,63 @@ def p2p_channel_into_full_dev_shm(rank: int, world: int) -> list:
     return errors
 
 
+def many_idle_groups(rank: int, world: int, n: int) -> dict:
+    """`n` groups over every rank, each running an 8-element all-reduce (lines only); then
+    the last three run a 3M-element all-reduce, an all-to-all and a broadcast (slots)."""
+    def used() -> int:
+        rr.barrier()
+        st = os.statvfs("/dev/shm")
+        return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+    before = used()
+    groups = [rr.new_group(list(range(world))) for _ in range(n)]
+    wrong = []
+    for i, g in enumerate(groups):
+        x = np.full(8, rank + i, np.float32)
+        rr.allreduce(x, group=g)
+        if not np.array_equal(x, np.full(8, sum(r + i for r in range(world)), np.float32)):
+            wrong.append(f"small allreduce on group {i}")
+    idle_used = used() - before
+    big = (np.arange(3_000_001) % 11 + rank).astype(np.float32)
+    rr.allreduce(big, group=groups[-1])
+    if not np.array_equal(big, sum((np.arange(3_000_001) % 11 + r).astype(np.float32)
+                                   for r in range(world))):
+        wrong.append("large allreduce")
+    a = np.repeat(np.arange(world, dtype=np.float32) + 100 * rank, 300_000)
+    out = rr.all_to_all(a, group=groups[-2])
+    if not np.array_equal(out, np.repeat(np.array([rank + 100 * r for r in range(world)],
+                                                  np.float32), 300_000)):
+        wrong.append("all_to_all")
+    b = np.full(700_000, rank, np.int32)
+    rr.broadcast(b, src=1, group=groups[-3])
+    if not (b == 1).all():
+        wrong.append("broadcast")
+    for g in groups:
+        g.destroy()
+    return {"idle_used": idle_used, "wrong": wrong}
+
+
+def group_slots_into_full_dev_shm(rank: int, world: int) -> dict:
+    """A group runs a small all-reduce; /dev/shm is filled (256 KiB left); its first large
+    all-reduce needs its slots: every member gets an error naming /dev/shm and the ranks
+    short of it, soon; the world still works."""
+    g = rr.new_group(list(range(world)))
+    x = np.ones(8, np.float32)
+    rr.allreduce(x, group=g)
+    filler = _fill_dev_shm(rank, 256 << 10)
+    t0, error = time.monotonic(), ""
+    try:
+        rr.allreduce(np.ones(1 << 20, np.float32), group=g)
+    except rr.RingReduceError as e:
+        error = f"{type(e).__name__}: {e}"
+    secs = time.monotonic() - t0
+    y = np.full(4, rank, np.float32)
+    rr.allreduce(y)
+    if rank == 0:
+        os.unlink(filler)
+    return {"error": error, "secs": secs, "world_ok": bool((y == sum(range(world))).all())}
+
+
 def grow_into_full_dev_shm(rank: int, world: int) -> dict:
     """/dev/shm is filled (rank 0 writes a file leaving 1 MiB) before the first large
     all-reduce: the slots cannot grow to their full chunk size, every rank keeps the

@@ -229,6 +229,31 @@ def test_a_channel_that_could_not_be_made_says_why_on_every_later_try(small_dev_
         assert all("could not be made earlier" in e and "tag 3" in e for e in errors[1:]), outs
 
 
+@pytest.mark.timeout(120)
+def test_many_idle_groups_fit_dockers_default_dev_shm(docker_dev_shm: list) -> None:
+    # A DeviceMesh-style job makes many groups and uses some of them for small messages only.
+    # 24 groups over 4 ranks held 24 x 8 MiB of slots from their creation (the 8th failed in
+    # 64 MiB); now a group's slots come with its first collective that needs them. Every
+    # group runs a small all-reduce, the last ones large collectives (results checked).
+    outs = run_world(4, "shm_workers:many_idle_groups", 24, timeout=100,
+                     env={"RINGREDUCE_TRANSPORT": "shm"},
+                     rank_prefix=dict.fromkeys(range(4), docker_dev_shm))
+    assert all(o["wrong"] == [] for o in outs), outs
+    assert outs[0]["idle_used"] < 8 << 20, outs  # 24 groups' control blocks and lines
+
+
+@pytest.mark.timeout(90)
+def test_a_group_whose_slots_do_not_fit_fails_on_every_member_at_once(small_dev_shm) -> None:
+    outs = run_world(2, "shm_workers:group_slots_into_full_dev_shm", timeout=70,
+                     env={"RINGREDUCE_TRANSPORT": "shm", "RINGREDUCE_TIMEOUT": "40"},
+                     rank_prefix=dict.fromkeys(range(2), small_dev_shm))
+    for r, o in enumerate(outs):
+        assert "/dev/shm is full or too small" in o["error"] and "group" in o["error"], outs
+        assert "on rank(s) 0, 1" in o["error"], outs
+        assert o["secs"] < 10, f"rank {r} took {o['secs']:.1f} s (timeout 40 s): {outs}"
+        assert o["world_ok"], outs
+
+
 @pytest.fixture
 def dev_shm_256m(tmp_path):
     """/dev/shm of 256 MiB: 1 MiB chunks at 2 ranks (its 1/16 is 16 MiB)."""
@@ -253,12 +278,13 @@ def test_slots_that_cannot_grow_keep_small_chunks_and_right_results(dev_shm_256m
 @pytest.mark.timeout(120)
 def test_a_group_holds_only_the_slots_it_uses() -> None:
     # 4 ranks: 2 MiB chunks, 8 MiB of slots per rank and 32 MiB mapped from the host's four
-    # segments once a large all-reduce ran; until then a quarter of that.
+    # segments once a large all-reduce ran; until its first collective that needs slots, a
+    # group holds none (it held each slot's first 512 KiB, 8 MiB mapped, from its creation).
     outs = run_world(4, "shm_workers:group_resident_kib", 3_000_001, timeout=100,
                      env={"RINGREDUCE_TRANSPORT": "shm"})
     assert all(ok for _, _, ok in outs), outs
     for made, used, _ in outs:
-        assert made < 12 << 10, outs  # 8 MiB of first parts + threads, not 32 MiB
+        assert made < 2 << 10, outs  # control blocks, lines, a thread: not 8 MiB of slots
         assert used > 24 << 10, outs  # the slots grew to full size
 
 

@@ -148,6 +148,7 @@ void setupShm(comm::Communicator& c, const ShmPlan& plan, ShmMeeting& meet) {
     collectives::planShmSlots(static_cast<int>(members.size()), plan.chunkGiven,
                               transport::shm::capacityBytes(), &cfg);
     cfg.lazySlots = c.options().p2pChannel;
+    cfg.slotsLater = !c.options().p2pChannel && !c.options().groupName.empty();  // a group
     auto dom = std::make_unique<transport::shm::ShmDomain>(local, members, plan.prefix, cfg);
     dom->attach(exchangeNames(meet, members, plan.prefix, dom->ownName()));
     meet.barrier();

@@ -89,6 +89,7 @@ void large(comm::Communicator& c, const transport::FrameHeader& h, const Allredu
   // buffer receives results; the others reduce their slice into their slot only.
   const bool resultHere = a.root < 0 || a.root == me;
   const size_t es = elementSize(a.dtype);
+  ensureSlots(c, h);
   if (d.growPending()) {
     growSlots(c, h);
   } else {

@@ -152,6 +152,7 @@ void alltoall(comm::Communicator& c, const transport::FrameHeader& h, const char
     c.addBytesDone(moved);
     return;
   }
+  ensureSlots(c, h);
   const size_t cb = d.config().copyBytes;
   const uint32_t base = d.chunkBase(), K = static_cast<uint32_t>(d.config().slots);
   Control& ctl = d.ctl(me);

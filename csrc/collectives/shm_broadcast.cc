@@ -51,6 +51,7 @@ void broadcast(comm::Communicator& c, const transport::FrameHeader& h, char* buf
   const size_t cb = d.config().copyBytes;
   const uint32_t K = static_cast<uint32_t>(d.config().slots);
   if (!c.options().p2pChannel) {
+    ensureSlots(c, h);
     lineRelease(c, lineRound(c, h, nullptr, 0));
   } else if (me == root) {
     // More than the slots hold: the sender would wait for its receiver anyway, so let the

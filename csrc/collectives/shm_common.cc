@@ -61,6 +61,25 @@ void awaitLine(comm::Communicator& c, const transport::FrameHeader& h, int r, ui
 
 }  // namespace
 
+void ensureSlots(comm::Communicator& c, const transport::FrameHeader& h) {
+  ShmDomain& d = *c.shm();
+  if (!d.slotsPending()) return;
+  const uint8_t ok = d.allocOwnSlots() ? 1 : 0;
+  const uint64_t rd = lineRound(c, h, &ok, 1);
+  std::string short_;
+  for (int r = 0; r < d.world(); ++r)
+    if (*reinterpret_cast<const uint8_t*>(d.linePayload(r, rd)) != 1)
+      short_ += (short_.empty() ? "" : ", ") + std::to_string(c.label(d.globalRank(r)));
+  lineRelease(c, rd);
+  d.finishSlots(short_.empty());
+  if (!short_.empty())
+    RR_THROW(Error, "cannot allocate ", d.firstSlotBytes() >> 10, " KiB of shared memory per "
+             "rank for the slots of ", c.options().groupName.empty() ? "this communicator"
+             : c.options().groupName, " on rank(s) ", short_, ": /dev/shm is full or too small "
+             "(free it, destroy groups no longer used, enlarge it (docker --shm-size), or set "
+             "RINGREDUCE_TRANSPORT=tcp)");
+}
+
 uint64_t lineRound(comm::Communicator& c, const transport::FrameHeader& h, const void* payload,
                    size_t bytes) {
   ShmDomain& d = *c.shm();

@@ -17,6 +17,12 @@ using transport::shm::ShmDomain;
 // lineRelease(). Returns the round.
 uint64_t lineRound(comm::Communicator& c, const transport::FrameHeader& h, const void* payload,
                    size_t bytes);
+// Before a collective's first use of the slots on a group that allocates them late
+// (ShmConfig::slotsLater): every local rank allocates its own, a line round tells the
+// others whether that worked, and all map them -- or, when some rank had no room in
+// /dev/shm, every rank throws rr::Error naming those ranks and what to do. A no-op after
+// the first time and on other communicators.
+void ensureSlots(comm::Communicator& c, const transport::FrameHeader& h);
 // This rank has finished reading peers' lines of `round`: they may reuse them.
 void lineRelease(comm::Communicator& c, uint64_t round);
 // Point-to-point channels only (Options::p2pChannel), where a sender runs ahead of its

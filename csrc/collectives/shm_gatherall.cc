@@ -84,6 +84,7 @@ void pipeline(comm::Communicator& c, const transport::FrameHeader& h, size_t G, 
               Consume consume) {
   ShmDomain& d = *c.shm();
   const int me = d.rank();
+  ensureSlots(c, h);
   lineRelease(c, lineRound(c, h, nullptr, 0));
   const uint32_t base = d.chunkBase(), K = static_cast<uint32_t>(d.config().slots);
   Control& mine = d.ctl(me);

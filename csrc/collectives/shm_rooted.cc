@@ -62,6 +62,7 @@ void gather(comm::Communicator& c, const transport::FrameHeader& h, const char* 
     c.addBytesDone(bytes);
     return;
   }
+  ensureSlots(c, h);
   lineRelease(c, lineRound(c, h, nullptr, 0));
   const size_t cb = d.config().copyBytes;
   const uint32_t G = static_cast<uint32_t>(chunking::numSegments(bytes, cb));
@@ -131,6 +132,7 @@ void scatter(comm::Communicator& c, const transport::FrameHeader& h, const char*
     c.addBytesDone(bytes);
     return;
   }
+  ensureSlots(c, h);
   const size_t cb = d.config().copyBytes;
   const uint32_t G = static_cast<uint32_t>(chunking::numSegments(bytes, cb));
   const uint32_t base = d.chunkBase(), K = static_cast<uint32_t>(d.config().slots);

@@ -72,7 +72,8 @@ ShmDomain::ShmDomain(int rank, std::vector<int> members, const std::string& pref
 std::vector<Segment::Range> ShmDomain::ranges(bool first) const {
   std::vector<Segment::Range> out;
   if (first) out.push_back({0, slotOff_});  // control and lines
-  if (cfg_.lazySlots) return out;           // slots come later, one rank at a time (mapSlots)
+  // lazySlots: later, one rank at a time (mapSlots); slotsLater: all at once (finishSlots)
+  if (cfg_.lazySlots || (first && cfg_.slotsLater)) return out;
   for (const Segment::Range& x : slotRanges(first)) out.push_back(x);
   return out;
 }
@@ -93,6 +94,34 @@ std::vector<Segment::Range> ShmDomain::slotRanges(bool first) const {
   return out;
 }
 
+size_t ShmDomain::firstSlotBytes() const {
+  size_t bytes = 0;
+  for (const Segment::Range& x : slotRanges(true)) bytes += x.len;
+  return bytes;
+}
+
+bool ShmDomain::allocOwnSlots() {
+  for (const Segment::Range& x : slotRanges(true))
+    if (!own_.populate(x, true)) {
+      for (const Segment::Range& y : slotRanges(true)) own_.release(y);
+      return false;
+    }
+  return true;
+}
+
+void ShmDomain::finishSlots(bool everyone) {
+  if (!everyone) {
+    for (const Segment::Range& x : slotRanges(true)) own_.release(x);
+    return;  // still pending: the next collective that needs them tries again
+  }
+  for (int r = 0; r < world_; ++r)
+    if (r != rank_)
+      for (const Segment::Range& x : slotRanges(true))
+        if (!peers_[static_cast<size_t>(r)].populate(x, false))
+          RR_THROW(Error, "cannot map the slots of local rank ", r, "'s shared memory segment");
+  slotsReady_ = true;
+}
+
 void ShmDomain::mapSlots(int r) {
   const bool own = r == rank_;
   Segment& s = own ? own_ : peers_[static_cast<size_t>(r)];
@@ -100,9 +129,7 @@ void ShmDomain::mapSlots(int r) {
     if (s.populate(x, own)) continue;
     if (!own) RR_THROW(Error, "cannot map the slots of local rank ", r, "'s shared memory segment");
     for (const Segment::Range& y : slotRanges(true)) s.release(y);
-    size_t bytes = 0;
-    for (const Segment::Range& y : slotRanges(true)) bytes += y.len;
-    RR_THROW(Error, "cannot allocate ", bytes >> 10, " KiB of shared memory for the slots of ",
+    RR_THROW(Error, "cannot allocate ", firstSlotBytes() >> 10, " KiB of shared memory for the slots of ",
              s.name(), ": /dev/shm is full or too small (free it, destroy groups no longer "
              "used, enlarge it (docker --shm-size), or set RINGREDUCE_TRANSPORT=tcp)");
   }

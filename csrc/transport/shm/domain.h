@@ -85,6 +85,10 @@ struct ShmConfig {
   // it first reads them, so a receiver never holds slots and a channel of small messages
   // holds only its control blocks and lines (~40 KiB per rank instead of ~2 MiB).
   bool lazySlots = false;
+  // A group (not the world): no slots until its first collective that needs them, which
+  // allocates them on every member at once (collectives/shm_common.h ensureSlots) -- an
+  // idle group, or one of small messages only, holds ~40 KiB per rank.
+  bool slotsLater = false;
   // Spin this long before yielding (0 when ranks outnumber cores). Longer than a futex
   // wake-up on a busy VM (~100-150 us), or two ranks fall into waking each other up on
   // every message instead of catching each other while spinning.
@@ -151,6 +155,15 @@ class ShmDomain {
   bool growPending() const { return !grown_ && !growFailed_; }
   bool growOwn();
   void finishGrow(bool everyone);
+  // slotsLater: the slots are not allocated yet. The first collective that needs them
+  // takes three steps on every local rank: allocOwnSlots() (false: no room in /dev/shm),
+  // a line round telling the others the outcome, finishSlots(every rank succeeded), which
+  // maps the peers' slots -- or gives back this rank's and leaves them pending.
+  bool slotsPending() const { return cfg_.slotsLater && !slotsReady_; }
+  bool allocOwnSlots();
+  void finishSlots(bool everyone);
+  // Bytes of slots a rank allocates then (each slot's first copyBytes).
+  size_t firstSlotBytes() const;
   // Before the first use of local rank `r`'s slots on a lazySlots domain: allocate ours
   // (throws rr::Error saying what to do when /dev/shm has no room) or map the peer's (which
   // it allocated before publishing anything in them). A no-op otherwise and after the first.
@@ -211,6 +224,7 @@ class ShmDomain {
   std::vector<Segment::Range> ranges(bool first) const;
   std::vector<Segment::Range> slotRanges(bool first) const;  // ranges' slot parts
   std::vector<uint8_t> slotsMapped_;  // lazySlots: local rank r's slots are mapped here
+  bool slotsReady_ = false;           // slotsLater: finishSlots(true) ran
   void mapSlots(int r);
   uint64_t linePrev_[2] = {0, 0};
   std::atomic<int> cma_{-1};  // cmaReadable: -1 not probed yet, 0 no, 1 yes (any thread)
