@@ -608,16 +608,20 @@ def group_in_full_dev_shm(rank: int, world: int) -> dict:
     does not fit fails, and the other, waiting in the store for its segment name (a group on
     one host has no connection to hear an abort on), must stop at once. Rank 0 keeps the
     store up for 12 s after its own failure, so a waiting rank 1 cannot learn of it from the
-    store going away."""
+    store going away. A group's segment is ~40 KiB before its first large collective: rank 0
+    fills /dev/shm but 60 KiB first (one segment fits, not two)."""
+    filler = _fill_dev_shm(rank, 60 << 10)
     t0 = time.monotonic()
     try:
         rr.new_group(list(range(world)))
-        return {"error": None, "secs": time.monotonic() - t0}
+        out = {"error": None, "secs": time.monotonic() - t0}
     except Exception as e:  # noqa: BLE001
         out = {"error": f"{type(e).__name__}: {e}", "secs": time.monotonic() - t0}
         if rank == 0 and "/dev/shm is full" in out["error"]:
             time.sleep(12)
-        return out
+    if rank == 0:
+        os.unlink(filler)
+    return out
 
 
 def frozen_after_one_left(rank: int, world: int) -> dict:

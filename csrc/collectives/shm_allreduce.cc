@@ -68,13 +68,7 @@ void small(comm::Communicator& c, const transport::FrameHeader& h, const Allredu
 // the chunks stay at copyBytes -- slower above one chunk, but nothing fails.
 void growSlots(comm::Communicator& c, const transport::FrameHeader& h) {
   ShmDomain& d = *c.shm();
-  const uint8_t ok = d.growOwn() ? 1 : 0;
-  const uint64_t rd = lineRound(c, h, &ok, 1);
-  std::string short_;
-  for (int r = 0; r < d.world(); ++r)
-    if (*reinterpret_cast<const uint8_t*>(d.linePayload(r, rd)) != 1)
-      short_ += (short_.empty() ? "" : ", ") + std::to_string(c.label(d.globalRank(r)));
-  lineRelease(c, rd);
+  const std::string short_ = ranksWithout(c, h, d.growOwn());
   d.finishGrow(short_.empty());
   if (!short_.empty())
     RR_WARN("shared memory: /dev/shm had no room for ", d.config().chunkBytes >> 10,

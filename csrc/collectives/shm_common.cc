@@ -61,16 +61,22 @@ void awaitLine(comm::Communicator& c, const transport::FrameHeader& h, int r, ui
 
 }  // namespace
 
+std::string ranksWithout(comm::Communicator& c, const transport::FrameHeader& h, bool ok) {
+  ShmDomain& d = *c.shm();
+  const uint8_t mine = ok ? 1 : 0;
+  const uint64_t rd = lineRound(c, h, &mine, 1);
+  std::string out;
+  for (int r = 0; r < d.world(); ++r)
+    if (*reinterpret_cast<const uint8_t*>(d.linePayload(r, rd)) != 1)
+      out += (out.empty() ? "" : ", ") + std::to_string(c.label(d.globalRank(r)));
+  lineRelease(c, rd);
+  return out;
+}
+
 void ensureSlots(comm::Communicator& c, const transport::FrameHeader& h) {
   ShmDomain& d = *c.shm();
   if (!d.slotsPending()) return;
-  const uint8_t ok = d.allocOwnSlots() ? 1 : 0;
-  const uint64_t rd = lineRound(c, h, &ok, 1);
-  std::string short_;
-  for (int r = 0; r < d.world(); ++r)
-    if (*reinterpret_cast<const uint8_t*>(d.linePayload(r, rd)) != 1)
-      short_ += (short_.empty() ? "" : ", ") + std::to_string(c.label(d.globalRank(r)));
-  lineRelease(c, rd);
+  const std::string short_ = ranksWithout(c, h, d.allocOwnSlots());
   d.finishSlots(short_.empty());
   if (!short_.empty())
     RR_THROW(Error, "cannot allocate ", d.firstSlotBytes() >> 10, " KiB of shared memory per "

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "comm/communicator.h"
 
@@ -17,6 +18,9 @@ using transport::shm::ShmDomain;
 // lineRelease(). Returns the round.
 uint64_t lineRound(comm::Communicator& c, const transport::FrameHeader& h, const void* payload,
                    size_t bytes);
+// A line round in which every local rank says whether a step of its own worked (`ok`):
+// the labels of the ranks where it did not, ", "-separated ("" when it worked everywhere).
+std::string ranksWithout(comm::Communicator& c, const transport::FrameHeader& h, bool ok);
 // Before a collective's first use of the slots on a group that allocates them late
 // (ShmConfig::slotsLater): every local rank allocates its own, a line round tells the
 // others whether that worked, and all map them -- or, when some rank had no room in
