@@ -100,14 +100,22 @@ size_t ShmDomain::firstSlotBytes() const {
   return bytes;
 }
 
-bool ShmDomain::allocOwnSlots() {
-  for (const Segment::Range& x : slotRanges(true))
+bool ShmDomain::allocOwn(const std::vector<Segment::Range>& rs) {
+  for (const Segment::Range& x : rs)
     if (!own_.populate(x, true)) {
-      for (const Segment::Range& y : slotRanges(true)) own_.release(y);
+      for (const Segment::Range& y : rs) own_.release(y);
       return false;
     }
   return true;
 }
+
+void ShmDomain::mapPeer(int r, const std::vector<Segment::Range>& rs) {
+  for (const Segment::Range& x : rs)
+    if (!peers_[static_cast<size_t>(r)].populate(x, false))
+      RR_THROW(Error, "cannot map the slots of local rank ", r, "'s shared memory segment");
+}
+
+bool ShmDomain::allocOwnSlots() { return allocOwn(slotRanges(true)); }
 
 void ShmDomain::finishSlots(bool everyone) {
   if (!everyone) {
@@ -115,22 +123,16 @@ void ShmDomain::finishSlots(bool everyone) {
     return;  // still pending: the next collective that needs them tries again
   }
   for (int r = 0; r < world_; ++r)
-    if (r != rank_)
-      for (const Segment::Range& x : slotRanges(true))
-        if (!peers_[static_cast<size_t>(r)].populate(x, false))
-          RR_THROW(Error, "cannot map the slots of local rank ", r, "'s shared memory segment");
+    if (r != rank_) mapPeer(r, slotRanges(true));
   slotsReady_ = true;
 }
 
 void ShmDomain::mapSlots(int r) {
-  const bool own = r == rank_;
-  Segment& s = own ? own_ : peers_[static_cast<size_t>(r)];
-  for (const Segment::Range& x : slotRanges(true)) {
-    if (s.populate(x, own)) continue;
-    if (!own) RR_THROW(Error, "cannot map the slots of local rank ", r, "'s shared memory segment");
-    for (const Segment::Range& y : slotRanges(true)) s.release(y);
+  if (r != rank_) {
+    mapPeer(r, slotRanges(true));
+  } else if (!allocOwnSlots()) {
     RR_THROW(Error, "cannot allocate ", firstSlotBytes() >> 10, " KiB of shared memory for the slots of ",
-             s.name(), ": /dev/shm is full or too small (free it, destroy groups no longer "
+             own_.name(), ": /dev/shm is full or too small (free it, destroy groups no longer "
              "used, enlarge it (docker --shm-size), or set RINGREDUCE_TRANSPORT=tcp)");
   }
   slotsMapped_[static_cast<size_t>(r)] = 1;
@@ -221,11 +223,7 @@ bool ShmDomain::cmaReadable() {
   return known == 1;
 }
 
-bool ShmDomain::growOwn() {
-  for (const Segment::Range& x : ranges(false))
-    if (!own_.populate(x, true)) return false;  // finishGrow(false) gives back the rest
-  return true;
-}
+bool ShmDomain::growOwn() { return allocOwn(ranges(false)); }
 
 void ShmDomain::finishGrow(bool everyone) {
   if (!everyone) {
@@ -234,10 +232,7 @@ void ShmDomain::finishGrow(bool everyone) {
     return;
   }
   for (int r = 0; r < world_; ++r)
-    if (r != rank_)
-      for (const Segment::Range& x : ranges(false))
-        if (!peers_[static_cast<size_t>(r)].populate(x, false))
-          RR_THROW(Error, "cannot map the slots of local rank ", r, "'s shared memory segment");
+    if (r != rank_) mapPeer(r, ranges(false));
   grown_ = true;
 }
 

@@ -226,6 +226,10 @@ class ShmDomain {
   std::vector<uint8_t> slotsMapped_;  // lazySlots: local rank r's slots are mapped here
   bool slotsReady_ = false;           // slotsLater: finishSlots(true) ran
   void mapSlots(int r);
+  // Allocate our pages of `rs` (false, with none of them kept: no room in /dev/shm) / map
+  // local rank r's (throws: a peer's pages it allocated should always map).
+  bool allocOwn(const std::vector<Segment::Range>& rs);
+  void mapPeer(int r, const std::vector<Segment::Range>& rs);
   uint64_t linePrev_[2] = {0, 0};
   std::atomic<int> cma_{-1};  // cmaReadable: -1 not probed yet, 0 no, 1 yes (any thread)
   std::atomic<uint64_t> cmaBytes_{0};
