@@ -430,6 +430,7 @@ def _connect(world: Group, store: Any, members: list[int], me: int, prefix: str,
     maddr, ifname = world.net
     options = world.options if timeout is None else {
         **world.options, "timeout": timeout, "connect_timeout": _setup_secs(world, timeout)}
+    options = {**options, "job_world": world.world_size}  # culprits outside it: world ranks
     if p2p:
         options = {**options, "p2p_channel": True}
     g = _comm.connect(me, len(members), tun, options, store, maddr, ifname, world.secret,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import struct
 import time
 from typing import Any
 
@@ -300,3 +302,46 @@ def blame_after_relay(rank: int, world: int) -> dict:
             out["next"] = str(e)
     rr.destroy()
     return out
+
+
+_FRAME = struct.Struct("<IBBBBQiIQQII")  # csrc/transport/frame.h FrameHeader (48 bytes)
+_FRAME_MAGIC = 0x31465252
+
+
+def _tcp_to_rank0() -> socket.socket:
+    """This rank's (the world's only) TCP connection to rank 0: not the store's."""
+    store_port = int(os.environ["MASTER_PORT"])
+    for fd in sorted(int(f) for f in os.listdir("/proc/self/fd")):
+        try:
+            s = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            if s.type == socket.SOCK_STREAM and s.getpeername()[1] != store_port:
+                return s
+        except OSError:
+            pass
+        s.close()
+    raise RuntimeError("no TCP connection to rank 0")
+
+
+def crafted_culprit(rank: int, world: int, kind: int, word: int, why: str) -> dict:
+    """Rank 1 writes an abort (kind 100, code kPeer) or goodbye (101) frame naming the
+    culprit word `word` (cause kClosed) on its connection to rank 0, then waits; rank 0
+    all-reduces and reports the error it gets."""
+    if rank == 1:
+        s = _tcp_to_rank0()
+        body = why.encode()
+        root = struct.unpack("<i", struct.pack("<I", word))[0]
+        s.sendall(_FRAME.pack(_FRAME_MAGIC, kind, 0, 3 if kind == 100 else 0, 0, 0, root, 0, 0,
+                              len(body), 0, 0) + body)
+        time.sleep(3)
+        s.close()
+        return {}
+    time.sleep(0.5)
+    try:
+        rr.allreduce(np.ones(4, np.float32))
+        return {"error": None}
+    except rr.PeerFailure as e:
+        return {"error": "PeerFailure", "peer_rank": e.peer_rank, "relayed_by": e.relayed_by,
+                "cause": e.cause}

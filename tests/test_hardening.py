@@ -379,3 +379,20 @@ def test_the_next_call_after_a_relayed_loss_names_the_lost_rank(transport: str) 
     nxt = outs[0].value["next"]
     assert "unusable after an earlier failure" in nxt and "rank 1 (" in nxt, nxt
     assert "stopped responding" in nxt and "closed" not in nxt, nxt
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind,word", [(100, 0x40000000 | 1001), (100, 0xC0000000),
+                                       (101, 0x40000000 | 1001), (100, 1001)])
+def test_a_culprit_that_is_no_rank_of_the_job_names_the_rank_that_sent_it(kind: int,
+                                                                         word: int) -> None:
+    """An abort or goodbye naming a lost rank that does not exist -- outside the world (which
+    has no outside), the word's top bit set, or beyond the world -- names its sender, as it
+    does for a rank beyond the communicator. Before (found by a fuzzer review), rank 0
+    raised PeerFailure(peer_rank=1000 or 2147483647, cause closed) and relayed that rank on."""
+    outs = run_world_raw(2, "hardening_workers:crafted_culprit", kind, word, "it lost a rank",
+                         timeout=45, env={"RINGREDUCE_TRANSPORT": "tcp", "RINGREDUCE_TIMEOUT": "20"})
+    got = outs[0].value
+    assert outs[0].ok and got["error"] == "PeerFailure", outs[0].describe()
+    assert got["peer_rank"] == 1 and got["relayed_by"] is None, got
+    assert got["cause"] == "aborted", got  # it gave up (or left after failing) naming no rank

@@ -41,6 +41,8 @@ Options optionsFromDict(const py::dict& d) {
       o.p2pChannel = v.cast<bool>();
     } else if (k == "socketless") {
       o.socketless = v.cast<bool>();
+    } else if (k == "job_world") {
+      o.jobWorld = v.cast<int>();
     } else if (k.rfind("shm_", 0) == 0 || k == "session") {
       continue;  // shared-memory plan (module.cc), this init's heartbeat key (PyComm)
     } else {

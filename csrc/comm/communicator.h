@@ -51,6 +51,11 @@ class Communicator {
   int label(int p) const { return rankLabel(opts_.rankLabels, p); }
   // The communicator rank labelled `world` (label's inverse), or -1: not one of ours.
   int localOf(int world) const;
+  // Whether a peer's culprit outside this communicator names a rank of the job, not this
+  // process (a world has no outside; a group's or channel's is a world rank).
+  bool outsideRank(int worldRank) const {
+    return worldRank >= 0 && worldRank < opts_.jobWorld && worldRank != label(rank_);
+  }
   int world() const { return world_; }
   const Options& options() const { return opts_; }
   // Init's own collectives (the shared-memory set-up over TCP) wait at most `sec`, what is
@@ -253,6 +258,11 @@ class Communicator {
   bool otherMember(const transport::Culprit& who, int p) const {
     return !who.outside && who.rank >= 0 && who.rank < world_ && who.rank != rank_ &&
            who.rank != p;
+  }
+  // The culprit a peer named, if it is one this rank can name in turn: another member, or a
+  // rank of the job outside this communicator.
+  bool knownCulprit(const transport::Culprit& who, int p) const {
+    return who.outside ? outsideRank(who.rank) : otherMember(who, p);
   }
   // In a collective: throw (throwLeft) if a peer that left had left before it began -- it
   // will never come, even if this rank waits for someone else now (found by a helper: it

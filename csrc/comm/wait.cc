@@ -146,7 +146,7 @@ void Communicator::throwLeft(int p, const std::string& during) {
         ") left the job (destroy(), or its program ended: normally or by an exception)", during));
   std::string msg = detail::concat("rank ", label(p), " (", peerHost(p),
                                    ") left the job after a failure on its side", during, ": ", why);
-  if (who.outside || otherMember(who, p))
+  if (knownCulprit(who, p))
     throw PeerError(who.rank, who.cause, std::move(msg), p, who.outside);
   throw PeerError(p, PeerCause::kLeft, std::move(msg));
 }
@@ -248,7 +248,7 @@ void Communicator::throwPeerAbort(int p, uint32_t code, const std::string& reaso
     case transport::AbortCode::kTimeout:  // where its wait chain ended (unless at us)
       throw TimeoutError(msg, -1, otherMember(who, p) ? who.rank : -1, p);
     case transport::AbortCode::kPeer:  // it lost a rank: name that one (unless it is us)
-      if (who.outside || otherMember(who, p))
+      if (knownCulprit(who, p))
         throw PeerError(who.rank, who.cause, msg, p, who.outside);
       [[fallthrough]];
     default: throw PeerError(p, PeerCause::kAborted, msg);

@@ -44,6 +44,9 @@ struct Options {
   // liveness comes from the segments and pidfds (transport/shm/liveness.h) -- and connects
   // a pair over TCP only if an algorithm ever asks for it (comm/lazy_connect.cc).
   bool socketless = false;
+  // A group's or channel's: the job's world size (a rank outside it that a peer says it lost
+  // is a world rank below this); 0: this communicator is the world (nothing is outside it).
+  int jobWorld = 0;
 };
 
 }  // namespace rr

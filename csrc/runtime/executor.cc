@@ -165,7 +165,8 @@ static void rethrowWithContext(comm::Communicator& c) {
     if (e.outside()) {
       const int r = c.localOf(peer);
       if (r >= 0) peer = r;
-      else outside = peer;
+      else if (c.outsideRank(peer)) outside = peer;
+      else peer = -1;  // no rank of the job: the relaying rank is named below
     }
     // Told by `via` that it lost `peer` (its abort frame): name that rank, unless the frame
     // names no other rank of this communicator -- then the relaying rank, as before.

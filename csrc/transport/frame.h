@@ -51,14 +51,19 @@ struct Culprit {
 // Culprit.rank on the wire: 0 none, r + 1 communicator rank r, kOutsideBit | (w + 1) world
 // rank w outside the communicator (both ends of a connection share the communicator).
 constexpr uint32_t kOutsideBit = 0x40000000u;
+constexpr uint32_t kCulpritRankMask = kOutsideBit - 1;
 inline uint32_t encodeCulprit(const Culprit& c) {
-  if (c.rank < 0) return 0;
-  return static_cast<uint32_t>(c.rank + 1) | (c.outside ? kOutsideBit : 0u);
+  if (c.rank < 0 || static_cast<uint32_t>(c.rank) >= kCulpritRankMask) return 0;
+  return (static_cast<uint32_t>(c.rank) + 1u) | (c.outside ? kOutsideBit : 0u);
 }
-// Decode a word written by encodeCulprit with the cause beside it (none: cause unknown).
+// Decode a word written by encodeCulprit with the cause beside it (none: cause unknown, the
+// top bit set or no rank -- words encodeCulprit never writes). The rank is not checked
+// against the communicator here: Communicator::knownCulprit does that.
 inline Culprit decodeCulprit(uint32_t v, uint32_t cause) {
-  if (v == 0 || cause > static_cast<uint32_t>(PeerCause::kHandshake)) return {};
-  return {static_cast<int>((v & ~kOutsideBit) - 1), static_cast<PeerCause>(cause),
+  if ((v & ~(kOutsideBit | kCulpritRankMask)) != 0 || (v & kCulpritRankMask) == 0 ||
+      cause > static_cast<uint32_t>(PeerCause::kHandshake))
+    return {};
+  return {static_cast<int>((v & kCulpritRankMask) - 1), static_cast<PeerCause>(cause),
           (v & kOutsideBit) != 0};
 }
 
