@@ -89,10 +89,11 @@ def from_store(store: Any, rank: int, size: int, name: str,
     if size == 1:
         return _register(world, _single(world, [world.rank], "ringreduce/", name))
     timeout = _setup_secs(world, secs)
-    # Under the world's session (random per init): torch names groups by a counter that
-    # restarts when the default group is destroyed, so after a re-init the same PrefixStore
-    # still holds the keys of the earlier group of that name.
-    p = f"ringreduce/{world.options.get('session', '')[:16]}/"
+    # Under the world's session (random per init) and the number of torch default groups
+    # that shared it: torch names groups by a counter that restarts when the default group is
+    # destroyed, so after a re-init of either the same PrefixStore still holds the keys of
+    # the earlier group of that name.
+    p = f"ringreduce/{world.options.get('session', '')[:16]}/{world.torch_epoch}/"
     keys = [f"{p}grank/{r}" for r in range(size)]
     with _interrupts_told(world, store, p, name), \
             _rendezvous.store_used(world.rank, f"creating {name}", store, 4 * timeout):

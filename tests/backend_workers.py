@@ -424,3 +424,28 @@ def env_timeout(rank: int, world: int, explicit: float | None) -> dict:
         out = {"error": type(e).__name__}
     out["secs"] = time.monotonic() - t0
     return out
+
+
+def torch_cycles_on_shared_world(rank: int, world: int, cycles: int) -> list:
+    """ringreduce.init() ran first (the spawn helper); torch's default group is made on its
+    store and destroyed `cycles` times, each time with a subgroup [0, 1] and a split into
+    even and odd ranks, checked all-reduces on both. Returns each cycle's sums."""
+    import torch.distributed as dist
+
+    from ringreduce import _rendezvous
+
+    store = next(iter(_rendezvous._STORES.values()))
+    out = []
+    for c in range(cycles):
+        dist.init_process_group("ringreduce", store=store, rank=rank, world_size=world)
+        g = dist.new_group([0, 1])
+        odd = dist.group.WORLD.split_group([r for r in range(world) if r % 2 == rank % 2])
+        x = torch.full((5,), float(rank + 1 + c))
+        if rank in (0, 1):
+            dist.all_reduce(x, group=g)
+        y = torch.full((3,), float(rank + 1))
+        odd.allreduce(y).wait()  # not in torch's Python registry (see split_group above)
+        out.append([x.tolist(), y.tolist()])
+        dist.destroy_process_group()
+    rr.barrier()  # the user's world still works
+    return out

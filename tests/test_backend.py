@@ -100,3 +100,20 @@ def test_ringreduce_timeout_applies_unless_torch_is_given_one(explicit, want) ->
     v = outs[0].value
     assert outs[0].has_result and v["error"] == "CollectiveTimeout", outs[0].describe()
     assert want - 0.5 < v["secs"] < want + 1.5, v
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [2, 3])
+def test_torch_default_groups_made_again_on_a_ringreduce_world(world: int) -> None:
+    """init_process_group / new_group / split_group / destroy_process_group, three times over
+    one ringreduce.init() world on its store: torch names the subgroups by a counter that
+    restarts with each default group. Before, the second cycle's new_group failed with
+    "rank 0 was claimed by 2 processes" (the first cycle's keys were still in the store)."""
+    res = run_world(world, "backend_workers:torch_cycles_on_shared_world", 3, timeout=100,
+                    env=_ENV, init=True)
+    for r, cycles in enumerate(res):
+        for c, (x, y) in enumerate(cycles):
+            if r < 2:
+                assert x == [float(1 + c + 2 + c)] * 5, (r, c, x)
+            peers = range(r % 2, world, 2)
+            assert y == [float(sum(p + 1 for p in peers))] * 3, (r, c, y)
