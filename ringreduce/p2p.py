@@ -44,10 +44,8 @@ from . import _C, _buffers, _rendezvous, _state, groups
 from ._state import Group
 
 log = logging.getLogger("ringreduce")
-_LOCK = threading.Lock()  # guards _MAKING, _ANY and Group.p2p (never held while connecting)
+_LOCK = threading.Lock()  # guards Group.p2p and Group.p2p_locks (never held while connecting)
 # Keyed by the group's id() first: channels, and so messages, are per group.
-_MAKING: dict = {}  # (group, lo, hi, tag) -> lock held by the thread making that pair
-_ANY: dict = {}  # (group, tag) -> [lock serialising any-source matches, next peer to try]
 _PENDING: dict = {}  # (group, src, dst, tag) -> _Turns of the posts waiting for their channel
 _MEETS = itertools.count()  # each _meet's own store prefix (a timeout there stops no one else)
 
@@ -317,7 +315,7 @@ def _any_entry(g: Group, tag: int) -> list:
     its receive (which makes the channel busy) happen under the lock, so two threads never
     take the same message."""
     with _LOCK:
-        return _ANY.setdefault((id(g), tag), [threading.Lock(), 0])
+        return g.p2p_locks.setdefault(("any", tag), [threading.Lock(), 0])
 
 
 def _match(g: Group, world: Group, peers: list[int], tag: int, what: str,
@@ -483,7 +481,7 @@ def _channel(g: Group, world: Group, src: int, dst: int, tag: int) -> Group:
     key = (lo, hi, tag)
     with _LOCK:
         pair = g.p2p.get(key)
-        making = _MAKING.setdefault((id(g), *key), threading.Lock()) if pair is None else None
+        making = g.p2p_locks.setdefault(("make", *key), threading.Lock()) if pair is None else None
     if pair is None:
         assert making is not None
         with making:  # one thread makes it; others for the same pair wait here
