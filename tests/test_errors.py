@@ -350,6 +350,7 @@ def test_wrong_secret_is_refused(world: int) -> None:
     ("RINGREDUCE_HALF_WIRE", ("32", None)),
     ("RINGREDUCE_HEARTBEAT_INTERVAL", ("3", None)),  # was "rank 1 stopped responding"
     ("RINGREDUCE_HEARTBEAT_TIMEOUT", ("1", None)),
+    ("RINGREDUCE_CHECKSUM", ("1", None)),  # a rank that checksums refuses frames without
     # Rank 0 draws one; rank 1's own failed every handshake: rank 0 waited out the connect
     # timeout, rank 2 blamed rank 1 as crashed.
     ("RINGREDUCE_SECRET", (None, "b")),

@@ -11,6 +11,7 @@
 #include <climits>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -55,9 +56,10 @@ bool isCtl(const FrameHeader& h, CollectiveKind k) {
   return h.magic == kFrameMagic && h.kind == static_cast<uint8_t>(k);
 }
 
-// What progressRecv(expect, len) must end with, given the whole stream `s` from `off` on
-// and whether the writer closes after it.
-Out predictRecv(const Bytes& s, size_t off, bool closed, FrameHeader expect, size_t len) {
+// What progressRecv(expect, len) must end with, given the whole stream `s` from `off` on,
+// whether the writer closes after it and whether the reader requires checksums.
+Out predictRecv(const Bytes& s, size_t off, bool closed, FrameHeader expect, size_t len,
+                bool rxCrc) {
   constexpr size_t H = sizeof(FrameHeader);
   size_t avail = s.size() - off;
   if (avail < H) return closed ? Out::kPeer : Out::kBlock;
@@ -66,6 +68,9 @@ Out predictRecv(const Bytes& s, size_t off, bool closed, FrameHeader expect, siz
   if (isCtl(g, CollectiveKind::kGoodbye)) return Out::kPeer;
   expect.payloadBytes = len;
   if (!sameFields(g, expect)) return g.magic != kFrameMagic ? Out::kPeer : Out::kMismatch;
+  // Flags are judged with the header: only the CRC bit exists, and a checksumming reader
+  // requires it.
+  if ((g.flags & ~kFlagCrc) || (rxCrc && !(g.flags & kFlagCrc))) return Out::kPeer;
   if (avail < H + len) return closed ? Out::kPeer : Out::kBlock;
   if ((g.flags & kFlagCrc) && crc32c(s.data() + off + H, len) != g.crc) return Out::kPeer;
   return Out::kOk;
@@ -226,6 +231,7 @@ struct FrameCase {
   std::vector<FrameHeader> expect;  // what the reader expects, receive by receive
   std::vector<size_t> lens;
   bool useTcp = false;
+  bool rxCrc = false;  // the reader checksums (RINGREDUCE_CHECKSUM=1): a frame needs a CRC
 };
 
 // Where each receive starts and what it must end with (stops at the first non-ok).
@@ -237,7 +243,7 @@ Plan plan(const FrameCase& c) {
   Plan p;
   size_t off = 0;
   for (size_t i = 0; i < c.expect.size(); ++i) {
-    Out o = predictRecv(c.s, off, c.close, c.expect[i], c.lens[i]);
+    Out o = predictRecv(c.s, off, c.close, c.expect[i], c.lens[i], c.rxCrc);
     p.offs.push_back(off);
     p.outs.push_back(o);
     if (o != Out::kOk) break;
@@ -264,6 +270,7 @@ void makeCuts(Rng& rng, FrameCase& c) {
 
 FrameCase genFrameCase(Rng& rng) {
   FrameCase c;
+  c.rxCrc = rng.chance(0.25);
   size_t nrecv = rng.chance(0.7) ? 1 : 2 + rng.below(2);
   FrameHeader base = randomExpect(rng);
   std::vector<Bytes> frames;
@@ -273,7 +280,7 @@ FrameCase genFrameCase(Rng& rng) {
     size_t len = randomLen(rng);
     c.expect.push_back(e);
     c.lens.push_back(len);
-    frames.push_back(validFrame(rng, e, rng.bytes(len), rng.chance(0.3)));
+    frames.push_back(validFrame(rng, e, rng.bytes(len), c.rxCrc || rng.chance(0.3)));
   }
   if (gOldFrames.size() < 64) gOldFrames.push_back(frames[0]);
   else gOldFrames[rng.below(gOldFrames.size())] = frames[0];
@@ -352,6 +359,7 @@ void runFrameCase(FrameCase c) {
   mergeAfterAborts(c, p);
   Pair fds = makePair(c.useTcp);
   tcp::TcpConnection conn(1, "fuzzpeer", tcp::Fd(fds.r));
+  conn.setChecksum(c.rxCrc);
   const double blockWait = c.useTcp ? 0.2 : 0.02;
   size_t ci = 0, written = 0;
   bool closed = false;
@@ -481,6 +489,32 @@ void runIdleCase(Rng& rng) {
   ++gStats.idle;
 }
 
+// The culprit word of abort and goodbye frames: any word decodes to no rank or to one that
+// encodes back to the same word (so a word encodeCulprit never writes -- the top bit, no
+// rank -- names nobody); any rank encodes without overflow (UBSan) and decodes back.
+void checkCulpritWords(Rng& rng) {
+  const uint32_t words[] = {static_cast<uint32_t>(rng.next()), 0, kOutsideBit, 0x80000000u,
+                            0xC0000000u, kOutsideBit | kCulpritRankMask, kCulpritRankMask,
+                            static_cast<uint32_t>(rng.below(8))};
+  for (uint32_t v : words) {
+    const uint32_t cause = static_cast<uint32_t>(rng.below(12));
+    Culprit d = decodeCulprit(v, cause);
+    if (d.rank < 0) continue;
+    FZ_CHECK(cause <= static_cast<uint32_t>(PeerCause::kHandshake), "cause ", cause, " decoded");
+    FZ_CHECK(encodeCulprit(d) == v, "culprit word ", v, " decodes to rank ", d.rank,
+             " which encodes to ", encodeCulprit(d));
+  }
+  const int ranks[] = {0, static_cast<int>(rng.below(1u << 20)), std::numeric_limits<int>::max(),
+                       static_cast<int>(kCulpritRankMask) - 1, -1};
+  for (int r : ranks) {
+    Culprit c{r, PeerCause::kSilent, rng.chance(0.5)};
+    Culprit d = decodeCulprit(encodeCulprit(c), static_cast<uint32_t>(c.cause));
+    const bool fits = r >= 0 && static_cast<uint32_t>(r) < kCulpritRankMask;
+    FZ_CHECK(fits ? d.rank == r && d.outside == c.outside : d.rank == -1, "culprit rank ", r,
+             " decodes to ", d.rank);
+  }
+}
+
 // describeMismatch: "" exactly when the compared fields agree; never crashes on any value.
 void runMismatchChecks(Rng& rng) {
   for (int i = 0; i < 16; ++i) {
@@ -533,9 +567,11 @@ void checkRealSender(Rng& rng) {
 // Fixed cases through the fuzz loop's own checks: a valid frame is delivered byte-exact,
 // mutated ones raise the predicted error, a half frame waits for the deadline.
 void selfTestFramesImpl(Rng& rng) {
+  bool rxCrc = false;  // the reader of the next case checksums
   auto one = [&](Bytes s, const FrameHeader& e, size_t len, bool close, Out want,
                  const char* what) {
     FrameCase c;
+    c.rxCrc = rxCrc;
     c.s = std::move(s);
     c.close = close;
     c.expect = {e};
@@ -569,6 +605,16 @@ void selfTestFramesImpl(Rng& rng) {
   ab.payloadBytes = ~uint64_t{0};
   Bytes abortBytes = frame(ab, Bytes(5000, 'z'));
   one(abortBytes, e, payload.size(), true, Out::kPeer, "abort frame with a 2^64-1 reason length");
+  bad = good;
+  h = headerAt(bad, 0);
+  h.flags |= 2;
+  std::memcpy(bad.data(), &h, kH);
+  one(bad, e, payload.size(), true, Out::kPeer, "unknown flag bit rejected");
+  Bytes plain = validFrame(rng, e, payload, false);
+  one(plain, e, payload.size(), true, Out::kOk, "frame without CRC accepted by a plain reader");
+  rxCrc = true;
+  one(plain, e, payload.size(), true, Out::kPeer, "frame without CRC refused by a checksumming reader");
+  one(good, e, payload.size(), true, Out::kOk, "frame with CRC accepted by a checksumming reader");
 }
 
 }  // namespace
@@ -578,6 +624,7 @@ void idleIteration(Rng& rng) { runIdleCase(rng); }
 void mismatchIteration(Rng& rng) {
   runMismatchChecks(rng);
   checkRealSender(rng);
+  checkCulpritWords(rng);
 }
 void selfTestFrames(Rng& rng) { selfTestFramesImpl(rng); }
 

@@ -179,6 +179,23 @@ bool TcpConnection::progressSend(SendOp& op) {
   return true;
 }
 
+// A data frame's flags: only kFlagCrc exists, and a rank that checksums (RINGREDUCE_CHECKSUM,
+// the same on every rank: init compares it) requires it -- a frame without it was changed
+// on the way, its payload unchecked.
+void TcpConnection::checkFlags(const FrameHeader& h) const {
+  if (h.flags & ~kFlagCrc)
+    throw PeerError(peer_, PeerCause::kProtocol, detail::concat(
+                               "protocol error from rank ", label_, " (", peerHost_,
+                               "): unknown frame flags ", h.flags, " in ",
+                               toString(static_cast<CollectiveKind>(h.kind)), " #", h.seq));
+  if (checksum_ && !(h.flags & kFlagCrc))
+    throw PeerError(peer_, PeerCause::kCorrupt, detail::concat(
+                               "payload from rank ", label_, " (", peerHost_, ") came without ",
+                               "its checksum (RINGREDUCE_CHECKSUM=1 on every rank) in ",
+                               toString(static_cast<CollectiveKind>(h.kind)), " #", h.seq,
+                               "; the result was discarded"));
+}
+
 bool TcpConnection::progressRecv(RecvOp& op) {
   constexpr size_t H = sizeof(FrameHeader);
   const size_t total = H + op.len;
@@ -212,6 +229,7 @@ bool TcpConnection::progressRecv(RecvOp& op) {
                                                   peerHost_, "): ", mm));
           throw MismatchError(detail::concat("rank ", label_, " (", peerHost_, "): ", mm));
         }
+        checkFlags(op.got);
       }
       continue;
     }

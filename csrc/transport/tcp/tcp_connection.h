@@ -27,6 +27,7 @@ class TcpConnection final : public Connection {
   [[noreturn]] void failErrno(const char* doing, int err);
   // The peer said goodbye (leftWhy_ holds its why) while this rank still `doing`.
   [[noreturn]] void failLeft(const char* doing);
+  void checkFlags(const FrameHeader& h) const;  // unknown bits; a CRC this rank requires
   // The first abort or goodbye among the bytes received and not read yet, peeked (not
   // consumed) past any complete frames ahead of it; kind 0: none there.
   struct Pending {
