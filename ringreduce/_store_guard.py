@@ -13,6 +13,12 @@ block raises `StoreSilent` instead. The connection stays shut: later use is refu
 (`was_cut`, `refuse_if_cut`), which is right -- a frozen server cannot be told apart from a
 dead one, and a store that answers again later finds the job already failed. Reading /proc
 sends nothing.
+
+Ctrl-C (SIGINT, or SIGTERM with a Python handler) while the main thread is blocked in such a
+call: Python runs its handler only once the call returns, so the watchdog learns of the
+signal through the signal module's wake-up fd and, if the block is still running SIGNAL_GRACE_S
+later (its handler could not run), shuts the connection as at the deadline; the
+KeyboardInterrupt then surfaces at once, not at the deadline.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import signal
 import socket
 import threading
 import time
@@ -31,6 +38,10 @@ from . import _procnet
 # A block's deadline is its own timeout plus this: its waits stop themselves at the timeout
 # (polling); only a call stuck in torch's client runs past it.
 MARGIN_S = 10.0
+# After a signal, how long the main thread's block may go on before the watchdog cuts it (a
+# block in Python code, not stuck in a call, handles the signal itself in that time).
+SIGNAL_GRACE_S = 1.0
+_WAKE_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class StoreSilent(Exception):
@@ -42,11 +53,42 @@ class StoreSilent(Exception):
 
 
 class _Armed:
-    __slots__ = ("addrs", "due", "fired", "port", "seconds")
+    __slots__ = ("addrs", "due", "fired", "main", "port", "seconds", "signalled", "start")
 
-    def __init__(self, port: int, addrs: Any, seconds: float) -> None:
+    def __init__(self, port: int, addrs: Any, seconds: float, main: bool) -> None:
         self.port, self.addrs, self.seconds, self.fired = port, addrs, seconds, False
-        self.due = time.monotonic() + seconds
+        self.start = time.monotonic()
+        self.due = self.start + seconds
+        self.main = main  # armed by the main thread (signals interrupt it)
+        self.signalled: float | None = None  # when a signal came that it has not handled
+
+
+class _Wake:
+    """The signal module's wake-up fd, ours while the main thread is in a block (the one
+    it replaced gets every byte too)."""
+
+    def __init__(self) -> None:
+        self.r, self.w = socket.socketpair()
+        self.r.setblocking(False)
+        self.w.setblocking(False)
+        self.old = signal.set_wakeup_fd(self.w.fileno(), warn_on_full_buffer=False)
+        self.depth = 1
+
+    def signals(self) -> list[int]:
+        try:
+            got = self.r.recv(256)
+        except OSError:
+            return []
+        if got and self.old >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self.old, got)
+        return list(got)
+
+    def close(self) -> None:
+        with contextlib.suppress(ValueError):
+            signal.set_wakeup_fd(self.old)
+        self.r.close()
+        self.w.close()
 
 
 _COND = threading.Condition()
@@ -54,6 +96,7 @@ _ARMED: set = set()
 _CUT: dict = {}  # socket inode the watchdog shut -> after how many seconds
 _THREAD: list = []  # the watchdog, once started (per process: cleared in a forked child)
 _ADDRS: dict = {}  # store host -> its addresses (resolved once per process)
+_WAKE: list = []  # the _Wake while the main thread is in a block (under _COND)
 
 
 def _where(store: Any) -> tuple:
@@ -100,8 +143,10 @@ def deadline(store: Any, seconds: float | None) -> Iterator[None]:
     if port is None:
         yield
         return
-    armed = _Armed(port, addrs, seconds)
+    armed = _Armed(port, addrs, seconds, threading.current_thread() is threading.main_thread())
     with _COND:
+        if armed.main:
+            _wake_on()
         _ARMED.add(armed)
         if not _THREAD:
             _THREAD.append(threading.Thread(target=_watch, name="ringreduce-store-watchdog",
@@ -117,6 +162,8 @@ def deadline(store: Any, seconds: float | None) -> Iterator[None]:
     finally:
         with _COND:
             _ARMED.discard(armed)
+            if armed.main:
+                _wake_off()
             idle = _THREAD[0] if _THREAD and not _ARMED else None
             _COND.notify()
         if idle is threading.current_thread():
@@ -126,22 +173,51 @@ def deadline(store: Any, seconds: float | None) -> Iterator[None]:
             idle = None if _ARMED else idle
 
 
+def _wake_on() -> None:
+    """Under _COND, in the main thread: take the signal wake-up fd (nested blocks share it)."""
+    if _WAKE:
+        _WAKE[0].depth += 1
+        return
+    with contextlib.suppress(ValueError, OSError):  # not the main interpreter: no signals
+        _WAKE.append(_Wake())
+
+
+def _wake_off() -> None:
+    if _WAKE:
+        _WAKE[0].depth -= 1
+        if _WAKE[0].depth == 0:
+            _WAKE.pop().close()
+
+
 def _watch() -> None:
     """The watchdog: runs while a block is armed, then ends (a new block starts another)."""
     with _COND:
         while _ARMED:
             now = time.monotonic()
+            if _WAKE and any(s in _WAKE_SIGNALS for s in _WAKE[0].signals()):
+                for a in _ARMED:
+                    if a.main and a.signalled is None:
+                        a.signalled = now
             for a in [a for a in _ARMED if not a.fired and a.due <= now]:
                 a.fired = True
-                _cut(a)
+                _cut(a, a.seconds)
+            signalled = [a for a in _ARMED if a.signalled is not None and not a.fired]
+            for a in [a for a in signalled if a.signalled + SIGNAL_GRACE_S <= now]:
+                a.fired = True  # once; its handler raises when the call returns
+                _cut(a, now - a.start)
             dues = [a.due for a in _ARMED if not a.fired]
-            _COND.wait(min(dues) - now if dues else None)
+            dues += [a.signalled + SIGNAL_GRACE_S for a in signalled if not a.fired]
+            wait = min(dues) - now if dues else None
+            if _WAKE:  # look for signals 10 times a second
+                wait = 0.1 if wait is None else min(wait, 0.1)
+            _COND.wait(wait)
         _THREAD.clear()
 
 
-def _cut(a: _Armed) -> None:
+def _cut(a: _Armed, silent_s: float) -> None:
     """Shut down (not close: torch owns the fds) this process's connections to the store
-    (port and address); a blocked recv on one then returns."""
+    (port and address); a blocked recv on one then returns. silent_s: how long it had not
+    answered (what later refusals quote)."""
     for fd, inode in _procnet.client_sockets(a.port, a.addrs):
         try:
             s = socket.socket(fileno=os.dup(fd))
@@ -149,7 +225,7 @@ def _cut(a: _Armed) -> None:
             continue
         with contextlib.suppress(OSError), s:
             s.shutdown(socket.SHUT_RDWR)
-        _CUT[inode] = a.seconds
+        _CUT[inode] = silent_s
 
 
 def _after_fork() -> None:
@@ -157,6 +233,7 @@ def _after_fork() -> None:
     _COND = threading.Condition()
     _ARMED.clear()
     _THREAD.clear()
+    _WAKE.clear()  # the parent's; the child's signal module keeps the fd until it is reset
 
 
 os.register_at_fork(after_in_child=_after_fork)

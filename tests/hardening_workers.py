@@ -249,6 +249,28 @@ def frozen_store_host(rank: int, world: int) -> dict:
     return {"type": None, "secs": time.monotonic() - t}
 
 
+def interrupted_on_frozen_store(rank: int, world: int) -> dict:
+    """As frozen_store_host, with a long timeout, and each other rank interrupts itself
+    (SIGINT, as Ctrl-C does) 2 s into its new_group: Python runs the handler only when
+    torch's blocked store call returns, which was at the deadline (the timeout + 10 s)."""
+    import signal
+    import threading
+
+    rr.barrier()
+    if rank == 0:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(0.5)
+    t = time.monotonic()
+    threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    try:
+        rr.new_group(list(range(world)))
+    except KeyboardInterrupt:
+        return {"type": "KeyboardInterrupt", "secs": time.monotonic() - t}
+    except Exception as e:  # noqa: BLE001 - what the test checks
+        return {"type": type(e).__name__, "msg": str(e), "secs": time.monotonic() - t}
+    return {"type": None, "secs": time.monotonic() - t}
+
+
 def store_after_failed_wait(rank: int, world: int, what: str) -> dict:
     """Rank 1 dies while rank 0 waits in the store for it (a first message on a tag, or a
     group); rank 0 catches the PeerFailure and destroys. The store server kept listening

@@ -359,6 +359,20 @@ def test_a_frozen_store_host_is_named_at_the_deadline() -> None:
         assert v["secs"] < 25, v  # the wait's 4 s + the margin (10 s)
 
 
+@pytest.mark.timeout(120)
+def test_ctrl_c_while_the_store_host_is_frozen_interrupts_at_once() -> None:
+    """Ctrl-C (SIGINT) while a rank is stuck in a store call to a frozen host: the
+    KeyboardInterrupt came only at the deadline (here 30 + 10 s); the watchdog now cuts the
+    call a second after the signal when the block is still running."""
+    env = {"RINGREDUCE_CONNECT_TIMEOUT": "30", "RINGREDUCE_TIMEOUT": "30"}
+    outs = run_world_raw(3, "hardening_workers:interrupted_on_frozen_store", timeout=80,
+                         env=env, expendable=[0])
+    for o in outs[1:]:
+        assert o.value is not None, o.describe()
+        assert o.value["type"] == "KeyboardInterrupt", o.value
+        assert o.value["secs"] < 8, o.value  # the signal at 2 s, the grace 1 s, a poll
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("what", ["recv", "group"])
 def test_destroy_after_a_failed_store_wait_closes_the_store(what: str) -> None:
