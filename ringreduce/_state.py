@@ -43,10 +43,6 @@ class Group:
     net: tuple = (None, None)  # init's (master_addr, ifname): where groups listen
     secret: str = ""  # the job secret: groups' connections are authenticated with it
     created: int = 0
-    # World only: how many torch default process groups shared it (init_process_group after
-    # ringreduce.init(); every rank counts alike): their subgroups' store keys (torch names
-    # them by a counter that restarts with each default group) go under this number.
-    torch_epoch: int = 0
     children: list = field(default_factory=list)
     p2p: dict = field(default_factory=dict)  # (lo, hi, tag) -> channels (ringreduce.p2p)
     p2p_failed: dict = field(default_factory=dict)  # (lo, hi, tag) -> why it was not made

@@ -235,8 +235,6 @@ class _Ops:
             g = groups.from_store(store, rank, size, name or f"torch group {_next_name()}",
                                   timeout)
             self._owns = True
-        else:  # the default process group of a job that called ringreduce.init() first
-            g.torch_epoch += 1
         self._g = g
 
     def _world(self, r: Any, what: str) -> int:

@@ -89,11 +89,15 @@ def from_store(store: Any, rank: int, size: int, name: str,
     if size == 1:
         return _register(world, _single(world, [world.rank], "ringreduce/", name))
     timeout = _setup_secs(world, secs)
-    # Under the world's session (random per init) and the number of torch default groups
-    # that shared it: torch names groups by a counter that restarts when the default group is
-    # destroyed, so after a re-init of either the same PrefixStore still holds the keys of
-    # the earlier group of that name.
-    p = f"ringreduce/{world.options.get('session', '')[:16]}/{world.torch_epoch}/"
+    # torch names groups by a counter that restarts with each default group, and the store
+    # can outlive default groups (ringreduce.init()'s world, a persistent store, torchrun's
+    # agent store): the same PrefixStore may hold an earlier group's keys. Each group rank
+    # counts the groups of this name and size it joined under the world's session (random
+    # per init) -- every member of one has joined equally many -- so all members derive the
+    # same fresh prefix.
+    base = f"ringreduce/{world.options.get('session', '')[:16]}/size{size}/"
+    with _rendezvous.store_used(world.rank, f"creating {name}", store, 4 * timeout):
+        p = f"{base}{store.add(f'{base}gen/{rank}', 1)}/"
     keys = [f"{p}grank/{r}" for r in range(size)]
     with _interrupts_told(world, store, p, name), \
             _rendezvous.store_used(world.rank, f"creating {name}", store, 4 * timeout):

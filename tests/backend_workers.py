@@ -426,10 +426,12 @@ def env_timeout(rank: int, world: int, explicit: float | None) -> dict:
     return out
 
 
-def torch_cycles_on_shared_world(rank: int, world: int, cycles: int) -> list:
-    """ringreduce.init() ran first (the spawn helper); torch's default group is made on its
-    store and destroyed `cycles` times, each time with a subgroup [0, 1] and a split into
-    even and odd ranks, checked all-reduces on both. Returns each cycle's sums."""
+def torch_cycles_on_shared_world(rank: int, world: int, cycles: int, default: str) -> list:
+    """ringreduce.init() ran first (the spawn helper); torch's default group (backend
+    `default`) is made on its store and destroyed `cycles` times. Each cycle makes a
+    ringreduce subgroup -- [0, 1] in even cycles, all ranks in odd ones: torch's name for it
+    is the same every time -- and, with a ringreduce default group, splits it into even and
+    odd ranks; checked all-reduces on both. Returns each cycle's sums."""
     import torch.distributed as dist
 
     from ringreduce import _rendezvous
@@ -437,14 +439,16 @@ def torch_cycles_on_shared_world(rank: int, world: int, cycles: int) -> list:
     store = next(iter(_rendezvous._STORES.values()))
     out = []
     for c in range(cycles):
-        dist.init_process_group("ringreduce", store=store, rank=rank, world_size=world)
-        g = dist.new_group([0, 1])
-        odd = dist.group.WORLD.split_group([r for r in range(world) if r % 2 == rank % 2])
+        dist.init_process_group(default, store=store, rank=rank, world_size=world)
+        members = [0, 1] if c % 2 == 0 else list(range(world))
+        g = dist.new_group(members, backend="ringreduce")
         x = torch.full((5,), float(rank + 1 + c))
-        if rank in (0, 1):
+        if rank in members:
             dist.all_reduce(x, group=g)
         y = torch.full((3,), float(rank + 1))
-        odd.allreduce(y).wait()  # not in torch's Python registry (see split_group above)
+        if default == "ringreduce":
+            odd = dist.group.WORLD.split_group([r for r in range(world) if r % 2 == rank % 2])
+            odd.allreduce(y).wait()  # not in torch's Python registry (see split_group above)
         out.append([x.tolist(), y.tolist()])
         dist.destroy_process_group()
     rr.barrier()  # the user's world still works
