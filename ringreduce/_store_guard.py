@@ -16,9 +16,10 @@ sends nothing.
 
 Ctrl-C (SIGINT, or SIGTERM with a Python handler) while the main thread is blocked in such a
 call: Python runs its handler only once the call returns, so the watchdog learns of the
-signal through the signal module's wake-up fd and, if the block is still running SIGNAL_GRACE_S
-later (its handler could not run), shuts the connection as at the deadline; the
-KeyboardInterrupt then surfaces at once, not at the deadline.
+signal through the signal module's wake-up fd and, if the main thread ran no Python code in
+the SIGNAL_GRACE_S after it (stuck in the call: its handler could not run), shuts the
+connection as at the deadline; the KeyboardInterrupt then surfaces at once, not at the
+deadline. A handler that ran and did not raise (a flag for a graceful stop) leaves it be.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import ipaddress
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -53,7 +55,7 @@ class StoreSilent(Exception):
 
 
 class _Armed:
-    __slots__ = ("addrs", "due", "fired", "main", "port", "seconds", "signalled", "start")
+    __slots__ = ("addrs", "at", "due", "fired", "main", "port", "seconds", "signalled", "start")
 
     def __init__(self, port: int, addrs: Any, seconds: float, main: bool) -> None:
         self.port, self.addrs, self.seconds, self.fired = port, addrs, seconds, False
@@ -61,6 +63,7 @@ class _Armed:
         self.due = self.start + seconds
         self.main = main  # armed by the main thread (signals interrupt it)
         self.signalled: float | None = None  # when a signal came that it has not handled
+        self.at: tuple | None = None  # where the main thread was then (_main_at)
 
 
 class _Wake:
@@ -189,15 +192,26 @@ def _wake_off() -> None:
             _WAKE.pop().close()
 
 
+def _main_at() -> tuple | None:
+    """Where the main thread is in its Python code: the same value twice means it ran none
+    in between (it is inside one call)."""
+    f = sys._current_frames().get(threading.main_thread().ident)
+    return None if f is None else (id(f), f.f_lasti)
+
+
 def _watch() -> None:
     """The watchdog: runs while a block is armed, then ends (a new block starts another)."""
     with _COND:
         while _ARMED:
             now = time.monotonic()
             if _WAKE and any(s in _WAKE_SIGNALS for s in _WAKE[0].signals()):
+                at = _main_at()
                 for a in _ARMED:
                     if a.main and a.signalled is None:
-                        a.signalled = now
+                        a.signalled, a.at = now, at
+            for a in _ARMED:
+                if a.signalled is not None and not a.fired and _main_at() != a.at:
+                    a.signalled = None  # it ran Python code: its handler ran, and went on
             for a in [a for a in _ARMED if not a.fired and a.due <= now]:
                 a.fired = True
                 _cut(a, a.seconds)
