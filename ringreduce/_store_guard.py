@@ -14,12 +14,13 @@ block raises `StoreSilent` instead. The connection stays shut: later use is refu
 dead one, and a store that answers again later finds the job already failed. Reading /proc
 sends nothing.
 
-Ctrl-C (SIGINT, or SIGTERM with a Python handler) while the main thread is blocked in such a
-call: Python runs its handler only once the call returns, so the watchdog learns of the
-signal through the signal module's wake-up fd and, if the main thread ran no Python code in
-the SIGNAL_GRACE_S after it (stuck in the call: its handler could not run), shuts the
-connection as at the deadline; the KeyboardInterrupt then surfaces at once, not at the
-deadline. A handler that ran and did not raise (a flag for a graceful stop) leaves it be.
+Ctrl-C (SIGINT with Python's default handler, which raises KeyboardInterrupt) while the main
+thread is blocked in such a call: Python runs the handler only once the call returns, so the
+watchdog learns of the signal through the signal module's wake-up fd and, if the block is
+still running SIGNAL_GRACE_S later (had the handler run, its KeyboardInterrupt would have
+ended the block), shuts the connection as at the deadline; the KeyboardInterrupt then
+surfaces at once, not at the deadline. Other signals and handlers (a flag for a graceful
+stop) are left to the deadline: whether they end the block cannot be told from here.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import ipaddress
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -40,10 +40,9 @@ from . import _procnet
 # A block's deadline is its own timeout plus this: its waits stop themselves at the timeout
 # (polling); only a call stuck in torch's client runs past it.
 MARGIN_S = 10.0
-# After a signal, how long the main thread's block may go on before the watchdog cuts it (a
-# block in Python code, not stuck in a call, handles the signal itself in that time).
+# After Ctrl-C, how long the main thread's block may go on before the watchdog cuts it (a
+# block in Python code, not stuck in a call, raises KeyboardInterrupt in that time).
 SIGNAL_GRACE_S = 1.0
-_WAKE_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class StoreSilent(Exception):
@@ -55,15 +54,14 @@ class StoreSilent(Exception):
 
 
 class _Armed:
-    __slots__ = ("addrs", "at", "due", "fired", "main", "port", "seconds", "signalled", "start")
+    __slots__ = ("addrs", "due", "fired", "main", "port", "seconds", "signalled", "start")
 
     def __init__(self, port: int, addrs: Any, seconds: float, main: bool) -> None:
         self.port, self.addrs, self.seconds, self.fired = port, addrs, seconds, False
         self.start = time.monotonic()
         self.due = self.start + seconds
         self.main = main  # armed by the main thread (signals interrupt it)
-        self.signalled: float | None = None  # when a signal came that it has not handled
-        self.at: tuple | None = None  # where the main thread was then (_main_at)
+        self.signalled: float | None = None  # when a Ctrl-C came
 
 
 class _Wake:
@@ -192,26 +190,16 @@ def _wake_off() -> None:
             _WAKE.pop().close()
 
 
-def _main_at() -> tuple | None:
-    """Where the main thread is in its Python code: the same value twice means it ran none
-    in between (it is inside one call)."""
-    f = sys._current_frames().get(threading.main_thread().ident)
-    return None if f is None else (id(f), f.f_lasti)
-
-
 def _watch() -> None:
     """The watchdog: runs while a block is armed, then ends (a new block starts another)."""
     with _COND:
         while _ARMED:
             now = time.monotonic()
-            if _WAKE and any(s in _WAKE_SIGNALS for s in _WAKE[0].signals()):
-                at = _main_at()
+            if (_WAKE and signal.SIGINT in _WAKE[0].signals()
+                    and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
                 for a in _ARMED:
                     if a.main and a.signalled is None:
-                        a.signalled, a.at = now, at
-            for a in _ARMED:
-                if a.signalled is not None and not a.fired and _main_at() != a.at:
-                    a.signalled = None  # it ran Python code: its handler ran, and went on
+                        a.signalled = now
             for a in [a for a in _ARMED if not a.fired and a.due <= now]:
                 a.fired = True
                 _cut(a, a.seconds)

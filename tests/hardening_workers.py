@@ -271,6 +271,25 @@ def interrupted_on_frozen_store(rank: int, world: int) -> dict:
     return {"type": None, "secs": time.monotonic() - t}
 
 
+def handled_signal_in_group_wait(rank: int, world: int) -> dict:
+    """A SIGTERM handler that only sets a flag (a graceful stop, as Lightning's) runs while
+    ranks 0 and 1 wait in new_group for rank 2 (4 s late): the group must still be made (the
+    store watchdog must not cut a block whose handler ran)."""
+    import signal
+    import threading
+
+    flag = []
+    signal.signal(signal.SIGTERM, lambda *_: flag.append(1))
+    if rank == world - 1:
+        time.sleep(4)
+    else:
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    g = rr.new_group(list(range(world)))
+    x = np.full(3, rank + 1.0)
+    rr.allreduce(x, group=g)
+    return {"flag": bool(flag), "sum": x.tolist()}
+
+
 def store_after_failed_wait(rank: int, world: int, what: str) -> dict:
     """Rank 1 dies while rank 0 waits in the store for it (a first message on a tag, or a
     group); rank 0 catches the PeerFailure and destroys. The store server kept listening

@@ -373,6 +373,18 @@ def test_ctrl_c_while_the_store_host_is_frozen_interrupts_at_once() -> None:
         assert o.value["secs"] < 8, o.value  # the signal at 2 s, the grace 1 s, a poll
 
 
+@pytest.mark.timeout(60)
+def test_a_signal_whose_handler_returns_leaves_the_store_be() -> None:
+    """The watchdog cuts a store call after a signal only when the main thread stayed inside
+    it (its handler could not run): a flag-setting SIGTERM handler during new_group's wait
+    for a late rank must not cost the group (the first version cut it)."""
+    outs = run_world_raw(3, "hardening_workers:handled_signal_in_group_wait", timeout=45)
+    for o in outs:
+        assert o.ok, o.describe()
+        assert o.value["sum"] == [6.0] * 3, o.value
+    assert outs[0].value["flag"] and outs[1].value["flag"], [o.value for o in outs]
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("what", ["recv", "group"])
 def test_destroy_after_a_failed_store_wait_closes_the_store(what: str) -> None:
