@@ -72,7 +72,12 @@ class _Wake:
         self.r, self.w = socket.socketpair()
         self.r.setblocking(False)
         self.w.setblocking(False)
-        self.old = signal.set_wakeup_fd(self.w.fileno(), warn_on_full_buffer=False)
+        try:
+            self.old = signal.set_wakeup_fd(self.w.fileno(), warn_on_full_buffer=False)
+        except (ValueError, OSError):  # not the main interpreter: no signals
+            self.r.close()
+            self.w.close()
+            raise
         self.depth = 1
 
     def signals(self) -> list[int]:
