@@ -609,3 +609,23 @@ def dies_after_sending(rank: int, world: int) -> dict:
         return {"error": "no error", "secs": time.monotonic() - t0}
     except Exception as e:  # noqa: BLE001
         return {"error": f"{type(e).__name__}: {e}", "secs": time.monotonic() - t0}
+
+
+def awaited_rank_dies_after_another(rank: int, world: int) -> dict:
+    """3 ranks: rank 0 waits for rank 2's first message on a tag; rank 1 (not involved) is
+    killed at 1 s, rank 2 at 3 s. Every probe of rank 0's wait found rank 1 first, so rank
+    2's death went unseen until the timeout (found by a README check)."""
+    rr.barrier()
+    if rank == 1:
+        threading.Timer(1.0, os.kill, (os.getpid(), 9)).start()
+        time.sleep(30)
+    if rank == 2:
+        threading.Timer(3.0, os.kill, (os.getpid(), 9)).start()
+        time.sleep(30)
+    t0 = time.monotonic()
+    try:
+        rr.recv(np.zeros(4, np.float32), src=2, tag=7)
+        return {"error": None, "secs": time.monotonic() - t0}
+    except rr.PeerFailure as e:
+        return {"error": "PeerFailure", "peer": e.peer_rank, "cause": e.cause,
+                "secs": time.monotonic() - t0}

@@ -104,6 +104,21 @@ def test_a_peer_killed_after_sending_is_named_while_waiting_for_another() -> Non
     assert "stopped responding" not in v["error"] and v["secs"] < 3.0, v  # killed at 1 s
 
 
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_an_awaited_rank_that_dies_after_another_is_named(transport: str) -> None:
+    """Waiting for rank 2's first message while rank 1 (not involved) dies first, then rank
+    2: named within the heartbeat timeout after rank 2's death (the world's failure over rank
+    1 closed its connections, so not at once), not at RINGREDUCE_TIMEOUT (30 s)."""
+    outs = run_world_raw(3, error_workers.awaited_rank_dies_after_another, timeout=60,
+                         expendable=[1, 2], env={"RINGREDUCE_TRANSPORT": transport,
+                                                 "RINGREDUCE_TIMEOUT": "30"})
+    v = outs[0].value
+    assert v is not None, outs[0].describe()
+    assert v["error"] == "PeerFailure" and v["peer"] == 2, v
+    assert v["secs"] < 12, v  # killed at 3 s; heartbeat timeout 4 s
+
+
 # ------------------------------------------------------------------- mismatches
 
 

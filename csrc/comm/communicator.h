@@ -193,6 +193,9 @@ class Communicator {
   // Its socket part: read what peers' idle connections hold -- an abort (throws), a
   // goodbye, a dialler -- without waiting. A point-to-point sender never reads otherwise.
   void pollIdle();
+  // One pass of probePeers' checks (peers probeSkip_ marks are passed over).
+  void probeOnce(const std::vector<int>& waitedFor);
+  bool probeSkipped(int p) const { return probeSkip_ && (*probeSkip_)[static_cast<size_t>(p)]; }
   // Its shared-memory part, without waiting: a local peer's published failure (its abort)
   // throws here. One load per local peer: for a sender that may return before the receiver
   // reads (an eager point-to-point send), which would otherwise never look.
@@ -291,6 +294,9 @@ class Communicator {
   std::unique_ptr<transport::Dialer> dialer_;
   std::vector<uint8_t> watch_;  // 1: connected at init and watched in waits
   std::vector<int> watchList_;  // the same, as a list (waits cost O(watched), not O(world))
+  // During probePeers: peers already found failed, whose failure must not hide a waited-for
+  // one's (null otherwise).
+  const std::vector<uint8_t>* probeSkip_ = nullptr;
 
   int rank_, world_;
   std::vector<std::unique_ptr<Connection>> conns_;

@@ -152,7 +152,7 @@ int Communicator::silentPeer(bool neverHeard, transport::PeerStatus* s, int64_t*
   const int64_t limit = static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000);
   const int64_t sinceStart = steadyMs() - hbSinceMs_;
   for (int p : watchList_) {
-    if (gone_[static_cast<size_t>(p)]) continue;
+    if (gone_[static_cast<size_t>(p)] || probeSkipped(p)) continue;
     *s = hb_->status(p);
     if (s->ageMs < 0 && !neverHeard) continue;
     *ageMs = s->ageMs >= 0 ? s->ageMs : sinceStart;

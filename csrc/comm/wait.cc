@@ -94,7 +94,7 @@ int Communicator::pollWaits() {
 void Communicator::watchIdle(int sendPeer, int recvPeer) {
   for (int p : watchList_) {
     if (p == sendPeer || p == recvPeer) continue;
-    if (gone_[static_cast<size_t>(p)]) continue;
+    if (gone_[static_cast<size_t>(p)] || probeSkipped(p)) continue;
     const auto& c = conns_[static_cast<size_t>(p)];
     if (!c) continue;
     // Watch for death/abort; once its data of this collective is waiting unread, only for
@@ -152,6 +152,36 @@ void Communicator::throwLeft(int p, const std::string& during) {
 }
 
 void Communicator::probePeers(const std::vector<int>& waitedFor) {
+  // A failed rank this wait does not need must not hide one it does: each pass throws the
+  // first failure it finds, and a rank that died earlier was found first by every probe --
+  // the awaited rank's death after it went unseen until the timeout (found by a helper).
+  // So a failure of another rank is kept, its rank passed over, and the probe goes on; it
+  // is thrown last if no waited-for rank failed.
+  std::vector<uint8_t> skip(static_cast<size_t>(world_), 0);
+  struct Reset {
+    const std::vector<uint8_t>*& p;
+    ~Reset() { p = nullptr; }
+  } reset{probeSkip_};
+  probeSkip_ = &skip;
+  std::exception_ptr other;
+  for (int pass = 0; pass < world_; ++pass) {
+    try {
+      probeOnce(waitedFor);
+      break;
+    } catch (const PeerError& e) {
+      const int src = e.via() >= 0 ? e.via() : e.peer();  // the rank whose state said so
+      if (waitedFor.empty() || e.outside() || src < 0 || src >= world_ || src == rank_ ||
+          skip[static_cast<size_t>(src)] ||
+          std::find(waitedFor.begin(), waitedFor.end(), src) != waitedFor.end())
+        throw;
+      if (!other) other = std::current_exception();
+      skip[static_cast<size_t>(src)] = 1;
+    }
+  }
+  if (other) std::rethrow_exception(other);
+}
+
+void Communicator::probeOnce(const std::vector<int>& waitedFor) {
   if (aborted_.load()) throwAborted();
   if (shm_) checkLocalPeers();
   // Between collectives (Executor::probeIdle): no data of a current collective waits unread.
@@ -266,7 +296,11 @@ std::string Communicator::leftWhy(int p) {
 void Communicator::checkLocalPeers() {
   transport::shm::ShmDomain& d = *shm_;
   // A peer's own death first: a survivor that noticed it first publishes an abort naming it.
-  for (int r; procs_ && (r = procs_->exited()) >= 0;) {
+  auto skipped = [](const void* self, int r) {
+    auto* c = static_cast<const Communicator*>(self);
+    return c->probeSkipped(c->shm_->globalRank(r));
+  };
+  for (int r; procs_ && (r = procs_->exited(skipped, this)) >= 0;) {
     // One that said goodbye first and then ended is no failure (checkAlive says it left if
     // this rank waits for it); stop watching it, so that it cannot hide another's death.
     if (d.leftOf(r)) {
@@ -288,6 +322,7 @@ void Communicator::checkLocalPeers() {
   for (int r = 0; r < d.world(); ++r) {
     if (r == d.rank()) continue;
     const int p = d.globalRank(r);
+    if (probeSkipped(p)) continue;
     const auto& c = conns_[static_cast<size_t>(p)];
     if (c && c->fd() >= 0) continue;  // its connection says all this (abort frame, goodbye)
     transport::Culprit who;

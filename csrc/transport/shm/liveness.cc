@@ -129,10 +129,10 @@ void PeerProcesses::forget(int r) {
   }
 }
 
-int PeerProcesses::exited() {
+int PeerProcesses::exited(bool (*skip)(const void*, int), const void* ctx) {
   if (pfds_.empty() || ::poll(pfds_.data(), pfds_.size(), 0) <= 0) return -1;
   for (size_t i = 0; i < pfds_.size(); ++i)
-    if (pfds_[i].revents) return rankOf_[i];
+    if (pfds_[i].revents && !(skip && skip(ctx, rankOf_[i]))) return rankOf_[i];
   return -1;
 }
 

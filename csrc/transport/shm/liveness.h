@@ -34,8 +34,9 @@ class PeerProcesses {
   ~PeerProcesses();
   PeerProcesses(const PeerProcesses&) = delete;
   PeerProcesses& operator=(const PeerProcesses&) = delete;
-  // The local rank of a peer whose process has exited, or -1. Never blocks.
-  int exited();
+  // The local rank of a peer whose process has exited (one `skip` says no to), or -1. Never
+  // blocks.
+  int exited(bool (*skip)(const void*, int) = nullptr, const void* ctx = nullptr);
   // Stop watching local rank `r` (it left on purpose before its process ended), so that
   // exited() reports the others.
   void forget(int r);
