@@ -81,6 +81,6 @@ except ImportError:  # numpy-only install: no DDP, no torch.distributed backend
     pass
 else:
     from . import backend as _backend  # noqa: F401  (registers the "ringreduce" backend)
-    from .ddp import DistributedDataParallel  # noqa: F401  (exported via __all__ below)
+    from .ddp import DistributedDataParallel, UnevenInputsError  # exported via __all__
 
-    __all__.append("DistributedDataParallel")
+    __all__ += ["DistributedDataParallel", "UnevenInputsError"]
