@@ -54,9 +54,7 @@ def wire_cases(rank: int, world: int, cases: list[list], once_algos: list[str]) 
         # float16 subnormals are spaced 2^-24 apart: an absolute floor per rounding.
         floor = 2.0 ** -25 if dtype == "float16" else 0.0
         err = np.abs(got - exact)
-        # float16 avg also rounds x / n once (csrc/collectives/half_avg.h).
-        rounds = world - 1 + (dtype == "float16" and op == "avg")
-        ratio = float(np.max(np.maximum(err - floor * rounds, 0) / (u * scale + 1e-300)))
+        ratio = float(np.max(np.maximum(err - floor * (world - 1), 0) / (u * scale + 1e-300)))
         out.append({"case": [dtype, op, algo, n, salt], "sent": int(sent),
                     "digest": workers.digest(buf.view), "err_ratio": ratio,
                     "guard": buf.guard_errors(), "finite": bool(np.isfinite(got).all())})

@@ -1,10 +1,8 @@
 // op=avg on float16 where partial sums are rounded to 16 bits on the way (over TCP with
 // RINGREDUCE_HALF_WIRE=16, the default; the hierarchical all-reduce's local level always):
 // a sum of n values above 65504 / n is inf in float16 although their average fits. So each
-// input is scaled by 1/n first (in float32, rounded once to float16) and the collective
-// sums, as NCCL's ncclAvg pre-multiplies floating-point inputs and torch DDP pre-divides
-// gradients. The price is theirs too: x / n is exact only for n a power of two and x / n in
-// float16's normal range (>= 2^-14); smaller quotients round to subnormals (2^-24 / 2 is 0).
+// input is scaled by 1/n first (in float32, rounded once to float16: exact when n is a power
+// of two) and the collective sums, as NCCL's ncclAvg pre-multiplies floating-point inputs.
 // bfloat16 has float32's range; shared memory and RINGREDUCE_HALF_WIRE=32 add in float32.
 #pragma once
 
