@@ -71,30 +71,3 @@ def once_rounded(rank: int, world: int, algo: str) -> list[str]:
                                      inputs=workers.once_rounded_inputs(dtype, world, n))
         errs += [f"{dtype}: {e}" for e in run()[0]]
     return errs
-
-
-def overflowing_half_avg(rank: int, world: int, k: int) -> dict:
-    """float16 avg over TCP (16-bit partials on the wire) of inputs whose sum leaves float16's
-    range (65504) though their average does not: all-reduce on the ring and on the tree,
-    reduce-scatter (n = world * k elements). Reports, per algorithm, whether every element is
-    finite and the worst error in units of u * mean|x| (u = 2^-11)."""
-    n = world * k
-    base = np.array([30000.0, -40000.0, 65504.0, 1.5, -0.001, 20000.0, 0.0])
-    ins = [workers.round_to("float16", np.resize(base, n) * (1 - 0.01 * r)) for r in range(world)]
-    a = np.stack([x.astype(np.float64) for x in ins])
-    exact, scale = a.mean(axis=0), np.abs(a).mean(axis=0)
-    out = {}
-    for algo in ("ring", "tree", "reduce_scatter"):
-        buf = workers.Buf("float16", "numpy", n, vals=ins[rank])
-        if algo == "reduce_scatter":
-            res = workers.Buf("float16", "numpy", k)
-            rr.reduce_scatter(buf.view, res.view, op="avg")
-            got, want, s = res.view, exact[rank * k:(rank + 1) * k], scale[rank * k:(rank + 1) * k]
-        else:
-            rr.allreduce(buf.view, op="avg", algo=algo)
-            got, want, s = buf.view, exact, scale
-        got = workers.values(got).astype(np.float64)
-        err = np.abs(got - want) / (2.0 ** -11 * s + 2.0 ** -24)
-        out[algo] = {"finite": bool(np.isfinite(got).all()),
-                     "err_ratio": float(np.max(np.where(np.isfinite(err), err, np.inf)))}
-    return out

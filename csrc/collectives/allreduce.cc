@@ -2,9 +2,7 @@
 // accumulated, and hands off to the ring or the tree. Both leave the finished result in the
 // caller's buffer. 16-bit floats always add in float32; over TCP their partial sums travel
 // as 16 bits, rounded once per hop (RINGREDUCE_HALF_WIRE=16, the default), or as float32 in
-// a widened accumulator, rounded once at the end (=32). Shared memory rounds once. A float16
-// avg whose partial sums are rounded to 16 bits on the way is scaled by 1/n first
-// (halfavg::prescale).
+// a widened accumulator, rounded once at the end (=32). Shared memory rounds once.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -12,7 +10,6 @@
 
 #include "collectives/allreduce_impl.h"
 #include "collectives/collectives.h"
-#include "collectives/half_avg.h"
 #include "collectives/int_avg.h"
 #include "collectives/planner.h"
 #include "collectives/shm_algos.h"
@@ -54,11 +51,6 @@ void run(Communicator& c, void* buf, const Segments* segs, size_t count, DataTyp
     float* acc = reinterpret_cast<float*>(c.scratch().get(comm::ScratchArena::kAcc, count * 4));
     if (a != Algorithm::kShm && a != Algorithm::kHier) reduce::widen(dtype, buf, acc, count);
     args.acc = reinterpret_cast<char*>(acc);
-  }
-  if (halfavg::applies(dtype, op, args.halfWire || a == Algorithm::kHier)) {
-    halfavg::prescale(buf, count, c.world());  // partial sums stay within the average's range
-    args.op = ReduceOp::kSum;
-    args.reduceFn = reduce::getReduceFn(accumulateType(dtype), ReduceOp::kSum);
   }
   if (a == Algorithm::kShm)
     shm::allreduce(c, h, args);

@@ -9,7 +9,6 @@
 
 #include "collectives/allreduce_impl.h"
 #include "collectives/collectives.h"
-#include "collectives/half_avg.h"
 #include "collectives/int_avg.h"
 #include "collectives/planner.h"
 #include "collectives/shm_algos.h"
@@ -53,10 +52,6 @@ void reduceScatter(Communicator& c, const void* in, void* out, size_t count, Dat
     reduce::widen(dtype, in, reinterpret_cast<float*>(acc), total);
   else
     std::memcpy(acc, in, total * es);
-  if (halfavg::applies(dtype, op, halfWire)) {
-    halfavg::prescale(acc, total, n);  // 16-bit partial sums stay within the average's range
-    op = ReduceOp::kSum;
-  }
   RingPlan p;
   p.count = total;
   p.steps = n - 1;
