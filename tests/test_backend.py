@@ -111,13 +111,12 @@ def test_torch_default_groups_made_again_on_a_ringreduce_world(world: int) -> No
     group. Before, the second cycle's new_group failed with "rank 0 was claimed by 2
     processes" (the first cycle's keys were still in the store). (A gloo default group made
     again on one store fails in gloo itself at 3 ranks: "connectFullMesh failed".)"""
-    default = "ringreduce"
-    res = run_world(world, "backend_workers:torch_cycles_on_shared_world", 4, default,
+    res = run_world(world, "backend_workers:torch_cycles_on_shared_world", 4, "ringreduce",
                     timeout=100, env=_ENV, init=True)
     for r, cycles in enumerate(res):
         for c, (x, y) in enumerate(cycles):
             members = [0, 1] if c % 2 == 0 else list(range(world))
             want = sum(m + 1 + c for m in members) if r in members else r + 1 + c
             assert x == [float(want)] * 5, (r, c, x)
-            peers = range(r % 2, world, 2) if default == "ringreduce" else [r]
+            peers = range(r % 2, world, 2)
             assert y == [float(sum(p + 1 for p in peers))] * 3, (r, c, y)
