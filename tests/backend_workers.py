@@ -426,12 +426,12 @@ def env_timeout(rank: int, world: int, explicit: float | None) -> dict:
     return out
 
 
-def torch_cycles_on_shared_world(rank: int, world: int, cycles: int, default: str) -> list:
-    """ringreduce.init() ran first (the spawn helper); torch's default group (backend
-    `default`) is made on its store and destroyed `cycles` times. Each cycle makes a
-    ringreduce subgroup -- [0, 1] in even cycles, all ranks in odd ones: torch's name for it
-    is the same every time -- and, with a ringreduce default group, splits it into even and
-    odd ranks; checked all-reduces on both. Returns each cycle's sums."""
+def torch_cycles_on_shared_world(rank: int, world: int, cycles: int) -> list:
+    """ringreduce.init() ran first (the spawn helper); torch's default group is made on its
+    store and destroyed `cycles` times. Each cycle makes a subgroup -- [0, 1] in even
+    cycles, all ranks in odd ones: torch's name for it is the same every time -- and splits
+    the default group into even and odd ranks; checked all-reduces on both. Returns each
+    cycle's sums."""
     import torch.distributed as dist
 
     from ringreduce import _rendezvous
@@ -439,16 +439,15 @@ def torch_cycles_on_shared_world(rank: int, world: int, cycles: int, default: st
     store = next(iter(_rendezvous._STORES.values()))
     out = []
     for c in range(cycles):
-        dist.init_process_group(default, store=store, rank=rank, world_size=world)
+        dist.init_process_group("ringreduce", store=store, rank=rank, world_size=world)
         members = [0, 1] if c % 2 == 0 else list(range(world))
-        g = dist.new_group(members, backend="ringreduce")
+        g = dist.new_group(members)
         x = torch.full((5,), float(rank + 1 + c))
         if rank in members:
             dist.all_reduce(x, group=g)
         y = torch.full((3,), float(rank + 1))
-        if default == "ringreduce":
-            odd = dist.group.WORLD.split_group([r for r in range(world) if r % 2 == rank % 2])
-            odd.allreduce(y).wait()  # not in torch's Python registry (see split_group above)
+        odd = dist.group.WORLD.split_group([r for r in range(world) if r % 2 == rank % 2])
+        odd.allreduce(y).wait()  # not in torch's Python registry (see split_group above)
         out.append([x.tolist(), y.tolist()])
         dist.destroy_process_group()
     rr.barrier()  # the user's world still works

@@ -111,8 +111,8 @@ def test_torch_default_groups_made_again_on_a_ringreduce_world(world: int) -> No
     group. Before, the second cycle's new_group failed with "rank 0 was claimed by 2
     processes" (the first cycle's keys were still in the store). (A gloo default group made
     again on one store fails in gloo itself at 3 ranks: "connectFullMesh failed".)"""
-    res = run_world(world, "backend_workers:torch_cycles_on_shared_world", 4, "ringreduce",
-                    timeout=100, env=_ENV, init=True)
+    res = run_world(world, "backend_workers:torch_cycles_on_shared_world", 4, timeout=100,
+                    env=_ENV, init=True)
     for r, cycles in enumerate(res):
         for c, (x, y) in enumerate(cycles):
             members = [0, 1] if c % 2 == 0 else list(range(world))
