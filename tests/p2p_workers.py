@@ -625,6 +625,9 @@ def first_message_waits(rank: int, world: int) -> dict:
         out["crossed"] = (type(e).__name__, round(time.monotonic() - t0, 1),
                           f"for rank {1 - rank} to post a send" in str(e)
                           and f"on tag {20 if rank == 0 else 21}" in str(e))
+    # Neither rank leaves before the other's deadline: a rank whose program ends first is
+    # named to a peer still waiting (PeerFailure, "left the job"), as it should be.
+    time.sleep(2.0)
     return out
 
 
