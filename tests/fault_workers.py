@@ -151,7 +151,7 @@ def init_outcome(rank: int, world: int, behave: dict) -> dict:
                 "is_rr": False}
     except Exception as e:  # noqa: BLE001 - ValueError or a ringreduce error, both reported
         return {"type": type(e).__name__, "msg": str(e), "elapsed": time.time() - t0,
-                "is_rr": isinstance(e, rr.RingReduceError)}
+                "t0": t0, "is_rr": isinstance(e, rr.RingReduceError)}
     rr.destroy()
     return {"type": None, "msg": "", "elapsed": time.time() - t0, "is_rr": False}
 

@@ -344,6 +344,9 @@ def group_timeouts(rank: int, world: int) -> dict:
     ng = rr.new_group(list(range(world)), timeout=2.5)
     for name, run in (("torch", lambda: dist.all_reduce(torch.ones(4), group=tg)),
                       ("native", lambda: rr.allreduce(np.ones(4), group=ng))):
+        # Start together: the first rank to time out tells the others (a relayed
+        # CollectiveTimeout), so a rank that entered later would report a shorter wait.
+        dist.barrier()
         if rank == 1:
             out[name] = "skipped"
             continue

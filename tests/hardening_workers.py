@@ -220,12 +220,19 @@ def flight_on_a_group(rank: int, world: int) -> str:
     g = rr.new_group([1, 2], timeout=1.5)
     if g is not None:
         rr.allreduce(x, group=g)
+    done = os.path.join(os.path.dirname(os.environ["RR_SPAWN_ARGS"]), "rank1_done")
     if rank == 1:
         try:
             rr.allreduce(x, group=g)
+            return "ok"
         except rr.CollectiveTimeout:
             return "timed out"
-    time.sleep(2.5)
+        finally:
+            open(done, "a").close()
+    # The others stay until rank 1 is done (a rank leaving first would be named to it).
+    deadline = time.monotonic() + 30
+    while not os.path.exists(done) and time.monotonic() < deadline:
+        time.sleep(0.01)
     return "ok"
 
 

@@ -763,17 +763,24 @@ def left_while_connecting(rank: int, world: int, leaver: int) -> str:
 
     from ringreduce import _comm
 
+    flag = os.path.join(os.path.dirname(os.environ["RR_SPAWN_ARGS"]), "exchanged")
     if rank == 1:
         plan = _comm.shm_options  # runs after the address exchange, before the dial
 
         def slowly(*a: object, **k: object) -> dict:
+            open(flag, "a").close()  # addresses exchanged: a leaving rank 0 may go now
             time.sleep(1.5)
             return plan(*a, **k)
 
         _comm.shm_options = slowly
     if rank == leaver:
         rr.irecv(np.zeros(1 << 20, np.float32), 1 - rank)
-        time.sleep(0.5)
+        # Rank 0 leaves once rank 1 has its address (not after a fixed time: a rank 1 that
+        # got there later would learn of the departure from the world, not by a refusal).
+        deadline = time.monotonic() + 30
+        while rank == 0 and not os.path.exists(flag) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1 if rank == 0 else 0.5)
         return "left"
     t0 = time.monotonic()
     try:
