@@ -3,8 +3,9 @@
     from _spawn import run_world
     results = run_world(3, workers.matrix, ["allreduce"], timeout=60)
 
-Each rank is a fresh ``python -c`` process (a new session, so the whole process group can be
-killed) with RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT / RINGREDUCE_SECRET set.
+Each rank is a fresh process (a new session, so the whole process group can be killed),
+forked from a server that has imported torch once (tests/_zygote.py), or a fresh ``python -c``
+where that server cannot serve the launch's environment or a rank_prefix wraps the command, with RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT / RINGREDUCE_SECRET set.
 The child imports the target by "module:function" name (tests/ is on PYTHONPATH), calls
 ``ringreduce.init()``, runs ``target(rank, world, *args)``, calls ``ringreduce.destroy()``
 and writes its JSON return value -- or its exception (type, message, traceback) -- to a
@@ -35,6 +36,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Union
+
+import _zygote
 
 TESTS_DIR = Path(__file__).resolve().parent
 ROOT = TESTS_DIR.parent
@@ -135,7 +138,7 @@ def run_world_raw(world_size: int, target: Target, *args: Any, timeout: float = 
     port = free_port()
     secret = os.urandom(16).hex()
     tmp = Path(tempfile.mkdtemp(prefix=f"rr_world{world_size}_"))
-    procs: list[subprocess.Popen | None] = [None] * world_size
+    procs: list[subprocess.Popen | _zygote.Forked | None] = [None] * world_size
     files: list[tuple[Any, Any]] = []
     start = time.monotonic()
     ended: dict[int, float] = {}
@@ -175,7 +178,10 @@ def run_world_raw(world_size: int, target: Target, *args: Any, timeout: float = 
             out = open(tmp / f"stdout_{rank}.txt", "w+b")  # noqa: SIM115 - closed in finally
             err = open(tmp / f"stderr_{rank}.txt", "w+b")  # noqa: SIM115
             files.append((out, err))
-            procs[rank] = subprocess.Popen(
+            forked = None if rank in (rank_prefix or {}) else _zygote.spawn(
+                e, str(ROOT), tmp / f"stdout_{rank}.txt", tmp / f"stderr_{rank}.txt",
+                tmp / f"status_{rank}")
+            procs[rank] = forked or subprocess.Popen(
                 list((rank_prefix or {}).get(rank, []))
                 + [sys.executable, "-c", "import _spawn; _spawn._child_main()"],
                 env=e, cwd=str(ROOT), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
@@ -293,7 +299,7 @@ def stay_until(store: Any, key: str, count: int, rank: int, world: int,
         time.sleep(0.05)
 
 
-def _kill_group(p: subprocess.Popen) -> None:
+def _kill_group(p: subprocess.Popen | _zygote.Forked) -> None:
     try:
         os.killpg(p.pid, signal.SIGKILL)  # start_new_session: pgid == pid
     except (ProcessLookupError, PermissionError):
