@@ -299,6 +299,24 @@ def stay_until(store: Any, key: str, count: int, rank: int, world: int,
         time.sleep(0.05)
 
 
+def raise_flag(name: str) -> None:
+    """Rank side: raise a flag that every rank of this launch can see (a file in the launch's
+    directory; no communicator needed, so usable after a failure or an abort)."""
+    open(os.path.join(os.path.dirname(os.environ["RR_SPAWN_ARGS"]), f"flag_{name}"), "a").close()
+
+
+def await_flags(names: Collection[str], secs: float) -> bool:
+    """Rank side: wait (at most `secs`) until every flag in `names` is raised. For a rank that
+    must stay alive until others have seen something, instead of a fixed sleep."""
+    where = os.path.dirname(os.environ["RR_SPAWN_ARGS"])
+    deadline = time.monotonic() + secs
+    while not all(os.path.exists(os.path.join(where, f"flag_{n}")) for n in names):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def _kill_group(p: subprocess.Popen | _zygote.Forked) -> None:
     try:
         os.killpg(p.pid, signal.SIGKILL)  # start_new_session: pgid == pid

@@ -9,6 +9,7 @@ import signal
 import time
 
 import numpy as np
+from _spawn import await_flags, raise_flag
 
 import ringreduce as rr
 
@@ -390,9 +391,16 @@ def any_source_after_a_sender_left(rank: int, world: int) -> object:
 
 def idle_aborter(rank: int, world: int, on: str, hold_s: float = 8.0) -> dict:
     """Rank 0 calls rr.abort() between calls and then stays alive (a watchdog that aborts,
-    then cleans up) for hold_s; the others are blocked on it in an all-reduce (on the world
-    or a group) or a recv, or come later. Before, an idle rank's abort reached nobody: they
-    waited until rank 0 exited (or RINGREDUCE_TIMEOUT)."""
+    then cleans up) until the others are done, at most hold_s; the others are blocked on it
+    in an all-reduce (on the world or a group) or a recv, or come later. Before, an idle
+    rank's abort reached nobody: they waited until rank 0 exited (or RINGREDUCE_TIMEOUT)."""
+    try:
+        return _idle_aborter(rank, world, on, hold_s)
+    finally:
+        raise_flag(f"done{rank}")
+
+
+def _idle_aborter(rank: int, world: int, on: str, hold_s: float) -> dict:
     g = rr.new_group(list(range(world))) if on == "group" else None
     x = np.ones(64)
     if on == "recv" and rank in (0, 1):  # the channel exists before the abort
@@ -401,7 +409,7 @@ def idle_aborter(rank: int, world: int, on: str, hold_s: float = 8.0) -> dict:
     if rank == 0:
         time.sleep(1.0)
         rr.abort()
-        time.sleep(hold_s)
+        await_flags([f"done{r}" for r in range(1, world)], hold_s)
         rr.destroy()
         return {"type": None}
     if on == "late":

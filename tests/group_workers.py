@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 import numpy as np
-from _spawn import stay_until
+from _spawn import await_flags, raise_flag, stay_until
 
 import ringreduce as rr
 
@@ -570,10 +570,13 @@ def interrupted_new_group(rank: int, world: int) -> str:
         rr.new_group(list(range(world)))
         return "no error"
     except KeyboardInterrupt:
-        time.sleep(12.0)  # alive, as a program that catches Ctrl-C and goes on
+        # Alive, as a program that catches Ctrl-C and goes on, until the others are done.
+        await_flags([f"done{r}" for r in range(world) if r != rank], 12.0)
         return "interrupted"
     except Exception as e:  # noqa: BLE001
         return f"{type(e).__name__} after {time.monotonic() - t0:.1f} s: {e}"
+    finally:
+        raise_flag(f"done{rank}")
 
 
 def silent_strangers(rank: int, world: int) -> dict:

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import numpy as np
+from _spawn import await_flags, raise_flag
 
 import ringreduce as rr
 
@@ -220,7 +221,6 @@ def flight_on_a_group(rank: int, world: int) -> str:
     g = rr.new_group([1, 2], timeout=1.5)
     if g is not None:
         rr.allreduce(x, group=g)
-    done = os.path.join(os.path.dirname(os.environ["RR_SPAWN_ARGS"]), "rank1_done")
     if rank == 1:
         try:
             rr.allreduce(x, group=g)
@@ -228,11 +228,8 @@ def flight_on_a_group(rank: int, world: int) -> str:
         except rr.CollectiveTimeout:
             return "timed out"
         finally:
-            open(done, "a").close()
-    # The others stay until rank 1 is done (a rank leaving first would be named to it).
-    deadline = time.monotonic() + 30
-    while not os.path.exists(done) and time.monotonic() < deadline:
-        time.sleep(0.01)
+            raise_flag("rank1_done")
+    await_flags(["rank1_done"], 30)  # a rank leaving before rank 1 is done would be named to it
     return "ok"
 
 

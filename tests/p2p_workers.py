@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import numpy as np
+from _spawn import await_flags, raise_flag
 
 import ringreduce as rr
 
@@ -627,7 +628,8 @@ def first_message_waits(rank: int, world: int) -> dict:
                           and f"on tag {20 if rank == 0 else 21}" in str(e))
     # Neither rank leaves before the other's deadline: a rank whose program ends first is
     # named to a peer still waiting (PeerFailure, "left the job"), as it should be.
-    time.sleep(2.0)
+    raise_flag(f"crossed{rank}")
+    await_flags([f"crossed{1 - rank}"], 20)
     return out
 
 
@@ -763,12 +765,11 @@ def left_while_connecting(rank: int, world: int, leaver: int) -> str:
 
     from ringreduce import _comm
 
-    flag = os.path.join(os.path.dirname(os.environ["RR_SPAWN_ARGS"]), "exchanged")
     if rank == 1:
         plan = _comm.shm_options  # runs after the address exchange, before the dial
 
         def slowly(*a: object, **k: object) -> dict:
-            open(flag, "a").close()  # addresses exchanged: a leaving rank 0 may go now
+            raise_flag("exchanged")  # addresses exchanged: a leaving rank 0 may go now
             time.sleep(1.5)
             return plan(*a, **k)
 
@@ -777,9 +778,8 @@ def left_while_connecting(rank: int, world: int, leaver: int) -> str:
         rr.irecv(np.zeros(1 << 20, np.float32), 1 - rank)
         # Rank 0 leaves once rank 1 has its address (not after a fixed time: a rank 1 that
         # got there later would learn of the departure from the world, not by a refusal).
-        deadline = time.monotonic() + 30
-        while rank == 0 and not os.path.exists(flag) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        if rank == 0:
+            await_flags(["exchanged"], 30)
         time.sleep(0.1 if rank == 0 else 0.5)
         return "left"
     t0 = time.monotonic()
