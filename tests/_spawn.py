@@ -3,9 +3,11 @@
     from _spawn import run_world
     results = run_world(3, workers.matrix, ["allreduce"], timeout=60)
 
-Each rank is a fresh process (a new session, so the whole process group can be killed),
-forked from a server that has imported torch once (tests/_zygote.py), or a fresh ``python -c``
-where that server cannot serve the launch's environment or a rank_prefix wraps the command, with RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT / RINGREDUCE_SECRET set.
+Each rank is a process of its own (a new session, so the whole process group can be killed)
+with RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT / RINGREDUCE_SECRET set:
+forked from a server that has imported torch once (tests/_zygote.py), or a fresh
+``python -c`` where that server cannot serve the launch's environment or a rank_prefix wraps
+the command.
 The child imports the target by "module:function" name (tests/ is on PYTHONPATH), calls
 ``ringreduce.init()``, runs ``target(rank, world, *args)``, calls ``ringreduce.destroy()``
 and writes its JSON return value -- or its exception (type, message, traceback) -- to a
