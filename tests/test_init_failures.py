@@ -42,7 +42,7 @@ def test_wrong_world_size_stops_every_rank_at_once() -> None:
     story = _story(outs)
     assert outs[2].ok and outs[2].value["type"] == "ValueError", story
     assert "WORLD_SIZE=3 but rank 2 with 4" in outs[2].value["msg"], story
-    last_start = max(o.value.get("t0", 0.0) for o in outs)  # a rank's own init may start seconds earlier
+    last_start = max(o.value.get("t0", 0.0) for o in outs)  # ranks may start seconds apart
     for o in outs[:2]:
         v = o.value
         assert v["type"] == "ValueError" and "another rank failed" in v["msg"], story
