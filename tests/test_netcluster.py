@@ -92,7 +92,7 @@ def test_hier_16bit_sends_16bit_slices_across_hosts(cluster_factory, half_wire: 
     """float16/bfloat16 over the hierarchical plan (2 hosts x 2 ranks): local rank l's
     cross-host ring carries slice l as 16-bit partials (float32 ones with
     RINGREDUCE_HALF_WIRE=32); results within 2 roundings (local, then the 2-host ring) and
-    bit-identical on every rank."""
+    bit-identical on every rank; a float16 avg whose sums overflow float16 is still exact."""
     from test_wire import U, chunk_len, expected_ring
 
     hosts, per_host, n = 2, 2, 20011
@@ -111,6 +111,11 @@ def test_hier_16bit_sends_16bit_slices_across_hosts(cluster_factory, half_wire: 
             assert got["sent"] == want, f"{dtype}/{op} rank {r}: sent {got['sent']}, want {want}"
             assert got["err_ratio"] <= 2 * (1 + 2 * U[dtype]) + 1e-3, (dtype, op, r, got)
         assert len({out["cases"][k]["digest"] for out in res}) == 1, f"{dtype}/{op}: ranks differ"
+    # float16 avg of values whose sums overflow float16 (each host's sum and the cross-host
+    # partials): the exact average, rounded once, not inf (test_wire.py has the flat plans).
+    res = run_world(hosts * per_host, "wire_workers:large_half_avg", 4 * 3001, ["auto"],
+                    timeout=120, env=env, master_addr="10.77.0.1", rank_prefix=c.prefix(per_host))
+    assert not [e for es in res for e in es], res
 
 
 @pytest.mark.timeout(120)

@@ -121,3 +121,18 @@ def test_ranks_disagreeing_on_half_wire_get_a_mismatch() -> None:
     for o in outs:
         assert o.exc_type == "ValueError", o.describe()
         assert "RINGREDUCE_HALF_WIRE differs between ranks" in (o.exc_msg or ""), o.describe()
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("half_wire", [16, 32])
+@pytest.mark.parametrize("world", [2, 3, 4, 5])
+def test_float16_avg_of_large_values_is_not_inf(world: int, half_wire: int) -> None:
+    """float16 avg over TCP whose partial sums exceed 65504 while the average fits: before,
+    the 16-bit partials of the ring, the tree and reduce-scatter became inf; inputs are now
+    scaled by 2^-ceil(log2 n) (exact), so the result is the average rounded once. (2 ranks
+    never rounded a partial sum to 16 bits: there it checks that nothing is scaled wrongly.)"""
+    env = {"RINGREDUCE_TRANSPORT": "tcp", "RINGREDUCE_SEGMENT_BYTES": str(SEG),
+           "RINGREDUCE_HALF_WIRE": str(half_wire), "RINGREDUCE_TIMEOUT": "60"}
+    res = run_world(world, "wire_workers:large_half_avg", world * 3001, timeout=120, env=env)
+    errs = [f"rank {r}: {e}" for r, es in enumerate(res) for e in es]
+    assert not errs, "\n".join(errs[:20])

@@ -71,3 +71,36 @@ def once_rounded(rank: int, world: int, algo: str) -> list[str]:
                                      inputs=workers.once_rounded_inputs(dtype, world, n))
         errs += [f"{dtype}: {e}" for e in run()[0]]
     return errs
+
+
+def large_half_inputs(world: int, n: int) -> list[np.ndarray]:
+    """float16 inputs of magnitude 40960..64512 (multiples of 1024, mixed signs by element):
+    any two of the same sign sum past float16's 65504, their average never does. Every
+    partial sum of inputs scaled by a power of two stays exact, so the average is exact."""
+    i = np.arange(n)
+    sign = np.where(i % 3 == 0, -1.0, 1.0)
+    return [(sign * 1024.0 * (40 + (i * 7 + r * 13) % 24)).astype(np.float16)
+            for r in range(world)]
+
+
+def large_half_avg(rank: int, world: int, n: int,
+                   algos: tuple[str, ...] = ("ring", "tree", "reduce_scatter")) -> list[str]:
+    """op=avg of large_half_inputs by each of algos (an all-reduce algorithm, or
+    "reduce_scatter"): every result equals the float64 average rounded once to float16
+    (reduce_np), none is inf."""
+    ins = large_half_inputs(world, n)
+    want = workers.reduce_np("float16", "avg", ins, world)
+    errs = []
+    for algo in algos:
+        buf = workers.Buf("float16", "torch", n, vals=ins[rank])
+        if algo == "reduce_scatter":
+            k = n // world
+            out = workers.Buf("float16", "torch", k)
+            rr.reduce_scatter(buf.view, out.view, op="avg")
+            buf, exp = out, want[rank * k:(rank + 1) * k]
+        else:
+            rr.allreduce(buf.view, op="avg", algo=algo)
+            exp = want
+        errs += [f"{algo}: {e}" for e in workers.compare_exact(workers.values(buf.view), exp, "avg")]
+        errs += [f"{algo}: {e}" for e in buf.guard_errors()]
+    return errs

@@ -10,6 +10,7 @@
 
 #include "collectives/allreduce_impl.h"
 #include "collectives/collectives.h"
+#include "collectives/half_avg.h"
 #include "collectives/int_avg.h"
 #include "collectives/planner.h"
 #include "collectives/shm_algos.h"
@@ -41,6 +42,13 @@ void run(Communicator& c, void* buf, const Segments* segs, size_t count, DataTyp
   args.acc = args.dst;
   args.accElem = elementSize(accumulateType(dtype));
   args.reduceFn = reduce::getReduceFn(accumulateType(dtype), op);
+  // float16 avg whose partial sums are rounded to float16 on the way: inputs scaled so that
+  // none can overflow (half_avg.h) -- by the ring as it goes, else here, all at once.
+  if ((a == Algorithm::kRing || a == Algorithm::kTree) ? halfOnWire(c, dtype) : a == Algorithm::kHier) {
+    args.halfAvgExp = halfavg::exponent(dtype, op, c.world());
+    args.halfAvgPrescaled = args.halfAvgExp && a != Algorithm::kRing;
+    if (args.halfAvgPrescaled) halfavg::scaleHalf(buf, buf, count, -args.halfAvgExp);
+  }
   const bool shmLarge =
       (a == Algorithm::kShm || a == Algorithm::kHier) && bytes > c.shm()->config().smallMax;
   if ((a == Algorithm::kRing || a == Algorithm::kTree) && halfOnWire(c, dtype)) {

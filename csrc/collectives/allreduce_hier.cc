@@ -7,7 +7,8 @@
 //                      3. inside each host, local rank l broadcasts its finished slice l
 //
 // Each slice is reduced by exactly one cross-host ring and then copied, so every rank gets
-// identical bits. avg divides once, by the total number of ranks, at the end of step 2.
+// identical bits. avg divides once, by the total number of ranks, at the end of step 2
+// (float16 inputs arrive scaled down so that neither level's sums overflow: half_avg.h).
 // 16-bit floats are rounded after the local level, then as the cross-host ring rounds them:
 // once per hop with a 16-bit wire (RINGREDUCE_HALF_WIRE=16), else once.
 #include <algorithm>

@@ -11,10 +11,14 @@
 // -- each rank adds its values in float32 and rounds once before passing the chunk on, so a
 // chunk's sum is rounded n-1 times (n-2 hops + the final one) and each rank sends
 // 2(n-1)/n * count * 2 bytes. With RINGREDUCE_HALF_WIRE=32 the partials travel as float32
-// (`acc` is a widened copy) and are rounded once, for 1.5x the bytes.
+// (`acc` is a widened copy) and are rounded once, for 1.5x the bytes. A float16 avg
+// sends its 16-bit partial sums scaled by 2^-halfAvgExp so that none overflows (ring.h,
+// half_avg.h); under the hierarchical all-reduce the inputs arrive scaled (its host level
+// rounds to 16 bits too) and the finished sums are scaled back here.
 #include <algorithm>
 
 #include "collectives/allreduce_impl.h"
+#include "collectives/half_avg.h"
 #include "collectives/ring.h"
 
 namespace rr::collectives {
@@ -45,8 +49,10 @@ void allreduceRing(comm::Communicator& c, const transport::FrameHeader& h, const
     p.half = a.dtype;
     p.wide = reinterpret_cast<float*>(scratch + recvBytes);
   }
+  if (!a.halfAvgPrescaled) p.scaleExp = a.halfAvgExp;
   if (a.needsFinalize()) {
-    p.onFinal = [&a, &p, world](const char* vals, size_t off, size_t len) {
+    p.onFinal = [&a, &p, world](char* vals, size_t off, size_t len) {
+      if (a.halfAvgPrescaled) halfavg::scaleFloat(reinterpret_cast<float*>(vals), len, a.halfAvgExp);
       reduce::finalize(a.dtype, a.op, world, vals, p.dst + off * p.dstElem, len);
     };
   }

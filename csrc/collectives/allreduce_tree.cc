@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "collectives/allreduce_impl.h"
+#include "collectives/half_avg.h"
 #include "core/chunking.h"
 
 namespace rr::collectives {
@@ -82,7 +83,10 @@ void allreduceTree(comm::Communicator& c, const transport::FrameHeader& h, const
       std::swap(cur, other);
     }
   }
-  if (a.halfWire) reduce::finalize(a.dtype, a.op, n, wide, a.dst, a.count);
+  if (a.halfWire) {
+    if (a.halfAvgExp) halfavg::scaleFloat(wide, a.count, a.halfAvgExp);
+    reduce::finalize(a.dtype, a.op, n, wide, a.dst, a.count);
+  }
   if (r + p < n) {  // unfold: the finished 16-bit result, or the float32 accumulator
     fh.step = 1000;
     s.reset(fh, a.halfWire ? a.dst : cur, bytes);

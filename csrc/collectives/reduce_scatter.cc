@@ -9,6 +9,7 @@
 
 #include "collectives/allreduce_impl.h"
 #include "collectives/collectives.h"
+#include "collectives/half_avg.h"
 #include "collectives/int_avg.h"
 #include "collectives/planner.h"
 #include "collectives/shm_algos.h"
@@ -68,9 +69,11 @@ void reduceScatter(Communicator& c, const void* in, void* out, size_t count, Dat
   p.halfWire = halfWire;
   p.half = dtype;
   if (halfWire) p.wide = reinterpret_cast<float*>(scratch + recvBytes);
+  // float16 avg with 16-bit partials: sums travel scaled (half_avg.h, ring.h).
+  p.scaleExp = halfWire ? halfavg::exponent(dtype, op, n) : 0;
   char* o = static_cast<char*>(out);
   const size_t base = static_cast<size_t>(c.rank()) * count;
-  p.onFinal = [&](const char* vals, size_t off, size_t len) {
+  p.onFinal = [&](char* vals, size_t off, size_t len) {
     reduce::finalize(dtype, op, n, vals, o + (off - base) * es, len);
   };
   runRing(c, h, p);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "collectives/half_avg.h"
 #include "core/chunking.h"
 
 namespace rr::collectives {
@@ -10,20 +11,34 @@ namespace {
 // Fold the segment in p.recvScratch into acc[off, off + len) (acc = acc OP incoming) and
 // return the reduced values in the accumulate type. With a 16-bit wire they are computed in
 // p.wide and rounded back into acc -- unless this is the last reduce step and onFinal will
-// round them (one rounding per hop, none twice).
-const char* reduceSegment(const RingPlan& p, size_t off, size_t len, bool last) {
+// round them (one rounding per hop, none twice). `first`: the incoming values are the left
+// neighbour's own (step 0), not a partial sum.
+char* reduceSegment(const RingPlan& p, size_t off, size_t len, bool first, bool last) {
   char* a = p.acc + off * p.accElem;
   if (!p.halfWire) {
     p.reduceFn(a, p.recvScratch, len);
     return a;
   }
-  float* mine = p.wide;
-  float* in = p.wide + p.segElems;
-  reduce::widen(p.half, a, mine, len);
-  reduce::widen(p.half, p.recvScratch, in, len);
-  p.reduceFn(mine, in, len);
-  if (!last || !p.onFinal) reduce::finalize(p.half, ReduceOp::kSum, 1, mine, a, len);
-  return reinterpret_cast<const char*>(mine);
+  // In blocks small enough that widening, reducing and rounding one block stay in L1 (a
+  // whole segment's float32 values fill L2), into the same places of p.wide.
+  constexpr size_t kBlock = 2048;
+  const bool round = !last || !p.onFinal;
+  const int e = p.scaleExp;
+  for (size_t b = 0; b < len; b += kBlock) {
+    const size_t m = std::min(kBlock, len - b);
+    float* mine = p.wide + b;
+    float* in = p.wide + p.segElems + b;
+    reduce::widen(p.half, a + b * p.accElem, mine, m);
+    reduce::widen(p.half, p.recvScratch + b * p.accElem, in, m);
+    // float16 avg: the partial sums between the first and the last step travel scaled by
+    // 2^-e (ring.h); scaled in float32, exactly.
+    if (e && !first && !last) halfavg::scaleFloat(mine, m, -e);  // in: a scaled sum
+    if (e && !first && last) halfavg::scaleFloat(in, m, e);       // the last sum is not
+    p.reduceFn(mine, in, m);
+    if (e && first && !last) halfavg::scaleFloat(mine, m, -e);  // the first partial sum
+    if (round) reduce::finalize(p.half, ReduceOp::kSum, 1, mine, a + b * p.accElem, m);
+  }
+  return reinterpret_cast<char*>(p.wide);
 }
 
 }  // namespace
@@ -101,7 +116,7 @@ void runRing(comm::Communicator& c, const transport::FrameHeader& tmpl, const Ri
       c.addBytesDone(rop.len);
       if (rStep < p.rsSteps) {
         const bool last = rStep == p.rsSteps - 1;
-        const char* vals = reduceSegment(p, rOff, rLen, last);
+        char* vals = reduceSegment(p, rOff, rLen, rStep == 0, last);
         if (last && p.onFinal) p.onFinal(vals, rOff, rLen);
       }
       ++ru;

@@ -45,9 +45,15 @@ struct RingPlan {
   bool halfWire = false;
   DataType half = DataType::kFloat16;  // with halfWire: the 16-bit type in acc and on the wire
   float* wide = nullptr;               // with halfWire: >= 2 * segElems floats
+  // > 0 (halfWire only): the 16-bit partial sums of the reduce steps travel multiplied by
+  // 2^-scaleExp so that none overflows (float16 avg, collectives/half_avg.h). A rank's
+  // first send is its own values, unscaled; each step scales in float32 (exact) what it
+  // forwards, and the last one scales the incoming sum back: onFinal gets unscaled values.
+  int scaleExp = 0;
   // Optional: the finished values of elements [off, off + len) in the accumulate type
-  // (float32 for 16-bit floats); `vals` is valid during the call only.
-  std::function<void(const char* vals, size_t off, size_t len)> onFinal;
+  // (float32 for 16-bit floats); `vals` (the accumulator or scratch) is valid during the call
+  // only, and the callback may change it in place.
+  std::function<void(char* vals, size_t off, size_t len)> onFinal;
   // Ring over a subset of ranks (global ranks, this rank among them), or all when null.
   const std::vector<int>* members = nullptr;
 };
