@@ -42,9 +42,11 @@ void run(Communicator& c, void* buf, const Segments* segs, size_t count, DataTyp
   args.acc = args.dst;
   args.accElem = elementSize(accumulateType(dtype));
   args.reduceFn = reduce::getReduceFn(accumulateType(dtype), op);
-  // float16 avg whose partial sums are rounded to float16 on the way: inputs scaled so that
-  // none can overflow (half_avg.h) -- by the ring as it goes, else here, all at once.
-  if ((a == Algorithm::kRing || a == Algorithm::kTree) ? halfOnWire(c, dtype) : a == Algorithm::kHier) {
+  // float16 avg whose partial sums are rounded to float16 on the way (not for 2 ranks: ring
+  // and tree round only the final sum): scaled so that none can overflow (half_avg.h) -- by
+  // the ring as it goes; the tree's and the hierarchical plan's inputs here, all at once.
+  const bool flat = a == Algorithm::kRing || a == Algorithm::kTree;
+  if (flat ? halfOnWire(c, dtype) && c.world() > 2 : a == Algorithm::kHier) {
     args.halfAvgExp = halfavg::exponent(dtype, op, c.world());
     args.halfAvgPrescaled = args.halfAvgExp && a != Algorithm::kRing;
     if (args.halfAvgPrescaled) halfavg::scaleHalf(buf, buf, count, -args.halfAvgExp);
