@@ -10,8 +10,9 @@
 // to 2^(k-24) steps instead of 2^-24.
 //
 // Where: the ring scales in float32 the partial sums it forwards (ring.cc: no extra pass
-// over the buffer, nothing at all for 2 ranks); the tree and the hierarchical all-reduce
-// scale the whole input first (allreduce.cc) and the finished sums back.
+// over the buffer); the tree and the hierarchical all-reduce scale the whole input first
+// (allreduce.cc) and the finished sums back. With 2 ranks neither the ring nor the tree
+// rounds a partial sum: nothing is scaled.
 #pragma once
 
 #include <cstddef>
