@@ -128,8 +128,8 @@ def test_ranks_disagreeing_on_half_wire_get_a_mismatch() -> None:
 @pytest.mark.parametrize("world", [2, 3, 4, 5])
 def test_float16_avg_of_large_values_is_not_inf(world: int, half_wire: int) -> None:
     """float16 avg over TCP whose partial sums exceed 65504 while the average fits: before,
-    the 16-bit partials of the ring, the tree and reduce-scatter became inf; inputs are now
-    scaled by 2^-ceil(log2 n) (exact), so the result is the average rounded once. (2 ranks
+    the 16-bit partials of the ring, the tree and reduce-scatter became inf; partial sums are
+    now scaled by 2^-ceil(log2 n) (exact), so the result is the average rounded once. (2 ranks
     never rounded a partial sum to 16 bits: there it checks that nothing is scaled wrongly.)"""
     env = {"RINGREDUCE_TRANSPORT": "tcp", "RINGREDUCE_SEGMENT_BYTES": str(SEG),
            "RINGREDUCE_HALF_WIRE": str(half_wire), "RINGREDUCE_TIMEOUT": "60"}
