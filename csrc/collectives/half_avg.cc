@@ -4,15 +4,14 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/chunking.h"
 #include "reduce/reduce.h"
 
 namespace rr::collectives::halfavg {
 
 int exponent(DataType t, ReduceOp op, int world) {
   if (t != DataType::kFloat16 || op != ReduceOp::kAvg || world < 2) return 0;
-  int k = 0;
-  while ((1 << k) < world) ++k;
-  return k;
+  return chunking::ceilLog2(world);
 }
 
 void scaleHalf(const void* src, void* dst, size_t n, int e) {
