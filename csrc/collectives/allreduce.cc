@@ -42,15 +42,6 @@ void run(Communicator& c, void* buf, const Segments* segs, size_t count, DataTyp
   args.acc = args.dst;
   args.accElem = elementSize(accumulateType(dtype));
   args.reduceFn = reduce::getReduceFn(accumulateType(dtype), op);
-  // float16 avg whose partial sums are rounded to float16 on the way (not for 2 ranks: ring
-  // and tree round only the final sum): scaled so that none can overflow (half_avg.h) -- by
-  // the ring as it goes; the tree's and the hierarchical plan's inputs here, all at once.
-  const bool flat = a == Algorithm::kRing || a == Algorithm::kTree;
-  if (flat ? halfOnWire(c, dtype) && c.world() > 2 : a == Algorithm::kHier) {
-    args.halfAvgExp = halfavg::exponent(dtype, op, c.world());
-    args.halfAvgPrescaled = args.halfAvgExp && a != Algorithm::kRing;
-    if (args.halfAvgPrescaled) halfavg::scaleHalf(buf, buf, count, -args.halfAvgExp);
-  }
   const bool shmLarge =
       (a == Algorithm::kShm || a == Algorithm::kHier) && bytes > c.shm()->config().smallMax;
   if ((a == Algorithm::kRing || a == Algorithm::kTree) && halfOnWire(c, dtype)) {
@@ -61,6 +52,14 @@ void run(Communicator& c, void* buf, const Segments* segs, size_t count, DataTyp
     float* acc = reinterpret_cast<float*>(c.scratch().get(comm::ScratchArena::kAcc, count * 4));
     if (a != Algorithm::kShm && a != Algorithm::kHier) reduce::widen(dtype, buf, acc, count);
     args.acc = reinterpret_cast<char*>(acc);
+  }
+  // float16 avg whose partial sums are rounded to float16 on the way (not for 2 ranks: ring
+  // and tree round only the final sum): scaled so that none can overflow (half_avg.h) -- by
+  // the ring as it goes; the tree's and the hierarchical plan's inputs here, all at once.
+  if (args.halfWire ? c.world() > 2 : a == Algorithm::kHier) {
+    args.halfAvgExp = halfavg::exponent(dtype, op, c.world());
+    args.halfAvgPrescaled = args.halfAvgExp && a != Algorithm::kRing;
+    if (args.halfAvgPrescaled) halfavg::scaleHalf(buf, buf, count, -args.halfAvgExp);
   }
   if (a == Algorithm::kShm)
     shm::allreduce(c, h, args);
