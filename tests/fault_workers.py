@@ -508,3 +508,41 @@ def destroy_after_a_dead_sender(rank: int, world: int) -> dict:
     t0 = time.monotonic()
     rr.destroy()
     return {"recv": got, "destroy_s": time.monotonic() - t0}
+
+
+def finished_then_left(rank: int, world: int, victim: int, pid_dir: str) -> dict:
+    """The victim stops itself (RINGREDUCE_FAULT at=mid, action=stop) in the first barrier,
+    right after finding its peers' part not there yet and before it asks whether they are
+    alive; the others then arrive, complete the barrier (the victim's part was there) and
+    leave (destroy(), its goodbye first), and the lowest of them wakes the victim (SIGCONT)
+    a second later. The victim's barrier completed everywhere: it must return, and only
+    its next call fail, naming a rank that left. Before, the barrier itself raised "rank N
+    left the job" (found under a loaded parallel test run)."""
+    import threading
+
+    if rank == victim:
+        with open(os.path.join(pid_dir, "victim"), "w") as f:
+            f.write(str(os.getpid()))
+        raise_flag("victim-ready")
+        try:
+            rr.barrier()
+            out = {"barrier": "ok"}
+        except rr.RingReduceError as e:
+            return {"barrier": f"{type(e).__name__}: {e}"}
+        try:
+            rr.allreduce(np.ones(8))
+            out["next"] = "no error"
+        except rr.RingReduceError as e:
+            out["next"] = _failure(e, time.monotonic())
+        return out
+    await_flags(["victim-ready"], 30)
+    time.sleep(0.5)  # the victim waits (and stops) first
+    rr.barrier()
+    done = threading.Thread(target=rr.destroy)  # its store farewell waits for the victim
+    done.start()
+    if rank == min(r for r in range(world) if r != victim):
+        time.sleep(1.0)  # every other rank's goodbye is out by now
+        with open(os.path.join(pid_dir, "victim")) as f:
+            os.kill(int(f.read()), signal.SIGCONT)
+    done.join()
+    return {"barrier": "ok"}

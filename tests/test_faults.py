@@ -376,3 +376,25 @@ def test_destroy_after_a_recv_from_a_dead_rank_is_prompt() -> None:
     assert outs[0].ok and outs[1].returncode == 3, story
     assert outs[0].value["recv"] == [1, "closed"], story
     assert outs[0].value["destroy_s"] < 2.0, story
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_collective_that_completed_before_its_peers_left_returns(tmp_path,
+                                                                   transport: str) -> None:
+    """Its peers completed the barrier and left while the victim was stopped between
+    finding their part missing and asking whether they live: its barrier returns, its next
+    call names a rank that left."""
+    victim = 2
+    outs = run_world_raw(3, "fault_workers:finished_then_left", victim, str(tmp_path),
+                         timeout=60,
+                         env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30",
+                              "RINGREDUCE_FAULT": f"rank={victim},collective=barrier,at=mid,"
+                                                  "action=stop"})
+    story = "\n".join(o.describe() for o in outs)
+    assert all(o.ok for o in outs), story
+    v = outs[victim].value
+    assert v["barrier"] == "ok", f"{v}\n{story}"
+    nxt = v["next"]
+    assert nxt["type"] == "PeerFailure" and nxt["cause"] == "left" and nxt["peer_rank"] in (0, 1), \
+        f"{nxt}\n{story}"
