@@ -52,11 +52,31 @@ _GRACE_S = 3.0
 _TAIL_CHARS = 3000
 
 
+# Ports free_port() hands out: below the kernel's ephemeral range (32768-60999 by default,
+# where every listener bound to port 0 -- our ranks', the launcher's -- gets its port), one
+# block per pytest-xdist worker, taken in turn. A port picked by binding port 0 could be
+# taken by a listener of a test on another worker before this test's store bound it (or be
+# handed to two tests at once); a block of its own is reused only by this worker's later
+# tests, long after.
+_PORT_BASE, _PORT_BLOCK = 10000, 2000
+_next_port = [0]
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, then release)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that is free now and that no other test of this run will be
+    given (see _PORT_BASE)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    block = int(worker[2:]) if worker[2:].isdigit() else 0
+    for _ in range(_PORT_BLOCK):
+        port = _PORT_BASE + (block * _PORT_BLOCK + _next_port[0]) % 20000
+        _next_port[0] = (_next_port[0] + 1) % _PORT_BLOCK
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # something else of this host has it: the next one
+                continue
+            return port
+    raise RuntimeError(f"no free port in {_PORT_BASE}+{block * _PORT_BLOCK}..+{_PORT_BLOCK}")
 
 
 @dataclass

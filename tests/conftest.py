@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import sys
 
+import _xdist_locks
+import pytest
+
 
 def pytest_sessionstart(session) -> None:
     try:
@@ -17,3 +20,13 @@ def pytest_sessionstart(session) -> None:
     mod, why = _c10d_build.load()
     if mod is None:
         print(f"\nringreduce: c10d adapter unavailable: {why}", file=sys.stderr)
+
+
+def pytest_configure(config) -> None:
+    _xdist_locks.configure(config)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    with _xdist_locks.held(item):
+        yield

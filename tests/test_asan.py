@@ -26,6 +26,10 @@ if sys.version_info < (3, 11):  # PYTHONSAFEPATH below
 from _spawn import TESTS_DIR, run_world_raw
 from test_faults import check_destroy_during_collective
 
+# Keeps both CPUs busy (an AddressSanitizer build of the extension): one such test at a time under
+# pytest-xdist (tests/_xdist_locks.py).
+pytestmark = pytest.mark.cpu_heavy
+
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_TIMEOUT_S = 600
 ASAN_OPTIONS = "detect_leaks=0:halt_on_error=1:abort_on_error=0:exitcode=86"

@@ -75,6 +75,7 @@ def test_torch_ddp_matches_gloo(suite, variant, tol):
         assert v["diff"] < tol, f"rank {rank}: max |ringreduce - gloo| = {v['diff']}"
 
 
+@pytest.mark.cpu_heavy  # 20 fresh interpreters
 @pytest.mark.timeout(240)
 def test_exit_after_async_future_without_destroy():
     """A job whose last async collective's Future was waited for, then exits without

@@ -17,7 +17,8 @@ from _spawn import run_world
 WORLDS = [1, 2, 3, 4, 5]
 # world 1 never touches a transport; otherwise both: TCP sockets, and shared memory (which
 # the library uses for all ranks on one host unless RINGREDUCE_TRANSPORT=tcp).
-SETUPS = [(1, "tcp")] + [(w, t) for w in WORLDS[1:] for t in ("tcp", "shm")]
+# Worlds of 4-5 ranks keep both CPUs busy (tests/_xdist_locks.py: one such at a time).
+SETUPS = [(1, "tcp")] + [pytest.param(w, t, marks=pytest.mark.cpu_heavy) if w >= 4 else (w, t) for w in WORLDS[1:] for t in ("tcp", "shm")]
 FAMILIES = list(workers.FAMILIES)
 # Families whose results must be bit-identical on every rank.
 IDENTICAL = {"allreduce_ring", "allreduce_tree", "allreduce_auto", "broadcast", "allgather",

@@ -28,6 +28,10 @@ from pathlib import Path
 import pytest
 from _spawn import free_port
 
+# Keeps both CPUs busy (Lightning / Accelerate jobs: torch in every process): one such test at a time under
+# pytest-xdist (tests/_xdist_locks.py).
+pytestmark = pytest.mark.cpu_heavy
+
 TESTS_DIR = Path(__file__).resolve().parent
 ROOT = TESTS_DIR.parent
 SCRIPT = TESTS_DIR / "framework_workers.py"

@@ -31,6 +31,10 @@ import pytest
 from _spawn import run_world_raw
 from error_workers import _ACK, _AUTH, _HELLO, _MAGIC, _VERSION, _recv_all
 
+# Keeps both CPUs busy (an AddressSanitizer build, then the fuzz loop): one such test at a time under
+# pytest-xdist (tests/_xdist_locks.py).
+pytestmark = pytest.mark.cpu_heavy
+
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_TIMEOUT_S = 300
 SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]

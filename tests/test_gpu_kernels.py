@@ -266,6 +266,7 @@ _CPU_REDUCE_SOURCES = ["reduce/reduce.cc", "reduce/isa.cc", "reduce/kernels_scal
                        "reduce/kernels_avx2.cc", "reduce/kernels_avx512.cc", "core/types.cc"]
 
 
+@pytest.mark.cpu_heavy  # compiles
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
 @pytest.mark.skipif(not all((CSRC / f).is_file() for f in _CPU_REDUCE_SOURCES),
                     reason="CPU reduce sources moved; update _CPU_REDUCE_SOURCES")

@@ -9,7 +9,7 @@ import re
 import socket
 
 import pytest
-from _spawn import run_world_raw
+from _spawn import free_port, run_world_raw
 
 CONNECT = "4"
 
@@ -84,9 +84,7 @@ def test_unreachable_store_says_why(where: str, kind: str, why: str) -> None:
     resolve. It said "something accepted the connection but never answered like a torch
     TCPStore" for both (found by a helper), sending users after a port squatter. A name no
     resolver knows fails at once (it waited out the connect timeout: 120 s by default)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]  # free once closed
+    closed = free_port()  # nobody listens there: no other test of this run is given it
     bad = {"MASTER_PORT": str(closed)} if where == "port" else {"MASTER_ADDR": "nohost.invalid"}
     outs = _outcomes(2, {}, rank_env={1: bad})
     story = _story(outs)

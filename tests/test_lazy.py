@@ -13,6 +13,10 @@ import workers
 from _spawn import run_world
 from test_collectives import FAMILIES, MATRIX_ENV, MATRIX_TIMEOUT_S
 
+# Keeps both CPUs busy (6-9 ranks on two CPUs): one such test at a time under
+# pytest-xdist (tests/_xdist_locks.py).
+pytestmark = pytest.mark.cpu_heavy
+
 SPARSE = {"RINGREDUCE_FULL_MESH_MAX": "1"}
 
 
@@ -94,6 +98,7 @@ _FAULTS = [("tcp", "ring", 8, 3, "kill", "mid", "allreduce"),
            ("tcp", "ring", 6, 2, "exit", "mid", "all_to_all")]
 
 
+@pytest.mark.exclusive  # 6-9 ranks timed against 1 s heartbeats
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("transport,algo,world,victim,action,point,collective", _FAULTS,
                          ids=["-".join(map(str, c)) for c in _FAULTS])

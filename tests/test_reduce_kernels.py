@@ -13,6 +13,10 @@ from pathlib import Path
 
 import pytest
 
+# Keeps both CPUs busy (compiles the kernels once per instruction set): one such test at a time under
+# pytest-xdist (tests/_xdist_locks.py).
+pytestmark = pytest.mark.cpu_heavy
+
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_TIMEOUT_S = 300
 RUN_TIMEOUT_S = 120

@@ -97,6 +97,7 @@ def test_crc32c_known_value() -> None:
     assert _C.crc32c(b"") == 0
 
 
+@pytest.mark.exclusive  # counts every rr-* name in /dev/shm
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_init_destroy_cycles_leak_nothing(transport: str) -> None:

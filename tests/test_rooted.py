@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from _spawn import run_world
 
-SETUPS = [(1, "tcp")] + [(w, t) for w in (2, 3, 4, 5) for t in ("tcp", "shm")]
+# Worlds of 4-5 ranks keep both CPUs busy (tests/_xdist_locks.py: one such at a time).
+SETUPS = [(1, "tcp")] + [pytest.param(w, t, marks=pytest.mark.cpu_heavy) if w >= 4 else (w, t) for w in (2, 3, 4, 5) for t in ("tcp", "shm")]
 
 
 @pytest.mark.timeout(300)
@@ -47,7 +48,9 @@ def test_torch_rooted_on_ringreduce(world: int) -> None:
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("world,cma", [(2, "1"), (3, "1"), (5, "1"), (3, "0")])
+@pytest.mark.parametrize("world,cma", [(2, "1"), (3, "1"),
+                                       pytest.param(5, "1", marks=pytest.mark.cpu_heavy),
+                                       (3, "0")])
 def test_shared_memory_single_copy_paths(world: int, cma: str) -> None:
     """With RINGREDUCE_CMA=1 (the default) the large all_to_all and scatter read peers'
     buffers in place (process_vm_readv, where the kernel allows it, as here), with 0 they

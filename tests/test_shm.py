@@ -20,6 +20,7 @@ def test_plan_follows_transport_setting(transport: str, want: str) -> None:
     assert plans == [want, want]
 
 
+@pytest.mark.cpu_heavy
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("world", [2, 3, 5])
 def test_allreduce_all_dtypes_ops_sizes(world: int) -> None:
@@ -51,6 +52,7 @@ def test_outputs_at_odd_addresses_and_lengths(world: int) -> None:
     assert outs == [{"wrong": []}] * world, outs
 
 
+@pytest.mark.exclusive  # counts every rr-* name in /dev/shm
 @pytest.mark.timeout(60)
 def test_no_segment_left_in_dev_shm() -> None:
     before = set(glob.glob("/dev/shm/rr-*"))
@@ -61,6 +63,7 @@ def test_no_segment_left_in_dev_shm() -> None:
     assert set(glob.glob("/dev/shm/rr-*")) <= before
 
 
+@pytest.mark.exclusive  # compares every rr-* name in /dev/shm
 @pytest.mark.timeout(60)
 def test_killed_rank_leaves_nothing_and_peers_raise() -> None:
     before = set(glob.glob("/dev/shm/rr-*"))
@@ -75,6 +78,7 @@ def test_killed_rank_leaves_nothing_and_peers_raise() -> None:
     assert set(glob.glob("/dev/shm/rr-*")) <= before
 
 
+@pytest.mark.cpu_heavy
 @pytest.mark.timeout(120)
 def test_oversubscribed_eight_ranks_on_two_cores_make_progress() -> None:
     # 8 ranks on 2 cores: waits must yield and sleep, not spin, or this takes minutes.
@@ -284,6 +288,7 @@ def test_a_group_holds_only_the_slots_it_uses() -> None:
         assert used > 24 << 10, outs  # the slots grew to full size
 
 
+@pytest.mark.exclusive  # compares every rr-* name in /dev/shm
 @pytest.mark.timeout(240)
 def test_two_jobs_with_one_secret_share_the_host(tmp_path) -> None:
     # The README recommends a fixed RINGREDUCE_SECRET on untrusted networks, so two jobs on a
