@@ -96,6 +96,7 @@ def test_fuzzer_self_test_accepts_valid_and_rejects_mutated(fuzz_wire: Path) -> 
                  "real handshake captured and mirrored",
                  "forged heartbeats left PeerStatus unchanged",
                  "a heartbeat of an earlier init is refused by the next",
+                 "goodbye read while idle, then close -> left",
                  "fuzz_wire: self-test OK"):
         assert line in out, f"missing {line!r} in:\n{out[-6000:]}"
 

@@ -250,6 +250,7 @@ def test_failing_rank_stops_the_others(marker: str) -> None:
     _assert_no_leftovers(marker)
 
 
+@pytest.mark.exclusive  # rank 1 must exit within SETTLE_S (0.5 s) of rank 0: no CPU to share
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("mode,code,opts", [("codes", 3, ()), ("exc", 1, ()),
                                             ("exc", 1, ("--no-prefix",)),

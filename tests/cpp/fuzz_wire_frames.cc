@@ -564,6 +564,37 @@ void checkRealSender(Rng& rng) {
   closeFd(&fds.r);
 }
 
+// A goodbye that the idle check consumed (the wait loop ran it while this rank waited on
+// another peer), then the peer's close: the receive that meets the close says the peer left
+// (PeerCause::kLeft), not that it crashed (found under load: kClosed, "closed the
+// connection ... probably exited or crashed", for a rank that had called destroy()).
+void selfTestGoodbyeThenClose(const FrameHeader& e) {
+  FrameHeader bye;
+  bye.kind = static_cast<uint8_t>(CollectiveKind::kGoodbye);
+  Bytes s = frame(bye, Bytes());
+  Pair fds = makePair(false);
+  tcp::TcpConnection conn(1, "fuzzpeer", tcp::Fd(fds.r));
+  std::string err;
+  if (!tcp::writeFull(fds.w, s.data(), s.size(), Deadline::after(5), &err))
+    fail("writing the goodbye: ", err);
+  closeFd(&fds.w);
+  FZ_CHECK(conn.checkIdle(nullptr) == Connection::Idle::kGoodbye, "checkIdle missed the goodbye");
+  Bytes buf(64);
+  RecvOp op;
+  op.reset(e, buf.data(), buf.size());
+  PeerCause cause = PeerCause::kClosed;
+  std::string what = "no error";
+  try {
+    conn.progressRecv(op);
+  } catch (const PeerError& x) {
+    cause = x.cause();
+    what = x.what();
+  }
+  FZ_CHECK(cause == PeerCause::kLeft, "a receive after a consumed goodbye and the close: '",
+           what, "', expected the peer to have left");
+  std::printf("self-test: goodbye read while idle, then close -> left\n");
+}
+
 // Fixed cases through the fuzz loop's own checks: a valid frame is delivered byte-exact,
 // mutated ones raise the predicted error, a half frame waits for the deadline.
 void selfTestFramesImpl(Rng& rng) {
@@ -615,6 +646,7 @@ void selfTestFramesImpl(Rng& rng) {
   rxCrc = true;
   one(plain, e, payload.size(), true, Out::kPeer, "frame without CRC refused by a checksumming reader");
   one(good, e, payload.size(), true, Out::kOk, "frame with CRC accepted by a checksumming reader");
+  selfTestGoodbyeThenClose(e);
 }
 
 }  // namespace

@@ -62,6 +62,11 @@ void TcpConnection::close() {
 }
 
 void TcpConnection::failClosed(const char* doing) {
+  // The goodbye was read before -- consumed by checkIdle while this rank waited on another
+  // peer -- and this is the close after it: the peer left (found under load: a rank that
+  // called destroy() was named as crashed, "closed the connection", when the wait loop's
+  // idle check ran between the goodbye's arrival and the receive that met the close).
+  if (goodbyeSeen_) failLeft(detail::concat("was ", doing).c_str());
   throw PeerError(peer_, PeerCause::kClosed, detail::concat("rank ", label_, " (", peerHost_,
                                         ") closed the connection while this rank was ", doing,
                                         " (the peer process probably exited or crashed)"));
@@ -111,6 +116,7 @@ void TcpConnection::readGoodbye(const FrameHeader& h, const char* already, size_
 }
 
 void TcpConnection::noteGoodbye(const FrameHeader& h, std::string why) {
+  goodbyeSeen_ = true;
   leftWhy_ = std::move(why);
   leftAfter_ = h.seq;
   leftCulprit_ = decodeCulprit(static_cast<uint32_t>(h.root), h.step);

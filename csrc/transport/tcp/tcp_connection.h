@@ -52,6 +52,8 @@ class TcpConnection final : public Connection {
   size_t recvPiece_;
   // Bytes of a partially written frame still to go (> 0: an abort frame would corrupt it).
   size_t midRemain_ = 0;
+  // noteGoodbye ran: the close that follows is its leaving, not a crash (failClosed).
+  bool goodbyeSeen_ = false;
 };
 
 }  // namespace rr::transport::tcp
