@@ -445,7 +445,12 @@ def killed_between_collectives(rank: int, world: int, on: str, idle_s: float) ->
     g = rr.new_group(list(range(world))) if on == "group" else None
     x = np.full(64, rank + 1.0)
     rr.allreduce(x, group=g)
-    if rank == world - 1:
+    # Die only once the survivors are out of the first allreduce: a tree leaf may finish
+    # before its sibling, which would (rightly) fail that one naming the dead rank.
+    if rank != world - 1:
+        raise_flag(f"first{rank}")
+    else:
+        await_flags([f"first{r}" for r in range(world - 1)], 20.0)
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(idle_s)
     t0 = time.monotonic()
