@@ -515,6 +515,49 @@ def destroy_after_a_dead_sender(rank: int, world: int) -> dict:
     return {"recv": got, "destroy_s": time.monotonic() - t0}
 
 
+def finished_then_failed(rank: int, world: int, victim: int, pid_dir: str) -> dict:
+    """The victim, a tree leaf, stops itself (RINGREDUCE_FAULT at=mid, action=stop) in its
+    first all-reduce, waiting for the result; the others complete it (its result is sent to
+    it), then fail the next one on a count mismatch, which sends every peer an abort; the
+    lowest of them wakes the victim a second later. Its result and another rank's abort then
+    wait together: the all-reduce completed everywhere, so it must return the right sum and
+    only the next call fail. Before, over TCP, the abort was read first and failed the
+    completed all-reduce (found by the project's CI in a test that polls async work)."""
+    x = np.full(16, rank + 1.0)
+    if rank == victim:
+        with open(os.path.join(pid_dir, "victim"), "w") as f:
+            f.write(str(os.getpid()))
+        raise_flag("victim-ready")
+        out: dict = {}
+        try:
+            rr.allreduce(x, algo="tree")
+            out["first"] = float(x[0])
+        except rr.RingReduceError as e:
+            out["first"] = f"{type(e).__name__}: {e}"
+        try:
+            rr.allreduce(np.ones(4), algo="tree")
+            out["next"] = "no error"
+        except rr.RingReduceError as e:
+            out["next"] = type(e).__name__
+        raise_flag("victim-done")
+        return out
+    await_flags(["victim-ready"], 30)
+    time.sleep(0.5)  # the victim waits (and stops) first
+    rr.allreduce(x, algo="tree")
+    out = {"first": float(x[0])}
+    try:
+        rr.allreduce(np.ones(4 + rank), algo="tree")  # the counts differ: every rank fails
+        out["next"] = "no error"
+    except rr.RingReduceError as e:
+        out["next"] = type(e).__name__
+    if rank == min(r for r in range(world) if r != victim):
+        time.sleep(1.0)  # the abort frames are out by now
+        with open(os.path.join(pid_dir, "victim")) as f:
+            os.kill(int(f.read()), signal.SIGCONT)
+    await_flags(["victim-done"], 30)  # connections stay open while the victim reads
+    return out
+
+
 def finished_then_left(rank: int, world: int, victim: int, pid_dir: str) -> dict:
     """The victim stops itself (RINGREDUCE_FAULT at=mid, action=stop) in the first barrier,
     right after finding its peers' part not there yet and before it asks whether they are

@@ -380,6 +380,26 @@ def test_destroy_after_a_recv_from_a_dead_rank_is_prompt() -> None:
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_collective_that_completed_before_a_peer_failed_returns(tmp_path,
+                                                                  transport: str) -> None:
+    """A peer's abort that arrives with the result of a collective completed everywhere
+    (the victim stopped while waiting for it) fails the next call, not that one."""
+    victim = 2
+    outs = run_world_raw(3, "fault_workers:finished_then_failed", victim, str(tmp_path),
+                         timeout=60,
+                         env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30",
+                              "RINGREDUCE_FAULT": f"rank={victim},collective=allreduce,at=mid,"
+                                                  "action=stop"})
+    story = "\n".join(o.describe() for o in outs)
+    assert all(o.ok for o in outs), story
+    for o in outs:
+        assert o.value["first"] == 6.0, f"rank {o.rank}: {o.value}\n{story}"
+        assert o.value["next"] in ("CollectiveMismatch", "PeerFailure"), \
+            f"rank {o.rank}: {o.value}\n{story}"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_a_collective_that_completed_before_its_peers_left_returns(tmp_path,
                                                                    transport: str) -> None:
     """Its peers completed the barrier and left while the victim was stopped between

@@ -61,7 +61,17 @@ void waitFor(comm::Communicator& c, Pred pred, Lag lagging) {
       pred,
       [&] {
         int l = lagging();
-        c.checkAlive(l < 0 ? -1 : d.globalRank(l));
+        try {
+          c.checkAlive(l < 0 ? -1 : d.globalRank(l));
+        } catch (...) {
+          // A peer published what this rank waits for, finished, then left or failed
+          // between pred() and the check (this rank descheduled there): its data came
+          // first (its failure or goodbye is stored after it, with release), so it is here.
+          // This wait is over; the failure is the next call's (found under a loaded
+          // parallel test run: a barrier failed with "rank 3 left the job" after every
+          // rank had published its line; and by the CI, with a relayed abort).
+          if (!pred() || !c.deferPeerFailure(std::current_exception())) throw;
+        }
       },
       c.spinAllowed());
 }

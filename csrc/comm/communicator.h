@@ -190,6 +190,11 @@ class Communicator {
   // For waits outside poll (shared memory): throw on abort, deadline (naming `peer`, the
   // rank waited for, when >= 0) or a peer whose connection shows EOF/abort. Cheap.
   void checkAlive(int peer);
+  // A wait whose data is all here met another rank's failure (its abort, goodbye, closed
+  // connection or silence; not an interrupt, abort() or this rank's deadline): keep it for
+  // the next call (begin, probePeers), which throws it, and return true -- the collective
+  // completed everywhere, so it must return. False: a failure of this rank, to throw now.
+  bool deferPeerFailure(std::exception_ptr e);
   // Its socket part: read what peers' idle connections hold -- an abort (throws), a
   // goodbye, a dialler -- without waiting. A point-to-point sender never reads otherwise.
   void pollIdle();
@@ -351,6 +356,7 @@ class Communicator {
   std::vector<uint8_t> gone_;     // peer said goodbye: never watch it for EOF again
   std::vector<int> goneList_;     // the peers gone_ marks, in the order they left
   std::string failure_;
+  std::exception_ptr deferred_;  // deferPeerFailure's, thrown by the next call
   int lostPeer_ = -1;
   bool begun_ = false;  // the last begin() passed checkUsable (describeCurrent is about it)
   int wakeFd_ = -1;               // eventfd written by abort()

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <utility>
 
 #include "comm/communicator.h"
 #include "core/error.h"
@@ -54,13 +55,17 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
       checkLiveness(sendPeer, recvPeer, false);
       continue;
     }
-    bool ready = false;
+    // The peers this step moves data with first: their data may complete a collective
+    // that another rank's failure, seen in the same poll, would fail -- a tree leaf's
+    // result from its parent with a sibling's abort from the next collective (found by the
+    // project's CI). The others are read on the next wait (poll is level-triggered) or by
+    // the next call's probes; progress calls surface errors on these connections.
+    for (size_t i = 1; i < pfds_.size(); ++i)
+      if (pfds_[i].revents && (pfdPeer_[i] == sendPeer || pfdPeer_[i] == recvPeer)) return;
     for (size_t i = 1; i < pfds_.size(); ++i) {
       if (!pfds_[i].revents) continue;
       int p = pfdPeer_[i];
-      if (p == sendPeer || p == recvPeer) {
-        ready = true;  // progress calls will surface errors on this connection
-      } else if (p == kListenerSlot) {
+      if (p == kListenerSlot) {
         acceptDialler();
       } else {
         onIdleReadable(p);  // throws on EOF / abort; otherwise stop watching this peer --
@@ -70,7 +75,6 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
         else pfds_[i].events = POLLRDHUP;
       }
     }
-    if (ready) return;
   }
 }
 
@@ -136,6 +140,20 @@ void Communicator::checkAlive(int peer) {
                                    describeCurrent()));
 }
 
+bool Communicator::deferPeerFailure(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const PeerError&) {
+  } catch (const MismatchError&) {  // another rank's, relayed by its abort
+  } catch (const TimeoutError& t) {
+    if (t.via() < 0) return false;  // this rank's own deadline
+  } catch (...) {
+    return false;
+  }
+  if (!deferred_) deferred_ = e;
+  return true;
+}
+
 void Communicator::throwLeft(int p, const std::string& during) {
   const std::string why = leftWhy(p);
   // It left after losing a rank of ours: name that one, as its abort frame would have.
@@ -183,6 +201,7 @@ void Communicator::probePeers(const std::vector<int>& waitedFor) {
 
 void Communicator::probeOnce(const std::vector<int>& waitedFor) {
   if (aborted_.load()) throwAborted();
+  if (deferred_) std::rethrow_exception(std::exchange(deferred_, nullptr));
   if (shm_) checkLocalPeers();
   // Between collectives (Executor::probeIdle): no data of a current collective waits unread.
   // A flag left by the last one made a peer that then died "had sent this rank data of this

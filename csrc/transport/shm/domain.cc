@@ -277,19 +277,7 @@ void ShmDomain::waitUntil(const std::function<bool()>& ready, const std::functio
     futexWait(&me.bell.v, bell, 2'000'000);  // 2 ms: bounded so `check` runs regularly
     me.sleeping.v.store(0, std::memory_order_relaxed);
     if (ready()) return;
-    try {
-      check();
-    } catch (const PeerError&) {
-      // A peer may have published what this rank waits for, finished and then left or
-      // failed between ready() and check() (this rank descheduled there): its data came
-      // first (its failure or goodbye is stored after it, with release), so it is here.
-      // This wait is over; the failure concerns the next one (found under a loaded
-      // parallel test run: a barrier failed with "rank 3 left the job" after every rank,
-      // this one included, had published its line). Only a peer's failure: an interrupt's
-      // pending Python exception, an abort or the deadline still end the wait.
-      if (ready()) return;
-      throw;
-    }
+    check();  // may return when ready() holds after all (shm_common.h waitFor)
   }
 }
 
