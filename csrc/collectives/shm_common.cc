@@ -163,7 +163,9 @@ size_t cmaRead(comm::Communicator& c, int from, uint64_t addr, char* dst, size_t
       RR_THROW(Error, what, ": reading rank ", c.label(peer), "'s buffer (process_vm_readv, pid ",
                pid, ") failed: ", std::strerror(err), "; RINGREDUCE_CMA=0 avoids it");
     }
-    c.checkAlive(peer);
+    // Between pieces: after the last one the read is done (a peer's failure after it is the
+    // next wait's or call's, as in waitFor).
+    if (o + kPiece < len) c.checkAlive(peer);
   }
   d.addCmaBytes(len);
   return len;

@@ -170,6 +170,7 @@ void Communicator::poison(const std::string& reason, transport::AbortCode code,
                           transport::Culprit lost) {
   if (!failure_.empty()) return;
   failure_ = reason;
+  deferred_ = nullptr;  // failed now: the next call repeats this failure instead
   // Dead, frozen or cut off: it will say no goodbye (the farewell speaks for it). A rank
   // that left or aborted is named in the abort too, but says its own goodbye.
   const bool gone = lost.cause == PeerCause::kClosed || lost.cause == PeerCause::kSilent ||

@@ -16,6 +16,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/fault.h"
@@ -195,6 +196,9 @@ class Communicator {
   // the next call (begin, probePeers), which throws it, and return true -- the collective
   // completed everywhere, so it must return. False: a failure of this rank, to throw now.
   bool deferPeerFailure(std::exception_ptr e);
+  static bool peerFailure(std::exception_ptr e);  // what deferPeerFailure keeps
+  // The kept failure, for a collective that fails later on (its cause, read then).
+  std::exception_ptr takeDeferred() { return std::exchange(deferred_, nullptr); }
   // Its socket part: read what peers' idle connections hold -- an abort (throws), a
   // goodbye, a dialler -- without waiting. A point-to-point sender never reads otherwise.
   void pollIdle();

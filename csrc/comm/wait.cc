@@ -60,14 +60,17 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
     // result from its parent with a sibling's abort from the next collective (found by the
     // project's CI). The others are read on the next wait (poll is level-triggered) or by
     // the next call's probes; progress calls surface errors on these connections.
-    for (size_t i = 1; i < pfds_.size(); ++i)
-      if (pfds_[i].revents && (pfdPeer_[i] == sendPeer || pfdPeer_[i] == recvPeer)) return;
+    bool ready = false;
+    for (size_t i = 1; i < pfds_.size(); ++i) {
+      if (!pfds_[i].revents) continue;
+      if (pfdPeer_[i] == sendPeer || pfdPeer_[i] == recvPeer) ready = true;
+      if (pfdPeer_[i] == kListenerSlot) acceptDialler();  // a dialler's handshake has a limit
+    }
+    if (ready) return;
     for (size_t i = 1; i < pfds_.size(); ++i) {
       if (!pfds_[i].revents) continue;
       int p = pfdPeer_[i];
-      if (p == kListenerSlot) {
-        acceptDialler();
-      } else {
+      if (p != kListenerSlot) {
         onIdleReadable(p);  // throws on EOF / abort; otherwise stop watching this peer --
         // for data, that is; for it closing its side, still (see watchIdle)
         checkGone();
@@ -140,16 +143,22 @@ void Communicator::checkAlive(int peer) {
                                    describeCurrent()));
 }
 
-bool Communicator::deferPeerFailure(std::exception_ptr e) {
+bool Communicator::peerFailure(std::exception_ptr e) {
   try {
     std::rethrow_exception(e);
   } catch (const PeerError&) {
-  } catch (const MismatchError&) {  // another rank's, relayed by its abort
+    return true;
+  } catch (const MismatchError& m) {
+    return m.via() >= 0;  // relayed by its abort (found here: this collective's own)
   } catch (const TimeoutError& t) {
-    if (t.via() < 0) return false;  // this rank's own deadline
+    return t.via() >= 0;  // relayed (else this rank's own deadline)
   } catch (...) {
     return false;
   }
+}
+
+bool Communicator::deferPeerFailure(std::exception_ptr e) {
+  if (!peerFailure(e)) return false;
   if (!deferred_) deferred_ = e;
   return true;
 }
@@ -293,7 +302,7 @@ void Communicator::throwPeerAbort(int p, uint32_t code, const std::string& reaso
                                   transport::Culprit who) const {
   std::string msg = detail::concat("rank ", label(p), " (", peerHost(p), ") failed: ", reason);
   switch (static_cast<transport::AbortCode>(code - 1)) {
-    case transport::AbortCode::kMismatch: throw MismatchError(msg);
+    case transport::AbortCode::kMismatch: throw MismatchError(msg, p);
     case transport::AbortCode::kTimeout:  // where its wait chain ended (unless at us)
       throw TimeoutError(msg, -1, otherMember(who, p) ? who.rank : -1, p);
     case transport::AbortCode::kPeer:  // it lost a rank: name that one (unless it is us)

@@ -74,10 +74,15 @@ class PeerError : public Error {
   bool outside_;
 };
 
-// Ranks issued different collectives (kind, count, dtype, op or root differ).
+// Ranks issued different collectives (kind, count, dtype, op or root differ). `via`: the
+// rank whose abort frame said so (it found the mismatch), or -1 (found here).
 class MismatchError : public Error {
  public:
-  using Error::Error;
+  explicit MismatchError(const std::string& what, int via = -1) : Error(what), via_(via) {}
+  int via() const { return via_; }
+
+ private:
+  int via_;
 };
 
 namespace detail {

@@ -208,6 +208,16 @@ std::exception_ptr Executor::run(Task& fn) {
     } catch (...) {
       comm_->finish(false);
       if (comm_->poisoned()) throw;  // already failed earlier: message says so
+      // A peer's failure kept by an earlier wait of this collective is this one's cause:
+      // its abort was read then; a closed connection may be all that is left now.
+      std::exception_ptr kept = comm_->takeDeferred();
+      if (kept && comm::Communicator::peerFailure(std::current_exception())) {
+        try {
+          std::rethrow_exception(kept);
+        } catch (...) {
+          rethrowWithContext(*comm_);
+        }
+      }
       rethrowWithContext(*comm_);
     }
   } catch (...) {

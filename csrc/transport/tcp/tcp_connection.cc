@@ -130,7 +130,7 @@ void TcpConnection::throwAbort(const FrameHeader& h, const std::string& reason) 
   std::string msg = detail::concat("rank ", label_, " (", peerHost_, ") failed: ", reason);
   const Culprit who = decodeCulprit(static_cast<uint32_t>(h.root), h.step);
   switch (static_cast<AbortCode>(h.op)) {
-    case AbortCode::kMismatch: throw MismatchError(msg);
+    case AbortCode::kMismatch: throw MismatchError(msg, peer_);
     case AbortCode::kTimeout:  // where its wait chain ended (the communicator checks it)
       throw TimeoutError(msg, -1, who.rank >= 0 && !who.outside ? who.rank : -1, peer_);
     case AbortCode::kPeer:  // it lost a rank: name that one (the communicator checks it)
