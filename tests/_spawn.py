@@ -327,6 +327,18 @@ def raise_flag(name: str) -> None:
     open(os.path.join(os.path.dirname(os.environ["RR_SPAWN_ARGS"]), f"flag_{name}"), "a").close()
 
 
+def victim_after_the_others(rank: int, victim: int, ranks: Collection[int], step: str) -> bool:
+    """Rank side: every rank of `ranks` but the victim says it is past `step` (a flag); the
+    victim waits (at most 20 s) for all of them. True on the victim, which may now die
+    without failing a step the others had not finished (a tree leaf is out of a collective
+    before its sibling)."""
+    if rank != victim:
+        raise_flag(f"{step}{rank}")
+        return False
+    await_flags([f"{step}{r}" for r in ranks if r != victim], 20.0)
+    return True
+
+
 def await_flags(names: Collection[str], secs: float) -> bool:
     """Rank side: wait (at most `secs`) until every flag in `names` is raised. For a rank that
     must stay alive until others have seen something, instead of a fixed sleep."""

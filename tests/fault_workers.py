@@ -9,7 +9,7 @@ import signal
 import time
 
 import numpy as np
-from _spawn import await_flags, raise_flag
+from _spawn import await_flags, raise_flag, victim_after_the_others
 
 import ringreduce as rr
 
@@ -445,12 +445,7 @@ def killed_between_collectives(rank: int, world: int, on: str, idle_s: float) ->
     g = rr.new_group(list(range(world))) if on == "group" else None
     x = np.full(64, rank + 1.0)
     rr.allreduce(x, group=g)
-    # Die only once the survivors are out of the first allreduce: a tree leaf may finish
-    # before its sibling, which would (rightly) fail that one naming the dead rank.
-    if rank != world - 1:
-        raise_flag(f"first{rank}")
-    else:
-        await_flags([f"first{r}" for r in range(world - 1)], 20.0)
+    if victim_after_the_others(rank, world - 1, range(world), "first"):
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(idle_s)
     t0 = time.monotonic()
@@ -515,6 +510,18 @@ def destroy_after_a_dead_sender(rank: int, world: int) -> dict:
     return {"recv": got, "destroy_s": time.monotonic() - t0}
 
 
+def _victim_ready(pid_dir: str) -> None:
+    """The victim of a RINGREDUCE_FAULT action=stop: leave its pid for _wake_victim."""
+    with open(os.path.join(pid_dir, "victim"), "w") as f:
+        f.write(str(os.getpid()))
+    raise_flag("victim-ready")
+
+
+def _wake_victim(pid_dir: str) -> None:
+    with open(os.path.join(pid_dir, "victim")) as f:
+        os.kill(int(f.read()), signal.SIGCONT)
+
+
 def finished_then_failed(rank: int, world: int, victim: int, pid_dir: str) -> dict:
     """The victim, a tree leaf, stops itself (RINGREDUCE_FAULT at=mid, action=stop) in its
     first all-reduce, waiting for the result; the others complete it (its result is sent to
@@ -525,9 +532,7 @@ def finished_then_failed(rank: int, world: int, victim: int, pid_dir: str) -> di
     completed all-reduce (found by the project's CI in a test that polls async work)."""
     x = np.full(16, rank + 1.0)
     if rank == victim:
-        with open(os.path.join(pid_dir, "victim"), "w") as f:
-            f.write(str(os.getpid()))
-        raise_flag("victim-ready")
+        _victim_ready(pid_dir)
         out: dict = {}
         try:
             rr.allreduce(x, algo="tree")
@@ -552,8 +557,7 @@ def finished_then_failed(rank: int, world: int, victim: int, pid_dir: str) -> di
         out["next"] = type(e).__name__
     if rank == min(r for r in range(world) if r != victim):
         time.sleep(1.0)  # the abort frames are out by now
-        with open(os.path.join(pid_dir, "victim")) as f:
-            os.kill(int(f.read()), signal.SIGCONT)
+        _wake_victim(pid_dir)
     await_flags(["victim-done"], 30)  # connections stay open while the victim reads
     return out
 
@@ -569,9 +573,7 @@ def finished_then_left(rank: int, world: int, victim: int, pid_dir: str) -> dict
     import threading
 
     if rank == victim:
-        with open(os.path.join(pid_dir, "victim"), "w") as f:
-            f.write(str(os.getpid()))
-        raise_flag("victim-ready")
+        _victim_ready(pid_dir)
         try:
             rr.barrier()
             out = {"barrier": "ok"}
@@ -590,7 +592,6 @@ def finished_then_left(rank: int, world: int, victim: int, pid_dir: str) -> dict
     done.start()
     if rank == min(r for r in range(world) if r != victim):
         time.sleep(1.0)  # every other rank's goodbye is out by now
-        with open(os.path.join(pid_dir, "victim")) as f:
-            os.kill(int(f.read()), signal.SIGCONT)
+        _wake_victim(pid_dir)
     done.join()
     return {"barrier": "ok"}

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 import numpy as np
-from _spawn import await_flags, raise_flag, stay_until
+from _spawn import await_flags, raise_flag, stay_until, victim_after_the_others
 
 import ringreduce as rr
 
@@ -205,10 +205,7 @@ def member_dies(rank: int, world: int) -> dict:
 
     a = rr.new_group([1, 2, 3])
     b = rr.new_group([0, 2])
-    if rank != 2:  # exit only once the others are out of the group creation
-        raise_flag(f"made{rank}")
-    else:
-        await_flags([f"made{r}" for r in (0, 1, 3)], 20.0)
+    if victim_after_the_others(rank, 2, range(world), "made"):
         os._exit(0)
     g = b if rank == 0 else a
     try:

@@ -10,7 +10,7 @@ import signal
 import time
 
 import numpy as np
-from _spawn import await_flags, raise_flag, stay_until
+from _spawn import stay_until, victim_after_the_others
 
 import ringreduce as rr
 from ringreduce import _state
@@ -707,10 +707,7 @@ def destroy_after_a_death(rank: int, world: int) -> dict:
     and the others for rank 0: now the first survivor that found it dead speaks for it."""
     x = np.full(100, rank + 1, np.float32)
     rr.allreduce(x)
-    if rank != world - 1:  # die only once the others are out of the first all-reduce
-        raise_flag(f"first{rank}")
-    else:
-        await_flags([f"first{r}" for r in range(world - 1)], 20.0)
+    if victim_after_the_others(rank, world - 1, range(world), "first"):
         os.kill(os.getpid(), signal.SIGKILL)
     try:
         rr.allreduce(x)

@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
-#include <utility>
 
 #include "comm/site.h"
 #include "core/error.h"
@@ -86,7 +85,7 @@ FrameHeader Communicator::begin(CollectiveKind kind, DataType dtype, ReduceOp op
                                 Algorithm algo, size_t count, size_t bytesTotal) {
   begun_ = false;  // until it passed checkUsable: its errors are not "during" anything
   checkUsable();
-  if (deferred_) std::rethrow_exception(std::exchange(deferred_, nullptr));
+  throwDeferred();
   FrameHeader h;
   h.kind = static_cast<uint8_t>(kind);
   h.dtype = static_cast<uint8_t>(dtype);

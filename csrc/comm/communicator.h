@@ -199,6 +199,9 @@ class Communicator {
   static bool peerFailure(std::exception_ptr e);  // what deferPeerFailure keeps
   // The kept failure, for a collective that fails later on (its cause, read then).
   std::exception_ptr takeDeferred() { return std::exchange(deferred_, nullptr); }
+  void throwDeferred() {
+    if (deferred_) std::rethrow_exception(takeDeferred());
+  }
   // Its socket part: read what peers' idle connections hold -- an abort (throws), a
   // goodbye, a dialler -- without waiting. A point-to-point sender never reads otherwise.
   void pollIdle();

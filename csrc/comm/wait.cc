@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <utility>
 
 #include "comm/communicator.h"
 #include "core/error.h"
@@ -210,7 +209,7 @@ void Communicator::probePeers(const std::vector<int>& waitedFor) {
 
 void Communicator::probeOnce(const std::vector<int>& waitedFor) {
   if (aborted_.load()) throwAborted();
-  if (deferred_) std::rethrow_exception(std::exchange(deferred_, nullptr));
+  throwDeferred();
   if (shm_) checkLocalPeers();
   // Between collectives (Executor::probeIdle): no data of a current collective waits unread.
   // A flag left by the last one made a peer that then died "had sent this rank data of this
