@@ -390,3 +390,22 @@ def crafted_culprit(rank: int, world: int, kind: int, word: int, why: str) -> di
     except rr.PeerFailure as e:
         return {"error": "PeerFailure", "peer_rank": e.peer_rank, "relayed_by": e.relayed_by,
                 "cause": e.cause}
+
+
+def destroy_after_async_wait(rank: int, world: int, rounds: int) -> dict:
+    """Group.destroy() right after an async all-reduce's wait() returned, `rounds` times:
+    the executor thread completed the Work before it marked itself idle, so a destroy in
+    between took the finished collective for one in flight, aborted the communicator and
+    reported the destroy as failed (the world's farewell then waited 1 s, not 5, and torch's
+    rank 0 dropped its store under late ranks). Counts destroys reported failed, and checks
+    every sum."""
+    failed, wrong = 0, 0
+    for i in range(rounds):
+        g = rr.new_group(list(range(world)))
+        x = np.full(8, float(rank + i), np.float32)
+        rr.allreduce(x, group=g, async_op=True).wait()
+        wrong += not np.array_equal(x, np.full(8, float(sum(range(world)) + world * i)))
+        comm = g.comm
+        g.destroy()
+        failed += comm.failed_at_destroy
+    return {"failed": failed, "wrong": wrong}

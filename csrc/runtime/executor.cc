@@ -226,8 +226,6 @@ std::exception_ptr Executor::run(Task& fn) {
   return nullptr;
 }
 
-void Executor::execute(Task& fn, Work& w) { w.complete(run(fn)); }
-
 void Executor::loop() {
   while (true) {
     std::pair<Task, std::shared_ptr<Work>> item;
@@ -248,14 +246,21 @@ void Executor::loop() {
       queue_.pop_front();
       busy_ = true;
     }
+    std::exception_ptr err;
     {
       std::lock_guard<std::mutex> ex(execMu_);
       comm_->setSpinAllowed(false);
       comm_->setSite(item.second->site());
-      execute(item.first, *item.second);
+      err = run(item.first);
     }
-    std::lock_guard<std::mutex> g(mu_);
-    busy_ = false;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      busy_ = false;
+    }
+    // Idle first, then complete: a waiter that destroys the communicator as soon as its
+    // wait returns must not find it busy -- shutdown() then took the finished collective
+    // for one in flight, aborted it and reported the destroy as failed.
+    item.second->complete(err);
   }
 }
 

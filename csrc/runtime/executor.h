@@ -67,7 +67,6 @@ class Executor : public std::enable_shared_from_this<Executor> {
 
  private:
   void loop();
-  void execute(Task& fn, Work& w);
   // Run `fn` on the calling thread; `g` holds mu_ on entry (released here, once execMu_
   // is held). Used by runSync and runIfNext. Returns the collective's failure or null.
   std::exception_ptr runInline(std::unique_lock<std::mutex>& g, Task& fn, uint32_t site);
