@@ -384,10 +384,20 @@ def _agree(store: Any, prefix: str, me: int, members: list[int], timeout: float,
         if first == text:  # a rank of this list that was given one without itself?
             _check_left_out(store, prefix, members, text, name, out_of_step)
     else:
+        from ._C import PeerFailure
+
         # Group rank 0 may have been given a list without itself (_left_out says so).
+        what = f"world rank {members[0]} to create {name}"
         with _rendezvous.also_stop_on(f"{prefix}left-out/{members[0]}"):
-            _rendezvous._wait(store, [prefix + "members"], timeout, me,
-                              f"world rank {members[0]} to create {name}", prefix)
+            try:
+                _rendezvous._wait(store, [prefix + "members"], timeout, me, what, prefix)
+            except PeerFailure as e:
+                # A member given a list without itself got no group and may have left
+                # before group rank 0 saw its note: its note is why, not that it left.
+                gone = getattr(e, "peer_rank", None)
+                if gone in members:
+                    _rendezvous._raise_posted(store, [f"{prefix}left-out/{gone}"], me, what)
+                raise
         first = store.get(prefix + "members").decode()
     if first != text:
         err = ValueError(

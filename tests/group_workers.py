@@ -178,16 +178,16 @@ def skipped_call(rank: int, world: int) -> str:
         return f"{type(e).__name__} after {time.monotonic() - t0:.1f} s: {e}"
 
 
-def left_out(rank: int, world: int, who: int, late: float) -> str:
+def left_out(rank: int, world: int, who: int, late: float, lag0: float = 0.0) -> str:
     """World rank `who` calls new_group with the list of all ranks less itself; the others
     with all ranks. `late`: seconds `who` comes after the others (0: the others come
-    late by 1 s instead). Returns "None" (no group, no error) or the error and how long
-    this rank's new_group took."""
+    late by 1 s instead, world rank 0 `lag0` s more). Returns "None" (no group, no error)
+    or the error and how long this rank's new_group took."""
     ranks = [r for r in range(world) if r != who] if rank == who else list(range(world))
     if rank == who:
         time.sleep(late)
     elif not late:
-        time.sleep(1.0)
+        time.sleep(1.0 + (lag0 if rank == 0 else 0.0))
     t0 = time.monotonic()
     try:
         g = rr.new_group(ranks)
