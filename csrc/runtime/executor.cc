@@ -253,13 +253,12 @@ void Executor::loop() {
       comm_->setSite(item.second->site());
       err = run(item.first);
     }
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      busy_ = false;
-    }
-    // Idle first, then complete: a waiter that destroys the communicator as soon as its
-    // wait returns must not find it busy -- shutdown() then took the finished collective
-    // for one in flight, aborted it and reported the destroy as failed.
+    // Idle and complete in one step under mu_: a waiter that destroys the communicator as
+    // soon as its wait returns must not find it busy -- shutdown() then took the finished
+    // collective for one in flight, aborted it and reported the destroy as failed -- and
+    // no later Work may be claimed (runIfNext) before this one is complete.
+    std::lock_guard<std::mutex> g(mu_);
+    busy_ = false;
     item.second->complete(err);
   }
 }
