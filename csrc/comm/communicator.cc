@@ -210,7 +210,23 @@ void Communicator::poison(const std::string& reason, transport::AbortCode code,
     }
   }
   if (dialer_) dialer_->close();
-  const std::string& msg = reason;  // receivers prefix "rank <us> (<host>) failed: "
+  std::string msg = reason;  // receivers prefix "rank <us> (<host>) failed: "
+  // This rank's destroy() stopped the call after another communicator of the process had
+  // failed (a program leaving on that exception): tell the peers why it leaves, as its
+  // goodbye would, naming the rank that failure lost (found by CI: a ring's survivors were
+  // told only "rank 0 failed: communicator was destroyed ..." when rank 0's irecv was still
+  // in flight as it left on its send's failure to a dead rank 1).
+  if (destroying_.load() && code == transport::AbortCode::kOther && lost.rank < 0) {
+    transport::Culprit first;
+    const std::string why = processFailure(&first);
+    if (!why.empty() && why != reason) {
+      msg = detail::concat(reason, "; it was leaving after a failure: ", why);
+      if (first.rank >= 0) {
+        code = transport::AbortCode::kPeer;
+        lost = first;
+      }
+    }
+  }
   if (shm_) shm_->publishAbort(static_cast<uint8_t>(code), msg, lost);
   for (auto& c : conns_) {
     if (!c) continue;
@@ -220,6 +236,16 @@ void Communicator::poison(const std::string& reason, transport::AbortCode code,
   }
 }
 
+std::string Communicator::processFailure(transport::Culprit* who) const {
+  std::lock_guard<std::mutex> lock(gFailureMu);
+  if (gFirstLost >= 0 && gFirstLost != label(rank_)) {
+    const int r = localOf(gFirstLost);
+    *who = r >= 0 ? transport::Culprit{r, gFirstLostCause}
+                  : transport::Culprit{gFirstLost, gFirstLostCause, true};
+  }
+  return gFirstFailure;
+}
+
 void Communicator::farewell() {
   if (dialer_) dialer_->close();
   // A failure told the peers already (abort frames). So did abort(), unless it was this
@@ -227,17 +253,8 @@ void Communicator::farewell() {
   // it failed it (poisoned); else nothing was lost and the peers need the goodbye (without
   // it a group's shared-memory peers waited for this rank until their timeout).
   if (poisoned() || (aborted_.load() && !destroying_.load())) return;
-  std::string why;
   transport::Culprit who;  // the first failure's lost rank: one of ours, or outside
-  {
-    std::lock_guard<std::mutex> lock(gFailureMu);
-    why = gFirstFailure;
-    if (gFirstLost >= 0 && gFirstLost != label(rank_)) {
-      const int r = localOf(gFirstLost);
-      who = r >= 0 ? transport::Culprit{r, gFirstLostCause}
-                   : transport::Culprit{gFirstLost, gFirstLostCause, true};
-    }
-  }
+  const std::string why = processFailure(&who);
   if (shm_) shm_->publishLeft(why, seq_, who);
   for (auto& c : conns_) {
     if (!c) continue;

@@ -232,6 +232,9 @@ class Communicator {
 
   // Normal shutdown: tell every peer we leave on purpose, then close. Executor thread only.
   void farewell();
+  // The first failure of any communicator of this process ("" if none), and in *who the
+  // rank it lost as this communicator names it (one of ours, or outside), if any.
+  std::string processFailure(transport::Culprit* who) const;
 
   // Thread-safe: make the current and every later wait fail promptly. `destroying`: the
   // reason is destroy() on another thread (the error says so instead of "aborted").
