@@ -175,9 +175,11 @@ void Communicator::poison(const std::string& reason, transport::AbortCode code,
   const bool gone = lost.cause == PeerCause::kClosed || lost.cause == PeerCause::kSilent ||
                     lost.cause == PeerCause::kNetwork;
   lostPeer_ = gone && !lost.outside ? lost.rank : -1;
+  bool processFirst = false;  // this is the process's first failure
   {
     std::lock_guard<std::mutex> lock(gFailureMu);
     if (gFirstFailure.empty()) {
+      processFirst = true;
       gFirstFailure = reason;
       if (code == transport::AbortCode::kPeer && lost.rank >= 0 &&
           (lost.outside || lost.rank != rank_)) {
@@ -216,10 +218,11 @@ void Communicator::poison(const std::string& reason, transport::AbortCode code,
   // goodbye would, naming the rank that failure lost (found by CI: a ring's survivors were
   // told only "rank 0 failed: communicator was destroyed ..." when rank 0's irecv was still
   // in flight as it left on its send's failure to a dead rank 1).
-  if (destroying_.load() && code == transport::AbortCode::kOther && lost.rank < 0) {
+  if (!processFirst && destroying_.load() && code == transport::AbortCode::kOther &&
+      lost.rank < 0) {
     transport::Culprit first;
     const std::string why = processFailure(&first);
-    if (!why.empty() && why != reason) {
+    if (!why.empty()) {
       msg = detail::concat(reason, "; it was leaving after a failure: ", why);
       if (first.rank >= 0) {
         code = transport::AbortCode::kPeer;
