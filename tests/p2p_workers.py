@@ -788,3 +788,41 @@ def left_while_connecting(rank: int, world: int, leaver: int) -> str:
     except Exception as e:  # noqa: BLE001
         return f"{type(e).__name__} after {time.monotonic() - t0:.1f} s: {e}"
     return "no error"
+
+
+def left_with_a_call_in_flight(rank: int, world: int) -> dict:
+    """3 ranks. Rank 1 exits once its channel from rank 0 carried a message. Rank 0 posts an
+    irecv from rank 2 that rank 2 leaves unmatched, then its send to the dead rank 1 fails
+    and it destroys -- stopping that irecv in flight, which aborts the 2 -> 0 channel. Rank
+    2 then sends on that channel: the abort must say why rank 0 left, naming rank 1 (before,
+    only "communicator was destroyed"; the ring test met this in 1 run of 20)."""
+    x = np.arange(8, dtype=np.float32) + rank
+    big = np.ones(BIG, np.float32)
+    msg = "no error"
+    try:
+        if rank == 1:
+            rr.recv(np.zeros_like(x), src=0, tag=7)
+            os._exit(0)
+        if rank == 0:
+            rr.send(x, dst=1, tag=7)
+            y = np.zeros_like(x)
+            rr.recv(y, src=2, tag=5)  # the 2 -> 0 channel exists before it is stopped
+            if not np.array_equal(y, x + 2):
+                return {"error": f"wrong data {y}"}
+            pending = rr.irecv(np.zeros_like(big), src=2, tag=5)  # in flight at destroy()
+            for _ in range(100):  # until rank 1's exit fails one (a send may be written
+                rr.send(big, dst=1, tag=7)  # to the socket before its close is seen)
+                time.sleep(0.05)
+            msg = f"sends to the dead rank 1 all returned; {pending!r}"
+        else:
+            rr.send(x, dst=0, tag=5)
+            if not await_flags(["left"], 30):
+                return {"error": "rank 0 never left"}
+            rr.send(big, dst=0, tag=5)  # meets the abort of rank 0's irecv
+            msg = "send returned"
+    except Exception as e:  # noqa: BLE001
+        msg = f"{type(e).__name__}: {e}"
+    rr.destroy()
+    if rank == 0:
+        raise_flag("left")
+    return {"error": msg}

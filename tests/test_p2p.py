@@ -131,6 +131,23 @@ def test_a_ring_names_the_dead_rank_on_every_survivor(transport: str) -> None:
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_call_stopped_by_destroy_after_a_failure_says_why(transport: str) -> None:
+    """The ring test's window, made certain: rank 0 destroys with an irecv from rank 2 in
+    flight after its send to the dead rank 1 failed; rank 2's next send on that channel is
+    told of rank 1 too (csrc/comm/communicator.cc: poison(); before f551188 it failed every
+    time, with only "communicator was destroyed")."""
+    outs = run_world_raw(3, "p2p_workers:left_with_a_call_in_flight", timeout=60,
+                         expendable=[1], env={"RINGREDUCE_TRANSPORT": transport,
+                                              "RINGREDUCE_TIMEOUT": "20"})
+    for r in (0, 2):
+        v = outs[r].value
+        assert v is not None, outs[r].describe()
+        assert v["error"].startswith("PeerFailure") and re.search(r"rank 1 \([^p]", v["error"]), \
+            (r, v)
+
+
+@pytest.mark.timeout(90)
 @pytest.mark.parametrize("linger", [6.0, 0.0])
 def test_destroy_waits_for_an_early_returned_send_and_says_so(linger: float) -> None:
     outs = run_world(2, "p2p_workers:unreceived_send", linger, timeout=60,
