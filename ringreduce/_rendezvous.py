@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from . import _blame, _env, _state, _store_guard
+from . import _blame, _env, _state, _store_guard, _store_keys
 from ._farewell import (  # noqa: F401 - farewell_borrowed, _FAREWELL_S: used through here
     _FAREWELL_FAILED_S,
     _FAREWELL_S,
@@ -466,6 +466,7 @@ def allgather(store: Any, prefix: str, rank: int, world: int, timeout: float, st
     try:
         with store_used(rank, "a group's shared memory setup", store, timeout):
             store.set(p + str(rank), value)
+            _store_keys.wrote(prefix, p + str(rank))
             _wait(store, keys, timeout, rank, f"all ranks to reach shared memory setup "
                   f"({step})", prefix)
             return [v.decode() for v in store.multi_get(keys)]
@@ -712,6 +713,7 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
         _GENERATION[0] += 1
     p = _world_prefix() if prefix is None else prefix
     n = store.add(p + f"claim/{rank}", 1)
+    _store_keys.wrote(p, p + f"claim/{rank}")
     if n > 1:
         raise _fail(store, p, ValueError(
             f"rank {rank} was claimed by {n} processes; every process needs a distinct RANK "
@@ -725,6 +727,8 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
         # (a group's members all have the world's).
         if secret is None or prefix is None:
             store.set(p + "secret", secrets.token_hex(32) if secret is None else "")
+            _store_keys.wrote(p, p + "secret")
+        _store_keys.wrote(p, p + "session", p + "world")
     if prefix is None:  # a group's size follows from its member list, agreed before
         _wait(store, [p + "world"], timeout, rank, "rank 0 to publish the world size", p)
         w0 = int(store.get(p + "world"))
@@ -743,8 +747,9 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
     cfg = ("cfg",) if prefix is None else ()  # before addr/N, which the others wait for
     if cfg:  # a rank with another secret fails every handshake: say so before connecting
         settings = f"{settings};RINGREDUCE_SECRET={secret_check(secret)}"
-    store.multi_set([p + f"{k}/{rank}" for k in (*cfg, "addr", "host", "hb")],
-                    [*(settings for _ in cfg), my_addr, _env.host_identity(), my_hb])
+    mine = [p + f"{k}/{rank}" for k in (*cfg, "addr", "host", "hb")]
+    store.multi_set(mine, [*(settings for _ in cfg), my_addr, _env.host_identity(), my_hb])
+    _store_keys.wrote(p, *mine)
     keys = [p + f"addr/{r}" for r in range(world)]
     what = "all ranks to publish their addresses" if prefix is None else (
         f"the {world} ranks of {prefix.rstrip('/')} (a group or point-to-point channel being "

@@ -34,6 +34,7 @@ class Group:
     # passed the store: not ours to release) and this communicator's key prefix in it.
     store_key: tuple | None = None
     store_prefix: str = ""
+    store_keys: list = field(default_factory=list)  # a group's: its creation's (_store_keys)
     ranks: list = field(default_factory=list)  # global rank of each group rank
     name: str = "world"
     # World only: the store subgroups rendezvous through, the number of new_group() calls so

@@ -13,6 +13,7 @@ among themselves: ranks outside a group never wait for it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sys
 import threading
@@ -20,7 +21,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from . import _comm, _env, _rendezvous, _state, _store_guard, _trace, _work
+from . import _comm, _env, _rendezvous, _state, _store_guard, _store_keys, _trace, _work
 from ._buffers import as_buffer
 from ._state import Group
 
@@ -99,9 +100,10 @@ def from_store(store: Any, rank: int, size: int, name: str,
     with _rendezvous.store_used(world.rank, f"creating {name}", store, 4 * timeout):
         p = f"{base}{store.add(f'{base}gen/{rank}', 1)}/"
     keys = [f"{p}grank/{r}" for r in range(size)]
-    with _interrupts_told(world, store, p, name), \
+    with _store_keys.journal(p), _interrupts_told(world, store, p, name), \
             _rendezvous.store_used(world.rank, f"creating {name}", store, 4 * timeout):
         store.set(f"{p}grank/{rank}", str(world.rank))
+        _store_keys.wrote(p, f"{p}grank/{rank}")
         # The members are known once all have started: until then any rank's failure stops it.
         with _rendezvous.watching(world, [r for r in range(world.world_size)
                                           if r != world.rank]):
@@ -113,10 +115,11 @@ def from_store(store: Any, rank: int, size: int, name: str,
             return _connect(world, store, members, rank, p, name, secs)
 
 
-def destroy_group(g: Group, world: Group | None = None) -> None:
+def destroy_group(g: Group, world: Group | None = None, tidy: bool = True) -> None:
     """Group.destroy: close the group's connections (the world: ringreduce.destroy()).
     `world`: the world it belongs to (default: the current one; ringreduce.destroy() passes
-    the world it is destroying, no longer current by then)."""
+    the world it is destroying, no longer current by then). tidy: delete the store keys its
+    creation wrote (not when the store goes with the world anyway)."""
     if g.destroyed:
         return
     if g is _state._DEFAULT[0]:
@@ -127,13 +130,16 @@ def destroy_group(g: Group, world: Group | None = None) -> None:
     if world is not None:
         _finish_eager_sends(world, g)  # its channels carry them: they go next
     g.destroyed = True  # before the store goes: p2p's helper threads check it first
-    g.store = None
+    store, g.store = g.store, None
+    if store is None and world is not None:  # a group of one: its keys are in the world's
+        store = world.store
     if world is not None and g in world.children:
         world.children.remove(g)
     for pair in list(g.p2p.values()):  # its point-to-point channels go with it
         for ch in pair:
-            destroy_group(ch, world)
+            destroy_group(ch, world, tidy)
     g.p2p.clear()
+    failed = False
     if g.comm is not None:
         if _env.tunables().trace:  # its row in the rank's trace file (written by destroy())
             try:
@@ -141,9 +147,13 @@ def destroy_group(g: Group, world: Group | None = None) -> None:
             except Exception as e:  # noqa: BLE001 - the trace must not stop a destroy
                 log.warning("%s: its trace events are lost: %s", g.name, e)
         g.comm.destroy()
-        if world is not None and g.comm.failed_at_destroy:
+        failed = g.comm.failed_at_destroy
+        if failed and world is not None:
             lost = g.comm.lost_peer_at_destroy
             world.note_child_failure(g.ranks[lost] if g.ranks and lost >= 0 else lost)
+    if tidy and not failed:
+        _store_keys.forget(store, g.store_prefix, g.store_keys, g.world_size,
+                           functools.partial(_left_out_notes, store, g.store_prefix))
 
 
 # Held through a destroy(): a second one (another thread, an exit hook) returns when the
@@ -167,7 +177,9 @@ def _destroy_default() -> None:
     _rendezvous.release_lingering()  # the store of a failed init(), if any
     if g is None:
         return
-    destroy_children(g)
+    # ringreduce's own store stops with the world: deleting its groups' keys is no use (nor
+    # after abort(): the job is failing).
+    destroy_children(g, tidy=g.store_key is None and not g.aborted)
     borrowed = g.store if g.store_key is None else None  # torch's or the caller's store
     g.destroyed = True  # first: p2p's helper threads stop at it, not at the missing store
     g.store = None  # release_store's "does anyone else hold it" count must not see ours
@@ -244,11 +256,11 @@ def _join_helpers(deadline: float) -> None:
     _state.HELPERS[:] = [t for t in _state.HELPERS if t.is_alive()]
 
 
-def destroy_children(world: Group) -> None:
+def destroy_children(world: Group, tidy: bool = True) -> None:
     """Destroy every live group of `world` (ringreduce.destroy(); failures do not stop it)."""
     for g in list(world.children):
         try:
-            destroy_group(g, world)
+            destroy_group(g, world, tidy)
         except Exception as e:  # noqa: BLE001 - the world's destroy goes on regardless
             log.warning("destroying %r failed: %s", g, e)
     world.children.clear()
@@ -292,11 +304,12 @@ def _make(world: Group, members: list[int], prefix: str, name: str,
     where `prefix` lives (default: the world's store)."""
     _state.check_aborted(world, f"creating {name}")
     me = members.index(world.rank)
-    if len(members) == 1:
-        return _register(world, _single(world, members, prefix, name))
     store = world.store if store is None else store
     out_of_step = _out_of_step(world)
-    with _rendezvous.also_stop_on(out_of_step + "failed"), \
+    if len(members) == 1:
+        return _register(world, _agreed_single(world, store, members, prefix, name,
+                                               out_of_step, None if p2p else timeout))
+    with _store_keys.journal(prefix), _rendezvous.also_stop_on(out_of_step + "failed"), \
             _rendezvous.watching(world, [m for m in members if m != world.rank]), \
             _interrupts_told(world, store, prefix, name), \
             _rendezvous.store_used(world.rank, f"creating {name}", store,
@@ -305,6 +318,20 @@ def _make(world: Group, members: list[int], prefix: str, name: str,
             _agree(store, prefix, me, members, _setup_secs(world, timeout), name,
                    out_of_step)
         return _connect(world, store, members, me, prefix, name, timeout, p2p)
+
+
+def _agreed_single(world: Group, store: Any, members: list[int], prefix: str, name: str,
+                   out_of_step: str, timeout: float | None) -> Group:
+    """A group of one: no connections, but its list takes part in the agreement (a rank
+    given a longer list with this one at its head fails at once, naming both, instead of
+    waiting for it), and ranks outside it find it published and write no note there."""
+    g = _single(world, members, prefix, name)
+    if store is not None:
+        with _store_keys.journal(prefix), _rendezvous.store_used(
+                world.rank, f"creating {name}", store, 4 * _setup_secs(world, timeout)):
+            _agree(store, prefix, 0, members, _setup_secs(world, timeout), name, out_of_step)
+            g.store_keys = _store_keys.made(store, prefix)
+    return g
 
 
 def _setup_secs(world: Group, timeout: float | None) -> float:
@@ -349,17 +376,20 @@ def _left_out(world: Group, prefix: str, members: list[int], name: str) -> None:
     """new_group on a rank its `members` leave out: say so under the group's prefix, so that
     members given a list with this rank in it stop at once (instead of waiting for it until
     the connect timeout), and fail here too if group rank 0 published such a list already.
-    Two writes, one read: no wait (ranks outside a group never wait for it)."""
+    Two reads if group rank 0 published its list already (nothing to say then unless it
+    lists this rank), else two writes and two reads: no wait (ranks outside a group never
+    wait for it)."""
     store, me, text = world.store, world.rank, ",".join(map(str, members))
     msg = (f"{name}: world rank {me} was called with ranks [{text}], without itself, but "
            f"other ranks list it as a member; every rank must create groups in the same "
            f"order with the same ranks")
     try:
         with _store_guard.deadline(store, _setup_secs(world, None)):  # a frozen store host
-            store.set(f"{prefix}left-out/{me}", f"ValueError\n{msg}")  # group rank 0's members
-            store.append(prefix + "left-out", f"{me}:{text};")  # for group rank 0 (_agree)
-            first = store.get(prefix + "members").decode() \
-                if store.check([prefix + "members"]) else ""
+            first = _published(store, prefix)
+            if not first:  # a note that outlives the group: its last member deletes it
+                store.set(f"{prefix}left-out/{me}", f"ValueError\n{msg}")  # rank 0's members
+                store.append(prefix + "left-out", f"{me}:{text};")  # for group rank 0 (_agree)
+                first = _published(store, prefix)
     except (RuntimeError, NotImplementedError, _store_guard.StoreSilent):  # no append: no check
         return
     if first and str(me) in first.split(","):
@@ -367,6 +397,26 @@ def _left_out(world: Group, prefix: str, members: list[int], name: str) -> None:
                          f"itself, but world rank {first.split(',')[0]} with [{first}]; every "
                          f"rank must create groups in the same order with the same ranks")
         raise _fail_group(store, prefix, _out_of_step(world), err)
+
+
+def _published(store: Any, prefix: str) -> str:
+    """The member list group rank 0 published under `prefix` ("" if not yet)."""
+    return store.get(prefix + "members").decode() if store.check([prefix + "members"]) else ""
+
+
+def _told_left_out(store: Any, prefix: str) -> dict[str, str]:
+    """What ranks outside a group's list wrote under its prefix (_left_out): world rank ->
+    the list it was given."""
+    if not store.check([prefix + "left-out"]):
+        return {}
+    return dict(e.split(":", 1) for e in store.get(prefix + "left-out").decode().split(";")
+                if e)
+
+
+def _left_out_notes(store: Any, prefix: str) -> list[str]:
+    """The keys _left_out wrote under a group's prefix (its last member deletes them)."""
+    told = _told_left_out(store, prefix)
+    return [*(f"{prefix}left-out/{r}" for r in told), prefix + "left-out"] if told else []
 
 
 def _agree(store: Any, prefix: str, me: int, members: list[int], timeout: float,
@@ -381,6 +431,7 @@ def _agree(store: Any, prefix: str, me: int, members: list[int], timeout: float,
         # First come, first kept: two ranks that each think they are group rank 0 (given
         # different lists) must not overwrite each other's list and then both claim rank 0.
         first = _publish_once(store, prefix + "members", text)
+        _store_keys.wrote(prefix, prefix + "members")
         if first == text:  # a rank of this list that was given one without itself?
             _check_left_out(store, prefix, members, text, name, out_of_step)
     else:
@@ -413,10 +464,7 @@ def _check_left_out(store: Any, prefix: str, members: list[int], text: str, name
     new_group with a list that leaves it out (_left_out; whichever of the two writes last
     sees the other's)."""
     try:
-        if not store.check([prefix + "left-out"]):
-            return
-        told = dict(e.split(":", 1) for e in store.get(prefix + "left-out").decode().split(";")
-                    if e)
+        told = _told_left_out(store, prefix)
     except (RuntimeError, NotImplementedError):
         return
     bad = next((m for m in members if str(m) in told), None)
@@ -451,6 +499,7 @@ def _connect(world: Group, store: Any, members: list[int], me: int, prefix: str,
     g = _comm.connect(me, len(members), tun, options, store, maddr, ifname, world.secret,
                      prefix=prefix, name=name, labels=members, socketless=True)
     g.ranks, g.local_rank, g.store = members, world.local_rank, store
+    g.store_keys = _store_keys.made(store, prefix)  # for destroy() to delete
     log.info("rank %d: joined %s as rank %d of %d (world ranks %s)", world.rank, name, me,
              len(members), members)
     return _register(world, g)

@@ -161,6 +161,20 @@ def mismatch(rank: int, world: int, odd: tuple = (0, 1)) -> str:
         return f"{type(e).__name__}: {e}"
 
 
+def single_mismatch(rank: int, world: int) -> str:
+    """Rank 0 makes a group of one, [0]; rank 1 asks for [0, 1]. Before, rank 1 waited for
+    rank 0's member list (a group of one published none) until rank 0 left."""
+    t = time.monotonic()
+    try:
+        g = rr.new_group([0] if rank == 0 else [0, 1])
+        out = f"ok {g.size}"
+    except Exception as e:  # noqa: BLE001
+        out = f"{type(e).__name__}: {e}"
+    took = time.monotonic() - t
+    rr.barrier()  # rank 0 stays until rank 1 has its answer
+    return f"{out} after {took:.1f} s"
+
+
 def skipped_call(rank: int, world: int) -> str:
     """The last rank skips new_group([0, 1]) and comes late to new_group(all): the others
     have made the first group and wait under the second's prefix while it compares lists

@@ -35,6 +35,15 @@ def test_new_group_mismatch_is_named(odd: tuple) -> None:
         assert "same order with the same ranks" in o and "claimed" not in o, o
 
 
+@pytest.mark.timeout(90)
+def test_a_group_of_one_takes_part_in_the_agreement() -> None:
+    outs = run_world(2, "group_workers:single_mismatch", timeout=60,
+                     env={"RINGREDUCE_CONNECT_TIMEOUT": "30"})
+    assert outs[0].startswith("ok 1 "), outs
+    assert outs[1].startswith("ValueError") and "[0,1]" in outs[1] and "[0]" in outs[1], outs
+    assert float(outs[1].split()[-2]) < 10, outs
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("who,late,lag0", [(2, 1.0, 0.0), (2, 0.0, 0.0), (2, 0.0, 2.0),
                                            (0, 1.0, 0.0), (0, 0.0, 0.0)])
@@ -362,3 +371,27 @@ def test_point_to_point_on_a_group_keeps_the_groups_timeout(case: str) -> None:
     o = outs[0]
     assert o["error"].startswith("CollectiveTimeout") and o["secs"] < 6, o
     assert "group1" in o["error"], o
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("world,transport", [(1, "tcp"), (2, "shm"), (3, "tcp"), (3, "shm"),
+                                             (5, "shm")])
+def test_destroyed_groups_leave_the_store_as_they_found_it(world: int, transport: str) -> None:
+    """Before, every group left ~8 keys per member in the job's store (and each rank outside
+    it 2), never deleted: a store serving many creations grew without bound."""
+    outs = run_world(world, "store_key_workers:groups_made_and_destroyed", timeout=150,
+                     env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "60"})
+    fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o["fails"]]
+    assert not fails, "\n".join(fails)
+    assert outs[0]["after"] == outs[0]["before"], outs[0]
+
+
+@pytest.mark.timeout(180)
+def test_destroyed_torch_subgroups_leave_only_their_counters() -> None:
+    outs = run_world(3, "store_key_workers:torch_groups_made_and_destroyed", timeout=150,
+                     init=False)
+    fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o["fails"]]
+    assert not fails, "\n".join(fails)
+    o = outs[0]
+    assert o["after"] - o["before"] == o["counters"], o
+

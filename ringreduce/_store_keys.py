@@ -1,0 +1,86 @@
+"""The store keys a group's creation writes, deleted again by its destroy().
+
+Every group and point-to-point channel rendezvous under a prefix of its own in the job's
+store (its members' addresses, hosts, heartbeat ports, shared-memory names, the agreed
+member list): about 8 keys per member. Before, none was ever deleted, so a store that
+serves many creations -- torch's, which outlives ringreduce's worlds; torchrun's agent
+store; a job that makes and destroys groups as it goes -- grew without bound.
+
+A creation runs inside `journal(prefix)`; the rendezvous code records each key this rank
+writes there (`wrote`). Once the group is made, the member counts itself in
+(`made`: prefix + "made"). Its destroy() deletes the keys this rank wrote if every member
+counted itself in -- no member is still reading them -- and the last member to leave
+deletes the two counters and the notes ranks outside the group left there (new_group on a
+non-member says it is not in the list, groups._left_out; one written after that stays). A group whose creation never completed everywhere
+keeps its keys (a member may still be waiting on them), as does one that failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from . import _store_guard
+
+_LOCK = threading.Lock()
+_OPEN: dict[str, list[str]] = {}  # prefix -> keys written so far (creations on any thread)
+# How long a destroy() may spend deleting (a few store round trips; a store host that does
+# not answer for this long is cut off, as in any other block of store calls): the world's
+# farewell waits as long for the other ranks.
+FORGET_S = 5.0
+
+
+@contextlib.contextmanager
+def journal(prefix: str) -> Iterator[None]:
+    """Record the keys written under `prefix` (a group's creation) until the block ends."""
+    with _LOCK:
+        _OPEN[prefix] = []
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _OPEN.pop(prefix, None)
+
+
+def wrote(prefix: str, *keys: str) -> None:
+    """The rendezvous wrote `keys` for the creation under `prefix` (no-op outside one: an
+    init's keys go with its store)."""
+    with _LOCK:
+        written = _OPEN.get(prefix)
+        if written is not None:
+            written.extend(keys)
+
+
+def made(store: Any, prefix: str) -> list[str]:
+    """This member's group is made: count it in; return the keys it wrote (for `forget`),
+    or none if the store refused (they are then kept)."""
+    with _LOCK:
+        written = list(_OPEN.get(prefix, ()))
+    try:
+        store.add(prefix + "made", 1)
+    except RuntimeError:
+        return []
+    return written
+
+
+def forget(store: Any, prefix: str, keys: list[str], size: int,
+           shared: Callable[[], list[str]] = list) -> None:
+    """destroy() of a group made under `prefix` with `size` members: delete `keys` (what
+    this member wrote) once all members were made; the last member to leave also deletes
+    the counters and `shared()` (keys others wrote: notes of ranks outside the group). Best
+    effort: never raises."""
+    if not keys or store is None or _store_guard.was_cut(store):
+        return
+    try:
+        with _store_guard.deadline(store, FORGET_S):
+            if int(store.add(prefix + "made", 0)) < size:
+                return  # a member is still being made, or failed there: it may read them
+            for k in keys:
+                store.delete_key(k)
+            if int(store.add(prefix + "gone", 1)) == size:
+                for k in (*shared(), prefix + "made", prefix + "gone"):
+                    store.delete_key(k)
+    except (RuntimeError, NotImplementedError, _store_guard.StoreSilent):
+        pass  # the store is gone or cannot delete: the keys stay, as they did before
