@@ -276,43 +276,6 @@ def fresh_tag_order(rank: int, world: int, tags: int) -> list:
     return fails
 
 
-def sender_leaves(rank: int, world: int) -> str:
-    """Rank 0 exchanges one message each way, then leaves (destroy()) without sending the
-    second one rank 1 waits for: rank 1's error says it waited in a recv, on which channel."""
-    x = np.ones(4)
-    if rank == 0:
-        rr.send(x, 1)
-        rr.recv(x, 1)
-        return "left"
-    rr.recv(x, 0)
-    rr.send(x, 0)
-    try:
-        rr.recv(x, 0)
-    except Exception as e:  # noqa: BLE001
-        return f"{type(e).__name__}: {e}"
-    return "no error"
-
-
-def sender_left_before_a_new_tag(rank: int, world: int) -> str:
-    """Rank 0 leaves (destroy()) after one message on tag 0; rank 1 then receives on tag 7,
-    whose channel rank 0 never makes: a PeerFailure saying it left, at once (the channel's
-    rendezvous waited RINGREDUCE_CONNECT_TIMEOUT, 120 s, then blamed WORLD_SIZE)."""
-    import time
-
-    x = np.ones(4)
-    if rank == 0:
-        rr.send(x, 1)
-        return "left"
-    rr.recv(x, 0)
-    time.sleep(1.0)  # rank 0 is gone by now
-    t0 = time.monotonic()
-    try:
-        rr.recv(x, 0, tag=7)
-    except Exception as e:  # noqa: BLE001
-        return f"{type(e).__name__} after {time.monotonic() - t0:.1f} s: {e}"
-    return "no error"
-
-
 def unreceived_send(rank: int, world: int, linger: float) -> dict:
     """Rank 0's first message on tag 9 returns at once, but rank 1 never receives it: rank
     0's destroy() waits for it (RINGREDUCE_TIMEOUT) while rank 1 lives on (`linger` s),
@@ -715,31 +678,6 @@ def torch_call_sites(rank: int, world: int) -> dict:
     return out
 
 
-def ring_death(rank: int, world: int) -> dict:
-    """An isend/irecv ring; world rank 1 exits at iteration 20. Each survivor destroys as
-    soon as its own call fails (as a program that ends on the exception does): ranks whose
-    neighbour failed because of rank 1 learn why that neighbour left, naming rank 1 too."""
-    import os
-
-    x = np.full(64, float(rank), np.float32)
-    y = np.zeros_like(x)
-    nxt, prv = (rank + 1) % world, (rank - 1) % world
-    try:
-        for i in range(100000):
-            if rank == 1 and i == 20:
-                os._exit(0)
-            a, b = rr.isend(x, dst=nxt), rr.irecv(y, src=prv)
-            a.wait()
-            b.wait()
-            if y[0] != prv:
-                return {"error": f"wrong data {y[0]} from {prv} at {i}"}
-        msg = "no error"
-    except Exception as e:  # noqa: BLE001
-        msg = f"{type(e).__name__}: {e}"
-    rr.destroy()
-    return {"error": msg}
-
-
 def unwaited_isend(rank: int, world: int, nelem: int) -> str:
     """Rank 0 starts an isend and returns at once, never waiting for its Work (the harness
     then destroys): destroy() completes the send, as it does an early-returned one. Before,
@@ -754,75 +692,3 @@ def unwaited_isend(rank: int, world: int, nelem: int) -> str:
     return "ok" if np.array_equal(got, want) else f"wrong: {got[:4]}"
 
 
-def left_while_connecting(rank: int, world: int, leaver: int) -> str:
-    """Rank `leaver` posts an irecv and the other rank a send: both publish their channel's
-    addresses; the leaver destroys while rank 1 (slowed down) has not dialed rank 0 yet.
-    Before, the other rank waited RINGREDUCE_CONNECT_TIMEOUT: rank 1 retrying its connect to
-    rank 0's closed listener, or rank 0 accepting a dial that never came. Now rank 1 takes
-    the refusal as final (every rank listens before it publishes its address) and rank 0's
-    wait asks the world, which knows rank 1 left."""
-    import time
-
-    from ringreduce import _comm
-
-    if rank == 1:
-        plan = _comm.shm_options  # runs after the address exchange, before the dial
-
-        def slowly(*a: object, **k: object) -> dict:
-            raise_flag("exchanged")  # addresses exchanged: a leaving rank 0 may go now
-            time.sleep(1.5)
-            return plan(*a, **k)
-
-        _comm.shm_options = slowly
-    if rank == leaver:
-        rr.irecv(np.zeros(1 << 20, np.float32), 1 - rank)
-        # Rank 0 leaves once rank 1 has its address (not after a fixed time: a rank 1 that
-        # got there later would learn of the departure from the world, not by a refusal).
-        if rank == 0:
-            await_flags(["exchanged"], 30)
-        time.sleep(0.1 if rank == 0 else 0.5)
-        return "left"
-    t0 = time.monotonic()
-    try:
-        rr.send(np.zeros(1 << 20, np.float32), 1 - rank)  # 4 MiB: not an early-returning send
-    except Exception as e:  # noqa: BLE001
-        return f"{type(e).__name__} after {time.monotonic() - t0:.1f} s: {e}"
-    return "no error"
-
-
-def left_with_a_call_in_flight(rank: int, world: int) -> dict:
-    """3 ranks. Rank 1 exits once its channel from rank 0 carried a message. Rank 0 posts an
-    irecv from rank 2 that rank 2 leaves unmatched, then its send to the dead rank 1 fails
-    and it destroys -- stopping that irecv in flight, which aborts the 2 -> 0 channel. Rank
-    2 then sends on that channel: the abort must say why rank 0 left, naming rank 1 (before,
-    only "communicator was destroyed"; the ring test met this in 1 run of 20)."""
-    x = np.arange(8, dtype=np.float32) + rank
-    big = np.ones(BIG, np.float32)
-    msg = "no error"
-    try:
-        if rank == 1:
-            rr.recv(np.zeros_like(x), src=0, tag=7)
-            os._exit(0)
-        if rank == 0:
-            rr.send(x, dst=1, tag=7)
-            y = np.zeros_like(x)
-            rr.recv(y, src=2, tag=5)  # the 2 -> 0 channel exists before it is stopped
-            if not np.array_equal(y, x + 2):
-                return {"error": f"wrong data {y}"}
-            pending = rr.irecv(np.zeros_like(big), src=2, tag=5)  # in flight at destroy()
-            for _ in range(100):  # until rank 1's exit fails one (a send may be written
-                rr.send(big, dst=1, tag=7)  # to the socket before its close is seen)
-                time.sleep(0.05)
-            msg = f"sends to the dead rank 1 all returned; {pending!r}"
-        else:
-            rr.send(x, dst=0, tag=5)
-            if not await_flags(["left"], 30):
-                return {"error": "rank 0 never left"}
-            rr.send(big, dst=0, tag=5)  # meets the abort of rank 0's irecv
-            msg = "send returned"
-    except Exception as e:  # noqa: BLE001
-        msg = f"{type(e).__name__}: {e}"
-    rr.destroy()
-    if rank == 0:
-        raise_flag("left")
-    return {"error": msg}

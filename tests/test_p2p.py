@@ -96,7 +96,7 @@ def test_any_source_receive_waits_on_when_one_sender_left(transport: str) -> Non
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_a_receiver_on_a_new_tag_whose_sender_left_is_told_at_once(transport: str) -> None:
-    outs = run_world(2, "p2p_workers:sender_left_before_a_new_tag", timeout=60,
+    outs = run_world(2, "p2p_leave_workers:sender_left_before_a_new_tag", timeout=60,
                      env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30",
                           "RINGREDUCE_CONNECT_TIMEOUT": "40"})
     err = outs[1]
@@ -107,7 +107,7 @@ def test_a_receiver_on_a_new_tag_whose_sender_left_is_told_at_once(transport: st
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_a_receiver_whose_sender_left_names_the_recv(transport: str) -> None:
-    outs = run_world(2, "p2p_workers:sender_leaves", timeout=60,
+    outs = run_world(2, "p2p_leave_workers:sender_leaves", timeout=60,
                      env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30"})
     err = outs[1]
     assert err.startswith("PeerFailure") and "left the job" in err, outs
@@ -120,7 +120,7 @@ def test_a_ring_names_the_dead_rank_on_every_survivor(transport: str) -> None:
     """Before, ranks 3 and 0 were told only that their neighbour "left the job (destroy(),
     or its program ended ...)": rank 2 left after rank 1's death failed its recv, and its
     goodbye said nothing of why. Now a goodbye carries the process's first failure."""
-    outs = run_world_raw(4, "p2p_workers:ring_death", timeout=60, expendable=[1],
+    outs = run_world_raw(4, "p2p_leave_workers:ring_death", timeout=60, expendable=[1],
                          env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "20"})
     for r in (0, 2, 3):
         v = outs[r].value
@@ -137,7 +137,7 @@ def test_a_call_stopped_by_destroy_after_a_failure_says_why(transport: str) -> N
     flight after its send to the dead rank 1 failed; rank 2's next send on that channel is
     told of rank 1 too (csrc/comm/communicator.cc: poison(); before f551188 it failed every
     time, with only "communicator was destroyed")."""
-    outs = run_world_raw(3, "p2p_workers:left_with_a_call_in_flight", timeout=60,
+    outs = run_world_raw(3, "p2p_leave_workers:left_with_a_call_in_flight", timeout=60,
                          expendable=[1], env={"RINGREDUCE_TRANSPORT": transport,
                                               "RINGREDUCE_TIMEOUT": "20"})
     for r in (0, 2):
@@ -176,7 +176,7 @@ def test_destroy_completes_an_isend_never_waited_for(transport: str, nelem: int)
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("leaver", [0, 1])  # the one rank 1 dials; the one rank 0 awaits
 def test_a_sender_whose_receiver_left_while_connecting_is_told_at_once(leaver: int) -> None:
-    outs = run_world(2, "p2p_workers:left_while_connecting", leaver, timeout=60,
+    outs = run_world(2, "p2p_leave_workers:left_while_connecting", leaver, timeout=60,
                      env={"RINGREDUCE_TRANSPORT": "tcp", "RINGREDUCE_TIMEOUT": "40",
                           "RINGREDUCE_CONNECT_TIMEOUT": "40"})
     err = outs[1 - leaver]
