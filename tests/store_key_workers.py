@@ -48,7 +48,9 @@ def groups_made_and_destroyed(rank: int, world: int, rounds: int = 3) -> dict:
         for g in (*live, part, top):
             g.destroy()
     rr.barrier()  # every member's destroy() is done
-    return {"fails": fails, "before": before, "after": count()}
+    after = count()
+    rr.barrier()  # no rank leaves before rank 0 counted: its farewell writes to the store
+    return {"fails": fails, "before": before, "after": after}
 
 
 def torch_groups_made_and_destroyed(rank: int, world: int, rounds: int = 3) -> dict:
@@ -76,6 +78,7 @@ def torch_groups_made_and_destroyed(rank: int, world: int, rounds: int = 3) -> d
             dist.destroy_process_group(pg)
     dist.barrier()
     after = store.num_keys()
+    dist.barrier()  # no rank leaves before rank 0 counted: its farewell writes to the store
     counters = rounds * sum(len(m) for m in shapes if len(m) > 1)
     dist.destroy_process_group()
     return {"fails": fails, "before": before, "after": after, "counters": counters}
