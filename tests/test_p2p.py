@@ -145,6 +145,8 @@ def test_a_call_stopped_by_destroy_after_a_failure_says_why(transport: str) -> N
         assert v is not None, outs[r].describe()
         assert v["error"].startswith("PeerFailure") and re.search(r"rank 1 \([^p]", v["error"]), \
             (r, v)
+    # a send/recv, not a collective (the abort's text said "the collective" before)
+    assert "the send/recv did not complete on this rank" in outs[2].value["error"], outs[2]
 
 
 @pytest.mark.timeout(90)

@@ -271,8 +271,8 @@ void Communicator::throwAborted() const {
     RR_THROW(Error, "communicator was destroyed (",
              opts_.groupName.empty() || opts_.p2pChannel ? "ringreduce.destroy()"
                                                          : "Group.destroy() or ringreduce.destroy()",
-             " was called while it ran) during ", describeCurrent(),
-             "; the collective did not complete on this rank");
+             " was called while it ran) during ", describeCurrent(), "; the ",
+             opts_.p2pChannel ? "send/recv" : "collective", " did not complete on this rank");
   RR_THROW(Error, "communicator aborted during ", describeCurrent());
 }
 
