@@ -11,8 +11,9 @@ writes there (`wrote`). Once the group is made, the member counts itself in
 (`made`: prefix + "made"). Its destroy() deletes the keys this rank wrote if every member
 counted itself in -- no member is still reading them -- and the last member to leave
 deletes the two counters and the notes ranks outside the group left there (new_group on a
-non-member says it is not in the list, groups._left_out; one written after that stays). A group whose creation never completed everywhere
-keeps its keys (a member may still be waiting on them), as does one that failed.
+non-member says it is not in the list, groups._left_out; one written after that stays). A
+group whose creation never completed everywhere keeps its keys (a member may still be
+waiting on them), as does one that failed.
 """
 
 from __future__ import annotations
