@@ -359,7 +359,9 @@ def test_destroying_a_group_right_after_an_early_send_closes_its_channel(transpo
     assert outs[1]["got"] == [[float(i + 1)] * 10 for i in range(4)], outs[1]
     for r, o in enumerate(outs):
         assert o["live"] == [], (r, o)
-        assert len(set(o["threads"])) == 1, f"rank {r} thread counts grew: {o['threads']}"
+        # (the first round's count may still hold a helper thread that was ending)
+        assert max(o["threads"][1:]) <= min(o["threads"]), \
+            f"rank {r} thread counts grew: {o['threads']}"
 
 
 @pytest.mark.timeout(90)
