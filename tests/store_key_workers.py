@@ -3,6 +3,9 @@ over leave the job's store as they found it (each group checked against numpy fi
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 import ringreduce as rr
@@ -18,6 +21,16 @@ def _summed(g: rr.Group, fails: list, what: str) -> None:
         fails.append(f"{what}: allreduce {x[:4]} != {want[:4]}")
 
 
+def _counted_alone(count: Callable[[], int | None], barrier: Callable[[], Any]) -> int | None:
+    """The store's key count, taken with every rank held on both sides: no rank is still
+    writing keys of what came before (a destroy()), nor already writing keys of what comes
+    next (a fast rank's next group; its farewell, a "bye" key, when it leaves)."""
+    barrier()
+    n = count()
+    barrier()
+    return n
+
+
 def groups_made_and_destroyed(rank: int, world: int, rounds: int = 3) -> dict:
     """new_group of several shapes (all, one rank, odd ranks, the ends, all but 0) and a
     split, `rounds` times: each checked, then destroyed. Returns the store's key count
@@ -30,9 +43,7 @@ def groups_made_and_destroyed(rank: int, world: int, rounds: int = 3) -> dict:
     shapes = [list(range(world)), [world - 1], list(range(1, world, 2)),
               sorted({0, world - 1}), list(range(1, world))]
     fails: list = []
-    rr.barrier()
-    before = count()
-    rr.barrier()  # no rank creates a group before rank 0 counted (its keys would be in both)
+    before = _counted_alone(count, rr.barrier)
     for i in range(rounds):
         live = []
         for members in shapes:
@@ -48,9 +59,7 @@ def groups_made_and_destroyed(rank: int, world: int, rounds: int = 3) -> dict:
         rr.barrier()  # every rank outside a group has left its note there before it goes
         for g in (*live, part, top):
             g.destroy()
-    rr.barrier()  # every member's destroy() is done
-    after = count()
-    rr.barrier()  # no rank leaves before rank 0 counted: its farewell writes to the store
+    after = _counted_alone(count, rr.barrier)
     return {"fails": fails, "before": before, "after": after}
 
 
@@ -65,9 +74,7 @@ def torch_groups_made_and_destroyed(rank: int, world: int, rounds: int = 3) -> d
     store = dist.distributed_c10d._get_default_store()
     shapes = [list(range(world)), [world - 1], sorted({0, world - 1})]
     fails: list = []
-    dist.barrier()
-    before = store.num_keys()
-    dist.barrier()  # no rank creates a group before rank 0 counted (its keys would be in both)
+    before = _counted_alone(store.num_keys, dist.barrier)
     for i in range(rounds):
         for members in shapes:
             pg = dist.new_group(members)
@@ -78,9 +85,7 @@ def torch_groups_made_and_destroyed(rank: int, world: int, rounds: int = 3) -> d
                 if not torch.equal(t, want):
                     fails.append(f"round {i} {members}: {t.tolist()} != {want.tolist()}")
             dist.destroy_process_group(pg)
-    dist.barrier()
-    after = store.num_keys()
-    dist.barrier()  # no rank leaves before rank 0 counted: its farewell writes to the store
+    after = _counted_alone(store.num_keys, dist.barrier)
     counters = rounds * sum(len(m) for m in shapes if len(m) > 1)
     dist.destroy_process_group()
     return {"fails": fails, "before": before, "after": after, "counters": counters}
