@@ -1,0 +1,201 @@
+// Links and streams (link.h): opening, closing, and a stream's calls on its buffers. The
+// pump (link_pump.cc) moves the bytes.
+#include "transport/tcp/link.h"
+
+#include <errno.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "transport/tcp/link_state.h"
+
+namespace rr::transport::tcp {
+
+// ---- Link ----
+
+Link::Link(Fd fd, std::string peerName, size_t window)
+    : impl_(std::make_unique<Impl>(std::move(fd), window)), peer_(std::move(peerName)) {}
+
+Link::~Link() = default;
+
+std::shared_ptr<Link> Link::start(Fd fd, std::string peerName, size_t window) {
+  if (window < 4 * 1024) RR_THROW(InvalidArgument, "link window ", window, " is below 4 KiB");
+  setNonBlocking(fd.get());
+  std::shared_ptr<Link> l(new Link(std::move(fd), std::move(peerName), window));
+  Hub::get().add(l);
+  return l;
+}
+
+std::unique_ptr<Stream> Link::open(uint64_t id) {
+  Impl& k = *impl_;
+  std::shared_ptr<StreamState> s;
+  {
+    std::lock_guard<std::mutex> g(k.mu);
+    auto it = k.streams.find(id);
+    if (it != k.streams.end() && (it->second->opened || it->second->closed))
+      RR_THROW(InvalidArgument, "stream ", id, " is already open on the link to ", peer_,
+               " (two groups derived one id, or a group was created twice)");
+    if (it == k.streams.end())
+      it = k.streams.emplace(id, std::make_shared<StreamState>(id, k.window)).first;
+    s = it->second;
+    s->opened = true;
+    s->efd = Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    if (!s->efd.valid()) {
+      s->closed = true;
+      k.maybeForget(s);
+      RR_THROW(Error, "eventfd failed: ", std::strerror(errno));
+    }
+  }
+  // Not make_unique: the constructor is private.
+  return std::unique_ptr<Stream>(new Stream(shared_from_this(), s, id));
+}
+
+int Link::error() const {
+  std::lock_guard<std::mutex> g(impl_->mu);
+  return impl_->err;
+}
+
+size_t Link::streamCount() const {
+  std::lock_guard<std::mutex> g(impl_->mu);
+  return impl_->streams.size();
+}
+
+void Link::close(double seconds) {
+  Impl& k = *impl_;
+  {
+    std::unique_lock<std::mutex> g(k.mu);
+    if (!k.fd.valid()) return;
+    const Deadline d = Deadline::after(seconds);
+    Hub::get().wake();
+    while (!k.drained() && !d.expired())
+      k.flushed.wait_for(g, std::chrono::milliseconds(std::min(d.pollMs(), 50)));
+  }
+  Hub::get().remove(this);  // the pump no longer touches the socket
+  std::lock_guard<std::mutex> g(k.mu);
+  // FIN after what was queued, then drain what the peer sent, so that close() does not
+  // turn into a reset that could discard the last sub-frames on the peer's side.
+  ::shutdown(k.fd.get(), SHUT_WR);
+  char sink[16384];
+  for (int i = 0; i < 64; ++i)
+    if (::recv(k.fd.get(), sink, sizeof sink, MSG_DONTWAIT) <= 0) break;
+  k.fd.reset();
+  k.fail(0);
+}
+
+bool linkPumpRunning() { return Hub::get().running(); }
+
+// ---- Stream ----
+
+Stream::Stream(std::shared_ptr<Link> link, std::shared_ptr<StreamState> st, uint64_t id)
+    : link_(std::move(link)), st_(std::move(st)), id_(id) {}
+
+Stream::~Stream() { close(); }
+
+int Stream::fd() const { return st_->efd.get(); }
+
+void Stream::arm(unsigned want) {
+  Link::Impl& k = *link_->impl_;
+  std::lock_guard<std::mutex> g(k.mu);
+  st_->want = want;
+  k.update(*st_);
+}
+
+ssize_t Stream::write(const iovec* iov, int n, int* err) {
+  Link::Impl& k = *link_->impl_;
+  std::lock_guard<std::mutex> g(k.mu);
+  StreamState& s = *st_;
+  if (k.down() || s.shutWr) {
+    *err = EPIPE;
+    return -1;
+  }
+  const bool wasEmpty = s.outbox.empty();
+  size_t taken = 0, total = 0;
+  for (int i = 0; i < n; ++i) {
+    total += iov[i].iov_len;
+    taken += s.outbox.copyIn(iov[i].iov_base, iov[i].iov_len);
+    if (s.outbox.room() == 0) break;
+  }
+  if (taken == 0 && total > 0) {
+    *err = EAGAIN;
+    return -1;
+  }
+  k.update(s);
+  if (wasEmpty && taken > 0) Hub::get().wake();
+  return static_cast<ssize_t>(taken);
+}
+
+ssize_t Stream::readv(const iovec* iov, int n, int* err) {
+  Link::Impl& k = *link_->impl_;
+  std::lock_guard<std::mutex> g(k.mu);
+  StreamState& s = *st_;
+  size_t got = 0;
+  for (int i = 0; i < n && !s.inbox.empty(); ++i) {
+    const size_t c = s.inbox.copyOut(iov[i].iov_base, iov[i].iov_len);
+    s.inbox.consume(c);
+    got += c;
+  }
+  if (got > 0) {
+    if (k.credited(s, got)) Hub::get().wake();
+    k.update(s);
+    return static_cast<ssize_t>(got);
+  }
+  size_t total = 0;
+  for (int i = 0; i < n; ++i) total += iov[i].iov_len;
+  if (total == 0) return 0;
+  if (s.peerFin || k.err == 0) return 0;
+  *err = k.down() ? k.err : EAGAIN;
+  return -1;
+}
+
+ssize_t Stream::read(void* buf, size_t n, int* err) {
+  const iovec v{buf, n};
+  return readv(&v, 1, err);
+}
+
+ssize_t Stream::peek(void* buf, size_t n, size_t off, int* err) const {
+  Link::Impl& k = *link_->impl_;
+  std::lock_guard<std::mutex> g(k.mu);
+  const size_t c = st_->inbox.copyOut(buf, n, off);
+  if (c > 0 || n == 0) return static_cast<ssize_t>(c);
+  if (st_->peerFin || k.err == 0) return 0;
+  *err = k.down() ? k.err : EAGAIN;
+  return -1;
+}
+
+size_t Stream::available() const {
+  std::lock_guard<std::mutex> g(link_->impl_->mu);
+  return st_->inbox.size();
+}
+
+void Stream::shutdownWrite() {
+  Link::Impl& k = *link_->impl_;
+  std::lock_guard<std::mutex> g(k.mu);
+  if (st_->shutWr) return;
+  st_->shutWr = true;
+  k.update(*st_);
+  if (!k.down()) Hub::get().wake();
+}
+
+void Stream::close() {
+  Link::Impl& k = *link_->impl_;
+  {
+    std::lock_guard<std::mutex> g(k.mu);
+    StreamState& s = *st_;
+    if (s.closed) return;
+    s.shutWr = true;
+    s.closed = true;
+    const size_t dropped = s.inbox.size();
+    s.inbox.consume(dropped);
+    k.credited(s, dropped);
+    s.want = 0;
+    k.update(s);
+    k.maybeForget(st_);
+  }
+  Hub::get().wake();
+}
+
+}  // namespace rr::transport::tcp

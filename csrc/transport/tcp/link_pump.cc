@@ -1,0 +1,291 @@
+// The pump of links (link.h): one thread per process moves every link's sub-frames between
+// its socket and its streams' buffers, non-blocking, a bounded amount per link per round.
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "transport/tcp/link_state.h"
+
+namespace rr::transport::tcp {
+
+Hub& Hub::get() {
+  static Hub* h = new Hub;  // never destroyed: no thread may outlive a static's destructor
+  return *h;
+}
+
+Hub::Hub() : wake_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+  if (!wake_.valid()) RR_THROW(Error, "eventfd failed: ", std::strerror(errno));
+}
+
+void Hub::add(const std::shared_ptr<Link>& l) {
+  std::lock_guard<std::mutex> life(life_);
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    links_.push_back(l);
+    stop_ = false;
+  }
+  if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+  wake();
+}
+
+void Hub::remove(const Link* l) {
+  std::lock_guard<std::mutex> life(life_);
+  bool last;
+  {
+    std::unique_lock<std::mutex> g(mu_);
+    auto it = std::find_if(links_.begin(), links_.end(), [l](auto& p) { return p.get() == l; });
+    if (it == links_.end()) return;
+    links_.erase(it);
+    last = links_.empty();
+    if (last) stop_ = true;
+    const uint64_t target = rounds_ + 1;  // the round that may hold it ends
+    wake();
+    if (!last) roundDone_.wait(g, [&] { return rounds_ >= target; });
+  }
+  if (last && thread_.joinable()) thread_.join();
+}
+
+void Hub::wake() {
+  uint64_t v = 1;
+  while (::write(wake_.get(), &v, sizeof v) < 0 && errno == EINTR) {}
+}
+
+bool Hub::running() {
+  std::lock_guard<std::mutex> life(life_);
+  return thread_.joinable();
+}
+
+void Hub::loop() {
+  // Signals go to the threads that run Python's handlers, not to the pump.
+  sigset_t all;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, nullptr);
+  pthread_setname_np(pthread_self(), "rr-link-pump");
+  std::vector<std::shared_ptr<Link>> snap;
+  std::vector<pollfd> pfds;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (stop_) return;
+      snap = links_;
+    }
+    pfds.assign(1, {wake_.get(), POLLIN, 0});
+    for (auto& l : snap) {
+      Link::Impl& k = *l->impl_;
+      std::lock_guard<std::mutex> g(k.mu);
+      const short ev = k.down() ? 0 : static_cast<short>(POLLIN | (k.wantsOut() ? POLLOUT : 0));
+      pfds.push_back({k.down() ? -1 : k.fd.get(), ev, 0});
+    }
+    // The wake eventfd covers every change a stream makes; the timeout is a safety net.
+    if (::poll(pfds.data(), pfds.size(), 1000) < 0 && errno != EINTR)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));  // cannot happen; no spin
+    uint64_t v;
+    (void)!::read(wake_.get(), &v, sizeof v);
+    for (size_t i = 0; i < snap.size(); ++i) {
+      Link::Impl& k = *snap[i]->impl_;
+      if (pfds[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) k.pumpRead(snap[i]->peer_);
+      k.pumpWrite();
+    }
+    snap.clear();
+    std::lock_guard<std::mutex> g(mu_);
+    ++rounds_;
+    roundDone_.notify_all();
+  }
+}
+
+void Link::Impl::pumpRead(const std::string& peer) {
+  size_t budget = kPumpBudget;
+  std::unique_lock<std::mutex> g(mu);
+  while (!down() && budget > 0) {
+    ssize_t r;
+    if (rxHdrGot < sizeof rxHdr) {
+      g.unlock();
+      r = ::recv(fd.get(), reinterpret_cast<char*>(&rxHdr) + rxHdrGot, sizeof rxHdr - rxHdrGot,
+                 MSG_DONTWAIT);
+      const int e = errno;
+      g.lock();
+      errno = e;
+      if (r > 0) {
+        rxHdrGot += static_cast<size_t>(r);
+        if (rxHdrGot == sizeof rxHdr) onHeader(peer);
+        continue;
+      }
+    } else {
+      r = readPayload(g, &budget);
+      if (r > 0) continue;
+    }
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    if (r < 0 && errno == EINTR) continue;
+    fail(r == 0 ? 0 : errno);
+  }
+}
+
+void Link::Impl::onHeader(const std::string& peer) {
+  if (rxHdr.magic != kLinkMagic || rxHdr.kind < kSubData || rxHdr.kind > kSubFin) {
+    RR_WARN("link to ", peer, ": protocol error (magic ", rxHdr.magic, ", kind ", rxHdr.kind,
+            "): closing it");
+    fail(EPROTO);
+    return;
+  }
+  rxHdrGot = 0;
+  auto it = streams.find(rxHdr.stream);
+  if (rxHdr.kind == kSubCredit) {
+    if (it != streams.end()) {
+      it->second->credit += rxHdr.len;
+      update(*it->second);
+    }
+    return;
+  }
+  if (it == streams.end())  // the peer opened it first: its bytes wait for open()
+    it = streams.emplace(rxHdr.stream, std::make_shared<StreamState>(rxHdr.stream, window)).first;
+  const std::shared_ptr<StreamState>& s = it->second;
+  if (rxHdr.kind == kSubFin) {
+    s->peerFin = true;
+    update(*s);
+    maybeForget(s);
+    return;
+  }
+  if (!s->closed && rxHdr.len > s->inbox.room()) {
+    RR_WARN("link to ", peer, ": stream ", s->id, " got ", rxHdr.len, " bytes beyond its credit (",
+            s->inbox.room(), " free): closing the link");
+    fail(EPROTO);
+    return;
+  }
+  if (rxHdr.len == 0) return;
+  rxHdrGot = sizeof rxHdr;  // the payload follows
+  rxTo = s;
+  rxLeft = rxHdr.len;
+  rxDrop = s->closed;
+}
+
+ssize_t Link::Impl::readPayload(std::unique_lock<std::mutex>& g, size_t* budget) {
+  static thread_local std::vector<char> sink(64 << 10);
+  iovec v[2];
+  int k = 1;
+  StreamState& s = *rxTo;
+  const size_t want = static_cast<size_t>(std::min<uint64_t>(rxLeft, *budget));
+  const bool toSink = rxDrop || s.closed;
+  if (toSink) v[0] = {sink.data(), std::min(want, sink.size())};
+  else k = s.inbox.free(v, want);
+  g.unlock();
+  const ssize_t r = ::readv(fd.get(), v, k);
+  const int e = errno;
+  g.lock();
+  if (r <= 0) {
+    errno = e;
+    return r;
+  }
+  const size_t n = static_cast<size_t>(r);
+  if (!toSink) s.inbox.commit(n);
+  if (toSink || s.closed) {  // closed meanwhile: dropped, as close() dropped the rest
+    if (!toSink) s.inbox.consume(n);
+    credited(s, n);
+  } else {
+    update(s);
+  }
+  rxLeft -= n;
+  *budget -= std::min(*budget, n);
+  if (rxLeft == 0) {
+    rxHdrGot = 0;
+    auto done = std::move(rxTo);
+    maybeForget(done);
+  }
+  return r;
+}
+
+bool Link::Impl::pickNext() {
+  txHdrDone = 0;
+  txLeft = 0;
+  txFrom.reset();
+  if (!control.empty()) {
+    txHdr = control.front();
+    control.pop_front();
+    return txActive = true;
+  }
+  // Data: the next stream after the one served last that has bytes and credit.
+  auto pick = [&](auto from, auto to) -> std::shared_ptr<StreamState> {
+    for (auto it = from; it != to; ++it)
+      if (!it->second->outbox.empty() && it->second->credit > 0) return it->second;
+    return nullptr;
+  };
+  auto after = streams.upper_bound(rrAfter);
+  std::shared_ptr<StreamState> s = pick(after, streams.end());
+  if (!s) s = pick(streams.begin(), after);
+  if (s) {
+    const size_t n = std::min({s->outbox.size(), s->credit, kMaxSub});
+    s->credit -= n;
+    txHdr = SubHeader{kLinkMagic, kSubData, s->id, n};
+    txLeft = n;
+    txFrom = s;
+    rrAfter = s->id;
+    return txActive = true;
+  }
+  for (auto& [id, st] : streams) {
+    if (st->shutWr && !st->finSent && st->outbox.empty()) {
+      st->finSent = true;
+      txHdr = SubHeader{kLinkMagic, kSubFin, id, 0};
+      return txActive = true;
+    }
+  }
+  return false;
+}
+
+void Link::Impl::pumpWrite() {
+  size_t budget = kPumpBudget;
+  std::unique_lock<std::mutex> g(mu);
+  while (!down() && budget > 0) {
+    if (!txActive && !pickNext()) break;
+    iovec v[3];
+    int k = 0;
+    if (txHdrDone < sizeof txHdr)
+      v[k++] = {reinterpret_cast<char*>(&txHdr) + txHdrDone, sizeof txHdr - txHdrDone};
+    if (txFrom) k += txFrom->outbox.filled(v + k, 0, static_cast<size_t>(txLeft));
+    msghdr mh{};
+    mh.msg_iov = v;
+    mh.msg_iovlen = static_cast<size_t>(k);
+    g.unlock();
+    const ssize_t r = ::sendmsg(fd.get(), &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const int e = errno;
+    g.lock();
+    if (r < 0) {
+      if (e == EAGAIN || e == EWOULDBLOCK) break;
+      if (e == EINTR) continue;
+      fail(e);
+      break;
+    }
+    size_t n = static_cast<size_t>(r);
+    const size_t h = std::min(n, sizeof txHdr - txHdrDone);
+    txHdrDone += h;
+    n -= h;
+    budget -= std::min(budget, static_cast<size_t>(r));
+    if (n > 0) {
+      txFrom->outbox.consume(n);
+      txLeft -= n;
+      update(*txFrom);
+    }
+    if (txHdrDone == sizeof txHdr && txLeft == 0) {
+      txActive = false;
+      auto done = std::move(txFrom);
+      if (txHdr.kind == kSubFin) {
+        auto it = streams.find(txHdr.stream);
+        if (it != streams.end()) maybeForget(it->second);
+      } else if (done) {
+        maybeForget(done);
+      }
+      flushed.notify_all();
+    }
+  }
+  if (drained()) flushed.notify_all();
+}
+
+}  // namespace rr::transport::tcp

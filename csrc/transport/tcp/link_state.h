@@ -1,0 +1,180 @@
+// What links and their pump share (link.h's implementation; included by link.cc and
+// link_pump.cc only): the sub-frame header, a stream's state, a link's state, the pump.
+#pragma once
+
+#include <errno.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/byte_ring.h"
+#include "transport/tcp/link.h"
+
+namespace rr::transport::tcp {
+
+constexpr uint32_t kLinkMagic = 0x534c5252;  // "RRLS"
+enum SubKind : uint32_t { kSubData = 1, kSubCredit = 2, kSubFin = 3 };
+struct SubHeader {
+  uint32_t magic = kLinkMagic;
+  uint32_t kind = 0;
+  uint64_t stream = 0;
+  uint64_t len = 0;
+};
+static_assert(sizeof(SubHeader) == 24, "SubHeader must stay 24 bytes");
+constexpr size_t kMaxSub = 256 << 10;    // payload of one data sub-frame
+constexpr size_t kPumpBudget = 4 << 20;  // bytes per link per direction per round
+
+// A stream's state, shared by its Stream (the user) and its link (the pump). Guarded by the
+// link's lock.
+struct StreamState {
+  explicit StreamState(uint64_t i, size_t window) : id(i), inbox(window), outbox(window),
+                                                    credit(window) {}
+  uint64_t id;
+  ByteRing inbox, outbox;
+  size_t credit;        // bytes this end may still send (room the peer's inbox promised)
+  size_t unacked = 0;   // bytes taken from the inbox since the last credit went back
+  bool opened = false;  // a Stream was made for it
+  bool closed = false;  // its Stream closed: arrivals are dropped (and credited back)
+  bool shutWr = false;  // no more writes: a fin follows the outbox
+  bool finSent = false;
+  bool peerFin = false;
+  unsigned want = 0;
+  bool signalled = false;
+  Fd efd;  // eventfd, from open() on
+};
+
+struct Link::Impl {
+  Impl(Fd f, size_t w) : fd(std::move(f)), window(w) {}
+  mutable std::mutex mu;
+  std::condition_variable flushed;  // close() waits for the outboxes to drain
+  Fd fd;
+  size_t window;
+  std::map<uint64_t, std::shared_ptr<StreamState>> streams;
+  std::deque<SubHeader> control;  // credits and fins waiting to go
+  int err = -1;                   // -1 up, 0 closed, else errno
+  // Receiving: the header being read, then the payload left and where it goes.
+  SubHeader rxHdr;
+  size_t rxHdrGot = 0;
+  uint64_t rxLeft = 0;
+  std::shared_ptr<StreamState> rxTo;
+  bool rxDrop = false;
+  // Sending: the sub-frame being written (txFrom null: a control frame).
+  bool txActive = false;
+  SubHeader txHdr;
+  size_t txHdrDone = 0;
+  uint64_t txLeft = 0;
+  std::shared_ptr<StreamState> txFrom;
+  uint64_t rrAfter = 0;  // round robin: the stream served last
+
+  bool down() const { return err >= 0; }
+  bool ended(const StreamState& s) const { return s.peerFin || down(); }
+
+  // The eventfd follows arm()'s condition (locked).
+  void update(StreamState& s) {
+    if (!s.efd.valid()) return;
+    const bool on = ((s.want & Stream::kData) && (!s.inbox.empty() || ended(s))) ||
+                    ((s.want & Stream::kEnd) && ended(s)) ||
+                    ((s.want & Stream::kRoom) && (s.outbox.room() > 0 || s.shutWr || down()));
+    if (on == s.signalled) return;
+    uint64_t v = 1;
+    if (on) {
+      while (::write(s.efd.get(), &v, sizeof v) < 0 && errno == EINTR) {}
+    } else {
+      while (::read(s.efd.get(), &v, sizeof v) < 0 && errno == EINTR) {}
+    }
+    s.signalled = on;
+  }
+
+  // `n` inbox bytes were taken (read or dropped): return credit in quarters of the window,
+  // so that small messages send no credit frames of their own (locked). True: a credit
+  // frame is queued.
+  bool credited(StreamState& s, size_t n) {
+    s.unacked += n;
+    if (s.unacked < window / 4 || down()) return false;
+    SubHeader h;
+    h.kind = kSubCredit;
+    h.stream = s.id;
+    h.len = s.unacked;
+    s.unacked = 0;
+    control.push_back(h);
+    return true;
+  }
+
+  // Forget a stream both sides are done with (locked).
+  void maybeForget(const std::shared_ptr<StreamState>& s) {
+    if (!s->closed || !(down() || (s->finSent && s->peerFin)) || rxTo == s || txFrom == s)
+      return;
+    const uint64_t id = s->id;  // `s` may be the map's own pointer, gone with the erase
+    streams.erase(id);
+  }
+
+  void fail(int e) {  // locked
+    if (down()) return;
+    err = e;
+    control.clear();
+    std::vector<std::shared_ptr<StreamState>> all;
+    for (auto& [id, s] : streams) all.push_back(s);
+    for (auto& s : all) {  // copies: erasing from the map leaves them valid
+      update(*s);
+      if (s->closed) streams.erase(s->id);
+    }
+    flushed.notify_all();
+  }
+
+  bool wantsOut() const {  // locked
+    if (down()) return false;
+    if (txActive || !control.empty()) return true;
+    for (auto& [id, s] : streams)
+      if ((!s->outbox.empty() && s->credit > 0) || (s->shutWr && !s->finSent && s->outbox.empty()))
+        return true;
+    return false;
+  }
+
+  bool drained() const {  // locked: everything written has gone (or cannot any more)
+    if (down()) return true;
+    if (txActive || !control.empty()) return false;
+    for (auto& [id, s] : streams)
+      if (!s->outbox.empty() || (s->shutWr && !s->finSent)) return false;
+    return true;
+  }
+
+  void pumpRead(const std::string& peer);
+  void onHeader(const std::string& peer);  // locked: a whole header is in rxHdr
+  ssize_t readPayload(std::unique_lock<std::mutex>& g, size_t* budget);  // as readv()
+  void pumpWrite();
+  bool pickNext();  // locked: start the next sub-frame; false when there is none
+};
+
+// The pump: one thread per process, running while any link is open (link_pump.cc).
+class Hub {
+ public:
+  static Hub& get();
+  void add(const std::shared_ptr<Link>& l);
+  // Stop serving `l`; returns once the pump no longer touches it. Not from the pump.
+  void remove(const Link* l);
+  void wake();
+  bool running();
+
+ private:
+  Hub();
+  void loop();
+
+  std::mutex life_;  // add/remove, thread start and join
+  std::mutex mu_;
+  std::condition_variable roundDone_;
+  std::vector<std::shared_ptr<Link>> links_;
+  std::thread thread_;
+  bool stop_ = false;
+  uint64_t rounds_ = 0;
+  Fd wake_;
+};
+
+}  // namespace rr::transport::tcp

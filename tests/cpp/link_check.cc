@@ -1,0 +1,340 @@
+// Standalone check of transport/tcp/link.h: streams multiplexed over one connection, with
+// per-stream credits, ends, early data and link failure -- over a Unix socket pair and over
+// loopback TCP, both ends served by this process's one pump thread.
+// Build: g++ -std=c++17 -pthread -I csrc csrc/core/interrupt.cc csrc/core/log.cc
+//        csrc/transport/tcp/socket.cc csrc/transport/tcp/link.cc
+//        csrc/transport/tcp/link_pump.cc tests/cpp/link_check.cc
+// Prints "link_check: N passed, M failed"; exits non-zero when M > 0.
+#include <errno.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "transport/tcp/link.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace rr::transport::tcp;
+constexpr size_t kWindow = 1 << 20;
+
+std::atomic<int> passed{0};
+std::atomic<int> failed{0};
+
+void check(bool ok, const std::string& what) {
+  ok ? ++passed : ++failed;
+  if (!ok) std::printf("FAIL: %s\n", what.c_str());
+}
+
+uint8_t pattern(uint64_t stream, int dir, size_t i) {
+  return static_cast<uint8_t>((i * 131 + (i >> 13) * 7 + stream * 29 + static_cast<size_t>(dir) * 97) & 0xff);
+}
+
+// Wait (up to `ms`) until the stream's fd says what `want` asks for.
+bool waitFor(Stream& s, unsigned want, int ms) {
+  s.arm(want);
+  pollfd p{s.fd(), POLLIN, 0};
+  return ::poll(&p, 1, ms) == 1;
+}
+
+// Write all of buf (blocking through waitFor); false on EPIPE or after 20 s.
+bool writeAll(Stream& s, const uint8_t* buf, size_t n) {
+  const auto until = Clock::now() + std::chrono::seconds(20);
+  for (size_t done = 0; done < n;) {
+    iovec v{const_cast<uint8_t*>(buf + done), n - done};
+    int err = 0;
+    const ssize_t r = s.write(&v, 1, &err);
+    if (r > 0) {
+      done += static_cast<size_t>(r);
+      continue;
+    }
+    if (err != EAGAIN || Clock::now() > until) return false;
+    waitFor(s, Stream::kRoom, 100);
+  }
+  return true;
+}
+
+// Read exactly n bytes; returns how many arrived before the end, an error or 20 s.
+size_t readAll(Stream& s, uint8_t* buf, size_t n) {
+  const auto until = Clock::now() + std::chrono::seconds(20);
+  size_t done = 0;
+  while (done < n && Clock::now() < until) {
+    int err = 0;
+    const ssize_t r = s.read(buf + done, n - done, &err);
+    if (r > 0) done += static_cast<size_t>(r);
+    else if (r == 0 || err != EAGAIN) break;
+    else waitFor(s, Stream::kData, 100);
+  }
+  return done;
+}
+
+// The read after everything: 0 (the end) within 5 s.
+bool readsEnd(Stream& s) {
+  const auto until = Clock::now() + std::chrono::seconds(5);
+  while (Clock::now() < until) {
+    char c;
+    int err = 0;
+    const ssize_t r = s.read(&c, 1, &err);
+    if (r == 0) return true;
+    if (r > 0 || err != EAGAIN) return false;
+    waitFor(s, Stream::kData, 100);
+  }
+  return false;
+}
+
+std::vector<uint8_t> make(uint64_t stream, int dir, size_t n) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = pattern(stream, dir, i);
+  return v;
+}
+
+bool same(const std::vector<uint8_t>& got, uint64_t stream, int dir) {
+  for (size_t i = 0; i < got.size(); ++i)
+    if (got[i] != pattern(stream, dir, i)) return false;
+  return true;
+}
+
+struct Pair {
+  std::shared_ptr<Link> a, b;
+  int rawA = -1;  // a dup of a's socket (to break the link from outside)
+  ~Pair() {
+    if (a) a->close(1);
+    if (b) b->close(1);
+    if (rawA >= 0) ::close(rawA);
+  }
+};
+
+std::unique_ptr<Pair> makePair(bool tcp) {
+  int fds[2];
+  if (tcp) {
+    int port = 0;
+    Fd l = listenOn("127.0.0.1", 0, &port);
+    Fd c = connectTo(Endpoint{"127.0.0.1", port}, rr::Deadline::after(5), "link_check");
+    std::string from;
+    Fd s = acceptOne(l.get(), rr::Deadline::after(5), &from);
+    fds[0] = c.release();
+    fds[1] = s.release();
+  } else if (::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) {
+    std::perror("socketpair");
+    std::exit(2);
+  }
+  auto p = std::make_unique<Pair>();
+  p->rawA = ::dup(fds[0]);
+  p->a = Link::start(Fd(fds[0]), "B", kWindow);
+  p->b = Link::start(Fd(fds[1]), "A", kWindow);
+  return p;
+}
+
+// Two streams, both directions at once, 16 MiB each way: every byte in order.
+void checkTransfer(bool tcp) {
+  auto p = makePair(tcp);
+  constexpr size_t n = 16 << 20;
+  std::vector<std::thread> ts;
+  std::atomic<int> ok{0};
+  const auto t0 = Clock::now();
+  for (uint64_t id : {1, 2}) {
+    for (int side = 0; side < 2; ++side) {
+      ts.emplace_back([&, id, side] {
+        std::unique_ptr<Stream> s = (side == 0 ? p->a : p->b)->open(id);
+        const auto out = make(id, side, n);
+        std::vector<uint8_t> in(n);
+        std::thread w([&] { ok += writeAll(*s, out.data(), n); });
+        const size_t got = readAll(*s, in.data(), n);
+        w.join();
+        s->shutdownWrite();
+        ok += got == n && same(in, id, 1 - side) && readsEnd(*s);
+      });
+    }
+  }
+  for (auto& t : ts) t.join();
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  check(ok == 8, std::string(tcp ? "tcp" : "unix") + ": 2 streams x 2 directions x 16 MiB arrive "
+                 "in order, then the end (" + std::to_string(ok.load()) + "/8)");
+  std::printf("  %s: 64 MiB moved in %.2f s\n", tcp ? "tcp" : "unix", s);
+}
+
+// A stream nobody reads fills its window and stops; another stream on the link goes on.
+void checkStalledStream(bool tcp) {
+  auto p = makePair(tcp);
+  auto sa = p->a->open(10), sb = p->b->open(10);
+  std::vector<uint8_t> chunk(64 << 10);
+  size_t written = 0;
+  for (int idle = 0; idle < 20;) {  // until 20 x 10 ms without room
+    iovec v{chunk.data(), chunk.size()};
+    int err = 0;
+    const ssize_t r = sa->write(&v, 1, &err);
+    if (r > 0) {
+      written += static_cast<size_t>(r);
+      idle = 0;
+    } else {
+      ++idle;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  check(written >= kWindow && written <= 2 * kWindow,
+        "a stream whose reader waits takes at most two windows (took " + std::to_string(written) + ")");
+  check(sb->available() <= kWindow, "its inbox holds at most a window (" +
+                                        std::to_string(sb->available()) + ")");
+  auto oa = p->a->open(11), ob = p->b->open(11);
+  constexpr size_t n = 8 << 20;
+  const auto out = make(11, 0, n);
+  std::vector<uint8_t> in(n);
+  std::thread w([&] { writeAll(*oa, out.data(), n); });
+  const size_t got = readAll(*ob, in.data(), n);
+  w.join();
+  check(got == n && same(in, 11, 0), "another stream moves 8 MiB past the stalled one");
+  std::vector<uint8_t> rest(written);
+  check(readAll(*sb, rest.data(), written) == written, "the stalled stream's bytes all arrive");
+  bool ok = true;
+  for (size_t i = 0; i < written; ++i) ok &= rest[i] == 0;
+  check(ok, "... unchanged");
+}
+
+void checkEnds() {
+  auto p = makePair(false);
+  {  // fin after data
+    auto sa = p->a->open(20), sb = p->b->open(20);
+    const auto out = make(20, 0, 1000);
+    check(writeAll(*sa, out.data(), out.size()), "write 1000 bytes");
+    sa->shutdownWrite();
+    int err = 0;
+    iovec v{const_cast<uint8_t*>(out.data()), 1};
+    check(sa->write(&v, 1, &err) == -1 && err == EPIPE, "a write after shutdownWrite: EPIPE");
+    check(waitFor(*sb, Stream::kEnd, 2000), "kEnd wakes at the fin");
+    std::vector<uint8_t> in(1000);
+    check(readAll(*sb, in.data(), in.size()) == 1000 && same(in, 20, 0), "the data before the fin");
+    check(readsEnd(*sb), "then the end");
+  }
+  {  // kEnd does not wake for data
+    auto sa = p->a->open(21), sb = p->b->open(21);
+    sb->arm(Stream::kEnd);
+    const auto out = make(21, 0, 10);
+    writeAll(*sa, out.data(), out.size());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    pollfd q{sb->fd(), POLLIN, 0};
+    check(::poll(&q, 1, 0) == 0 && sb->available() == 10, "kEnd ignores data");
+    check(waitFor(*sb, Stream::kData, 1000), "kData wakes for it");
+    sa->close();
+    check(waitFor(*sb, Stream::kEnd, 2000), "kEnd wakes once the writer closed");
+  }
+  {  // bytes sent before the receiver opens the stream wait for it
+    auto sa = p->a->open(22);
+    const auto out = make(22, 0, 5000);
+    writeAll(*sa, out.data(), out.size());
+    sa->close();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    auto sb = p->b->open(22);
+    std::vector<uint8_t> in(5000);
+    check(readAll(*sb, in.data(), in.size()) == 5000 && same(in, 22, 0) && readsEnd(*sb),
+          "a stream opened after the peer wrote and closed reads it all, then the end");
+  }
+  {  // a stream in use cannot be opened twice
+    auto sa = p->a->open(23), sb = p->b->open(23);
+    bool threw = false;
+    try {
+      p->a->open(23);
+    } catch (const rr::InvalidArgument&) {
+      threw = true;
+    }
+    check(threw, "opening an open stream id throws InvalidArgument");
+  }
+  // Closed on both sides: the links forget them.
+  const auto until = Clock::now() + std::chrono::seconds(2);
+  while (Clock::now() < until && (p->a->streamCount() || p->b->streamCount()))
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  check(p->a->streamCount() == 0 && p->b->streamCount() == 0,
+        "streams closed on both ends are forgotten (" + std::to_string(p->a->streamCount()) +
+            ", " + std::to_string(p->b->streamCount()) + " left)");
+}
+
+// The connection breaks: every stream on both ends reads the end and cannot write.
+void checkLinkFailure(bool tcp) {
+  auto p = makePair(tcp);
+  auto sa = p->a->open(30), sb = p->b->open(30), tb = p->b->open(31);
+  ::shutdown(p->rawA, SHUT_RDWR);
+  check(waitFor(*sb, Stream::kEnd, 2000) && waitFor(*tb, Stream::kEnd, 2000) &&
+            waitFor(*sa, Stream::kEnd, 2000),
+        std::string(tcp ? "tcp" : "unix") + ": a broken link ends every stream");
+  check(readsEnd(*sb) && readsEnd(*sa), "they read the end");
+  uint8_t c = 0;
+  iovec v{&c, 1};
+  int err = 0;
+  check(sb->write(&v, 1, &err) == -1 && err == EPIPE, "and writes get EPIPE");
+  check(p->b->error() == 0, "the link says it closed (error " + std::to_string(p->b->error()) + ")");
+  auto late = p->b->open(32);
+  check(readsEnd(*late), "a stream opened on a link that is down reads the end");
+}
+
+// A window of bytes written and closed at once still goes before link.close() closes.
+void checkCloseFlushes() {
+  auto p = makePair(true);
+  auto sa = p->a->open(40);
+  const auto out = make(40, 0, kWindow);
+  check(writeAll(*sa, out.data(), out.size()), "a window is taken at once");
+  sa->close();
+  p->a->close(5);
+  auto sb = p->b->open(40);
+  std::vector<uint8_t> in(kWindow);
+  check(readAll(*sb, in.data(), in.size()) == kWindow && same(in, 40, 0) && readsEnd(*sb),
+        "close() sends what was written first; the peer reads it all, then the end");
+}
+
+// One thread, eight streams each way, driven only through the non-blocking calls.
+void checkManyStreams() {
+  auto p = makePair(true);
+  constexpr int k = 8;
+  constexpr size_t n = 2 << 20;
+  std::vector<std::unique_ptr<Stream>> src, dst;
+  std::vector<std::vector<uint8_t>> in(k, std::vector<uint8_t>(n)), out;
+  std::vector<size_t> sent(k), got(k);
+  for (int i = 0; i < k; ++i) {
+    src.push_back(p->a->open(100 + i));
+    dst.push_back(p->b->open(100 + i));
+    out.push_back(make(100 + i, 0, n));
+  }
+  const auto until = Clock::now() + std::chrono::seconds(20);
+  size_t total = 0;
+  while (total < k * n && Clock::now() < until) {
+    bool moved = false;
+    for (int i = 0; i < k; ++i) {
+      int err = 0;
+      if (sent[i] < n) {
+        iovec v{out[i].data() + sent[i], std::min<size_t>(n - sent[i], 100000)};
+        const ssize_t r = src[i]->write(&v, 1, &err);
+        if (r > 0) sent[i] += static_cast<size_t>(r), moved = true;
+      }
+      const ssize_t r = dst[i]->read(in[i].data() + got[i], n - got[i], &err);
+      if (r > 0) got[i] += static_cast<size_t>(r), total += static_cast<size_t>(r), moved = true;
+    }
+    if (!moved) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  bool ok = total == k * n;
+  for (int i = 0; i < k && ok; ++i) ok = same(in[i], 100 + i, 0);
+  check(ok, "8 streams x 2 MiB through one thread's non-blocking calls arrive intact");
+}
+
+}  // namespace
+
+int main() {
+  for (bool tcp : {false, true}) {
+    checkTransfer(tcp);
+    checkStalledStream(tcp);
+    checkLinkFailure(tcp);
+  }
+  checkEnds();
+  checkCloseFlushes();
+  checkManyStreams();
+  check(!linkPumpRunning(), "the pump thread stops once every link is closed");
+  std::printf("link_check: %d passed, %d failed\n", passed.load(), failed.load());
+  return failed == 0 ? 0 : 1;
+}
