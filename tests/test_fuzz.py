@@ -42,7 +42,9 @@ SOURCES = ["csrc/core/crc32c.cc", "csrc/core/interrupt.cc", "csrc/core/log.cc",
            "csrc/core/sha256.cc", "csrc/core/types.cc",
            "csrc/transport/frame.cc", "csrc/transport/heartbeat.cc",
            "csrc/transport/tcp/socket.cc", "csrc/transport/tcp/handshake.cc",
-           "csrc/transport/tcp/tcp_connection.cc", "tests/cpp/fuzz_wire.cc",
+           "csrc/transport/tcp/tcp_connection.cc", "csrc/transport/tcp/pipe.cc",
+           "csrc/transport/tcp/link.cc", "csrc/transport/tcp/link_pump.cc",
+           "tests/cpp/fuzz_wire.cc",
            "tests/cpp/fuzz_wire_frames.cc", "tests/cpp/fuzz_wire_handshake.cc",
            "tests/cpp/fuzz_wire_heartbeat.cc"]
 # Any allocation over 64 MiB aborts (an attacker-chosen length must never get that far);

@@ -48,7 +48,7 @@ bool Communicator::incoming(int peer) {
   if (failed()) return true;  // the receive that follows reports it
   const auto& c = conns_[static_cast<size_t>(peer)];
   if (c && c->fd() >= 0) {
-    pollfd p{c->fd(), POLLIN, 0};
+    pollfd p{c->fd(), c->pollEvents(POLLIN), 0};
     // A frame, EOF or an error: the receive reads it -- but not a goodbye: the peer left
     // without sending (an any-source receive waits on for the others, as over shared memory).
     if (::poll(&p, 1, 0) > 0) return !c->goodbyeNext();

@@ -27,11 +27,13 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
   pfdPeer_.push_back(-1);
   // The peers this step moves data with (connected by the caller's progress calls).
   if (sendPeer >= 0) {
-    pfds_.push_back({conn(sendPeer).fd(), static_cast<short>(sendPeer == recvPeer ? POLLOUT | POLLIN : POLLOUT), 0});
+    Connection& c = conn(sendPeer);
+    pfds_.push_back({c.fd(), c.pollEvents(sendPeer == recvPeer ? POLLOUT | POLLIN : POLLOUT), 0});
     pfdPeer_.push_back(sendPeer);
   }
   if (recvPeer >= 0 && recvPeer != sendPeer) {
-    pfds_.push_back({conn(recvPeer).fd(), POLLIN, 0});
+    Connection& c = conn(recvPeer);
+    pfds_.push_back({c.fd(), c.pollEvents(POLLIN), 0});
     pfdPeer_.push_back(recvPeer);
   }
   watchIdle(sendPeer, recvPeer);
@@ -74,7 +76,7 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
         // for data, that is; for it closing its side, still (see watchIdle)
         checkGone();
         if (gone_[static_cast<size_t>(p)]) pfds_[i].fd = -1;  // poll skips it, HUP and all
-        else pfds_[i].events = POLLRDHUP;
+        else pfds_[i].events = conn(p).pollEvents(POLLRDHUP);
       }
     }
   }
@@ -105,8 +107,8 @@ void Communicator::watchIdle(int sendPeer, int recvPeer) {
     if (!c) continue;
     // Watch for death/abort; once its data of this collective is waiting unread, only for
     // the peer closing its side (POLLRDHUP: data stays readable, a FIN does not).
-    pfds_.push_back({c->fd(), static_cast<short>(early_[static_cast<size_t>(p)] ? POLLRDHUP
-                                                                               : POLLIN), 0});
+    pfds_.push_back({c->fd(), c->pollEvents(early_[static_cast<size_t>(p)] ? POLLRDHUP : POLLIN),
+                     0});
     pfdPeer_.push_back(p);
   }
   if (dialer_ && dialer_->listenFd() >= 0) {

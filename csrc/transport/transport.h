@@ -81,8 +81,11 @@ class Connection {
   // A point-to-point channel's connection: mismatches name messages, not broadcasts.
   void setP2p(bool on) { p2p_ = on; }
 
-  // Descriptor to poll for readiness.
+  // Descriptor to poll for readiness, and the events to poll it for to learn `want`
+  // (POLLIN, POLLOUT, POLLRDHUP, or'ed): the same, except for a stream on a shared link,
+  // whose descriptor is an eventfd this call arms (readable once `want` holds).
   virtual int fd() const = 0;
+  virtual short pollEvents(short want) { return want; }
 
   // Called on a connection that is readable although nothing is expected from it: throw if
   // it carries an abort frame or EOF, return kEarlyData if it is data of a later collective

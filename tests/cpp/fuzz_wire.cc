@@ -137,9 +137,79 @@ Out classify(std::exception_ptr e, std::string* what) {
   return Out::kOtherRr;
 }
 
-Pair makePair(bool useTcp) {
+const char* name(Via v) { return v == Via::kUnix ? "unix" : v == Via::kTcp ? "tcp" : "link"; }
+
+Via randomVia(Rng& rng) {
+  const size_t r = rng.below(100);
+  return r < 8 ? Via::kTcp : r < 14 ? Via::kLink : Via::kUnix;
+}
+
+Pair::~Pair() {
+  closeWriter();
+  closeFd(&r);
+  sr.reset();
+  if (lw) lw->close(0.2);
+  if (lr) lr->close(0.2);
+}
+
+std::unique_ptr<tcp::Pipe> Pair::reader() {
+  if (sr) return tcp::streamPipe(std::move(sr));
+  const int fd = r;
+  r = -1;
+  return tcp::socketPipe(tcp::Fd(fd));
+}
+
+ssize_t Pair::send(const void* buf, size_t n) {
+  if (!sw) return ::send(w, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+  const iovec v{const_cast<void*>(buf), n};
+  int err = 0;
+  const ssize_t k = sw->write(&v, 1, &err);
+  if (k < 0) errno = err;
+  return k;
+}
+
+bool Pair::writeAll(const void* buf, size_t n, Deadline d, std::string* err) {
+  if (!sw) return tcp::writeFull(w, buf, n, d, err);
+  for (size_t put = 0; put < n;) {
+    const ssize_t k = send(static_cast<const char*>(buf) + put, n - put);
+    if (k > 0) {
+      put += static_cast<size_t>(k);
+      continue;
+    }
+    if (errno != EAGAIN) {
+      *err = std::strerror(errno);
+      return false;
+    }
+    sw->arm(tcp::Stream::kRoom);
+    pollfd pf{sw->fd(), POLLIN, 0};
+    if (::poll(&pf, 1, d.pollMs()) == 0 && d.expired()) {
+      *err = "timed out";
+      return false;
+    }
+  }
+  return true;
+}
+
+void Pair::closeWriter() {
+  closeFd(&w);
+  if (sw) sw->close();
+  sw.reset();
+}
+
+Pair makePair(Via via) {
   Pair p;
-  if (!useTcp) {
+  if (via == Via::kLink) {
+    static uint64_t nextId = 1;
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) fail("socketpair failed");
+    p.lr = tcp::Link::start(tcp::Fd(sv[0]), "fuzzpeer");
+    p.lw = tcp::Link::start(tcp::Fd(sv[1]), "fuzzreader");
+    const uint64_t id = nextId++;
+    p.sr = p.lr->open(id);
+    p.sw = p.lw->open(id);
+    return p;
+  }
+  if (via == Via::kUnix) {
     int sv[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) fail("socketpair failed");
     tcp::setNonBlocking(sv[0]);

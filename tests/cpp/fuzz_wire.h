@@ -10,10 +10,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "core/deadline.h"
 #include "core/error.h"
+#include "transport/tcp/link.h"
+#include "transport/tcp/pipe.h"
 
 namespace fuzz {
 
@@ -95,12 +99,26 @@ const char* name(Out o);
 // The class of a caught exception; fails the run on anything but an rr::Error.
 Out classify(std::exception_ptr e, std::string* what);
 
-// A connected, non-blocking stream pair (AF_UNIX socketpair, or loopback TCP through the
-// real listenOn/connectTo/acceptOne): r for the connection under test, w for the writer.
+// A connected, non-blocking byte pipe: an AF_UNIX socketpair, loopback TCP through the real
+// listenOn/connectTo/acceptOne, or a stream on a link (transport/tcp/link.h, over a
+// socketpair): reader() for the connection under test, the writer's calls for the rest.
+enum class Via { kUnix, kTcp, kLink };
+const char* name(Via v);
+Via randomVia(Rng& rng);  // mostly kUnix (fast); kTcp and kLink now and then
 struct Pair {
-  int r = -1, w = -1;
+  int r = -1, w = -1;  // sockets (kUnix, kTcp); -1 for a link's
+  std::shared_ptr<rr::transport::tcp::Link> lr, lw;
+  std::unique_ptr<rr::transport::tcp::Stream> sr, sw;
+  Pair() = default;
+  Pair(Pair&&) = default;
+  ~Pair();
+  // The reader's end as a pipe (once): what a TcpConnection under test reads through.
+  std::unique_ptr<rr::transport::tcp::Pipe> reader();
+  ssize_t send(const void* buf, size_t n);  // the writer's non-blocking send
+  bool writeAll(const void* buf, size_t n, rr::Deadline d, std::string* err);
+  void closeWriter();
 };
-Pair makePair(bool useTcp);
+Pair makePair(Via via);
 void closeFd(int* fd);
 
 template <typename T>

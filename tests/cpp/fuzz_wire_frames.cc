@@ -230,7 +230,7 @@ struct FrameCase {
   bool close = true;                // writer closes after the last byte
   std::vector<FrameHeader> expect;  // what the reader expects, receive by receive
   std::vector<size_t> lens;
-  bool useTcp = false;
+  Via via = Via::kUnix;
   bool rxCrc = false;  // the reader checksums (RINGREDUCE_CHECKSUM=1): a frame needs a CRC
 };
 
@@ -315,7 +315,7 @@ FrameCase genFrameCase(Rng& rng) {
     c.s.insert(c.s.end(), tail.begin(), tail.end());
   }
   c.close = rng.chance(0.8);
-  c.useTcp = rng.chance(0.08);
+  c.via = randomVia(rng);
   // An abort whose reason is cut short by a writer that stays open holds the reader for
   // raiseAbort's 0.5 s: worth covering, too slow to cover often.
   Plan p = plan(c);
@@ -357,21 +357,20 @@ void checkAbortMessage(const Bytes& s, size_t off, const std::string& what) {
 void runFrameCase(FrameCase c) {
   Plan p = plan(c);
   mergeAfterAborts(c, p);
-  Pair fds = makePair(c.useTcp);
-  tcp::TcpConnection conn(1, "fuzzpeer", tcp::Fd(fds.r));
+  Pair fds = makePair(c.via);
+  tcp::TcpConnection conn(1, "fuzzpeer", fds.reader());
   conn.setChecksum(c.rxCrc);
-  const double blockWait = c.useTcp ? 0.2 : 0.02;
+  const double blockWait = c.via != Via::kUnix ? 0.2 : 0.02;  // through a thread or the stack
   size_t ci = 0, written = 0;
   bool closed = false;
   auto pump = [&] {  // next write (or part of it); close after the last byte if planned
     if (ci < c.cuts.size()) {
-      ssize_t n = ::send(fds.w, c.s.data() + written, c.cuts[ci] - written,
-                         MSG_DONTWAIT | MSG_NOSIGNAL);
+      ssize_t n = fds.send(c.s.data() + written, c.cuts[ci] - written);
       if (n > 0) written += static_cast<size_t>(n);
       if (written == c.cuts[ci]) ++ci;
     }
     if (ci == c.cuts.size() && c.close && !closed) {  // with the last byte, not a round later
-      closeFd(&fds.w);
+      fds.closeWriter();
       closed = true;
     }
   };
@@ -402,14 +401,14 @@ void runFrameCase(FrameCase c) {
         break;
       }
       if (allWritten()) {
-        pollfd pf{conn.fd(), POLLIN, 0};
+        pollfd pf{conn.fd(), conn.pollEvents(POLLIN), 0};
         if (::poll(&pf, 1, Deadline::after(blockWait).pollMs()) == 0) break;  // parked
       }
     }
     ++gStats.outcomes[static_cast<int>(got)];
     FZ_CHECK(got == p.outs[i], "receive ", i, " of ", p.outs.size(), " (stream ", c.s.size(),
-             " bytes, offset ", p.offs[i], ", len ", len, ", close ", c.close, ", tcp ",
-             c.useTcp, "): got ", name(got), " '", what, "', expected ", name(p.outs[i]));
+             " bytes, offset ", p.offs[i], ", len ", len, ", close ", c.close, ", via ",
+             name(c.via), "): got ", name(got), " '", what, "', expected ", name(p.outs[i]));
     if (got != Out::kOk && got != Out::kBlock) FZ_CHECK(!what.empty(), "empty error message");
     if (got == Out::kOk) {
       if (gInjectBug && len) buf[len / 2] ^= 1;
@@ -421,7 +420,7 @@ void runFrameCase(FrameCase c) {
     }
     if (got != Out::kOk) break;
   }
-  closeFd(&fds.w);
+  fds.closeWriter();
   ++gStats.frames;
 }
 
@@ -450,14 +449,24 @@ void runIdleCase(Rng& rng) {
     close = rng.chance(0.97);  // else the reason's read waits 0.5 s for the rest: rarely
   bool withCurrent = rng.chance(0.8);
   Out want = predictIdle(s, close, withCurrent ? &cur : nullptr);
-  Pair fds = makePair(rng.chance(0.08));
-  tcp::TcpConnection conn(1, "fuzzpeer", tcp::Fd(fds.r));
+  const Via via = randomVia(rng);
+  Pair fds = makePair(via);
+  std::unique_ptr<tcp::Pipe> pipe = fds.reader();
+  tcp::Pipe& rd = *pipe;  // owned by conn from here on
+  tcp::TcpConnection conn(1, "fuzzpeer", std::move(pipe));
   std::string err;
-  if (!s.empty() && !tcp::writeFull(fds.w, s.data(), s.size(), Deadline::after(5), &err))
+  if (!s.empty() && !fds.writeAll(s.data(), s.size(), Deadline::after(5), &err))
     fail("writing an idle case: ", err);
-  if (close) closeFd(&fds.w);
-  if (!s.empty()) {  // let it all arrive (loopback TCP) before checkIdle looks
-    pollfd pf{conn.fd(), POLLIN, 0};
+  if (close) fds.closeWriter();
+  // Let it all arrive (loopback TCP, the link's pump) before checkIdle looks -- over a
+  // link, the writer's close too (a socketpair's is there at once).
+  for (Deadline d = Deadline::after(1);
+       rd.available() < static_cast<ssize_t>(s.size()) && !d.expired();) {
+    pollfd pf{conn.fd(), conn.pollEvents(POLLIN), 0};
+    ::poll(&pf, 1, 10);
+  }
+  if (close && via == Via::kLink) {
+    pollfd pf{conn.fd(), conn.pollEvents(POLLRDHUP), 0};
     ::poll(&pf, 1, 1000);
   }
   Out got;
@@ -479,13 +488,12 @@ void runIdleCase(Rng& rng) {
       skip = kH + static_cast<size_t>(std::min<uint64_t>(
                       {headerAt(s, 0).payloadBytes, kMaxAbortReason, s.size() - kH}));
     Bytes rest(s.size() - skip);
-    if (!rest.empty() &&
-        !tcp::readFull(conn.fd(), rest.data(), rest.size(), Deadline::after(2), &err))
+    if (!rest.empty() && !tcp::readFull(rd, rest.data(), rest.size(), Deadline::after(2), &err))
       fail("reading back after checkIdle: ", err);
     FZ_CHECK(std::equal(rest.begin(), rest.end(), s.begin() + static_cast<ptrdiff_t>(skip)),
              "checkIdle consumed or changed bytes it should have left");
   }
-  closeFd(&fds.w);
+  fds.closeWriter();
   ++gStats.idle;
 }
 
@@ -535,8 +543,9 @@ void runMismatchChecks(Rng& rng) {
 
 // The real sender must put exactly validFrame()'s bytes on the wire.
 void checkRealSender(Rng& rng) {
-  Pair fds = makePair(false);
+  Pair fds = makePair(Via::kUnix);
   tcp::TcpConnection tx(1, "fuzzpeer", tcp::Fd(fds.w));
+  fds.w = -1;  // tx's
   bool crc = rng.chance(0.5);
   tx.setChecksum(crc);
   FrameHeader h = randomExpect(rng);
@@ -572,12 +581,12 @@ void selfTestGoodbyeThenClose(const FrameHeader& e) {
   FrameHeader bye;
   bye.kind = static_cast<uint8_t>(CollectiveKind::kGoodbye);
   Bytes s = frame(bye, Bytes());
-  Pair fds = makePair(false);
-  tcp::TcpConnection conn(1, "fuzzpeer", tcp::Fd(fds.r));
+  Pair fds = makePair(Via::kUnix);
+  tcp::TcpConnection conn(1, "fuzzpeer", fds.reader());
   std::string err;
-  if (!tcp::writeFull(fds.w, s.data(), s.size(), Deadline::after(5), &err))
+  if (!fds.writeAll(s.data(), s.size(), Deadline::after(5), &err))
     fail("writing the goodbye: ", err);
-  closeFd(&fds.w);
+  fds.closeWriter();
   FZ_CHECK(conn.checkIdle(nullptr) == Connection::Idle::kGoodbye, "checkIdle missed the goodbye");
   Bytes buf(64);
   RecvOp op;

@@ -17,49 +17,17 @@
 
 namespace rr::transport::tcp {
 
-namespace {
-// Between two processes of one host (both ends of the socket have one address: loopback, or
-// a host's own address), a frame's payload is read in pieces of at most this size: a read
-// holds the socket's lock while it copies, and the sender's packets, which the sending
-// process itself pushes through the receive path, wait in the backlog meanwhile. Whole-frame
-// reads halved loopback's rate here (a C test, 32 MiB: 2.0 GB/s read at once, 5.1 in 32 KiB
-// pieces; 2-rank TCP gather / scatter of 64 MiB: ~22 -> ~15 ms). Across hosts the link paces
-// the data and the extra reads cost: an emulated 10 Gbit/s 4-host all-reduce of 64 MiB was
-// ~15% slower in pieces, so there a read takes all it can.
-constexpr size_t kLocalRecvPiece = 32 << 10;
-
-bool bothEndsLocal(int fd) {
-  sockaddr_storage a{}, b{};
-  socklen_t la = sizeof a, lb = sizeof b;
-  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &la) != 0 ||
-      ::getpeername(fd, reinterpret_cast<sockaddr*>(&b), &lb) != 0 || a.ss_family != b.ss_family)
-    return false;
-  if (a.ss_family == AF_INET)
-    return reinterpret_cast<sockaddr_in&>(a).sin_addr.s_addr ==
-           reinterpret_cast<sockaddr_in&>(b).sin_addr.s_addr;
-  if (a.ss_family == AF_INET6)
-    return std::memcmp(&reinterpret_cast<sockaddr_in6&>(a).sin6_addr,
-                       &reinterpret_cast<sockaddr_in6&>(b).sin6_addr, sizeof(in6_addr)) == 0;
-  return false;
-}
-}  // namespace
 
 TcpConnection::TcpConnection(int peer, std::string peerHost, Fd fd)
-    : Connection(peer, std::move(peerHost)), fd_(std::move(fd)),
-      recvPiece_(bothEndsLocal(fd_.get()) ? kLocalRecvPiece : SIZE_MAX) {}
+    : TcpConnection(peer, std::move(peerHost), socketPipe(std::move(fd))) {}
+
+TcpConnection::TcpConnection(int peer, std::string peerHost, std::unique_ptr<Pipe> pipe)
+    : Connection(peer, std::move(peerHost)), pipe_(std::move(pipe)),
+      recvPiece_(pipe_->recvPiece()) {}
 
 TcpConnection::~TcpConnection() { close(); }
 
-void TcpConnection::close() {
-  if (!fd_.valid()) return;
-  // FIN after anything queued (an abort frame), then drain what the peer already sent so
-  // close() does not turn into a RST that could discard that abort frame on its side.
-  ::shutdown(fd_.get(), SHUT_WR);
-  char sink[16384];
-  for (int i = 0; i < 64; ++i)
-    if (::recv(fd_.get(), sink, sizeof(sink), MSG_DONTWAIT) <= 0) break;
-  fd_.reset();
-}
+void TcpConnection::close() { pipe_->close(); }
 
 void TcpConnection::failClosed(const char* doing) {
   // The goodbye was read before -- consumed by checkIdle while this rank waited on another
@@ -99,20 +67,20 @@ void TcpConnection::failErrno(const char* doing, int err) {
 namespace {
 // The text payload of a control frame (abort, goodbye) whose header was read, `already` of
 // it read with the header. Bounded by kMaxAbortReason; best effort (0.5 s).
-std::string readReason(int fd, const FrameHeader& h, const char* already, size_t alreadyLen) {
+std::string readReason(Pipe& pipe, const FrameHeader& h, const char* already, size_t alreadyLen) {
   size_t want = std::min<size_t>(h.payloadBytes, kMaxAbortReason);
   std::string reason(already ? already : "", already ? std::min(alreadyLen, want) : 0);
   if (reason.size() < want) {
     std::string rest(want - reason.size(), '\0');
     std::string err;
-    if (readFull(fd, rest.data(), rest.size(), Deadline::after(0.5), &err)) reason += rest;
+    if (readFull(pipe, rest.data(), rest.size(), Deadline::after(0.5), &err)) reason += rest;
   }
   return reason;
 }
 }  // namespace
 
 void TcpConnection::readGoodbye(const FrameHeader& h, const char* already, size_t alreadyLen) {
-  noteGoodbye(h, readReason(fd_.get(), h, already, alreadyLen));
+  noteGoodbye(h, readReason(*pipe_, h, already, alreadyLen));
 }
 
 void TcpConnection::noteGoodbye(const FrameHeader& h, std::string why) {
@@ -123,7 +91,7 @@ void TcpConnection::noteGoodbye(const FrameHeader& h, std::string why) {
 }
 
 void TcpConnection::raiseAbort(const FrameHeader& h, const char* already, size_t alreadyLen) {
-  throwAbort(h, readReason(fd_.get(), h, already, alreadyLen));
+  throwAbort(h, readReason(*pipe_, h, already, alreadyLen));
 }
 
 void TcpConnection::throwAbort(const FrameHeader& h, const std::string& reason) {
@@ -157,10 +125,7 @@ bool TcpConnection::progressSend(SendOp& op) {
       iov[n++] = {const_cast<char*>(static_cast<const char*>(op.data)) + (op.done - H),
                   total - op.done};
     }
-    msghdr mh{};
-    mh.msg_iov = iov;
-    mh.msg_iovlen = static_cast<size_t>(n);
-    ssize_t r = ::sendmsg(fd_.get(), &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t r = pipe_->sendv(iov, n);
     if (r > 0) {
       op.done += static_cast<size_t>(r);
       midRemain_ = total - op.done;
@@ -214,7 +179,7 @@ bool TcpConnection::progressRecv(RecvOp& op) {
     } else {
       iov[n++] = {static_cast<char*>(op.data) + (op.done - H), std::min(total - op.done, recvPiece_)};
     }
-    ssize_t r = ::readv(fd_.get(), iov, n);
+    ssize_t r = pipe_->recvv(iov, n);
     if (r > 0) {
       op.done += static_cast<size_t>(r);
       if (!op.checked && op.done >= H) {
@@ -256,7 +221,7 @@ bool TcpConnection::progressRecv(RecvOp& op) {
 
 Connection::Idle TcpConnection::checkIdle(const FrameHeader* current) {
   FrameHeader h;
-  ssize_t r = ::recv(fd_.get(), &h, sizeof(h), MSG_PEEK | MSG_DONTWAIT);
+  ssize_t r = pipe_->peek(&h, sizeof(h));
   if (r == 0) failClosed("waiting on other peers");
   if (r < 0) {
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Idle::kEarlyData;
@@ -265,12 +230,12 @@ Connection::Idle TcpConnection::checkIdle(const FrameHeader* current) {
   }
   if (static_cast<size_t>(r) == sizeof(h) && h.magic == kFrameMagic &&
       h.kind == static_cast<uint8_t>(CollectiveKind::kAbort)) {
-    ::recv(fd_.get(), &h, sizeof(h), MSG_DONTWAIT);  // consume the header, then the reason
+    consumeHeader();  // then the reason
     raiseAbort(h, nullptr, 0);
   }
   if (static_cast<size_t>(r) == sizeof(h) && h.magic == kFrameMagic &&
       h.kind == static_cast<uint8_t>(CollectiveKind::kGoodbye)) {
-    ::recv(fd_.get(), &h, sizeof(h), MSG_DONTWAIT);
+    consumeHeader();
     readGoodbye(h, nullptr, 0);
     return Idle::kGoodbye;
   }
@@ -301,10 +266,10 @@ Connection::Idle TcpConnection::checkIdle(const FrameHeader* current) {
 
 TcpConnection::Pending TcpConnection::peekControl() {
   constexpr size_t H = sizeof(FrameHeader);
-  int avail = 0;
-  if (::ioctl(fd_.get(), FIONREAD, &avail) < 0) failErrno("watching", errno);
-  std::vector<char> buf(static_cast<size_t>(std::max(avail, 0)));
-  ssize_t r = buf.empty() ? 0 : ::recv(fd_.get(), buf.data(), buf.size(), MSG_PEEK | MSG_DONTWAIT);
+  const ssize_t avail = pipe_->available();
+  if (avail < 0) failErrno("watching", errno);
+  std::vector<char> buf(static_cast<size_t>(avail));
+  ssize_t r = buf.empty() ? 0 : pipe_->peek(buf.data(), buf.size());
   if (r < 0) {
     if (errno == ECONNRESET) failClosed("waiting on other peers");
     if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) failErrno("watching", errno);
@@ -326,9 +291,15 @@ TcpConnection::Pending TcpConnection::peekControl() {
   return {};
 }
 
+void TcpConnection::consumeHeader() {
+  FrameHeader h;
+  const iovec v{&h, sizeof(h)};
+  (void)pipe_->recvv(&v, 1);  // peeked whole before: it is there
+}
+
 bool TcpConnection::goodbyeNext() {
   FrameHeader h;
-  const ssize_t r = ::recv(fd_.get(), &h, sizeof(h), MSG_PEEK | MSG_DONTWAIT);
+  const ssize_t r = pipe_->peek(&h, sizeof(h));
   return r == static_cast<ssize_t>(sizeof(h)) && h.magic == kFrameMagic &&
          h.kind == static_cast<uint8_t>(CollectiveKind::kGoodbye);
 }
@@ -351,7 +322,7 @@ void TcpConnection::sendAbort(AbortCode code, const std::string& reason, Culprit
   // a helper). The zeros land in a buffer that the failure leaves undefined anyway (with
   // RINGREDUCE_CHECKSUM=1 the peer reports a checksum error instead). At most 0.5 s: frames
   // are segments (RINGREDUCE_SEGMENT_BYTES) in most algorithms.
-  if (midRemain_ > 0 && fd_.valid()) padFrame(Deadline::after(0.5));
+  if (midRemain_ > 0 && pipe_->fd() >= 0) padFrame(Deadline::after(0.5));
   sendControl(CollectiveKind::kAbort, static_cast<uint8_t>(code), reason, who);
 }
 
@@ -360,7 +331,7 @@ bool TcpConnection::padFrame(Deadline d) {
   std::string err;
   while (midRemain_ > 0) {
     const size_t n = std::min(midRemain_, zeros.size());
-    if (!writeFull(fd_.get(), zeros.data(), n, d, &err)) return false;
+    if (!writeFull(*pipe_, zeros.data(), n, d, &err)) return false;
     midRemain_ -= n;
   }
   return true;
@@ -372,7 +343,7 @@ void TcpConnection::sendGoodbye(const std::string& why, uint64_t lastSeq, Culpri
 
 void TcpConnection::sendControl(CollectiveKind kind, uint8_t code, const std::string& payload,
                                 Culprit who, uint64_t seq) {
-  if (!fd_.valid() || midRemain_ > 0) return;
+  if (pipe_->fd() < 0 || midRemain_ > 0) return;
   FrameHeader h;
   h.kind = static_cast<uint8_t>(kind);
   h.op = code;
@@ -384,10 +355,7 @@ void TcpConnection::sendControl(CollectiveKind kind, uint8_t code, const std::st
   std::string r = payload.substr(0, kMaxAbortReason);
   h.payloadBytes = r.size();
   iovec iov[2] = {{&h, sizeof(h)}, {r.data(), r.size()}};
-  msghdr mh{};
-  mh.msg_iov = iov;
-  mh.msg_iovlen = 2;
-  (void)::sendmsg(fd_.get(), &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+  (void)pipe_->sendv(iov, 2);
 }
 
 }  // namespace rr::transport::tcp

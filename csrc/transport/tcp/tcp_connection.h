@@ -2,6 +2,9 @@
 // writev/readv), header validation before payload is trusted, abort frames, EOF detection.
 #pragma once
 
+#include <memory>
+
+#include "transport/tcp/pipe.h"
 #include "transport/tcp/socket.h"
 #include "transport/transport.h"
 
@@ -9,12 +12,15 @@ namespace rr::transport::tcp {
 
 class TcpConnection final : public Connection {
  public:
-  TcpConnection(int peer, std::string peerHost, Fd fd);
+  TcpConnection(int peer, std::string peerHost, Fd fd);  // a socket of its own
+  // Through `pipe`: a socket, or a stream on a link the process's communicators share.
+  TcpConnection(int peer, std::string peerHost, std::unique_ptr<Pipe> pipe);
   ~TcpConnection() override;
 
   bool progressSend(SendOp& op) override;
   bool progressRecv(RecvOp& op) override;
-  int fd() const override { return fd_.get(); }
+  int fd() const override { return pipe_->fd(); }
+  short pollEvents(short want) override { return pipe_->pollEvents(want); }
   Idle checkIdle(const FrameHeader* current) override;
   Idle checkClosedAfterEarlyData() override;
   bool goodbyeNext() override;
@@ -47,8 +53,10 @@ class TcpConnection final : public Connection {
   // What a goodbye's header and reason say (leftWhy_, leftAfter_, leftCulprit_).
   void noteGoodbye(const FrameHeader& h, std::string why);
 
-  Fd fd_;
-  // Most payload bytes one read takes (see tcp_connection.cc's kLocalRecvPiece).
+  void consumeHeader();  // drop a frame header peeked whole
+
+  std::unique_ptr<Pipe> pipe_;
+  // Most payload bytes one read takes (see pipe.cc's kLocalRecvPiece).
   size_t recvPiece_;
   // Bytes of a partially written frame still to go (> 0: an abort frame would corrupt it).
   size_t midRemain_ = 0;
