@@ -238,6 +238,16 @@ void checkEnds() {
     check(readAll(*sb, in.data(), in.size()) == 5000 && same(in, 22, 0) && readsEnd(*sb),
           "a stream opened after the peer wrote and closed reads it all, then the end");
   }
+  {  // one write of many pieces (more than a direct send gathers at once)
+    auto sa = p->a->open(24), sb = p->b->open(24);
+    const auto out = make(24, 0, 12 * 1000);
+    iovec v[12];
+    for (int i = 0; i < 12; ++i) v[i] = {const_cast<uint8_t*>(out.data()) + i * 1000, 1000};
+    int err = 0;
+    check(sa->write(v, 12, &err) == 12000, "a write of 12 pieces is taken whole");
+    std::vector<uint8_t> in(out.size());
+    check(readAll(*sb, in.data(), in.size()) == in.size() && same(in, 24, 0), "... in order");
+  }
   {  // a stream in use cannot be opened twice
     auto sa = p->a->open(23), sb = p->b->open(23);
     bool threw = false;

@@ -203,6 +203,79 @@ ssize_t Link::Impl::readPayload(std::unique_lock<std::mutex>& g, size_t* budget)
   return r;
 }
 
+namespace {
+// The spans of iov[0..n) from byte `off` on, at most `len` bytes, into out (room for `max`).
+int slice(const iovec* iov, int n, size_t off, size_t len, iovec* out, int max) {
+  int k = 0;
+  for (int i = 0; i < n && len > 0 && k < max; ++i) {
+    if (off >= iov[i].iov_len) {
+      off -= iov[i].iov_len;
+      continue;
+    }
+    const size_t take = std::min(iov[i].iov_len - off, len);
+    out[k++] = {static_cast<char*>(iov[i].iov_base) + off, take};
+    len -= take;
+    off = 0;
+  }
+  return k;
+}
+}  // namespace
+
+size_t Link::Impl::queue(StreamState& s, const iovec* iov, int n, size_t skip) {
+  iovec parts[8];
+  size_t done = 0;
+  for (bool more = true; more && s.outbox.room() > 0;) {
+    const int k = slice(iov, n, skip + done, s.outbox.room(), parts, 8);
+    more = k == 8;
+    if (k == 0) break;
+    for (int i = 0; i < k; ++i) done += s.outbox.copyIn(parts[i].iov_base, parts[i].iov_len);
+  }
+  return done;
+}
+
+size_t Link::Impl::sendDirect(const std::shared_ptr<StreamState>& sp, const iovec* iov, int n,
+                              size_t total) {
+  StreamState& s = *sp;
+  size_t done = 0;
+  while (done < total && !down() && !txActive && control.empty() && s.credit > 0) {
+    // At most what the outbox holds: a sub-frame the socket takes in part goes on from there.
+    const size_t len = std::min({total - done, s.credit, kMaxSub, s.outbox.capacity()});
+    SubHeader h{kLinkMagic, kSubData, s.id, len};
+    iovec v[9];
+    v[0] = {&h, sizeof h};
+    const int k = 1 + slice(iov, n, done, len, v + 1, 8);
+    size_t inV = 0;
+    for (int i = 1; i < k; ++i) inV += v[i].iov_len;
+    if (inV < len) break;  // more pieces than one call takes: the pump sends from the outbox
+    msghdr mh{};
+    mh.msg_iov = v;
+    mh.msg_iovlen = static_cast<size_t>(k);
+    const ssize_t r = ::sendmsg(fd.get(), &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) fail(errno);
+      break;
+    }
+    s.credit -= len;  // the sub-frame has begun: all of it goes
+    const size_t sent = static_cast<size_t>(r);
+    const size_t paid = sent > sizeof h ? sent - sizeof h : 0;
+    if (paid < len) {  // the pump finishes it: the header's rest, then the payload's
+      txHdr = h;
+      txHdrDone = std::min(sent, sizeof h);
+      iovec rest[8];
+      const int m = slice(iov, n, done + paid, len - paid, rest, 8);
+      for (int i = 0; i < m; ++i) s.outbox.copyIn(rest[i].iov_base, rest[i].iov_len);
+      txLeft = len - paid;
+      txFrom = sp;
+      txActive = true;
+      done += len;
+      break;
+    }
+    done += len;
+  }
+  return done;
+}
+
 bool Link::Impl::pickNext() {
   txHdrDone = 0;
   txLeft = 0;

@@ -146,6 +146,12 @@ struct Link::Impl {
     return true;
   }
 
+  // A stream's write (locked): sub-frames of iov sent on the socket at once while the link
+  // has nothing half-sent and the stream has credit; a sub-frame the socket took in part is
+  // finished by the pump from the outbox. Returns the bytes of iov taken.
+  size_t sendDirect(const std::shared_ptr<StreamState>& s, const iovec* iov, int n, size_t total);
+  // Copy iov's bytes from `skip` on into the stream's outbox, as many as fit (locked).
+  size_t queue(StreamState& s, const iovec* iov, int n, size_t skip);
   void pumpRead(const std::string& peer);
   void onHeader(const std::string& peer);  // locked: a whole header is in rxHdr
   ssize_t readPayload(std::unique_lock<std::mutex>& g, size_t* budget);  // as readv()
