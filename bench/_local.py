@@ -23,9 +23,9 @@ def free_port() -> int:
 
 
 def launch(script: str, n: int, mode: str, iters: int, transport: str = "auto",
-           timeout: float = 600) -> list:
+           timeout: float = 600, env: dict | None = None) -> list:
     """Run the ranks to completion; each rank's JSON (None where a rank wrote none).
-    SystemExit naming the setup if a rank fails."""
+    SystemExit naming the setup if a rank fails. env: more environment for every rank."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="rr-bench-") as tmp:  # removed, whatever happens
         outs = [os.path.join(tmp, f"{r}.json") for r in range(n)]
@@ -34,7 +34,7 @@ def launch(script: str, n: int, mode: str, iters: int, transport: str = "auto",
                                   env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(n),
                                        "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
                                        "MASTER_PORT": str(port),
-                                       "RINGREDUCE_TRANSPORT": transport})
+                                       "RINGREDUCE_TRANSPORT": transport, **(env or {})})
                  for r in range(n)]
         try:
             for p in procs:

@@ -2,12 +2,16 @@
 """What a group costs, and whether a subgroup runs as fast as a world of its size.
 
     python bench/groups.py --json bench/groups.json --plot bench/groups.png
+    python bench/groups.py --setups tcp,tcp-links --json bench/groups_links.json \
+        --plot bench/groups_links.png
 
 1. Creation: on a world of N = 2, 4, 8 ranks, `rr.new_group(all ranks)` is timed (median
    of 5, each followed by Group.destroy()), and one live group's extra file descriptors,
    threads and resident memory are read from /proc on every rank (the maximum is reported),
-   with its open TCP connections and the descriptors a second live group adds. Over shared
-   memory (one host: no sockets between a group's ranks) and with RINGREDUCE_TRANSPORT=tcp.
+   with its open connections, the descriptors and TCP sockets a second live group adds. Over
+   shared memory (one host: no sockets between a group's ranks), with
+   RINGREDUCE_TRANSPORT=tcp, and (setup tcp-links) with RINGREDUCE_GROUP_LINKS=1 as well:
+   groups as streams on one connection per pair of processes that they all share.
 2. Speed: all-reduce of 8 B .. 16 MiB (float32, results checked against the expected sum
    on every iteration) on a 2-rank world, and on the 2-rank group [0, 1] of a 4-rank job
    whose other ranks wait in a barrier -- same transport (shared memory, then TCP), same
@@ -28,13 +32,18 @@ import time
 import _local  # bench/_local.py (this script's directory is on sys.path)
 
 SIZES = [8, 64 * 1024, 1 << 20, 16 << 20]
+# setup -> (RINGREDUCE_TRANSPORT, more environment)
+SETUPS = {"shm": ("shm", {}), "tcp": ("tcp", {}),
+          "tcp-links": ("tcp", {"RINGREDUCE_GROUP_LINKS": "1"})}
 
 
 def _proc() -> dict:
+    from ringreduce._fds import tcp_sockets
+
     with open("/proc/self/status") as f:
         st = dict(line.split(":", 1) for line in f if ":" in line)
     return {"fds": len(os.listdir("/proc/self/fd")), "threads": int(st["Threads"]),
-            "rss_kib": int(st["VmRSS"].split()[0])}
+            "rss_kib": int(st["VmRSS"].split()[0]), "tcp_sockets": tcp_sockets()}
 
 
 def _time_allreduce(g: object, rank: int, members: list[int], iters: int) -> dict:
@@ -85,6 +94,7 @@ def worker(mode: str, out: str, iters: int) -> None:
         res = {"create_ms": statistics.median(times) * 1e3,
                **{k: after[k] - before[k] for k in before},
                "fds_second_group": _proc()["fds"] - after["fds"],
+               "tcp_sockets_second_group": _proc()["tcp_sockets"] - after["tcp_sockets"],
                "connections": g.comm.link_stats()["connections"]}
         g2.destroy()
         g.destroy()
@@ -100,8 +110,9 @@ def worker(mode: str, out: str, iters: int) -> None:
     rr.destroy()
 
 
-def _launch(n: int, mode: str, transport: str, iters: int) -> list[dict]:
-    return _local.launch(__file__, n, mode, iters, transport)
+def _launch(n: int, mode: str, setup: str, iters: int) -> list[dict]:
+    transport, env = SETUPS[setup]
+    return _local.launch(__file__, n, mode, iters, transport, env=env)
 
 
 def main() -> None:
@@ -110,18 +121,22 @@ def main() -> None:
     ap.add_argument("--plot", help="draw the subgroup/world ratios here (PNG)")
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--repeat", type=int, default=7, help="launches of each setup")
+    ap.add_argument("--setups", default="shm,tcp", help=f"comma-separated, of {list(SETUPS)}")
     a = ap.parse_args()
+    setups = a.setups.split(",")
+    if not setups or any(x not in SETUPS for x in setups):
+        ap.error(f"--setups: each of {list(SETUPS)}, got {a.setups!r}")
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from ringreduce.bench.machine import describe
 
-    create: dict = {"shm": {}, "tcp": {}}
+    create: dict = {x: {} for x in setups}
     for transport, rows in create.items():
         for n in (2, 4, 8):
             outs = _launch(n, "create", transport, a.iters)
             rows[n] = {k: max(o[k] for o in outs) for k in outs[0]}
             print(f"new_group on {n} ranks ({transport}): {rows[n]}", flush=True)
     speed: dict = {}
-    for transport in ("shm", "tcp"):
+    for transport in setups:
         # Alternate the two setups --repeat times and take the median of their medians:
         # one launch's timings on this VM can sit in a slow or fast mode for its whole life.
         ws, ss = [], []

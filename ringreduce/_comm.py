@@ -19,12 +19,15 @@ log = logging.getLogger("ringreduce")
 def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
              maddr: str | None, ifname: str | None, secret: str | None,
              prefix: str | None = None, name: str = "world",
-             labels: list[int] | None = None, socketless: bool = False) -> _state.Group:
+             labels: list[int] | None = None, socketless: bool = False,
+             links: Any = None) -> _state.Group:
     """Exchange addresses through `store` (under `prefix`: a group's; None: a new init's),
     connect and return the communicator's Group (world_size >= 2). Used by init() and by
     every group (ringreduce.groups), which passes the world's secret. socketless: a group
     whose ranks share one host opens no TCP connection (Options::socketless); the store
-    stands in for the mesh while its shared memory is set up."""
+    stands in for the mesh while its shared memory is set up. links: a group's over TCP
+    are streams on these shared connections (_C.LinkTable; RINGREDUCE_GROUP_LINKS=1), each
+    named by a hash of `prefix` (full mesh only: larger groups connect their own lazily)."""
     from . import _C
 
     # The caller's options, less what a connect derives (the world's, when a group's).
@@ -63,7 +66,8 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
                                  options["connect_timeout"])
     try:
         comm = _C.Communicator(rank, world, listener, peers.addrs, peers.secret, options,
-                               peers.hb_addrs, meet, _rendezvous.watched_probe(f"{name} to connect"))
+                               peers.hb_addrs, meet, _rendezvous.watched_probe(f"{name} to connect"),
+                               links, _stream_id(peers.prefix) if links is not None else 0)
     except Exception as e:
         if meet is not None:  # no mesh to carry the abort: the others wait in the store
             _rendezvous._fail(store, peers.prefix, e)
@@ -83,6 +87,14 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
     return _state.Group(rank=rank, world_size=world, comm=comm, hosts=peers.hosts,
                         options=options, default_algo=algo_code(tun.algo),
                         store_prefix=peers.prefix, name=name, secret=peers.secret)
+
+
+def _stream_id(prefix: str) -> int:
+    """The stream a group's messages take on each shared link: the same on every member (a
+    hash of the group's store prefix, unique in the job)."""
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(prefix.encode()).digest()[:8], "little")
 
 
 def set_call_sites(on: bool) -> None:

@@ -27,6 +27,26 @@ def open_fds() -> int:
         return SLACK
 
 
+def tcp_sockets() -> int:
+    """This process's TCP sockets, listening or connected (its descriptors whose socket
+    /proc/net/tcp or tcp6 lists): what a group's connections cost beyond descriptors."""
+    inodes: set = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                inodes.update(line.split()[9] for line in f.readlines()[1:])
+        except OSError:
+            pass
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        n += target.startswith("socket:[") and target[8:-1] in inodes
+    return n
+
+
 def eager_peers(rank: int, world: int, full_mesh_max: int) -> int:
     """Peers a communicator of `world` ranks connects at init (see RINGREDUCE_FULL_MESH_MAX)."""
     if world <= max(int(full_mesh_max), 1):

@@ -43,6 +43,9 @@ class Group:
     store: Any = None
     net: tuple = (None, None)  # init's (master_addr, ifname): where groups listen
     secret: str = ""  # the job secret: groups' connections are authenticated with it
+    # World only (RINGREDUCE_GROUP_LINKS=1): the connections to other processes its groups
+    # share (_C.LinkTable, made by the first group over TCP; closed by destroy())
+    links: Any = None
     created: int = 0
     children: list = field(default_factory=list)
     p2p: dict = field(default_factory=dict)  # (lo, hi, tag) -> channels (ringreduce.p2p)

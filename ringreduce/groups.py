@@ -180,6 +180,9 @@ def _destroy_default() -> None:
     # ringreduce's own store stops with the world: deleting its groups' keys is no use (nor
     # after abort(): the job is failing).
     destroy_children(g, tidy=g.store_key is None and not g.aborted)
+    if g.links is not None:  # the groups' streams are closed: their fins go, then the links
+        links, g.links = g.links, None
+        links.close(0.0 if g.aborted else 0.5)
     borrowed = g.store if g.store_key is None else None  # torch's or the caller's store
     g.destroyed = True  # first: p2p's helper threads stop at it, not at the missing store
     g.store = None  # release_store's "does anyone else hold it" count must not see ours
@@ -497,12 +500,24 @@ def _connect(world: Group, store: Any, members: list[int], me: int, prefix: str,
     if p2p:
         options = {**options, "p2p_channel": True}
     g = _comm.connect(me, len(members), tun, options, store, maddr, ifname, world.secret,
-                     prefix=prefix, name=name, labels=members, socketless=True)
+                     prefix=prefix, name=name, labels=members, socketless=True,
+                     links=_links(world, tun))
     g.ranks, g.local_rank, g.store = members, world.local_rank, store
     g.store_keys = _store_keys.made(store, prefix)  # for destroy() to delete
     log.info("rank %d: joined %s as rank %d of %d (world ranks %s)", world.rank, name, me,
              len(members), members)
     return _register(world, g)
+
+
+def _links(world: Group, tun: Any) -> Any:
+    """The world's shared links (RINGREDUCE_GROUP_LINKS=1; made on first use), or None."""
+    if not tun.group_links:
+        return None
+    if world.links is None:
+        from . import _C
+
+        world.links = _C.LinkTable()
+    return world.links
 
 
 def _single(world: Group, members: list[int], prefix: str, name: str) -> Group:

@@ -30,6 +30,7 @@
 #include "runtime/executor.h"
 #include "transport/shm/segment.h"
 #include "transport/tcp/dialer.h"
+#include "transport/tcp/link_table.h"
 #include "transport/tcp/mesh.h"
 
 namespace py = pybind11;
@@ -193,7 +194,8 @@ class PyComm {
  public:
   PyComm(int rank, int world, PyListener& pl, const std::vector<std::string>& addrs,
          const std::string& secret, const py::dict& opts, const std::vector<std::string>& hbAddrs,
-         const py::object& shmStore, const py::object& probe) {
+         const py::object& shmStore, const py::object& probe,
+         std::shared_ptr<transport::tcp::LinkTable> links, uint64_t streamId) {
     transport::tcp::Listener& listener = pl.tcp;
     // A group's set-up stops when the world knows a member is gone (Python's probe raises).
     transport::tcp::StillWanted check;
@@ -239,6 +241,9 @@ class PyComm {
       if (sparse) {
         conns = transport::tcp::connectSubset(me, listener, addrs, overlay, d, check);
         dialer = std::make_unique<transport::tcp::TcpDialer>(me, std::move(listener), addrs);
+      } else if (links) {  // a group's: streams on the links the process's groups share
+        conns = transport::tcp::connectOverLinks(me, listener, addrs, *links, streamId, d, check);
+        listener.close();
       } else {
         conns = transport::tcp::connectMesh(me, listener, addrs, d, check);
         listener.close();  // nobody else may connect after init
@@ -451,6 +456,14 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("host", [](PyListener& l) { return l.tcp.host(); })
       .def("close", [](PyListener& l) { l.tcp.close(); l.hb.reset(); });
 
+  py::class_<transport::tcp::LinkTable, std::shared_ptr<transport::tcp::LinkTable>>(
+      m, "LinkTable", "This process's connections to its job's other processes that groups "
+      "share (RINGREDUCE_GROUP_LINKS=1); the world owns it")
+      .def(py::init<>())
+      .def("__len__", &transport::tcp::LinkTable::size)
+      .def("close", &transport::tcp::LinkTable::close, py::arg("seconds"),
+           py::call_guard<py::gil_scoped_release>());
+
   py::class_<runtime::Work, std::shared_ptr<runtime::Work>>(m, "Work")
       .def("wait",
            [](runtime::Work& w, py::object timeout) {
@@ -465,10 +478,11 @@ PYBIND11_MODULE(_C, m) {
   py::class_<PyComm>(m, "Communicator")
       .def(py::init<int, int, PyListener&, const std::vector<std::string>&, const std::string&,
                     const py::dict&, const std::vector<std::string>&, const py::object&,
-                    const py::object&>(),
+                    const py::object&, std::shared_ptr<transport::tcp::LinkTable>, uint64_t>(),
            py::arg("rank"), py::arg("world"), py::arg("listener"), py::arg("addrs"),
            py::arg("secret"), py::arg("options"), py::arg("heartbeat_addrs") = std::vector<std::string>(),
-           py::arg("shm_store") = py::none(), py::arg("probe") = py::none())
+           py::arg("shm_store") = py::none(), py::arg("probe") = py::none(),
+           py::arg("links") = nullptr, py::arg("stream_id") = 0)
       .def_property_readonly("rank", [](PyComm& c) { return c.ex().comm().rank(); })
       .def_property_readonly("world", [](PyComm& c) { return c.ex().comm().world(); })
       .def("plan_of",

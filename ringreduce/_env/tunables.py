@@ -271,7 +271,8 @@ def _cross_check(t: Any) -> Any:
 # The heartbeat pair too: one rank's interval above another's timeout made a live rank
 # "stop responding" (each rank checks only its own pair).
 JOB_WIDE = ("transport", "algo", "segment_bytes", "half_wire", "tree_threshold_bytes",
-            "full_mesh_max", "heartbeat_interval", "heartbeat_timeout", "checksum")
+            "full_mesh_max", "group_links", "heartbeat_interval", "heartbeat_timeout",
+            "checksum")
 
 
 def job_wide(t: Any, options: Mapping[str, Any]) -> str:

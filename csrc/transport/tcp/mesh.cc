@@ -28,8 +28,13 @@ std::vector<std::unique_ptr<Connection>> connectMesh(const Identity& me, Listene
 std::vector<std::unique_ptr<Connection>> connectSubset(const Identity& me, Listener& listener,
                                                        const std::vector<std::string>& peerAddrs,
                                                        const std::vector<int>& want, Deadline d,
-                                                       const StillWanted& check) {
+                                                       const StillWanted& check,
+                                                       const MakeConnection& makeConn) {
   RR_CHECK_EQ(static_cast<int>(peerAddrs.size()), me.world, "one address per rank");
+  auto make = [&](int peer, const std::string& host, Fd fd) -> std::unique_ptr<Connection> {
+    if (makeConn) return makeConn(peer, host, std::move(fd));
+    return std::make_unique<TcpConnection>(peer, host, std::move(fd));
+  };
   std::vector<std::unique_ptr<Connection>> conns(static_cast<size_t>(me.world));
   std::vector<uint8_t> wanted(static_cast<size_t>(me.world), 0);
   for (int p : want) wanted[static_cast<size_t>(p)] = 1;
@@ -47,7 +52,7 @@ std::vector<std::unique_ptr<Connection>> connectSubset(const Identity& me, Liste
       throwUnreachable(peer, me.shown(peer), ep, e);
     }
     connectHandshake(fd.get(), me, peer, ep.str(), d);
-    conns[static_cast<size_t>(peer)] = std::make_unique<TcpConnection>(peer, ep.host, std::move(fd));
+    conns[static_cast<size_t>(peer)] = make(peer, ep.host, std::move(fd));
     RR_DEBUG("connected to rank ", peer, " at ", ep.str());
   }
   // Accept every wanted higher rank, in any order; refuse strangers and duplicates. All
@@ -62,8 +67,7 @@ std::vector<std::unique_ptr<Connection>> connectSubset(const Identity& me, Liste
     for (auto& a : batch) {
       RR_DEBUG("accepted rank ", a.rank, " from ", a.from);
       missing -= wanted[static_cast<size_t>(a.rank)];
-      conns[static_cast<size_t>(a.rank)] =
-          std::make_unique<TcpConnection>(a.rank, a.from, std::move(a.fd));
+      conns[static_cast<size_t>(a.rank)] = make(a.rank, a.from, std::move(a.fd));
     }
   };
   Deadline nextCheck = Deadline::after(0.25);

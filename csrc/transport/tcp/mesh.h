@@ -3,6 +3,7 @@
 // ranks < k have started accepting, so the procedure cannot deadlock.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,13 +38,18 @@ class Listener {
 std::vector<std::unique_ptr<Connection>> connectMesh(const Identity& me, Listener& listener,
                                                      const std::vector<std::string>& peerAddrs,
                                                      Deadline d, const StillWanted& check = {});
+// Turns an authenticated socket to `peer` (at `host`) into its connection (default: a
+// TcpConnection of its own; link_table.h makes it a link the process's groups share).
+using MakeConnection =
+    std::function<std::unique_ptr<Connection>(int peer, const std::string& host, Fd fd)>;
 // The same for the peers in `want` only (sorted; symmetric: rank a lists b iff b lists a,
 // or the procedure waits for a peer that never dials). Higher ranks that dial early for a
 // lazy connection (TcpDialer) are accepted too; other slots stay null.
 std::vector<std::unique_ptr<Connection>> connectSubset(const Identity& me, Listener& listener,
                                                        const std::vector<std::string>& peerAddrs,
                                                        const std::vector<int>& want, Deadline d,
-                                                       const StillWanted& check = {});
+                                                       const StillWanted& check = {},
+                                                       const MakeConnection& make = {});
 
 // The PeerError of a peer (`shown` as in messages) whose listener at `ep` cannot be reached.
 [[noreturn]] void throwUnreachable(int peer, int shown, const Endpoint& ep, const Error& why);

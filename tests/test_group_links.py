@@ -1,0 +1,68 @@
+"""Groups and point-to-point channels over TCP carried as streams on one connection per pair
+of processes (RINGREDUCE_GROUP_LINKS=1, csrc/transport/tcp/link_table.h): the groups and p2p
+matrices against numpy at world sizes 2-5, two groups at once from two threads, failures
+named as over their own connections, and what a new group costs (no TCP connection where
+the processes share a link)."""
+
+from __future__ import annotations
+
+import pytest
+from _spawn import run_world, run_world_raw
+
+LINKS = {"RINGREDUCE_TRANSPORT": "tcp", "RINGREDUCE_GROUP_LINKS": "1", "RINGREDUCE_TIMEOUT": "60"}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world", [2, 3, 4, 5])
+def test_groups_matrix_over_links(world: int) -> None:
+    outs = run_world(world, "group_workers:matrix", timeout=200, env=LINKS)
+    fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o["fails"]]
+    assert not fails, "\n".join(fails[:40])
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("world", [2, 3])
+def test_p2p_matrix_over_links(world: int) -> None:
+    outs = run_world(world, "p2p_workers:matrix", timeout=170, env=LINKS)
+    fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o]
+    assert not fails, "\n".join(fails)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("world", [2, 3])
+def test_two_groups_at_once_share_the_links(world: int) -> None:
+    outs = run_world(world, "link_workers:two_threads", timeout=120, env=LINKS)
+    fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o]
+    assert not fails, "\n".join(fails)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("links", ["1", "0"])
+def test_a_new_group_opens_no_connection_where_a_link_exists(links: str) -> None:
+    """With links, the first group makes world-1 links and later groups none; without, every
+    group connects its own members (world-1 more sockets each) -- the difference shows the
+    count can tell."""
+    world = 3
+    outs = run_world(world, "link_workers:sockets_per_group", timeout=100,
+                     env={**LINKS, "RINGREDUCE_GROUP_LINKS": links})
+    for r, o in enumerate(outs):
+        assert not o["fails"], (r, o)
+        c = o["counts"]
+        if links == "1":
+            assert o["links"] == world - 1, (r, o)
+            assert c[1] == c[0] + world - 1 and c[4] == c[1], (r, o)
+        else:
+            assert o["links"] == -1 and c[4] == c[0] + 4 * (world - 1), (r, o)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("what,victim", [("group", 1), ("group", 0), ("any", 1)])
+def test_a_member_lost_is_named_over_links(what: str, victim: int) -> None:
+    outs = run_world_raw(3, "group_workers:dies_before_waits", what, victim, timeout=80,
+                         expendable=[victim], env={**LINKS, "RINGREDUCE_TIMEOUT": "40",
+                                                   "RINGREDUCE_CONNECT_TIMEOUT": "40"})
+    for r in {0, 1, 2} - {victim}:
+        v = outs[r].value
+        assert v is not None, outs[r].describe()
+        assert v["error"].startswith("PeerFailure") and f"rank {victim} " in v["error"], (r, v)
+        assert v["peer_rank"] == victim and v["secs"] < 5.0, (r, v)
