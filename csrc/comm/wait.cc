@@ -36,6 +36,12 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
     pfds_.push_back({c.fd(), c.pollEvents(POLLIN), 0});
     pfdPeer_.push_back(recvPeer);
   }
+  if (recvPeer >= 0) {
+    if (const int dfd = conn(recvPeer).readFd(); dfd >= 0) {
+      pfds_.push_back({dfd, POLLIN, 0});
+      pfdPeer_.push_back(recvPeer);
+    }
+  }
   watchIdle(sendPeer, recvPeer);
   // The heartbeat thread names the peer we wait for in its stall reports (pollWaits wakes
   // at least every 250 ms to check heartbeats).

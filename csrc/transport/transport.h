@@ -86,6 +86,10 @@ class Connection {
   // whose descriptor is an eventfd this call arms (readable once `want` holds).
   virtual int fd() const = 0;
   virtual short pollEvents(short want) { return want; }
+  // While waiting for this peer's data, poll this too (POLLIN; -1: nothing more): a stream's
+  // shared link socket, which the receive then reads itself instead of waiting for the pump
+  // (which leaves it to this thread for a moment). Call after pollEvents, for each wait.
+  virtual int readFd() { return -1; }
 
   // Called on a connection that is readable although nothing is expected from it: throw if
   // it carries an abort frame or EOF, return kEarlyData if it is data of a later collective

@@ -40,11 +40,12 @@ uint8_t pattern(uint64_t stream, int dir, size_t i) {
   return static_cast<uint8_t>((i * 131 + (i >> 13) * 7 + stream * 29 + static_cast<size_t>(dir) * 97) & 0xff);
 }
 
-// Wait (up to `ms`) until the stream's fd says what `want` asks for.
+// Wait (up to `ms`) until the stream's fd says what `want` asks for -- or, waiting for
+// data, until the link's socket is readable (the reader then reads it itself).
 bool waitFor(Stream& s, unsigned want, int ms) {
   s.arm(want);
-  pollfd p{s.fd(), POLLIN, 0};
-  return ::poll(&p, 1, ms) == 1;
+  pollfd p[2] = {{s.fd(), POLLIN, 0}, {(want & Stream::kData) ? s.readFd() : -1, POLLIN, 0}};
+  return ::poll(p, 2, ms) >= 1;
 }
 
 // Write all of buf (blocking through waitFor); false on EPIPE or after 20 s.

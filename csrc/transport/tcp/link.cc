@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "core/error.h"
@@ -97,16 +98,28 @@ Stream::~Stream() { close(); }
 
 int Stream::fd() const { return st_->efd.get(); }
 
+int Stream::linkFd() const {
+  std::lock_guard<std::mutex> g(link_->impl_->mu);
+  return link_->impl_->down() ? -1 : link_->impl_->fd.get();
+}
+
+int Stream::readFd() {
+  std::lock_guard<std::mutex> g(link_->impl_->mu);
+  st_->direct = true;
+  return link_->impl_->down() ? -1 : link_->impl_->fd.get();
+}
+
 void Stream::arm(unsigned want) {
   Link::Impl& k = *link_->impl_;
   std::lock_guard<std::mutex> g(k.mu);
   st_->want = want;
+  st_->direct = false;  // until readFd() says otherwise
   k.update(*st_);
 }
 
 ssize_t Stream::write(const iovec* iov, int n, int* err) {
   Link::Impl& k = *link_->impl_;
-  std::lock_guard<std::mutex> g(k.mu);
+  std::unique_lock<std::mutex> g(k.mu);
   StreamState& s = *st_;
   if (k.down() || s.shutWr) {
     *err = EPIPE;
@@ -114,8 +127,11 @@ ssize_t Stream::write(const iovec* iov, int n, int* err) {
   }
   size_t total = 0;
   for (int i = 0; i < n; ++i) total += iov[i].iov_len;
-  // Straight onto the socket while nothing of this stream waits to go before it: no copy
-  // and no hop through the pump, which takes over a sub-frame the socket took in part.
+  // What waits to go first (this stream's outbox, credits, a half-sent sub-frame), sent
+  // from here rather than by the pump, then this write straight onto the socket while
+  // nothing of this stream waits before it: no copy, no hop through the pump, which takes
+  // over a sub-frame the socket took in part.
+  if (!s.outbox.empty() || k.txActive || !k.control.empty()) k.writeSome(g, kInlineBudget);
   size_t taken = s.outbox.empty() ? k.sendDirect(st_, iov, n, total) : 0;
   if (k.down() && taken == 0) {
     *err = k.err > 0 ? k.err : EPIPE;
@@ -127,28 +143,46 @@ ssize_t Stream::write(const iovec* iov, int n, int* err) {
     return -1;
   }
   k.update(s);
-  if (!s.outbox.empty() || k.txActive) Hub::get().wake();  // the pump sends the rest
+  if (!s.outbox.empty() && !k.txBusy) Hub::get().wake();  // the pump sends the rest
   return static_cast<ssize_t>(taken);
 }
 
 ssize_t Stream::readv(const iovec* iov, int n, int* err) {
   Link::Impl& k = *link_->impl_;
-  std::lock_guard<std::mutex> g(k.mu);
+  std::unique_lock<std::mutex> g(k.mu);
   StreamState& s = *st_;
-  size_t got = 0;
-  for (int i = 0; i < n && !s.inbox.empty(); ++i) {
-    const size_t c = s.inbox.copyOut(iov[i].iov_base, iov[i].iov_len);
-    s.inbox.consume(c);
-    got += c;
-  }
-  if (got > 0) {
-    if (k.credited(s, got)) Hub::get().wake();
-    k.update(s);
-    return static_cast<ssize_t>(got);
-  }
   size_t total = 0;
   for (int i = 0; i < n; ++i) total += iov[i].iov_len;
   if (total == 0) return 0;
+  for (bool direct = true;; direct = false) {
+    size_t got = 0;
+    for (int i = 0; i < n && !s.inbox.empty(); ++i) {
+      const size_t c = s.inbox.copyOut(iov[i].iov_base, iov[i].iov_len);
+      s.inbox.consume(c);
+      got += c;
+    }
+    if (got > 0) {
+      if (k.credited(s, got)) k.writePending(g);
+      k.update(s);
+      return static_cast<ssize_t>(got);
+    }
+    if (!direct || s.peerFin || k.down()) break;
+    // Read the socket here rather than wait for the pump to fill the inbox (a thread hop
+    // and a copy): this stream's bytes go straight into iov, others' to their inboxes.
+    // Someone reading it already drains it soon: wait for that (bounded), then look again
+    // (what it read of ours is in the inbox).
+    if (k.rxBusy) k.rxIdle.wait_for(g, std::chrono::milliseconds(2), [&] { return !k.rxBusy; });
+    if (k.rxBusy || k.down()) continue;
+    k.rxBusy = true;
+    got = k.drain(g, link_->peer_, &s, iov, n);
+    k.rxBusy = false;
+    k.rxIdle.notify_all();
+    k.writePending(g);  // credits it queued; outboxes whose credit it read
+    if (got > 0) {
+      k.update(s);
+      return static_cast<ssize_t>(got);
+    }
+  }
   if (s.peerFin || k.err == 0) return 0;
   *err = k.down() ? k.err : EAGAIN;
   return -1;

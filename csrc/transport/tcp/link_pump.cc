@@ -18,6 +18,24 @@
 
 namespace rr::transport::tcp {
 
+namespace {
+// The spans of iov[0..n) from byte `off` on, at most `len` bytes, into out (room for `max`).
+int slice(const iovec* iov, int n, size_t off, size_t len, iovec* out, int max) {
+  int k = 0;
+  for (int i = 0; i < n && len > 0 && k < max; ++i) {
+    if (off >= iov[i].iov_len) {
+      off -= iov[i].iov_len;
+      continue;
+    }
+    const size_t take = std::min(iov[i].iov_len - off, len);
+    out[k++] = {static_cast<char*>(iov[i].iov_base) + off, take};
+    len -= take;
+    off = 0;
+  }
+  return k;
+}
+}  // namespace
+
 Hub& Hub::get() {
   static Hub* h = new Hub;  // never destroyed: no thread may outlive a static's destructor
   return *h;
@@ -80,20 +98,33 @@ void Hub::loop() {
       snap = links_;
     }
     pfds.assign(1, {wake_.get(), POLLIN, 0});
+    // The wake eventfd covers every change a stream makes; the timeout is a safety net, or
+    // the end of a wait for a direct reader.
+    int ms = 1000;
+    const auto now = std::chrono::steady_clock::now();
     for (auto& l : snap) {
       Link::Impl& k = *l->impl_;
       std::lock_guard<std::mutex> g(k.mu);
-      const short ev = k.down() ? 0 : static_cast<short>(POLLIN | (k.wantsOut() ? POLLOUT : 0));
+      const bool leave = k.deferred && now < k.deferUntil;
+      if (leave)
+        ms = std::min<int>(ms, 1 + static_cast<int>(std::chrono::duration_cast<
+                                   std::chrono::milliseconds>(k.deferUntil - now).count()));
+      const short ev = k.down() ? 0 : static_cast<short>((leave ? 0 : POLLIN) |
+                                                        (k.wantsOut() ? POLLOUT : 0));
       pfds.push_back({k.down() ? -1 : k.fd.get(), ev, 0});
     }
-    // The wake eventfd covers every change a stream makes; the timeout is a safety net.
-    if (::poll(pfds.data(), pfds.size(), 1000) < 0 && errno != EINTR)
+    if (::poll(pfds.data(), pfds.size(), ms) < 0 && errno != EINTR)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));  // cannot happen; no spin
     uint64_t v;
     (void)!::read(wake_.get(), &v, sizeof v);
     for (size_t i = 0; i < snap.size(); ++i) {
       Link::Impl& k = *snap[i]->impl_;
-      if (pfds[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) k.pumpRead(snap[i]->peer_);
+      bool due;
+      {
+        std::lock_guard<std::mutex> g(k.mu);
+        due = k.deferred && std::chrono::steady_clock::now() >= k.deferUntil;
+      }
+      if (due || (pfds[i + 1].revents & (POLLIN | POLLHUP | POLLERR))) k.pumpRead(snap[i]->peer_);
       k.pumpWrite();
     }
     snap.clear();
@@ -104,9 +135,26 @@ void Hub::loop() {
 }
 
 void Link::Impl::pumpRead(const std::string& peer) {
-  size_t budget = kPumpBudget;
   std::unique_lock<std::mutex> g(mu);
-  while (!down() && budget > 0) {
+  // A stream's user reading the socket itself (Stream::readv) drains what is there: wait
+  // for it rather than spin on a socket that poll() keeps calling readable meanwhile.
+  if (rxBusy && !rxIdle.wait_for(g, std::chrono::milliseconds(10), [&] { return !rxBusy; }))
+    return;
+  if (!deferred && anyDirect()) {  // its reader will be here in a moment
+    deferred = true;
+    deferUntil = std::chrono::steady_clock::now() + kDeferRead;
+    return;
+  }
+  rxBusy = true;
+  drain(g, peer, nullptr, nullptr, 0);
+  rxBusy = false;
+  rxIdle.notify_all();
+}
+
+size_t Link::Impl::drain(std::unique_lock<std::mutex>& g, const std::string& peer,
+                         StreamState* own, const iovec* iov, int n) {
+  size_t budget = kPumpBudget, got = 0;
+  while (!down() && budget > 0 && got == 0) {
     ssize_t r;
     if (rxHdrGot < sizeof rxHdr) {
       g.unlock();
@@ -120,14 +168,40 @@ void Link::Impl::pumpRead(const std::string& peer) {
         if (rxHdrGot == sizeof rxHdr) onHeader(peer);
         continue;
       }
+    } else if (own && rxTo.get() == own && !own->closed && own->inbox.empty()) {
+      iovec v[8];  // the reader's own bytes: straight into its buffer
+      const int k = slice(iov, n, 0, static_cast<size_t>(rxLeft), v, 8);
+      if (k == 0) break;
+      g.unlock();
+      r = ::readv(fd.get(), v, k);
+      const int e = errno;
+      g.lock();
+      errno = e;
+      if (r > 0) {
+        const size_t c = static_cast<size_t>(r);
+        got += c;
+        rxLeft -= c;
+        budget -= std::min(budget, c);
+        credited(*own, c);
+        if (rxLeft == 0) {
+          rxHdrGot = 0;
+          auto done = std::move(rxTo);
+          maybeForget(done);
+        }
+        continue;
+      }
     } else {
       r = readPayload(g, &budget);
       if (r > 0) continue;
     }
-    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      deferred = false;  // drained: the next bytes start a new wait
+      break;
+    }
     if (r < 0 && errno == EINTR) continue;
     fail(r == 0 ? 0 : errno);
   }
+  return got;
 }
 
 void Link::Impl::onHeader(const std::string& peer) {
@@ -203,23 +277,6 @@ ssize_t Link::Impl::readPayload(std::unique_lock<std::mutex>& g, size_t* budget)
   return r;
 }
 
-namespace {
-// The spans of iov[0..n) from byte `off` on, at most `len` bytes, into out (room for `max`).
-int slice(const iovec* iov, int n, size_t off, size_t len, iovec* out, int max) {
-  int k = 0;
-  for (int i = 0; i < n && len > 0 && k < max; ++i) {
-    if (off >= iov[i].iov_len) {
-      off -= iov[i].iov_len;
-      continue;
-    }
-    const size_t take = std::min(iov[i].iov_len - off, len);
-    out[k++] = {static_cast<char*>(iov[i].iov_base) + off, take};
-    len -= take;
-    off = 0;
-  }
-  return k;
-}
-}  // namespace
 
 size_t Link::Impl::queue(StreamState& s, const iovec* iov, int n, size_t skip) {
   iovec parts[8];
@@ -237,7 +294,7 @@ size_t Link::Impl::sendDirect(const std::shared_ptr<StreamState>& sp, const iove
                               size_t total) {
   StreamState& s = *sp;
   size_t done = 0;
-  while (done < total && !down() && !txActive && control.empty() && s.credit > 0) {
+  while (done < total && !down() && !txBusy && !txActive && control.empty() && s.credit > 0) {
     // At most what the outbox holds: a sub-frame the socket takes in part goes on from there.
     const size_t len = std::min({total - done, s.credit, kMaxSub, s.outbox.capacity()});
     SubHeader h{kLinkMagic, kSubData, s.id, len};
@@ -314,8 +371,15 @@ bool Link::Impl::pickNext() {
 }
 
 void Link::Impl::pumpWrite() {
-  size_t budget = kPumpBudget;
   std::unique_lock<std::mutex> g(mu);
+  writeSome(g, kPumpBudget);
+}
+
+void Link::Impl::writePending(std::unique_lock<std::mutex>& g) { writeSome(g, kInlineBudget); }
+
+void Link::Impl::writeSome(std::unique_lock<std::mutex>& g, size_t budget) {
+  if (txBusy) return;  // another thread writes: it sends what there is
+  txBusy = true;
   while (!down() && budget > 0) {
     if (!txActive && !pickNext()) break;
     iovec v[3];
@@ -358,7 +422,11 @@ void Link::Impl::pumpWrite() {
       flushed.notify_all();
     }
   }
+  txBusy = false;
   if (drained()) flushed.notify_all();
+  // Others may have queued bytes while this thread wrote (and found it busy): the pump's
+  // poll must look for room again (from the pump itself: one more round).
+  if (wantsOut()) Hub::get().wake();
 }
 
 }  // namespace rr::transport::tcp

@@ -6,6 +6,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -31,6 +32,9 @@ struct SubHeader {
 static_assert(sizeof(SubHeader) == 24, "SubHeader must stay 24 bytes");
 constexpr size_t kMaxSub = 256 << 10;    // payload of one data sub-frame
 constexpr size_t kPumpBudget = 4 << 20;  // bytes per link per direction per round
+constexpr size_t kInlineBudget = 1 << 20;
+// How long the pump leaves a readable socket to a stream's user that reads it itself.
+constexpr std::chrono::milliseconds kDeferRead{2};  // the same for a stream's user sending others' bytes
 
 // A stream's state, shared by its Stream (the user) and its link (the pump). Guarded by the
 // link's lock.
@@ -47,6 +51,7 @@ struct StreamState {
   bool finSent = false;
   bool peerFin = false;
   unsigned want = 0;
+  bool direct = false;  // its user polls the link's socket and reads it itself (readFd)
   bool signalled = false;
   Fd efd;  // eventfd, from open() on
 };
@@ -60,13 +65,28 @@ struct Link::Impl {
   std::map<uint64_t, std::shared_ptr<StreamState>> streams;
   std::deque<SubHeader> control;  // credits and fins waiting to go
   int err = -1;                   // -1 up, 0 closed, else errno
-  // Receiving: the header being read, then the payload left and where it goes.
+  // Receiving: who reads the socket now (the pump, or a stream's user in readv: one at a
+  // time; rxIdle tells the others when it stops), the header being read, then the payload
+  // left and where it goes.
+  bool rxBusy = false;
+  std::condition_variable rxIdle;
+  // The pump found the socket readable while a stream's user reads it itself (direct): it
+  // leaves it to that user until deferUntil, once per time the socket fills.
+  bool deferred = false;
+  std::chrono::steady_clock::time_point deferUntil{};
+  bool anyDirect() const {
+    for (auto& [id, s] : streams)
+      if (s->direct) return true;
+    return false;
+  }
   SubHeader rxHdr;
   size_t rxHdrGot = 0;
   uint64_t rxLeft = 0;
   std::shared_ptr<StreamState> rxTo;
   bool rxDrop = false;
-  // Sending: the sub-frame being written (txFrom null: a control frame).
+  // Sending: whether a thread is writing (txBusy), the sub-frame being written (txFrom
+  // null: a control frame).
+  bool txBusy = false;
   bool txActive = false;
   SubHeader txHdr;
   size_t txHdrDone = 0;
@@ -152,10 +172,25 @@ struct Link::Impl {
   size_t sendDirect(const std::shared_ptr<StreamState>& s, const iovec* iov, int n, size_t total);
   // Copy iov's bytes from `skip` on into the stream's outbox, as many as fit (locked).
   size_t queue(StreamState& s, const iovec* iov, int n, size_t skip);
+  // The pump's read: the socket's bytes into their streams' inboxes (waits out, or leaves
+  // to, a stream's user reading it).
   void pumpRead(const std::string& peer);
+  // Read the socket (locked on entry and exit, not around the calls) until it has nothing
+  // more, a round's budget is spent, or -- `own` given, its inbox empty -- some of own's
+  // bytes landed in iov, straight from the socket. Other streams' bytes go to their inboxes.
+  // Returns own's bytes read. The caller holds rxBusy.
+  size_t drain(std::unique_lock<std::mutex>& g, const std::string& peer, StreamState* own,
+               const iovec* iov, int n);
   void onHeader(const std::string& peer);  // locked: a whole header is in rxHdr
   ssize_t readPayload(std::unique_lock<std::mutex>& g, size_t* budget);  // as readv()
   void pumpWrite();
+  // Send what waits (control frames, sub-frames of the streams' outboxes), at most `budget`
+  // bytes, until the socket takes no more (locked; not around the calls). Whoever calls it
+  // first writes (txBusy): the pump, or a stream's user that would otherwise wait for it.
+  void writeSome(std::unique_lock<std::mutex>& g, size_t budget);
+  // After a stream's user read: the credit frames it queued, and outboxes whose credit it
+  // read, sent from its thread (writeSome wakes the pump for what it leaves).
+  void writePending(std::unique_lock<std::mutex>& g);
   bool pickNext();  // locked: start the next sub-frame; false when there is none
 };
 

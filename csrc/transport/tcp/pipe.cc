@@ -81,6 +81,7 @@ class StreamPipe final : public Pipe {
  public:
   explicit StreamPipe(std::unique_ptr<Stream> s) : s_(std::move(s)) {}
   int fd() const override { return s_ ? s_->fd() : -1; }
+  int readFd() override { return s_ ? s_->readFd() : -1; }
   short pollEvents(short want) override {
     if (!s_) return want;
     unsigned w = 0;

@@ -25,6 +25,9 @@ class Pipe {
   virtual int fd() const = 0;
   // The poll() events on fd() that report `want` (POLLIN, POLLOUT, POLLRDHUP, or'ed).
   virtual short pollEvents(short want) = 0;
+  // A second descriptor to poll for POLLIN while waiting for data (-1: none): a stream's
+  // link socket, which recvv() then reads itself (Stream::readFd).
+  virtual int readFd() { return -1; }
   virtual ssize_t sendv(const iovec* iov, int n) = 0;  // sendmsg(MSG_NOSIGNAL | MSG_DONTWAIT)
   virtual ssize_t recvv(const iovec* iov, int n) = 0;  // readv
   virtual ssize_t peek(void* buf, size_t n) = 0;       // recv(MSG_PEEK | MSG_DONTWAIT)

@@ -21,6 +21,7 @@ class TcpConnection final : public Connection {
   bool progressRecv(RecvOp& op) override;
   int fd() const override { return pipe_->fd(); }
   short pollEvents(short want) override { return pipe_->pollEvents(want); }
+  int readFd() override { return pipe_->readFd(); }
   Idle checkIdle(const FrameHeader* current) override;
   Idle checkClosedAfterEarlyData() override;
   bool goodbyeNext() override;
