@@ -12,28 +12,31 @@ from _spawn import run_world, run_world_raw
 LINKS = {"RINGREDUCE_TRANSPORT": "tcp", "RINGREDUCE_GROUP_LINKS": "1", "RINGREDUCE_TIMEOUT": "60"}
 
 
+def _run_checked(world: int, worker: str, timeout: float) -> None:
+    """Run `worker` over links; each rank returns the checks it failed (a list, or a dict
+    holding it under "fails"): all must be empty."""
+    outs = run_world(world, worker, timeout=timeout, env=LINKS)
+    fails = [f"rank {r}: {m}" for r, o in enumerate(outs)
+             for m in (o["fails"] if isinstance(o, dict) else o)]
+    assert not fails, "\n".join(fails[:40])
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("world", [2, 3, 4, 5])
 def test_groups_matrix_over_links(world: int) -> None:
-    outs = run_world(world, "group_workers:matrix", timeout=200, env=LINKS)
-    fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o["fails"]]
-    assert not fails, "\n".join(fails[:40])
+    _run_checked(world, "group_workers:matrix", 200)
 
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("world", [2, 3])
 def test_p2p_matrix_over_links(world: int) -> None:
-    outs = run_world(world, "p2p_workers:matrix", timeout=170, env=LINKS)
-    fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o]
-    assert not fails, "\n".join(fails)
+    _run_checked(world, "p2p_workers:matrix", 170)
 
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("world", [2, 3])
 def test_two_groups_at_once_share_the_links(world: int) -> None:
-    outs = run_world(world, "link_workers:two_threads", timeout=120, env=LINKS)
-    fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o]
-    assert not fails, "\n".join(fails)
+    _run_checked(world, "link_workers:two_threads", 120)
 
 
 @pytest.mark.timeout(120)

@@ -118,55 +118,34 @@ std::unique_ptr<Pipe> streamPipe(std::unique_ptr<Stream> s) {
   return std::make_unique<StreamPipe>(std::move(s));
 }
 
+namespace {
+// poll() p for `want` until ready or `d` passed: false once it passed.
+bool awaitPipe(Pipe& p, short want, Deadline d) {
+  pollfd pf{p.fd(), p.pollEvents(want), 0};
+  return !(::poll(&pf, 1, d.pollMs()) == 0 && d.expired());
+}
+}  // namespace
+
 bool readFull(Pipe& p, void* buf, size_t n, Deadline d, std::string* errMsg) {
-  size_t got = 0;
-  errMsg->clear();
-  while (got < n) {
-    const iovec v{static_cast<char*>(buf) + got, n - got};
-    const ssize_t r = p.recvv(&v, 1);
-    if (r > 0) {
-      got += static_cast<size_t>(r);
-      continue;
-    }
-    if (r == 0) {
-      *errMsg = "connection closed";
-      return false;
-    }
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      *errMsg = std::strerror(errno);
-      return false;
-    }
-    pollfd pf{p.fd(), p.pollEvents(POLLIN), 0};
-    if (::poll(&pf, 1, d.pollMs()) == 0 && d.expired()) {
-      *errMsg = "timed out";
-      return false;
-    }
-  }
-  return true;
+  char* c = static_cast<char*>(buf);
+  return moveFull(
+      n, d, errMsg, true,
+      [&](size_t done) {
+        const iovec v{c + done, n - done};
+        return p.recvv(&v, 1);
+      },
+      [&](Deadline dl) { return awaitPipe(p, POLLIN, dl); });
 }
 
 bool writeFull(Pipe& p, const void* buf, size_t n, Deadline d, std::string* errMsg) {
-  size_t put = 0;
-  while (put < n) {
-    const iovec v{const_cast<char*>(static_cast<const char*>(buf)) + put, n - put};
-    const ssize_t r = p.sendv(&v, 1);
-    if (r >= 0) {
-      put += static_cast<size_t>(r);
-      continue;
-    }
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      *errMsg = std::strerror(errno);
-      return false;
-    }
-    pollfd pf{p.fd(), p.pollEvents(POLLOUT), 0};
-    if (::poll(&pf, 1, d.pollMs()) == 0 && d.expired()) {
-      *errMsg = "timed out";
-      return false;
-    }
-  }
-  return true;
+  char* c = const_cast<char*>(static_cast<const char*>(buf));
+  return moveFull(
+      n, d, errMsg, false,
+      [&](size_t done) {
+        const iovec v{c + done, n - done};
+        return p.sendv(&v, 1);
+      },
+      [&](Deadline dl) { return awaitPipe(p, POLLOUT, dl); });
 }
 
 }  // namespace rr::transport::tcp

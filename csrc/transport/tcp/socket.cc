@@ -310,25 +310,12 @@ bool readFull(int fd, void* buf, size_t n, Deadline d, std::string* errMsg, bool
 
 bool writeFull(int fd, const void* buf, size_t n, Deadline d, std::string* errMsg) {
   const char* p = static_cast<const char*>(buf);
-  size_t put = 0;
-  while (put < n) {
-    ssize_t r = ::send(fd, p + put, n - put, MSG_NOSIGNAL);
-    if (r >= 0) {
-      put += static_cast<size_t>(r);
-      continue;
-    }
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      *errMsg = std::strerror(errno);
-      return false;
-    }
-    pollfd pf{fd, POLLOUT, 0};
-    if (::poll(&pf, 1, d.pollMs()) == 0 && d.expired()) {
-      *errMsg = "timed out";
-      return false;
-    }
-  }
-  return true;
+  return moveFull(
+      n, d, errMsg, false, [&](size_t done) { return ::send(fd, p + done, n - done, MSG_NOSIGNAL); },
+      [&](Deadline dl) {
+        pollfd pf{fd, POLLOUT, 0};
+        return !(::poll(&pf, 1, dl.pollMs()) == 0 && dl.expired());
+      });
 }
 
 }  // namespace rr::transport::tcp

@@ -3,10 +3,13 @@
 // uses TcpConnection's non-blocking progress instead.
 #pragma once
 
+#include <errno.h>
 #include <poll.h>
+#include <sys/types.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -110,6 +113,36 @@ void setNoDelay(int fd);
 bool readFull(int fd, void* buf, size_t n, Deadline d, std::string* errMsg,
               bool interruptible = false);
 bool writeFull(int fd, const void* buf, size_t n, Deadline d, std::string* errMsg);
+// The loop of writeFull (and of pipe.h's readFull / writeFull): `step(done)` moves some of
+// bytes [done, n) without blocking, as send/recv do (the count, 0 at the end of a read, -1
+// and errno); `await(d)` polls until the descriptor is ready (false once `d` passed).
+// Returns false on the end of a read (`reading`), an error or the deadline (*errMsg says
+// which).
+template <typename Step, typename Await>
+bool moveFull(size_t n, Deadline d, std::string* errMsg, bool reading, Step step, Await await) {
+  errMsg->clear();
+  for (size_t done = 0; done < n;) {
+    const ssize_t r = step(done);
+    if (r > 0) {
+      done += static_cast<size_t>(r);
+      continue;
+    }
+    if (r == 0 && reading) {
+      *errMsg = "connection closed by peer";
+      return false;
+    }
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+      *errMsg = std::strerror(errno);
+      return false;
+    }
+    if (!await(d)) {
+      *errMsg = "timed out";
+      return false;
+    }
+  }
+  return true;
+}
 // Read what has arrived, without waiting, into buf[*got, n); true once all n bytes are in.
 // false with *errMsg empty: the rest has not arrived yet (call again; *got keeps the
 // progress); false with *errMsg set: EOF or an error. readFull is this plus a poll.
