@@ -286,6 +286,25 @@ void checkLinkFailure(bool tcp) {
   check(readsEnd(*late), "a stream opened on a link that is down reads the end");
 }
 
+// A peer writing to more streams than this end may hold unopened breaks the link (each
+// could hold a window of memory).
+void checkUnopenedBound() {
+  auto p = makePair(false);
+  std::vector<std::unique_ptr<Stream>> many;
+  uint8_t c = 7;
+  iovec v{&c, 1};
+  for (uint64_t id = 1000; id < 1000 + 1100; ++id) {
+    many.push_back(p->a->open(id));
+    int err = 0;
+    many.back()->write(&v, 1, &err);
+  }
+  const auto until = Clock::now() + std::chrono::seconds(5);
+  while (Clock::now() < until && p->b->error() < 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  check(p->b->error() == EPROTO, "1100 unopened streams close the link with EPROTO (error " +
+                                     std::to_string(p->b->error()) + ")");
+}
+
 // A window of bytes written and closed at once still goes before link.close() closes.
 void checkCloseFlushes() {
   auto p = makePair(true);
@@ -344,6 +363,7 @@ int main() {
   }
   checkEnds();
   checkCloseFlushes();
+  checkUnopenedBound();
   checkManyStreams();
   check(!linkPumpRunning(), "the pump thread stops once every link is closed");
   std::printf("link_check: %d passed, %d failed\n", passed.load(), failed.load());

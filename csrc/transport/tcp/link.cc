@@ -42,6 +42,8 @@ std::unique_ptr<Stream> Link::open(uint64_t id) {
                " (two groups derived one id, or a group was created twice)");
     if (it == k.streams.end())
       it = k.streams.emplace(id, std::make_shared<StreamState>(id, k.window)).first;
+    else
+      --k.unopened;  // the peer's bytes came first
     s = it->second;
     s->opened = true;
     s->efd = Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));

@@ -220,8 +220,15 @@ void Link::Impl::onHeader(const std::string& peer) {
     }
     return;
   }
-  if (it == streams.end())  // the peer opened it first: its bytes wait for open()
+  if (it == streams.end()) {  // the peer opened it first: its bytes wait for open()
+    if (++unopened > kMaxUnopened) {  // each may hold a window: bound how many
+      RR_WARN("link to ", peer, ": more than ", kMaxUnopened, " streams the peer wrote to "
+              "are not open here: closing the link");
+      fail(EPROTO);
+      return;
+    }
     it = streams.emplace(rxHdr.stream, std::make_shared<StreamState>(rxHdr.stream, window)).first;
+  }
   const std::shared_ptr<StreamState>& s = it->second;
   if (rxHdr.kind == kSubFin) {
     s->peerFin = true;

@@ -33,6 +33,8 @@ static_assert(sizeof(SubHeader) == 24, "SubHeader must stay 24 bytes");
 constexpr size_t kMaxSub = 256 << 10;    // payload of one data sub-frame
 constexpr size_t kPumpBudget = 4 << 20;  // bytes per link per direction per round
 constexpr size_t kInlineBudget = 1 << 20;
+// Streams the peer may write to before this process opens them (each holds up to a window).
+constexpr size_t kMaxUnopened = 1024;
 // How long the pump leaves a readable socket to a stream's user that reads it itself.
 constexpr std::chrono::milliseconds kDeferRead{2};  // the same for a stream's user sending others' bytes
 
@@ -64,6 +66,7 @@ struct Link::Impl {
   size_t window;
   std::map<uint64_t, std::shared_ptr<StreamState>> streams;
   std::deque<SubHeader> control;  // credits and fins waiting to go
+  size_t unopened = 0;  // streams the peer wrote to that this process has not opened
   int err = -1;                   // -1 up, 0 closed, else errno
   // Receiving: who reads the socket now (the pump, or a stream's user in readv: one at a
   // time; rxIdle tells the others when it stops), the header being read, then the payload
