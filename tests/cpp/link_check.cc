@@ -37,7 +37,8 @@ void check(bool ok, const std::string& what) {
 }
 
 uint8_t pattern(uint64_t stream, int dir, size_t i) {
-  return static_cast<uint8_t>((i * 131 + (i >> 13) * 7 + stream * 29 + static_cast<size_t>(dir) * 97) & 0xff);
+  const size_t d = static_cast<size_t>(dir);
+  return static_cast<uint8_t>((i * 131 + (i >> 13) * 7 + stream * 29 + d * 97) & 0xff);
 }
 
 // Wait (up to `ms`) until the stream's fd says what `want` asks for -- or, waiting for
@@ -183,7 +184,8 @@ void checkStalledStream(bool tcp) {
     }
   }
   check(written >= kWindow && written <= 2 * kWindow,
-        "a stream whose reader waits takes at most two windows (took " + std::to_string(written) + ")");
+        "a stream whose reader waits takes at most two windows (took " +
+            std::to_string(written) + ")");
   check(sb->available() <= kWindow, "its inbox holds at most a window (" +
                                         std::to_string(sb->available()) + ")");
   auto oa = p->a->open(11), ob = p->b->open(11);
@@ -281,7 +283,8 @@ void checkLinkFailure(bool tcp) {
   iovec v{&c, 1};
   int err = 0;
   check(sb->write(&v, 1, &err) == -1 && err == EPIPE, "and writes get EPIPE");
-  check(p->b->error() == 0, "the link says it closed (error " + std::to_string(p->b->error()) + ")");
+  check(p->b->error() == 0,
+        "the link says it closed (error " + std::to_string(p->b->error()) + ")");
   auto late = p->b->open(32);
   check(readsEnd(*late), "a stream opened on a link that is down reads the end");
 }

@@ -32,11 +32,11 @@ struct SubHeader {
 static_assert(sizeof(SubHeader) == 24, "SubHeader must stay 24 bytes");
 constexpr size_t kMaxSub = 256 << 10;    // payload of one data sub-frame
 constexpr size_t kPumpBudget = 4 << 20;  // bytes per link per direction per round
-constexpr size_t kInlineBudget = 1 << 20;
+constexpr size_t kInlineBudget = 1 << 20;  // the same for a stream's user sending others' bytes
 // Streams the peer may write to before this process opens them (each holds up to a window).
 constexpr size_t kMaxUnopened = 1024;
 // How long the pump leaves a readable socket to a stream's user that reads it itself.
-constexpr std::chrono::milliseconds kDeferRead{2};  // the same for a stream's user sending others' bytes
+constexpr std::chrono::milliseconds kDeferRead{2};
 
 // A stream's state, shared by its Stream (the user) and its link (the pump). Guarded by the
 // link's lock.

@@ -40,9 +40,10 @@ std::vector<std::unique_ptr<Connection>> connectOverLinks(const Identity& me, Li
                     const std::shared_ptr<Link>& link) -> std::unique_ptr<Connection> {
     if (link->error() >= 0)
       throw PeerError(peer, PeerCause::kClosed,
-                      detail::concat("rank ", me.shown(peer), " (", host, ") cannot be reached: "
-                                     "the connection to its process, which this process's groups "
-                                     "share, is closed (it exited, crashed or destroyed its world)"));
+                      detail::concat("rank ", me.shown(peer), " (", host, ") cannot be "
+                                     "reached: the connection to its process, which this "
+                                     "process's groups share, is closed (it exited, crashed or "
+                                     "destroyed its world)"));
     return std::make_unique<TcpConnection>(peer, host, streamPipe(link->open(streamId)));
   };
   std::vector<int> want;  // symmetric: both processes of a pair made (or lack) its link

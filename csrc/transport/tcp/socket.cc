@@ -311,7 +311,8 @@ bool readFull(int fd, void* buf, size_t n, Deadline d, std::string* errMsg, bool
 bool writeFull(int fd, const void* buf, size_t n, Deadline d, std::string* errMsg) {
   const char* p = static_cast<const char*>(buf);
   return moveFull(
-      n, d, errMsg, false, [&](size_t done) { return ::send(fd, p + done, n - done, MSG_NOSIGNAL); },
+      n, d, errMsg, false,
+      [&](size_t done) { return ::send(fd, p + done, n - done, MSG_NOSIGNAL); },
       [&](Deadline dl) {
         pollfd pf{fd, POLLOUT, 0};
         return !(::poll(&pf, 1, dl.pollMs()) == 0 && dl.expired());
