@@ -4,7 +4,6 @@
 
 #include <errno.h>
 #include <sys/eventfd.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -79,13 +78,7 @@ void Link::close(double seconds) {
   }
   Hub::get().remove(this);  // the pump no longer touches the socket
   std::lock_guard<std::mutex> g(k.mu);
-  // FIN after what was queued, then drain what the peer sent, so that close() does not
-  // turn into a reset that could discard the last sub-frames on the peer's side.
-  ::shutdown(k.fd.get(), SHUT_WR);
-  char sink[16384];
-  for (int i = 0; i < 64; ++i)
-    if (::recv(k.fd.get(), sink, sizeof sink, MSG_DONTWAIT) <= 0) break;
-  k.fd.reset();
+  closeAfterDrain(k.fd);  // the last sub-frames reach the peer
   k.fail(0);
 }
 
@@ -99,11 +92,6 @@ Stream::Stream(std::shared_ptr<Link> link, std::shared_ptr<StreamState> st, uint
 Stream::~Stream() { close(); }
 
 int Stream::fd() const { return st_->efd.get(); }
-
-int Stream::linkFd() const {
-  std::lock_guard<std::mutex> g(link_->impl_->mu);
-  return link_->impl_->down() ? -1 : link_->impl_->fd.get();
-}
 
 int Stream::readFd() {
   std::lock_guard<std::mutex> g(link_->impl_->mu);
@@ -185,9 +173,7 @@ ssize_t Stream::readv(const iovec* iov, int n, int* err) {
       return static_cast<ssize_t>(got);
     }
   }
-  if (s.peerFin || k.err == 0) return 0;
-  *err = k.down() ? k.err : EAGAIN;
-  return -1;
+  return k.nothing(s, err);
 }
 
 ssize_t Stream::read(void* buf, size_t n, int* err) {
@@ -200,9 +186,7 @@ ssize_t Stream::peek(void* buf, size_t n, size_t off, int* err) const {
   std::lock_guard<std::mutex> g(k.mu);
   const size_t c = st_->inbox.copyOut(buf, n, off);
   if (c > 0 || n == 0) return static_cast<ssize_t>(c);
-  if (st_->peerFin || k.err == 0) return 0;
-  *err = k.down() ? k.err : EAGAIN;
-  return -1;
+  return k.nothing(*st_, err);
 }
 
 size_t Stream::available() const {

@@ -57,9 +57,8 @@ class Stream {
   void arm(unsigned want);
   // The link's socket (-1 once down), to poll for POLLIN beside fd() while waiting for data:
   // when it is readable, readv() reads it itself -- this stream's bytes straight into the
-  // caller's buffer -- instead of waiting for the pump. readFd() says the caller does so
+  // caller's buffer -- instead of waiting for the pump. Calling it says the caller does so
   // (until its next arm()): the pump then leaves a readable socket to it for a moment.
-  int linkFd() const;
   int readFd();
 
   // As send() on a non-blocking socket: the bytes taken (some or all of iov), or -1 with

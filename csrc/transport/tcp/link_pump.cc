@@ -178,16 +178,9 @@ size_t Link::Impl::drain(std::unique_lock<std::mutex>& g, const std::string& pee
       g.lock();
       errno = e;
       if (r > 0) {
-        const size_t c = static_cast<size_t>(r);
-        got += c;
-        rxLeft -= c;
-        budget -= std::min(budget, c);
-        credited(*own, c);
-        if (rxLeft == 0) {
-          rxHdrGot = 0;
-          auto done = std::move(rxTo);
-          maybeForget(done);
-        }
+        got += static_cast<size_t>(r);
+        credited(*own, static_cast<size_t>(r));
+        payloadRead(static_cast<size_t>(r), &budget);
         continue;
       }
     } else {
@@ -274,14 +267,17 @@ ssize_t Link::Impl::readPayload(std::unique_lock<std::mutex>& g, size_t* budget)
   } else {
     update(s);
   }
+  payloadRead(n, budget);
+  return r;
+}
+
+void Link::Impl::payloadRead(size_t n, size_t* budget) {
   rxLeft -= n;
   *budget -= std::min(*budget, n);
-  if (rxLeft == 0) {
-    rxHdrGot = 0;
-    auto done = std::move(rxTo);
-    maybeForget(done);
-  }
-  return r;
+  if (rxLeft > 0) return;
+  rxHdrGot = 0;  // the sub-frame is through: a header comes next
+  auto done = std::move(rxTo);
+  maybeForget(done);
 }
 
 

@@ -98,6 +98,13 @@ struct Link::Impl {
   uint64_t rrAfter = 0;  // round robin: the stream served last
 
   bool down() const { return err >= 0; }
+  // What a read or peek that found nothing says (locked): 0 at the end (the peer's fin, or
+  // the link closed), else -1 with *e = the link's error or EAGAIN.
+  ssize_t nothing(const StreamState& s, int* e) const {
+    if (s.peerFin || err == 0) return 0;
+    *e = down() ? err : EAGAIN;
+    return -1;
+  }
   bool ended(const StreamState& s) const { return s.peerFin || down(); }
 
   // The eventfd follows arm()'s condition (locked).
@@ -186,6 +193,8 @@ struct Link::Impl {
                const iovec* iov, int n);
   void onHeader(const std::string& peer);  // locked: a whole header is in rxHdr
   ssize_t readPayload(std::unique_lock<std::mutex>& g, size_t* budget);  // as readv()
+  // `n` payload bytes of the current sub-frame were read, of a round's `budget` (locked).
+  void payloadRead(size_t n, size_t* budget);
   void pumpWrite();
   // Send what waits (control frames, sub-frames of the streams' outboxes), at most `budget`
   // bytes, until the socket takes no more (locked; not around the calls). Whoever calls it

@@ -61,16 +61,7 @@ class SocketPipe final : public Pipe {
     return avail;
   }
   size_t recvPiece() const override { return piece_; }
-  void close() override {
-    if (!fd_.valid()) return;
-    // FIN after anything queued (an abort frame), then drain what the peer already sent so
-    // close() does not turn into a RST that could discard that abort frame on its side.
-    ::shutdown(fd_.get(), SHUT_WR);
-    char sink[16384];
-    for (int i = 0; i < 64; ++i)
-      if (::recv(fd_.get(), sink, sizeof(sink), MSG_DONTWAIT) <= 0) break;
-    fd_.reset();
-  }
+  void close() override { closeAfterDrain(fd_); }
 
  private:
   Fd fd_;

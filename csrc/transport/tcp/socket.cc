@@ -67,6 +67,15 @@ Endpoint parseEndpoint(const std::string& s) {
   return ep;
 }
 
+void closeAfterDrain(Fd& fd) {
+  if (!fd.valid()) return;
+  ::shutdown(fd.get(), SHUT_WR);
+  char sink[16384];
+  for (int i = 0; i < 64; ++i)
+    if (::recv(fd.get(), sink, sizeof(sink), MSG_DONTWAIT) <= 0) break;
+  fd.reset();
+}
+
 void setNonBlocking(int fd) {
   int fl = ::fcntl(fd, F_GETFL, 0);
   if (fl < 0 || ::fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)

@@ -105,6 +105,10 @@ Fd acceptOne(int listenFd, Deadline deadline, std::string* peerAddr);
 int pollInterruptible(pollfd* p, size_t n, Deadline deadline);
 
 void setNonBlocking(int fd);
+// Close a connected socket without a reset: FIN after anything queued (an abort frame, a
+// link's last sub-frames), then drain a bounded amount of what the peer already sent --
+// closing with unread data sends a RST, which can discard what the peer has not read yet.
+void closeAfterDrain(Fd& fd);
 void setNoDelay(int fd);
 
 // Read/write exactly n bytes on a non-blocking socket, polling until the deadline.
