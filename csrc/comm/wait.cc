@@ -36,9 +36,19 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
     pfds_.push_back({c.fd(), c.pollEvents(POLLIN), 0});
     pfdPeer_.push_back(recvPeer);
   }
-  if (recvPeer >= 0) {
-    if (const int dfd = conn(recvPeer).readFd(); dfd >= 0) {
-      pfds_.push_back({dfd, POLLIN, 0});
+  // A stream's link socket, which its send and receive write and read themselves.
+  const int wfd = sendPeer >= 0 ? conn(sendPeer).writeFd() : -1;
+  const int rfd = recvPeer >= 0 ? conn(recvPeer).readFd() : -1;
+  if (wfd >= 0 && wfd == rfd) {
+    pfds_.push_back({wfd, POLLIN | POLLOUT, 0});
+    pfdPeer_.push_back(recvPeer);
+  } else {
+    if (wfd >= 0) {
+      pfds_.push_back({wfd, POLLOUT, 0});
+      pfdPeer_.push_back(sendPeer);
+    }
+    if (rfd >= 0) {
+      pfds_.push_back({rfd, POLLIN, 0});
       pfdPeer_.push_back(recvPeer);
     }
   }

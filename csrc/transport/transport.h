@@ -90,6 +90,10 @@ class Connection {
   // shared link socket, which the receive then reads itself instead of waiting for the pump
   // (which leaves it to this thread for a moment). Call after pollEvents, for each wait.
   virtual int readFd() { return -1; }
+  // The same for sending (POLLOUT; -1: nothing more): the socket a stream's send writes to
+  // itself while the stream may send, so that a send the socket cannot take yet waits for
+  // room there rather than being copied into a buffer for the pump to send.
+  virtual int writeFd() { return -1; }
 
   // Called on a connection that is readable although nothing is expected from it: throw if
   // it carries an abort frame or EOF, return kEarlyData if it is data of a later collective

@@ -49,19 +49,26 @@ bool waitFor(Stream& s, unsigned want, int ms) {
   return ::poll(p, 2, ms) >= 1;
 }
 
-// Write all of buf (blocking through waitFor); false on EPIPE or after 20 s.
-bool writeAll(Stream& s, const uint8_t* buf, size_t n) {
+// Wait for room as a paced writer does: the eventfd (credit) and the link's socket (room).
+bool waitPaced(Stream& s, int ms) {
+  s.arm(Stream::kRoom);
+  pollfd p[2] = {{s.fd(), POLLIN, 0}, {s.writeFd(), POLLOUT, 0}};
+  return ::poll(p, 2, ms) >= 1;
+}
+
+// Write all of buf (blocking through waitFor, or waitPaced); false on EPIPE or after 20 s.
+bool writeAll(Stream& s, const uint8_t* buf, size_t n, Stream::Mode mode = Stream::kQueue) {
   const auto until = Clock::now() + std::chrono::seconds(20);
   for (size_t done = 0; done < n;) {
     iovec v{const_cast<uint8_t*>(buf + done), n - done};
     int err = 0;
-    const ssize_t r = s.write(&v, 1, &err);
+    const ssize_t r = s.write(&v, 1, &err, mode);
     if (r > 0) {
       done += static_cast<size_t>(r);
       continue;
     }
     if (err != EAGAIN || Clock::now() > until) return false;
-    waitFor(s, Stream::kRoom, 100);
+    mode == Stream::kPaced ? waitPaced(s, 100) : waitFor(s, Stream::kRoom, 100);
   }
   return true;
 }
@@ -137,7 +144,8 @@ std::unique_ptr<Pair> makePair(bool tcp) {
   return p;
 }
 
-// Two streams, both directions at once, 16 MiB each way: every byte in order.
+// Two streams, both directions at once, 16 MiB each way: every byte in order. Stream 2's
+// writers are paced (they wait for the socket themselves), stream 1's queue.
 void checkTransfer(bool tcp) {
   auto p = makePair(tcp);
   constexpr size_t n = 16 << 20;
@@ -150,7 +158,8 @@ void checkTransfer(bool tcp) {
         std::unique_ptr<Stream> s = (side == 0 ? p->a : p->b)->open(id);
         const auto out = make(id, side, n);
         std::vector<uint8_t> in(n);
-        std::thread w([&] { ok += writeAll(*s, out.data(), n); });
+        const auto mode = id == 2 ? Stream::kPaced : Stream::kQueue;
+        std::thread w([&] { ok += writeAll(*s, out.data(), n, mode); });
         const size_t got = readAll(*s, in.data(), n);
         w.join();
         s->shutdownWrite();
@@ -163,6 +172,32 @@ void checkTransfer(bool tcp) {
   check(ok == 8, std::string(tcp ? "tcp" : "unix") + ": 2 streams x 2 directions x 16 MiB arrive "
                  "in order, then the end (" + std::to_string(ok.load()) + "/8)");
   std::printf("  %s: 64 MiB moved in %.2f s\n", tcp ? "tcp" : "unix", s);
+}
+
+// A paced writer to a stream nobody reads yet: it takes at most the window (nothing more is
+// copied to wait in the outbox), its wait then sleeps (no readiness while nothing changes),
+// and once the reader comes everything arrives.
+void checkPacedStall() {
+  auto p = makePair(true);
+  auto w = p->a->open(9), r = p->b->open(9);
+  constexpr size_t n = 3 * kWindow;
+  const auto out = make(9, 0, n);
+  size_t taken = 0;
+  for (int i = 0; i < 200; ++i) {
+    iovec v{const_cast<uint8_t*>(out.data() + taken), n - taken};
+    int err = 0;
+    const ssize_t got = w->write(&v, 1, &err, Stream::kPaced);
+    if (got > 0) taken += static_cast<size_t>(got);
+    else if (!waitPaced(*w, 20)) break;  // nothing to wait for any more
+  }
+  check(taken > 0 && taken <= kWindow, "a paced writer nobody reads takes at most the window (" +
+                                           std::to_string(taken) + " bytes)");
+  check(!waitPaced(*w, 100), "a stalled paced writer's wait sleeps (no spin)");
+  std::vector<uint8_t> in(n);
+  std::thread rt([&] { in.resize(readAll(*r, in.data(), n)); });
+  const bool wrote = writeAll(*w, out.data() + taken, n - taken, Stream::kPaced);
+  rt.join();
+  check(wrote && in.size() == n && same(in, 9, 0), "the paced writer then finishes: all intact");
 }
 
 // A stream nobody reads fills its window and stops; another stream on the link goes on.
@@ -365,6 +400,7 @@ int main() {
     checkLinkFailure(tcp);
   }
   checkEnds();
+  checkPacedStall();
   checkCloseFlushes();
   checkUnopenedBound();
   checkManyStreams();

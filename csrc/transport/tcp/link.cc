@@ -77,9 +77,11 @@ void Link::close(double seconds) {
       k.flushed.wait_for(g, std::chrono::milliseconds(std::min(d.pollMs(), 50)));
   }
   Hub::get().remove(this);  // the pump no longer touches the socket
-  std::lock_guard<std::mutex> g(k.mu);
+  std::unique_lock<std::mutex> g(k.mu);
+  k.fail(0);  // no stream's user starts a read or write on it either
+  for (int i = 0; i < 1000 && (k.rxBusy || k.txBusy); ++i)  // those under way end at once
+    k.rxIdle.wait_for(g, std::chrono::milliseconds(1));
   closeAfterDrain(k.fd);  // the last sub-frames reach the peer
-  k.fail(0);
 }
 
 bool linkPumpRunning() { return Hub::get().running(); }
@@ -99,15 +101,25 @@ int Stream::readFd() {
   return link_->impl_->down() ? -1 : link_->impl_->fd.get();
 }
 
+int Stream::writeFd() {
+  Link::Impl& k = *link_->impl_;
+  std::lock_guard<std::mutex> g(k.mu);
+  StreamState& s = *st_;
+  const bool sock = !k.down() && s.credit > 0;
+  s.writeWait = sock ? StreamState::WriteWait::kSocket : StreamState::WriteWait::kCredit;
+  k.update(s);
+  return sock ? k.fd.get() : -1;
+}
+
 void Stream::arm(unsigned want) {
   Link::Impl& k = *link_->impl_;
   std::lock_guard<std::mutex> g(k.mu);
   st_->want = want;
-  st_->direct = false;  // until readFd() says otherwise
+  st_->writeWait = StreamState::WriteWait::kPump;  // until writeFd() does
   k.update(*st_);
 }
 
-ssize_t Stream::write(const iovec* iov, int n, int* err) {
+ssize_t Stream::write(const iovec* iov, int n, int* err, Mode mode) {
   Link::Impl& k = *link_->impl_;
   std::unique_lock<std::mutex> g(k.mu);
   StreamState& s = *st_;
@@ -122,12 +134,16 @@ ssize_t Stream::write(const iovec* iov, int n, int* err) {
   // nothing of this stream waits before it: no copy, no hop through the pump, which takes
   // over a sub-frame the socket took in part.
   if (!s.outbox.empty() || k.txActive || !k.control.empty()) k.writeSome(g, kInlineBudget);
-  size_t taken = s.outbox.empty() ? k.sendDirect(st_, iov, n, total) : 0;
+  size_t taken = s.outbox.empty() ? k.sendDirect(g, st_, iov, n, total) : 0;
   if (k.down() && taken == 0) {
     *err = k.err > 0 ? k.err : EPIPE;
     return -1;
   }
-  taken += k.queue(s, iov, n, taken);
+  // A user that waits for the socket itself keeps what the socket would take soon.
+  if (mode == kQueue || k.txBusy) {
+    const size_t q = k.queue(s, iov, n, taken);
+    taken += q;
+  }
   if (taken == 0 && total > 0) {
     *err = EAGAIN;
     return -1;

@@ -105,13 +105,15 @@ void Hub::loop() {
     for (auto& l : snap) {
       Link::Impl& k = *l->impl_;
       std::lock_guard<std::mutex> g(k.mu);
-      const bool leave = k.deferred && now < k.deferUntil;
+      const bool leave = k.deferred && now < k.deferUntil;  // not even POLLHUP: no spin
       if (leave)
         ms = std::min<int>(ms, 1 + static_cast<int>(std::chrono::duration_cast<
                                    std::chrono::milliseconds>(k.deferUntil - now).count()));
-      const short ev = k.down() ? 0 : static_cast<short>((leave ? 0 : POLLIN) |
-                                                        (k.wantsOut() ? POLLOUT : 0));
-      pfds.push_back({k.down() ? -1 : k.fd.get(), ev, 0});
+      // Another thread writing (txBusy) sends what there is, and wakes the pump for what
+      // it leaves: polling for room meanwhile would spin.
+      const bool out = !k.txBusy && k.wantsOut();
+      const short ev = static_cast<short>((leave ? 0 : POLLIN) | (out ? POLLOUT : 0));
+      pfds.push_back({k.down() || (leave && !out) ? -1 : k.fd.get(), ev, 0});
     }
     if (::poll(pfds.data(), pfds.size(), ms) < 0 && errno != EINTR)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));  // cannot happen; no spin
@@ -136,25 +138,31 @@ void Hub::loop() {
 
 void Link::Impl::pumpRead(const std::string& peer) {
   std::unique_lock<std::mutex> g(mu);
-  // A stream's user reading the socket itself (Stream::readv) drains what is there: wait
-  // for it rather than spin on a socket that poll() keeps calling readable meanwhile.
-  if (rxBusy && !rxIdle.wait_for(g, std::chrono::milliseconds(10), [&] { return !rxBusy; }))
-    return;
-  if (!deferred && anyDirect()) {  // its reader will be here in a moment
-    deferred = true;
-    deferUntil = std::chrono::steady_clock::now() + kDeferRead;
+  const auto now = std::chrono::steady_clock::now();
+  const bool due = deferred && now >= deferUntil;
+  // A stream's user reading the socket itself (Stream::readv) drains what is there; one
+  // that read a moment ago comes back for more: look again later (poll() would keep
+  // calling the socket readable meanwhile).
+  if (rxBusy || (due && now - lastUserRead < kDeferRead)) {
+    deferred = false;
+    defer(now);
     return;
   }
   rxBusy = true;
-  drain(g, peer, nullptr, nullptr, 0);
+  drain(g, peer, nullptr, nullptr, 0, !due);
   rxBusy = false;
   rxIdle.notify_all();
 }
 
 size_t Link::Impl::drain(std::unique_lock<std::mutex>& g, const std::string& peer,
-                         StreamState* own, const iovec* iov, int n) {
+                         StreamState* own, const iovec* iov, int n, bool leave) {
   size_t budget = kPumpBudget, got = 0;
+  if (own) lastUserRead = std::chrono::steady_clock::now();
   while (!down() && budget > 0 && got == 0) {
+    if (leave && rxHdrGot == sizeof rxHdr && rxTo->direct && !rxDrop) {
+      defer(std::chrono::steady_clock::now());  // its user reads it in a moment
+      break;
+    }
     ssize_t r;
     if (rxHdrGot < sizeof rxHdr) {
       g.unlock();
@@ -293,35 +301,62 @@ size_t Link::Impl::queue(StreamState& s, const iovec* iov, int n, size_t skip) {
   return done;
 }
 
-size_t Link::Impl::sendDirect(const std::shared_ptr<StreamState>& sp, const iovec* iov, int n,
+size_t Link::Impl::sendDirect(std::unique_lock<std::mutex>& g,
+                              const std::shared_ptr<StreamState>& sp, const iovec* iov, int n,
                               size_t total) {
   StreamState& s = *sp;
   size_t done = 0;
+  bool sent = false;
   while (done < total && !down() && !txBusy && !txActive && control.empty() && s.credit > 0) {
-    // At most what the outbox holds: a sub-frame the socket takes in part goes on from there.
-    const size_t len = std::min({total - done, s.credit, kMaxSub, s.outbox.capacity()});
-    SubHeader h{kLinkMagic, kSubData, s.id, len};
-    iovec v[9];
-    v[0] = {&h, sizeof h};
-    const int k = 1 + slice(iov, n, done, len, v + 1, 8);
-    size_t inV = 0;
-    for (int i = 1; i < k; ++i) inV += v[i].iov_len;
-    if (inV < len) break;  // more pieces than one call takes: the pump sends from the outbox
+    // Up to kBatch sub-frames in one call (one push of the socket for them all).
+    SubHeader hs[kBatch];
+    size_t lens[kBatch];
+    iovec v[kBatch * 9];
+    int nf = 0, nv = 0;
+    for (size_t off = done, credit = s.credit; nf < kBatch && off < total && credit > 0; ++nf) {
+      // At most what the outbox holds: a sub-frame the socket takes in part goes on from it.
+      const size_t len = std::min({total - off, credit, kMaxSub, s.outbox.capacity()});
+      hs[nf] = SubHeader{kLinkMagic, kSubData, s.id, len};
+      const int k = slice(iov, n, off, len, v + nv + 1, 8);
+      size_t inV = 0;
+      for (int i = 0; i < k; ++i) inV += v[nv + 1 + i].iov_len;
+      if (inV < len) break;  // more pieces than one call takes: the pump sends from the outbox
+      v[nv] = {&hs[nf], sizeof(SubHeader)};
+      nv += 1 + k;
+      lens[nf] = len;
+      off += len;
+      credit -= len;
+    }
+    if (nf == 0) break;
     msghdr mh{};
     mh.msg_iov = v;
-    mh.msg_iovlen = static_cast<size_t>(k);
+    mh.msg_iovlen = static_cast<size_t>(nv);
+    // Others wait for the socket (txBusy), not for the lock, while the kernel copies.
+    txBusy = sent = true;
+    g.unlock();
     const ssize_t r = ::sendmsg(fd.get(), &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const int e = errno;
+    g.lock();
+    txBusy = false;
     if (r < 0) {
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) fail(errno);
+      if (e == EINTR) continue;
+      if (e != EAGAIN && e != EWOULDBLOCK) fail(e);
       break;
     }
-    s.credit -= len;  // the sub-frame has begun: all of it goes
-    const size_t sent = static_cast<size_t>(r);
-    const size_t paid = sent > sizeof h ? sent - sizeof h : 0;
-    if (paid < len) {  // the pump finishes it: the header's rest, then the payload's
-      txHdr = h;
-      txHdrDone = std::min(sent, sizeof h);
+    size_t took = static_cast<size_t>(r);
+    for (int f = 0; f < nf && took > 0; ++f) {
+      const size_t len = lens[f];
+      s.credit -= len;  // the sub-frame has begun: all of it goes
+      if (took >= sizeof(SubHeader) + len) {
+        took -= sizeof(SubHeader) + len;
+        done += len;
+        continue;
+      }
+      // The pump (or this stream's next write) finishes it from the outbox: the header's
+      // rest, then the payload's.
+      const size_t paid = took > sizeof(SubHeader) ? took - sizeof(SubHeader) : 0;
+      txHdr = hs[f];
+      txHdrDone = std::min(took, sizeof(SubHeader));
       iovec rest[8];
       const int m = slice(iov, n, done + paid, len - paid, rest, 8);
       for (int i = 0; i < m; ++i) s.outbox.copyIn(rest[i].iov_base, rest[i].iov_len);
@@ -329,10 +364,12 @@ size_t Link::Impl::sendDirect(const std::shared_ptr<StreamState>& sp, const iove
       txFrom = sp;
       txActive = true;
       done += len;
-      break;
+      took = 0;
     }
-    done += len;
+    if (txActive || done < total) break;  // the socket is full (or credit ran out)
   }
+  // What others queued meanwhile (they left it to this thread): the pump sends it.
+  if (sent && wantsOut()) Hub::get().wake();
   return done;
 }
 

@@ -31,6 +31,7 @@ struct SubHeader {
 };
 static_assert(sizeof(SubHeader) == 24, "SubHeader must stay 24 bytes");
 constexpr size_t kMaxSub = 256 << 10;    // payload of one data sub-frame
+constexpr int kBatch = 16;               // sub-frames a stream's user sends in one call
 constexpr size_t kPumpBudget = 4 << 20;  // bytes per link per direction per round
 constexpr size_t kInlineBudget = 1 << 20;  // the same for a stream's user sending others' bytes
 // Streams the peer may write to before this process opens them (each holds up to a window).
@@ -53,7 +54,12 @@ struct StreamState {
   bool finSent = false;
   bool peerFin = false;
   unsigned want = 0;
-  bool direct = false;  // its user polls the link's socket and reads it itself (readFd)
+  // Its user polls the link's socket and reads it itself (readFd, from then on): the pump
+  // leaves this stream's sub-frames in the socket for a moment (kDeferRead).
+  bool direct = false;
+  // Its user polls the link's socket for room and writes it itself (writeFd); then kRoom is
+  // the peer's credit (writeFd saw none) or nothing (the socket's POLLOUT stands for it).
+  enum class WriteWait { kPump, kCredit, kSocket } writeWait = WriteWait::kPump;
   bool signalled = false;
   Fd efd;  // eventfd, from open() on
 };
@@ -73,14 +79,15 @@ struct Link::Impl {
   // left and where it goes.
   bool rxBusy = false;
   std::condition_variable rxIdle;
-  // The pump found the socket readable while a stream's user reads it itself (direct): it
-  // leaves it to that user until deferUntil, once per time the socket fills.
+  // The pump leaves the socket to streams' users until deferUntil: one was reading it, or
+  // the next sub-frame is for a stream whose user reads it itself (direct). lastUserRead:
+  // when a user last did (one that read a moment ago comes back for more).
   bool deferred = false;
-  std::chrono::steady_clock::time_point deferUntil{};
-  bool anyDirect() const {
-    for (auto& [id, s] : streams)
-      if (s->direct) return true;
-    return false;
+  std::chrono::steady_clock::time_point deferUntil{}, lastUserRead{};
+  void defer(std::chrono::steady_clock::time_point now) {
+    if (deferred) return;
+    deferred = true;
+    deferUntil = now + kDeferRead;
   }
   SubHeader rxHdr;
   size_t rxHdrGot = 0;
@@ -107,12 +114,21 @@ struct Link::Impl {
   }
   bool ended(const StreamState& s) const { return s.peerFin || down(); }
 
+  // Whether a write may take bytes now, as far as the eventfd tells (locked).
+  static bool room(const StreamState& s) {
+    switch (s.writeWait) {
+      case StreamState::WriteWait::kCredit: return s.credit > 0;
+      case StreamState::WriteWait::kSocket: return false;
+      default: return s.outbox.room() > 0;
+    }
+  }
+
   // The eventfd follows arm()'s condition (locked).
   void update(StreamState& s) {
     if (!s.efd.valid()) return;
     const bool on = ((s.want & Stream::kData) && (!s.inbox.empty() || ended(s))) ||
                     ((s.want & Stream::kEnd) && ended(s)) ||
-                    ((s.want & Stream::kRoom) && (s.outbox.room() > 0 || s.shutWr || down()));
+                    ((s.want & Stream::kRoom) && (room(s) || s.shutWr || down()));
     if (on == s.signalled) return;
     uint64_t v = 1;
     if (on) {
@@ -176,21 +192,24 @@ struct Link::Impl {
     return true;
   }
 
-  // A stream's write (locked): sub-frames of iov sent on the socket at once while the link
-  // has nothing half-sent and the stream has credit; a sub-frame the socket took in part is
-  // finished by the pump from the outbox. Returns the bytes of iov taken.
-  size_t sendDirect(const std::shared_ptr<StreamState>& s, const iovec* iov, int n, size_t total);
+  // A stream's write (locked, not around the calls): sub-frames of iov sent on the socket at
+  // once, up to kBatch per call, while the link has nothing half-sent and nobody else writes
+  // (txBusy, held meanwhile) and the stream has credit; a sub-frame the socket took in part
+  // is finished from the outbox. Returns the bytes of iov taken.
+  size_t sendDirect(std::unique_lock<std::mutex>& g, const std::shared_ptr<StreamState>& s,
+                    const iovec* iov, int n, size_t total);
   // Copy iov's bytes from `skip` on into the stream's outbox, as many as fit (locked).
   size_t queue(StreamState& s, const iovec* iov, int n, size_t skip);
-  // The pump's read: the socket's bytes into their streams' inboxes (waits out, or leaves
-  // to, a stream's user reading it).
+  // The pump's read: the socket's bytes into their streams' inboxes, unless a stream's
+  // user reads them (then it defers).
   void pumpRead(const std::string& peer);
   // Read the socket (locked on entry and exit, not around the calls) until it has nothing
-  // more, a round's budget is spent, or -- `own` given, its inbox empty -- some of own's
-  // bytes landed in iov, straight from the socket. Other streams' bytes go to their inboxes.
-  // Returns own's bytes read. The caller holds rxBusy.
+  // more, a round's budget is spent, -- `own` given, its inbox empty -- some of own's bytes
+  // landed in iov, straight from the socket, or -- `leave` -- the next payload is for a
+  // direct stream (deferred). Other streams' bytes go to their inboxes. Returns own's bytes
+  // read. The caller holds rxBusy.
   size_t drain(std::unique_lock<std::mutex>& g, const std::string& peer, StreamState* own,
-               const iovec* iov, int n);
+               const iovec* iov, int n, bool leave = false);
   void onHeader(const std::string& peer);  // locked: a whole header is in rxHdr
   ssize_t readPayload(std::unique_lock<std::mutex>& g, size_t* budget);  // as readv()
   // `n` payload bytes of the current sub-frame were read, of a round's `budget` (locked).

@@ -73,6 +73,7 @@ class StreamPipe final : public Pipe {
   explicit StreamPipe(std::unique_ptr<Stream> s) : s_(std::move(s)) {}
   int fd() const override { return s_ ? s_->fd() : -1; }
   int readFd() override { return s_ ? s_->readFd() : -1; }
+  int writeFd() override { return s_ ? s_->writeFd() : -1; }
   short pollEvents(short want) override {
     if (!s_) return want;
     unsigned w = 0;
@@ -83,6 +84,9 @@ class StreamPipe final : public Pipe {
     return POLLIN;
   }
   ssize_t sendv(const iovec* iov, int n) override { return ret(s_->write(iov, n, &err_)); }
+  ssize_t sendSome(const iovec* iov, int n) override {
+    return ret(s_->write(iov, n, &err_, Stream::kPaced));
+  }
   ssize_t recvv(const iovec* iov, int n) override { return ret(s_->readv(iov, n, &err_)); }
   ssize_t peek(void* buf, size_t n) override { return ret(s_->peek(buf, n, 0, &err_)); }
   ssize_t available() override { return static_cast<ssize_t>(s_->available()); }

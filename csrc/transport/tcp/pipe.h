@@ -28,7 +28,13 @@ class Pipe {
   // A second descriptor to poll for POLLIN while waiting for data (-1: none): a stream's
   // link socket, which recvv() then reads itself (Stream::readFd).
   virtual int readFd() { return -1; }
+  // The same for POLLOUT while waiting for room: the link socket sendv() writes itself
+  // (Stream::writeFd).
+  virtual int writeFd() { return -1; }
   virtual ssize_t sendv(const iovec* iov, int n) = 0;  // sendmsg(MSG_NOSIGNAL | MSG_DONTWAIT)
+  // As sendv, for a caller that after EAGAIN polls fd() (pollEvents(POLLOUT)) and writeFd()
+  // before it calls again: a stream then takes only what can go on the wire now.
+  virtual ssize_t sendSome(const iovec* iov, int n) { return sendv(iov, n); }
   virtual ssize_t recvv(const iovec* iov, int n) = 0;  // readv
   virtual ssize_t peek(void* buf, size_t n) = 0;       // recv(MSG_PEEK | MSG_DONTWAIT)
   virtual ssize_t available() = 0;                     // ioctl(FIONREAD)

@@ -125,7 +125,7 @@ bool TcpConnection::progressSend(SendOp& op) {
       iov[n++] = {const_cast<char*>(static_cast<const char*>(op.data)) + (op.done - H),
                   total - op.done};
     }
-    ssize_t r = pipe_->sendv(iov, n);
+    ssize_t r = pipe_->sendSome(iov, n);  // the communicator's waitIo polls writeFd()
     if (r > 0) {
       op.done += static_cast<size_t>(r);
       midRemain_ = total - op.done;

@@ -22,6 +22,7 @@ class TcpConnection final : public Connection {
   int fd() const override { return pipe_->fd(); }
   short pollEvents(short want) override { return pipe_->pollEvents(want); }
   int readFd() override { return pipe_->readFd(); }
+  int writeFd() override { return pipe_->writeFd(); }
   Idle checkIdle(const FrameHeader* current) override;
   Idle checkClosedAfterEarlyData() override;
   bool goodbyeNext() override;
