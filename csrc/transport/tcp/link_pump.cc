@@ -159,8 +159,10 @@ size_t Link::Impl::drain(std::unique_lock<std::mutex>& g, const std::string& pee
   size_t budget = kPumpBudget, got = 0;
   if (own) lastUserRead = std::chrono::steady_clock::now();
   while (!down() && budget > 0 && got == 0) {
-    if (leave && rxHdrGot == sizeof rxHdr && rxTo->direct && !rxDrop) {
-      defer(std::chrono::steady_clock::now());  // its user reads it in a moment
+    // Its user reads it in a moment -- unless a writer waits for credit that may be
+    // behind it (its user may be waiting for that too, to send before it reads).
+    if (leave && rxHdrGot == sizeof rxHdr && rxTo->direct && !rxDrop && !creditWaited()) {
+      defer(std::chrono::steady_clock::now());
       break;
     }
     ssize_t r;

@@ -113,6 +113,12 @@ struct Link::Impl {
     return -1;
   }
   bool ended(const StreamState& s) const { return s.peerFin || down(); }
+  bool creditWaited() const {  // a stream's user waits for the peer's credit (locked)
+    for (auto& [id, s] : streams)
+      if ((s->want & Stream::kRoom) && s->writeWait == StreamState::WriteWait::kCredit)
+        return true;
+    return false;
+  }
 
   // Whether a write may take bytes now, as far as the eventfd tells (locked).
   static bool room(const StreamState& s) {
