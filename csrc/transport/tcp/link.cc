@@ -139,11 +139,9 @@ ssize_t Stream::write(const iovec* iov, int n, int* err, Mode mode) {
     *err = k.err > 0 ? k.err : EPIPE;
     return -1;
   }
-  // A user that waits for the socket itself keeps what the socket would take soon.
-  if (mode == kQueue || k.txBusy) {
-    const size_t q = k.queue(s, iov, n, taken);
-    taken += q;
-  }
+  // A paced write leaves in the caller's buffer what the socket cannot take now (the caller
+  // polls writeFd) -- unless another thread is writing: that one sends the outbox.
+  if (mode == kQueue || k.txBusy) taken += k.queue(s, iov, n, taken);
   if (taken == 0 && total > 0) {
     *err = EAGAIN;
     return -1;
