@@ -34,6 +34,18 @@ int slice(const iovec* iov, int n, size_t off, size_t len, iovec* out, int max) 
   }
   return k;
 }
+
+// A socket call made with the link's lock released (the caller holds rxBusy or txBusy,
+// which keeps other threads off that direction of the socket); errno is the call's.
+template <class Call>
+ssize_t unlocked(std::unique_lock<std::mutex>& g, Call call) {
+  g.unlock();
+  const ssize_t r = call();
+  const int e = errno;
+  g.lock();
+  errno = e;
+  return r;
+}
 }  // namespace
 
 Hub& Hub::get() {
@@ -167,12 +179,10 @@ size_t Link::Impl::drain(std::unique_lock<std::mutex>& g, const std::string& pee
     }
     ssize_t r;
     if (rxHdrGot < sizeof rxHdr) {
-      g.unlock();
-      r = ::recv(fd.get(), reinterpret_cast<char*>(&rxHdr) + rxHdrGot, sizeof rxHdr - rxHdrGot,
-                 MSG_DONTWAIT);
-      const int e = errno;
-      g.lock();
-      errno = e;
+      r = unlocked(g, [&] {
+        return ::recv(fd.get(), reinterpret_cast<char*>(&rxHdr) + rxHdrGot,
+                      sizeof rxHdr - rxHdrGot, MSG_DONTWAIT);
+      });
       if (r > 0) {
         rxHdrGot += static_cast<size_t>(r);
         if (rxHdrGot == sizeof rxHdr) onHeader(peer);
@@ -182,11 +192,7 @@ size_t Link::Impl::drain(std::unique_lock<std::mutex>& g, const std::string& pee
       iovec v[8];  // the reader's own bytes: straight into its buffer
       const int k = slice(iov, n, 0, static_cast<size_t>(rxLeft), v, 8);
       if (k == 0) break;
-      g.unlock();
-      r = ::readv(fd.get(), v, k);
-      const int e = errno;
-      g.lock();
-      errno = e;
+      r = unlocked(g, [&] { return ::readv(fd.get(), v, k); });
       if (r > 0) {
         got += static_cast<size_t>(r);
         credited(*own, static_cast<size_t>(r));
@@ -261,14 +267,8 @@ ssize_t Link::Impl::readPayload(std::unique_lock<std::mutex>& g, size_t* budget)
   const bool toSink = rxDrop || s.closed;
   if (toSink) v[0] = {sink.data(), std::min(want, sink.size())};
   else k = s.inbox.free(v, want);
-  g.unlock();
-  const ssize_t r = ::readv(fd.get(), v, k);
-  const int e = errno;
-  g.lock();
-  if (r <= 0) {
-    errno = e;
-    return r;
-  }
+  const ssize_t r = unlocked(g, [&] { return ::readv(fd.get(), v, k); });
+  if (r <= 0) return r;
   const size_t n = static_cast<size_t>(r);
   if (!toSink) s.inbox.commit(n);
   if (toSink || s.closed) {  // closed meanwhile: dropped, as close() dropped the rest
@@ -335,10 +335,9 @@ size_t Link::Impl::sendDirect(std::unique_lock<std::mutex>& g,
     mh.msg_iovlen = static_cast<size_t>(nv);
     // Others wait for the socket (txBusy), not for the lock, while the kernel copies.
     txBusy = sent = true;
-    g.unlock();
-    const ssize_t r = ::sendmsg(fd.get(), &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t r =
+        unlocked(g, [&] { return ::sendmsg(fd.get(), &mh, MSG_NOSIGNAL | MSG_DONTWAIT); });
     const int e = errno;
-    g.lock();
     txBusy = false;
     if (r < 0) {
       if (e == EINTR) continue;
@@ -432,10 +431,9 @@ void Link::Impl::writeSome(std::unique_lock<std::mutex>& g, size_t budget) {
     msghdr mh{};
     mh.msg_iov = v;
     mh.msg_iovlen = static_cast<size_t>(k);
-    g.unlock();
-    const ssize_t r = ::sendmsg(fd.get(), &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t r =
+        unlocked(g, [&] { return ::sendmsg(fd.get(), &mh, MSG_NOSIGNAL | MSG_DONTWAIT); });
     const int e = errno;
-    g.lock();
     if (r < 0) {
       if (e == EAGAIN || e == EWOULDBLOCK) break;
       if (e == EINTR) continue;
