@@ -36,9 +36,10 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
     pfds_.push_back({c.fd(), c.pollEvents(POLLIN), 0});
     pfdPeer_.push_back(recvPeer);
   }
-  // A stream's link socket, which its send and receive write and read themselves.
-  const int wfd = sendPeer >= 0 ? conn(sendPeer).writeFd() : -1;
+  // A stream's link socket, which its send and receive write and read themselves (read
+  // first: a writer that waits for credit and reads too reads the credit itself).
   const int rfd = recvPeer >= 0 ? conn(recvPeer).readFd() : -1;
+  const int wfd = sendPeer >= 0 ? conn(sendPeer).writeFd() : -1;
   if (wfd >= 0 && wfd == rfd) {
     pfds_.push_back({wfd, POLLIN | POLLOUT, 0});
     pfdPeer_.push_back(recvPeer);

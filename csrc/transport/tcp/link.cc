@@ -97,7 +97,7 @@ int Stream::fd() const { return st_->efd.get(); }
 
 int Stream::readFd() {
   std::lock_guard<std::mutex> g(link_->impl_->mu);
-  st_->direct = true;
+  st_->direct = st_->pollsRead = true;
   return link_->impl_->down() ? -1 : link_->impl_->fd.get();
 }
 
@@ -108,6 +108,8 @@ int Stream::writeFd() {
   const bool sock = !k.down() && s.credit > 0;
   s.writeWait = sock ? StreamState::WriteWait::kSocket : StreamState::WriteWait::kCredit;
   k.update(s);
+  // The credit comes on the socket: the pump watches it again if it left it to a reader.
+  if (!sock && !s.pollsRead && k.deferred && !k.down()) Hub::get().wake();
   return sock ? k.fd.get() : -1;
 }
 
@@ -116,6 +118,7 @@ void Stream::arm(unsigned want) {
   std::lock_guard<std::mutex> g(k.mu);
   st_->want = want;
   st_->writeWait = StreamState::WriteWait::kPump;  // until writeFd() does
+  st_->pollsRead = false;                          // until readFd() does
   k.update(*st_);
 }
 

@@ -117,7 +117,7 @@ void Hub::loop() {
     for (auto& l : snap) {
       Link::Impl& k = *l->impl_;
       std::lock_guard<std::mutex> g(k.mu);
-      const bool leave = k.deferred && now < k.deferUntil;  // not even POLLHUP: no spin
+      const bool leave = k.leftToUsers(now);  // not even POLLHUP: no spin
       if (leave)
         ms = std::min<int>(ms, 1 + static_cast<int>(std::chrono::duration_cast<
                                    std::chrono::milliseconds>(k.deferUntil - now).count()));
@@ -152,10 +152,9 @@ void Link::Impl::pumpRead(const std::string& peer) {
   std::unique_lock<std::mutex> g(mu);
   const auto now = std::chrono::steady_clock::now();
   const bool due = deferred && now >= deferUntil;
-  // A stream's user reading the socket itself (Stream::readv) drains what is there; one
-  // that read a moment ago comes back for more: look again later (poll() would keep
-  // calling the socket readable meanwhile).
-  if (rxBusy || (due && now - lastUserRead < kDeferRead)) {
+  // A stream's user reading the socket itself (Stream::readv) drains what is there: look
+  // again later (poll() would keep calling the socket readable meanwhile).
+  if (rxBusy) {
     deferred = false;
     defer(now);
     return;
@@ -169,7 +168,10 @@ void Link::Impl::pumpRead(const std::string& peer) {
 size_t Link::Impl::drain(std::unique_lock<std::mutex>& g, const std::string& peer,
                          StreamState* own, const iovec* iov, int n, bool leave) {
   size_t budget = kPumpBudget, got = 0;
-  if (own) lastUserRead = std::chrono::steady_clock::now();
+  if (own) {  // a user reading: it comes back for more (see deferUntil)
+    deferred = true;
+    deferUntil = std::chrono::steady_clock::now() + kDeferRead;
+  }
   while (!down() && budget > 0 && got == 0) {
     // Its user reads it in a moment -- unless a writer waits for credit that may be
     // behind it (its user may be waiting for that too, to send before it reads).
@@ -204,7 +206,7 @@ size_t Link::Impl::drain(std::unique_lock<std::mutex>& g, const std::string& pee
       if (r > 0) continue;
     }
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      deferred = false;  // drained: the next bytes start a new wait
+      if (!own) deferred = false;  // the pump drained it: the next bytes start a new wait
       break;
     }
     if (r < 0 && errno == EINTR) continue;

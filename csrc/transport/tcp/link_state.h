@@ -57,6 +57,7 @@ struct StreamState {
   // Its user polls the link's socket and reads it itself (readFd, from then on): the pump
   // leaves this stream's sub-frames in the socket for a moment (kDeferRead).
   bool direct = false;
+  bool pollsRead = false;  // ... in its current wait (readFd since the last arm)
   // Its user polls the link's socket for room and writes it itself (writeFd); then kRoom is
   // the peer's credit (writeFd saw none) or nothing (the socket's POLLOUT stands for it).
   enum class WriteWait { kPump, kCredit, kSocket } writeWait = WriteWait::kPump;
@@ -80,14 +81,20 @@ struct Link::Impl {
   bool rxBusy = false;
   std::condition_variable rxIdle;
   // The pump leaves the socket to streams' users until deferUntil: one was reading it, or
-  // the next sub-frame is for a stream whose user reads it itself (direct). lastUserRead:
-  // when a user last did (one that read a moment ago comes back for more).
+  // the next sub-frame is for a stream whose user reads it itself (direct). defer() starts
+  // such a wait if none runs; a user's read (drain) extends it: one that read a moment ago
+  // comes back for more, and the pump need not wake for every burst that arrives meanwhile.
   bool deferred = false;
-  std::chrono::steady_clock::time_point deferUntil{}, lastUserRead{};
+  std::chrono::steady_clock::time_point deferUntil{};
   void defer(std::chrono::steady_clock::time_point now) {
     if (deferred) return;
     deferred = true;
     deferUntil = now + kDeferRead;
+  }
+  // Whether the pump leaves the socket alone now (locked): not while a writer waits for
+  // credit, which may be on its way in with nobody else reading.
+  bool leftToUsers(std::chrono::steady_clock::time_point now) const {
+    return deferred && now < deferUntil && !creditWaited();
   }
   SubHeader rxHdr;
   size_t rxHdrGot = 0;
@@ -113,9 +120,12 @@ struct Link::Impl {
     return -1;
   }
   bool ended(const StreamState& s) const { return s.peerFin || down(); }
-  bool creditWaited() const {  // a stream's user waits for the peer's credit (locked)
+  // A stream's user waits for the peer's credit, and not for the socket to be readable as
+  // well (then it reads the credit itself) (locked).
+  bool creditWaited() const {
     for (auto& [id, s] : streams)
-      if ((s->want & Stream::kRoom) && s->writeWait == StreamState::WriteWait::kCredit)
+      if ((s->want & Stream::kRoom) && s->writeWait == StreamState::WriteWait::kCredit &&
+          !s->pollsRead)
         return true;
     return false;
   }
