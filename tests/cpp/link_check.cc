@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/byte_ring.h"
 #include "core/error.h"
 #include "transport/tcp/link.h"
 
@@ -391,9 +392,41 @@ void checkManyStreams() {
   check(ok, "8 streams x 2 MiB through one thread's non-blocking calls arrive intact");
 }
 
+// A stream's buffer grows only as reserve() asks, never past its capacity, and keeps its
+// bytes (in order, across the ring's wrap) when it grows.
+void checkByteRing() {
+  rr::ByteRing r(1 << 20);
+  check(r.writable() == 0 && r.room() == (1 << 20), "a ring allocates nothing before use");
+  r.reserve(100);
+  const size_t first = r.writable();
+  check(first >= 100 && first < (1 << 20), "reserve allocates a part (" +
+                                               std::to_string(first) + " bytes)");
+  std::vector<uint8_t> src(3 << 20), dst(3 << 20);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = pattern(1, 0, i);
+  size_t in = 0, out = 0;
+  bool ok = true;
+  for (size_t step = 1000; in < src.size(); step = step * 3 / 2 + 777) {  // wraps, then grows
+    r.reserve(step);
+    in += r.copyIn(src.data() + in, std::min(step, src.size() - in));
+    const size_t c = r.copyOut(dst.data() + out, step / 2);
+    r.consume(c);
+    out += c;
+    ok &= r.size() == in - out && r.size() <= r.capacity();
+  }
+  while (!r.empty()) {
+    const size_t c = r.copyOut(dst.data() + out, 4096);
+    r.consume(c);
+    out += c;
+  }
+  check(ok && out == src.size() && dst == src, "a growing ring keeps its bytes in order");
+  r.reserve(8 << 20);
+  check(r.writable() == r.capacity(), "reserve stops at the capacity");
+}
+
 }  // namespace
 
 int main() {
+  checkByteRing();
   for (bool tcp : {false, true}) {
     checkTransfer(tcp);
     checkStalledStream(tcp);

@@ -103,10 +103,12 @@ class Stream {
 
 class Link : public std::enable_shared_from_this<Link> {
  public:
-  // As a socket's buffers (socket.h: 4 MiB): a ring step's data stays in flight while the
-  // receiver reduces (a 2-rank group's 16 MiB all-reduce, ad hoc here: 1.33x the time on
-  // connections of its own with 1 MiB, 1.20x with 4 MiB).
-  static constexpr size_t kDefaultWindow = 4 << 20;
+  // As much as a connection of its own holds in flight (socket.h asks 4 MiB per buffer, the
+  // kernel doubles it: 8 MiB sent and 8 MiB received): a ring step's data keeps coming
+  // while the receiver reduces (a 2-rank group's 16 MiB all-reduce, ad hoc here: 1.27x the
+  // time on connections of its own with a 4 MiB window, 0.94-1.08x with 16 MiB). The
+  // buffers grow only as far as a stream uses them (core/byte_ring.h).
+  static constexpr size_t kDefaultWindow = 16 << 20;
   // Start carrying streams over `fd` (connected and authenticated; made non-blocking here)
   // to the process `peerName` names in messages. `window`: per stream and direction.
   static std::shared_ptr<Link> start(Fd fd, std::string peerName,

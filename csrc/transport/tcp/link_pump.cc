@@ -268,7 +268,7 @@ ssize_t Link::Impl::readPayload(std::unique_lock<std::mutex>& g, size_t* budget)
   const size_t want = static_cast<size_t>(std::min<uint64_t>(rxLeft, *budget));
   const bool toSink = rxDrop || s.closed;
   if (toSink) v[0] = {sink.data(), std::min(want, sink.size())};
-  else k = s.inbox.free(v, want);
+  else k = (s.inbox.reserve(want), s.inbox.free(v, want));  // this thread alone fills it
   const ssize_t r = unlocked(g, [&] { return ::readv(fd.get(), v, k); });
   if (r <= 0) return r;
   const size_t n = static_cast<size_t>(r);
@@ -295,9 +295,13 @@ void Link::Impl::payloadRead(size_t n, size_t* budget) {
 
 size_t Link::Impl::queue(StreamState& s, const iovec* iov, int n, size_t skip) {
   iovec parts[8];
-  size_t done = 0;
-  for (bool more = true; more && s.outbox.room() > 0;) {
-    const int k = slice(iov, n, skip + done, s.outbox.room(), parts, 8);
+  size_t done = 0, total = 0;
+  for (int i = 0; i < n; ++i) total += iov[i].iov_len;
+  // Its memory may move only while no thread sends from it (txBusy on this stream's
+  // sub-frame): then this takes what fits in what it has.
+  if (!txBusy || txFrom.get() != &s) s.outbox.reserve(total - std::min(total, skip));
+  for (bool more = true; more && s.outbox.writable() > 0;) {
+    const int k = slice(iov, n, skip + done, s.outbox.writable(), parts, 8);
     more = k == 8;
     if (k == 0) break;
     for (int i = 0; i < k; ++i) done += s.outbox.copyIn(parts[i].iov_base, parts[i].iov_len);
@@ -362,6 +366,7 @@ size_t Link::Impl::sendDirect(std::unique_lock<std::mutex>& g,
       txHdrDone = std::min(took, sizeof(SubHeader));
       iovec rest[8];
       const int m = slice(iov, n, done + paid, len - paid, rest, 8);
+      s.outbox.reserve(len - paid);  // nobody sends from it: this thread held txBusy
       for (int i = 0; i < m; ++i) s.outbox.copyIn(rest[i].iov_base, rest[i].iov_len);
       txLeft = len - paid;
       txFrom = sp;
