@@ -36,14 +36,11 @@ std::vector<std::unique_ptr<Connection>> connectOverLinks(const Identity& me, Li
                                                           const std::vector<std::string>& addrs,
                                                           LinkTable& table, uint64_t streamId,
                                                           Deadline d, const StillWanted& check) {
+  // Also on a link that is down: what the peer wrote to this stream before it left (a send
+  // its destroy() completed, its goodbye) is read first, then the end or the link's error,
+  // which the connection reports as it would its own socket's.
   auto stream = [&](int peer, const std::string& host,
                     const std::shared_ptr<Link>& link) -> std::unique_ptr<Connection> {
-    if (link->error() >= 0)
-      throw PeerError(peer, PeerCause::kClosed,
-                      detail::concat("rank ", me.shown(peer), " (", host, ") cannot be "
-                                     "reached: the connection to its process, which this "
-                                     "process's groups share, is closed (it exited, crashed or "
-                                     "destroyed its world)"));
     return std::make_unique<TcpConnection>(peer, host, streamPipe(link->open(streamId)));
   };
   std::vector<int> want;  // symmetric: both processes of a pair made (or lack) its link
