@@ -68,10 +68,10 @@ size_t Link::streamCount() const {
 
 void Link::close(double seconds) {
   Impl& k = *impl_;
+  const Deadline d = Deadline::after(seconds);
   {
     std::unique_lock<std::mutex> g(k.mu);
     if (!k.fd.valid()) return;
-    const Deadline d = Deadline::after(seconds);
     Hub::get().wake();
     while (!k.drained() && !d.expired())
       k.flushed.wait_for(g, std::chrono::milliseconds(std::min(d.pollMs(), 50)));
@@ -81,7 +81,10 @@ void Link::close(double seconds) {
   k.fail(0);  // no stream's user starts a read or write on it either
   for (int i = 0; i < 1000 && (k.rxBusy || k.txBusy); ++i)  // those under way end at once
     k.rxIdle.wait_for(g, std::chrono::milliseconds(1));
-  closeAfterDrain(k.fd);  // the last sub-frames reach the peer
+  // The last sub-frames reach the peer, and what it sends while it reads them (credits)
+  // until it reads our FIN and shuts its side (pumpRead) meets no closed socket: that would
+  // answer with a reset, which discards what the peer has not read yet.
+  closeAfterDrain(k.fd, std::max(d.pollMs(), 0));
 }
 
 bool linkPumpRunning() { return Hub::get().running(); }

@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -67,12 +68,20 @@ Endpoint parseEndpoint(const std::string& s) {
   return ep;
 }
 
-void closeAfterDrain(Fd& fd) {
+void closeAfterDrain(Fd& fd, int waitMs) {
   if (!fd.valid()) return;
   ::shutdown(fd.get(), SHUT_WR);
   char sink[16384];
-  for (int i = 0; i < 64; ++i)
-    if (::recv(fd.get(), sink, sizeof(sink), MSG_DONTWAIT) <= 0) break;
+  const Deadline d = Deadline::after(waitMs / 1000.0);
+  for (int i = 0;; ++i) {
+    const ssize_t r = ::recv(fd.get(), sink, sizeof(sink), MSG_DONTWAIT);
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) break;  // FIN, reset
+    if (waitMs <= 0 ? (r < 0 || i >= 63) : d.expired()) break;
+    if (r > 0) continue;
+    pollfd p{fd.get(), POLLIN, 0};
+    (void)::poll(&p, 1, std::max(1, d.pollMs()));
+  }
   fd.reset();
 }
 

@@ -108,7 +108,9 @@ void setNonBlocking(int fd);
 // Close a connected socket without a reset: FIN after anything queued (an abort frame, a
 // link's last sub-frames), then drain a bounded amount of what the peer already sent --
 // closing with unread data sends a RST, which can discard what the peer has not read yet.
-void closeAfterDrain(Fd& fd);
+// With waitMs > 0, also what it sends until it shuts its side (at most that long): a peer
+// still reading our last bytes may answer them (a link's credits) before it reads our FIN.
+void closeAfterDrain(Fd& fd, int waitMs = 0);
 void setNoDelay(int fd);
 
 // Read/write exactly n bytes on a non-blocking socket, polling until the deadline.
