@@ -124,7 +124,7 @@ struct Pair {
   }
 };
 
-std::unique_ptr<Pair> makePair(bool tcp) {
+std::unique_ptr<Pair> makePair(bool tcp, size_t window = kWindow) {
   int fds[2];
   if (tcp) {
     int port = 0;
@@ -140,8 +140,8 @@ std::unique_ptr<Pair> makePair(bool tcp) {
   }
   auto p = std::make_unique<Pair>();
   p->rawA = ::dup(fds[0]);
-  p->a = Link::start(Fd(fds[0]), "B", kWindow);
-  p->b = Link::start(Fd(fds[1]), "A", kWindow);
+  p->a = Link::start(Fd(fds[0]), "B", window);
+  p->b = Link::start(Fd(fds[1]), "A", window);
   return p;
 }
 
@@ -173,6 +173,49 @@ void checkTransfer(bool tcp) {
   check(ok == 8, std::string(tcp ? "tcp" : "unix") + ": 2 streams x 2 directions x 16 MiB arrive "
                  "in order, then the end (" + std::to_string(ok.load()) + "/8)");
   std::printf("  %s: 64 MiB moved in %.2f s\n", tcp ? "tcp" : "unix", s);
+}
+
+// Small sub-frames (1-300 bytes, one write each) on five streams both ways, read in pieces
+// of 1-700 bytes: a read that takes a header with the bytes after it (the spill) parses
+// them into the right streams, in order, with the credits among them. Two streams' readers
+// come late: the pump fills their inboxes meanwhile, more than a round's budget in all.
+void checkSmallFrames(bool tcp) {
+  auto p = makePair(tcp);
+  constexpr size_t n = 2 << 20;
+  std::vector<std::thread> ts;
+  std::atomic<int> ok{0};
+  for (uint64_t id : {21, 22, 23, 24, 25}) {
+    for (int side = 0; side < 2; ++side) {
+      ts.emplace_back([&, id, side] {
+        std::unique_ptr<Stream> s = (side == 0 ? p->a : p->b)->open(id);
+        const auto out = make(id, side, n);
+        std::vector<uint8_t> in(n);
+        std::thread w([&] {
+          bool wrote = true;
+          for (size_t done = 0, i = 0; done < n && wrote; ++i) {
+            const size_t len = std::min(n - done, (i * 37) % 300 + 1);
+            wrote = writeAll(*s, out.data() + done, len, id == 22 ? Stream::kPaced
+                                                                   : Stream::kQueue);
+            done += len;
+          }
+          ok += wrote;
+        });
+        if (id >= 24) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        size_t got = 0;
+        for (size_t i = 0; got < n; ++i) {
+          const size_t len = std::min(n - got, (i * 53) % 700 + 1);
+          const size_t r = readAll(*s, in.data() + got, len);
+          got += r;
+          if (r < len) break;
+        }
+        w.join();
+        ok += got == n && same(in, id, 1 - side);
+      });
+    }
+  }
+  for (auto& t : ts) t.join();
+  check(ok == 20, std::string(tcp ? "tcp" : "unix") + ": 5 streams x 2 directions of small "
+                  "sub-frames arrive in order (" + std::to_string(ok.load()) + "/20)");
 }
 
 // A paced writer to a stream nobody reads yet: it takes at most the window (nothing more is
@@ -358,6 +401,34 @@ void checkCloseFlushes() {
         "close() sends what was written first; the peer reads it all, then the end");
 }
 
+// The peer still reads (and sends credits back) when this end closes the link, with more
+// in flight than the peer's socket buffer holds (the default window): the close waits for
+// the peer to read the FIN instead of answering the credits with a reset, which would
+// discard what this end's socket had not sent yet.
+void checkCloseWhileThePeerReads() {
+  auto p = makePair(true, Link::kDefaultWindow);
+  auto sa = p->a->open(41), sb = p->b->open(41);
+  constexpr size_t n = 2 * Link::kDefaultWindow;
+  const auto out = make(41, 0, n);
+  std::vector<uint8_t> in(n);
+  size_t got = 0;
+  std::thread r([&] {
+    for (size_t piece = 64 << 10; got < n;) {  // slowly: credits keep going back
+      const size_t c = readAll(*sb, in.data() + got, std::min(piece, n - got));
+      got += c;
+      if (c == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  const bool wrote = writeAll(*sa, out.data(), n, Stream::kPaced);
+  sa->close();
+  p->a->close(5);
+  r.join();
+  check(wrote && got == n && same(in, 41, 0) && readsEnd(*sb),
+        "a link closed while the peer still reads: it reads everything, then the end (" +
+            std::to_string(got) + " of " + std::to_string(n) + ")");
+}
+
 // One thread, eight streams each way, driven only through the non-blocking calls.
 void checkManyStreams() {
   auto p = makePair(true);
@@ -429,12 +500,14 @@ int main() {
   checkByteRing();
   for (bool tcp : {false, true}) {
     checkTransfer(tcp);
+    checkSmallFrames(tcp);
     checkStalledStream(tcp);
     checkLinkFailure(tcp);
   }
   checkEnds();
   checkPacedStall();
   checkCloseFlushes();
+  checkCloseWhileThePeerReads();
   checkUnopenedBound();
   checkManyStreams();
   check(!linkPumpRunning(), "the pump thread stops once every link is closed");

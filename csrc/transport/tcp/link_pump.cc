@@ -172,38 +172,44 @@ size_t Link::Impl::drain(std::unique_lock<std::mutex>& g, const std::string& pee
     deferred = true;
     deferUntil = std::chrono::steady_clock::now() + kDeferRead;
   }
-  while (!down() && budget > 0 && got == 0) {
+  // Until the socket has nothing more, a round's budget is spent or own's bytes came --
+  // and in any case the spill is empty.
+  while (spillLen > 0 || (!down() && budget > 0 && got == 0)) {
     // Its user reads it in a moment -- unless a writer waits for credit that may be
     // behind it (its user may be waiting for that too, to send before it reads).
-    if (leave && rxHdrGot == sizeof rxHdr && rxTo->direct && !rxDrop && !creditWaited()) {
+    if (leave && spillLen == 0 && rxHdrGot == sizeof rxHdr && rxTo->direct && !rxDrop &&
+        !creditWaited()) {
       defer(std::chrono::steady_clock::now());
       break;
     }
     ssize_t r;
     if (rxHdrGot < sizeof rxHdr) {
-      r = unlocked(g, [&] {
-        return ::recv(fd.get(), reinterpret_cast<char*>(&rxHdr) + rxHdrGot,
-                      sizeof rxHdr - rxHdrGot, MSG_DONTWAIT);
-      });
+      const iovec h{reinterpret_cast<char*>(&rxHdr) + rxHdrGot, sizeof rxHdr - rxHdrGot};
+      r = rxRead(g, &h, 1, true);
       if (r > 0) {
         rxHdrGot += static_cast<size_t>(r);
         if (rxHdrGot == sizeof rxHdr) onHeader(peer);
         continue;
       }
-    } else if (own && rxTo.get() == own && !own->closed && own->inbox.empty()) {
-      iovec v[8];  // the reader's own bytes: straight into its buffer
-      const int k = slice(iov, n, 0, static_cast<size_t>(rxLeft), v, 8);
-      if (k == 0) break;
-      r = unlocked(g, [&] { return ::readv(fd.get(), v, k); });
-      if (r > 0) {
-        got += static_cast<size_t>(r);
-        credited(*own, static_cast<size_t>(r));
-        payloadRead(static_cast<size_t>(r), &budget);
-        continue;
-      }
     } else {
-      r = readPayload(g, &budget);
-      if (r > 0) continue;
+      iovec v[8];  // the reader's own bytes: straight into its buffer
+      const int k = own && rxTo.get() == own && !own->closed && own->inbox.empty()
+                        ? slice(iov, n, got, static_cast<size_t>(rxLeft), v, 8)
+                        : 0;
+      if (k > 0) {
+        r = rxRead(g, v, k);
+        if (r > 0) {
+          got += static_cast<size_t>(r);
+          credited(*own, static_cast<size_t>(r));
+          payloadRead(static_cast<size_t>(r), &budget);
+          continue;
+        }
+      } else if (own && rxTo.get() == own && got > 0 && spillLen == 0) {
+        break;  // its buffer is full: the rest stays in the socket
+      } else {
+        r = readPayload(g, &budget);
+        if (r > 0) continue;
+      }
     }
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       if (!own) deferred = false;  // the pump drained it: the next bytes start a new wait
@@ -211,8 +217,33 @@ size_t Link::Impl::drain(std::unique_lock<std::mutex>& g, const std::string& pee
     }
     if (r < 0 && errno == EINTR) continue;
     fail(r == 0 ? 0 : errno);
+    // The peer closed the link (after everything it sent): shut ours, for its close
+    // (Link::close) waits for that -- not for our own close, which may come much later.
+    if (r == 0) ::shutdown(fd.get(), SHUT_WR);
   }
   return got;
+}
+
+ssize_t Link::Impl::rxRead(std::unique_lock<std::mutex>& g, const iovec* v, int k,
+                           bool header) {
+  if (spillLen > 0) {
+    size_t done = 0;
+    for (int i = 0; i < k && spillLen > 0; ++i) {
+      const size_t c = std::min(v[i].iov_len, spillLen);
+      std::memcpy(v[i].iov_base, spill + spillAt, c);
+      spillAt += c;
+      spillLen -= c;
+      done += c;
+    }
+    return static_cast<ssize_t>(done);
+  }
+  if (!header) return unlocked(g, [&] { return ::readv(fd.get(), v, k); });
+  const iovec hv[2] = {v[0], {spill, kSpill}};
+  const ssize_t r = unlocked(g, [&] { return ::readv(fd.get(), hv, 2); });
+  if (r <= static_cast<ssize_t>(v[0].iov_len)) return r;
+  spillAt = 0;
+  spillLen = static_cast<size_t>(r) - v[0].iov_len;
+  return static_cast<ssize_t>(v[0].iov_len);
 }
 
 void Link::Impl::onHeader(const std::string& peer) {
@@ -265,11 +296,13 @@ ssize_t Link::Impl::readPayload(std::unique_lock<std::mutex>& g, size_t* budget)
   iovec v[2];
   int k = 1;
   StreamState& s = *rxTo;
-  const size_t want = static_cast<size_t>(std::min<uint64_t>(rxLeft, *budget));
+  // The budget bounds socket reads; what the spill holds is parsed in any case.
+  const size_t want =
+      static_cast<size_t>(std::min<uint64_t>(rxLeft, spillLen > 0 ? spillLen : *budget));
   const bool toSink = rxDrop || s.closed;
   if (toSink) v[0] = {sink.data(), std::min(want, sink.size())};
   else k = (s.inbox.reserve(want), s.inbox.free(v, want));  // this thread alone fills it
-  const ssize_t r = unlocked(g, [&] { return ::readv(fd.get(), v, k); });
+  const ssize_t r = rxRead(g, v, k);
   if (r <= 0) return r;
   const size_t n = static_cast<size_t>(r);
   if (!toSink) s.inbox.commit(n);

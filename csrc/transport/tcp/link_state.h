@@ -36,6 +36,10 @@ constexpr size_t kPumpBudget = 4 << 20;  // bytes per link per direction per rou
 constexpr size_t kInlineBudget = 1 << 20;  // the same for a stream's user sending others' bytes
 // Streams the peer may write to before this process opens them (each holds up to a window).
 constexpr size_t kMaxUnopened = 1024;
+// Bytes read past a sub-frame's header in the same call: a small sub-frame (an 8-byte
+// all-reduce's, a credit) takes one call, header and payload; a large one's first bytes
+// are copied once more.
+constexpr size_t kSpill = 512;
 // How long the pump leaves a readable socket to a stream's user that reads it itself.
 constexpr std::chrono::milliseconds kDeferRead{2};
 
@@ -98,6 +102,10 @@ struct Link::Impl {
   }
   SubHeader rxHdr;
   size_t rxHdrGot = 0;
+  // What the last header read took past the header, not parsed yet: whoever read it parses
+  // it all before it gives up rxBusy (nobody waits on the socket for bytes already read).
+  char spill[kSpill];
+  size_t spillAt = 0, spillLen = 0;
   uint64_t rxLeft = 0;
   std::shared_ptr<StreamState> rxTo;
   bool rxDrop = false;
@@ -181,6 +189,7 @@ struct Link::Impl {
   void fail(int e) {  // locked
     if (down()) return;
     err = e;
+    spillLen = 0;
     control.clear();
     std::vector<std::shared_ptr<StreamState>> all;
     for (auto& [id, s] : streams) all.push_back(s);
@@ -227,6 +236,10 @@ struct Link::Impl {
   size_t drain(std::unique_lock<std::mutex>& g, const std::string& peer, StreamState* own,
                const iovec* iov, int n, bool leave = false);
   void onHeader(const std::string& peer);  // locked: a whole header is in rxHdr
+  // The socket's next bytes into v: the spill's first (locked), else from the socket (not
+  // locked around the call); a header read also fills the spill. As readv(). The caller
+  // holds rxBusy.
+  ssize_t rxRead(std::unique_lock<std::mutex>& g, const iovec* v, int k, bool header = false);
   ssize_t readPayload(std::unique_lock<std::mutex>& g, size_t* budget);  // as readv()
   // `n` payload bytes of the current sub-frame were read, of a round's `budget` (locked).
   void payloadRead(size_t n, size_t* budget);
