@@ -1,8 +1,9 @@
-"""Groups and point-to-point channels over TCP carried as streams on one connection per pair
-of processes (RINGREDUCE_GROUP_LINKS=1, csrc/transport/tcp/link_table.h): the groups and p2p
-matrices against numpy at world sizes 2-5, two groups at once from two threads, failures
-named as over their own connections, and what a new group costs (no TCP connection where
-the processes share a link)."""
+"""Groups and point-to-point channels over TCP: streams on one connection per pair of
+processes (RINGREDUCE_GROUP_LINKS=1, the default; csrc/transport/tcp/link_table.h) and
+connections of their own (RINGREDUCE_GROUP_LINKS=0). The default runs in test_groups.py and
+test_p2p.py; here, the groups and p2p matrices against numpy at world sizes 2-5 and failures
+named over the other way, two groups at once from two threads on the shared links, and what
+a new group costs either way (no TCP connection where the processes share a link)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ import pytest
 from _spawn import run_world, run_world_raw
 
 LINKS = {"RINGREDUCE_TRANSPORT": "tcp", "RINGREDUCE_GROUP_LINKS": "1", "RINGREDUCE_TIMEOUT": "60"}
+OWN = {**LINKS, "RINGREDUCE_GROUP_LINKS": "0"}  # what the default does not run
 
 
-def _run_checked(world: int, worker: str, timeout: float) -> None:
-    """Run `worker` over links; each rank returns the checks it failed (a list, or a dict
-    holding it under "fails"): all must be empty."""
-    outs = run_world(world, worker, timeout=timeout, env=LINKS)
+def _run_checked(world: int, worker: str, timeout: float, env: dict) -> None:
+    """Run `worker`; each rank returns the checks it failed (a list, or a dict holding it
+    under "fails"): all must be empty."""
+    outs = run_world(world, worker, timeout=timeout, env=env)
     fails = [f"rank {r}: {m}" for r, o in enumerate(outs)
              for m in (o["fails"] if isinstance(o, dict) else o)]
     assert not fails, "\n".join(fails[:40])
@@ -23,20 +25,20 @@ def _run_checked(world: int, worker: str, timeout: float) -> None:
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("world", [2, 3, 4, 5])
-def test_groups_matrix_over_links(world: int) -> None:
-    _run_checked(world, "group_workers:matrix", 200)
+def test_groups_matrix_over_own_connections(world: int) -> None:
+    _run_checked(world, "group_workers:matrix", 200, OWN)
 
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("world", [2, 3])
-def test_p2p_matrix_over_links(world: int) -> None:
-    _run_checked(world, "p2p_workers:matrix", 170)
+def test_p2p_matrix_over_own_connections(world: int) -> None:
+    _run_checked(world, "p2p_workers:matrix", 170, OWN)
 
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("world", [2, 3])
 def test_two_groups_at_once_share_the_links(world: int) -> None:
-    _run_checked(world, "link_workers:two_threads", 120)
+    _run_checked(world, "link_workers:two_threads", 120, LINKS)
 
 
 @pytest.mark.timeout(120)
@@ -60,9 +62,9 @@ def test_a_new_group_opens_no_connection_where_a_link_exists(links: str) -> None
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("what,victim", [("group", 1), ("group", 0), ("any", 1)])
-def test_a_member_lost_is_named_over_links(what: str, victim: int) -> None:
+def test_a_member_lost_is_named_over_own_connections(what: str, victim: int) -> None:
     outs = run_world_raw(3, "group_workers:dies_before_waits", what, victim, timeout=80,
-                         expendable=[victim], env={**LINKS, "RINGREDUCE_TIMEOUT": "40",
+                         expendable=[victim], env={**OWN, "RINGREDUCE_TIMEOUT": "40",
                                                    "RINGREDUCE_CONNECT_TIMEOUT": "40"})
     for r in {0, 1, 2} - {victim}:
         v = outs[r].value
