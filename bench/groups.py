@@ -2,16 +2,17 @@
 """What a group costs, and whether a subgroup runs as fast as a world of its size.
 
     python bench/groups.py --json bench/groups.json --plot bench/groups.png
-    python bench/groups.py --setups tcp,tcp-links --json bench/groups_links.json \
+    python bench/groups.py --setups tcp-own,tcp --json bench/groups_links.json \
         --plot bench/groups_links.png
 
 1. Creation: on a world of N = 2, 4, 8 ranks, `rr.new_group(all ranks)` is timed (median
    of 5, each followed by Group.destroy()), and one live group's extra file descriptors,
    threads and resident memory are read from /proc on every rank (the maximum is reported),
    with its open connections, the descriptors and TCP sockets a second live group adds. Over
-   shared memory (one host: no sockets between a group's ranks), with
-   RINGREDUCE_TRANSPORT=tcp, and (setup tcp-links) with RINGREDUCE_GROUP_LINKS=1 as well:
-   groups as streams on one connection per pair of processes that they all share.
+   shared memory (one host: no sockets between a group's ranks) and with
+   RINGREDUCE_TRANSPORT=tcp: groups as streams on one connection per pair of processes that
+   they all share (the default; setup tcp-links says so explicitly) or, setup tcp-own, with
+   RINGREDUCE_GROUP_LINKS=0 as well: each group connects its own members.
 2. Speed: all-reduce of 8 B .. 16 MiB (float32, results checked against the expected sum
    on every iteration) on a 2-rank world, and on the 2-rank group [0, 1] of a 4-rank job
    whose other ranks wait in a barrier -- same transport (shared memory, then TCP), same
@@ -34,7 +35,8 @@ import _local  # bench/_local.py (this script's directory is on sys.path)
 SIZES = [8, 64 * 1024, 1 << 20, 16 << 20]
 # setup -> (RINGREDUCE_TRANSPORT, more environment)
 SETUPS = {"shm": ("shm", {}), "tcp": ("tcp", {}),
-          "tcp-links": ("tcp", {"RINGREDUCE_GROUP_LINKS": "1"})}
+          "tcp-links": ("tcp", {"RINGREDUCE_GROUP_LINKS": "1"}),
+          "tcp-own": ("tcp", {"RINGREDUCE_GROUP_LINKS": "0"})}
 
 
 def _proc() -> dict:

@@ -67,7 +67,7 @@ TABLES: dict[str, list[str]] = {
                 _out("latency.png")],
     "groups": [PY, "bench/groups.py", "--json", _out("groups.json"), "--plot",
                _out("groups.png")],
-    "groups_links": [PY, "bench/groups.py", "--setups", "tcp,tcp-links", "--json",
+    "groups_links": [PY, "bench/groups.py", "--setups", "tcp-own,tcp", "--json",
                      _out("groups_links.json"), "--plot", _out("groups_links.png")],
     "scaling": [PY, "bench/scaling.py", "--json", _out("scaling.json"), "--plot",
                 _out("scaling.png")],
