@@ -26,7 +26,7 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
     every group (ringreduce.groups), which passes the world's secret. socketless: a group
     whose ranks share one host opens no TCP connection (Options::socketless); the store
     stands in for the mesh while its shared memory is set up. links: a group's over TCP
-    are streams on these shared connections (_C.LinkTable; RINGREDUCE_GROUP_LINKS=1), each
+    are streams on these shared connections (_C.LinkTable; unless RINGREDUCE_GROUP_LINKS=0), each
     named by a hash of `prefix` (full mesh only: larger groups connect their own lazily)."""
     from . import _C
 

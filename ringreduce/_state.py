@@ -43,7 +43,7 @@ class Group:
     store: Any = None
     net: tuple = (None, None)  # init's (master_addr, ifname): where groups listen
     secret: str = ""  # the job secret: groups' connections are authenticated with it
-    # World only (RINGREDUCE_GROUP_LINKS=1): the connections to other processes its groups
+    # World only (unless RINGREDUCE_GROUP_LINKS=0): the connections to other processes its groups
     # share (_C.LinkTable, made by the first group over TCP; closed by destroy())
     links: Any = None
     created: int = 0

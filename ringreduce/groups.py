@@ -510,7 +510,7 @@ def _connect(world: Group, store: Any, members: list[int], me: int, prefix: str,
 
 
 def _links(world: Group, tun: Any) -> Any:
-    """The world's shared links (RINGREDUCE_GROUP_LINKS=1; made on first use), or None."""
+    """The world's shared links (made on first use), or None with RINGREDUCE_GROUP_LINKS=0."""
     if not tun.group_links:
         return None
     if world.links is None:
