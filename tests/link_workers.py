@@ -1,5 +1,5 @@
 """Workers for tests/test_group_links.py: groups over the links their processes share
-(RINGREDUCE_GROUP_LINKS=1)."""
+(the default, RINGREDUCE_GROUP_LINKS=1)."""
 
 from __future__ import annotations
 

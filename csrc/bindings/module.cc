@@ -458,7 +458,7 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<transport::tcp::LinkTable, std::shared_ptr<transport::tcp::LinkTable>>(
       m, "LinkTable", "This process's connections to its job's other processes that groups "
-      "share (RINGREDUCE_GROUP_LINKS=1); the world owns it")
+      "share (unless RINGREDUCE_GROUP_LINKS=0); the world owns it")
       .def(py::init<>())
       .def("__len__", &transport::tcp::LinkTable::size)
       .def("close", &transport::tcp::LinkTable::close, py::arg("seconds"),

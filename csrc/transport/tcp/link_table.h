@@ -1,8 +1,8 @@
 // The links (link.h) of this process to the other processes of its job, one per pair of
 // processes, made the first time a group of both needs one and shared by every group after
-// (RINGREDUCE_GROUP_LINKS=1): a new group then opens no connection between processes that
-// already share a link, only streams on it. The job's world owns the table and closes it
-// when it is destroyed.
+// (the default; RINGREDUCE_GROUP_LINKS=0 turns it off): a new group then opens no
+// connection between processes that already share a link, only streams on it. The job's
+// world owns the table and closes it when it is destroyed.
 #pragma once
 
 #include <cstddef>
