@@ -28,6 +28,12 @@ def _out(name: str) -> str:
     return os.path.join("bench", name)
 
 
+def _groups_net(rate: str) -> list[str]:
+    return [PY, "tests/netcluster.py", "run", "4", rate, "--timeout", "1500", "--", PY,
+            "bench/groups_net.py", "--rate", rate, "--rounds", "12", "--json",
+            _out(f"groups_net_{rate}.json"), "--plot", _out(f"groups_net_{rate}.png")]
+
+
 def _cluster(rate: str) -> list[str]:
     return [PY, "tests/netcluster.py", "run", "4", rate, "--timeout", "900", "--", PY, "-m",
             "ringreduce.bench", "-b", "1M", "-e", "64M", "-f", "4", "-w", "1", "-i", "3",
@@ -69,6 +75,11 @@ TABLES: dict[str, list[str]] = {
                _out("groups.png")],
     "groups_links": [PY, "bench/groups.py", "--setups", "tcp-own,tcp", "--json",
                      _out("groups_links.json"), "--plot", _out("groups_links.png")],
+    "groups_net_loopback": [PY, "bench/groups_net.py", "-n", "4", "--rounds", "12", "--json",
+                            _out("groups_net_loopback.json"), "--plot",
+                            _out("groups_net_loopback.png")],
+    "groups_net_1gbit": _groups_net("1gbit"),
+    "groups_net_10gbit": _groups_net("10gbit"),
     "scaling": [PY, "bench/scaling.py", "--json", _out("scaling.json"), "--plot",
                 _out("scaling.png")],
     "torch_backend": [PY, "bench/torch_backend.py", "--json", _out("torch_backend.json"),
