@@ -129,6 +129,7 @@ ssize_t Stream::write(const iovec* iov, int n, int* err, Mode mode) {
   Link::Impl& k = *link_->impl_;
   std::unique_lock<std::mutex> g(k.mu);
   StreamState& s = *st_;
+  s.want &= ~static_cast<unsigned>(kRoom);  // writing, not waiting (see fd())
   if (k.down() || s.shutWr) {
     *err = EPIPE;
     return -1;
@@ -161,6 +162,7 @@ ssize_t Stream::readv(const iovec* iov, int n, int* err) {
   Link::Impl& k = *link_->impl_;
   std::unique_lock<std::mutex> g(k.mu);
   StreamState& s = *st_;
+  s.want &= ~static_cast<unsigned>(kData);  // reading, not waiting (see fd())
   size_t total = 0;
   for (int i = 0; i < n; ++i) total += iov[i].iov_len;
   if (total == 0) return 0;

@@ -49,7 +49,10 @@ class Stream {
   Stream& operator=(const Stream&) = delete;
 
   uint64_t id() const { return id_; }
-  // An eventfd, readable (POLLIN) while what arm() asked for holds.
+  // An eventfd, readable (POLLIN) while what arm() asked for holds -- until the caller
+  // reads (readv: no longer kData) or writes (write: no longer kRoom) itself: it is not
+  // waiting then, and the next wait arms again (what arrives meanwhile costs no eventfd
+  // writes).
   int fd() const;
   enum Want : unsigned {
     kData = 1,  // bytes to read, or the end (the peer shut its side, the link went down)

@@ -192,16 +192,27 @@ size_t Link::Impl::drain(std::unique_lock<std::mutex>& g, const std::string& pee
         continue;
       }
     } else {
-      iovec v[8];  // the reader's own bytes: straight into its buffer
+      iovec v[10];  // the reader's own bytes: straight into its buffer
       const int k = own && rxTo.get() == own && !own->closed && own->inbox.empty()
                         ? slice(iov, n, got, static_cast<size_t>(rxLeft), v, 8)
                         : 0;
       if (k > 0) {
-        r = rxRead(g, v, k);
+        size_t want = 0;
+        for (int i = 0; i < k; ++i) want += v[i].iov_len;
+        // The sub-frame ends in this read: the next header, and the spill after it, come
+        // in the same call (a bulk transfer's 256 KiB sub-frames: one call each, not two).
+        int m = k;
+        if (want == rxLeft && spillLen == 0) {
+          v[m++] = {&rxHdr, sizeof rxHdr};
+          v[m++] = {spill, kSpill};
+        }
+        r = rxRead(g, v, m);
         if (r > 0) {
-          got += static_cast<size_t>(r);
-          credited(*own, static_cast<size_t>(r));
-          payloadRead(static_cast<size_t>(r), &budget);
+          const size_t pay = std::min(static_cast<size_t>(r), want);
+          got += pay;
+          credited(*own, pay);
+          payloadRead(pay, &budget);
+          if (static_cast<size_t>(r) > want) readAhead(static_cast<size_t>(r) - want, peer);
           continue;
         }
       } else if (own && rxTo.get() == own && got > 0 && spillLen == 0) {
@@ -244,6 +255,13 @@ ssize_t Link::Impl::rxRead(std::unique_lock<std::mutex>& g, const iovec* v, int 
   spillAt = 0;
   spillLen = static_cast<size_t>(r) - v[0].iov_len;
   return static_cast<ssize_t>(v[0].iov_len);
+}
+
+void Link::Impl::readAhead(size_t n, const std::string& peer) {
+  rxHdrGot = std::min(n, sizeof rxHdr);
+  spillAt = 0;
+  spillLen = n - rxHdrGot;
+  if (rxHdrGot == sizeof rxHdr) onHeader(peer);
 }
 
 void Link::Impl::onHeader(const std::string& peer) {

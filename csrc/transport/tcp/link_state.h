@@ -239,6 +239,9 @@ struct Link::Impl {
   size_t drain(std::unique_lock<std::mutex>& g, const std::string& peer, StreamState* own,
                const iovec* iov, int n, bool leave = false);
   void onHeader(const std::string& peer);  // locked: a whole header is in rxHdr
+  // A payload read that finished its sub-frame also took `n` bytes after it: the next
+  // header (rxHdr, in part or whole), then the spill (locked).
+  void readAhead(size_t n, const std::string& peer);
   // The socket's next bytes into v: the spill's first (locked), else from the socket (not
   // locked around the call); a header read also fills the spill. As readv(). The caller
   // holds rxBusy.
