@@ -22,6 +22,7 @@
 #include "core/byte_ring.h"
 #include "core/error.h"
 #include "transport/tcp/link.h"
+#include "transport/tcp/link_state.h"  // SubHeader: a peer that writes the wire by hand
 
 namespace {
 
@@ -387,6 +388,46 @@ void checkUnopenedBound() {
                                      std::to_string(p->b->error()) + ")");
 }
 
+// A peer writing the wire by hand, cut 10 bytes into the second sub-frame's header: the
+// reader, its buffer exactly the first sub-frame, reads that part of the next header with
+// it (readAhead); the rest, and a third sub-frame for another stream, land where they belong.
+void checkReadAheadSplits() {
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) std::exit(2);
+  Fd raw(fds[0]);
+  auto b = Link::start(Fd(fds[1]), "raw", kWindow);
+  auto s5 = b->open(5), s6 = b->open(6);
+  s5->readFd();  // its user reads the socket itself: the pump leaves its payload there
+  std::string wire;
+  auto sub = [&](uint64_t stream, const std::vector<uint8_t>& payload) {
+    SubHeader h;
+    h.kind = kSubData;
+    h.stream = stream;
+    h.len = payload.size();
+    wire.append(reinterpret_cast<const char*>(&h), sizeof h);
+    wire.append(payload.begin(), payload.end());
+  };
+  sub(5, make(5, 0, 1000));
+  sub(5, make(5, 1, 300));
+  sub(6, make(6, 0, 700));
+  const size_t cut = sizeof(SubHeader) + 1000 + 10;
+  check(::write(raw.get(), wire.data(), cut) == static_cast<ssize_t>(cut), "raw write 1");
+  std::vector<uint8_t> a(1000), c(300), d(700);
+  check(readAll(*s5, a.data(), a.size()) == a.size() && same(a, 5, 0),
+        "a sub-frame read with part of the next header");
+  const ssize_t rest = static_cast<ssize_t>(wire.size() - cut);
+  check(::write(raw.get(), wire.data() + cut, wire.size() - cut) == rest, "raw write 2");
+  check(readAll(*s5, c.data(), c.size()) == c.size() && same(c, 5, 1),
+        "the sub-frame whose header came in two reads");
+  check(readAll(*s6, d.data(), d.size()) == d.size() && same(d, 6, 0),
+        "another stream's sub-frame after it");
+  check(b->error() < 0, "the link stays up (error " + std::to_string(b->error()) + ")");
+  s5.reset();
+  s6.reset();
+  raw.reset();
+  b->close(1);
+}
+
 // A window of bytes written and closed at once still goes before link.close() closes.
 void checkCloseFlushes() {
   auto p = makePair(true);
@@ -509,6 +550,7 @@ int main() {
   checkCloseFlushes();
   checkCloseWhileThePeerReads();
   checkUnopenedBound();
+  checkReadAheadSplits();
   checkManyStreams();
   check(!linkPumpRunning(), "the pump thread stops once every link is closed");
   std::printf("link_check: %d passed, %d failed\n", passed.load(), failed.load());
