@@ -2,7 +2,7 @@
 """Groups on the shared links against groups on their own connections, across hosts.
 
     python tests/netcluster.py run 4 1gbit --timeout 1500 -- python bench/groups_net.py \
-        --rate 1gbit --rounds 12 --json bench/groups_net_1gbit.json \
+        --rate 1gbit --rounds 30 --json bench/groups_net_1gbit.json \
         --plot bench/groups_net_1gbit.png
     python bench/groups_net.py -n 4 --rounds 12 --repeat 5 \
         --json bench/groups_net_loopback.json --plot bench/groups_net_loopback.png  # loopback
@@ -140,7 +140,8 @@ def report(res: dict, a: argparse.Namespace) -> None:
         if "launches" in res:
             print(f"{size:>9} B (median of {len(res['launches'])} launches): world "
                   f"{m['world']:9.1f} us, own {m['own']:9.1f} us, links {m['links']:9.1f} us; "
-                  f"links/own {row['ratio']['links/own']:.2f}", flush=True)
+                  f"links/own {row['ratio']['links/own']:.2f} (median of the launches' "
+                  f"ratios {row['links/own_median_of_launches']:.2f})", flush=True)
     res.update({"machine": describe(), "rate": a.rate, "rounds": a.rounds, "checked": True,
                 "commit": _commit(), "command": " ".join(sys.argv)})
     print("creation:", json.dumps(res["create"]), flush=True)
@@ -191,6 +192,10 @@ def _merge(runs: list) -> dict:
         "median_us"] for r in runs), "min_us": min(r["allreduce"][size][s]["min_us"]
                                                    for r in runs)} for s in SETUPS}
         for size in runs[0]["allreduce"]}
+    for size, row in res["allreduce"].items():  # and each launch's own ratio, paired
+        row["links/own_per_launch"] = [r["allreduce"][size]["links"]["median_us"] /
+                                       r["allreduce"][size]["own"]["median_us"] for r in runs]
+        row["links/own_median_of_launches"] = statistics.median(row["links/own_per_launch"])
     return res
 
 

@@ -30,7 +30,7 @@ def _out(name: str) -> str:
 
 def _groups_net(rate: str) -> list[str]:
     return [PY, "tests/netcluster.py", "run", "4", rate, "--timeout", "1500", "--", PY,
-            "bench/groups_net.py", "--rate", rate, "--rounds", "12", "--json",
+            "bench/groups_net.py", "--rate", rate, "--rounds", "30", "--json",
             _out(f"groups_net_{rate}.json"), "--plot", _out(f"groups_net_{rate}.png")]
 
 
