@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <linux/sock_diag.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -367,14 +368,21 @@ size_t Link::Impl::sendDirect(std::unique_lock<std::mutex>& g,
   size_t done = 0;
   bool sent = false;
   while (done < total && !down() && !txBusy && !txActive && control.empty() && s.credit > 0) {
-    // Up to kBatch sub-frames in one call (one push of the socket for them all).
+    // Up to kBatch sub-frames in one call (one push of the socket for them all), for bulk
+    // no more than the socket has room for.
     SubHeader hs[kBatch];
     size_t lens[kBatch];
     iovec v[kBatch * 9];
     int nf = 0, nv = 0;
+    const size_t room0 = total - done > kMaxSub ? socketRoom() : SIZE_MAX;
+    if (room0 == 0) break;  // full: the caller polls writeFd() (a queued write: the outbox)
+    size_t room = room0;
     for (size_t off = done, credit = s.credit; nf < kBatch && off < total && credit > 0; ++nf) {
+      if (room < sizeof(SubHeader) + kMinPiece) break;  // (never the first: room >= kMinRoom)
       // At most what the outbox holds: a sub-frame the socket takes in part goes on from it.
-      const size_t len = std::min({total - off, credit, kMaxSub, s.outbox.capacity()});
+      const size_t len =
+          std::min({total - off, credit, kMaxSub, s.outbox.capacity(),
+                    room == SIZE_MAX ? SIZE_MAX : room - sizeof(SubHeader)});
       hs[nf] = SubHeader{kLinkMagic, kSubData, s.id, len};
       const int k = slice(iov, n, off, len, v + nv + 1, 8);
       size_t inV = 0;
@@ -385,6 +393,7 @@ size_t Link::Impl::sendDirect(std::unique_lock<std::mutex>& g,
       lens[nf] = len;
       off += len;
       credit -= len;
+      if (room != SIZE_MAX) room -= std::min(room, sizeof(SubHeader) + len);
     }
     if (nf == 0) break;
     msghdr mh{};
@@ -430,6 +439,22 @@ size_t Link::Impl::sendDirect(std::unique_lock<std::mutex>& g,
   // What others queued meanwhile (they left it to this thread): the pump sends it.
   if (sent && wantsOut()) Hub::get().wake();
   return done;
+}
+
+size_t Link::Impl::socketRoom() {
+  // The kernel's own accounting (skb truesize against the send buffer), as tcp_poll() reads
+  // it: POLLOUT while the free part is at least half the queued part.
+  uint32_t mem[SK_MEMINFO_VARS] = {};
+  socklen_t l = sizeof mem;
+  if (::getsockopt(fd.get(), SOL_SOCKET, SO_MEMINFO, mem, &l) != 0 ||
+      l < sizeof(uint32_t) * (SK_MEMINFO_WMEM_QUEUED + 1))
+    return SIZE_MAX;
+  const size_t buf = mem[SK_MEMINFO_SNDBUF], queued = mem[SK_MEMINFO_WMEM_QUEUED];
+  if (queued >= buf) return 0;
+  const size_t free = buf - queued;
+  if (free < queued / 2) return 0;  // not writable: poll() waits, so may the caller
+  const size_t room = free - free / 16;  // payload: what the skbs' overhead leaves of it
+  return room >= kMinRoom ? room : SIZE_MAX;
 }
 
 bool Link::Impl::pickNext() {

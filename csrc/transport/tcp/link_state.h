@@ -34,6 +34,11 @@ constexpr size_t kMaxSub = 256 << 10;    // payload of one data sub-frame
 constexpr int kBatch = 16;               // sub-frames a stream's user sends in one call
 constexpr size_t kPumpBudget = 4 << 20;  // bytes per link per direction per round
 constexpr size_t kInlineBudget = 1 << 20;  // the same for a stream's user sending others' bytes
+// A bulk write plans its batch by the socket's room only when that is at least kMinRoom
+// (else as before: what the socket does not take goes on from the outbox), and starts no
+// further sub-frame for less than kMinPiece of it.
+constexpr size_t kMinRoom = 64 << 10;
+constexpr size_t kMinPiece = 4 << 10;
 // Streams the peer may write to before this process opens them (each holds up to a window).
 constexpr size_t kMaxUnopened = 1024;
 // Bytes read past a sub-frame's header in the same call: a small sub-frame (an 8-byte
@@ -226,6 +231,11 @@ struct Link::Impl {
   // is finished from the outbox. Returns the bytes of iov taken.
   size_t sendDirect(std::unique_lock<std::mutex>& g, const std::shared_ptr<StreamState>& s,
                     const iovec* iov, int n, size_t total);
+  // Payload bytes the socket takes now, about (SO_MEMINFO): 0 when poll() would not call it
+  // writable, SIZE_MAX when unknown or too little to plan by. A bulk batch is cut to end
+  // where that room does, on a sub-frame's end, instead of leaving a sub-frame in part for
+  // the outbox (a copy of up to 256 KiB, then another call). Locked (one getsockopt).
+  size_t socketRoom();
   // Copy iov's bytes from `skip` on into the stream's outbox, as many as fit (locked).
   size_t queue(StreamState& s, const iovec* iov, int n, size_t skip);
   // The pump's read: the socket's bytes into their streams' inboxes, unless a stream's
