@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -119,16 +118,6 @@ def worker(mode: str, out: str, rounds: int) -> None:  # a local rank (_local.la
         json.dump(res, f)
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=False,
-                              capture_output=True,
-                              text=True, cwd=os.path.dirname(os.path.abspath(__file__)),
-                              timeout=10).stdout.strip()
-    except OSError:
-        return ""
-
-
 def report(res: dict, a: argparse.Namespace) -> None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from ringreduce.bench.machine import describe
@@ -142,8 +131,9 @@ def report(res: dict, a: argparse.Namespace) -> None:
                   f"{m['world']:9.1f} us, own {m['own']:9.1f} us, links {m['links']:9.1f} us; "
                   f"links/own {row['ratio']['links/own']:.2f} (median of the launches' "
                   f"ratios {row['links/own_median_of_launches']:.2f})", flush=True)
-    res.update({"machine": describe(), "rate": a.rate, "rounds": a.rounds, "checked": True,
-                "commit": _commit(), "command": " ".join(sys.argv)})
+    machine = describe()
+    res.update({"machine": machine, "rate": a.rate, "rounds": a.rounds, "checked": True,
+                "commit": machine.get("ringreduce_commit", ""), "command": " ".join(sys.argv)})
     print("creation:", json.dumps(res["create"]), flush=True)
     if a.json:
         with open(a.json, "w") as f:
