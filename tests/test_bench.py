@@ -460,12 +460,20 @@ def test_the_mpi_anchor_job_gets_the_progress_bar(monkeypatch, mode, want):
     assert seen["argv"][-2:] == ["--progress", want], seen
 
 
-def _proc_state(pid: int) -> str:
-    """A process's state letter and the start of its command line, for a failure message."""
+def _proc_state(pid: int, signals: bool = False) -> str:
+    """A process's state letter and the start of its command line, for a failure message;
+    with `signals`, also where it sleeps in the kernel and its pending / blocked / caught
+    signal masks (a signal that "did nothing": blocked, or caught and not acted on)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        return f"{stat.rsplit(')', 1)[1].split()[0]} {cmd[:120]}"
+        state = f"{stat.rsplit(')', 1)[1].split()[0]} {cmd[:120]}"
+        if signals:
+            masks = [line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                     if line.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigCgt", "Threads"))]
+            wchan = Path(f"/proc/{pid}/wchan").read_text()
+            state += f" [wchan {wchan}; {'; '.join(masks)}]"
+        return state
     except OSError as e:
         return f"gone ({e})"
 
@@ -508,7 +516,14 @@ def test_a_signal_to_the_bench_stops_every_rank(tmp_path, sig):
             raise AssertionError(f"the ranks never started: {seen}\nstderr: {err[-3000:]}")
         time.sleep(1.0)
         p.send_signal(sig)  # to the bench alone, not its process group
-        _, err = p.communicate(timeout=30)
+        try:
+            _, err = p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # seen once in CI under load: say who is left
+            seen = {pid: _proc_state(pid, signals=True) for pid in [p.pid, *_procs_with(marker)]}
+            os.killpg(p.pid, signal.SIGKILL)
+            _, err = p.communicate(timeout=30)
+            raise AssertionError(f"still running 30 s after {sig.name}: {seen}\n"
+                                 f"stderr: {err[-3000:]}") from None
         assert p.returncode == 128 + sig, err
         time.sleep(0.5)
         assert _procs_with(marker) == [], f"left running after {sig.name}: {err[-2000:]}"
