@@ -429,17 +429,70 @@ void checkReadAheadSplits() {
 }
 
 // A window of bytes written and closed at once still goes before link.close() closes.
+// (Opened on both ends: before the peer opens it, a stream may send only kUnopenedCredit.)
 void checkCloseFlushes() {
   auto p = makePair(true);
-  auto sa = p->a->open(40);
+  auto sa = p->a->open(40), sb = p->b->open(40);
   const auto out = make(40, 0, kWindow);
   check(writeAll(*sa, out.data(), out.size()), "a window is taken at once");
   sa->close();
   p->a->close(5);
-  auto sb = p->b->open(40);
   std::vector<uint8_t> in(kWindow);
   check(readAll(*sb, in.data(), in.size()) == kWindow && same(in, 40, 0) && readsEnd(*sb),
         "close() sends what was written first; the peer reads it all, then the end");
+}
+
+// Before the receiver opens a stream, its writer may send kUnopenedCredit (what a peer can
+// park in a stream nobody opened); the receiver's open() grants the rest of the window. A
+// peer sending more than that to an unopened stream breaks the link.
+void checkUnopenedCredit() {
+  auto p = makePair(true);
+  auto sa = p->a->open(50);
+  const size_t n = 3 * kWindow;
+  const auto out = make(50, 0, n);
+  size_t taken = 0;  // non-blocking writes for 300 ms: what goes out, and what its outbox holds
+  for (const auto until = Clock::now() + std::chrono::milliseconds(300); Clock::now() < until;) {
+    iovec v{const_cast<uint8_t*>(out.data()) + taken, n - taken};
+    int err = 0;
+    const ssize_t r = sa->write(&v, 1, &err);
+    if (r > 0) taken += static_cast<size_t>(r);
+    else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  check(taken == kUnopenedCredit + kWindow,
+        "a writer to a stream the peer has not opened sends kUnopenedCredit, then fills its "
+        "outbox (took " + std::to_string(taken) + ")");
+  auto sb = p->b->open(50);
+  std::atomic<bool> wrote{false};
+  std::thread w([&] { wrote = writeAll(*sa, out.data() + taken, n - taken); });
+  std::vector<uint8_t> in(n);
+  check(readAll(*sb, in.data(), n) == n && same(in, 50, 0), "once opened, it reads it all");
+  w.join();
+  check(wrote, "and the writer finishes");
+
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) std::exit(2);
+  Fd raw(fds[0]);
+  auto b = Link::start(Fd(fds[1]), "raw", kWindow);
+  auto sub = [&](uint64_t stream, size_t len) {
+    std::string wire(sizeof(SubHeader) + len, '\x5a');
+    SubHeader h;
+    h.kind = kSubData;
+    h.stream = stream;
+    h.len = len;
+    std::memcpy(&wire[0], &h, sizeof h);
+    return ::write(raw.get(), wire.data(), wire.size()) == static_cast<ssize_t>(wire.size());
+  };
+  check(sub(7, kUnopenedCredit - 1) && sub(7, 1), "raw: kUnopenedCredit to an unopened stream");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  check(b->error() < 0, "is held (error " + std::to_string(b->error()) + ")");
+  check(sub(7, 1), "raw: one byte more");
+  const auto until = Clock::now() + std::chrono::seconds(5);
+  while (Clock::now() < until && b->error() < 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  check(b->error() == EPROTO, "breaks the link with EPROTO (error " +
+                                  std::to_string(b->error()) + ")");
+  raw.reset();
+  b->close(1);
 }
 
 // The peer still reads (and sends credits back) when this end closes the link, with more
@@ -550,6 +603,7 @@ int main() {
   checkCloseFlushes();
   checkCloseWhileThePeerReads();
   checkUnopenedBound();
+  checkUnopenedCredit();
   checkReadAheadSplits();
   checkManyStreams();
   check(!linkPumpRunning(), "the pump thread stops once every link is closed");

@@ -11,8 +11,9 @@ namespace rr::transport::tcp {
 namespace {
 
 constexpr uint32_t kHelloMagic = 0x31485252;  // "RRH1"
-constexpr uint32_t kVersion = 3;  // 2: heartbeats carry call site and wait target; 3: the
-                                  // root, and the process's collective on other comms
+constexpr uint32_t kVersion = 4;  // 2: heartbeats carry call site and wait target; 3: the
+                                  // root, and the process's collective on other comms; 4:
+                                  // a link's stream starts with 256 KiB of credit (kSubOpen)
 
 enum Status : uint32_t {
   kOk = 0,

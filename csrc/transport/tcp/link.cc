@@ -51,7 +51,9 @@ std::unique_ptr<Stream> Link::open(uint64_t id) {
       k.maybeForget(s);
       RR_THROW(Error, "eventfd failed: ", std::strerror(errno));
     }
+    k.grantWindow(*s);
   }
+  Hub::get().wake();  // the pump sends the grant
   // Not make_unique: the constructor is private.
   return std::unique_ptr<Stream>(new Stream(shared_from_this(), s, id));
 }

@@ -17,9 +17,11 @@
 // the socket holds: a stream whose user is busy elsewhere never holds up the others, and no
 // buffer grows beyond two windows per stream (outbox and inbox, allocated on first use).
 //
-// Wire: each sub-frame is a SubHeader (link.cc) -- data (len payload bytes follow), credit
-// (len bytes granted) or fin (the sender writes no more on that stream). Bytes a peer sends
-// on a stream this end has not opened yet wait in its inbox (within the window) for open().
+// Wire: each sub-frame is a SubHeader (link_state.h) -- data (len payload bytes follow),
+// credit (len bytes granted), open (the sender opened the stream: the rest of the window
+// granted) or fin (the sender writes no more on that stream). Until its receiver opens a
+// stream, its sender has 256 KiB of credit (kUnopenedCredit): bytes a peer sends on a stream
+// this end has not opened yet wait in its inbox, at most that much, for open().
 //
 // Threads: a Stream is used by one thread at a time (its communicator's executor); one
 // thread at a time reads the socket (rxBusy) and one writes it (txBusy). Lock order: the

@@ -266,7 +266,7 @@ void Link::Impl::readAhead(size_t n, const std::string& peer) {
 }
 
 void Link::Impl::onHeader(const std::string& peer) {
-  if (rxHdr.magic != kLinkMagic || rxHdr.kind < kSubData || rxHdr.kind > kSubFin) {
+  if (rxHdr.magic != kLinkMagic || rxHdr.kind < kSubData || rxHdr.kind > kSubOpen) {
     RR_WARN("link to ", peer, ": protocol error (magic ", rxHdr.magic, ", kind ", rxHdr.kind,
             "): closing it");
     fail(EPROTO);
@@ -274,7 +274,7 @@ void Link::Impl::onHeader(const std::string& peer) {
   }
   rxHdrGot = 0;
   auto it = streams.find(rxHdr.stream);
-  if (rxHdr.kind == kSubCredit) {
+  if (rxHdr.kind == kSubCredit) {  // none for a stream this end forgot (closed both ways)
     if (it != streams.end()) {
       it->second->credit += rxHdr.len;
       update(*it->second);
@@ -291,15 +291,23 @@ void Link::Impl::onHeader(const std::string& peer) {
     it = streams.emplace(rxHdr.stream, std::make_shared<StreamState>(rxHdr.stream, window)).first;
   }
   const std::shared_ptr<StreamState>& s = it->second;
+  if (rxHdr.kind == kSubOpen) {  // (before its fin: this end cannot have forgotten it)
+    s->credit += rxHdr.len;
+    update(*s);
+    return;
+  }
   if (rxHdr.kind == kSubFin) {
     s->peerFin = true;
     update(*s);
     maybeForget(s);
     return;
   }
-  if (!s->closed && rxHdr.len > s->inbox.room()) {
+  // Unopened, it holds what the credit it starts with allows; open, its window.
+  const size_t held = s->inbox.size(), start = startCredit(window);
+  const size_t room = s->opened ? s->inbox.room() : held < start ? start - held : 0;
+  if (!s->closed && rxHdr.len > room) {
     RR_WARN("link to ", peer, ": stream ", s->id, " got ", rxHdr.len, " bytes beyond its credit (",
-            s->inbox.room(), " free): closing the link");
+            room, " free", s->opened ? "" : " before it is opened here", "): closing the link");
     fail(EPROTO);
     return;
   }

@@ -6,6 +6,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -22,7 +23,9 @@
 namespace rr::transport::tcp {
 
 constexpr uint32_t kLinkMagic = 0x534c5252;  // "RRLS"
-enum SubKind : uint32_t { kSubData = 1, kSubCredit = 2, kSubFin = 3 };
+// kSubOpen: its sender opened the stream; `len` is the credit beyond kUnopenedCredit that
+// this grants (the rest of its window). Sent once, before the stream's fin.
+enum SubKind : uint32_t { kSubData = 1, kSubCredit = 2, kSubFin = 3, kSubOpen = 4 };
 struct SubHeader {
   uint32_t magic = kLinkMagic;
   uint32_t kind = 0;
@@ -39,8 +42,13 @@ constexpr size_t kInlineBudget = 1 << 20;  // the same for a stream's user sendi
 // further sub-frame for less than kMinPiece of it.
 constexpr size_t kMinRoom = 64 << 10;
 constexpr size_t kMinPiece = 4 << 10;
-// Streams the peer may write to before this process opens them (each holds up to a window).
+// Streams the peer may write to before this process opens them, and the credit each
+// direction of a stream starts with until its receiver opens it (kSubOpen grants the rest
+// of the window): what a peer can park here is at most 1024 x 256 KiB = 256 MiB, not 1024
+// windows (16 GiB).
 constexpr size_t kMaxUnopened = 1024;
+constexpr size_t kUnopenedCredit = kMaxSub;
+inline size_t startCredit(size_t window) { return std::min(window, kUnopenedCredit); }
 // Bytes read past a sub-frame's header in the same call: a small sub-frame (an 8-byte
 // all-reduce's, a credit) takes one call, header and payload; a large one's first bytes
 // are copied once more.
@@ -54,8 +62,8 @@ constexpr std::chrono::milliseconds kDeferRead{20};
 // A stream's state, shared by its Stream (the user) and its link (the pump). Guarded by the
 // link's lock.
 struct StreamState {
-  explicit StreamState(uint64_t i, size_t window) : id(i), inbox(window), outbox(window),
-                                                    credit(window) {}
+  explicit StreamState(uint64_t i, size_t window)
+      : id(i), inbox(window), outbox(window), credit(startCredit(window)) {}
   uint64_t id;
   ByteRing inbox, outbox;
   size_t credit;        // bytes this end may still send (room the peer's inbox promised)
@@ -184,6 +192,16 @@ struct Link::Impl {
     s.unacked = 0;
     control.push_back(h);
     return true;
+  }
+
+  // This end opened `s`: the peer may fill its whole window now (locked).
+  void grantWindow(const StreamState& s) {
+    if (down()) return;
+    SubHeader h;
+    h.kind = kSubOpen;
+    h.stream = s.id;
+    h.len = window - startCredit(window);
+    control.push_back(h);
   }
 
   // Forget a stream both sides are done with (locked).
