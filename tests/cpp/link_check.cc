@@ -354,6 +354,12 @@ void checkEnds() {
 void checkLinkFailure(bool tcp) {
   auto p = makePair(tcp);
   auto sa = p->a->open(30), sb = p->b->open(30), tb = p->b->open(31);
+  // A byte each way first: the opens' sub-frames went before it (control frames go first),
+  // so no write is under way when the link breaks (one would fail with EPIPE, not read the end).
+  uint8_t x = 1, y = 0;
+  check(writeAll(*sa, &x, 1) && readAll(*sb, &y, 1) == 1 && writeAll(*sb, &x, 1) &&
+            readAll(*sa, &y, 1) == 1,
+        "a byte each way before the link breaks");
   ::shutdown(p->rawA, SHUT_RDWR);
   check(waitFor(*sb, Stream::kEnd, 2000) && waitFor(*tb, Stream::kEnd, 2000) &&
             waitFor(*sa, Stream::kEnd, 2000),

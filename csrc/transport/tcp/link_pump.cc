@@ -1,12 +1,12 @@
 // The pump of links (link.h): one thread per process moves every link's sub-frames between
 // its socket and its streams' buffers, non-blocking, a bounded amount per link per round.
 #include <errno.h>
+#include <linux/sock_diag.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <linux/sock_diag.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -185,11 +185,12 @@ size_t Link::Impl::drain(std::unique_lock<std::mutex>& g, const std::string& pee
     }
     ssize_t r;
     if (rxHdrGot < sizeof rxHdr) {
-      const iovec h{reinterpret_cast<char*>(&rxHdr) + rxHdrGot, sizeof rxHdr - rxHdrGot};
-      r = rxRead(g, &h, 1, true);
+      // A small sub-frame's payload (and a credit after it) comes in the same call.
+      const iovec h[2] = {{reinterpret_cast<char*>(&rxHdr) + rxHdrGot, sizeof rxHdr - rxHdrGot},
+                          {spill, kSpill}};
+      r = rxRead(g, h, spillLen > 0 ? 1 : 2);  // the spill's own bytes go to the header only
       if (r > 0) {
-        rxHdrGot += static_cast<size_t>(r);
-        if (rxHdrGot == sizeof rxHdr) onHeader(peer);
+        headerRead(static_cast<size_t>(r), peer);
         continue;
       }
     } else {
@@ -213,7 +214,7 @@ size_t Link::Impl::drain(std::unique_lock<std::mutex>& g, const std::string& pee
           got += pay;
           credited(*own, pay);
           payloadRead(pay, &budget);
-          if (static_cast<size_t>(r) > want) readAhead(static_cast<size_t>(r) - want, peer);
+          if (static_cast<size_t>(r) > want) headerRead(static_cast<size_t>(r) - want, peer);
           continue;
         }
       } else if (own && rxTo.get() == own && got > 0 && spillLen == 0) {
@@ -236,8 +237,7 @@ size_t Link::Impl::drain(std::unique_lock<std::mutex>& g, const std::string& pee
   return got;
 }
 
-ssize_t Link::Impl::rxRead(std::unique_lock<std::mutex>& g, const iovec* v, int k,
-                           bool header) {
+ssize_t Link::Impl::rxRead(std::unique_lock<std::mutex>& g, const iovec* v, int k) {
   if (spillLen > 0) {
     size_t done = 0;
     for (int i = 0; i < k && spillLen > 0; ++i) {
@@ -249,19 +249,16 @@ ssize_t Link::Impl::rxRead(std::unique_lock<std::mutex>& g, const iovec* v, int 
     }
     return static_cast<ssize_t>(done);
   }
-  if (!header) return unlocked(g, [&] { return ::readv(fd.get(), v, k); });
-  const iovec hv[2] = {v[0], {spill, kSpill}};
-  const ssize_t r = unlocked(g, [&] { return ::readv(fd.get(), hv, 2); });
-  if (r <= static_cast<ssize_t>(v[0].iov_len)) return r;
-  spillAt = 0;
-  spillLen = static_cast<size_t>(r) - v[0].iov_len;
-  return static_cast<ssize_t>(v[0].iov_len);
+  return unlocked(g, [&] { return ::readv(fd.get(), v, k); });
 }
 
-void Link::Impl::readAhead(size_t n, const std::string& peer) {
-  rxHdrGot = std::min(n, sizeof rxHdr);
-  spillAt = 0;
-  spillLen = n - rxHdrGot;
+void Link::Impl::headerRead(size_t n, const std::string& peer) {
+  const size_t h = std::min(n, sizeof rxHdr - rxHdrGot);
+  rxHdrGot += h;
+  if (n > h) {
+    spillAt = 0;
+    spillLen = n - h;
+  }
   if (rxHdrGot == sizeof rxHdr) onHeader(peer);
 }
 
@@ -459,9 +456,9 @@ size_t Link::Impl::socketRoom() {
     return SIZE_MAX;
   const size_t buf = mem[SK_MEMINFO_SNDBUF], queued = mem[SK_MEMINFO_WMEM_QUEUED];
   if (queued >= buf) return 0;
-  const size_t free = buf - queued;
-  if (free < queued / 2) return 0;  // not writable: poll() waits, so may the caller
-  const size_t room = free - free / 16;  // payload: what the skbs' overhead leaves of it
+  const size_t spare = buf - queued;
+  if (spare < queued / 2) return 0;  // not writable: poll() waits, so may the caller
+  const size_t room = spare - spare / 16;  // payload: what the skbs' overhead leaves of it
   return room >= kMinRoom ? room : SIZE_MAX;
 }
 

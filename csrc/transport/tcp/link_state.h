@@ -267,13 +267,14 @@ struct Link::Impl {
   size_t drain(std::unique_lock<std::mutex>& g, const std::string& peer, StreamState* own,
                const iovec* iov, int n, bool leave = false);
   void onHeader(const std::string& peer);  // locked: a whole header is in rxHdr
-  // A payload read that finished its sub-frame also took `n` bytes after it: the next
-  // header (rxHdr, in part or whole), then the spill (locked).
-  void readAhead(size_t n, const std::string& peer);
+  // `n` bytes landed in the header (rxHdr from rxHdrGot on) and past it in the spill, which
+  // was empty unless they came from it (then only the header took them) (locked). Both a
+  // header's read and a payload read that finished its sub-frame (and took what followed
+  // it) end here.
+  void headerRead(size_t n, const std::string& peer);
   // The socket's next bytes into v: the spill's first (locked), else from the socket (not
-  // locked around the call); a header read also fills the spill. As readv(). The caller
-  // holds rxBusy.
-  ssize_t rxRead(std::unique_lock<std::mutex>& g, const iovec* v, int k, bool header = false);
+  // locked around the call). As readv(). The caller holds rxBusy.
+  ssize_t rxRead(std::unique_lock<std::mutex>& g, const iovec* v, int k);
   ssize_t readPayload(std::unique_lock<std::mutex>& g, size_t* budget);  // as readv()
   // `n` payload bytes of the current sub-frame were read, of a round's `budget` (locked).
   void payloadRead(size_t n, size_t* budget);
