@@ -451,7 +451,7 @@ _HELLO = struct.Struct("<IIii16s")
 _AUTH = struct.Struct("<IIiiii16s32s")
 _ACK = struct.Struct("<II32s")
 _MAGIC = 0x31485252
-_VERSION = 3  # csrc/transport/tcp/handshake.cc kVersion
+_VERSION = 4  # csrc/transport/tcp/handshake.cc kVersion
 
 
 def _recv_all(s: socket.socket, n: int | None = None) -> bytes:

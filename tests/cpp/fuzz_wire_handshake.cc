@@ -31,7 +31,7 @@ namespace {
 
 // Mirrors of the handshake messages (csrc/transport/tcp/handshake.cc).
 constexpr uint32_t kHelloMagic = 0x31485252;
-constexpr uint32_t kWireVersion = 3;  // handshake.cc kVersion
+constexpr uint32_t kWireVersion = 4;  // handshake.cc kVersion
 struct Hello {
   uint32_t magic, version;
   int32_t rank, world;
