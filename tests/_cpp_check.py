@@ -14,6 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 120
+BUILD_TIMEOUT_S = 3 * TIMEOUT_S
 WARNINGS = ("-Wall", "-Wextra", "-Werror")
 
 
@@ -27,7 +28,7 @@ def build(out_dir: Path, name: str, sources: Sequence[str], flags: Sequence[str]
     exe = out_dir / name
     cmd = [gxx, "-std=c++17", *flags, *WARNINGS, "-I", str(ROOT / "csrc"),
            *[str(ROOT / s) for s in sources], str(ROOT / f"tests/cpp/{name}.cc"), "-o", str(exe)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S * 3,
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
                           check=False)
     assert done.returncode == 0, f"compiling {name} failed:\n{done.stderr[-4000:]}"
     return exe

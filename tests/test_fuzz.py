@@ -18,7 +18,6 @@ import json
 import os
 import random
 import re
-import shutil
 import socket
 import struct
 import subprocess
@@ -26,6 +25,7 @@ import threading
 import time
 from pathlib import Path
 
+import _cpp_check
 import fuzz_workers
 import pytest
 from _spawn import run_world_raw
@@ -36,7 +36,6 @@ from error_workers import _ACK, _AUTH, _HELLO, _MAGIC, _VERSION, _recv_all
 pytestmark = pytest.mark.cpu_heavy
 
 ROOT = Path(__file__).resolve().parent.parent
-BUILD_TIMEOUT_S = 300
 SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
 SOURCES = ["csrc/core/crc32c.cc", "csrc/core/interrupt.cc", "csrc/core/log.cc",
            "csrc/core/sha256.cc", "csrc/core/types.cc",
@@ -44,7 +43,6 @@ SOURCES = ["csrc/core/crc32c.cc", "csrc/core/interrupt.cc", "csrc/core/log.cc",
            "csrc/transport/tcp/socket.cc", "csrc/transport/tcp/handshake.cc",
            "csrc/transport/tcp/tcp_connection.cc", "csrc/transport/tcp/pipe.cc",
            "csrc/transport/tcp/link.cc", "csrc/transport/tcp/link_pump.cc",
-           "tests/cpp/fuzz_wire.cc",
            "tests/cpp/fuzz_wire_frames.cc", "tests/cpp/fuzz_wire_handshake.cc",
            "tests/cpp/fuzz_wire_heartbeat.cc"]
 # Any allocation over 64 MiB aborts (an attacker-chosen length must never get that far);
@@ -63,18 +61,8 @@ def _seconds() -> float:
 
 @pytest.fixture(scope="module")
 def fuzz_wire(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    gxx = shutil.which("g++")
-    if gxx is None:
-        reason = "g++ not found; install a C++17 compiler to run the wire-protocol fuzzer"
-        print(reason)
-        pytest.skip(reason)
-    exe = tmp_path_factory.mktemp("fuzz_wire") / "fuzz_wire"
-    build = subprocess.run(
-        [gxx, "-std=c++17", "-O1", "-g", *SANITIZE, "-pthread", "-Wall", "-Wextra", "-Werror",
-         "-I", str(ROOT / "csrc"), *[str(ROOT / s) for s in SOURCES], "-o", str(exe)],
-        check=False, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-    assert build.returncode == 0, f"compiling fuzz_wire failed:\n{build.stderr[-6000:]}"
-    return exe
+    return _cpp_check.build(tmp_path_factory.mktemp("fuzz_wire"), "fuzz_wire", SOURCES,
+                            ("-O1", "-g", *SANITIZE, "-pthread"), "the wire-protocol fuzzer")
 
 
 def _run(exe: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
@@ -83,7 +71,7 @@ def _run(exe: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
                           timeout=timeout, env=env)
 
 
-@pytest.mark.timeout(BUILD_TIMEOUT_S + 120)
+@pytest.mark.timeout(_cpp_check.BUILD_TIMEOUT_S + 120)
 def test_fuzzer_self_test_accepts_valid_and_rejects_mutated(fuzz_wire: Path) -> None:
     """Fixed cases through the same checks as the fuzz loop: a valid frame is delivered,
     mutated ones raise the right error, handshakes and heartbeats are checked both ways."""
@@ -103,7 +91,7 @@ def test_fuzzer_self_test_accepts_valid_and_rejects_mutated(fuzz_wire: Path) -> 
         assert line in out, f"missing {line!r} in:\n{out[-6000:]}"
 
 
-@pytest.mark.timeout(BUILD_TIMEOUT_S + 120)
+@pytest.mark.timeout(_cpp_check.BUILD_TIMEOUT_S + 120)
 def test_fuzzer_fails_on_an_injected_bug(fuzz_wire: Path) -> None:
     """--inject-bug flips a bit of every delivered payload: the run must fail, so a green
     fuzz run means the comparisons ran."""
@@ -113,7 +101,7 @@ def test_fuzzer_fails_on_an_injected_bug(fuzz_wire: Path) -> None:
     assert "FAILURE" in out and "differs from what was sent" in out, out[-3000:]
 
 
-@pytest.mark.timeout(BUILD_TIMEOUT_S + 180)
+@pytest.mark.timeout(_cpp_check.BUILD_TIMEOUT_S + 180)
 def test_fuzz_wire_protocol_under_sanitizers(fuzz_wire: Path) -> None:
     """The bounded fuzz run: no crash, no sanitizer report, no leak, no oversized
     allocation, no hang, no wrong result."""

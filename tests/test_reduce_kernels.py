@@ -7,10 +7,10 @@ at that path. Needs only g++, not the built extension."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
+import _cpp_check
 import pytest
 
 # Keeps both CPUs busy (compiles the kernels once per instruction set): one such test at a time under
@@ -18,26 +18,15 @@ import pytest
 pytestmark = pytest.mark.cpu_heavy
 
 ROOT = Path(__file__).resolve().parent.parent
-BUILD_TIMEOUT_S = 300
 RUN_TIMEOUT_S = 120
 ALL_ISAS = ("scalar", "avx2", "avx512")
 
 
 @pytest.fixture(scope="module")
 def reduce_check(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("g++ not found; install a C++17 compiler to run the reduce kernel check")
-    exe = tmp_path_factory.mktemp("reduce_check") / "reduce_check"
-    sources = sorted(str(p) for p in (ROOT / "csrc/reduce").glob("*.cc"))
-    build = subprocess.run(
-        [gxx, "-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-I", str(ROOT / "csrc"),
-         *sources, str(ROOT / "csrc/core/types.cc"), str(ROOT / "tests/cpp/reduce_check.cc"),
-         "-o", str(exe)],
-        check=False, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
-    )
-    assert build.returncode == 0, f"compiling reduce_check failed:\n{build.stderr}"
-    return exe
+    sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc/reduce").glob("*.cc"))
+    return _cpp_check.build(tmp_path_factory.mktemp("reduce_check"), "reduce_check",
+                            [*sources, "csrc/core/types.cc"], ("-O2",), "the reduce kernel check")
 
 
 def _supported_isas(exe: Path) -> list[str]:
