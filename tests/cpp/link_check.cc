@@ -146,6 +146,25 @@ std::unique_ptr<Pair> makePair(bool tcp, size_t window = kWindow) {
   return p;
 }
 
+// A link whose peer is this process writing the wire by hand on `*raw`.
+std::shared_ptr<Link> rawLink(Fd* raw) {
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) std::exit(2);
+  *raw = Fd(fds[0]);
+  return Link::start(Fd(fds[1]), "raw", kWindow);
+}
+
+// A data sub-frame as the wire carries it: header, then payload.
+std::string dataSub(uint64_t stream, const std::vector<uint8_t>& payload) {
+  SubHeader h;
+  h.kind = kSubData;
+  h.stream = stream;
+  h.len = payload.size();
+  std::string wire(reinterpret_cast<const char*>(&h), sizeof h);
+  wire.append(payload.begin(), payload.end());
+  return wire;
+}
+
 // Two streams, both directions at once, 16 MiB each way: every byte in order. Stream 2's
 // writers are paced (they wait for the socket themselves), stream 1's queue.
 void checkTransfer(bool tcp) {
@@ -398,24 +417,12 @@ void checkUnopenedBound() {
 // reader, its buffer exactly the first sub-frame, reads that part of the next header with
 // it (readAhead); the rest, and a third sub-frame for another stream, land where they belong.
 void checkReadAheadSplits() {
-  int fds[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) std::exit(2);
-  Fd raw(fds[0]);
-  auto b = Link::start(Fd(fds[1]), "raw", kWindow);
+  Fd raw;
+  auto b = rawLink(&raw);
   auto s5 = b->open(5), s6 = b->open(6);
   s5->readFd();  // its user reads the socket itself: the pump leaves its payload there
-  std::string wire;
-  auto sub = [&](uint64_t stream, const std::vector<uint8_t>& payload) {
-    SubHeader h;
-    h.kind = kSubData;
-    h.stream = stream;
-    h.len = payload.size();
-    wire.append(reinterpret_cast<const char*>(&h), sizeof h);
-    wire.append(payload.begin(), payload.end());
-  };
-  sub(5, make(5, 0, 1000));
-  sub(5, make(5, 1, 300));
-  sub(6, make(6, 0, 700));
+  const std::string wire =
+      dataSub(5, make(5, 0, 1000)) + dataSub(5, make(5, 1, 300)) + dataSub(6, make(6, 0, 700));
   const size_t cut = sizeof(SubHeader) + 1000 + 10;
   check(::write(raw.get(), wire.data(), cut) == static_cast<ssize_t>(cut), "raw write 1");
   std::vector<uint8_t> a(1000), c(300), d(700);
@@ -475,17 +482,10 @@ void checkUnopenedCredit() {
   w.join();
   check(wrote, "and the writer finishes");
 
-  int fds[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) std::exit(2);
-  Fd raw(fds[0]);
-  auto b = Link::start(Fd(fds[1]), "raw", kWindow);
+  Fd raw;
+  auto b = rawLink(&raw);
   auto sub = [&](uint64_t stream, size_t len) {
-    std::string wire(sizeof(SubHeader) + len, '\x5a');
-    SubHeader h;
-    h.kind = kSubData;
-    h.stream = stream;
-    h.len = len;
-    std::memcpy(&wire[0], &h, sizeof h);
+    const std::string wire = dataSub(stream, std::vector<uint8_t>(len, 0x5a));
     return ::write(raw.get(), wire.data(), wire.size()) == static_cast<ssize_t>(wire.size());
   };
   check(sub(7, kUnopenedCredit - 1) && sub(7, 1), "raw: kUnopenedCredit to an unopened stream");
