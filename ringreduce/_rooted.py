@@ -117,10 +117,7 @@ def all_to_all(x: Any, out: Any = None, send_counts: Any = None, recv_counts: An
     _host_only("all_to_all", x, out)
     b = as_buffer(x, "all_to_all(x)", writable=False)
     rows = b.shape[0] if b.shape else 1
-    # Elements (reals: a complex counts 2) per row; from the shape when x has no rows (it
-    # sends nothing, yet may receive).
-    per_row = b.count // rows if rows else int(_np.prod(b.shape[1:], dtype=_np.int64)) * (
-        2 if "complex" in str(b.dtype) else 1)
+    per_row = _row_elems(b)
     sc = _counts(send_counts, rows, n, "send_counts", "x")
     if out is None:
         rrows = sum(sc) if recv_counts is None else sum(_as_ints(recv_counts, n, "recv_counts"))
@@ -128,7 +125,9 @@ def all_to_all(x: Any, out: Any = None, send_counts: Any = None, recv_counts: An
     o = as_buffer(out, "all_to_all(out)")
     orows = o.shape[0] if o.shape else 1  # (n, 0): n empty rows, as x's
     rc = _counts(recv_counts, orows, n, "recv_counts", "out")
-    if o.dtype != b.dtype or (o.count and o.count // max(orows, 1) != per_row):
+    # From the shapes, also when out has no elements: rows of 0 elements where x's have some
+    # would take the peers' blocks past its end.
+    if o.dtype != b.dtype or _row_elems(o) != per_row:
         raise ValueError(f"all_to_all: out must be {b.dtype} with rows of {per_row} elements "
                          f"like x; got {o.dtype} of shape {o.shape}")
     if g.rank < n and sc[g.rank] != rc[g.rank]:
@@ -146,6 +145,12 @@ def all_to_all(x: Any, out: Any = None, send_counts: Any = None, recv_counts: An
     if async_op:
         return Work(cw, (x, out), result=out)
     return out
+
+
+def _row_elems(b: Any) -> int:
+    """Elements per dim-0 row of buffer `b` (reals: a complex counts 2), from its shape: also
+    when it has no rows (it sends nothing, yet may receive). A 0-d buffer is one row."""
+    return int(_np.prod(b.shape[1:], dtype=_np.int64)) * (2 if b.complex else 1)
 
 
 def _as_ints(v: Any, n: int, name: str) -> list[int]:

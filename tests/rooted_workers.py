@@ -151,6 +151,9 @@ def matrix(rank: int, world: int) -> list:
         ("all_to_all rows", lambda: rr.all_to_all(np.ones(world + 1)) if world > 1
          else (_ for _ in ()).throw(ValueError())),
         ("all_to_all counts", lambda: rr.all_to_all(np.ones(4), send_counts=[1] * (world + 1))),
+        # rows of no elements where x's have 4: the peers' blocks went past out's end before
+        ("all_to_all empty out rows", lambda: rr.all_to_all(np.ones((world, 4)),
+                                                            out=np.zeros((world, 0)))),
         ("band float", lambda: rr.reduce(np.ones(3), dst=0, op="band")),
         # the source's out overlapping x other than as its own block (here: shifted by one)
         ("scatter out overlaps", lambda: rr.scatter(buf[1:3], src=rank,
