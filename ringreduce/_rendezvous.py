@@ -377,12 +377,32 @@ def probe(world: Any, peers: Any, what: str, left_too: bool = True) -> None:
         raise _rr_error(f"rank {world.rank}: stopped waiting for {what}: {e}") from None
 
 
+_OWNERS = threading.local()  # while_alive(): groups whose destroy() stops this thread's waits
+
+
+@contextlib.contextmanager
+def while_alive(g: Any) -> Iterator[None]:
+    """While inside: every watched wait of this thread (see watching) also stops once group
+    `g` is destroyed (on another thread) -- making a group's point-to-point channel, before
+    it waited on for the group's timeout and then blamed the peer."""
+    prev = getattr(_OWNERS, "v", ())
+    _OWNERS.v = (*prev, g)
+    try:
+        yield
+    finally:
+        _OWNERS.v = prev
+
+
 def check_destroyed(world: Any, what: str) -> None:
     """Raise if ringreduce.destroy() or abort() was called (on another thread) while this
-    one waited."""
+    one waited, or destroy() of a group this thread works for (while_alive)."""
     if world.destroyed:
         raise _rr_error(f"rank {world.rank}: ringreduce.destroy() was called while this rank "
                         f"waited for {what}")
+    gone = next((g for g in getattr(_OWNERS, "v", ()) if g.destroyed), None)
+    if gone is not None:
+        raise _rr_error(f"rank {world.rank}: {gone.name} was destroyed while this rank waited "
+                        f"for {what}; wait for a group's isend/irecv before destroying it")
     _state.check_aborted(world, what)
 
 

@@ -324,21 +324,19 @@ def _match(g: Group, world: Group, peers: list[int], tag: int, what: str,
     rank, and its channel. Its store reads (_wanted) end at the receive's deadline (one
     watchdog arming for the whole wait, not one per read)."""
     with _rendezvous.store_used(world.rank, f"a receive from any rank (tag {tag})", g.store,
-                                 _deadline(g, world)[0]):
+                                 _deadline(g, world)[0]), _rendezvous.while_alive(g):
         return _poll_peers(g, world, peers, tag, what, entry)
 
 
 def _poll_peers(g: Group, world: Group, peers: list[int], tag: int, what: str,
                 entry: list) -> tuple:
-    from . import _rendezvous
-
     timeout, which = _deadline(g, world)
     t0 = time.monotonic()
     store_at, store_every, naps, probe_at = t0, 0.001, 0, t0 + 0.05
     while True:
         now = time.monotonic()
-        for x in (g, world):  # destroyed on another thread: before g.store is used
-            _rendezvous.check_destroyed(x, f"{what}(src=None, tag={tag})")
+        # destroyed on another thread (g: see _match): before g.store is used
+        _rendezvous.check_destroyed(world, f"{what}(src=None, tag={tag})")
         if now >= probe_at:  # a dead or frozen sender: PeerFailure, not the timeout
             # (a sender that left the job is no failure: another may still send)
             _rendezvous.probe(world, peers, f"{what}(src=None, tag={tag})", left_too=False)
@@ -448,8 +446,6 @@ def _meet(g: Group, world: Group, store: Any, base: str, peer: int, src: int, ds
     """Wait (the group's timeout, as for any peer) until `peer` starts making this pair's
     channels too: it may legitimately arrive late (a pipeline stage still computing). Making
     them then takes connect time only."""
-    from . import _rendezvous
-
     timeout, which = _deadline(g, world)
     with _rendezvous.watching(world, [peer]):  # a dead or frozen peer: PeerFailure
         _rendezvous._wait(
@@ -490,7 +486,8 @@ def _channel(g: Group, world: Group, src: int, dst: int, tag: int) -> Group:
             if failed is not None:  # its store keys are spent: a new try would not meet
                 raise _failed_before(g, world, lo, hi, tag, failed)
             if pair is None:
-                up, down = _make_pair(g, world, lo, hi, src, dst, tag)
+                with _rendezvous.while_alive(g):
+                    up, down = _make_pair(g, world, lo, hi, src, dst, tag)
                 with _LOCK:
                     gone = g.destroyed  # g.destroy() ran meanwhile: it could not see these
                     if not gone:
@@ -521,8 +518,6 @@ def _failed_before(g: Group, world: Group, a: int, b: int, tag: int, why: str) -
 def _make_pair(g: Group, world: Group, lo: int, hi: int, src: int, dst: int,
                tag: int) -> tuple:
     """Make the channels lo -> hi and hi -> lo for `tag` (this rank is one of the two)."""
-    from . import _rendezvous
-
     base, store, peer = _base(g, lo, hi, tag), g.store, lo + hi - world.rank
     where = "" if g is world else f" in {g.name}"
     during = f"making the channel {src} -> {dst} for tag {tag}{where}"

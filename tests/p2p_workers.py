@@ -647,6 +647,38 @@ def irecv_at_destroy(rank: int, world: int, who: int = 0, src: Any = "peer") -> 
     return out
 
 
+def irecv_at_group_destroy(rank: int, world: int, src: Any = "peer") -> dict:
+    """As irecv_at_destroy, on a group [0, last] (its timeout 30 s) that both destroy while
+    rank 0's irecv on a new tag waits: the wait fails at once, naming the group. Before, it
+    waited out the group's timeout and then blamed the peer (found by a helper)."""
+    import threading
+
+    last = world - 1
+    g = rr.new_group([0, last], timeout=30)
+    w = None
+    if rank == 0:
+        w = rr.irecv(np.ones(8), last if src == "peer" else None, tag=3, group=g)
+    time.sleep(0.3)
+    if g is not None:
+        g.destroy()
+    out: dict = {}
+    if w is not None:
+        t0 = time.monotonic()
+        try:
+            out["wait"] = f"returned {w.wait(10)}"
+        except Exception as e:  # noqa: BLE001
+            out["wait"] = f"{type(e).__name__}: {e}"
+        out["wait_secs"] = time.monotonic() - t0
+        del w
+    time.sleep(0.3)
+    out["connect_threads"] = sum(t.name == "ringreduce-p2p-connect"
+                                 for t in threading.enumerate())
+    x = np.full(3, rank + 1.0)
+    rr.allreduce(x)  # the world is unharmed
+    out["sum"] = float(x[0])
+    return out
+
+
 def torch_call_sites(rank: int, world: int) -> dict:
     """2 ranks, stock torch: errors name this file's line, not a library's -- before, a
     dist.recv (run on a p2p helper thread) said "called from threading.py:..." and

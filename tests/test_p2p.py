@@ -221,6 +221,19 @@ def test_destroy_stops_a_pending_first_irecv_and_init_works_again(
         assert v["connect_threads_at_destroy"] == 0, (r, v)
 
 
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport,src", [("shm", "peer"), ("tcp", "peer"), ("tcp", None)])
+def test_group_destroy_stops_a_pending_first_irecv(transport: str, src: str | None) -> None:
+    outs = run_world(3, "p2p_workers:irecv_at_group_destroy", src, timeout=60,
+                     env={"RINGREDUCE_TRANSPORT": transport})
+    o = outs[0]
+    assert o["wait"].startswith("RingReduceError: rank 0: group1 was destroyed while this rank "
+                                "waited for"), o
+    assert o["wait_secs"] < 2.0, o
+    for r, v in enumerate(outs):
+        assert v["connect_threads"] == 0 and v["sum"] == 6.0, (r, v)
+
+
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("world,transport", SETUPS)
 def test_recv_from_any_source(world: int, transport: str) -> None:
