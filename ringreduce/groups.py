@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import operator
 import sys
 import threading
 import time
@@ -277,9 +278,9 @@ def _root() -> Group:
 
 
 def _check_ranks(ranks: Sequence[int], n: int) -> list[int]:
-    try:
-        out = sorted(int(r) for r in ranks)
-    except (TypeError, ValueError):
+    try:  # index(): ints (numpy's, 0-d integer tensors) only: [0, 1.7] is no group [0, 1]
+        out = sorted(operator.index(r) for r in ranks)
+    except TypeError:
         raise TypeError(f"new_group: ranks must be a sequence of ints, got {ranks!r}") from None
     if not out:
         raise ValueError("new_group: ranks is empty; a group needs at least one rank")

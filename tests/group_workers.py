@@ -133,6 +133,13 @@ def matrix(rank: int, world: int) -> dict:
             fails.append(f"new_group({bad}) did not raise")
         except ValueError:
             pass
+    # not ints: [0, 0.7] became [0, 0] (a repeat) and ["0"] the group [0] before
+    for bad in ([0, 0.7], ["0"], 0):
+        try:
+            rr.new_group(bad)
+            fails.append(f"new_group({bad!r}) did not raise")
+        except TypeError:
+            pass
     evens = made.get("evens")
     if evens is not None:
         evens.destroy()
