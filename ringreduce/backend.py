@@ -332,9 +332,10 @@ class _Ops:
         op = _op(opts)
         if not tensors:
             return _done(tensors)
-        bufs = [t.detach() for t in tensors]
-        return _work(api.allreduce_coalesced(bufs, op=op, async_op=True, group=self._g),
-                     tensors)
+        pairs = [_inplace(t) for t in tensors]  # non-contiguous ones too, as all_reduce
+        return _work(api.allreduce_coalesced([d for d, _ in pairs], op=op, async_op=True,
+                                             group=self._g), tensors,
+                     _chain(*(b for _, b in pairs)))
 
     def broadcast(self, tensors: list, opts: Any = None) -> _Work:
         root = int(getattr(opts, "rootRank", 0)) if opts is not None else 0

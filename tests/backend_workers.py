@@ -63,7 +63,14 @@ def backend_collectives(rank: int, world: int) -> dict:
         view = base[:, ::2]
         view.fill_(rank + 1.0)
         dist.all_reduce(view)
-        return _close(view, torch.full((4, 3), tri)) and bool((base[:, 1::2] == 0).all())
+        ok = _close(view, torch.full((4, 3), tri)) and bool((base[:, 1::2] == 0).all())
+        # coalesced too, as gloo (refused before): a transpose and a strided slice
+        a = (torch.arange(6.).reshape(2, 3) + rank).t()
+        b = (torch.arange(12.) + 10 * rank)[::3]
+        dist.all_reduce_coalesced([a, b])
+        s = n * (n - 1) / 2
+        return ok and _close(a, torch.arange(6.).reshape(2, 3).t() * n + s) and \
+            _close(b, torch.arange(12.)[::3] * n + 10 * s)
 
     def allreduce_param_grad_enabled() -> bool:
         p = nn.Parameter(torch.full((3,), float(rank + 1)))
@@ -223,7 +230,7 @@ def backend_collectives(rank: int, world: int) -> dict:
             try:
                 call()
                 ok = False
-            except TypeError as e:
+            except RuntimeError as e:  # as gloo's refusal (a TypeError before)
                 ok &= "PREMUL_SUM" in str(e) and "floating-point tensor, got Char" in str(e)
         return ok
 

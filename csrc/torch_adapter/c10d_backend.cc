@@ -273,11 +273,12 @@ at::Tensor premulScaled(const c10d::ReduceOp& op, const at::Tensor& t, bool inPl
   TORCH_CHECK(s != nullptr, "ringreduce: ReduceOp.PREMUL_SUM without a factor; make it with "
               "torch.distributed._make_nccl_premul_sum(factor)");
   // Before scaling: an integer tensor times a float factor fails in torch's mul_ (in place)
-  // or silently becomes a float copy that the reduce then blames on the output.
-  TORCH_CHECK_TYPE(at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type()),
-                   "ringreduce: ReduceOp.PREMUL_SUM scales by a floating-point factor and needs "
-                   "a floating-point tensor, got ", t.scalar_type(), "; use SUM and scale "
-                   "yourself, or convert the tensor to a float dtype");
+  // or silently becomes a float copy that the reduce then blames on the output. A
+  // RuntimeError, as gloo's refusal of the op (`except RuntimeError` catches both).
+  TORCH_CHECK(at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type()),
+              "ringreduce: ReduceOp.PREMUL_SUM scales by a floating-point factor and needs a "
+              "floating-point tensor, got ", t.scalar_type(), "; use SUM and scale yourself, or "
+              "convert the tensor to a float dtype");
   if (s->tensor_factor.defined()) {
     at::Tensor f = s->tensor_factor.to(t.device(), t.scalar_type());
     return inPlace ? t.mul_(f) : t.mul(f);
