@@ -594,10 +594,12 @@ def sc_forward_sync_buffers_false(rank: int, world: int) -> dict:
             "buckets": len(ddp.reducer.buckets), "params": len(list(model.parameters()))}
 
 
-def sc_no_grad_forward_before_backward(rank: int, world: int, steps: int = 3) -> dict:
-    """A forward under torch.no_grad() (a metric, a validation batch) between the training
-    forward and its backward: the backward still averages the gradients (it did not: each
-    rank kept its own, no error)."""
+def sc_no_grad_forward_before_backward(rank: int, world: int, steps: int = 3,
+                                       no_sync: bool = False) -> dict:
+    """A forward under torch.no_grad() (a metric, a validation batch) -- or, with no_sync,
+    one inside no_sync() whose output is dropped -- between the training forward and its
+    backward: the backward still averages the gradients, as torch's (it did not: each rank
+    kept its own, no error; the no_sync() case found by a helper)."""
     model, ref = make(MLP)
     ddp = DDP(model, bucket_cap_mb=TINY_CAP_MB)
     opt, ropt = sgd(ddp), sgd(ref)
@@ -605,7 +607,7 @@ def sc_no_grad_forward_before_backward(rank: int, world: int, steps: int = 3) ->
         x, y = batch(s, world)
         opt.zero_grad()
         loss = F.mse_loss(ddp(shard(x, rank)), shard(y, rank))
-        with torch.no_grad():
+        with ddp.no_sync() if no_sync else torch.no_grad():
             ddp(batch(50 + s, world)[0][:2 + rank])  # a different batch on each rank
         loss.backward()
         opt.step()
@@ -746,6 +748,8 @@ SCENARIOS: dict = {
     "copies": sc_copies,
     "forward_sync_buffers_false": sc_forward_sync_buffers_false,
     "no_grad_forward_before_backward": sc_no_grad_forward_before_backward,
+    "no_sync_forward_before_backward": lambda r, w: sc_no_grad_forward_before_backward(
+        r, w, no_sync=True),
     "bn_forwards_between": sc_bn_forwards_between,
     "reassigned_buffer": sc_reassigned_buffer,
     "unused_on_one_rank_first": sc_unused_on_one_rank_first,

@@ -393,7 +393,8 @@ def test_broadcast_buffers_false_keeps_local_buffers(suite):
 
 @pytest.mark.parametrize("name", ["reentrant_checkpoint", "reentrant_checkpoint_static",
                                   "unused_but_unsynced", "forward_without_backward",
-                                  "no_grad_forward_before_backward", "reassigned_buffer"])
+                                  "no_grad_forward_before_backward",
+                                  "no_sync_forward_before_backward", "reassigned_buffer"])
 def test_training_patterns_match_single_process(suite, name):
     """Reentrant checkpointing (the nested backward's end is not the end of backward), a
     parameter used only in no_sync() micro-batches, a forward on one rank that never sees

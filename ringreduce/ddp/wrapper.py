@@ -266,12 +266,12 @@ class DistributedDataParallel(nn.Module):
             # backward issues no collective: the joined ranks already shadow that
             # iteration's all-reduces, which come before any other collective.
             return self.module(*inputs, **kwargs)
-        if self.reducer is not None and torch.is_grad_enabled():
-            # A forward without autograd (torch.no_grad(): a metric, a validation batch)
-            # leaves an iteration prepared for a backward open, as torch's does: closing it
-            # made that backward skip its all-reduce (each rank kept its own gradients).
-            if grad_sync:
-                self.reducer.check_usable()
+        if self.reducer is not None and grad_sync:
+            # A forward without autograd (torch.no_grad(): a metric, a validation batch) or
+            # inside no_sync() leaves an iteration prepared for a backward open, as torch's
+            # does: closing it made that backward (through both outputs, say) skip its
+            # all-reduce, and each rank kept its own gradients.
+            self.reducer.check_usable()
             self.reducer.close_open_iteration()
         buffers = self._buffer_list
         sync_buffers = bool(self.require_forward_param_sync and self.broadcast_buffers
