@@ -130,10 +130,14 @@ def sc_plain(rank: int, world: int, steps: int = 4, **ddp_kw: Any) -> dict:
     set_to_none = ddp_kw.pop("set_to_none", True)
     hook = ddp_kw.pop("hook", None)
     hidden = ddp_kw.pop("hidden", 16)
+    grad_hook = ddp_kw.pop("grad_hook", None)
     model, ref = make(lambda: MLP(with_f64, hidden))
     ddp = DDP(model, **ddp_kw)
     if hook is not None:
         ddp.register_comm_hook(None, hook)
+    if grad_hook is not None:  # the user's, after wrapping: runs before the bucket's reduce
+        for p in (*model.parameters(), *ref.parameters()):
+            p.register_post_accumulate_grad_hook(grad_hook)
     opt, ropt = sgd(ddp), sgd(ref)
     for s in range(steps):
         x, y = batch(s, world)
@@ -707,6 +711,14 @@ def _future_hook(state: Any, bucket: Any) -> Any:
     return fut
 
 
+def _halve_grad(p: torch.Tensor) -> None:
+    p.grad = p.grad * 0.5
+
+
+def _halve_grad_in_place(p: torch.Tensor) -> None:
+    p.grad.mul_(0.5)
+
+
 SCENARIOS: dict = {
     "plain": lambda r, w: sc_plain(r, w),
     # Buckets above shared memory's one-round size, reduced in the gradients themselves
@@ -722,6 +734,13 @@ SCENARIOS: dict = {
     "fp16_hook": lambda r, w: sc_plain(r, w, bucket_cap_mb=TINY_CAP_MB,
                                        hook=hooks.fp16_compress_hook),
     "bf16_hook": lambda r, w: sc_plain(r, w, hook=hooks.bf16_compress_hook),
+    # A post-accumulate-grad hook registered after wrapping that scales the gradient in
+    # place, or replaces it: the average is of what the hook left, as torch's (the reducer's
+    # own hook ran first: the all-reduce raced with the first, missed the second).
+    "grad_hook_in_place": lambda r, w: sc_plain(r, w, bucket_cap_mb=TINY_CAP_MB,
+                                                grad_hook=_halve_grad_in_place),
+    "grad_hook_new": lambda r, w: sc_plain(r, w, bucket_cap_mb=TINY_CAP_MB,
+                                           grad_hook=_halve_grad),
     "batchnorm": sc_batchnorm,
     "no_sync": lambda r, w: sc_no_sync(r, w),
     "no_sync_view": lambda r, w: sc_no_sync(r, w, gradient_as_bucket_view=True),

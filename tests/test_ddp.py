@@ -63,7 +63,7 @@ def _get(suite, name):
 @pytest.mark.parametrize("name", ["plain", "plain_wide", "plain_wide_keep",
                                   "plain_tiny_buckets_f64", "no_sync", "no_sync_view",
                                   "static_graph", "static_graph_rank_branch", "hook_order",
-                                  "rebuild"])
+                                  "rebuild", "grad_hook_in_place", "grad_hook_new"])
 def test_matches_single_process(suite, name):
     _, res = _get(suite, name)
     for rank, r in enumerate(res):

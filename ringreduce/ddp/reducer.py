@@ -127,9 +127,15 @@ class Reducer:
         self._loc: list = [None] * self.n  # param index -> (bucket, slot)
         self._build([i for i in reversed(range(self.n))])
         self._reset()
+        # A post hook on each parameter's AccumulateGrad node, as torch's reducer: it runs
+        # after the parameter's own post-accumulate-grad hooks, also those registered after
+        # wrapping, so a bucket is reduced once they changed the gradient (a tensor hook of
+        # ours ran first, and the all-reduce raced with theirs: found by a helper). Autograd
+        # holds the nodes weakly; kept here so the hooks stay on them.
+        self._grad_accs = [torch.autograd.graph.get_gradient_edge(p).node for p in params]
         ref = weakref.ref(self)
-        self._handles = [p.register_post_accumulate_grad_hook(_make_hook(ref, i))
-                         for i, p in enumerate(params)]
+        self._handles = [acc.register_hook(_make_hook(ref, i))
+                         for i, acc in enumerate(self._grad_accs)]
 
     # ------------------------------------------------------------------ buckets
     def _build(self, order: list) -> None:
@@ -589,7 +595,7 @@ def _in_nested_backward() -> bool:
 
 
 def _make_hook(ref: weakref.ref[Reducer], i: int) -> Callable:
-    def hook(_p: torch.Tensor) -> None:
+    def hook(_grad_inputs: Any, _grad_outputs: Any) -> None:
         r = ref()
         if r is not None:
             r._on_grad(i)
