@@ -159,6 +159,30 @@ def sc_plain(rank: int, world: int, steps: int = 4, **ddp_kw: Any) -> dict:
     return out
 
 
+def _conv_net() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 4)).to(
+        memory_format=torch.channels_last)
+
+
+def sc_grad_view_layout(rank: int, world: int, steps: int = 3) -> dict:
+    """gradient_as_bucket_view with a channels_last convolution: the gradients (views of
+    the buckets) have their parameters' strides, as torch's (they were contiguous)."""
+    model, ref = make(_conv_net)
+    ddp = DDP(model, bucket_cap_mb=TINY_CAP_MB, gradient_as_bucket_view=True)
+    opt, ropt = sgd(ddp), sgd(ref)
+    for s in range(steps):
+        x, y = batch(s, world, shape=(3, 8, 8))
+        x = x.contiguous(memory_format=torch.channels_last)
+        opt.zero_grad(set_to_none=False)
+        F.mse_loss(ddp(shard(x, rank)), shard(y, rank)).backward()
+        opt.step()
+        ropt.zero_grad()
+        F.mse_loss(ref(x), y).backward()
+        ropt.step()
+    return {"diff": maxdiff(model, ref),
+            "strides": [(p.stride(), p.grad.stride()) for p in model.parameters()]}
+
+
 def sc_batchnorm(rank: int, world: int, steps: int = 4) -> dict:
     model, ref = make(ConvBN)
     ddp = DDP(model, broadcast_buffers=True, bucket_cap_mb=TINY_CAP_MB)
@@ -742,6 +766,7 @@ SCENARIOS: dict = {
     "grad_hook_new": lambda r, w: sc_plain(r, w, bucket_cap_mb=TINY_CAP_MB,
                                            grad_hook=_halve_grad),
     "batchnorm": sc_batchnorm,
+    "grad_view_layout": sc_grad_view_layout,
     "no_sync": lambda r, w: sc_no_sync(r, w),
     "no_sync_view": lambda r, w: sc_no_sync(r, w, gradient_as_bucket_view=True),
     "unused": lambda r, w: sc_unused(r, w),

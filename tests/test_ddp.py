@@ -89,6 +89,14 @@ def test_multiple_buckets_used(suite):
     assert all(r["buckets"] >= 3 for r in res)  # tiny cap, and the float64 parameter apart
 
 
+def test_gradients_as_bucket_views_keep_the_parameters_layout(suite):
+    _, res = _get(suite, "grad_view_layout")
+    for rank, r in enumerate(res):
+        assert r["diff"] < EXACT, f"rank {rank}: max |param - reference| = {r['diff']}"
+        assert r["strides"][0][0] != (27, 9, 3, 1), r  # the weight is channels_last
+        assert all(tuple(p) == tuple(g) for p, g in r["strides"]), (rank, r["strides"])
+
+
 def test_batchnorm_buffers(suite):
     _, res = _get(suite, "batchnorm")
     for r in res:

@@ -150,7 +150,10 @@ class Reducer:
             views, offs, off = [], [], 0
             for k, i in enumerate(members):
                 p = self.params[i]
-                views.append(buf[off:off + p.numel()].view(p.shape))
+                # Laid out as the parameter (channels_last, a transpose), as torch's bucket
+                # views: gradients as bucket views keep the parameter's strides.
+                views.append(buf.as_strided(p.shape, p.stride(), off) if _dense(p)
+                             else buf[off:off + p.numel()].view(p.shape))
                 offs.append(off)
                 self._loc[i] = (bi, k)
                 off += p.numel()
@@ -606,6 +609,18 @@ def _plain_like(g: torch.Tensor, view: torch.Tensor) -> bool:
     """Whether gradient g can be all-reduced where it is in place of its bucket slot."""
     return (g.layout == torch.strided and g.device == view.device and g.dtype == view.dtype
             and g.shape == view.shape and g.is_contiguous() and not g.requires_grad)
+
+
+def _dense(p: torch.Tensor) -> bool:
+    """Whether p's strides place its elements densely, without overlap, in some order of
+    its dimensions (torch's is_non_overlapping_and_dense), so that they fit a slot of
+    p.numel() elements."""
+    expect = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(p.stride(), p.shape) if sz != 1):
+        if stride != expect:
+            return False
+        expect *= size
+    return p.numel() > 0
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
