@@ -41,8 +41,12 @@ def mark_peer_failures(peer_failure: type[BaseException]) -> None:
                 break
             seen = seen.__cause__ or seen.__context__
         if seen is not None and is_secondary(seen, peer_failure):
+            # The world rank it names, if any: the launcher blames that rank when every rank
+            # that failed only reported it (it froze, or left early with code 0).
+            named = getattr(seen, "peer_rank", None)
             try:
-                open(os.path.join(folder, str(os.getpid())), "x").close()
+                with open(os.path.join(folder, str(os.getpid())), "x") as f:
+                    f.write(str(named) if isinstance(named, int) and named >= 0 else "")
             except OSError:
                 pass  # the launcher is gone, or this process marked it already
         previous(kind, value, tb)  # type: ignore[arg-type]

@@ -334,18 +334,22 @@ class _Job:
                         self._thread(_pump, src, dst, tag, self.out_lock))
             self._thread(self._wait, rank, proc)
 
-    def peer_failed(self, ranks: Collection[int], timeout: float = 0.5) -> set[int]:
+    def peer_failed(self, ranks: Collection[int], timeout: float = 0.5) -> dict[int, int | None]:
         """Those of `ranks` (exited) that ended on an uncaught PeerFailure -- they only report
-        another rank's failure -- once their output has been copied to its end (so ours
-        comes after it)."""
+        another rank's failure -- with the rank it names (None if none), once their output
+        has been copied to its end (so ours comes after it)."""
         for r in ranks:
             for t in self.pumps.get(r, ()):
                 t.join(timeout)  # a grandchild holding the pipe open: give up
-        try:
-            marked = set(os.listdir(self.notes))
-        except OSError:
-            marked = set()
-        return {r for r in ranks if str(self.procs[r].pid) in marked}
+        out: dict[int, int | None] = {}
+        for r in ranks:
+            try:
+                with open(os.path.join(self.notes, str(self.procs[r].pid))) as f:
+                    text = f.read().strip()
+            except OSError:
+                continue  # not marked
+            out[r] = int(text) if text.isdigit() and int(text) < len(self.procs) else None
+        return out
 
     def _wait(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
         self.exited.put((rank, proc.wait()))
@@ -411,6 +415,21 @@ def _root_cause(failed: list[tuple[int, int]], peer_failed: Collection[int] = ()
     return max(failed, key=specific)  # max keeps the first of equals
 
 
+def _named_culprit(failed: list[tuple[int, int]], reported: dict[int, int | None]
+                   ) -> int | None:
+    """The rank to blame when every rank that failed only reported another's failure
+    (uncaught PeerFailure, exit code 1) and they name one rank that did not fail on its own:
+    a frozen rank (found silent, then stopped by the launcher) or one that left early with
+    code 0. None otherwise (then _root_cause decides)."""
+    if not failed or any(c != 1 or r not in reported for r, c in failed):
+        return None
+    named = {reported[r] for r, _ in failed}
+    if len(named) != 1:
+        return None
+    culprit = named.pop()
+    return culprit if culprit is not None and culprit not in {r for r, _ in failed} else None
+
+
 def _supervise(job: _Job, grace: float) -> int:
     """Wait for the ranks; stop them all on the first failure (after SETTLE_S, in which
     others may fail on their own too) or signal. Returns the exit code and prints the final
@@ -444,9 +463,22 @@ def _supervise(job: _Job, grace: float) -> int:
             job.signal(signal.SIGKILL)
             deadline = float("inf")
     if failed:
-        rank, code = _root_cause(failed, job.peer_failed([r for r, _ in failed]))
+        reported = job.peer_failed([r for r, _ in failed])
+        rank, code = _root_cause(failed, reported)
         others = (f"terminated the other {_plural(stopped, 'rank')}" if stopped
                   else "the other ranks had already exited")
+        culprit = _named_culprit(failed, reported)
+        if culprit is not None:  # it did not fail on its own: it froze, or left early
+            end = job.procs[culprit].returncode
+            how = ("exited with code 0 before the others were done" if end == 0 else
+                   "was still running and was stopped" if end is not None else "is still running")
+            rest = stopped - (end != 0)  # the ranks stopped besides it
+            names = ", ".join(str(r) for r in sorted(reported))
+            print(f"{PROG}: rank {culprit} (pid {job.procs[culprit].pid}) failed as rank(s) "
+                  f"{names} report (their PeerFailure names it; they exited with code 1): it "
+                  f"{how}" + (f"; terminated {_plural(rest, 'other rank')}" if rest else ""),
+                  file=sys.stderr, flush=True)
+            return code
         also = "; ".join(f"rank {r} {_describe(c)}" for r, c in failed if r != rank)
         also = f" (also failed on their own: {also})" if also else ""
         print(f"{PROG}: rank {rank} (pid {job.procs[rank].pid}) {_describe(code)}{also}; "

@@ -276,6 +276,25 @@ def test_the_rank_that_failed_first_is_named_not_the_first_seen(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode,how", [
+    ("freeze", "was still running and was stopped"),
+    ("leave", "exited with code 0 before the others were done")])
+def test_a_rank_that_every_peer_failure_names_is_blamed(marker: str, mode: str,
+                                                        how: str) -> None:
+    """Rank 2 freezes (SIGSTOP) or leaves early with code 0; ranks 0 and 1 exit with 1 on
+    the PeerFailure naming it. The launcher named rank 0 or 1 before (found by a helper)."""
+    env = {**os.environ, "RINGREDUCE_HEARTBEAT_TIMEOUT": "2"}
+    r = _launch("-n", "3", "--grace-period", "1", _script("blamed_peer.py"), marker, mode,
+                env=env)
+    assert r.returncode == 1, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"ringreduce-run: rank 2 \(pid \d+\) failed as rank\(s\) 0, 1 report "
+                        r"\(their PeerFailure names it; they exited with code 1\): it "
+                        + re.escape(how), last), r.stderr
+    _assert_no_leftovers(marker)
+
+
+@pytest.mark.timeout(60)
 def test_ranks_ignoring_sigterm_get_sigkill(marker: str) -> None:
     start = time.monotonic()
     r = _launch("-n", "3", "--grace-period", "1", _script("fail_rank1.py"), marker,
