@@ -408,18 +408,21 @@ def check_destroyed(world: Any, what: str) -> None:
 
 def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,
           prefix: str, hint: str = "did every rank start, with the same WORLD_SIZE and "
-                                   "MASTER_ADDR/MASTER_PORT?") -> None:
+                                   "MASTER_ADDR/MASTER_PORT?",
+          ranks: list[int] | None = None) -> None:
     """Wait for `keys`, polling, so that a rank that failed its own init checks (and said
     so under prefix + "failed") stops everyone at once instead of at the timeout; the
     timeout's message ends with `hint`. A store that fails meanwhile (its host, rank 0,
-    exited) is a RingReduceError saying so, not torch's bare DistNetworkError."""
+    exited) is a RingReduceError saying so, not torch's bare DistNetworkError. ranks: the
+    world rank that writes each key, if known: a timeout missing one rank's keys names it
+    (CollectiveTimeout's .peer_rank and .waiting_for, as a collective's)."""
     from ._C import RingReduceError
 
     rank = _speaker(rank)
     refuse_if_cut(rank, f"the wait for {what}", store)
     try:
         with _store_guard.deadline(store, timeout + _store_guard.MARGIN_S):
-            _wait_for(store, keys, timeout, rank, what, prefix, hint)
+            _wait_for(store, keys, timeout, rank, what, prefix, hint, ranks)
     except _store_guard.StoreSilent as e:
         raise silent_error(rank, f"the wait for {what}", store, e) from e
     except RingReduceError:
@@ -445,7 +448,7 @@ def _raise_posted(store: Any, stops: list, rank: int, what: str) -> None:
 
 
 def _wait_for(store: Any, keys: list[str], timeout: float, rank: int, what: str,
-              prefix: str, hint: str) -> None:
+              prefix: str, hint: str, ranks: list[int] | None) -> None:
     from ._C import PeerFailure
 
     deadline = time.monotonic() + timeout
@@ -466,11 +469,16 @@ def _wait_for(store: Any, keys: list[str], timeout: float, rank: int, what: str,
         elif watch is not None:
             check_destroyed(watch[0], what)
         if time.monotonic() > deadline:
-            missing = [k for k in keys if not store.check([k])]
-            raise _fail(store, prefix, _timeout_error(
+            gone = [i for i, k in enumerate(keys) if not store.check([k])]
+            missing = [keys[i] for i in gone]
+            err = _timeout_error(
                 f"rank {rank}: timed out after {timeout:.0f} s waiting for {what}: missing "
                 f"{', '.join(k.rsplit('/', 2)[-2] + '/' + k.rsplit('/', 1)[-1] for k in missing[:8])}"
-                f"{' ...' if len(missing) > 8 else ''} ({hint})"))
+                f"{' ...' if len(missing) > 8 else ''} ({hint})")
+            late = {ranks[i] for i in gone} if ranks is not None else set()
+            if len(late) == 1:  # the chain ends at the one rank that never wrote
+                err.peer_rank = err.waiting_for = late.pop()  # type: ignore[attr-defined]
+            raise _fail(store, prefix, err)
         time.sleep(pause)
         pause = min(pause * 1.25, 0.1)  # late by at most a quarter of the wait (or 0.1 s)
 
@@ -777,7 +785,8 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
     hint = {} if prefix is None else {"hint": "addr/N: the member of group rank N; did every "
                                       "member call new_group (or the matching send/recv), in "
                                       "the same order?"}
-    _wait(store, keys, timeout, rank, what, p, **hint)
+    _wait(store, keys, timeout, rank, what, p, **hint,
+          ranks=list(range(world)) if prefix is None else None)  # a group's: group ranks
     got = [v.decode() for v in store.multi_get(
         [*keys, *(p + f"{k}/{r}" for k in ("host", "hb", *cfg) for r in range(world)),
          p + "session"])]

@@ -455,7 +455,7 @@ def _meet(g: Group, world: Group, store: Any, base: str, peer: int, src: int, ds
             f"{which})", f"{base}meet/{world.rank}/{next(_MEETS)}/",  # own "failed"
             hint="is it blocked in another send/recv? Blocking calls on several tags must be "
                  "posted in an order in which both ranks meet; isend/irecv never wait for "
-                 "each other")
+                 "each other", ranks=[peer])
 
 
 _WARN_AT = (64, 512, 4096)  # pairs of channels: warn as each of these counts is reached

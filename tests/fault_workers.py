@@ -152,7 +152,9 @@ def init_outcome(rank: int, world: int, behave: dict) -> dict:
                 "is_rr": False}
     except Exception as e:  # noqa: BLE001 - ValueError or a ringreduce error, both reported
         return {"type": type(e).__name__, "msg": str(e), "elapsed": time.time() - t0,
-                "t0": t0, "is_rr": isinstance(e, rr.RingReduceError)}
+                "t0": t0, "is_rr": isinstance(e, rr.RingReduceError),
+                "peer_rank": getattr(e, "peer_rank", None),
+                "waiting_for": getattr(e, "waiting_for", None)}
     rr.destroy()
     return {"type": None, "msg": "", "elapsed": time.time() - t0, "is_rr": False}
 

@@ -588,7 +588,10 @@ def first_message_waits(rank: int, world: int) -> dict:
     except Exception as e:  # noqa: BLE001
         out["crossed"] = (type(e).__name__, round(time.monotonic() - t0, 1),
                           f"for rank {1 - rank} to post a send" in str(e)
-                          and f"on tag {20 if rank == 0 else 21}" in str(e))
+                          and f"on tag {20 if rank == 0 else 21}" in str(e)
+                          # as a collective's timeout: the rank the wait chain ends at
+                          and getattr(e, "peer_rank", None) == 1 - rank
+                          and getattr(e, "waiting_for", None) == 1 - rank)
     # Neither rank leaves before the other's deadline: a rank whose program ends first is
     # named to a peer still waiting (PeerFailure, "left the job"), as it should be.
     raise_flag(f"crossed{rank}")
