@@ -18,6 +18,9 @@ from . import _procnet, _store_guard
 # failure peers may be dead, and destroy() must return promptly: the shorter wait.
 _FAREWELL_S = 5.0
 _FAREWELL_FAILED_S = 1.0
+# Rank 0's wait for the acks of the ranks that said bye once its word is out: they poll for
+# it every 2 ms. Below _talk_until's 0.5 s margin past the deadline.
+_ACK_GRACE_S = 0.3
 
 
 def farewell_borrowed(store: Any, rank: int, world: int, prefix: str, timeout: float,
@@ -103,7 +106,13 @@ def _farewell(box: list, rank: int, world: int, prefix: str, closing: bool, dead
         if rank == 0:
             _poll(lambda: store.add(bye, 0) >= world, deadline)
             store.set(ack, "close" if closing else "keep")
-            _poll(lambda: store.add(acked, 0) >= world - 1 - proxy, deadline)
+            # Every rank that said bye waits for the word and acks it: wait for those acks
+            # also when the wait above ran out (a rank late to destroy()), briefly -- within
+            # _talk_until's margin. Closing at once cut off a rank reading the word (torch
+            # logged a C++ stack trace there: found by a helper, 3/3 with a rank 7 s late).
+            said = store.add(bye, 0)
+            _poll(lambda: store.add(acked, 0) >= said - 1 - proxy,
+                  max(deadline, time.monotonic() + _ACK_GRACE_S))
         elif _poll(lambda: store.check([ack]), deadline):
             words.append(bytes(store.get(ack)))
             store.add(acked, 1 + proxy)
