@@ -82,7 +82,11 @@ def test_parse_args_defaults_and_options():
                                   ["--model", "--link-gbit", "-1"],
                                   ["--model", "--alpha-us", "nan"],
                                   ["--json", "/nonexistent-rr-dir/x.json"],
-                                  ["--plot", "/nonexistent-rr-dir/x.png"]])
+                                  ["--plot", "/nonexistent-rr-dir/x.png"],
+                                  # found after the sweep before (a traceback, results lost)
+                                  ["--json", "/"], ["--csv", "/"], ["--plot", "/tmp/x.xyz"],
+                                  ["--plot", "/tmp/noext"], ["--model", "--csv", "m.csv"],
+                                  ["--tune", "--json", "t.json"]])
 def test_parse_args_errors(argv, capsys):
     with pytest.raises(SystemExit) as e:
         cli.parse_args(argv)

@@ -236,6 +236,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error(str(e))
     if args.tune_out and not args.tune:
         p.error("--tune-out needs --tune")
+    # Modes that write other files: an output they ignore is said, not silently skipped.
+    for mode, writes, ignored in (("model", "--json", ("csv", "plot")),
+                                  ("tune", "--tune-out", ("json", "csv", "plot"))):
+        given = [f"--{o}" for o in ignored if getattr(args, mode) and getattr(args, o)]
+        if given:
+            p.error(f"--{mode} writes {writes} only; drop {' and '.join(given)}")
     from .._env.tunables import check_seconds
 
     try:
@@ -248,9 +254,30 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if path and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
             p.error(f"--{opt.replace('_', '-')} {path}: the folder {folder} does not exist or "
                     f"is not writable; create it or pick another path")
+        if path and os.path.isdir(path):
+            p.error(f"--{opt.replace('_', '-')} {path} is a folder; give a file name")
+    if args.plot:
+        problem = _plot_problem(args.plot)
+        if problem:
+            p.error(problem)
     if "nccl" in args.compare and args.device != "cuda":
         p.error("--compare nccl needs --device cuda (NCCL moves CUDA buffers only)")
     return args
+
+
+def _plot_problem(path: str) -> str | None:
+    """Why --plot `path` cannot be drawn (no matplotlib, a format it cannot write), else
+    None: found before the sweep, not after it."""
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        return "--plot needs matplotlib: pip install matplotlib (or ringreduce[bench])"
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    suffix = os.path.splitext(path)[1].lstrip(".").lower()
+    if suffix not in kinds:
+        return (f"--plot {path}: name the file with a suffix matplotlib can write "
+                f"({', '.join('.' + k for k in sorted(kinds))}), e.g. bench.png")
+    return None
 
 
 def cuda_problem(args: argparse.Namespace) -> str | None:
