@@ -271,8 +271,9 @@ def test_every_compared_library_gets_columns_and_its_wrong_results_are_shown():
     """nccl's rows were measured but never printed; an anchor's wrong results only reached
     the JSON (its ratios printed as if right)."""
     rows = _rows()
-    for r in rows[3:6]:  # gloo's, checked: one size wrong
+    for r in rows[3:6]:  # gloo's, checked: one size wrong (and 100x slower there)
         r.wrong = 17 if r.size == 65536 else 0
+        r.times = [t * 100 for t in r.times] if r.wrong else r.times
     rows += [Row("allreduce", "nccl", r.size, r.count, "float32", "sum", 0, "-", 2,
                  times=[t / 2 for t in r.times], wrong=0) for r in rows[:3]]
     a = cli.parse_args(["-o", "allreduce", "--check"])
@@ -283,6 +284,13 @@ def test_every_compared_library_gets_columns_and_its_wrong_results_are_shown():
     assert text.index("nccl(us)") < text.index("gloo(us)")
     assert "# gloo out of bounds values : 17 FAILED (at allreduce 65536 B" in text
     assert "# nccl out of bounds values : 0 OK" in text
+    # the wrong size counts in neither gloo summary, and its row quotes no ratio (both did)
+    assert "# ringreduce vs gloo: time ratio gloo/ringreduce, geometric mean over sizes 4x" \
+        in text, text
+    line = next(ln for ln in text.splitlines() if ln.split()[:1] == ["65536"])
+    assert line.split()[-2:] == ["wrong", "wrong"], line
+    right = [r.busbw for r in rows[3:6] if not r.wrong]
+    assert f"# gloo avg bus bandwidth : {sum(right) / len(right):.4g}" in text, text
 
 
 def test_json_and_csv(tmp_path):

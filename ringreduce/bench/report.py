@@ -94,9 +94,12 @@ def _op_table(op: str, rows: list[Row], anchors: list[str]) -> list[str]:
                 f"{wrong:>7}")
         for a in anchors:
             o = by.get((a, r.size))
+            if o is not None and o.wrong:  # its results were wrong: no ratio to quote
+                ratios = f"{'wrong':>7} {'wrong':>8}"
+            else:
+                ratios = f"{_fmt(speedup(r, o), 7)} {_fmt(speedup(r, o, p99=True), 8)}"
             line += (f" | {_fmt(o.time_us if o else None, 10)} "
-                     f"{_fmt(o.busbw if (o and bw) else None, 11, 3)} "
-                     f"{_fmt(speedup(r, o), 7)} {_fmt(speedup(r, o, p99=True), 8)}")
+                     f"{_fmt(o.busbw if (o and bw) else None, 11, 3)} {ratios}")
         out.append(line)
     return out
 
@@ -129,8 +132,10 @@ def table(rows: list[Row], meta: dict, skipped: list[dict]) -> str:
                        + "; its times there do not count)")
         elif checked:
             out.append(f"# {a} out of bounds values : 0 OK")
-        theirs = [r for r in rows if r.lib == a and r.op != "barrier"]
-        sp = [speedup(r, by.get((r.op, a, r.size))) for r in mine]
+        # Sizes where its results were wrong count in neither summary (as the note says).
+        theirs = [r for r in rows if r.lib == a and r.op != "barrier" and not r.wrong]
+        sp = [speedup(r, o) for r in mine
+              if not getattr(o := by.get((r.op, a, r.size)), "wrong", None)]
         if theirs:
             avg = sum(r.busbw for r in theirs) / len(theirs)
             out.append(f"# {a} avg bus bandwidth : {avg:.4g}")
