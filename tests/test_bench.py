@@ -86,7 +86,8 @@ def test_parse_args_defaults_and_options():
                                   # found after the sweep before (a traceback, results lost)
                                   ["--json", "/"], ["--csv", "/"], ["--plot", "/tmp/x.xyz"],
                                   ["--plot", "/tmp/noext"], ["--model", "--csv", "m.csv"],
-                                  ["--tune", "--json", "t.json"]])
+                                  ["--tune", "--json", "t.json"],
+                                  ["-e", str(1 << 60)]])  # a traceback from the allocator
 def test_parse_args_errors(argv, capsys):
     with pytest.raises(SystemExit) as e:
         cli.parse_args(argv)

@@ -24,20 +24,44 @@ TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": t
                 "int32": torch.int32, "int64": torch.int64}
 
 
-def pattern(rank: int, count: int) -> torch.Tensor:
-    """Rank `rank`'s input values as int64 (1..4; a 32-bit mix of rank and index)."""
+_PATTERN_STEP = 1 << 20  # elements mixed at a time: int64 temporaries of 8 MiB, not 8x count
+
+
+def pattern(rank: int, count: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """Rank `rank`'s input values (1..4; a 32-bit mix of rank and index) as `dtype`, mixed
+    in steps: whole-size int64 temporaries took 2 GiB more than a 64 MiB int8 buffer."""
+    out = torch.empty(count, dtype=dtype)
+    for lo in range(0, count, _PATTERN_STEP):
+        hi = min(count, lo + _PATTERN_STEP)
+        out[lo:hi] = _mix(rank, lo, hi)
+    return out
+
+
+def _mix(rank: int, lo: int, hi: int) -> torch.Tensor:
+    """pattern()'s elements lo..hi-1, as int64."""
     m = 0xFFFFFFFF
-    x = (torch.arange(count, dtype=torch.int64) * 0x9E3779B1 + rank * 0x85EBCA77 + 0x165667B1) & m
+    x = (torch.arange(lo, hi, dtype=torch.int64) * 0x9E3779B1 + rank * 0x85EBCA77
+         + 0x165667B1) & m
     x = x ^ (x >> 15)
     x = (x * 0x2C1B3C6D) & m
     x = x ^ (x >> 12)
     return (x >> 7) % 4 + 1
 
 
+def _reduced(count: int, redop: str, world: int, dtype: torch.dtype) -> torch.Tensor:
+    """Every rank's pattern() of `count` reduced (_reduce), step by step: its temporaries
+    are a step long, not the buffer's length in int64 or float64."""
+    out = torch.empty(count, dtype=dtype)
+    for lo in range(0, count, _PATTERN_STEP):
+        hi = min(count, lo + _PATTERN_STEP)
+        out[lo:hi] = _reduce((_mix(r, lo, hi) for r in range(world)), redop, world, dtype)
+    return out
+
+
 def _reduce(parts: Iterable[torch.Tensor], redop: str, world: int,
             dtype: torch.dtype) -> torch.Tensor:
     """Reference reduction in float64 (floats) or int64 (integers), cast once at the end.
-    `parts` is consumed one tensor at a time, so only two full-size temporaries live."""
+    `parts` is consumed one tensor at a time, so only two temporaries of their size live."""
     floating = dtype.is_floating_point
     it = iter(parts)
     acc = next(it).to(torch.float64 if floating else torch.int64)
@@ -84,38 +108,37 @@ def make_buffers(case: Case, dtype: str, rank: int, world: int, redop: str, root
         empty = torch.empty(0, dtype=td)
         return Buffers(empty, empty, None, None)
     if op in ("broadcast", "scatter"):  # only the root's input matters
-        inp = pattern(root, case.in_count).to(td) if rank == root \
+        inp = pattern(root, case.in_count, td) if rank == root \
             else torch.zeros(case.in_count, dtype=td)
     else:
-        inp = pattern(rank, case.in_count).to(td)
+        inp = pattern(rank, case.in_count, td)
     inplace = op in ("allreduce", "broadcast", "reduce")
     out = inp if inplace else torch.zeros(case.out_count, dtype=td)
     if not check:
         return Buffers(inp, out, None, None)
     initial = inp.clone() if inplace else None
     if op == "allreduce":
-        exp = _reduce((pattern(r, case.count) for r in range(world)), redop, world, td)
+        exp = _reduced(case.count, redop, world, td)
     elif op == "broadcast":
-        exp = pattern(root, case.count).to(td)
+        exp = pattern(root, case.count, td)
     elif op == "allgather":
-        exp = torch.cat([pattern(r, case.in_count) for r in range(world)]).to(td)
+        exp = torch.cat([pattern(r, case.in_count, td) for r in range(world)])
     elif op == "reduce_scatter":
         k = case.out_count
-        full = _reduce((pattern(r, case.in_count) for r in range(world)), redop, world, td)
+        full = _reduced(case.in_count, redop, world, td)
         exp = full[rank * k:(rank + 1) * k].clone()
     elif op in ("reduce", "gather"):  # only the root's result is defined
         if rank != root:
             return Buffers(inp, out, initial, None)
-        exp = (_reduce((pattern(r, case.count) for r in range(world)), redop, world, td)
-               if op == "reduce" else
-               torch.cat([pattern(r, case.in_count) for r in range(world)]).to(td))
+        exp = (_reduced(case.count, redop, world, td) if op == "reduce" else
+               torch.cat([pattern(r, case.in_count, td) for r in range(world)]))
     elif op == "scatter":
         k = case.out_count
-        exp = pattern(root, case.in_count)[rank * k:(rank + 1) * k].to(td)
+        exp = pattern(root, case.in_count, td)[rank * k:(rank + 1) * k].clone()
     elif op == "alltoall":
         k = case.count // world  # block `rank` of every rank p's input, in rank order
-        exp = torch.cat([pattern(p, case.count)[rank * k:(rank + 1) * k]
-                         for p in range(world)]).to(td)
+        exp = torch.cat([pattern(p, case.count, td)[rank * k:(rank + 1) * k]
+                         for p in range(world)])
     else:
         raise ValueError(f"unknown collective {op!r}")
     return Buffers(inp, out, initial, exp)

@@ -236,6 +236,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error(str(e))
     if args.tune_out and not args.tune:
         p.error("--tune-out needs --tune")
+    total = _memory_bytes()
+    if total and not args.model and args.maxbytes * 2 > total:  # an input and an output
+        p.error(f"-e {format_size(args.maxbytes)}: an input and an output of that size do not "
+                f"fit this machine's {format_size(total)} of memory; lower -e")
     # Modes that write other files: an output they ignore is said, not silently skipped.
     for mode, writes, ignored in (("model", "--json", ("csv", "plot")),
                                   ("tune", "--tune-out", ("json", "csv", "plot"))):
@@ -263,6 +267,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if "nccl" in args.compare and args.device != "cuda":
         p.error("--compare nccl needs --device cuda (NCCL moves CUDA buffers only)")
     return args
+
+
+def _memory_bytes() -> int:
+    """This machine's memory (MemTotal), or 0 when unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def _plot_problem(path: str) -> str | None:
