@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import time
 from typing import Any
 
 from . import _cpus, _env, _fds, _rendezvous, _state
@@ -36,18 +37,24 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
                                                           "group_name")}
     if labels is not None:  # a group: messages name world ranks, and the group
         options["rank_labels"], options["group_name"] = list(labels), name
+    # One deadline for the whole set-up (RINGREDUCE_CONNECT_TIMEOUT, or a group's own): each
+    # step gets what the steps before left -- a rank 12 s late to publish its address gave
+    # the connections a fresh 15 s of a 15 s timeout before (found by a helper).
+    end = time.monotonic() + float(options["connect_timeout"])
+
+    def left() -> float:
+        return max(0.1, end - time.monotonic())
     try:
         _fds.ensure(world, _fds.eager_peers(rank, world, options.get("full_mesh_max", 16)),
                     f"rank {rank} of {name}")
-        bind = _env.select_interface_address(maddr, ifname or tun.socket_ifname,
-                                             options["connect_timeout"])
+        bind = _env.select_interface_address(maddr, ifname or tun.socket_ifname, left())
         listener = _C.Listener(bind)
     except Exception as e:
         _rendezvous.fail_setup(store, rank, world, prefix, e)
         raise
     host = bind if ":" not in bind else f"[{bind}]"
     peers = _rendezvous.exchange(store, rank, world, f"{host}:{listener.port}", secret,
-                                 options["connect_timeout"], f"{host}:{listener.heartbeat_port}",
+                                 left(), f"{host}:{listener.heartbeat_port}",
                                  prefix=prefix, settings=_env.job_wide(tun, options))
     options["session"] = peers.session  # per-init heartbeat key: no replay across inits
     # Busy-poll (sockets and shared memory) briefly only when every local rank can have its
@@ -63,9 +70,10 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
     if socketless:
         options["socketless"] = True
         meet = functools.partial(_rendezvous.allgather, store, peers.prefix, rank, world,
-                                 options["connect_timeout"])
+                                 left())
     try:
-        comm = _C.Communicator(rank, world, listener, peers.addrs, peers.secret, options,
+        comm = _C.Communicator(rank, world, listener, peers.addrs, peers.secret,
+                               {**options, "setup_seconds": left()},
                                peers.hb_addrs, meet, _rendezvous.watched_probe(f"{name} to connect"),
                                links, _stream_id(peers.prefix) if links is not None else 0)
     except Exception as e:

@@ -132,6 +132,12 @@ def init_outcome(rank: int, world: int, behave: dict) -> dict:
     action = behave.get(str(rank), "init")
     if action == "absent":
         time.sleep(300)
+    if action.startswith("late:"):  # calls init this many seconds late
+        time.sleep(float(action[5:]))
+    if action.startswith("die:"):  # dies this many seconds into init (after publishing)
+        import threading
+
+        threading.Timer(float(action[4:]), os._exit, (3,)).start()
     if action == "interrupted":
         import signal
         import threading

@@ -40,6 +40,19 @@ def test_rank_that_never_joins_is_named() -> None:
 
 
 @pytest.mark.timeout(60)
+def test_init_waits_at_most_the_connect_timeout_in_all() -> None:
+    """Rank 1 starts init 3 s late; rank 2 dies 2 s into init, once it published its
+    address. The others' wait for rank 2's connection got a fresh RINGREDUCE_CONNECT_TIMEOUT
+    after the wait for rank 1's address (3 + 5 s here; found by a helper): one deadline
+    now bounds the whole set-up."""
+    outs = _outcomes(3, {"1": "late:3", "2": "die:2"}, expendable=[2],
+                     env={"RINGREDUCE_CONNECT_TIMEOUT": "5"})
+    for o in outs[:2]:
+        assert o.ok and o.value["type"] == "CollectiveTimeout", _story(outs)
+    assert outs[0].value["elapsed"] < 5 + 1.5, _story(outs)
+
+
+@pytest.mark.timeout(60)
 def test_wrong_world_size_stops_every_rank_at_once() -> None:
     outs = _outcomes(3, {}, rank_env={2: {"WORLD_SIZE": "4"}})
     story = _story(outs)

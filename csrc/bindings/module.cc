@@ -234,7 +234,12 @@ class PyComm {
         if (hb && std::uncaught_exceptions() > 0) hb->stop();
       }
     } stopOnThrow{beat ? pl.hb.get() : nullptr};
-    const Deadline d = Deadline::after(o.connectTimeoutSec);  // connecting and set-up
+    // Connecting and set-up: what the rendezvous before left of RINGREDUCE_CONNECT_TIMEOUT
+    // (init waits at most that in all), not a fresh one; later lazy connections get their own.
+    const Deadline d = Deadline::after(
+        opts.contains("setup_seconds")
+            ? std::min(opts["setup_seconds"].cast<double>(), o.connectTimeoutSec)
+            : o.connectTimeoutSec);
     {
       py::gil_scoped_release nogil;
       transport::tcp::Identity me{rank, world, secret, o.rankLabels};
