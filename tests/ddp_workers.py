@@ -125,6 +125,18 @@ def sgd(m: nn.Module) -> torch.optim.Optimizer:
 # ---------------------------------------------------------------------------- scenarios
 
 
+def _step(ddp: nn.Module, opt: Any, ref: nn.Module, ropt: Any, x: torch.Tensor,
+          y: torch.Tensor, rank: int, set_to_none: bool = True) -> None:
+    """One SGD step of the wrapped model on this rank's shard and of the reference on the
+    whole batch."""
+    opt.zero_grad(set_to_none=set_to_none)
+    F.mse_loss(ddp(shard(x, rank)), shard(y, rank)).backward()
+    opt.step()
+    ropt.zero_grad()
+    F.mse_loss(ref(x), y).backward()
+    ropt.step()
+
+
 def sc_plain(rank: int, world: int, steps: int = 4, **ddp_kw: Any) -> dict:
     with_f64 = ddp_kw.pop("with_f64", False)
     set_to_none = ddp_kw.pop("set_to_none", True)
@@ -140,13 +152,7 @@ def sc_plain(rank: int, world: int, steps: int = 4, **ddp_kw: Any) -> dict:
             p.register_post_accumulate_grad_hook(grad_hook)
     opt, ropt = sgd(ddp), sgd(ref)
     for s in range(steps):
-        x, y = batch(s, world)
-        opt.zero_grad(set_to_none=set_to_none)
-        F.mse_loss(ddp(shard(x, rank)), shard(y, rank)).backward()
-        opt.step()
-        ropt.zero_grad()
-        F.mse_loss(ref(x), y).backward()
-        ropt.step()
+        _step(ddp, opt, ref, ropt, *batch(s, world), rank, set_to_none)
     out = {"diff": maxdiff(model, ref), "buckets": len(ddp.reducer.buckets),
            "in_place": ddp.reducer.stats.in_place, "overlap": ddp.reducer.overlap,
            "early": ddp.reducer.stats.early}
@@ -172,13 +178,8 @@ def sc_grad_view_layout(rank: int, world: int, steps: int = 3) -> dict:
     opt, ropt = sgd(ddp), sgd(ref)
     for s in range(steps):
         x, y = batch(s, world, shape=(3, 8, 8))
-        x = x.contiguous(memory_format=torch.channels_last)
-        opt.zero_grad(set_to_none=False)
-        F.mse_loss(ddp(shard(x, rank)), shard(y, rank)).backward()
-        opt.step()
-        ropt.zero_grad()
-        F.mse_loss(ref(x), y).backward()
-        ropt.step()
+        _step(ddp, opt, ref, ropt, x.contiguous(memory_format=torch.channels_last), y, rank,
+              set_to_none=False)
     return {"diff": maxdiff(model, ref),
             "strides": [(p.stride(), p.grad.stride()) for p in model.parameters()]}
 

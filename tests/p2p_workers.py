@@ -632,17 +632,8 @@ def irecv_at_destroy(rank: int, world: int, who: int = 0, src: Any = "peer") -> 
     rr.destroy()
     out: dict = {"connect_threads_at_destroy": sum(
         t.name == "ringreduce-p2p-connect" and t.is_alive() for t in threading.enumerate())}
-    if w is not None:
-        t0 = time.monotonic()
-        try:
-            out["wait"] = f"returned {w.wait(3)}"
-        except Exception as e:  # noqa: BLE001
-            out["wait"] = f"{type(e).__name__}: {e}"
-        out["wait_secs"] = time.monotonic() - t0
-        del w
-    time.sleep(0.3)
-    out["connect_threads"] = sum(t.name == "ringreduce-p2p-connect"
-                                 for t in threading.enumerate())
+    out.update(_wait_after_destroy(w, 3))
+    del w  # nothing of the old world kept alive through the re-init
     rr.init()
     x = np.full(3, rank + 1.0)
     rr.allreduce(x)
@@ -650,12 +641,29 @@ def irecv_at_destroy(rank: int, world: int, who: int = 0, src: Any = "peer") -> 
     return out
 
 
+def _wait_after_destroy(w: Any, secs: float) -> dict:
+    """How a pending irecv's wait(secs) (None: none on this rank) ends after a destroy, and
+    the p2p helper threads left 0.3 s later."""
+    import threading
+
+    out: dict = {}
+    if w is not None:
+        t0 = time.monotonic()
+        try:
+            out["wait"] = f"returned {w.wait(secs)}"
+        except Exception as e:  # noqa: BLE001
+            out["wait"] = f"{type(e).__name__}: {e}"
+        out["wait_secs"] = time.monotonic() - t0
+    time.sleep(0.3)
+    out["connect_threads"] = sum(t.name == "ringreduce-p2p-connect"
+                                 for t in threading.enumerate())
+    return out
+
+
 def irecv_at_group_destroy(rank: int, world: int, src: Any = "peer") -> dict:
     """As irecv_at_destroy, on a group [0, last] (its timeout 30 s) that both destroy while
     rank 0's irecv on a new tag waits: the wait fails at once, naming the group. Before, it
     waited out the group's timeout and then blamed the peer (found by a helper)."""
-    import threading
-
     last = world - 1
     g = rr.new_group([0, last], timeout=30)
     w = None
@@ -664,18 +672,7 @@ def irecv_at_group_destroy(rank: int, world: int, src: Any = "peer") -> dict:
     time.sleep(0.3)
     if g is not None:
         g.destroy()
-    out: dict = {}
-    if w is not None:
-        t0 = time.monotonic()
-        try:
-            out["wait"] = f"returned {w.wait(10)}"
-        except Exception as e:  # noqa: BLE001
-            out["wait"] = f"{type(e).__name__}: {e}"
-        out["wait_secs"] = time.monotonic() - t0
-        del w
-    time.sleep(0.3)
-    out["connect_threads"] = sum(t.name == "ringreduce-p2p-connect"
-                                 for t in threading.enumerate())
+    out = _wait_after_destroy(w, 10)
     x = np.full(3, rank + 1.0)
     rr.allreduce(x)  # the world is unharmed
     out["sum"] = float(x[0])
