@@ -335,7 +335,12 @@ def test_progress_bar():
     p = progress.Progress(100.0, True, stream=s, delay=0.0)
     p.step(50.0, "allreduce 1M")
     assert "50.0%" in s.getvalue() and "allreduce 1M" in s.getvalue()
+    p.step(10.0, "reduce_scatter 1073741820 B ringreduce " + "x" * 80)  # longer than a line
     p.close()
+    # every write, and close()'s blank, spans the same columns: nothing of a longer line
+    # is left on screen (close() blanked 100 of up to 119 columns)
+    writes = s.getvalue().split("\r")[1:]
+    assert len({len(w) for w in writes if w}) == 1, [len(w) for w in writes]
     quiet = io.StringIO()
     progress.Progress(1.0, False, stream=quiet, delay=0.0).step(1.0)
     assert quiet.getvalue() == ""

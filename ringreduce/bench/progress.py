@@ -9,6 +9,7 @@ import time
 from typing import IO
 
 _LATENCY_BYTES = 64 * 1024  # what one tiny step costs, in bytes-equivalent
+_COLS = 120  # every line is cut or padded to this, and close() blanks as many: no residue
 
 
 def weight(size: int) -> float:
@@ -43,13 +44,13 @@ class Progress:
         left = elapsed / frac - elapsed if frac > 0 else 0.0
         line = (f"\r[{'#' * fill}{'.' * (self.width - fill)}] {frac * 100:5.1f}%  "
                 f"{_clock(elapsed)} elapsed, ~{_clock(left)} left  {label}")
-        self.stream.write(line[:120].ljust(100))
+        self.stream.write(line[:_COLS + 1].ljust(_COLS + 1))  # + the leading \r
         self.stream.flush()
         self.shown = True
 
     def close(self) -> None:
         if self.shown:
-            self.stream.write("\r" + " " * 100 + "\r")
+            self.stream.write("\r" + " " * _COLS + "\r")
             self.stream.flush()
             self.shown = False
 
