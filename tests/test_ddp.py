@@ -258,6 +258,9 @@ def test_rejects_unsupported_arguments(single_process):
 
     with pytest.raises(ValueError, match="device_ids"):
         DDP(nn.Linear(2, 2), device_ids=[0])
+    with pytest.raises(ValueError, match="output_device"):
+        DDP(nn.Linear(2, 2), output_device=1)
+    assert DDP(nn.Linear(2, 2), output_device=0).output_device is None  # torch takes 0 too
     with pytest.raises(TypeError, match="process_group= as a ringreduce Group"):
         DDP(nn.Linear(2, 2), process_group=object())
     with pytest.raises(NotImplementedError, match="mixed_precision"):

@@ -47,7 +47,9 @@ def check_device_args(device: torch.device | None, device_ids: Any,
                       output_device: Any) -> tuple:
     """(device_ids, output_device) as torch's DDP stores them; raises like torch does."""
     if device is None:
-        if device_ids not in (None, []) or output_device is not None:
+        # torch's test is truthiness (`if device_ids or output_device`): output_device=0
+        # passes on a CPU module there, so it does here.
+        if device_ids not in (None, []) or output_device not in (None, 0):
             raise ValueError(
                 "device_ids and output_device must be None for CPU modules (as torch DDP "
                 f"requires), got device_ids={device_ids!r}, output_device={output_device!r}")
