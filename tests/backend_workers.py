@@ -1,7 +1,7 @@
 """Functions that run inside ranks (started by _spawn.run_world) for test_backend.py: the
 "ringreduce" torch.distributed backend's collectives checked against expectations computed
 from every rank's inputs, and torch's own DDP over it against torch DDP over gloo (same
-data, same init). The models and data helpers are tests/ddp_workers.py's."""
+data, same init). The models and data helpers are tests/ddp_models.py's."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
-from ddp_workers import MLP, Branchy, batch, maxdiff, sgd, shard
+from ddp_models import MLP, Branchy, batch, maxdiff, sgd, shard
 from torch import nn
 
 import ringreduce as rr
