@@ -44,11 +44,15 @@ def test_init_waits_at_most_the_connect_timeout_in_all() -> None:
     """Rank 1 starts init 3 s late; rank 2 dies 2 s into init, once it published its
     address. The others' wait for rank 2's connection got a fresh RINGREDUCE_CONNECT_TIMEOUT
     after the wait for rank 1's address (3 + 5 s here; found by a helper): one deadline
-    now bounds the whole set-up."""
+    now bounds the whole set-up. The connect wait names the one rank missing (.peer_rank,
+    .waiting_for), as a collective's timeout does."""
     outs = _outcomes(3, {"1": "late:3", "2": "die:2"}, expendable=[2],
                      env={"RINGREDUCE_CONNECT_TIMEOUT": "5"})
     for o in outs[:2]:
         assert o.ok and o.value["type"] == "CollectiveTimeout", _story(outs)
+        if "rank(s) 2 to connect" in o.value["msg"]:  # its own wait: the one missing rank
+            assert o.value["peer_rank"] == o.value["waiting_for"] == 2, _story(outs)
+    assert any("rank(s) 2 to connect" in o.value["msg"] for o in outs[:2]), _story(outs)
     assert outs[0].value["elapsed"] < 5 + 1.5, _story(outs)
 
 

@@ -42,17 +42,18 @@ std::vector<std::unique_ptr<Connection>> connectSubset(const Identity& me, Liste
   for (int peer = 0; peer < me.rank; ++peer) {
     if (!wanted[static_cast<size_t>(peer)]) continue;
     Endpoint ep = parseEndpoint(peerAddrs[static_cast<size_t>(peer)]);
-    Fd fd;
     try {
-      fd = connectTo(ep, d,
-                     detail::concat("rank ", me.shown(me.rank), " connecting to rank ",
-                                    me.shown(peer)),
-                     Retry::kUnlessRefused, check);
+      Fd fd = connectTo(ep, d,
+                        detail::concat("rank ", me.shown(me.rank), " connecting to rank ",
+                                       me.shown(peer)),
+                        Retry::kUnlessRefused, check);
+      connectHandshake(fd.get(), me, peer, ep.str(), d);
+      conns[static_cast<size_t>(peer)] = make(peer, ep.host, std::move(fd));
     } catch (const Refused& e) {
       throwUnreachable(peer, me.shown(peer), ep, e);
+    } catch (const TimeoutError& e) {  // named, as a collective's timeout names its peer
+      throw TimeoutError(e.what(), peer, peer);
     }
-    connectHandshake(fd.get(), me, peer, ep.str(), d);
-    conns[static_cast<size_t>(peer)] = make(peer, ep.host, std::move(fd));
     RR_DEBUG("connected to rank ", peer, " at ", ep.str());
   }
   // Accept every wanted higher rank, in any order; refuse strangers and duplicates. All
@@ -82,13 +83,19 @@ std::vector<std::unique_ptr<Connection>> connectSubset(const Identity& me, Liste
     if (missing == 0) break;
     if (d.expired()) {
       std::string who;
+      int one = -1;  // the missing rank, when only one is: named as a collective's peer
       for (int r = me.rank + 1; r < me.world; ++r)
-        if (wanted[static_cast<size_t>(r)] && !conns[static_cast<size_t>(r)])
+        if (wanted[static_cast<size_t>(r)] && !conns[static_cast<size_t>(r)]) {
+          one = who.empty() ? r : -1;
           who += (who.empty() ? "" : ", ") + std::to_string(me.shown(r));
-      RR_THROW(TimeoutError, "rank ", me.shown(me.rank), " timed out waiting for rank(s) ", who,
-               " to connect to ", listener.host(), ":", listener.port(),
-               " (did they start? are WORLD_SIZE and MASTER_ADDR the same everywhere? "
-               "is a firewall in the way? raise RINGREDUCE_CONNECT_TIMEOUT if startup is slow)");
+        }
+      throw TimeoutError(
+          detail::concat("rank ", me.shown(me.rank), " timed out waiting for rank(s) ", who,
+                         " to connect to ", listener.host(), ":", listener.port(),
+                         " (did they start? are WORLD_SIZE and MASTER_ADDR the same "
+                         "everywhere? is a firewall in the way? raise "
+                         "RINGREDUCE_CONNECT_TIMEOUT if startup is slow)"),
+          one, one);
     }
     if (check && nextCheck.expired()) {
       check();
