@@ -11,7 +11,7 @@ import os
 import time
 from typing import Any
 
-from . import _cpus, _env, _fds, _rendezvous, _state
+from . import _cpus, _env, _fds, _rendezvous, _state, _watch
 from ._buffers import algo_code
 
 log = logging.getLogger("ringreduce")
@@ -74,7 +74,7 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
     try:
         comm = _C.Communicator(rank, world, listener, peers.addrs, peers.secret,
                                {**options, "setup_seconds": left()},
-                               peers.hb_addrs, meet, _rendezvous.watched_probe(f"{name} to connect"),
+                               peers.hb_addrs, meet, _watch.watched_probe(f"{name} to connect"),
                                links, _stream_id(peers.prefix) if links is not None else 0)
     except Exception as e:
         if meet is not None:  # no mesh to carry the abort: the others wait in the store

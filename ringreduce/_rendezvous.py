@@ -13,7 +13,6 @@ destroy(). Stores the caller or torch passed in are never released here: not our
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import hashlib
 import os
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from . import _blame, _env, _state, _store_guard, _store_keys
+from . import _blame, _env, _store_guard, _store_keys, _watch
 from ._farewell import (  # noqa: F401 - farewell_borrowed, _FAREWELL_S: used through here
     _FAREWELL_FAILED_S,
     _FAREWELL_S,
@@ -37,6 +36,7 @@ from ._farewell import (  # noqa: F401 - farewell_borrowed, _FAREWELL_S: used th
     farewell_borrowed,
 )
 from ._procnet import store_host  # noqa: F401 - callers use _rendezvous.store_host
+from ._watch import rr_error as _rr_error
 
 _STORES: dict[tuple, Any] = {}  # (addr, port) -> the TCPStore made here, while acquired
 _REFS: dict[tuple, int] = {}  # (addr, port) -> how many make_store calls hold it
@@ -50,7 +50,6 @@ _LINGER: set = set()
 # may stop: a client of the next init there checks it is not talking to that server in its
 # last moments (acked: this rank already told rank 0 it read the answer).
 _CLOSED: dict[tuple, tuple] = {}
-_GONE = ("closed", "silent", "network")  # PeerFailure causes of a rank that says no goodbye
 _GENERATION = [0]  # inits so far in this process: keys of each init live under their own prefix
 
 
@@ -308,104 +307,6 @@ def _timeout_error(msg: str) -> Exception:
     return CollectiveTimeout(msg)
 
 
-_ALSO = threading.local()  # also_stop_on: failure keys every _wait of this thread checks
-
-
-@contextlib.contextmanager
-def also_stop_on(key: str) -> Iterator[None]:
-    """While inside: every _wait of this thread also stops when `key` (a failure posted as
-    _fail posts it) appears. Group creation uses a job-wide key: a rank that finds the
-    groups out of step cannot know under which group's prefix the others wait."""
-    prev = getattr(_ALSO, "keys", ())
-    _ALSO.keys = (*prev, key)
-    try:
-        yield
-    finally:
-        _ALSO.keys = prev
-
-
-_WATCH = threading.local()  # watching(): (world Group, peers) whose failure stops the waits
-
-
-@contextlib.contextmanager
-def watching(world: Any, peers: Any) -> Iterator[None]:
-    """While inside: every _wait of this thread also stops, raising PeerFailure, once one of
-    `peers` (world ranks) is known to be gone -- dead, frozen, or failed -- as the world's
-    communicator sees it between collectives (Communicator::probePeers). Without this, a
-    group's creation or a p2p channel's rendezvous waited for a dead rank until its timeout,
-    told to check WORLD_SIZE."""
-    prev = getattr(_WATCH, "v", None)
-    _WATCH.v = (world, frozenset(peers))
-    try:
-        yield
-    finally:
-        _WATCH.v = prev
-
-
-def watched_probe(what: str) -> Any:
-    """For a wait outside the store (a group's TCP connect in C++): a function raising as
-    _wait does when a peer this thread watches (see watching) is gone; None if none."""
-    w = getattr(_WATCH, "v", None)
-    return None if w is None else functools.partial(probe, w[0], w[1], what)
-
-
-def probe(world: Any, peers: Any, what: str, left_too: bool = True) -> None:
-    """Raise if one of `peers` is known to be gone (see watching) -- with left_too, also
-    when it left the job (said goodbye: it will never come) -- or the world was destroyed
-    meanwhile."""
-    from ._C import PeerFailure
-
-    check_destroyed(world, what)
-    comm = world.comm
-    if comm is None:
-        return
-    try:
-        comm.probe_peers([int(p) for p in peers] if left_too else [])
-    except PeerFailure as e:
-        p, via = getattr(e, "peer_rank", None), getattr(e, "relayed_by", None)
-        if via is None and p is not None and getattr(e, "cause", None) in _GONE:
-            # Found gone by the world itself (no call of the world failed): destroy's
-            # farewell says its goodbye for it, not waiting for one that never comes.
-            world.note_child_failure(int(p))
-        if p is not None and p not in peers and via not in peers:
-            return  # not one this wait needs: the calls that need it report it
-        err = PeerFailure(f"rank {world.rank} stopped waiting for {what}: {e}")
-        err.peer_rank, err.cause = p, getattr(e, "cause", None)  # type: ignore[attr-defined]
-        err.relayed_by = via  # type: ignore[attr-defined]
-        raise err from None
-    except RuntimeError as e:  # destroyed on another thread meanwhile
-        raise _rr_error(f"rank {world.rank}: stopped waiting for {what}: {e}") from None
-
-
-_OWNERS = threading.local()  # while_alive(): groups whose destroy() stops this thread's waits
-
-
-@contextlib.contextmanager
-def while_alive(g: Any) -> Iterator[None]:
-    """While inside: every watched wait of this thread (see watching) also stops once group
-    `g` is destroyed (on another thread) -- making a group's point-to-point channel, before
-    it waited on for the group's timeout and then blamed the peer."""
-    prev = getattr(_OWNERS, "v", ())
-    _OWNERS.v = (*prev, g)
-    try:
-        yield
-    finally:
-        _OWNERS.v = prev
-
-
-def check_destroyed(world: Any, what: str) -> None:
-    """Raise if ringreduce.destroy() or abort() was called (on another thread) while this
-    one waited, or destroy() of a group this thread works for (while_alive)."""
-    if world.destroyed:
-        raise _rr_error(f"rank {world.rank}: ringreduce.destroy() was called while this rank "
-                        f"waited for {what}")
-    gone = next((g for g in getattr(_OWNERS, "v", ()) if g.destroyed), None)
-    if gone is not None:
-        raise _rr_error(f"rank {world.rank}: {gone.name} was destroyed while this rank waited "
-                        f"for {what}; wait for a group's isend/irecv before destroying it")
-    _state.check_aborted(world, what)
-
-
 def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,
           prefix: str, hint: str = "did every rank start, with the same WORLD_SIZE and "
                                    "MASTER_ADDR/MASTER_PORT?",
@@ -428,9 +329,9 @@ def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,
     except RingReduceError:
         raise  # ours (a timeout, another rank's failure): it says what happened
     except RuntimeError as e:  # torch's DistStoreError / DistNetworkError: the store is gone
-        watch = getattr(_WATCH, "v", None)
+        watch = _watch.watched()
         if watch is not None:  # because this rank's destroy() released it meanwhile?
-            check_destroyed(watch[0], what)
+            _watch.check_destroyed(watch[0], what)
         raise store_failed(rank, f"the wait for {what}", e, store) from e
 
 
@@ -439,10 +340,13 @@ def _raise_posted(store: Any, stops: list, rank: int, what: str) -> None:
     stop = next((k for k in stops if store.check([k])), None)
     if stop is None:
         return
-    kind, _, msg = store.get(stop).decode().partition("\n")
+    head, _, msg = store.get(stop).decode().partition("\n")
+    kind, _, named = head.partition(" ")
     msg = f"rank {rank}: stopped waiting for {what} because another rank failed: {msg}"
     err = ValueError(msg) if kind == "ValueError" else (  # bad settings: the same class
         _timeout_error(msg) if kind == "CollectiveTimeout" else _rr_error(msg))
+    if named.isdigit():  # the rank the poster's error named: named here too
+        err.peer_rank = int(named)  # type: ignore[attr-defined]
     setattr(err, _blame.SECONDARY, True)  # the launcher blames the rank that posted it
     raise err
 
@@ -453,21 +357,21 @@ def _wait_for(store: Any, keys: list[str], timeout: float, rank: int, what: str,
 
     deadline = time.monotonic() + timeout
     pause = 0.001
-    stops = [prefix + "failed", *getattr(_ALSO, "keys", ())]
-    watch = getattr(_WATCH, "v", None)
+    stops = [prefix + "failed", *_watch.also_keys()]
+    watch = _watch.watched()
     probe_at = time.monotonic() + 0.05
     while not store.check(keys):
         _raise_posted(store, stops, rank, what)
         if watch is not None and time.monotonic() >= probe_at:
             try:
-                probe(watch[0], watch[1], what)  # checks destroy() too
+                _watch.probe(watch[0], watch[1], what)  # checks destroy() too
             except PeerFailure:
                 # A rank that failed here posts why, then leaves: say why, not that it left.
                 _raise_posted(store, stops, rank, what)
                 raise
             probe_at = time.monotonic() + 0.1
         elif watch is not None:
-            check_destroyed(watch[0], what)
+            _watch.check_destroyed(watch[0], what)
         if time.monotonic() > deadline:
             gone = [i for i, k in enumerate(keys) if not store.check([k])]
             missing = [keys[i] for i in gone]
@@ -505,19 +409,16 @@ def allgather(store: Any, prefix: str, rank: int, world: int, timeout: float, st
 
 
 def _fail(store: Any, prefix: str, error: Exception) -> Exception:
-    """Tell the other ranks why this one gives up (they stop waiting at their next poll),
-    return `error`."""
+    """Tell the other ranks why this one gives up (they stop waiting at their next poll)
+    and which rank its error names (.peer_rank), return `error`."""
+    named = getattr(error, "peer_rank", None)
+    head = type(error).__name__ + (f" {named}" if isinstance(named, int) and named >= 0 else "")
     try:
         if not _store_guard.was_cut(store):  # else torch would log a trace, then fail
-            store.set(prefix + "failed", f"{type(error).__name__}\n{error}")
+            store.set(prefix + "failed", f"{head}\n{error}")
     except RuntimeError:
         pass  # the store is gone: the others will find out themselves
     return error
-
-
-def _rr_error(msg: str) -> Exception:
-    from ._C import RingReduceError
-    return RingReduceError(msg)
 
 
 def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None,
@@ -705,7 +606,7 @@ def store_failed(rank: int, during: str, e: Exception, store: Any = None) -> Exc
 def _speaker(rank: int) -> int:
     """The rank a message names this process by: `rank` is its rank in what is being set
     up (a group's, a channel's); errors name world ranks, as every other message does."""
-    w = getattr(_WATCH, "v", None)
+    w = _watch.watched()
     return rank if w is None else w[0].rank
 
 
@@ -713,7 +614,7 @@ def _rank0_left() -> bool:
     """Whether the world this thread watches (see watching) heard rank 0's goodbye."""
     from ._C import PeerFailure
 
-    w = getattr(_WATCH, "v", None)
+    w = _watch.watched()
     comm = None if w is None else w[0].comm
     if comm is None or w[0].rank == 0:
         return False

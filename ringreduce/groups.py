@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from . import _comm, _env, _rendezvous, _state, _store_guard, _store_keys, _trace, _work
+from . import _comm, _env, _rendezvous, _state, _store_guard, _store_keys, _trace, _watch, _work
 from ._buffers import as_buffer
 from ._state import Group
 
@@ -106,13 +106,13 @@ def from_store(store: Any, rank: int, size: int, name: str,
         store.set(f"{p}grank/{rank}", str(world.rank))
         _store_keys.wrote(p, f"{p}grank/{rank}")
         # The members are known once all have started: until then any rank's failure stops it.
-        with _rendezvous.watching(world, [r for r in range(world.world_size)
+        with _watch.watching(world, [r for r in range(world.world_size)
                                           if r != world.rank]):
             _rendezvous._wait(store, keys, timeout, rank, f"the members of group {name} to "
                               f"start", p, hint="the group ranks missing have not called "
                               "new_group: every member must call it, in the same order")
         members = [int(store.get(k)) for k in keys]
-        with _rendezvous.watching(world, [m for m in members if m != world.rank]):
+        with _watch.watching(world, [m for m in members if m != world.rank]):
             return _connect(world, store, members, rank, p, name, secs)
 
 
@@ -313,8 +313,8 @@ def _make(world: Group, members: list[int], prefix: str, name: str,
     if len(members) == 1:
         return _register(world, _agreed_single(world, store, members, prefix, name,
                                                out_of_step, None if p2p else timeout))
-    with _store_keys.journal(prefix), _rendezvous.also_stop_on(out_of_step + "failed"), \
-            _rendezvous.watching(world, [m for m in members if m != world.rank]), \
+    with _store_keys.journal(prefix), _watch.also_stop_on(out_of_step + "failed"), \
+            _watch.watching(world, [m for m in members if m != world.rank]), \
             _interrupts_told(world, store, prefix, name), \
             _rendezvous.store_used(world.rank, f"creating {name}", store,
                                     4 * _setup_secs(world, timeout)):
@@ -356,7 +356,7 @@ def _interrupts_told(world: Group, store: Any, prefix: str, name: str) -> Iterat
     except Exception:
         raise
     except BaseException as e:
-        _rendezvous._fail(store, prefix, _rendezvous._rr_error(
+        _rendezvous._fail(store, prefix, _watch.rr_error(
             f"world rank {world.rank} stopped creating {name}: {type(e).__name__} "
             f"(interrupted)"))
         raise
@@ -443,7 +443,7 @@ def _agree(store: Any, prefix: str, me: int, members: list[int], timeout: float,
 
         # Group rank 0 may have been given a list without itself (_left_out says so).
         what = f"world rank {members[0]} to create {name}"
-        with _rendezvous.also_stop_on(f"{prefix}left-out/{members[0]}"):
+        with _watch.also_stop_on(f"{prefix}left-out/{members[0]}"):
             try:
                 _rendezvous._wait(store, [prefix + "members"], timeout, me, what, prefix)
             except PeerFailure as e:

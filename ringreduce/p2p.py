@@ -40,7 +40,7 @@ import time
 import traceback
 from typing import Any
 
-from . import _C, _buffers, _rendezvous, _state, groups
+from . import _C, _buffers, _rendezvous, _state, _watch, groups
 from ._state import Group
 
 log = logging.getLogger("ringreduce")
@@ -324,7 +324,7 @@ def _match(g: Group, world: Group, peers: list[int], tag: int, what: str,
     rank, and its channel. Its store reads (_wanted) end at the receive's deadline (one
     watchdog arming for the whole wait, not one per read)."""
     with _rendezvous.store_used(world.rank, f"a receive from any rank (tag {tag})", g.store,
-                                 _deadline(g, world)[0]), _rendezvous.while_alive(g):
+                                 _deadline(g, world)[0]), _watch.while_alive(g):
         return _poll_peers(g, world, peers, tag, what, entry)
 
 
@@ -336,10 +336,10 @@ def _poll_peers(g: Group, world: Group, peers: list[int], tag: int, what: str,
     while True:
         now = time.monotonic()
         # destroyed on another thread (g: see _match): before g.store is used
-        _rendezvous.check_destroyed(world, f"{what}(src=None, tag={tag})")
+        _watch.check_destroyed(world, f"{what}(src=None, tag={tag})")
         if now >= probe_at:  # a dead or frozen sender: PeerFailure, not the timeout
             # (a sender that left the job is no failure: another may still send)
-            _rendezvous.probe(world, peers, f"{what}(src=None, tag={tag})", left_too=False)
+            _watch.probe(world, peers, f"{what}(src=None, tag={tag})", left_too=False)
             probe_at = now + 0.1
         look_in_store = now >= store_at
         n = len(peers)
@@ -447,7 +447,7 @@ def _meet(g: Group, world: Group, store: Any, base: str, peer: int, src: int, ds
     channels too: it may legitimately arrive late (a pipeline stage still computing). Making
     them then takes connect time only."""
     timeout, which = _deadline(g, world)
-    with _rendezvous.watching(world, [peer]):  # a dead or frozen peer: PeerFailure
+    with _watch.watching(world, [peer]):  # a dead or frozen peer: PeerFailure
         _rendezvous._wait(
             store, [f"{base}want{peer}"], timeout,
             world.rank, f"rank {peer} to post a send, recv, isend or irecv toward rank "
@@ -486,7 +486,7 @@ def _channel(g: Group, world: Group, src: int, dst: int, tag: int) -> Group:
             if failed is not None:  # its store keys are spent: a new try would not meet
                 raise _failed_before(g, world, lo, hi, tag, failed)
             if pair is None:
-                with _rendezvous.while_alive(g):
+                with _watch.while_alive(g):
                     up, down = _make_pair(g, world, lo, hi, src, dst, tag)
                 with _LOCK:
                     gone = g.destroyed  # g.destroy() ran meanwhile: it could not see these
@@ -497,7 +497,7 @@ def _channel(g: Group, world: Group, src: int, dst: int, tag: int) -> Group:
                 if gone:
                     for ch in (up, down):
                         groups.destroy_group(ch, world)
-                    raise _rendezvous._rr_error(
+                    raise _watch.rr_error(
                         f"rank {world.rank}: {g.name} was destroyed while the channel {src} "
                         f"-> {dst} for tag {tag} was being made; wait for a group's "
                         "isend/irecv before destroying it")
@@ -509,7 +509,7 @@ def _channel(g: Group, world: Group, src: int, dst: int, tag: int) -> Group:
 
 
 def _failed_before(g: Group, world: Group, a: int, b: int, tag: int, why: str) -> Exception:
-    return _rendezvous._rr_error(
+    return _watch.rr_error(
         f"rank {world.rank}: the channels between ranks {min(a, b)} and {max(a, b)} for tag "
         f"{tag}{'' if g is world else ' in ' + g.name} could not be made earlier ({why}); "
         "they stay unusable: use another tag, or destroy() and init() again")
@@ -521,7 +521,7 @@ def _make_pair(g: Group, world: Group, lo: int, hi: int, src: int, dst: int,
     base, store, peer = _base(g, lo, hi, tag), g.store, lo + hi - world.rank
     where = "" if g is world else f" in {g.name}"
     during = f"making the channel {src} -> {dst} for tag {tag}{where}"
-    with _rendezvous.watching(world, [peer]), \
+    with _watch.watching(world, [peer]), \
             _rendezvous.store_used(world.rank, during, store,  # names rank 0 `left` if so
                                     _deadline(g, world)[0]):
         store.set(f"{base}want{world.rank}", b"1")  # for any-source receivers

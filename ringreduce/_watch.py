@@ -1,0 +1,129 @@
+"""What stops a store wait of this thread early (ringreduce._rendezvous's): failure keys
+another rank may post (also_stop_on), peers the world's communicator finds gone
+(watching), and groups destroyed on another thread (while_alive). Thread-local, so
+concurrent waits of different groups or channels each stop for their own reasons."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from . import _state
+
+_GONE = ("closed", "silent", "network")  # PeerFailure causes of a rank that says no goodbye
+
+
+def rr_error(msg: str) -> Exception:
+    from ._C import RingReduceError
+    return RingReduceError(msg)
+
+
+_ALSO = threading.local()  # also_stop_on: failure keys every _wait of this thread checks
+
+
+@contextlib.contextmanager
+def also_stop_on(key: str) -> Iterator[None]:
+    """While inside: every _wait of this thread also stops when `key` (a failure posted as
+    _fail posts it) appears. Group creation uses a job-wide key: a rank that finds the
+    groups out of step cannot know under which group's prefix the others wait."""
+    prev = getattr(_ALSO, "keys", ())
+    _ALSO.keys = (*prev, key)
+    try:
+        yield
+    finally:
+        _ALSO.keys = prev
+
+
+_WATCH = threading.local()  # watching(): (world Group, peers) whose failure stops the waits
+
+
+@contextlib.contextmanager
+def watching(world: Any, peers: Any) -> Iterator[None]:
+    """While inside: every _wait of this thread also stops, raising PeerFailure, once one of
+    `peers` (world ranks) is known to be gone -- dead, frozen, or failed -- as the world's
+    communicator sees it between collectives (Communicator::probePeers). Without this, a
+    group's creation or a p2p channel's rendezvous waited for a dead rank until its timeout,
+    told to check WORLD_SIZE."""
+    prev = getattr(_WATCH, "v", None)
+    _WATCH.v = (world, frozenset(peers))
+    try:
+        yield
+    finally:
+        _WATCH.v = prev
+
+
+def watched_probe(what: str) -> Any:
+    """For a wait outside the store (a group's TCP connect in C++): a function raising as
+    _wait does when a peer this thread watches (see watching) is gone; None if none."""
+    w = getattr(_WATCH, "v", None)
+    return None if w is None else functools.partial(probe, w[0], w[1], what)
+
+
+def probe(world: Any, peers: Any, what: str, left_too: bool = True) -> None:
+    """Raise if one of `peers` is known to be gone (see watching) -- with left_too, also
+    when it left the job (said goodbye: it will never come) -- or the world was destroyed
+    meanwhile."""
+    from ._C import PeerFailure
+
+    check_destroyed(world, what)
+    comm = world.comm
+    if comm is None:
+        return
+    try:
+        comm.probe_peers([int(p) for p in peers] if left_too else [])
+    except PeerFailure as e:
+        p, via = getattr(e, "peer_rank", None), getattr(e, "relayed_by", None)
+        if via is None and p is not None and getattr(e, "cause", None) in _GONE:
+            # Found gone by the world itself (no call of the world failed): destroy's
+            # farewell says its goodbye for it, not waiting for one that never comes.
+            world.note_child_failure(int(p))
+        if p is not None and p not in peers and via not in peers:
+            return  # not one this wait needs: the calls that need it report it
+        err = PeerFailure(f"rank {world.rank} stopped waiting for {what}: {e}")
+        err.peer_rank, err.cause = p, getattr(e, "cause", None)  # type: ignore[attr-defined]
+        err.relayed_by = via  # type: ignore[attr-defined]
+        raise err from None
+    except RuntimeError as e:  # destroyed on another thread meanwhile
+        raise rr_error(f"rank {world.rank}: stopped waiting for {what}: {e}") from None
+
+
+_OWNERS = threading.local()  # while_alive(): groups whose destroy() stops this thread's waits
+
+
+@contextlib.contextmanager
+def while_alive(g: Any) -> Iterator[None]:
+    """While inside: every watched wait of this thread (see watching) also stops once group
+    `g` is destroyed (on another thread) -- making a group's point-to-point channel, before
+    it waited on for the group's timeout and then blamed the peer."""
+    prev = getattr(_OWNERS, "v", ())
+    _OWNERS.v = (*prev, g)
+    try:
+        yield
+    finally:
+        _OWNERS.v = prev
+
+
+def check_destroyed(world: Any, what: str) -> None:
+    """Raise if ringreduce.destroy() or abort() was called (on another thread) while this
+    one waited, or destroy() of a group this thread works for (while_alive)."""
+    if world.destroyed:
+        raise rr_error(f"rank {world.rank}: ringreduce.destroy() was called while this rank "
+                        f"waited for {what}")
+    gone = next((g for g in getattr(_OWNERS, "v", ()) if g.destroyed), None)
+    if gone is not None:
+        raise rr_error(f"rank {world.rank}: {gone.name} was destroyed while this rank waited "
+                        f"for {what}; wait for a group's isend/irecv before destroying it")
+    _state.check_aborted(world, what)
+
+
+def also_keys() -> tuple:
+    """The failure keys this thread's waits also stop on (see also_stop_on)."""
+    return getattr(_ALSO, "keys", ())
+
+
+def watched() -> tuple | None:
+    """(world Group, peers) this thread watches (see watching), or None."""
+    return getattr(_WATCH, "v", None)
