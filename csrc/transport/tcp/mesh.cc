@@ -92,9 +92,9 @@ std::vector<std::unique_ptr<Connection>> connectSubset(const Identity& me, Liste
       throw TimeoutError(
           detail::concat("rank ", me.shown(me.rank), " timed out waiting for rank(s) ", who,
                          " to connect to ", listener.host(), ":", listener.port(),
-                         " (did they start? are WORLD_SIZE and MASTER_ADDR the same "
-                         "everywhere? is a firewall in the way? raise "
-                         "RINGREDUCE_CONNECT_TIMEOUT if startup is slow)"),
+                         " (they published their addresses, so they started: did they die "
+                         "or freeze during set-up? is a firewall blocking TCP to this "
+                         "address? raise RINGREDUCE_CONNECT_TIMEOUT if set-up is slow)"),
           one, one);
     }
     if (check && nextCheck.expired()) {
