@@ -105,7 +105,14 @@ def test_precedence() -> None:
     pmi = {"PMI_RANK": "3", "PMI_SIZE": "4"}
     assert detect({**pmi, **slurm, **ompi, **torchrun}).source == "explicit"
     assert detect({**pmi, **slurm, **ompi}).source == "openmpi"
-    assert detect({**pmi, **slurm}).source == "slurm"
+    # mpiexec (MPICH, Intel MPI) inside a SLURM allocation: the batch step's (or Hydra's
+    # srun-started proxies') SLURM_PROCID/NTASKS disagree with PMI's, which describe the
+    # job -- each process became rank 0 of 1 before (found by a helper).
+    assert detect({**pmi, **slurm}).source == "pmi"
+    assert detect({**pmi, **slurm}).rank == 3 and detect({**pmi, **slurm}).world_size == 4
+    assert detect({**pmi, "SLURM_PROCID": "1", "SLURM_NTASKS": "4"}).source == "pmi"
+    # srun --mpi=pmi2 sets both alike: SLURM's (with its node list and port) are read.
+    assert detect({**pmi, "SLURM_PROCID": "3", "SLURM_NTASKS": "4"}).source == "slurm"
     assert detect(pmi).source == "pmi"
 
 

@@ -208,12 +208,29 @@ def _slurm_local_world_size(env: Mapping[str, str], local_rank: int,
     return "SLURM_LOCALID+1", local_rank + 1
 
 
+def _slurm_size_name(env: Mapping[str, str]) -> str:
+    return next((n for n in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
+                 if env.get(n, "").strip()), "SLURM_NTASKS")
+
+
+def _pmi_inside_slurm(env: Mapping[str, str]) -> bool:
+    """PMI_RANK/PMI_SIZE that disagree with SLURM's task id and count: an MPI launcher
+    (MPICH's or Intel MPI's mpiexec) started this process inside a SLURM allocation, whose
+    variables it inherited (the batch step's, or those of the srun that started Hydra's
+    proxies, one task per node); the innermost launcher's variables describe the job. srun
+    with PMI2 sets both alike."""
+    pmi = env.get("PMI_RANK", "").strip(), env.get("PMI_SIZE", "").strip()
+    slurm = env.get("SLURM_PROCID", "").strip(), env.get(_slurm_size_name(env), "").strip()
+    return all(v.isdigit() for v in pmi) and pmi != slurm
+
+
 def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
     """Work out rank, world size and local placement from the launcher's variables.
 
     Precedence (first match wins): torchrun-style ``RANK``/``WORLD_SIZE`` (with
     ``LOCAL_RANK``/``LOCAL_WORLD_SIZE``), Open MPI ``OMPI_COMM_WORLD_*``, SLURM
-    ``SLURM_PROCID``/``SLURM_NTASKS``, MPICH/Hydra ``PMI_RANK``/``PMI_SIZE``; otherwise a
+    ``SLURM_PROCID``/``SLURM_NTASKS`` (unless ``PMI_RANK``/``PMI_SIZE`` disagree with them:
+    mpiexec inside an allocation), MPICH/Hydra ``PMI_RANK``/``PMI_SIZE``; otherwise a
     single process (rank 0 of 1). ``MASTER_ADDR``/``MASTER_PORT`` are always taken from the
     environment when present; under SLURM they default to the first host of the step's node
     list and a port derived from the job id. Missing local values default to a single host
@@ -262,10 +279,9 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
             port = port if port is not None else _mpi_master_port(env)
         return LaunchInfo(rank, world, lrank, lsize, addr, port, "openmpi")
 
-    if "SLURM_PROCID" in env:
+    if "SLURM_PROCID" in env and not _pmi_inside_slurm(env):
         rank = _env_int(env, "SLURM_PROCID")
-        size_name = next((n for n in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
-                          if env.get(n, "").strip()), "SLURM_NTASKS")
+        size_name = _slurm_size_name(env)
         world = _env_int(env, size_name)
         _check_range("SLURM_PROCID", rank, size_name, world)
         lrank = _env_int(env, "SLURM_LOCALID", 0)
