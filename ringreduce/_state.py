@@ -114,13 +114,13 @@ def _short(xs: list) -> str:
     return str(xs) if len(xs) <= 16 else f"[{', '.join(map(str, xs[:16]))}, ...]"
 
 
-def as_rank(r: Any, what: str) -> int:
+def as_rank(r: Any, what: str, kind: str = "rank") -> int:
     """`r` as an int: Python and numpy ints, integer 0-d tensors -- not floats (1.7 must not
     quietly become rank 1) or strings."""
     try:
         return operator.index(r)
     except TypeError:
-        raise TypeError(f"{what} must be an int rank, got {r!r}") from None
+        raise TypeError(f"{what} must be an int {kind}, got {r!r}") from None
 
 
 # What Group.split and Group.destroy run: ringreduce.groups implements them and fills this

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import operator
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -44,10 +45,21 @@ def init(rank: int | None = None, world_size: int | None = None, *,
         raise RuntimeError("ringreduce is already initialised; call ringreduce.destroy() first")
     if timeout is not None:
         timeout = _env.check_seconds("init(timeout)", timeout)
+    _check_address(master_addr, master_port)
+    rank = None if rank is None else _state.as_rank(rank, "init(rank)")
+    world_size = None if world_size is None else _state.as_rank(world_size, "init(world_size)",
+                                                                "size")
     if rank is not None and world_size is not None:
-        info = _env.launch_given(int(rank), int(world_size))
+        info = _env.launch_given(rank, world_size)
     else:
         info = _env.detect_launch()
+        if info.source == "default" and (rank, world_size) not in ((None, None), (None, 1)):
+            # As torch's env:// ("rank expected"): the other one is not rank 0 / size 1.
+            given, miss = ("rank", "world_size") if world_size is None else ("world_size",
+                                                                              "rank")
+            raise ValueError(f"init({given}=...) without {miss}, and no launcher variable "
+                             f"(RANK/WORLD_SIZE, SLURM_*, OMPI_*, PMI_*) gives it; pass "
+                             f"{miss}= too")
     tun = _env.tunables()
     from . import _C
 
@@ -75,8 +87,8 @@ def init(rank: int | None = None, world_size: int | None = None, *,
         return
     # Before the store (rank 0's server needs descriptors too): fail early and clearly.
     _fds.ensure(world, _fds.eager_peers(rank, world, options["full_mesh_max"]), f"rank {rank}")
-    maddr = master_addr or info.master_addr
-    mport = master_port or info.master_port
+    maddr = master_addr if master_addr is not None else info.master_addr
+    mport = master_port if master_port is not None else info.master_port
     if store is None:
         store = _rendezvous.torch_default_store()
     if maddr is None and store is not None:
@@ -102,6 +114,23 @@ def init(rank: int | None = None, world_size: int | None = None, *,
         # or destroy() (both release it).
         _rendezvous.linger(made)
         raise
+
+
+def _check_address(addr: Any, port: Any) -> None:
+    """init(master_addr=, master_port=) as MASTER_ADDR/MASTER_PORT are checked: a port
+    out of range or of another type failed later as a store timeout blaming a port in use,
+    and port 0 fell back to the environment (found by a helper)."""
+    if addr is not None and (not isinstance(addr, str) or not addr.strip()):
+        raise ValueError(f"init(master_addr={addr!r}): give rank 0's host name or address as "
+                         f"a non-empty string")
+    if port is not None:
+        try:
+            p = operator.index(port)
+        except TypeError:
+            raise TypeError(f"init(master_port={port!r}) must be an int port") from None
+        if not 0 < p < 65536:
+            raise ValueError(f"init(master_port={p}) is not a TCP port; pass a free port in "
+                             f"1..65535")
 
 
 def _configure_logging(level: int) -> None:

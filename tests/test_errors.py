@@ -474,6 +474,40 @@ def test_world_size_one_needs_no_store() -> None:
     assert not rr.is_initialized()
 
 
+@pytest.mark.parametrize("kw, err, match", [
+    ({"master_port": 70000}, ValueError, r"master_port=70000\) is not a TCP port"),
+    ({"master_port": -5}, ValueError, "not a TCP port"),
+    ({"master_port": 0}, ValueError, "not a TCP port"),  # fell back to MASTER_PORT before
+    ({"master_port": "29670"}, TypeError, "must be an int port"),
+    ({"master_addr": ""}, ValueError, "non-empty string"),
+    ({"world_size": 2.7}, TypeError, r"init\(world_size\) must be an int size"),
+    ({"rank": 1.0}, TypeError, r"init\(rank\) must be an int rank"),
+])
+def test_init_refuses_bad_arguments_before_the_store(monkeypatch, kw, err, match) -> None:
+    """init()'s own arguments are checked as their variables are: a port out of range or a
+    string failed as a store *timeout* blaming a port in use; a float world size was
+    truncated (found by a helper)."""
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    args = {"rank": 0, "world_size": 2, "master_addr": "127.0.0.1", "master_port": 29999, **kw}
+    with pytest.raises(err, match=match):
+        rr.init(**args)
+    assert not rr.is_initialized()
+
+
+def test_init_with_one_of_rank_and_world_size_needs_the_other(monkeypatch) -> None:
+    """Without launcher variables, init(world_size=2) alone made this process rank 0 --
+    two such processes both claimed rank 0 (torch's env:// says "rank expected")."""
+    for var in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ValueError, match=r"init\(world_size=...\) without rank"):
+        rr.init(world_size=2, master_addr="127.0.0.1", master_port=29999)
+    with pytest.raises(ValueError, match=r"init\(rank=...\) without world_size"):
+        rr.init(rank=1)
+    rr.init(world_size=1)  # unambiguous: rank 0
+    rr.destroy()
+
+
 def test_abort_refuses_later_calls_at_world_size_one() -> None:
     """A world of one (and a group of one) has no C++ communicator: after abort() its
     collectives returned as if nothing happened while larger worlds refuse them (a helper)."""
