@@ -13,8 +13,10 @@ after the CPU fast paths' type checks failed, so host calls pay nothing for them
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import operator
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -60,35 +62,30 @@ def init(rank: int | None = None, world_size: int | None = None, *,
             raise ValueError(f"init({given}=...) without {miss}, and no launcher variable "
                              f"(RANK/WORLD_SIZE, SLURM_*, OMPI_*, PMI_*) gives it; pass "
                              f"{miss}= too")
-    tun = _env.tunables()
     from . import _C
 
-    level = _LEVELS.get((tun.debug or "").upper(), 1)
-    _C.set_log_level(level)
-    _configure_logging(level)
-    rank = info.rank if rank is None else int(rank)
-    world = info.world_size if world_size is None else int(world_size)
+    rank = info.rank if rank is None else rank
+    world = info.world_size if world_size is None else world_size
     if world < 1 or not 0 <= rank < world:
         raise ValueError(f"rank {rank} is out of range for world_size {world}")
-    _C.set_log_prefix(f"rank {rank}")
-    _C.forget_first_failure()  # an earlier job's failure is not this one's goodbye reason
-    options = _env.core_options(tun)  # what the core reads (csrc/core/tunables.def)
-    if timeout is not None:
-        options["timeout"] = float(timeout)
-    # The file's fit, unless the environment sets a value itself (RINGREDUCE_TREE_THRESHOLD_
-    # BYTES beside a tuning file: the explicit variable wins, as every other setting's).
-    options.update({k: v for k, v in _load_tuning(tun.tuning_file).items()
-                    if k != "tree_threshold_bytes" or not _env.is_set(k)})
+    maddr = master_addr if master_addr is not None else info.master_addr
+    mport = master_port if master_port is not None else info.master_port
+    try:
+        tun, options = _settings(timeout)
+        _C.set_log_prefix(f"rank {rank}")
+        _C.forget_first_failure()  # an earlier job's failure is not this one's goodbye reason
+        if world > 1:  # before the store (rank 0's server needs descriptors too)
+            _fds.ensure(world, _fds.eager_peers(rank, world, options["full_mesh_max"]),
+                        f"rank {rank}")
+    except Exception as e:
+        _tell_others(e, rank, world, maddr, mport, store)
+        raise
     if world == 1:
         _state.set_default(_state.Group(rank=0, world_size=1, comm=None, options=options,
                                         hosts=[_env.host_identity()], ranks=[0],
                                         default_algo=algo_code(tun.algo)))
         _gpu().bind(_state._DEFAULT[0], None, "ringreduce/")
         return
-    # Before the store (rank 0's server needs descriptors too): fail early and clearly.
-    _fds.ensure(world, _fds.eager_peers(rank, world, options["full_mesh_max"]), f"rank {rank}")
-    maddr = master_addr if master_addr is not None else info.master_addr
-    mport = master_port if master_port is not None else info.master_port
     if store is None:
         store = _rendezvous.torch_default_store()
     if maddr is None and store is not None:
@@ -114,6 +111,54 @@ def init(rank: int | None = None, world_size: int | None = None, *,
         # or destroy() (both release it).
         _rendezvous.linger(made)
         raise
+
+
+def _settings(timeout: float | None) -> tuple:
+    """This rank's tunables (logging set up from them) and the options the core reads."""
+    from . import _C
+
+    tun = _env.tunables()
+    level = _LEVELS.get((tun.debug or "").upper(), 1)
+    _C.set_log_level(level)
+    _configure_logging(level)
+    options = _env.core_options(tun)  # what the core reads (csrc/core/tunables.def)
+    if timeout is not None:
+        options["timeout"] = float(timeout)
+    # The file's fit, unless the environment sets a value itself (RINGREDUCE_TREE_THRESHOLD_
+    # BYTES beside a tuning file: the explicit variable wins, as every other setting's).
+    options.update({k: v for k, v in _load_tuning(tun.tuning_file).items()
+                    if k != "tree_threshold_bytes" or not _env.is_set(k)})
+    return tun, options
+
+
+def _tell_others(e: Exception, rank: int, world: int, maddr: str | None, mport: int | None,
+                 store: Any) -> None:
+    """This rank refused its own settings before the rendezvous (a bad RINGREDUCE_*
+    value, too few descriptors): tell the others through the store, as a failure during
+    set-up is told -- they waited for its address until the connect timeout, then asked
+    whether it had started (found by a helper). Best effort, bounded by a short wait for
+    the store; `e` is what this rank raises either way."""
+    if world < 2:
+        return
+    keep = ("RINGREDUCE_CONNECT_TIMEOUT", "TORCHELASTIC_USE_AGENT_STORE")
+    try:  # the two settings the store needs, unless they are what is wrong
+        tun = _env.tunables({k: v for k, v in os.environ.items() if k in keep})
+    except ValueError:
+        tun = _env.tunables({})
+    with contextlib.suppress(Exception):
+        store = store if store is not None else _rendezvous.torch_default_store()
+        made = None
+        if store is None:
+            _rendezvous.release_lingering(keep=(maddr, mport))
+            store = _rendezvous.make_store(maddr, mport, rank, world,
+                                           min(tun.connect_timeout, _TELL_S),
+                                           tun.use_agent_store)
+            made = _rendezvous.store_key(store)
+        _rendezvous.fail_setup(store, rank, world, None, e)
+        _rendezvous.linger(made)  # released by the next init() or destroy(), as a failed init's
+
+
+_TELL_S = 5.0  # at most this long a rank that refused its settings looks for the store
 
 
 def _check_address(addr: Any, port: Any) -> None:

@@ -73,6 +73,25 @@ def test_wrong_world_size_stops_every_rank_at_once() -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("bad", [0, 2])
+def test_a_rank_refusing_its_own_settings_stops_every_rank_at_once(bad: int) -> None:
+    """A rank whose RINGREDUCE_* value is wrong fails before the rendezvous; it tells the
+    others through the store (they waited for its address until the connect timeout, then
+    asked whether it had started; found by a helper). Rank 0 hosts the store it tells."""
+    outs = _outcomes(3, {}, rank_env={bad: {"RINGREDUCE_HALF_WIRE": "24"}},
+                     env={"RINGREDUCE_CONNECT_TIMEOUT": "30"})
+    story = _story(outs)
+    assert outs[bad].ok and outs[bad].value["type"] == "ValueError", story
+    assert "RINGREDUCE_HALF_WIRE='24'" in outs[bad].value["msg"], story
+    for o in outs:
+        v = o.value
+        assert o.ok and v["type"] == "ValueError" and "RINGREDUCE_HALF_WIRE" in v["msg"], story
+        assert v["elapsed"] < 15, story  # not the connect timeout
+        if o is not outs[bad]:
+            assert f"rank {bad} could not start" in v["msg"], story
+
+
+@pytest.mark.timeout(60)
 def test_duplicate_rank_stops_every_rank_at_once() -> None:
     outs = _outcomes(3, {}, rank_env={2: {"RANK": "1"}})
     story = _story(outs)
