@@ -331,13 +331,20 @@ def test_setting_up_after_rank_0_left_names_it_left(what: str, transport: str) -
 @pytest.mark.parametrize("world,transport", [(2, "shm"), (3, "shm"), (3, "tcp")])
 def test_group_destroyed_while_another_thread_runs_on_it(world: int, transport: str) -> None:
     """Group.destroy() on one thread while another loops collectives on the group: the
-    other members are told at once that rank 0 left (not after RINGREDUCE_TIMEOUT)."""
+    other members are told at once that rank 0 left the group (not after
+    RINGREDUCE_TIMEOUT), not that it left the job."""
     outs = run_world(world, "group_workers:destroyed_under_a_thread", timeout=100,
                      env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "40"})
     for r, rounds in enumerate(outs[1:], 1):
         for i, o in enumerate(rounds):
             assert (o["type"], o["peer_rank"]) == ("PeerFailure", 0), f"rank {r} round {i}: {o}"
             assert o["secs"] < 5.0, f"rank {r} round {i}: told after {o['secs']:.1f} s"
+            # Rank 0 is alive: it destroyed the group (said as it left, or as its call in
+            # flight ended), it did not leave the job (as said before; found by a helper).
+            assert "left the job" not in o["msg"], f"rank {r} round {i}: {o}"
+            assert re.search(r"rank 0 \(.*\) left group\d+ \(it called group\d+'s "
+                             r"Group.destroy\(\)|rank 0 \(.*\) failed: communicator was "
+                             r"destroyed \(Group.destroy\(\)", o["msg"]), f"rank {r} round {i}: {o}"
 
 
 @pytest.mark.timeout(90)

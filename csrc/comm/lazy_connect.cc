@@ -90,6 +90,7 @@ void Communicator::adopt(transport::Connection& c) const {
   c.setChecksum(opts_.checksum);
   c.setLabels(label(c.peer()), label(rank_), opts_.rankLabels);
   c.setP2p(opts_.p2pChannel);
+  c.setScope(opts_.p2pChannel ? "" : opts_.groupName);
 }
 
 void Communicator::acceptDialler() {

@@ -187,8 +187,8 @@ void Communicator::throwLeft(int p, const std::string& during) {
   const transport::Culprit who = leftCulprit(p);
   if (why.empty())
     throw PeerError(p, PeerCause::kLeft, detail::concat(
-        "rank ", label(p), " (", peerHost(p),
-        ") left the job (destroy(), or its program ended: normally or by an exception)", during));
+        "rank ", label(p), " (", peerHost(p), ") ",
+        transport::leftText(opts_.p2pChannel ? "" : opts_.groupName), during));
   std::string msg = detail::concat("rank ", label(p), " (", peerHost(p),
                                    ") left the job after a failure on its side", during, ": ", why);
   if (knownCulprit(who, p))

@@ -53,6 +53,17 @@ struct RecvOp {
 // The labels of a connection no communicator adopted (roots shown as they are).
 inline const std::vector<int> kNoLabels;
 
+// What a peer's goodbye (no failure given) tells on a communicator of group `scope`: the
+// world's and point-to-point channels' ("") close only when the peer's process leaves the
+// job; a group's also at its Group.destroy() -- the peer may be alive and well.
+inline std::string leftText(const std::string& scope) {
+  if (scope.empty())
+    return "left the job (it called destroy(), or its program ended: normally or by an "
+           "exception)";
+  return "left " + scope + " (it called " + scope + "'s Group.destroy() or ringreduce."
+         "destroy(), or its program ended: normally or by an exception)";
+}
+
 class Connection {
  public:
   Connection(int peer, std::string peerHost) : peer_(peer), peerHost_(std::move(peerHost)) {}
@@ -75,6 +86,10 @@ class Connection {
   // PeerError on EOF/reset/abort frames and MismatchError on an unexpected header.
   virtual bool progressSend(SendOp& op) = 0;
   virtual bool progressRecv(RecvOp& op) = 0;
+
+  // The group this connection belongs to ("": the world's or a point-to-point channel's),
+  // for messages about the peer's goodbye (leftText).
+  void setScope(std::string group) { scope_ = std::move(group); }
 
   // RINGREDUCE_CHECKSUM=1: send a CRC32C of every payload; received CRCs are always checked.
   void setChecksum(bool on) { checksum_ = on; }
@@ -137,6 +152,7 @@ class Connection {
   int selfLabel_ = -1;
   const std::vector<int>* labels_ = &kNoLabels;
   std::string peerHost_;
+  std::string scope_;
   std::string leftWhy_;
   uint64_t leftAfter_ = 0;
   Culprit leftCulprit_;

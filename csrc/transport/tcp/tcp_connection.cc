@@ -52,9 +52,8 @@ void TcpConnection::failLeft(const char* doing) {
   // Its goodbye says which collective it began last: when that is this one, it ran it with
   // other arguments (a reduce's root, a size, a group), finished, and left.
   throw PeerError(peer_, PeerCause::kLeft, detail::concat(
-                             "rank ", label_, " (", peerHost_, ") left the job (it called "
-                             "destroy(), or its program ended: normally or by an exception) "
-                             "after its collective #", leftAfter_, " while this rank ", doing,
+                             "rank ", label_, " (", peerHost_, ") ", leftText(scope_),
+                             " after its collective #", leftAfter_, " while this rank ", doing,
                              " -- did it skip this collective, call it with other arguments "
                              "(root, size, group), or fail?"));
 }
