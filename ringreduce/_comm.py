@@ -53,9 +53,13 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
         _rendezvous.fail_setup(store, rank, world, prefix, e)
         raise
     host = bind if ":" not in bind else f"[{bind}]"
-    peers = _rendezvous.exchange(store, rank, world, f"{host}:{listener.port}", secret,
-                                 left(), f"{host}:{listener.heartbeat_port}",
+    # A group over shared links publishes which link it has to each member's process.
+    mine = links.ids(list(labels)) if links is not None and labels is not None else None
+    peers = _rendezvous.exchange(store, rank, world, f"{host}:{listener.port}" + (
+                                     "" if mine is None else "|" + ",".join(map(str, mine))),
+                                 secret, left(), f"{host}:{listener.heartbeat_port}",
                                  prefix=prefix, settings=_env.job_wide(tun, options))
+    peers.addrs, link_ids = _agreed_links(peers.addrs, rank)
     options["session"] = peers.session  # per-init heartbeat key: no replay across inits
     # Busy-poll (sockets and shared memory) briefly only when every local rank can have its
     # own CPU among those this process may run on (affinity mask, cgroup quota): spinning
@@ -75,7 +79,8 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
         comm = _C.Communicator(rank, world, listener, peers.addrs, peers.secret,
                                {**options, "setup_seconds": left()},
                                peers.hb_addrs, meet, _watch.watched_probe(f"{name} to connect"),
-                               links, _stream_id(peers.prefix) if links is not None else 0)
+                               links, _stream_id(peers.prefix) if links is not None else 0,
+                               link_ids)
     except Exception as e:
         if meet is not None:  # no mesh to carry the abort: the others wait in the store
             _rendezvous._fail(store, peers.prefix, e)
@@ -95,6 +100,21 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
     return _state.Group(rank=rank, world_size=world, comm=comm, hosts=peers.hosts,
                         options=options, default_algo=algo_code(tun.algo),
                         store_prefix=peers.prefix, name=name, secret=peers.secret)
+
+
+def _agreed_links(published: list, rank: int) -> tuple:
+    """The members' addresses, and per member the id of the link to its process that both
+    it and this rank published (0: none agreed: the two connect, making a new link). Both
+    members of a pair read the same two ids, so they decide alike even while another set-up
+    of theirs adds a link (isend/irecv make channels on helper threads): before, each
+    decided from its own table, and one could wait for a connection the other never made
+    (found by a helper)."""
+    addrs = [a.partition("|")[0] for a in published]
+    if "|" not in published[rank]:
+        return addrs, []
+    views = [[int(i) for i in a.partition("|")[2].split(",")] for a in published]
+    return addrs, [views[rank][p] if p != rank and views[rank][p] == views[p][rank] else 0
+                   for p in range(len(published))]
 
 
 def _stream_id(prefix: str) -> int:

@@ -614,7 +614,8 @@ def silent_strangers(rank: int, world: int) -> dict:
             while not w.store.check([prefix + str(r)]) and time.monotonic() < deadline:
                 time.sleep(0.01)
             if time.monotonic() < deadline:
-                host, port = w.store.get(prefix + str(r)).decode().rsplit(":", 1)
+                addr = w.store.get(prefix + str(r)).decode().partition("|")[0]  # less links
+                host, port = addr.rsplit(":", 1)
                 socks.extend(socket.create_connection((host.strip("[]"), int(port)))
                              for _ in range(3))
 

@@ -66,3 +66,31 @@ def two_threads(rank: int, world: int) -> list:
         a.destroy()
         b.destroy()
     return fails
+
+
+def concurrent_channels(rank: int, world: int, rounds: int = 3, tags: int = 6) -> dict:
+    """Each round, isend to the next rank and irecv from the previous on `tags` new tags at
+    once: their channels are set up on helper threads at the same time, over the shared
+    links. Before, the two processes of a pair could disagree on whether a link existed (one
+    had added it, the other not yet) and one waited for a connection never made until
+    RINGREDUCE_CONNECT_TIMEOUT (found by a helper: 5 runs in 6 at 3 ranks)."""
+    import time
+
+    import ringreduce as rr
+
+    fails: list = []
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    t0 = time.monotonic()
+    for rnd in range(rounds):
+        works, got = [], []
+        for tag in range(1 + rnd * tags, 1 + (rnd + 1) * tags):
+            works.append(rr.isend(np.full(5, 1000.0 * rank + tag, np.float32), dst=nxt, tag=tag))
+            got.append((tag, np.zeros(5, np.float32)))
+            works.append(rr.irecv(got[-1][1], src=prv, tag=tag))
+        for w in works:
+            w.wait()
+        fails += [f"round {rnd} tag {t}: {y[0]} != {1000.0 * prv + t}" for t, y in got
+                  if not np.all(y == 1000.0 * prv + t)]
+    links = rr.world_group().links
+    return {"fails": fails, "secs": time.monotonic() - t0,
+            "links": len(links) if links is not None else -1}

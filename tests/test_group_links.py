@@ -42,6 +42,19 @@ def test_two_groups_at_once_share_the_links(world: int) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_channels_set_up_at_once_agree_on_their_links(world: int) -> None:
+    """isend/irecv on several new tags at once: their channels are made concurrently on
+    helper threads, and both processes of a pair must agree on which link they use."""
+    outs = run_world(world, "link_workers:concurrent_channels", timeout=100,
+                     env={**LINKS, "RINGREDUCE_CONNECT_TIMEOUT": "30"})
+    for r, o in enumerate(outs):
+        assert not o["fails"], (r, o)
+        assert o["secs"] < 20, (r, o)  # not a connect timeout
+        assert o["links"] == min(2, world - 1), (r, o)  # links to both ring neighbours
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("links", ["1", "0"])
 def test_a_new_group_opens_no_connection_where_a_link_exists(links: str) -> None:
     """With links, the first group makes world-1 links and later groups none; without, every

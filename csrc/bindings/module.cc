@@ -198,7 +198,8 @@ class PyComm {
   PyComm(int rank, int world, PyListener& pl, const std::vector<std::string>& addrs,
          const std::string& secret, const py::dict& opts, const std::vector<std::string>& hbAddrs,
          const py::object& shmStore, const py::object& probe,
-         std::shared_ptr<transport::tcp::LinkTable> links, uint64_t streamId) {
+         std::shared_ptr<transport::tcp::LinkTable> links, uint64_t streamId,
+         const std::vector<uint64_t>& linkIds) {
     transport::tcp::Listener& listener = pl.tcp;
     // A group's set-up stops when the world knows a member is gone (Python's probe raises).
     transport::tcp::StillWanted check;
@@ -250,7 +251,8 @@ class PyComm {
         conns = transport::tcp::connectSubset(me, listener, addrs, overlay, d, check);
         dialer = std::make_unique<transport::tcp::TcpDialer>(me, std::move(listener), addrs);
       } else if (links) {  // a group's: streams on the links the process's groups share
-        conns = transport::tcp::connectOverLinks(me, listener, addrs, *links, streamId, d, check);
+        conns = transport::tcp::connectOverLinks(me, listener, addrs, *links, streamId, linkIds,
+                                                 d, check);
         listener.close();
       } else {
         conns = transport::tcp::connectMesh(me, listener, addrs, d, check);
@@ -475,6 +477,8 @@ PYBIND11_MODULE(_C, m) {
       "share (unless RINGREDUCE_GROUP_LINKS=0); the world owns it")
       .def(py::init<>())
       .def("__len__", &transport::tcp::LinkTable::size)
+      .def("ids", &transport::tcp::LinkTable::ids, py::arg("world_ranks"),
+           "per world rank, the id of the link to its process set-ups publish (0: none)")
       .def("close", &transport::tcp::LinkTable::close, py::arg("seconds"),
            py::call_guard<py::gil_scoped_release>());
 
@@ -492,11 +496,13 @@ PYBIND11_MODULE(_C, m) {
   py::class_<PyComm>(m, "Communicator")
       .def(py::init<int, int, PyListener&, const std::vector<std::string>&, const std::string&,
                     const py::dict&, const std::vector<std::string>&, const py::object&,
-                    const py::object&, std::shared_ptr<transport::tcp::LinkTable>, uint64_t>(),
+                    const py::object&, std::shared_ptr<transport::tcp::LinkTable>, uint64_t,
+                    const std::vector<uint64_t>&>(),
            py::arg("rank"), py::arg("world"), py::arg("listener"), py::arg("addrs"),
            py::arg("secret"), py::arg("options"), py::arg("heartbeat_addrs") = std::vector<std::string>(),
            py::arg("shm_store") = py::none(), py::arg("probe") = py::none(),
-           py::arg("links") = nullptr, py::arg("stream_id") = 0)
+           py::arg("links") = nullptr, py::arg("stream_id") = 0,
+           py::arg("link_ids") = std::vector<uint64_t>())
       .def_property_readonly("rank", [](PyComm& c) { return c.ex().comm().rank(); })
       .def_property_readonly("world", [](PyComm& c) { return c.ex().comm().world(); })
       .def("plan_of",
