@@ -323,9 +323,15 @@ def _match(g: Group, world: Group, peers: list[int], tag: int, what: str,
     """The first rank of `peers` (from entry[1] on) whose message on `tag` waits for this
     rank, and its channel. Its store reads (_wanted) end at the receive's deadline (one
     watchdog arming for the whole wait, not one per read)."""
-    with _rendezvous.store_used(world.rank, f"a receive from any rank (tag {tag})", g.store,
-                                 _deadline(g, world)[0]), _watch.while_alive(g):
-        return _poll_peers(g, world, peers, tag, what, entry)
+    try:
+        with _rendezvous.store_used(world.rank, f"a receive from any rank (tag {tag})",
+                                    g.store, _deadline(g, world)[0]), _watch.while_alive(g):
+            return _poll_peers(g, world, peers, tag, what, entry)
+    except KeyboardInterrupt as e:  # noted as a named receive's interruption is
+        if hasattr(e, "add_note"):  # Python >= 3.11
+            e.add_note(f"ringreduce: interrupted: rank {world.rank} during {what}(src=None, "
+                       f"tag={tag}) on {g.name}, waiting for a message from any of {peers}")
+        raise
 
 
 def _poll_peers(g: Group, world: Group, peers: list[int], tag: int, what: str,

@@ -724,3 +724,23 @@ def unwaited_isend(rank: int, world: int, nelem: int) -> str:
     return "ok" if np.array_equal(got, want) else f"wrong: {got[:4]}"
 
 
+
+
+def interrupted_any_source(rank: int, world: int) -> dict:
+    """Rank 0 waits in a receive from any rank; Ctrl-C (SIGINT) 1 s later. Its
+    KeyboardInterrupt carried no note saying what was interrupted (a named receive's
+    does; found by a helper)."""
+    import signal
+    import threading
+
+    if rank != 0:
+        time.sleep(3)
+        return {}
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    t0 = time.monotonic()
+    try:
+        rr.recv(np.zeros(4, np.float32), tag=3)
+        return {"error": "no error"}
+    except KeyboardInterrupt as e:
+        return {"error": "KeyboardInterrupt", "notes": getattr(e, "__notes__", []),
+                "secs": time.monotonic() - t0}

@@ -5,6 +5,7 @@ bad input and size mismatches, at world sizes 2-5 over TCP and shared memory."""
 from __future__ import annotations
 
 import re
+import sys
 import time
 
 import pytest
@@ -283,3 +284,11 @@ def test_torch_errors_name_the_users_line() -> None:
             (r, o)
     assert re.search(r"during recv #1 on p2p 0->1 tag 0 .*called from p2p_workers\.py:\d+",
                      outs[1]["p2p"]), outs[1]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes need Python 3.11")
+def test_ctrl_c_in_a_receive_from_any_rank_says_what_it_interrupted() -> None:
+    out = run_world(2, "p2p_workers:interrupted_any_source", timeout=40)[0]
+    assert out["error"] == "KeyboardInterrupt" and out["secs"] < 3, out
+    assert any("interrupted: rank 0 during recv(src=None, tag=3)" in n for n in out["notes"]), out
