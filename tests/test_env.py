@@ -5,7 +5,9 @@ package's __init__."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import logging
 import re
 import socket
 import sys
@@ -494,3 +496,18 @@ def test_an_explicit_tree_threshold_beats_the_tuning_file(tmp_path, monkeypatch)
             assert (opts["tree_threshold_bytes"], opts["alpha_us"]) == (expected, 12.5)
         finally:
             rr.destroy()
+
+
+def test_a_misspelt_variable_is_warned_about_once(caplog: pytest.LogCaptureFixture) -> None:
+    """RINGREDUCE_TIMEOUTS=2 was ignored without a word, leaving the 600 s default (found by
+    a helper): an unknown RINGREDUCE_* name is warned about, once, with the closest one."""
+    tmod = importlib.import_module("ringreduce._env.tunables")  # the package's name is a function
+    tmod._WARNED.discard("RINGREDUCE_TIMEOUTS")
+    env = {"RINGREDUCE_TIMEOUTS": "2", "RINGREDUCE_CUDA": "0", "RINGREDUCE_TIMEOUT": "5"}
+    with caplog.at_level(logging.WARNING, logger="ringreduce"):
+        assert tmod.tunables(env).timeout == 5.0
+        tmod.tunables(env)
+    said = [r.getMessage() for r in caplog.records]
+    want = ("RINGREDUCE_TIMEOUTS is not a ringreduce setting and is ignored; did you mean "
+            "RINGREDUCE_TIMEOUT? (ringreduce-run --help lists them)")
+    assert said == [want], said

@@ -10,8 +10,6 @@ import os
 import pytest
 from _spawn import run_world, run_world_raw
 
-SMALL = {"RINGREDUCE_SHM_CHUNK_BYTES": "8192"}
-
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("transport,want", [("auto", "shm"), ("shm", "shm"), ("tcp", "tcp")])

@@ -221,12 +221,43 @@ def tunables(env: Mapping[str, str] | None = None) -> Tunables:
     their defaults. Raises ValueError naming the variable, the bad value and what is allowed.
     """
     env = os.environ if env is None else env
+    _warn_unknown(env)
     values: dict[str, Any] = {}
     for f in dataclasses.fields(Tunables):
         raw = _given(f, env)
         if raw is not None:
             values[f.name] = f.metadata["parse"](f.metadata["env"], raw)
     return _cross_check(Tunables(**values))
+
+
+# RINGREDUCE_* names that are no setting of a running job: the build's (setup.py), the
+# launcher's hand-over to its ranks, the test suite's.
+_OTHER_NAMES = frozenset({
+    "RINGREDUCE_CUDA", "RINGREDUCE_CUDA_ARCH_LIST", "RINGREDUCE_BUILD_JOBS",
+    "RINGREDUCE_WERROR", "RINGREDUCE_SANITIZE", "RINGREDUCE_TEST_CUDA_BUILD",
+    "RINGREDUCE_RUN_PEER_FAILURES", "RINGREDUCE_FUZZ_SECONDS", "RINGREDUCE_FUZZ_SEED",
+    "RINGREDUCE_ISA"})
+_WARNED: set = set()
+
+
+def _warn_unknown(env: Mapping[str, str]) -> None:
+    """Warn once per name about a RINGREDUCE_* variable nothing reads -- a misspelt
+    RINGREDUCE_TIMEOUTS=2 left the 600 s default in force without a word (found by a
+    helper) -- naming the closest setting."""
+    import difflib
+    import logging
+
+    known = {f.metadata["env"] for f in dataclasses.fields(Tunables)} | _OTHER_NAMES
+    for name in sorted(k for k in env if k.startswith("RINGREDUCE_") and k not in known):
+        if name in _WARNED:
+            continue
+        _WARNED.add(name)
+        tail = len("RINGREDUCE_")  # compared without the prefix every name shares
+        close = difflib.get_close_matches(name[tail:], sorted(k[tail:] for k in known), n=1,
+                                          cutoff=0.75)
+        logging.getLogger("ringreduce").warning(
+            "%s is not a ringreduce setting and is ignored%s (ringreduce-run --help lists "
+            "them)", name, f"; did you mean RINGREDUCE_{close[0]}?" if close else "")
 
 
 def _given(f: dataclasses.Field, env: Mapping[str, str]) -> str | None:
