@@ -97,28 +97,14 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
     what = "start the store on" if is_master else "reach the store at"
     hint = ("is the port already in use? pick another MASTER_PORT" if is_master else
             "is rank 0 running, and is MASTER_ADDR reachable from this host?")
-    # TCPStore's own timeout does not cover a server that accepts and never answers (another
-    # program on MASTER_PORT): build it on a helper thread and stop waiting at the deadline.
-    box: list = []
-
-    def build() -> None:
-        try:
-            box.append(dist.TCPStore(master_addr, master_port, world_size=None,
-                                     is_master=is_master, timeout=timedelta(seconds=timeout),
-                                     wait_for_workers=False))
-        except Exception as e:  # noqa: BLE001 - torch's RuntimeError/DistNetworkError, re-raised
-            box.append(e)
-
     deadline = time.monotonic() + timeout
     pause = 0.02
     while True:
-        t = threading.Thread(target=build, name="ringreduce-store-connect", daemon=True)
-        t.start()
-        t.join(max(0.0, deadline - time.monotonic()) + 1.0)
+        box = _build(dist, master_addr, master_port, is_master, timeout, deadline)
         if not box or isinstance(box[0], Exception) or not _is_old_server(key, box[0], deadline) \
                 or time.monotonic() > deadline:
             break
-        box.clear()  # rank 0's previous server, about to stop: drop it, connect again
+        # rank 0's previous server, about to stop: drop it, connect again
         # Few reconnects: a torch TCPStore server stops answering after a few dozen quick
         # connect/close cycles (2.13, measured), which would block rank 0's farewell.
         time.sleep(pause)
@@ -131,6 +117,7 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
     if isinstance(box[0], Exception):
         e = box[0]
         if is_master and "EADDRINUSE" in str(e):  # at once, not a timeout
+            _refuse_second_rank0(dist, master_addr, master_port, world)
             raise _rr_error(
                 f"rank {rank} could not {what} {master_addr}:{master_port}: port already in "
                 f"use (by another program, or by a store this process still holds open); pick "
@@ -148,6 +135,49 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
     elif not use_agent_store:
         _IN_RANK0.add(id(box[0]))  # served by rank 0's process (_store_failed)
     return box[0]
+
+
+def _build(dist: Any, addr: str, port: int, is_master: bool, timeout: float,
+           deadline: float) -> list:
+    """[the TCPStore], [the exception making it raised], or [] at the deadline. TCPStore's own
+    timeout does not cover a server that accepts and never answers (another program on
+    MASTER_PORT): it is built on a helper thread, and the wait stops at the deadline."""
+    box: list = []
+
+    def build() -> None:
+        try:
+            box.append(dist.TCPStore(addr, port, world_size=None, is_master=is_master,
+                                     timeout=timedelta(seconds=timeout),
+                                     wait_for_workers=False))
+        except Exception as e:  # noqa: BLE001 - torch's RuntimeError/DistNetworkError, re-raised
+            box.append(e)
+
+    t = threading.Thread(target=build, name="ringreduce-store-connect", daemon=True)
+    t.start()
+    t.join(max(0.0, deadline - time.monotonic()) + 1.0)
+    return box
+
+
+def _refuse_second_rank0(dist: Any, addr: str, port: int, world: int) -> None:
+    """Rank 0 found MASTER_PORT taken: when the store there is this job's, with rank 0 of
+    this init already claimed, two processes were started as rank 0 -- raise the duplicate's
+    ValueError, and post it so that the other rank 0 and everyone else stop at once (before,
+    this one blamed another program for the port and the others waited out the connect
+    timeout; found by a helper)."""
+    claim = _world_prefix(_GENERATION[0] + 1)  # the init about to run here
+    box = _build(dist, addr, port, False, 3.0, time.monotonic() + 3.0)
+    if not box or isinstance(box[0], Exception):
+        return  # no store answers there: another program holds the port
+    store, seen = box[0], False
+    with contextlib.suppress(Exception), _store_guard.deadline(store, 5.0):  # a frozen one
+        end = time.monotonic() + 2.0  # the first rank 0 claims right after binding
+        while not (seen := store.check([claim + "claim/0"])) and time.monotonic() < end:
+            time.sleep(0.05)
+    if seen:
+        raise _fail(store, claim, ValueError(
+            f"rank 0 was claimed by 2 processes (a store of this job already serves "
+            f"{addr}:{port}, and its rank 0 has joined); every process needs a distinct RANK "
+            f"in [0, {world})"))
 
 
 def _check_resolves(host: str, rank: int) -> None:
@@ -627,13 +657,14 @@ def _rank0_left() -> bool:
     return False
 
 
-def _world_prefix() -> str:
+def _world_prefix(generation: int | None = None) -> str:
     """Store keys of this process's latest init. A torchrun restart (TORCHELASTIC_RESTART_COUNT
     > 0) starts fresh processes, counting inits from 1 again, on the agent's store, which
     still holds the failed attempt's keys: they get the attempt's own prefix (before, every
     restarted rank found its rank "claimed by 2 processes")."""
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return f"ringreduce/{_GENERATION[0]}{'' if restart in ('', '0') else '-r' + restart}/"
+    gen = _GENERATION[0] if generation is None else generation
+    return f"ringreduce/{gen}{'' if restart in ('', '0') else '-r' + restart}/"
 
 
 def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None,

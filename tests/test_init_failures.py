@@ -92,8 +92,12 @@ def test_a_rank_refusing_its_own_settings_stops_every_rank_at_once(bad: int) -> 
 
 
 @pytest.mark.timeout(60)
-def test_duplicate_rank_stops_every_rank_at_once() -> None:
-    outs = _outcomes(3, {}, rank_env={2: {"RANK": "1"}})
+@pytest.mark.parametrize("dup", [1, 0])
+def test_duplicate_rank_stops_every_rank_at_once(dup: int) -> None:
+    """Also two rank 0s: the second found MASTER_PORT taken and blamed another program, and
+    the others waited out the connect timeout (found by a helper); it now finds this job's
+    store there, with rank 0 claimed, and says so to everyone."""
+    outs = _outcomes(3, {}, rank_env={2: {"RANK": str(dup)}})
     story = _story(outs)
     msgs = [o.value["msg"] for o in outs if o.ok and o.value["type"]]
     assert len(msgs) == 3, story
