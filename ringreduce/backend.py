@@ -165,6 +165,13 @@ def _done(value: Any) -> _Work:
     return _Work(Completion(None, value))
 
 
+def _same_dtype(what: str, output: torch.Tensor, input: torch.Tensor) -> None:
+    """In torch's names (the native API's check would name its own allgather's `out`)."""
+    if output.dtype != input.dtype:
+        raise ValueError(f"{what}: output is {output.dtype} but input is {input.dtype}; they "
+                         f"must have the same dtype")
+
+
 def _inplace(t: torch.Tensor, written: bool = True
              ) -> tuple[torch.Tensor, Callable[[], None] | None]:
     """A contiguous tensor sharing memory with `t` when possible (plus the copy-back needed
@@ -381,6 +388,7 @@ class _Ops:
         if dst.numel() != src.numel() * self._size:
             raise ValueError(f"all_gather_into_tensor: output has {output.numel()} elements; "
                              f"it needs world_size * input.numel() = {src.numel() * self._size}")
+        _same_dtype("all_gather_into_tensor", output, input)
         return _work(api.allgather(src, out=dst, async_op=True, group=self._g), [output], back)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,
@@ -445,6 +453,7 @@ class _Ops:
         if dst.numel() * self._size != src.numel():
             raise ValueError(f"reduce_scatter_tensor: input has {input.numel()} elements; it "
                              f"needs world_size * output.numel() = {dst.numel() * self._size}")
+        _same_dtype("reduce_scatter_tensor", output, input)
         return _work(api.reduce_scatter(src.view(-1), out=dst.view(-1), op=_op(opts),
                                         async_op=True, group=self._g), [output], back)
 

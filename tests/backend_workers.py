@@ -99,7 +99,22 @@ def backend_collectives(rank: int, world: int) -> dict:
     def all_gather_into_tensor() -> bool:
         out = torch.empty(n * 3)
         dist.all_gather_into_tensor(out, torch.full((3,), float(rank)))
-        return _close(out, torch.arange(n).repeat_interleave(3).float())
+        return _close(out, torch.arange(n).repeat_interleave(3).float()) and _refused_in_torch_names()
+
+    def _refused_in_torch_names() -> bool:
+        """A dtype mismatch is named in torch's terms (it named ringreduce's own allgather's
+        `out`; found by a helper), before anything moves."""
+        said = []
+        for call in (lambda: dist.all_gather_into_tensor(torch.empty(n * 3, dtype=torch.float64),
+                                                         torch.ones(3)),
+                     lambda: dist.reduce_scatter_tensor(torch.empty(2, dtype=torch.float64),
+                                                        torch.ones(2 * n))):
+            try:
+                call()
+            except ValueError as e:
+                said.append(str(e).split(":")[0] if "output is torch.float64 but input is "
+                            "torch.float32" in str(e) else str(e))
+        return said == ["all_gather_into_tensor", "reduce_scatter_tensor"]
 
     def reduce_scatter() -> bool:
         out = torch.empty(4)
