@@ -302,10 +302,11 @@ def _check_timeout(timeout: Any, what: str) -> float | None:
 
 
 def _make(world: Group, members: list[int], prefix: str, name: str,
-          timeout: float | None = None, p2p: bool = False, store: Any = None) -> Group:
+          timeout: float | None = None, p2p: str = "", store: Any = None) -> Group:
     """This rank's Group of world ranks `members` (in group-rank order); p2p: a
-    point-to-point channel (small messages over shared memory are sent eagerly); store:
-    where `prefix` lives (default: the world's store)."""
+    point-to-point channel of the group so named (small messages over shared memory are
+    sent eagerly; a peer lost on one fails this process's other channels of that group, see
+    Options::p2pFamily); store: where `prefix` lives (default: the world's store)."""
     _state.check_aborted(world, f"creating {name}")
     me = members.index(world.rank)
     store = world.store if store is None else store
@@ -492,14 +493,14 @@ def _publish_once(store: Any, key: str, value: str) -> str:
 
 
 def _connect(world: Group, store: Any, members: list[int], me: int, prefix: str,
-             name: str, timeout: float | None = None, p2p: bool = False) -> Group:
+             name: str, timeout: float | None = None, p2p: str = "") -> Group:
     tun = _env.tunables()
     maddr, ifname = world.net
     options = world.options if timeout is None else {
         **world.options, "timeout": timeout, "connect_timeout": _setup_secs(world, timeout)}
     options = {**options, "job_world": world.world_size}  # culprits outside it: world ranks
     if p2p:
-        options = {**options, "p2p_channel": True}
+        options = {**options, "p2p_channel": True, "p2p_family": p2p}
     g = _comm.connect(me, len(members), tun, options, store, maddr, ifname, world.secret,
                      prefix=prefix, name=name, labels=members, socketless=True,
                      links=_links(world, tun))

@@ -538,7 +538,7 @@ def _make_pair(g: Group, world: Group, lo: int, hi: int, src: int, dst: int,
     try:
         for d, a, b in (("up", lo, hi), ("down", hi, lo)):
             made.append(groups._make(world, [lo, hi], f"{base}{d}/",
-                                     f"p2p {a}->{b} tag {tag}{where}", secs, p2p=True,
+                                     f"p2p {a}->{b} tag {tag}{where}", secs, p2p=g.store_prefix,
                                      store=store))
     except Exception as e:
         with _LOCK:  # both ranks claimed the keys: later posts get this error, not a new try

@@ -148,3 +148,38 @@ def left_with_a_call_in_flight(rank: int, world: int) -> dict:
     if rank == 0:
         raise_flag("left")
     return {"error": msg}
+
+
+def pipeline_death(rank: int, world: int, victim: int = 2) -> dict:
+    """A 1F1B-like pipeline (activations forward on tag 1, gradients back on tag 2); stage
+    `victim` is killed at micro-batch 5. Its neighbours fail at once, then linger (they do
+    not destroy: a program that catches the error and cleans up slowly). Before, stage 0,
+    waiting for stage 1's gradient, learnt nothing until its timeout, then blamed stage 1 as
+    idle (found by a helper): stage 1's loss now fails its other channels of the world,
+    whose peers are told which rank was lost."""
+    import os
+    import time
+
+    act, grad = np.zeros(1 << 12, np.float32), np.zeros(1 << 12, np.float32)
+    t0 = time.monotonic()
+    try:
+        for i in range(50):
+            if rank == victim and i == 5:
+                os._exit(0)
+            t0 = time.monotonic()
+            if rank > 0:
+                rr.recv(act, src=rank - 1, tag=1)
+            if rank < world - 1:
+                rr.send(act + 1, dst=rank + 1, tag=1)
+                rr.recv(grad, src=rank + 1, tag=2)
+            if rank > 0:
+                rr.send(grad + 1, dst=rank - 1, tag=2)
+        out = {"error": "no error"}
+    except Exception as e:  # noqa: BLE001
+        out = {"error": f"{type(e).__name__}: {e}", "secs": time.monotonic() - t0,
+               "peer_rank": getattr(e, "peer_rank", None),
+               "relayed_by": getattr(e, "relayed_by", None)}
+    if rank != 0:
+        time.sleep(8)  # still alive, and not destroyed, when stage 0 is told
+    rr.destroy()
+    return out

@@ -133,6 +133,19 @@ def test_a_ring_names_the_dead_rank_on_every_survivor(transport: str) -> None:
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_pipeline_stage_is_told_of_a_death_two_stages_away(transport: str) -> None:
+    outs = run_world_raw(4, "p2p_leave_workers:pipeline_death", timeout=60, expendable=[2],
+                         env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30"})
+    for r in (0, 1, 3):
+        v = outs[r].value
+        assert v is not None and v["error"].startswith("PeerFailure"), outs[r].describe()
+        assert v["peer_rank"] == 2 and v["secs"] < 5, (r, v)  # not the 30 s timeout
+    v = outs[0].value  # relayed by stage 1, which is alive and idle
+    assert v["relayed_by"] == 1 and "it lost rank 2 (closed) on p2p 2->1 tag 2" in v["error"], v
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_a_call_stopped_by_destroy_after_a_failure_says_why(transport: str) -> None:
     """The ring test's window, made certain: rank 0 destroys with an irecv from rank 2 in
     flight after its send to the dead rank 1 failed; rank 2's next send on that channel is
@@ -146,8 +159,11 @@ def test_a_call_stopped_by_destroy_after_a_failure_says_why(transport: str) -> N
         assert v is not None, outs[r].describe()
         assert v["error"].startswith("PeerFailure") and re.search(r"rank 1 \([^p]", v["error"]), \
             (r, v)
-    # a send/recv, not a collective (the abort's text said "the collective" before)
-    assert "the send/recv did not complete on this rank" in outs[2].value["error"], outs[2]
+    # a send/recv, not a collective (the abort's text said "the collective" before) -- or
+    # told sooner: rank 0's failed send failed its other channels of the world, naming rank 1
+    err = outs[2].value["error"]
+    assert "the send/recv did not complete on this rank" in err or \
+        "it lost rank 1 (closed) on p2p 0->1" in err, outs[2]
 
 
 @pytest.mark.timeout(90)

@@ -285,6 +285,7 @@ class PyComm {
       stopOnThrow.hb = nullptr;
     }
     exec_ = std::make_shared<runtime::Executor>(std::move(comm));
+    runtime::Executor::joinFamily(exec_);  // a point-to-point channel's (else nothing)
   }
 
   // Callers hold the GIL: it guards exec_ itself (destroy() swaps it out under the GIL).

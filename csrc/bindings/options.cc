@@ -39,6 +39,8 @@ Options optionsFromDict(const py::dict& d) {
       o.groupName = v.cast<std::string>();
     } else if (k == "p2p_channel") {
       o.p2pChannel = v.cast<bool>();
+    } else if (k == "p2p_family") {
+      o.p2pFamily = v.cast<std::string>();
     } else if (k == "socketless") {
       o.socketless = v.cast<bool>();
     } else if (k == "job_world") {

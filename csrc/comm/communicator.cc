@@ -63,6 +63,7 @@ Communicator::~Communicator() {
 }
 
 void Communicator::checkUsable() const {
+  if (elsewhere_.load(std::memory_order_acquire) && failure_.empty()) throwElsewhere();
   if (aborted_.load() && destroying_.load() && !opts_.groupName.empty())
     RR_THROW(Error, "the communicator of ", opts_.groupName, " was destroyed (",
              opts_.p2pChannel ? "ringreduce.destroy()" : "its Group.destroy() or ringreduce.destroy()",
@@ -274,6 +275,26 @@ void Communicator::throwAborted() const {
              " was called while it ran) during ", describeCurrent(), "; the ",
              opts_.p2pChannel ? "send/recv" : "collective", " did not complete on this rank");
   RR_THROW(Error, "communicator aborted during ", describeCurrent());
+}
+
+void Communicator::failFromElsewhere(const std::string& reason, transport::Culprit who) {
+  if (elsewhereClaimed_.exchange(true)) return;
+  elsewhereWhy_ = reason;
+  elsewhereWho_ = who;
+  elsewhere_.store(true, std::memory_order_release);
+  uint64_t one = 1;
+  ssize_t w = ::write(wakeFd_, &one, sizeof(one));  // a wait in progress looks now
+  (void)w;
+}
+
+void Communicator::throwElsewhere() const {
+  throw PeerError(elsewhereWho_.rank, elsewhereWho_.cause, elsewhereWhy_, -1, true);
+}
+
+void Communicator::announce() {
+  if (aborted_.load()) return announceAbort();
+  if (elsewhere_.load(std::memory_order_acquire) && failure_.empty())
+    poison(elsewhereWhy_, transport::AbortCode::kPeer, elsewhereWho_);
 }
 
 void Communicator::announceAbort() {

@@ -222,6 +222,13 @@ class Communicator {
   // After abort(): tell the peers (abort frames, shared-memory abort) if no failed
   // collective did. Only while no collective runs (Executor's worker, under execMu_).
   void announceAbort();
+  // This process lost `who` (a world rank: outside this communicator) on another channel of
+  // this one's group (Options::p2pFamily): a call waiting here now fails naming it (at its
+  // next wait check), as does the next call; announce() tells an idle one's peer. Any thread.
+  void failFromElsewhere(const std::string& reason, transport::Culprit who);
+  // The executor's announcement when it is idle: the abort (abort()) or the failure from
+  // elsewhere (failFromElsewhere) told to the peers, once.
+  void announce();
   int lostPeer() const { return lostPeer_; }  // poison()'s lost.rank if dead/silent; else -1
   // False when the last collective was refused before it began (describeCurrent would
   // describe the one before it).
@@ -373,6 +380,15 @@ class Communicator {
   std::atomic<bool> aborted_{false};
   std::atomic<bool> destroying_{false};  // set before aborted_ by abort(true)
   [[noreturn]] void throwAborted() const;
+  [[noreturn]] void throwElsewhere() const;
+  void checkStopped() const {
+    if (aborted_.load()) throwAborted();
+    if (elsewhere_.load(std::memory_order_acquire)) throwElsewhere();
+  }
+  std::atomic<bool> elsewhereClaimed_{false};
+  std::atomic<bool> elsewhere_{false};  // published after the two below
+  std::string elsewhereWhy_;
+  transport::Culprit elsewhereWho_;
   // Current collective, for messages.
   CollectiveKind curKind_ = CollectiveKind::kBarrier;
   FrameHeader curHeader_;  // header of the current collective (checkIdle compares it)

@@ -111,7 +111,7 @@ int Communicator::pollWaits() {
       }
       RR_THROW(Error, "poll failed: ", std::strerror(errno));
     }
-    if (aborted_.load()) throwAborted();
+    checkStopped();
     return n;
   }
 }
@@ -227,7 +227,7 @@ void Communicator::probePeers(const std::vector<int>& waitedFor) {
 }
 
 void Communicator::probeOnce(const std::vector<int>& waitedFor) {
-  if (aborted_.load()) throwAborted();
+  checkStopped();
   throwDeferred();
   if (shm_) checkLocalPeers();
   // Between collectives (Executor::probeIdle): no data of a current collective waits unread.
@@ -277,7 +277,7 @@ void Communicator::sendRecv(int sendPeer, SendOp* s, int recvPeer, RecvOp* r) {
 }
 
 void Communicator::checkLiveness(int sendPeer, int recvPeer, bool shm) {
-  if (aborted_.load()) throwAborted();
+  checkStopped();
   checkInterrupt();
   if (deadline_.expired()) timeout(sendPeer, recvPeer, shm);
   if (shm_) checkLocalPeers();

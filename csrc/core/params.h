@@ -39,6 +39,11 @@ struct Options {
   // its line and returns, at most two messages ahead of its receiver -- as MPI and TCP
   // sends return before the receive is posted (collectives/shm_broadcast.cc).
   bool p2pChannel = false;
+  // A channel's group (its store prefix): a channel that loses its peer (dead, frozen)
+  // fails this process's other channels of that group, telling their peers which rank was
+  // lost (runtime/executor.cc) -- a pipeline's first stage, waiting for a second stage
+  // that lost the third, learnt nothing until its timeout (found by a helper).
+  std::string p2pFamily;
   // A group (ringreduce/groups.py): when shared memory reaches every one of its ranks (one
   // host), it opens no TCP connection at init -- its data moves through shared memory, its
   // liveness comes from the segments and pidfds (transport/shm/liveness.h) -- and connects

@@ -2,7 +2,10 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
+#include <map>
+#include <string>
 
 #include "core/error.h"
 #include "core/interrupt.h"
@@ -134,6 +137,30 @@ void Executor::runSync(Task fn, std::string what, uint32_t site) {
 }
 
 // Wrap a failure with what this rank was doing, keeping its type.
+namespace {
+// Point-to-point channels by their group (Options::p2pFamily), held weakly: a channel
+// destroyed is skipped (and dropped at the next lookup).
+std::mutex gFamilyMu;
+std::map<std::string, std::vector<std::weak_ptr<Executor>>> gFamilies;
+
+// Channel `c` lost its peer: tell the family's other channels (they fail, naming it; an
+// idle one tells its own peer -- a pipeline stage waiting on a neighbour that lost another
+// stage is told at once, as a collective's ranks are by the abort frame).
+void failFamily(comm::Communicator& c, const std::string& why, transport::Culprit who) {
+  std::vector<std::shared_ptr<Executor>> others;
+  {
+    std::lock_guard<std::mutex> g(gFamilyMu);
+    auto it = gFamilies.find(c.options().p2pFamily);
+    if (it == gFamilies.end()) return;
+    auto& v = it->second;
+    v.erase(std::remove_if(v.begin(), v.end(), [](auto& w) { return w.expired(); }), v.end());
+    for (auto& w : v)
+      if (auto e = w.lock(); e && &e->comm() != &c) others.push_back(std::move(e));
+  }
+  for (auto& e : others) e->failFrom(why, who);
+}
+}  // namespace
+
 static void rethrowWithContext(comm::Communicator& c) {
   std::string ctx = c.begun() ? " [rank " + std::to_string(c.label(c.rank())) + " during " +
                                     c.describeCurrent() + "]"
@@ -189,6 +216,13 @@ static void rethrowWithContext(comm::Communicator& c) {
     const transport::Culprit who = outside >= 0 ? transport::Culprit{outside, cause, true}
                                                 : transport::Culprit{peer, cause};
     c.poison(msg, transport::AbortCode::kPeer, lost ? who : transport::Culprit{});
+    const bool dead = cause == PeerCause::kClosed || cause == PeerCause::kSilent ||
+                      cause == PeerCause::kNetwork;
+    if (dead && via < 0 && outside < 0 && c.options().p2pChannel && peer >= 0 &&
+        peer < c.world() && peer != c.rank())
+      failFamily(c, detail::concat("it lost rank ", c.label(peer), " (", toString(cause),
+                                   ") on ", c.options().groupName, ": ", e.what()),
+                 transport::Culprit{c.label(peer), cause, true});
     throw PeerError(outside >= 0 ? outside : c.label(peer), cause, msg + ctx,
                     via >= 0 ? c.label(via) : -1);  // users know world ranks
   } catch (const Error& e) {
@@ -238,7 +272,7 @@ void Executor::loop() {
         // Under execMu_: after a collective running now (inline) has failed and told the
         // peers itself, never while one writes frames.
         std::lock_guard<std::mutex> ex(execMu_);
-        comm_->announceAbort();
+        comm_->announce();
         continue;
       }
       if (queue_.empty()) return;  // stop_ and nothing left
@@ -261,6 +295,23 @@ void Executor::loop() {
     busy_ = false;
     item.second->complete(err);
   }
+}
+
+
+void Executor::joinFamily(const std::shared_ptr<Executor>& e) {
+  const std::string& family = e->comm().options().p2pFamily;
+  if (family.empty()) return;
+  std::lock_guard<std::mutex> g(gFamilyMu);
+  gFamilies[family].push_back(e);
+}
+
+void Executor::failFrom(const std::string& reason, transport::Culprit who) {
+  comm_->failFromElsewhere(reason, who);
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    announce_ = true;
+  }
+  cv_.notify_all();
 }
 
 void Executor::abort() {

@@ -55,6 +55,13 @@ class Executor : public std::enable_shared_from_this<Executor> {
   // also when nothing runs (the worker sends the abort then: before, an idle rank's abort()
   // reached no peer, which waited for it until RINGREDUCE_TIMEOUT). Thread-safe.
   void abort();
+  // This process lost world rank `who.rank` on another channel of this one's group: fail
+  // what runs here naming it, and tell the peer also when nothing runs (see
+  // Communicator::failFromElsewhere). Thread-safe.
+  void failFrom(const std::string& reason, transport::Culprit who);
+  // A point-to-point channel's executor joins its group's family (Options::p2pFamily):
+  // when one of them loses its peer (dead, frozen), the others fail naming that rank.
+  static void joinFamily(const std::shared_ptr<Executor>& e);
   // abort() if anything is running (on the worker or inline on a caller's thread), wait for
   // it to end, join the worker and say goodbye to the peers. Idempotent; any thread.
   void shutdown();
