@@ -16,7 +16,6 @@ import atexit
 import contextlib
 import logging
 import operator
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -140,11 +139,7 @@ def _tell_others(e: Exception, rank: int, world: int, maddr: str | None, mport: 
     the store; `e` is what this rank raises either way."""
     if world < 2:
         return
-    keep = ("RINGREDUCE_CONNECT_TIMEOUT", "TORCHELASTIC_USE_AGENT_STORE")
-    try:  # the two settings the store needs, unless they are what is wrong
-        tun = _env.tunables({k: v for k, v in os.environ.items() if k in keep})
-    except ValueError:
-        tun = _env.tunables({})
+    tun = _env.store_tunables()
     with contextlib.suppress(Exception):
         store = store if store is not None else _rendezvous.torch_default_store()
         made = None

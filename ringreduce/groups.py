@@ -107,7 +107,7 @@ def from_store(store: Any, rank: int, size: int, name: str,
         _store_keys.wrote(p, f"{p}grank/{rank}")
         # The members are known once all have started: until then any rank's failure stops it.
         with _watch.watching(world, [r for r in range(world.world_size)
-                                          if r != world.rank]):
+                                     if r != world.rank]):
             _rendezvous._wait(store, keys, timeout, rank, f"the members of group {name} to "
                               f"start", p, hint="the group ranks missing have not called "
                               "new_group: every member must call it, in the same order")

@@ -341,10 +341,11 @@ def test_group_destroyed_while_another_thread_runs_on_it(world: int, transport: 
             assert o["secs"] < 5.0, f"rank {r} round {i}: told after {o['secs']:.1f} s"
             # Rank 0 is alive: it destroyed the group (said as it left, or as its call in
             # flight ended), it did not leave the job (as said before; found by a helper).
+            # (its goodbye, or its abort or goodbye after the call in flight failed)
             assert "left the job" not in o["msg"], f"rank {r} round {i}: {o}"
-            assert re.search(r"rank 0 \(.*\) left group\d+ \(it called group\d+'s "
-                             r"Group.destroy\(\)|rank 0 \(.*\) failed: communicator was "
-                             r"destroyed \(Group.destroy\(\)", o["msg"]), f"rank {r} round {i}: {o}"
+            assert re.search(r"rank 0 \(.*\) (left group\d+|failed: communicator was "
+                             r"destroyed)", o["msg"]) and "Group.destroy()" in o["msg"], \
+                f"rank {r} round {i}: {o}"
 
 
 @pytest.mark.timeout(90)

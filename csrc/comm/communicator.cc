@@ -173,9 +173,7 @@ void Communicator::poison(const std::string& reason, transport::AbortCode code,
   deferred_ = nullptr;  // failed now: the next call repeats this failure instead
   // Dead, frozen or cut off: it will say no goodbye (the farewell speaks for it). A rank
   // that left or aborted is named in the abort too, but says its own goodbye.
-  const bool gone = lost.cause == PeerCause::kClosed || lost.cause == PeerCause::kSilent ||
-                    lost.cause == PeerCause::kNetwork;
-  lostPeer_ = gone && !lost.outside ? lost.rank : -1;
+  lostPeer_ = isGone(lost.cause) && !lost.outside ? lost.rank : -1;
   bool processFirst = false;  // this is the process's first failure
   {
     std::lock_guard<std::mutex> lock(gFailureMu);

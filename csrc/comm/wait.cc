@@ -189,8 +189,10 @@ void Communicator::throwLeft(int p, const std::string& during) {
     throw PeerError(p, PeerCause::kLeft, detail::concat(
         "rank ", label(p), " (", peerHost(p), ") ",
         transport::leftText(opts_.p2pChannel ? "" : opts_.groupName), during));
-  std::string msg = detail::concat("rank ", label(p), " (", peerHost(p),
-                                   ") left the job after a failure on its side", during, ": ", why);
+  std::string msg =
+      detail::concat("rank ", label(p), " (", peerHost(p), ") ",
+                     transport::leftAfterFailure(opts_.p2pChannel ? "" : opts_.groupName), during,
+                     ": ", why);
   if (knownCulprit(who, p))
     throw PeerError(who.rank, who.cause, std::move(msg), p, who.outside);
   throw PeerError(p, PeerCause::kLeft, std::move(msg));

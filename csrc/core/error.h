@@ -52,6 +52,10 @@ enum class PeerCause {
   kHandshake,  // connecting or authenticating to it failed
 };
 const char* toString(PeerCause c);
+// Dead, frozen or cut off: the peer will say no goodbye (it did not leave or give up).
+inline bool isGone(PeerCause c) {
+  return c == PeerCause::kClosed || c == PeerCause::kSilent || c == PeerCause::kNetwork;
+}
 
 // A peer died, closed its connection, sent an abort or violated the protocol. `via`: the
 // rank that told this one (its abort frame named `peer`, which it lost), or -1 (seen here).

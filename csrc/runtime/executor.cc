@@ -210,15 +210,11 @@ static void rethrowWithContext(comm::Communicator& c) {
     // A rank gone from the job (dead, silent, cut off, or left while needed) or that gave
     // up (its abort): this rank's abort names it, so survivors that never waited for it
     // name it too, not this rank.
-    const bool lost = cause == PeerCause::kClosed || cause == PeerCause::kSilent ||
-                      cause == PeerCause::kNetwork || cause == PeerCause::kLeft ||
-                      cause == PeerCause::kAborted;
+    const bool lost = isGone(cause) || cause == PeerCause::kLeft || cause == PeerCause::kAborted;
     const transport::Culprit who = outside >= 0 ? transport::Culprit{outside, cause, true}
                                                 : transport::Culprit{peer, cause};
     c.poison(msg, transport::AbortCode::kPeer, lost ? who : transport::Culprit{});
-    const bool dead = cause == PeerCause::kClosed || cause == PeerCause::kSilent ||
-                      cause == PeerCause::kNetwork;
-    if (dead && via < 0 && outside < 0 && c.options().p2pChannel && peer >= 0 &&
+    if (isGone(cause) && via < 0 && outside < 0 && c.options().p2pChannel && peer >= 0 &&
         peer < c.world() && peer != c.rank())
       failFamily(c, detail::concat("it lost rank ", c.label(peer), " (", toString(cause),
                                    ") on ", c.options().groupName, ": ", e.what()),
@@ -302,7 +298,9 @@ void Executor::joinFamily(const std::shared_ptr<Executor>& e) {
   const std::string& family = e->comm().options().p2pFamily;
   if (family.empty()) return;
   std::lock_guard<std::mutex> g(gFamilyMu);
-  gFamilies[family].push_back(e);
+  auto& v = gFamilies[family];
+  v.erase(std::remove_if(v.begin(), v.end(), [](auto& w) { return w.expired(); }), v.end());
+  v.push_back(e);
 }
 
 void Executor::failFrom(const std::string& reason, transport::Culprit who) {

@@ -63,6 +63,11 @@ inline std::string leftText(const std::string& scope) {
   return "left " + scope + " (it called " + scope + "'s Group.destroy() or ringreduce."
          "destroy(), or its program ended: normally or by an exception)";
 }
+// The same when its goodbye gave a failure on its side as the reason.
+inline std::string leftAfterFailure(const std::string& scope) {
+  return "left " + (scope.empty() ? std::string("the job") : scope) +
+         " after a failure on its side";
+}
 
 class Connection {
  public:

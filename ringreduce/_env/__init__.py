@@ -28,6 +28,7 @@ from .tunables import (
     describe_tunables,
     is_set,
     job_wide,
+    store_tunables,
     tunables,
 )
 
@@ -47,5 +48,6 @@ __all__ = [
     "launch_given",
     "resolve",
     "select_interface_address",
+    "store_tunables",
     "tunables",
 ]

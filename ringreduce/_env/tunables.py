@@ -230,6 +230,18 @@ def tunables(env: Mapping[str, str] | None = None) -> Tunables:
     return _cross_check(Tunables(**values))
 
 
+def store_tunables(env: Mapping[str, str] | None = None) -> Tunables:
+    """Tunables with only what reaching the store needs read (RINGREDUCE_CONNECT_TIMEOUT,
+    TORCHELASTIC_USE_AGENT_STORE) -- defaults when those are what is wrong: for a rank that
+    refused its other settings to tell the others so (ringreduce.api)."""
+    env = os.environ if env is None else env
+    keep = ("RINGREDUCE_CONNECT_TIMEOUT", "TORCHELASTIC_USE_AGENT_STORE")
+    try:
+        return tunables({k: env[k] for k in keep if k in env})
+    except ValueError:
+        return Tunables()
+
+
 # RINGREDUCE_* names that are no setting of a running job: the build's (setup.py), the
 # launcher's hand-over to its ranks, the test suite's.
 _OTHER_NAMES = frozenset({
