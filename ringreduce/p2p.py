@@ -339,6 +339,7 @@ def _poll_peers(g: Group, world: Group, peers: list[int], tag: int, what: str,
     timeout, which = _deadline(g, world)
     t0 = time.monotonic()
     store_at, store_every, naps, probe_at = t0, 0.001, 0, t0 + 0.05
+    left_at = t0 + 0.5
     while True:
         now = time.monotonic()
         # destroyed on another thread (g: see _match): before g.store is used
@@ -365,6 +366,9 @@ def _poll_peers(g: Group, world: Group, peers: list[int], tag: int, what: str,
         if look_in_store:  # one store read per peer without a channel: back off
             store_every = min(store_every * 2, 0.05)
             store_at = now + store_every
+        if now >= left_at:  # no message waits (above): has every sender left?
+            _raise_if_all_left(world, peers, f"{what}(src=None, tag={tag})")
+            left_at = now + 1.0
         if now - t0 > timeout:
             from ._C import CollectiveTimeout
 
@@ -373,6 +377,34 @@ def _poll_peers(g: Group, world: Group, peers: list[int], tag: int, what: str,
                 f"message within {timeout:g} s ({which})")
         naps += 1
         time.sleep(0 if naps < 100 else min(1e-3, 1e-5 * (naps - 99)))
+
+
+def _raise_if_all_left(world: Group, peers: list[int], what: str) -> None:
+    """A receive from any rank waits on while one sender may still send; once every one
+    has left the job (said goodbye: whatever it sent was delivered first) none will, so it
+    fails now, naming them -- before, it waited for RINGREDUCE_TIMEOUT and then said only
+    that nobody sent (found by a helper)."""
+    from ._C import PeerFailure
+
+    comm = world.comm
+    if comm is None:
+        return
+    for p in peers:
+        try:
+            comm.probe_peers([p])
+        except PeerFailure as e:
+            if getattr(e, "peer_rank", None) == p and getattr(e, "cause", None) == "left":
+                continue
+            return  # another failure: the liveness probe reports it
+        except RuntimeError:
+            return  # destroyed meanwhile: the next check says so
+        return  # p is still in the job
+    err = PeerFailure(f"rank {world.rank}: {what}: every rank it could receive from "
+                      f"({', '.join(map(str, peers))}) left the job (destroy(), or its program "
+                      f"ended) without a message for it; nothing more can arrive")
+    err.peer_rank = peers[0] if len(peers) == 1 else None  # type: ignore[attr-defined]
+    err.cause = "left"  # type: ignore[attr-defined]
+    raise err
 
 
 def _wanted(g: Group, world: Group, src: int, tag: int) -> bool:

@@ -183,3 +183,27 @@ def pipeline_death(rank: int, world: int, victim: int = 2) -> dict:
         time.sleep(8)  # still alive, and not destroyed, when stage 0 is told
     rr.destroy()
     return out
+
+
+def every_sender_left(rank: int, world: int) -> dict:
+    """Rank 1 sends one message on tag 5, then destroys; rank 2 destroys at once. Rank 0's
+    first receive from any rank gets rank 1's message (delivered before it left); its second
+    fails at once: every sender left (it waited for RINGREDUCE_TIMEOUT before)."""
+    import time
+
+    if rank == 1:
+        rr.send(np.full(4, 7.0, np.float32), dst=0, tag=5)
+    if rank != 0:
+        rr.destroy()
+        return {}
+    y = np.zeros(4, np.float32)
+    first = rr.recv(y, tag=5)
+    t0 = time.monotonic()
+    try:
+        rr.recv(y, tag=5)
+        out = {"error": "no error"}
+    except Exception as e:  # noqa: BLE001
+        out = {"error": f"{type(e).__name__}: {e}", "cause": getattr(e, "cause", None)}
+    out.update(first=first, got=float(y[0]), secs=time.monotonic() - t0)
+    rr.destroy()
+    return out

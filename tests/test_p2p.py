@@ -133,6 +133,18 @@ def test_a_ring_names_the_dead_rank_on_every_survivor(transport: str) -> None:
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_receive_from_any_rank_fails_once_every_sender_left(transport: str) -> None:
+    out = run_world(3, "p2p_leave_workers:every_sender_left", timeout=60,
+                    env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30"})[0]
+    assert (out["first"], out["got"]) == (1, 7.0), out  # what a leaver sent still arrives
+    assert out["error"].startswith("PeerFailure"), out
+    assert "every rank it could receive from (1, 2) left the job" in out["error"], out
+    assert out["cause"] == "left", out
+    assert out["secs"] < 5, out  # not the 30 s timeout
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_a_pipeline_stage_is_told_of_a_death_two_stages_away(transport: str) -> None:
     outs = run_world_raw(4, "p2p_leave_workers:pipeline_death", timeout=60, expendable=[2],
                          env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30"})
