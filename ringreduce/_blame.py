@@ -22,6 +22,12 @@ def is_secondary(e: BaseException, peer_failure: type[BaseException]) -> bool:
 SECONDARY = "ringreduce_relayed"  # attribute set on errors that relay another rank's
 
 
+def named_rank(e: BaseException) -> int | None:
+    """The world rank error `e` names (.peer_rank), if it names one."""
+    named = getattr(e, "peer_rank", None)
+    return named if isinstance(named, int) and named >= 0 else None
+
+
 def mark_peer_failures(peer_failure: type[BaseException]) -> None:
     """In a rank of ringreduce-run (``import ringreduce`` calls it): when the process ends on
     an uncaught `peer_failure` (or an exception raised while handling one, or from one) --
@@ -43,10 +49,10 @@ def mark_peer_failures(peer_failure: type[BaseException]) -> None:
         if seen is not None and is_secondary(seen, peer_failure):
             # The world rank it names, if any: the launcher blames that rank when every rank
             # that failed only reported it (it froze, or left early with code 0).
-            named = getattr(seen, "peer_rank", None)
+            named = named_rank(seen)
             try:
                 with open(os.path.join(folder, str(os.getpid())), "x") as f:
-                    f.write(str(named) if isinstance(named, int) and named >= 0 else "")
+                    f.write("" if named is None else str(named))
             except OSError:
                 pass  # the launcher is gone, or this process marked it already
         previous(kind, value, tb)  # type: ignore[arg-type]

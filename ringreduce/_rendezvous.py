@@ -441,8 +441,8 @@ def allgather(store: Any, prefix: str, rank: int, world: int, timeout: float, st
 def _fail(store: Any, prefix: str, error: Exception) -> Exception:
     """Tell the other ranks why this one gives up (they stop waiting at their next poll)
     and which rank its error names (.peer_rank), return `error`."""
-    named = getattr(error, "peer_rank", None)
-    head = type(error).__name__ + (f" {named}" if isinstance(named, int) and named >= 0 else "")
+    named = _blame.named_rank(error)
+    head = type(error).__name__ + ("" if named is None else f" {named}")
     try:
         if not _store_guard.was_cut(store):  # else torch would log a trace, then fail
             store.set(prefix + "failed", f"{head}\n{error}")

@@ -25,16 +25,21 @@ _ALSO = threading.local()  # also_stop_on: failure keys every _wait of this thre
 
 
 @contextlib.contextmanager
-def also_stop_on(key: str) -> Iterator[None]:
-    """While inside: every _wait of this thread also stops when `key` (a failure posted as
-    _fail posts it) appears. Group creation uses a job-wide key: a rank that finds the
-    groups out of step cannot know under which group's prefix the others wait."""
-    prev = getattr(_ALSO, "keys", ())
-    _ALSO.keys = (*prev, key)
+def _pushed(local: threading.local, item: Any) -> Iterator[None]:
+    """While inside: `item` is on this thread's tuple `local.v` (also_stop_on, while_alive)."""
+    prev = getattr(local, "v", ())
+    local.v = (*prev, item)
     try:
         yield
     finally:
-        _ALSO.keys = prev
+        local.v = prev
+
+
+def also_stop_on(key: str) -> contextlib.AbstractContextManager:
+    """While inside: every _wait of this thread also stops when `key` (a failure posted as
+    _fail posts it) appears. Group creation uses a job-wide key: a rank that finds the
+    groups out of step cannot know under which group's prefix the others wait."""
+    return _pushed(_ALSO, key)
 
 
 _WATCH = threading.local()  # watching(): (world Group, peers) whose failure stops the waits
@@ -58,7 +63,7 @@ def watching(world: Any, peers: Any) -> Iterator[None]:
 def watched_probe(what: str) -> Any:
     """For a wait outside the store (a group's TCP connect in C++): a function raising as
     _wait does when a peer this thread watches (see watching) is gone; None if none."""
-    w = getattr(_WATCH, "v", None)
+    w = watched()
     return None if w is None else functools.partial(probe, w[0], w[1], what)
 
 
@@ -93,17 +98,11 @@ def probe(world: Any, peers: Any, what: str, left_too: bool = True) -> None:
 _OWNERS = threading.local()  # while_alive(): groups whose destroy() stops this thread's waits
 
 
-@contextlib.contextmanager
-def while_alive(g: Any) -> Iterator[None]:
+def while_alive(g: Any) -> contextlib.AbstractContextManager:
     """While inside: every watched wait of this thread (see watching) also stops once group
     `g` is destroyed (on another thread) -- making a group's point-to-point channel, before
     it waited on for the group's timeout and then blamed the peer."""
-    prev = getattr(_OWNERS, "v", ())
-    _OWNERS.v = (*prev, g)
-    try:
-        yield
-    finally:
-        _OWNERS.v = prev
+    return _pushed(_OWNERS, g)
 
 
 def check_destroyed(world: Any, what: str) -> None:
@@ -121,7 +120,7 @@ def check_destroyed(world: Any, what: str) -> None:
 
 def also_keys() -> tuple:
     """The failure keys this thread's waits also stop on (see also_stop_on)."""
-    return getattr(_ALSO, "keys", ())
+    return getattr(_ALSO, "v", ())
 
 
 def watched() -> tuple | None:

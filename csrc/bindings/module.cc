@@ -42,9 +42,6 @@ void registerGpu(pybind11::module_& m);  // gpu.cc
 
 namespace {
 
-// A communicator rank as users know it (a group's: its world rank); -1 stays unknown.
-int label(const Options& o, int r) { return r >= 0 ? rankLabel(o.rankLabels, r) : -1; }
-
 // Shared-memory settings; "shm_prefix" empty or absent = no shared memory.
 struct ShmPlan {
   std::string prefix;          // empty: no shared memory
@@ -258,12 +255,14 @@ class PyComm {
         conns = transport::tcp::connectMesh(me, listener, addrs, d, check);
         listener.close();  // nobody else may connect after init
       }
-    } catch (const TimeoutError& e) {  // ranks as users know them (a group's: world ranks)
-      throw TimeoutError(e.what(), label(o, e.waitingFor()), label(o, e.stuck()),
-                         label(o, e.via()));
+    } catch (const TimeoutError& e) {  // ranks as users know them (a group's: world ranks;
+      const auto& l = o.rankLabels;     // -1, unknown, stays)
+      throw TimeoutError(e.what(), rankLabel(l, e.waitingFor()), rankLabel(l, e.stuck()),
+                         rankLabel(l, e.via()));
     } catch (const PeerError& e) {
       if (e.outside()) throw;
-      throw PeerError(label(o, e.peer()), e.cause(), e.what(), label(o, e.via()));
+      throw PeerError(rankLabel(o.rankLabels, e.peer()), e.cause(), e.what(),
+                      rankLabel(o.rankLabels, e.via()));
     }
     auto comm = std::make_unique<comm::Communicator>(rank, world, std::move(conns), o);
     if (socketless)

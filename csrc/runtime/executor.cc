@@ -143,6 +143,13 @@ namespace {
 std::mutex gFamilyMu;
 std::map<std::string, std::vector<std::weak_ptr<Executor>>> gFamilies;
 
+// The live channels of `family` (gFamilyMu held), the destroyed ones dropped.
+std::vector<std::weak_ptr<Executor>>& liveFamily(const std::string& family) {
+  auto& v = gFamilies[family];
+  v.erase(std::remove_if(v.begin(), v.end(), [](auto& w) { return w.expired(); }), v.end());
+  return v;
+}
+
 // Channel `c` lost its peer: tell the family's other channels (they fail, naming it; an
 // idle one tells its own peer -- a pipeline stage waiting on a neighbour that lost another
 // stage is told at once, as a collective's ranks are by the abort frame).
@@ -150,11 +157,7 @@ void failFamily(comm::Communicator& c, const std::string& why, transport::Culpri
   std::vector<std::shared_ptr<Executor>> others;
   {
     std::lock_guard<std::mutex> g(gFamilyMu);
-    auto it = gFamilies.find(c.options().p2pFamily);
-    if (it == gFamilies.end()) return;
-    auto& v = it->second;
-    v.erase(std::remove_if(v.begin(), v.end(), [](auto& w) { return w.expired(); }), v.end());
-    for (auto& w : v)
+    for (auto& w : liveFamily(c.options().p2pFamily))
       if (auto e = w.lock(); e && &e->comm() != &c) others.push_back(std::move(e));
   }
   for (auto& e : others) e->failFrom(why, who);
@@ -298,9 +301,7 @@ void Executor::joinFamily(const std::shared_ptr<Executor>& e) {
   const std::string& family = e->comm().options().p2pFamily;
   if (family.empty()) return;
   std::lock_guard<std::mutex> g(gFamilyMu);
-  auto& v = gFamilies[family];
-  v.erase(std::remove_if(v.begin(), v.end(), [](auto& w) { return w.expired(); }), v.end());
-  v.push_back(e);
+  liveFamily(family).push_back(e);
 }
 
 void Executor::failFrom(const std::string& reason, transport::Culprit who) {
