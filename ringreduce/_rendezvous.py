@@ -368,9 +368,16 @@ def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,
 def _raise_posted(store: Any, stops: list, rank: int, what: str) -> None:
     """Raise the failure another rank posted under one of `stops`, if any."""
     stop = next((k for k in stops if store.check([k])), None)
-    if stop is None:
-        return
-    head, _, msg = store.get(stop).decode().partition("\n")
+    if stop is not None:
+        # Made by a helper: an error held in a local of the frame raising it is a reference
+        # cycle (error -> traceback -> frame -> error) that keeps every frame's locals -- a
+        # failed group's listener and store connection -- until the cyclic GC runs (found
+        # by a helper: 3 sockets per failed new_group() after destroy()).
+        raise _posted_error(store.get(stop).decode(), rank, what)
+
+
+def _posted_error(posted: str, rank: int, what: str) -> Exception:
+    head, _, msg = posted.partition("\n")
     kind, _, named = head.partition(" ")
     msg = f"rank {rank}: stopped waiting for {what} because another rank failed: {msg}"
     err = ValueError(msg) if kind == "ValueError" else (  # bad settings: the same class
@@ -378,7 +385,7 @@ def _raise_posted(store: Any, stops: list, rank: int, what: str) -> None:
     if named.isdigit():  # the rank the poster's error named: named here too
         err.peer_rank = int(named)  # type: ignore[attr-defined]
     setattr(err, _blame.SECONDARY, True)  # the launcher blames the rank that posted it
-    raise err
+    return err
 
 
 def _wait_for(store: Any, keys: list[str], timeout: float, rank: int, what: str,

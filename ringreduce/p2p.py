@@ -186,6 +186,7 @@ def _take_turn(g: Group, world: Group, key: tuple, turns: _Turns, ticket: int, p
             raise err
         return post(ch)
     finally:
+        err = None  # no cycle error -> traceback -> this frame (see _posted_error)
         with _LOCK:
             turns.serving += 1
             drained = turns.serving == turns.next
@@ -399,12 +400,18 @@ def _raise_if_all_left(world: Group, peers: list[int], what: str) -> None:
         except RuntimeError:
             return  # destroyed meanwhile: the next check says so
         return  # p is still in the job
-    err = PeerFailure(f"rank {world.rank}: {what}: every rank it could receive from "
-                      f"({', '.join(map(str, peers))}) left the job (destroy(), or its program "
-                      f"ended) without a message for it; nothing more can arrive")
+    raise _all_left(PeerFailure(
+        f"rank {world.rank}: {what}: every rank it could receive from "
+        f"({', '.join(map(str, peers))}) left the job (destroy(), or its program ended) "
+        f"without a message for it; nothing more can arrive"), peers)
+
+
+def _all_left(err: Exception, peers: list[int]) -> Exception:
+    """`err` with the attributes of a PeerFailure for `peers` leaving (made here: an error
+    held in the raising frame's locals would be a reference cycle through its traceback)."""
     err.peer_rank = peers[0] if len(peers) == 1 else None  # type: ignore[attr-defined]
     err.cause = "left"  # type: ignore[attr-defined]
-    raise err
+    return err
 
 
 def _wanted(g: Group, world: Group, src: int, tag: int) -> bool:

@@ -413,3 +413,37 @@ def destroy_after_async_wait(rank: int, world: int, rounds: int) -> dict:
         g.destroy()
         failed += comm.failed_at_destroy
     return {"failed": failed, "wrong": wrong}
+
+
+def failed_group_fds(rank: int, world: int) -> dict:
+    """A new_group() that fails on every rank (rank 0's open-file limit is too low for it:
+    it posts why, the others raise that), then destroy(): this rank's descriptors are back
+    to what they were before init, with the cyclic garbage collector off -- before, an
+    error kept in the frame raising it held the failed group's listener, heartbeat socket
+    and store connection until a collection (found by a helper)."""
+    import gc
+    import resource
+
+    rr.init(timeout=30)
+    rr.destroy()  # one-time state (torch's, the library's) settles
+    before = sorted(os.listdir("/proc/self/fd"))
+    gc.disable()
+    try:
+        rr.init(timeout=30)
+        if rank == 0:
+            n = _nfds() + 12  # below what a group of `world` asks for (_fds.ensure)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+        try:
+            rr.new_group(list(range(world)))
+            failed = None
+        except Exception as e:  # noqa: BLE001 - reported
+            failed = type(e).__name__
+        rr.destroy()
+        end = time.monotonic() + 3  # rank 0's store server stops as its destroy() ends
+        while sorted(os.listdir("/proc/self/fd")) != before and time.monotonic() < end:
+            time.sleep(0.05)
+        left = [os.readlink(f"/proc/self/fd/{f}") for f in os.listdir("/proc/self/fd")
+                if f not in before and os.path.exists(f"/proc/self/fd/{f}")]
+    finally:
+        gc.enable()
+    return {"failed": failed, "left": left}

@@ -56,6 +56,15 @@ def test_a_rank_that_destroys_after_the_store_closed_exits_quietly(world: int) -
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_failed_new_group_leaves_nothing_open_after_destroy(world: int) -> None:
+    outs = run_world(world, "hardening_workers:failed_group_fds", timeout=60, init=False)
+    for r, v in enumerate(outs):
+        assert v["failed"] is not None, (r, v)  # the group must have failed on every rank
+        assert v["left"] == [], (r, v)
+
+
+@pytest.mark.timeout(90)
 def test_reinit_never_reaches_the_closing_store() -> None:
     # Failed in CI (1 in ~15 runs of a re-init test): a rank that stopped waiting for rank
     # 0's farewell answer re-connected to the old server, which then stopped under it.
