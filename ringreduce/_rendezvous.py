@@ -137,6 +137,9 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
     return box[0]
 
 
+_CONNECTING: set = set()  # store-connect threads still running (join_connects_at_exit)
+
+
 def _build(dist: Any, addr: str, port: int, is_master: bool, timeout: float,
            deadline: float) -> list:
     """[the TCPStore], [the exception making it raised], or [] at the deadline. TCPStore's own
@@ -151,11 +154,26 @@ def _build(dist: Any, addr: str, port: int, is_master: bool, timeout: float,
                                      wait_for_workers=False))
         except Exception as e:  # noqa: BLE001 - torch's RuntimeError/DistNetworkError, re-raised
             box.append(e)
+        finally:
+            _CONNECTING.discard(threading.current_thread())
 
     t = threading.Thread(target=build, name="ringreduce-store-connect", daemon=True)
+    _CONNECTING.add(t)
     t.start()
     t.join(max(0.0, deadline - time.monotonic()) + 1.0)
     return box
+
+
+def join_connects_at_exit(seconds: float = 5.0) -> None:
+    """Wait (bounded) for store connects still retrying past their deadline: torch's retries
+    overshoot its timeout by a second or more, and a thread coming back from C++ while the
+    interpreter finalizes is ended inside a noexcept frame -- the process then aborted
+    ("terminate called without an active exception", SIGABRT) after init() had raised its
+    clear timeout (found by a helper: unroutable MASTER_ADDR, 3 runs in 4). A thread blocked
+    for good (a server that never answers) is left: it never comes back."""
+    end = time.monotonic() + seconds
+    for t in list(_CONNECTING):
+        t.join(max(0.0, end - time.monotonic()))
 
 
 def _refuse_second_rank0(dist: Any, addr: str, port: int, world: int) -> None:

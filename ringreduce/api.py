@@ -245,6 +245,7 @@ def _destroy_at_exit() -> None:
         if _state._DEFAULT[0] is not None:
             destroy()
     finally:
+        _rendezvous.join_connects_at_exit()
         if "ringreduce._futures" in sys.modules:  # end the completer threads before Python
             sys.modules["ringreduce._futures"]._COMPLETER.join_at_exit()  # finalizes
 
