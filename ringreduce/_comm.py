@@ -28,7 +28,8 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
     whose ranks share one host opens no TCP connection (Options::socketless); the store
     stands in for the mesh while its shared memory is set up. links: a group's over TCP
     are streams on these shared connections (_C.LinkTable; unless RINGREDUCE_GROUP_LINKS=0), each
-    named by a hash of `prefix` (full mesh only: larger groups connect their own lazily)."""
+    named by a hash of the set-up's session (full mesh only: larger groups connect their own
+    lazily)."""
     from . import _C
 
     # The caller's options, less what a connect derives (the world's, when a group's).
@@ -79,7 +80,7 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
         comm = _C.Communicator(rank, world, listener, peers.addrs, peers.secret,
                                {**options, "setup_seconds": left()},
                                peers.hb_addrs, meet, _watch.watched_probe(f"{name} to connect"),
-                               links, _stream_id(peers.prefix) if links is not None else 0,
+                               links, _stream_id(peers) if links is not None else 0,
                                link_ids)
     except Exception as e:
         if meet is not None:  # no mesh to carry the abort: the others wait in the store
@@ -117,12 +118,16 @@ def _agreed_links(published: list, rank: int) -> tuple:
                    for p in range(len(published))]
 
 
-def _stream_id(prefix: str) -> int:
-    """The stream a group's messages take on each shared link: the same on every member (a
-    hash of the group's store prefix, unique in the job)."""
+def _stream_id(peers: Any) -> int:
+    """The stream a group's messages take on each shared link: the same on every member, a
+    hash of the session its rank 0 drew for this set-up (random). Not of the store prefix
+    alone: torch's subgroups each have a PrefixStore of their own, and the prefix inside it
+    repeats for groups of one size -- a second dist.new_group([0, 1]) over TCP failed with
+    "stream ... is already open on the link" (found by a helper)."""
     import hashlib
 
-    return int.from_bytes(hashlib.sha256(prefix.encode()).digest()[:8], "little")
+    key = f"{peers.prefix}|{peers.session}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "little")
 
 
 def set_call_sites(on: bool) -> None:

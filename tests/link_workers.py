@@ -94,3 +94,38 @@ def concurrent_channels(rank: int, world: int, rounds: int = 3, tags: int = 6) -
     links = rr.world_group().links
     return {"fails": fails, "secs": time.monotonic() - t0,
             "links": len(links) if links is not None else -1}
+
+
+def torch_subgroups_alike(rank: int, world: int) -> list:
+    """torch subgroups over the same ranks more than once (dist.new_group twice,
+    new_subgroups then new_group, a 2-D DeviceMesh then new_subgroups): each torch group
+    has a PrefixStore of its own, and the keys inside repeat for groups of one size -- the
+    second group's stream on the shared links collided with the first's ("stream ... is
+    already open on the link"; found by a helper). Each group all-reduces rank-dependent
+    values, checked."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("ringreduce")
+    fails: list = []
+    made: list = [dist.new_group([0, 1]), dist.new_group([0, 1])]
+    if world >= 4:
+        made.append(dist.new_subgroups(group_size=2)[0])
+        made.append(dist.new_group([0, 1]))
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("rep", "shard"))
+        made += [mesh["rep"].get_group(), mesh["shard"].get_group(),
+                 dist.new_subgroups(group_size=2)[0]]
+    for i, g in enumerate(made):
+        if g is None or g == dist.GroupMember.NON_GROUP_MEMBER:
+            continue
+        members = dist.get_process_group_ranks(g)
+        x = torch.arange(10, dtype=torch.float64) + 100 * rank + i
+        dist.all_reduce(x, group=g)
+        want = torch.arange(10, dtype=torch.float64) * len(members) + sum(
+            100 * m + i for m in members)
+        if not torch.equal(x, want):
+            fails.append(f"group {i} {members}: {x[:3].tolist()} != {want[:3].tolist()}")
+    dist.destroy_process_group()
+    return fails

@@ -54,6 +54,14 @@ def test_channels_set_up_at_once_agree_on_their_links(world: int) -> None:
         assert o["links"] == min(2, world - 1), (r, o)  # links to both ring neighbours
 
 
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("world", [2, 4])
+def test_torch_subgroups_over_the_same_ranks_get_streams_of_their_own(world: int) -> None:
+    outs = run_world(world, "link_workers:torch_subgroups_alike", timeout=120, env=LINKS,
+                     init=False)
+    assert not any(outs), outs
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("links", ["1", "0"])
 def test_a_new_group_opens_no_connection_where_a_link_exists(links: str) -> None:
