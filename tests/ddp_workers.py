@@ -254,6 +254,27 @@ def sc_rebuild(rank: int, world: int, steps: int = 3) -> dict:
             "after": ddp.bucket_parameter_names(), "rank0_order": order}
 
 
+def sc_static_graph_changed(rank: int, world: int) -> dict:
+    """static_graph=True whose graph changes after the first iteration, both ways (`c`
+    unused, then used; used, then unused): torch's "training graph has changed" on every
+    rank after the backward's collectives (found by a helper: a mid-backward 'marked ready
+    twice ... Use static_graph=True' on some ranks, a mismatch on the others)."""
+    msgs = []
+    for first in (False, True):
+        model, _ = make(Branchy)
+        ddp = DDP(model, static_graph=True, bucket_cap_mb=TINY_CAP_MB)
+        x, y = batch(0, world)
+        try:
+            for use_c in (first, not first):
+                F.mse_loss(ddp(shard(x, rank), use_c=use_c), shard(y, rank)).backward()
+            msgs.append(None)
+        except RuntimeError as e:
+            msgs.append(str(e))
+    t = torch.ones(3)
+    rr.allreduce(t)
+    return {"msgs": msgs, "comm_ok": bool((t == world).all())}
+
+
 def sc_unused_error(rank: int, world: int) -> dict:
     """An unused parameter without find_unused_parameters: an actionable error on every
     rank, not a hang; the communicator stays usable."""
@@ -681,6 +702,7 @@ SCENARIOS: dict = {
     "hook_order": sc_hook_order,
     "rebuild": sc_rebuild,
     "unused_error": sc_unused_error,
+    "static_graph_changed": sc_static_graph_changed,
     "shape_mismatch": sc_shape_mismatch,
     "option_mismatch": sc_option_mismatch,
     "state_dict": sc_state_dict,

@@ -434,6 +434,17 @@ def test_parameter_unused_on_some_ranks_in_the_first_iteration(suite):
             assert "did not receive a gradient" in r["msg"] and "'c.weight'" in r["msg"], r["msg"]
 
 
+def test_static_graph_that_changes_is_named_on_every_rank(suite):
+    _, res = _get(suite, "static_graph_changed")
+    for rank, r in enumerate(res):
+        assert r["comm_ok"], f"rank {rank}: the communicator is out of step"
+        now_used, now_unused = r["msgs"]
+        for m, how in ((now_used, "received none then but one now"),
+                       (now_unused, "received a gradient then but none now")):
+            assert m is not None and "training graph has changed" in m, (rank, m)
+            assert how in m and "'c.weight'" in m and "find_unused_parameters=True" in m, m
+
+
 def test_failed_backward_is_an_error_at_every_later_forward(suite):
     _, res = _get(suite, "failed_backward_sticks")
     for r in res:

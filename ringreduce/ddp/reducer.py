@@ -188,6 +188,7 @@ class Reducer:
         self._works: list = [None] * nb
         self._order: list = []
         self._unused_pending: list = []  # marked ready (zeros) by the first hook
+        self._changed: list = []  # static graph: unused when learned, a gradient now
         # Parameters whose gradient was left where autograd put it (not copied into the
         # bucket yet), and buckets all-reduced on those gradients in place (_launch).
         self._in_place = [False] * self.n
@@ -281,6 +282,12 @@ class Reducer:
         if not self._callback_queued:
             torch.autograd.Variable._execution_engine.queue_callback(self._engine_callback)
             self._callback_queued = True
+        if self._ready[i] and not self._fired[i] and self._static_unused is not None:
+            # static_graph=True learned this parameter unused: the graph changed. Raised
+            # after the backward's collectives (every rank's match), not here mid-backward,
+            # where the others then failed on a mismatch (found by a helper).
+            self._changed.append(i)
+            return
         if self._ready[i]:
             why = ("it was marked unused after forward (not reachable from the outputs) but "
                    "received a gradient" if not self._fired[i] else
@@ -411,8 +418,8 @@ class Reducer:
                 used_map = torch.tensor([f or i in self._used_unsynced
                                          for i, f in enumerate(self._fired)], dtype=torch.int32)
                 used_work = api.allreduce(used_map, op="max", async_op=True, group=self.group)
-            elif missing and from_engine:
-                error = self._unused_error(missing)
+            elif (missing or self._changed) and from_engine:
+                error = self._unused_error(missing, self._changed)
             # Without a backward (a forward whose iteration is closed by the next forward)
             # gradients are only written where some rank produced one (detect mode).
             write = from_engine or detect
@@ -503,9 +510,25 @@ class Reducer:
             else:
                 g.copy_(view)
 
-    def _unused_error(self, missing: list) -> str:
-        names = ", ".join(f"'{self.names[i]}'" for i in missing[:10])
-        more = f" (and {len(missing) - 10} more)" if len(missing) > 10 else ""
+    def _unused_error(self, missing: list, changed: list) -> str:
+        def listed(ix: list) -> str:
+            more = f" (and {len(ix) - 10} more)" if len(ix) > 10 else ""
+            return ", ".join(f"'{self.names[i]}'" for i in ix[:10]) + more
+
+        if self._static_unused is not None:  # static_graph=True, learned in iteration 1
+            what = "; ".join(
+                ([f"{listed(missing)} received a gradient then but none now"] if missing
+                 else []) + ([f"{listed(changed)} received none then but one now"]
+                             if changed else []))
+            return (
+                f"DistributedDataParallel on rank {self.rank}: your training graph has changed "
+                f"in this iteration, which is not compatible with static_graph=True (it learnt "
+                f"which parameters are used from the first iteration): {what}. Pass "
+                f"find_unused_parameters=True instead of static_graph=True for a graph that "
+                f"changes. (This iteration's gradients were reduced on all ranks as learnt, so "
+                f"no rank hangs.)")
+        names = listed(missing)
+        more = ""
         return (
             f"DistributedDataParallel on rank {self.rank}: {len(missing)} parameter(s) did not "
             f"receive a gradient in this backward: {names}{more}. This error indicates that "
