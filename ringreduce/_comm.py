@@ -11,7 +11,7 @@ import os
 import time
 from typing import Any
 
-from . import _cpus, _env, _fds, _rendezvous, _state, _watch
+from . import _blame, _cpus, _env, _fds, _rendezvous, _state, _watch
 from ._buffers import algo_code
 
 log = logging.getLogger("ringreduce")
@@ -61,6 +61,7 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
                                  secret, left(), f"{host}:{listener.heartbeat_port}",
                                  prefix=prefix, settings=_env.job_wide(tun, options))
     peers.addrs, link_ids = _agreed_links(peers.addrs, rank)
+    _refuse_unreachable_loopback(peers, labels, name)
     options["session"] = peers.session  # per-init heartbeat key: no replay across inits
     # Busy-poll (sockets and shared memory) briefly only when every local rank can have its
     # own CPU among those this process may run on (affinity mask, cgroup quota): spinning
@@ -76,15 +77,19 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
         options["socketless"] = True
         meet = functools.partial(_rendezvous.allgather, store, peers.prefix, rank, world,
                                  left())
+    what = f"{name} to connect"
     try:
-        comm = _C.Communicator(rank, world, listener, peers.addrs, peers.secret,
-                               {**options, "setup_seconds": left()},
-                               peers.hb_addrs, meet, _watch.watched_probe(f"{name} to connect"),
-                               links, _stream_id(peers) if links is not None else 0,
-                               link_ids)
+        with _rendezvous.store_used(rank, f"{name}'s set-up", store, left()):  # checks' calls
+            comm = _C.Communicator(rank, world, listener, peers.addrs, peers.secret,
+                                   {**options, "setup_seconds": left()}, peers.hb_addrs, meet,
+                                   _setup_check(store, peers.prefix, rank, what), links,
+                                   _stream_id(peers) if links is not None else 0, link_ids)
     except Exception as e:
-        if meet is not None:  # no mesh to carry the abort: the others wait in the store
-            _rendezvous._fail(store, peers.prefix, e)
+        # The others may wait for this rank's connection (no mesh carries the abort yet):
+        # they stop at their next check (a rank with no route to another's address failed
+        # at once; the other waited for it until RINGREDUCE_CONNECT_TIMEOUT).
+        if not getattr(e, _blame.SECONDARY, False):  # not one told here by another rank
+            _rendezvous.fail_bounded(store, peers.prefix, e, _rendezvous._speaker(rank))
         raise
     log.info("rank %d of %s: connected to %d peers from %s; transport plan: %s", rank, name,
              world - 1, bind, comm.plan)
@@ -101,6 +106,54 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
     return _state.Group(rank=rank, world_size=world, comm=comm, hosts=peers.hosts,
                         options=options, default_algo=algo_code(tun.algo),
                         store_prefix=peers.prefix, name=name, secret=peers.secret)
+
+
+def _setup_check(store: Any, prefix: str, rank: int, what: str) -> Any:
+    """What the core's set-up runs between connect attempts and accept polls: it raises
+    when a peer this thread watches is gone (_watch.watching) or, looking at most every
+    0.25 s, when another rank posted why its set-up failed. Once the store's server has
+    closed (its host gave up and exited) it stops looking: the set-up's own deadline and
+    peer checks report what follows, as before there was a look."""
+    from . import _procnet
+
+    probe = _watch.watched_probe(what)
+    stops = [prefix + "failed", *_watch.also_keys()]
+    due, me = [time.monotonic() + 0.25], _rendezvous._speaker(rank)  # a world rank
+
+    def check() -> None:
+        if probe is not None:
+            probe()
+        if time.monotonic() >= due[0]:
+            due[0] = time.monotonic() + 0.25
+            try:
+                if not _procnet.server_closed(store):
+                    _rendezvous._raise_posted(store, stops, me, what)
+                    return
+            except _rendezvous._torch_store().DistError:  # it closed meanwhile
+                pass
+            due[0] = float("inf")
+    return check
+
+
+def _refuse_unreachable_loopback(peers: Any, labels: list[int] | None, name: str) -> None:
+    """ValueError, raised alike on every rank (all read the same table), when a rank listens
+    on a loopback address that ranks on other hosts would dial on their own -- before, they
+    were refused there and said the rank had exited, and it waited for them until
+    RINGREDUCE_CONNECT_TIMEOUT (found by a helper)."""
+    bad = _env.netif.unreachable_loopback(peers.addrs, peers.hosts)
+    if not bad:
+        return
+    label = (lambda r: labels[r]) if labels is not None else (lambda r: r)
+    r, away = bad[0]
+    far = ", ".join(str(label(p)) for p in away[:8]) + (", ..." if len(away) > 8 else "")
+    raise ValueError(
+        f"rank {label(r)} of {name} listens on {peers.addrs[r]}, a loopback address, but "
+        f"rank(s) {far} run on other hosts and cannot reach it: a rank listens on the "
+        f"interface that routes to MASTER_ADDR, and on rank {label(r)}'s host "
+        f"({peers.hosts[r].split('/')[0]}) MASTER_ADDR is a loopback address or a name that "
+        f"resolves to one (an /etc/hosts line such as '127.0.1.1 <hostname>'); set "
+        f"MASTER_ADDR to rank 0's routable IP address, or RINGREDUCE_SOCKET_IFNAME to the "
+        f"interface the hosts share, on every rank")
 
 
 def _agreed_links(published: list, rank: int) -> tuple:

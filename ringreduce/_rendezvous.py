@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from . import _blame, _env, _store_guard, _store_keys, _watch
+from . import _blame, _env, _procnet, _store_guard, _store_keys, _watch
 from ._farewell import (  # noqa: F401 - farewell_borrowed, _FAREWELL_S: used through here
     _FAREWELL_FAILED_S,
     _FAREWELL_S,
@@ -463,17 +463,29 @@ def allgather(store: Any, prefix: str, rank: int, world: int, timeout: float, st
         raise store_failed(rank, "a group's shared memory setup", e, store) from e
 
 
-def _fail(store: Any, prefix: str, error: Exception) -> Exception:
+def _fail(store: Any, prefix: str, error: Exception, speaker: int | None = None) -> Exception:
     """Tell the other ranks why this one gives up (they stop waiting at their next poll)
-    and which rank its error names (.peer_rank), return `error`."""
+    and which rank its error names (.peer_rank), return `error`. speaker: this rank, named
+    at the message's start unless the message names it there already."""
     named = _blame.named_rank(error)
     head = type(error).__name__ + ("" if named is None else f" {named}")
+    text = str(error)
+    if speaker is not None and not text.startswith((f"rank {speaker} ", f"rank {speaker}:")):
+        text = f"rank {speaker}: {text}"
     try:
-        if not _store_guard.was_cut(store):  # else torch would log a trace, then fail
-            store.set(prefix + "failed", f"{head}\n{error}")
+        # Else torch would log a C++ trace, then fail (a cut or closed connection).
+        if not _store_guard.was_cut(store) and not _procnet.server_closed(store):
+            store.set(prefix + "failed", f"{head}\n{text}")
     except RuntimeError:
         pass  # the store is gone: the others will find out themselves
     return error
+
+
+def fail_bounded(store: Any, prefix: str, error: Exception, speaker: int,
+                 seconds: float = 5.0) -> None:
+    """_fail, best effort, giving up after `seconds` on a store that stopped answering."""
+    with contextlib.suppress(Exception), _store_guard.deadline(store, seconds):
+        _fail(store, prefix, error, speaker)
 
 
 def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None,

@@ -365,7 +365,20 @@ def test_host_identity() -> None:
     ident = env_mod.host_identity()
     assert ident == env_mod.host_identity()
     assert ident.startswith(socket.gethostname() + "/")
-    assert len(ident) == len(socket.gethostname()) + 13
+    assert len(ident) == len(socket.gethostname()) + 22  # host/12 hex digits/8 (network)
+
+
+def test_a_loopback_address_other_hosts_cannot_reach_is_found() -> None:
+    """A rank whose MASTER_ADDR resolves to loopback on its own host (Debian's '127.0.1.1
+    <hostname>' line) listens there; ranks on other hosts would dial their own host."""
+    find = env_mod.netif.unreachable_loopback
+    one, two = "a/x/n1", "b/y/n2"
+    assert find(["127.0.0.1:5", "10.0.0.2:6"], [one, two]) == [(0, [1])]
+    assert find(["[::1]:5", "10.0.0.2:6", "10.0.0.2:7"], [one, two, two]) == [(0, [1, 2])]
+    assert find(["127.0.0.1:5", "127.0.0.1:6"], [one, one]) == []  # one host
+    # Another /dev/shm, the same network (a container on the host's network): reachable.
+    assert find(["127.0.0.1:5", "127.0.0.1:6"], [one, "a/z/n1"]) == []
+    assert find(["10.0.0.1:5", "10.0.0.2:6"], [one, two]) == []
 
 
 @pytest.mark.timeout(60)

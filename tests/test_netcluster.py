@@ -238,3 +238,49 @@ def test_a_rank_aborting_mid_frame_is_named_with_its_reason(cluster_factory) -> 
     assert v0 and v0["type"] is not None, outs[0].describe()
     assert "rank 1" in v0["msg"] and "failed" in v0["msg"], v0["msg"]
     assert "closed the connection" not in v0["msg"], v0["msg"]
+
+
+def _setup_outcomes(c: Cluster, rank_env: dict) -> list:
+    return run_world_raw(2, "fault_workers:init_outcome", {}, timeout=60, init=False,
+                         env=dict(ENV, MASTER_PORT=str(free_port())), rank_env=rank_env,
+                         master_addr=c.addr(0), rank_prefix=c.prefix(1))
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_listening_on_loopback_is_refused_on_every_rank_at_once(cluster_factory) -> None:
+    """Rank 0's MASTER_ADDR is a loopback address on its own host (as Debian's '127.0.1.1
+    <hostname>' line makes a host name): it listens there, where rank 1 (another host)
+    cannot reach it. Before, rank 1 was refused on its own host and said rank 0 had exited,
+    and rank 0 waited for it until RINGREDUCE_CONNECT_TIMEOUT (found by a helper)."""
+    c = cluster_factory(2)
+    outs = _setup_outcomes(c, {0: {"MASTER_ADDR": "127.0.0.1"}})
+    for o in outs:
+        assert o.has_result, o.describe()
+        v = o.value
+        assert v["type"] == "ValueError", v
+        assert "listens on 127.0.0.1:" in v["msg"] and "loopback" in v["msg"], v["msg"]
+        assert "rank(s) 1 run on other hosts" in v["msg"], v["msg"]
+        assert v["elapsed"] < 15, v  # imports and the rendezvous, not the 30 s timeout
+
+
+@pytest.mark.timeout(120)
+def test_no_route_to_a_published_address_stops_every_rank_at_once(cluster_factory) -> None:
+    """Rank 0 listens (RINGREDUCE_SOCKET_IFNAME) on an interface of an address host 1 has
+    no route to: rank 1's connect fails at once (ENETUNREACH) and says why, and rank 0,
+    waiting for rank 1's connection, stops at its next check of the store. Before, both
+    waited until RINGREDUCE_CONNECT_TIMEOUT (found by a helper)."""
+    import subprocess
+
+    c = cluster_factory(2)
+    dev = "rrx0"  # a veth pair inside host 0's namespace (removed with it): no dummy module
+    for cmd in (["link", "add", dev, "type", "veth", "peer", "name", "rrx1"],
+                ["addr", "add", "10.99.0.1/24", "dev", dev], ["link", "set", dev, "up"],
+                ["link", "set", "rrx1", "up"]):
+        subprocess.run(c.exec_prefix(0) + ["ip", *cmd], check=True, timeout=20)
+    outs = _setup_outcomes(c, {0: {"RINGREDUCE_SOCKET_IFNAME": dev}})
+    v0, v1 = (o.value for o in outs)
+    assert outs[1].has_result and v1["type"] == "RingReduceError", outs[1].describe()
+    assert "Network is unreachable" in v1["msg"] and "no route" in v1["msg"], v1["msg"]
+    assert outs[0].has_result and v0["type"] is not None, outs[0].describe()
+    assert "another rank failed" in v0["msg"] and "no route" in v0["msg"], v0["msg"]
+    assert max(v0["elapsed"], v1["elapsed"]) < 15, (v0, v1)

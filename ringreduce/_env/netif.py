@@ -170,7 +170,24 @@ def host_identity() -> str:
         _shm_device(),
     )
     digest = hashlib.sha256("\n".join(facts).encode()).hexdigest()[:12]
-    return f"{socket.gethostname()}/{digest}"
+    # Last, the network alone (kernel and namespace): whether one reaches the other's
+    # loopback addresses (containers sharing the host's network but not its /dev/shm do).
+    net = hashlib.sha256(f"{facts[0]}\n{facts[2]}".encode()).hexdigest()[:8]
+    return f"{socket.gethostname()}/{digest}/{net}"
+
+
+def unreachable_loopback(addrs: Sequence[str], hosts: Sequence[str]) -> list[tuple[int, list]]:
+    """(rank, ranks that cannot reach it) for each rank that published a loopback address
+    (host:port or [host]:port) while ranks of another network (host_identity's last part)
+    take part: they would dial their own host."""
+    nets = [h.rpartition("/")[2] for h in hosts]
+    out = []
+    for r, a in enumerate(addrs):
+        if _is_loopback(a.rpartition(":")[0].strip("[]")):
+            away = [p for p, n in enumerate(nets) if n != nets[r]]
+            if away:
+                out.append((r, away))
+    return out
 
 
 def _safe_readlink(path: str) -> str:

@@ -213,17 +213,22 @@ Fd listenOn(const std::string& host, int port, int* boundPort) {
            " (is the port in use, or the address not on this host? set RINGREDUCE_SOCKET_IFNAME)");
 }
 
+namespace {
+bool isUnreachable(int err) { return err == ENETUNREACH || err == EHOSTUNREACH; }
+}  // namespace
+
 Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what, Retry retry,
              const StillWanted& check) {
   std::string lastErr = "timed out";
   int backoffMs = 5;
   while (true) {
-    bool refused = true;  // by every address this round
+    bool refused = true;      // by every address this round
+    bool unreachable = true;  // no route to any of them (ENETUNREACH / EHOSTUNREACH)
     for (const auto& a : resolve(ep.host, ep.port, SOCK_STREAM, false, deadline)) {
       const auto* sa = reinterpret_cast<const sockaddr*>(a.data());
       Fd fd(::socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
       if (!fd.valid()) {
-        refused = false;
+        refused = unreachable = false;
         lastErr = std::strerror(errno);
         continue;
       }
@@ -232,6 +237,7 @@ Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what, Ret
       int rc = ::connect(fd.get(), sa, static_cast<socklen_t>(a.size()));
       if (rc != 0 && errno != EINPROGRESS) {
         refused = refused && errno == ECONNREFUSED;
+        unreachable = unreachable && isUnreachable(errno);
         lastErr = std::strerror(errno);
         continue;
       }
@@ -239,7 +245,7 @@ Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what, Ret
         pollfd p{fd.get(), POLLOUT, 0};
         int pr = pollInterruptible(&p, 1, deadline);
         if (pr <= 0) {
-          refused = false;
+          refused = unreachable = false;
           lastErr = pr == 0 ? "connect timed out" : std::strerror(errno);
           continue;
         }
@@ -248,6 +254,7 @@ Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what, Ret
         ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &el);
         if (err != 0) {
           refused = refused && err == ECONNREFUSED;
+          unreachable = unreachable && isUnreachable(err);
           lastErr = std::strerror(err);
           continue;
         }
@@ -259,6 +266,13 @@ Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what, Ret
       RR_THROW(Error, what, ": could not connect to ", ep.str(), ": ", lastErr);
     if (retry == Retry::kUnlessRefused && refused)
       RR_THROW(Refused, what, ": could not connect to ", ep.str(), ": ", lastErr);
+    // No route from here to the address the peer published: a configuration no retry
+    // mends (NCCL fails at once too); before, the wait ran to RINGREDUCE_CONNECT_TIMEOUT.
+    if (retry == Retry::kUnlessRefused && unreachable)
+      RR_THROW(Error, what, ": could not connect to ", ep.str(), ": ", lastErr,
+               " (this host has no route to the address that rank published: it listens on "
+               "the interface that routes to its MASTER_ADDR; set RINGREDUCE_SOCKET_IFNAME "
+               "to an interface the hosts share, on every rank)");
     if (deadline.expired())
       RR_THROW(TimeoutError, what, ": could not connect to ", ep.str(), ": ", lastErr,
                " (is the peer running and reachable from this interface?)");

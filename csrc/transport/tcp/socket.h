@@ -76,7 +76,8 @@ enum class Retry {
   kUntilDeadline,  // refused or unreachable: try again until the deadline
   kOnce,           // one attempt per address (the peer is known to listen already)
   kUnlessRefused,  // as kUntilDeadline, but a refusal from every address throws Refused:
-                   // the peer listened before it published its address, so it is gone
+                   // the peer listened before it published its address, so it is gone;
+                   // no route to any address throws Error at once (a configuration)
 };
 
 // What connectTo throws in Retry::kUnlessRefused when every address refused.
