@@ -46,6 +46,8 @@ class Completion:
         self._done = False
         self._exc: BaseException | None = None
         self._future: torch.futures.Future | None = None
+        # Earlier collectives whose copies out must be done first (see backend._issued).
+        self.before: list[Completion] = []
 
     def finish(self) -> BaseException | None:
         """Wait for the collective, run `after` once; return its exception (or None)."""
@@ -56,6 +58,9 @@ class Completion:
     def _finish_locked(self) -> None:
         if self._done:
             return
+        for c in self.before:  # issued earlier (a DAG: no lock cycle)
+            c.finish()
+        self.before = []
         try:
             if self.work is not None:
                 self.work.wait()
@@ -82,6 +87,8 @@ class Completion:
         if self._done:
             return True
         if self.work is not None and not self.work.is_completed():
+            return False
+        if not all(c.is_completed() for c in self.before):  # finishing them would block
             return False
         if self._lock.acquire(blocking=False):  # else another thread is finishing it now
             try:

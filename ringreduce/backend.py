@@ -29,10 +29,12 @@ DeviceMesh dimensions) is a ringreduce group made through torch's store for it.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import itertools
 import time
 import warnings
+import weakref
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -42,7 +44,7 @@ from torch.distributed.constants import default_pg_timeout
 
 from . import _buffers, _env, _state, api, groups, p2p
 from . import _rooted as rooted
-from ._futures import Completion
+from ._futures import _COMPLETER, Completion
 
 __all__ = ["BACKEND_NAME", "ArgumentError", "ProcessGroupRingReduce", "create_backend",
            "impl_of"]
@@ -227,6 +229,9 @@ class _Ops:
         self._rank = rank
         self._size = size
         self._owns = False
+        self._running: list[Completion] = []  # collectives issued, maybe not done (_issued)
+        self._last_copy: Completion | None = None  # the latest with outputs to copy out
+        _LIVE.add(self)
         g = _state._DEFAULT[0]
         if g is None:  # the default process group: it makes ringreduce's world
             secs = timeout.total_seconds() if isinstance(timeout, timedelta) else None
@@ -556,6 +561,43 @@ class _Ops:
         return w
 
     # -- lifecycle
+    def _issued(self, w: _Work) -> _Work:
+        """A collective's Work: its outputs are written as soon as it completes (by the
+        completer thread, when they need a copy out) -- before, only once its Work was
+        waited for or polled, so the lists of an all_gather whose handle was dropped, or
+        not the last waited for, stayed unwritten, while gloo writes them (found by a
+        helper) -- and it is remembered until done, for shutdown() to finish."""
+        c = w._c
+        running = self._running
+        if len(running) >= 16:
+            running = self._running = [x for x in running if not x.is_completed()]
+        # Once this one is waited for, so are the copies out of those before it, as gloo's
+        # worker thread runs a group's collectives and their copies in order.
+        c.before = [x for x in running if x.after is not None]
+        if c.after is not None and not c.is_completed():
+            _COMPLETER.submit(c)
+            self._last_copy = c
+        running.append(c)
+        return w
+
+    @property
+    def _copy_pending(self) -> Completion | None:
+        """The C++ adapter's synchronous path asks first: a collective whose copy out has
+        not run yet (waiting for it finishes those before it too), or None."""
+        c = self._last_copy
+        if c is not None and c.after is None:  # done (finish clears it)
+            c = self._last_copy = None
+        return c
+
+    def _finish_running(self) -> None:
+        """Wait for the collectives still running (each ends by its own deadline): torch's
+        destroy_process_group() -- or the process's exit -- with an async_op=True collective
+        never waited for finishes it, as gloo's does; it was cancelled, losing the result
+        here and failing the peers' (found by a helper). Their errors are their waiters'."""
+        running, self._running = self._running, []
+        for c in running:
+            c.finish()
+
     def _last(self, works: list, value: Any, then: Callable[[], None] | None = None) -> _Work:
         # Collectives complete in submission order: the last one done means all are.
         # `then` runs once all succeeded (e.g. copying results out).
@@ -565,6 +607,9 @@ class _Ops:
 
     def shutdown(self) -> None:
         if self._owns and not self._g.destroyed:
+            # The world takes every group with it: finish theirs too.
+            for ops in list(_LIVE) if self._g is _state._DEFAULT[0] else [self]:
+                ops._finish_running()
             self._g.destroy()
         self._owns = False
 
@@ -600,11 +645,32 @@ class _WaitAll:
         return all(c.is_completed() for c in self._cs)
 
 
+def _collective(fn: Callable) -> Callable:
+    """`fn`, its Work handed to _issued (point-to-point's are not: a receive may wait for
+    long, and neither the completer's order nor a destroy should wait for it)."""
+    @functools.wraps(fn)
+    def call(self: _Ops, *args: Any, **kwargs: Any) -> Any:
+        return self._issued(fn(self, *args, **kwargs))
+    return call
+
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # every _Ops of this process (shutdown, exit)
+
+
+@atexit.register  # after import of api: runs before its exit hook destroys the world
+def _finish_at_exit() -> None:
+    for ops in list(_LIVE):
+        g = getattr(ops, "_g", None)  # None: its set-up failed
+        if g is not None and not g.destroyed:
+            ops._finish_running()
+
+
 for _name in ("allreduce", "allreduce_coalesced", "broadcast", "barrier", "allgather",
               "all_gather_single", "allgather_into_tensor_coalesced", "allgather_coalesced",
               "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor_coalesced",
-              "reduce", "gather", "scatter", "alltoall_base", "alltoall", "send", "recv",
-              "recv_anysource"):
+              "reduce", "gather", "scatter", "alltoall_base", "alltoall"):
+    setattr(_Ops, _name, _collective(_torch_errors(getattr(_Ops, _name))))
+for _name in ("send", "recv", "recv_anysource"):
     setattr(_Ops, _name, _torch_errors(getattr(_Ops, _name)))
 
 

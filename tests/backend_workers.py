@@ -474,3 +474,62 @@ def torch_cycles_on_shared_world(rank: int, world: int, cycles: int) -> list:
         dist.destroy_process_group()
     rr.barrier()  # the user's world still works
     return out
+
+
+def async_unwaited(rank: int, world: int) -> list:
+    """Async collectives nobody waits for, as gloo runs them (found by a helper): list
+    outputs are written once the collective completes -- when a later one's wait returns
+    -- not only when their own Work is waited for or polled; and destroy_process_group()
+    with one still running (a peer 0.3 s late) finishes it instead of cancelling it.
+    Returns the checks that failed."""
+    import torch.distributed as dist
+
+    dist.init_process_group("ringreduce")
+    fails: list = []
+
+    def expect(what: str, got: list, want: list) -> None:
+        if got != want:
+            fails.append(f"{what}: {got} != {want}")
+
+    outs = [[torch.zeros(2) for _ in range(world)] for _ in range(3)]
+    works = [dist.all_gather(outs[i], torch.full((2,), float(10 * i + rank)), async_op=True)
+             for i in range(3)]
+    works[-1].wait()  # only the last
+    for i in range(3):
+        expect(f"all_gather #{i}", [o.tolist() for o in outs[i]],
+               [[float(10 * i + r)] * 2 for r in range(world)])
+    gathered = [torch.zeros(2) for _ in range(world)] if rank == 0 else None
+    dist.gather(torch.full((2,), float(rank + 1)), gathered, dst=0, async_op=True)
+    a2a = [torch.zeros(1) for _ in range(world)]
+    dist.all_to_all(a2a, [torch.full((1,), float(100 * rank + j)) for j in range(world)],
+                    async_op=True)
+    dist.all_reduce(torch.ones(1))  # the handles above were dropped
+    if rank == 0:
+        expect("gather", [g.tolist() for g in gathered], [[r + 1.0] * 2 for r in range(world)])
+    expect("all_to_all", [a.item() for a in a2a], [100.0 * j + rank for j in range(world)])
+    if rank == 1:
+        time.sleep(0.3)
+    t = torch.full((4,), float(rank + 1))
+    dist.all_reduce(t, async_op=True)
+    dist.destroy_process_group()
+    expect("all_reduce finished by destroy", t.tolist(), [sum(range(1, world + 1)) * 1.0] * 4)
+    return fails
+
+
+def async_unwaited_at_exit(rank: int, world: int) -> dict:
+    """Rank 0 issues an async all_reduce and its program ends (the exit hooks run) without
+    waiting; the others come 0.3 s later and wait: they get the sum, as with gloo -- it was
+    cancelled, failing theirs with 'communicator was destroyed' (found by a helper)."""
+    import atexit
+
+    import torch.distributed as dist
+
+    dist.init_process_group("ringreduce")
+    t = torch.full((3,), float(rank + 1))
+    if rank == 0:
+        dist.all_reduce(t, async_op=True)
+        atexit._run_exitfuncs()  # what the interpreter's exit runs (the harness skips it)
+    else:
+        time.sleep(0.3)
+        dist.all_reduce(t, async_op=True).wait()
+    return {"t": t.tolist()}

@@ -121,3 +121,17 @@ def test_torch_default_groups_made_again_on_a_ringreduce_world(world: int) -> No
             assert x == [float(want)] * 5, (r, c, x)
             peers = range(r % 2, world, 2)
             assert y == [float(sum(p + 1 for p in peers))] * 3, (r, c, y)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("world", [2, 3])
+def test_async_collectives_nobody_waits_for_complete_as_gloo(world: int) -> None:
+    res = run_world(world, "backend_workers:async_unwaited", timeout=60, env=_ENV, init=False)
+    assert not any(res), res
+
+
+@pytest.mark.timeout(90)
+def test_an_async_collective_outstanding_at_exit_is_finished() -> None:
+    res = run_world(2, "backend_workers:async_unwaited_at_exit", timeout=60, env=_ENV,
+                    init=False)
+    assert [r["t"] for r in res] == [[3.0] * 3] * 2, res

@@ -332,6 +332,15 @@ class RingReduceBackend : public c10d::Backend {
     return b.cast<c10::intrusive_ptr<c10d::Backend>>();
   }
 
+  // Whether an earlier async collective of this group still has outputs to copy (the
+  // Python side's _copy_pending): then a synchronous call takes the Python path, which
+  // finishes those copies first, as gloo's worker runs a group's work in order.
+  bool copiesPending() {
+    if (!native_.ready()) return false;
+    py::gil_scoped_acquire gil;
+    return !impl_.attr("_copy_pending").is_none();
+  }
+
   py::object impl() const { return impl_; }
   // Calls that took the synchronous path (tests and benchmarks check it is taken).
   uint64_t directCalls() const { return direct_; }
@@ -339,7 +348,7 @@ class RingReduceBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& t,
                                            const c10d::BroadcastOptions& o) override {
     if (!o.asyncOp && t.size() == 1 && o.rootTensor == 0 && o.rootRank >= 0 &&
-        o.rootRank < size_) {
+        o.rootRank < size_ && !copiesPending()) {
       int dt = native_.code(t[0]);
       if (dt >= 0) {
         ++seq_;
@@ -352,7 +361,7 @@ class RingReduceBackend : public c10d::Backend {
   }
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& t,
                                            const c10d::AllreduceOptions& o) override {
-    if (!o.asyncOp && t.size() == 1 && !o.sparseIndices.has_value()) {
+    if (!o.asyncOp && t.size() == 1 && !o.sparseIndices.has_value() && !copiesPending()) {
       int dt = native_.code(t[0]);
       int op = dt >= 0 ? native_.op(o.reduceOp, dt) : -1;
       if (op >= 0) {
@@ -458,7 +467,7 @@ class RingReduceBackend : public c10d::Backend {
     return call("recv_anysource", t, tag);
   }
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& o) override {
-    if (!o.asyncOp && native_.ready()) {
+    if (!o.asyncOp && native_.ready() && !copiesPending()) {
       ++seq_;
       ++direct_;
       native_.barrier();
