@@ -628,7 +628,9 @@ def irecv_at_destroy(rank: int, world: int, who: int = 0, src: Any = "peer") -> 
     w = None
     if rank == who:
         w = rr.irecv(np.ones(8), 1 - rank if src == "peer" else None, tag=3)
-    time.sleep(0.3)
+    # `who` destroys first: the other's earlier goodbye would end the wait as a PeerFailure
+    # naming the rank that left (right too; the CI saw it under load).
+    time.sleep(0.3 if rank == who else 1.0)
     rr.destroy()
     out: dict = {"connect_threads_at_destroy": sum(
         t.name == "ringreduce-p2p-connect" and t.is_alive() for t in threading.enumerate())}
