@@ -90,6 +90,8 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
         # at once; the other waited for it until RINGREDUCE_CONNECT_TIMEOUT).
         if not getattr(e, _blame.SECONDARY, False):  # not one told here by another rank
             _rendezvous.fail_bounded(store, peers.prefix, e, _rendezvous._speaker(rank))
+            if rank == 0 and labels is None:  # the world's: this process may host the store
+                _rendezvous.linger_briefly()
         raise
     log.info("rank %d of %s: connected to %d peers from %s; transport plan: %s", rank, name,
              world - 1, bind, comm.plan)

@@ -100,7 +100,8 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
     deadline = time.monotonic() + timeout
     pause = 0.02
     while True:
-        box = _build(dist, master_addr, master_port, is_master, timeout, deadline)
+        box = _build(dist, master_addr, master_port, is_master,  # what is left of it
+                     max(0.1, deadline - time.monotonic()), deadline)
         if not box or isinstance(box[0], Exception) or not _is_old_server(key, box[0], deadline) \
                 or time.monotonic() > deadline:
             break
@@ -149,9 +150,12 @@ def _build(dist: Any, addr: str, port: int, is_master: bool, timeout: float,
 
     def build() -> None:
         try:
+            # multi_tenant: torch's env:// rendezvous (init_process_group after init())
+            # hosts its store on MASTER_PORT too, multi-tenant: it then shares this server
+            # instead of failing with EADDRINUSE (found by a helper).
             box.append(dist.TCPStore(addr, port, world_size=None, is_master=is_master,
                                      timeout=timedelta(seconds=timeout),
-                                     wait_for_workers=False))
+                                     wait_for_workers=False, multi_tenant=is_master))
         except Exception as e:  # noqa: BLE001 - torch's RuntimeError/DistNetworkError, re-raised
             box.append(e)
         finally:
@@ -483,9 +487,12 @@ def _fail(store: Any, prefix: str, error: Exception, speaker: int | None = None)
 
 def fail_bounded(store: Any, prefix: str, error: Exception, speaker: int,
                  seconds: float = 5.0) -> None:
-    """_fail, best effort, giving up after `seconds` on a store that stopped answering."""
+    """_fail, best effort, giving up after `seconds` on a store that stopped answering; a
+    failure posted already is kept (ranks failing on its account would overwrite the
+    first cause)."""
     with contextlib.suppress(Exception), _store_guard.deadline(store, seconds):
-        _fail(store, prefix, error, speaker)
+        if not store.check([prefix + "failed"]):
+            _fail(store, prefix, error, speaker)
 
 
 def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None,
@@ -574,6 +581,12 @@ def _linger(store: Any, world: int, cap: float = 2.0) -> None:
 
     with contextlib.suppress(Exception):  # the store failed too: only the pause is left
         _poll(everyone_came, time.monotonic() + cap)
+    linger_briefly()
+
+
+def linger_briefly() -> None:
+    """Rank 0's world set-up failed after every rank published its address: a moment for
+    the others to read why (its process may host the store, and exit next)."""
     time.sleep(0.5)
 
 

@@ -286,7 +286,8 @@ class Reducer:
             # static_graph=True learned this parameter unused: the graph changed. Raised
             # after the backward's collectives (every rank's match), not here mid-backward,
             # where the others then failed on a mismatch (found by a helper).
-            self._changed.append(i)
+            if i not in self._changed:  # (a reentrant backward may bring it twice)
+                self._changed.append(i)
             return
         if self._ready[i]:
             why = ("it was marked unused after forward (not reachable from the outputs) but "
@@ -525,8 +526,9 @@ class Reducer:
                 f"in this iteration, which is not compatible with static_graph=True (it learnt "
                 f"which parameters are used from the first iteration): {what}. Pass "
                 f"find_unused_parameters=True instead of static_graph=True for a graph that "
-                f"changes. (This iteration's gradients were reduced on all ranks as learnt, so "
-                f"no rank hangs.)")
+                f"changes. (This iteration's gradients were reduced on all ranks as learnt; a "
+                f"rank whose graph did not change goes on, and fails at its next collective "
+                f"if this one stops.)")
         names = listed(missing)
         more = ""
         return (

@@ -215,20 +215,25 @@ Fd listenOn(const std::string& host, int port, int* boundPort) {
 
 namespace {
 bool isUnreachable(int err) { return err == ENETUNREACH || err == EHOSTUNREACH; }
+// EHOSTUNREACH also comes from a neighbour's failed address resolution (ARP), which may be
+// transient: retried this long; ENETUNREACH (no route at all) is not.
+constexpr auto kHostUnreachableGrace = std::chrono::seconds(3);
 }  // namespace
 
 Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what, Retry retry,
              const StillWanted& check) {
   std::string lastErr = "timed out";
   int backoffMs = 5;
+  const auto started = std::chrono::steady_clock::now();
   while (true) {
     bool refused = true;      // by every address this round
     bool unreachable = true;  // no route to any of them (ENETUNREACH / EHOSTUNREACH)
+    bool noNetwork = true;    // ENETUNREACH from every one
     for (const auto& a : resolve(ep.host, ep.port, SOCK_STREAM, false, deadline)) {
       const auto* sa = reinterpret_cast<const sockaddr*>(a.data());
       Fd fd(::socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
       if (!fd.valid()) {
-        refused = unreachable = false;
+        refused = unreachable = noNetwork = false;
         lastErr = std::strerror(errno);
         continue;
       }
@@ -238,6 +243,7 @@ Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what, Ret
       if (rc != 0 && errno != EINPROGRESS) {
         refused = refused && errno == ECONNREFUSED;
         unreachable = unreachable && isUnreachable(errno);
+        noNetwork = noNetwork && errno == ENETUNREACH;
         lastErr = std::strerror(errno);
         continue;
       }
@@ -245,7 +251,7 @@ Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what, Ret
         pollfd p{fd.get(), POLLOUT, 0};
         int pr = pollInterruptible(&p, 1, deadline);
         if (pr <= 0) {
-          refused = unreachable = false;
+          refused = unreachable = noNetwork = false;
           lastErr = pr == 0 ? "connect timed out" : std::strerror(errno);
           continue;
         }
@@ -255,6 +261,7 @@ Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what, Ret
         if (err != 0) {
           refused = refused && err == ECONNREFUSED;
           unreachable = unreachable && isUnreachable(err);
+          noNetwork = noNetwork && err == ENETUNREACH;
           lastErr = std::strerror(err);
           continue;
         }
@@ -268,11 +275,13 @@ Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what, Ret
       RR_THROW(Refused, what, ": could not connect to ", ep.str(), ": ", lastErr);
     // No route from here to the address the peer published: a configuration no retry
     // mends (NCCL fails at once too); before, the wait ran to RINGREDUCE_CONNECT_TIMEOUT.
-    if (retry == Retry::kUnlessRefused && unreachable)
+    if (retry == Retry::kUnlessRefused && unreachable &&
+        (noNetwork || std::chrono::steady_clock::now() - started > kHostUnreachableGrace))
       RR_THROW(Error, what, ": could not connect to ", ep.str(), ": ", lastErr,
-               " (this host has no route to the address that rank published: it listens on "
-               "the interface that routes to its MASTER_ADDR; set RINGREDUCE_SOCKET_IFNAME "
-               "to an interface the hosts share, on every rank)");
+               " (this host has no route to the address that rank published: a rank listens "
+               "on RINGREDUCE_SOCKET_IFNAME's interface, else on the one that routes to its "
+               "MASTER_ADDR; set RINGREDUCE_SOCKET_IFNAME to an interface the hosts share, on "
+               "every rank)");
     if (deadline.expired())
       RR_THROW(TimeoutError, what, ": could not connect to ", ep.str(), ": ", lastErr,
                " (is the peer running and reachable from this interface?)");
