@@ -70,6 +70,7 @@ class Completion:
             self._exc = e
         self._done = True
         self.after = None
+        self.work = None  # its buffers (a collective's temporaries) go now
 
     def settle(self) -> BaseException | None:
         """finish(), then complete the Future here if the completer thread has not yet: once

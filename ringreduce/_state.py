@@ -66,6 +66,7 @@ class Group:
     # the world itself.
     child_failed: bool = False
     child_lost: int = -1
+    by_torch: bool = False  # World only: made by torch's default process group (backend)
 
     def note_child_failure(self, lost: int) -> None:
         """World only: a group, channel or set-up of it failed, having found world rank

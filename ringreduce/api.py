@@ -43,6 +43,11 @@ def init(rank: int | None = None, world_size: int | None = None, *,
     through instead of a TCPStore at MASTER_ADDR:MASTER_PORT.
     """
     if _state._DEFAULT[0] is not None:
+        if _state._DEFAULT[0].by_torch:  # "destroy() first" would end torch's group's world
+            raise RuntimeError(
+                "ringreduce is already initialised: dist.init_process_group('ringreduce') "
+                "made its world, which ringreduce's own calls use as is; do not call "
+                "ringreduce.init() (dist.destroy_process_group() ends that world)")
         raise RuntimeError("ringreduce is already initialised; call ringreduce.destroy() first")
     if timeout is not None:
         timeout = _env.check_seconds("init(timeout)", timeout)

@@ -30,8 +30,11 @@ DeviceMesh dimensions) is a ringreduce group made through torch's store for it.
 from __future__ import annotations
 
 import atexit
+import collections
 import functools
 import itertools
+import sys
+import threading
 import time
 import warnings
 import weakref
@@ -44,7 +47,7 @@ from torch.distributed.constants import default_pg_timeout
 
 from . import _buffers, _env, _state, api, groups, p2p
 from . import _rooted as rooted
-from ._futures import _COMPLETER, Completion
+from ._futures import Completion
 
 __all__ = ["BACKEND_NAME", "ArgumentError", "ProcessGroupRingReduce", "create_backend",
            "impl_of"]
@@ -220,6 +223,18 @@ def _next_name() -> int:
     return next(_NAMES)
 
 
+def _no_world() -> None:
+    """A ringreduce subgroup of a torch job without ringreduce's world -- its default group
+    is another backend's, or ringreduce.destroy() ended the world under it: refused. It
+    became ringreduce's world before, on its members only, and the next such group waited
+    for ranks that were not in it (found by a helper)."""
+    raise RuntimeError(
+        "a ringreduce process group needs ringreduce's world, and there is none: the default "
+        "process group is another backend's, or ringreduce.destroy() ended it; use "
+        "init_process_group('ringreduce') (or 'cpu:ringreduce,cuda:nccl'), or call "
+        "ringreduce.init() before creating ringreduce subgroups")
+
+
 class _Ops:
     """The backend's operations on one ringreduce group (torch's argument conventions:
     group ranks for roots and peers, options objects, lists of tensors)."""
@@ -229,23 +244,29 @@ class _Ops:
         self._rank = rank
         self._size = size
         self._owns = False
-        self._running: list[Completion] = []  # collectives issued, maybe not done (_issued)
+        self._lock = threading.Lock()
+        self._running: collections.deque = collections.deque()  # issued, maybe not done
         self._last_copy: Completion | None = None  # the latest with outputs to copy out
+        self._copy_flag = bytearray(1)  # 1: a copy may be pending (read by the C++ adapter)
         _LIVE.add(self)
         g = _state._DEFAULT[0]
+        # torch passes its 30-minute default when nobody gave a timeout: RINGREDUCE_TIMEOUT,
+        # when set, wins it -- for subgroups too (they waited 30 minutes; found by a helper).
+        env_wins = timeout == default_pg_timeout and _env.is_set("timeout")
+        if g is None and dist.is_initialized():
+            _no_world()
         if g is None:  # the default process group: it makes ringreduce's world
             secs = timeout.total_seconds() if isinstance(timeout, timedelta) else None
-            if timeout == default_pg_timeout and _env.is_set("timeout"):
-                secs = None  # torch passes its default always: RINGREDUCE_TIMEOUT wins it
-            api.init(rank=rank, world_size=size, store=store, timeout=secs)
+            api.init(rank=rank, world_size=size, store=store, timeout=None if env_wins else secs)
             self._owns = True
             g = _state._DEFAULT[0]
+            g.by_torch = True
         elif dist.is_initialized() or g.world_size != size or g.rank != rank:
             # A torch subgroup (dist.new_group, DeviceMesh, ...): its own ringreduce group,
             # set up through the PrefixStore torch gave it. (The default process group of a
             # job that called ringreduce.init() first shares the world instead.)
-            g = groups.from_store(store, rank, size, name or f"torch group {_next_name()}",
-                                  timeout)
+            g = groups.from_store(store, rank, size, f"torch group {name or _next_name()}",
+                                  _env.tunables().timeout if env_wins else timeout)
             self._owns = True
         self._g = g
 
@@ -266,7 +287,8 @@ class _Ops:
     def native(self) -> tuple | None:
         """What the C++ adapter needs to run synchronous calls on the core directly
         (csrc/torch_adapter/native_api.h): (entry points, this group's communicator handle,
-        default algorithm code, {torch dtype: code}, {ReduceOp.RedOpType value: code}); None
+        default algorithm code, {torch dtype: code}, {ReduceOp.RedOpType value: code}, a
+        byte that is 1 while a collective's copy out may be pending: see _issued); None
         where there is no communicator (a group of one)."""
         comm = getattr(self._g, "comm", None)
         if comm is None:
@@ -275,7 +297,7 @@ class _Ops:
 
         ops = {int(k): _C.OP_CODES[v] for k, v in _BY_TYPE.items()}
         return (_C.NATIVE_API, comm.native_handle(), int(self._g.default_algo),
-                _buffers.torch_dtype_codes(), ops)
+                _buffers.torch_dtype_codes(), ops, self._copy_flag)
 
     def set_timeout(self, seconds: float) -> None:
         """torch's Backend.setTimeout: not applied -- a ringreduce group's deadline is fixed
@@ -562,39 +584,38 @@ class _Ops:
 
     # -- lifecycle
     def _issued(self, w: _Work) -> _Work:
-        """A collective's Work: its outputs are written as soon as it completes (by the
-        completer thread, when they need a copy out) -- before, only once its Work was
-        waited for or polled, so the lists of an all_gather whose handle was dropped, or
-        not the last waited for, stayed unwritten, while gloo writes them (found by a
-        helper) -- and it is remembered until done, for shutdown() to finish."""
+        """A collective's Work, remembered until done: gloo's worker thread runs a group's
+        collectives and their copies out in order, so the lists of an all_gather whose
+        handle was dropped, or that was not the last waited for, are written by the time a
+        later collective of the group returns -- here they were written only when their own
+        Work was waited for or polled (found by a helper). So: the copies of those done are
+        made now, this one's finish() makes the pending ones' first (a chain, `before`), and
+        the C++ adapter's synchronous path defers to this one while a copy is pending
+        (the flag byte of native()). Collectives of a group complete in order: the done ones
+        are at the front."""
         c = w._c
-        running = self._running
-        if len(running) >= 16:
-            running = self._running = [x for x in running if not x.is_completed()]
-        # Once this one is waited for, so are the copies out of those before it, as gloo's
-        # worker thread runs a group's collectives and their copies in order.
-        c.before = [x for x in running if x.after is not None]
-        if c.after is not None and not c.is_completed():
-            _COMPLETER.submit(c)
-            self._last_copy = c
-        running.append(c)
+        with self._lock:
+            running = self._running
+            while running and running[0].is_completed():  # writes its copy if it has one
+                running.popleft()
+            last = self._last_copy
+            if last is not None and last.after is not None:
+                c.before = [last]
+            if c.after is not None:
+                self._last_copy = c
+            running.append(c)
+            pending = any(x.after is not None for x in (c, last) if x is not None)
+            self._copy_flag[0] = int(pending)
         return w
-
-    @property
-    def _copy_pending(self) -> Completion | None:
-        """The C++ adapter's synchronous path asks first: a collective whose copy out has
-        not run yet (waiting for it finishes those before it too), or None."""
-        c = self._last_copy
-        if c is not None and c.after is None:  # done (finish clears it)
-            c = self._last_copy = None
-        return c
 
     def _finish_running(self) -> None:
         """Wait for the collectives still running (each ends by its own deadline): torch's
-        destroy_process_group() -- or the process's exit -- with an async_op=True collective
-        never waited for finishes it, as gloo's does; it was cancelled, losing the result
-        here and failing the peers' (found by a helper). Their errors are their waiters'."""
-        running, self._running = self._running, []
+        destroy_process_group() -- or the process's normal exit -- with an async_op=True
+        collective never waited for finishes it, as gloo's does; it was cancelled, losing
+        the result here and failing the peers' (found by a helper). Their errors are their
+        waiters'."""
+        with self._lock:
+            running, self._running = self._running, collections.deque()
         for c in running:
             c.finish()
 
@@ -659,6 +680,11 @@ _LIVE: weakref.WeakSet = weakref.WeakSet()  # every _Ops of this process (shutdo
 
 @atexit.register  # after import of api: runs before its exit hook destroys the world
 def _finish_at_exit() -> None:
+    if getattr(sys, "last_value", None) is not None:
+        # An uncaught exception (or Ctrl-C) ends the program: its collectives are cancelled,
+        # and the peers learn of it at once (finishing them kept a crashing rank alive
+        # until the timeout; found by a helper).
+        return
     for ops in list(_LIVE):
         g = getattr(ops, "_g", None)  # None: its set-up failed
         if g is not None and not g.destroyed:

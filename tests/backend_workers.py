@@ -533,3 +533,50 @@ def async_unwaited_at_exit(rank: int, world: int) -> dict:
         time.sleep(0.3)
         dist.all_reduce(t, async_op=True).wait()
     return {"t": t.tolist()}
+
+
+def torch_after_init_env(rank: int, world: int) -> dict:
+    """ringreduce.init() ran first (the harness's, hosting the store on MASTER_PORT), then
+    init_process_group("ringreduce") by env:// -- whose store on rank 0 failed with
+    EADDRINUSE under every launcher but torchrun (found by a helper): it shares the server
+    now (multi-tenant). ringreduce.init() again is refused (the world is there)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("ringreduce")
+    x = torch.full((3,), float(rank + 1))
+    dist.all_reduce(x)
+    try:
+        rr.init()
+        again = None
+    except RuntimeError as e:
+        again = str(e)
+    dist.destroy_process_group()
+    return {"sum": x.tolist(), "again": again}
+
+
+def torch_group_rules(rank: int, world: int) -> dict:
+    """RINGREDUCE_TIMEOUT (the harness sets 7) is the deadline of a dist.new_group made
+    without timeout= -- it was torch's 30 minutes (found by a helper); ringreduce.init()
+    after init_process_group is refused saying so; and after ringreduce.destroy() ended
+    the world under torch's default group, a new ringreduce subgroup is refused -- it
+    became ringreduce's world on its members (found by a helper)."""
+    import torch.distributed as dist
+
+    from ringreduce import backend
+
+    dist.init_process_group("ringreduce")
+    g = dist.new_group(list(range(world)))
+    out: dict = {"deadline": backend.impl_of(g).timeout_seconds()}
+    try:
+        rr.init()
+    except RuntimeError as e:
+        out["again"] = str(e)
+    rr.destroy()
+    try:
+        dist.new_group(list(range(world)))
+        out["after_destroy"] = None
+    except RuntimeError as e:
+        out["after_destroy"] = str(e)
+    out["initialized"] = rr.is_initialized()
+    dist.destroy_process_group()
+    return out

@@ -135,3 +135,24 @@ def test_an_async_collective_outstanding_at_exit_is_finished() -> None:
     res = run_world(2, "backend_workers:async_unwaited_at_exit", timeout=60, env=_ENV,
                     init=False)
     assert [r["t"] for r in res] == [[3.0] * 3] * 2, res
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("world", [2, 3])
+def test_init_process_group_by_env_after_ringreduce_init(world: int) -> None:
+    res = run_world(world, "backend_workers:torch_after_init_env", timeout=60, env=_ENV)
+    for r in res:
+        assert r["sum"] == [world * (world + 1) / 2] * 3, res
+        assert r["again"] is not None and "already initialised" in r["again"], r
+
+
+@pytest.mark.timeout(90)
+def test_torch_subgroup_deadline_world_reinit_and_subgroup_without_world() -> None:
+    res = run_world(2, "backend_workers:torch_group_rules", timeout=60, init=False,
+                    env={**_ENV, "RINGREDUCE_TIMEOUT": "7"})
+    for r in res:
+        assert r["deadline"] == 7.0, r
+        assert "made its world" in r["again"], r
+        assert r["after_destroy"] is not None and "needs ringreduce's world" in \
+            r["after_destroy"], r
+        assert r["initialized"] is False, r

@@ -196,11 +196,25 @@ class Native {
       if (k < op_.size()) op_[k] = kv.second.cast<int>();
     }
     algo_ = t[2].cast<int>();
+    if (t.size() > 5 && PyByteArray_Check(t[5].ptr()) && PyByteArray_Size(t[5].ptr()) >= 1) {
+      flag_ = PyByteArray_AsString(t[5].ptr());
+      keepFlag_ = t[5];
+    }
     keep_ = t[1];
     comm_ = comm;
     api_ = api;
   }
-  void release() { keep_ = py::object(); api_ = nullptr; }  // GIL held
+  void release() {  // GIL held
+    keep_ = py::object();
+    keepFlag_ = py::object();
+    flag_ = nullptr;
+    api_ = nullptr;
+  }
+  // Whether an earlier async collective of the group may still have outputs to copy (the
+  // Python side's byte, written under the GIL; read here without it).
+  bool copiesPending() const {
+    return flag_ != nullptr && *static_cast<volatile const char*>(flag_) != 0;
+  }
 
   // The dtype code of a tensor the core can take as is (dense, contiguous, CPU), else -1.
   int code(const at::Tensor& x) const {
@@ -262,6 +276,8 @@ class Native {
   std::array<int, 64> dtype_{};
   std::array<int, 16> op_{};
   py::object keep_;
+  char* flag_ = nullptr;
+  py::object keepFlag_;
 };
 
 // PREMUL_SUM (sum of factor * x, the factor a double or a one-element tensor carried by the
@@ -332,14 +348,10 @@ class RingReduceBackend : public c10d::Backend {
     return b.cast<c10::intrusive_ptr<c10d::Backend>>();
   }
 
-  // Whether an earlier async collective of this group still has outputs to copy (the
-  // Python side's _copy_pending): then a synchronous call takes the Python path, which
-  // finishes those copies first, as gloo's worker runs a group's work in order.
-  bool copiesPending() {
-    if (!native_.ready()) return false;
-    py::gil_scoped_acquire gil;
-    return !impl_.attr("_copy_pending").is_none();
-  }
+  // While an earlier async collective of this group may have outputs to copy, a
+  // synchronous call takes the Python path, which makes those copies first, as gloo's
+  // worker runs a group's work in order (ringreduce/backend.py: _Ops._issued).
+  bool copiesPending() const { return native_.copiesPending(); }
 
   py::object impl() const { return impl_; }
   // Calls that took the synchronous path (tests and benchmarks check it is taken).
