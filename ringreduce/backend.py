@@ -668,7 +668,7 @@ class _WaitAll:
 
 def _collective(fn: Callable) -> Callable:
     """`fn`, its Work handed to _issued (point-to-point's are not: a receive may wait for
-    long, and neither the completer's order nor a destroy should wait for it)."""
+    long, and neither a later collective nor a destroy should wait for it)."""
     @functools.wraps(fn)
     def call(self: _Ops, *args: Any, **kwargs: Any) -> Any:
         return self._issued(fn(self, *args, **kwargs))
