@@ -59,7 +59,8 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
     peers = _rendezvous.exchange(store, rank, world, f"{host}:{listener.port}" + (
                                      "" if mine is None else "|" + ",".join(map(str, mine))),
                                  secret, left(), f"{host}:{listener.heartbeat_port}",
-                                 prefix=prefix, settings=_env.job_wide(tun, options))
+                                 prefix=prefix, settings=_env.job_wide(tun, options),
+                                 ranks=labels)
     peers.addrs, link_ids = _agreed_links(peers.addrs, rank)
     _refuse_unreachable_loopback(peers, labels, name)
     options["session"] = peers.session  # per-init heartbeat key: no replay across inits

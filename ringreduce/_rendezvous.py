@@ -439,6 +439,8 @@ def _wait_for(store: Any, keys: list[str], timeout: float, rank: int, what: str,
                 f"{', '.join(k.rsplit('/', 2)[-2] + '/' + k.rsplit('/', 1)[-1] for k in missing[:8])}"
                 f"{' ...' if len(missing) > 8 else ''} ({hint})")
             late = {ranks[i] for i in gone} if ranks is not None else set()
+            if late and ranks != list(range(len(keys))):  # a group's: say who they are
+                err = _timeout_error(f"{err} (world rank(s) {', '.join(map(str, sorted(late)))})")
             if len(late) == 1:  # the chain ends at the one rank that never wrote
                 err.peer_rank = err.waiting_for = late.pop()  # type: ignore[attr-defined]
             raise _fail(store, prefix, err)
@@ -497,11 +499,12 @@ def fail_bounded(store: Any, prefix: str, error: Exception, speaker: int,
 
 def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None,
              timeout: float, my_hb: str = "", prefix: str | None = None,
-             settings: str = "") -> Peers:
+             settings: str = "", ranks: list[int] | None = None) -> Peers:
     """Publish this rank's address and host; return everyone's, plus the job secret.
     prefix: the keys' prefix (a group's, unique in the job); default: this init's own.
     settings: this rank's job-wide knobs (_env.job_wide); init raises ValueError on every
-    rank, naming the variable, if they differ (a group's are its world's)."""
+    rank, naming the variable, if they differ (a group's are its world's). ranks: a
+    group's world rank of each member, which a timeout names."""
     from ._C import RingReduceError
 
     during = "init" if prefix is None else "a group's creation"
@@ -510,7 +513,7 @@ def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None
         # Three waits of at most `timeout` each: a call stuck in torch's client past that.
         with _store_guard.deadline(store, 3 * timeout + _store_guard.MARGIN_S):
             return _exchange(store, rank, world, my_addr, secret, timeout, my_hb, prefix,
-                             settings)
+                             settings, ranks)
     except _store_guard.StoreSilent as e:
         raise silent_error(rank, during, store, e) from e
     except KeyboardInterrupt:
@@ -718,7 +721,8 @@ def _world_prefix(generation: int | None = None) -> str:
 
 
 def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None,
-              timeout: float, my_hb: str, prefix: str | None, settings: str = "") -> Peers:
+              timeout: float, my_hb: str, prefix: str | None, settings: str = "",
+              ranks: list[int] | None = None) -> Peers:
     if prefix is None:
         _GENERATION[0] += 1
     p = _world_prefix() if prefix is None else prefix
@@ -768,7 +772,7 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
                                       "member call new_group (or the matching send/recv), in "
                                       "the same order?"}
     _wait(store, keys, timeout, rank, what, p, **hint,
-          ranks=list(range(world)) if prefix is None else None)  # a group's: group ranks
+          ranks=list(range(world)) if prefix is None else ranks)
     got = [v.decode() for v in store.multi_get(
         [*keys, *(p + f"{k}/{r}" for k in ("host", "hb", *cfg) for r in range(world)),
          p + "session"])]

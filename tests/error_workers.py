@@ -629,3 +629,15 @@ def awaited_rank_dies_after_another(rank: int, world: int) -> dict:
     except rr.PeerFailure as e:
         return {"error": "PeerFailure", "peer": e.peer_rank, "cause": e.cause,
                 "secs": time.monotonic() - t0}
+
+
+def late_to_group_creation(rank: int, world: int) -> dict:
+    """Group [0, 2] (timeout 2 s) that world rank 2 joins 5 s late: rank 0's timeout names
+    it as a world rank (.peer_rank; its address key is its group rank's, addr/1)."""
+    if rank == 2:
+        time.sleep(5.0)
+    try:
+        rr.new_group([0, 2], timeout=2)
+        return {"error": None}
+    except Exception as e:  # noqa: BLE001 - reported
+        return {"error": f"{type(e).__name__}: {e}", "peer_rank": getattr(e, "peer_rank", None)}

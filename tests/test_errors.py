@@ -596,3 +596,11 @@ def test_async_buffers_outlive_a_dropped_handle(transport: str) -> None:
     res = run_world(2, error_workers.fire_and_forget, 300_000, timeout=40, env=_env(transport))
     for r, intact in enumerate(res):
         assert all(intact), f"rank {r}: later allocations were overwritten: {intact}"
+
+
+@pytest.mark.timeout(60)
+def test_a_group_creation_timeout_names_the_late_world_rank() -> None:
+    outs = run_world(3, "error_workers:late_to_group_creation", timeout=45)
+    v = outs[0]
+    assert v["error"].startswith("CollectiveTimeout: ") and "(world rank(s) 2)" in v["error"], v
+    assert v["peer_rank"] == 2, v
