@@ -11,7 +11,7 @@ import os
 import time
 from typing import Any
 
-from . import _blame, _cpus, _env, _fds, _rendezvous, _state, _watch
+from . import _blame, _cpus, _env, _fds, _procnet, _rendezvous, _state, _watch
 from ._buffers import algo_code
 
 log = logging.getLogger("ringreduce")
@@ -92,7 +92,7 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
         if not getattr(e, _blame.SECONDARY, False):  # not one told here by another rank
             _rendezvous.fail_bounded(store, peers.prefix, e, _rendezvous._speaker(rank))
             if rank == 0 and labels is None:  # the world's: this process may host the store
-                _rendezvous.linger_briefly()
+                _rendezvous._linger(store, world)
         raise
     log.info("rank %d of %s: connected to %d peers from %s; transport plan: %s", rank, name,
              world - 1, bind, comm.plan)
@@ -117,8 +117,6 @@ def _setup_check(store: Any, prefix: str, rank: int, what: str) -> Any:
     0.25 s, when another rank posted why its set-up failed. Once the store's server has
     closed (its host gave up and exited) it stops looking: the set-up's own deadline and
     peer checks report what follows, as before there was a look."""
-    from . import _procnet
-
     probe = _watch.watched_probe(what)
     stops = [prefix + "failed", *_watch.also_keys()]
     due, me = [time.monotonic() + 0.25], _rendezvous._speaker(rank)  # a world rank

@@ -584,12 +584,6 @@ def _linger(store: Any, world: int, cap: float = 2.0) -> None:
 
     with contextlib.suppress(Exception):  # the store failed too: only the pause is left
         _poll(everyone_came, time.monotonic() + cap)
-    linger_briefly()
-
-
-def linger_briefly() -> None:
-    """Rank 0's world set-up failed after every rank published its address: a moment for
-    the others to read why (its process may host the store, and exit next)."""
     time.sleep(0.5)
 
 

@@ -599,13 +599,14 @@ class _Ops:
             while running and running[0].is_completed():  # writes its copy if it has one
                 running.popleft()
             last = self._last_copy
-            if last is not None and last.after is not None:
+            if last is not None and last.after is not None:  # its copy still to make
                 c.before = [last]
+            else:
+                last = None
             if c.after is not None:
                 self._last_copy = c
             running.append(c)
-            pending = any(x.after is not None for x in (c, last) if x is not None)
-            self._copy_flag[0] = int(pending)
+            self._copy_flag[0] = int(c.after is not None or last is not None)
         return w
 
     def _finish_running(self) -> None:
