@@ -75,3 +75,48 @@ def silent_strangers(rank: int, world: int, per_rank: int) -> dict:
         s.close()
     return {"ok": bool((got == want).all()), "took": took,
             "connections": w.comm.link_stats()["connections"]}
+
+
+def unwatched_peer(rank: int, world: int, victim: int, root: int, op: str, action: str) -> dict:
+    """`root` waits for `victim`, a rank outside its overlay, in `op` (a gather, a first
+    receive from it, or a gather once every pair is connected: "connected") while every
+    other rank has done its part and idles: nobody relays anything. The victim is killed,
+    stopped, leaves (rr.destroy()), or comes 5 s late ("late": the wait must not fail)."""
+    import os
+    import signal
+    import time
+
+    x = np.arange(5, dtype=np.float32) + 10 * rank
+    if op == "connected":
+        rr.all_to_all(np.zeros((world, 2), np.float32))
+    rr.barrier()
+    if rank == victim:
+        time.sleep(0.3)
+        if action == "exit":
+            rr.destroy()
+            return {"left": True}
+        if action == "late":
+            time.sleep(5.0)
+        else:
+            os.kill(os.getpid(), signal.SIGKILL if action == "kill" else signal.SIGSTOP)
+            time.sleep(60)
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    try:
+        if op == "recv":
+            if rank == root:
+                rr.recv(x, src=victim, tag=3)
+                assert (x == np.arange(5) + 10 * victim).all(), x
+            elif rank == victim:
+                rr.send(x, dst=root, tag=3)
+        else:
+            out = rr.gather(x, dst=root)
+            if rank == root:
+                want = np.arange(5) + 10 * np.arange(world)[:, None]
+                assert (np.asarray(out) == want).all(), out
+    except rr.PeerFailure as e:
+        return {"error": str(e), "peer_rank": e.peer_rank, "cause": e.cause,
+                "secs": time.monotonic() - t0}
+    if rank not in (root, victim):
+        time.sleep(10.0)  # idle while the root waits: the victim's neighbours say nothing
+    return {"ok": True, "secs": time.monotonic() - t0}

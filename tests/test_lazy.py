@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import test_faults
 import workers
-from _spawn import run_world
+from _spawn import run_world, run_world_raw
 from test_collectives import FAMILIES, MATRIX_ENV, MATRIX_TIMEOUT_S
 
 # Keeps both CPUs busy (6-9 ranks on two CPUs): one such test at a time under
@@ -131,3 +131,36 @@ def test_too_low_hard_fd_limit_fails_init_with_the_number_needed() -> None:
     for o in outs:
         assert "error" in o, o
         assert "ulimit -n" in o["error"] and "open files" in o["error"], o["error"]
+
+
+_UNWATCHED = [("gather", "kill"), ("gather", "stop"), ("recv", "kill"), ("connected", "stop"),
+              ("gather", "exit"), ("gather", "late"), ("recv", "late")]
+
+
+@pytest.mark.exclusive  # 6 ranks timed against 1 s heartbeats
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("op,action", _UNWATCHED, ids=["-".join(c) for c in _UNWATCHED])
+def test_a_rank_waiting_outside_its_overlay_names_a_dead_or_frozen_peer(op: str,
+                                                                         action: str) -> None:
+    """Rank 0 waits for rank 3, outside its overlay ({1, 2, 4, 5} of 6), whose overlay
+    neighbours idle: it asks rank 3 for heartbeats while it waits and names it at the
+    heartbeat timeout. Before, nobody told it: a CollectiveTimeout at RINGREDUCE_TIMEOUT
+    (found by a helper). A live rank coming late is waited for (no false alarm)."""
+    victim, root = 3, 0
+    assert victim not in _overlay(root, 6)
+    outs = run_world_raw(6, "lazy_workers:unwatched_peer", victim, root, op, action,
+                         timeout=100, expendable=[victim] if action in ("kill", "stop") else [],
+                         env={**SPARSE, **test_faults.FAST_HB, "RINGREDUCE_TRANSPORT": "tcp",
+                              "RINGREDUCE_TIMEOUT": "30"})
+    v = outs[root].value
+    assert v is not None, outs[root].describe()
+    if action == "late":
+        assert v.get("ok") and v["secs"] > 4, v
+        for r, o in enumerate(outs):
+            assert o.value is not None and o.value.get("ok"), (r, o.describe())
+        return
+    assert v.get("peer_rank") == victim, v
+    # Gone before the root asked, the leaver's goodbye reached its overlay only: silent.
+    assert v["cause"] in (("silent", "left") if action == "exit" else ("silent",)), v
+    assert f"rank {victim} " in v["error"], v
+    assert v["secs"] < 8, v  # the heartbeat timeout (1 s) from its first ask; not 30 s

@@ -172,21 +172,22 @@ struct PyListener {
 };
 
 // Start `hb` sending to every peer, or (`overlay`: sparse mode) to the overlay only, which
-// alone watches this rank.
+// alone watches this rank all the time (others only while they wait for it: Heartbeat::want).
 void startHeartbeat(transport::Heartbeat& hb, int rank, int world,
                     const std::vector<std::string>& hbAddrs, const std::string& secret,
                     const py::dict& opts, const Options& o, const std::vector<int>* overlay) {
   if (static_cast<int>(hbAddrs.size()) != world)
     throw InvalidArgument("need one heartbeat address per rank");
-  std::vector<std::string> targets = hbAddrs;
-  if (overlay)
-    for (int p = 0; p < static_cast<int>(targets.size()); ++p)
-      if (p != rank && std::find(overlay->begin(), overlay->end(), p) == overlay->end())
-        targets[static_cast<size_t>(p)].clear();
+  std::vector<uint8_t> always;
+  if (overlay) {
+    always.assign(static_cast<size_t>(world), 0);
+    for (int p : *overlay) always[static_cast<size_t>(p)] = 1;
+  }
   std::string session = opts.contains("session") ? opts["session"].cast<std::string>() : "";
   hb.setName(o.groupName.empty() ? "world" : o.groupName);
   hb.setCarrier(o.rankLabels.empty());  // the world's: groups and channels go quiet beside it
-  hb.start(rank, targets, transport::heartbeatKey(secret, session), o.heartbeatIntervalSec);
+  hb.start(rank, hbAddrs, transport::heartbeatKey(secret, session), o.heartbeatIntervalSec,
+           always);
 }
 
 // Owns the executor; what Python sees as _C.Communicator.

@@ -342,6 +342,11 @@ class Communicator {
   // goodbye never is), -1 if none; *s and *ageMs describe it. neverHeard: a peer not heard
   // from since heartbeats started counts as silent for that long. Needs hb_ and a timeout.
   int silentPeer(bool neverHeard, transport::PeerStatus* s, int64_t* ageMs) const;
+  // A wait for `peer`, a rank outside the sparse overlay (no-op for a watched one): ask it
+  // for heartbeats (Heartbeat::want) and throw PeerError once it has been silent for the
+  // heartbeat timeout since this rank began asking, or (unconnected) said goodbye. A no-op
+  // without heartbeats. inCollective: the wait is in the current collective (messages).
+  void checkUnwatched(int peer, bool inCollective);
   // "rank 3 (host, pid 42) stopped responding: no heartbeat for 4.1 s (...)"
   std::string silence(int peer, const transport::PeerStatus& s, int64_t ageMs) const;
   void maybeFault(FaultPlan::Point p);

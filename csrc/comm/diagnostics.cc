@@ -39,7 +39,7 @@ std::string Communicator::waitChain(int first, int* end) {
     chain += detail::concat(" -> rank ", label(p));
     seen[static_cast<size_t>(p)] = 1;
     *end = p;
-    if (!watched(p)) {
+    if (!watched(p) && !hb_->reaches(p)) {
       *end = -1;  // unknown: not a rank the chain shows stuck
       return chain + " (not among the peers this rank watches)";
     }
@@ -161,6 +161,30 @@ int Communicator::silentPeer(bool neverHeard, transport::PeerStatus* s, int64_t*
     if (*ageMs > limit && !s->left) return p;
   }
   return -1;
+}
+
+void Communicator::checkUnwatched(int peer, bool inCollective) {
+  if (!hb_ || opts_.heartbeatTimeoutSec <= 0 || watched(peer) || gone_[static_cast<size_t>(peer)])
+    return;
+  const int64_t asking = hb_->want(peer);
+  const transport::PeerStatus s = hb_->status(peer);
+  if (s.left) {
+    // Its goodbye: unconnected, it never sends this rank anything again (connected, its
+    // connection says it left, after whatever it sent).
+    if (!conns_[static_cast<size_t>(peer)])
+      throwLeft(peer, inCollective ? detail::concat(" while rank ", label(rank_),
+                                                    " waited for it in ", describeCurrent())
+                                   : std::string());
+    return;
+  }
+  const int64_t age = s.ageMs >= 0 ? std::min(s.ageMs, asking) : asking;
+  if (age <= static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000)) return;
+  throw PeerError(peer, PeerCause::kSilent, detail::concat(
+      "rank ", label(peer), " (", peerHost(peer), s.pid ? detail::concat(", pid ", s.pid) : "",
+      ") stopped responding: no heartbeat for ", age / 1000.0, " s while rank ", label(rank_),
+      " waited for it (process exited or killed, frozen or stopped, host overloaded, or "
+      "network partition)",
+      s.ageMs >= 0 ? "; at its last heartbeat it was " + peerDoing(peer, s) : std::string()));
 }
 
 std::string Communicator::silence(int peer, const transport::PeerStatus& s,

@@ -248,6 +248,8 @@ void Communicator::probeOnce(const std::vector<int>& waitedFor) {
     if (p >= 0) throw PeerError(p, PeerCause::kSilent, silence(p, s, age));
   }
   for (int p : waitedFor)
+    if (p >= 0 && p < world_ && p != rank_) checkUnwatched(p, false);
+  for (int p : waitedFor)
     if (p >= 0 && p < world_ && p != rank_ && gone_[static_cast<size_t>(p)]) throwLeft(p, "");
 }
 
@@ -285,6 +287,8 @@ void Communicator::checkLiveness(int sendPeer, int recvPeer, bool shm) {
   if (shm_) checkLocalPeers();
   checkGone();
   checkHeartbeats(recvPeer >= 0 ? recvPeer : sendPeer);
+  for (int p : {recvPeer, sendPeer})
+    if (p >= 0) checkUnwatched(p, true);
 }
 
 void Communicator::markGone(int p) {

@@ -102,7 +102,9 @@ bool Executor::incomingIdle(int peer) {
   return ex.owns_lock() && comm_->incoming(peer);
 }
 
-static void rethrowWithContext(comm::Communicator& c);
+// `inCall`: the failure is the current collective's (its description ends the message);
+// false between collectives (a probe), where the last one's would mislead.
+static void rethrowWithContext(comm::Communicator& c, bool inCall = true);
 
 void Executor::probeIdle(const std::vector<int>& waitedFor) {
   std::unique_lock<std::mutex> g(mu_);
@@ -118,7 +120,7 @@ void Executor::probeIdle(const std::vector<int>& waitedFor) {
     // that relayed the loss and then left was blamed next as crashed (its socket closed
     // first) -- found by a helper.
     if (comm_->poisoned()) throw;
-    rethrowWithContext(*comm_);
+    rethrowWithContext(*comm_, false);
   }
 }
 
@@ -164,8 +166,8 @@ void failFamily(comm::Communicator& c, const std::string& why, transport::Culpri
 }
 }  // namespace
 
-static void rethrowWithContext(comm::Communicator& c) {
-  std::string ctx = c.begun() ? " [rank " + std::to_string(c.label(c.rank())) + " during " +
+static void rethrowWithContext(comm::Communicator& c, bool inCall) {
+  std::string ctx = inCall && c.begun() ? " [rank " + std::to_string(c.label(c.rank())) + " during " +
                                     c.describeCurrent() + "]"
                               : "";
   try {

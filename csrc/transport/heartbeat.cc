@@ -32,7 +32,8 @@ struct Datagram {
   int32_t rank;
   uint32_t pid;
   int32_t waiting;  // the rank the sender is blocked on (-1: none)
-  uint8_t kind, hasRoot, bye, pad;  // bye: the sender's last datagram (it stopped)
+  uint8_t kind, hasRoot, bye;  // bye: the sender's last datagram (it stopped)
+  uint8_t ask;                 // the sender wants this rank's heartbeats (Heartbeat::want)
   int32_t root;  // root of collective `seq` when hasRoot
   uint64_t seq;
   uint64_t bytes;
@@ -97,6 +98,14 @@ class HeartbeatHub {
     } else {
       wake();  // its period may be due before the thread's next wake-up
     }
+  }
+
+  // Send `h`'s next round now (a peer it begins to want, or one that began to want it).
+  void poke(Heartbeat* h) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (std::find(beats_.begin(), beats_.end(), h) == beats_.end()) return;
+    h->nextNs_ = 0;
+    wake();
   }
 
   void remove(Heartbeat* h) {
@@ -255,13 +264,15 @@ Heartbeat::Heartbeat(const std::string& host) {
 Heartbeat::~Heartbeat() { stop(); }
 
 void Heartbeat::start(int rank, const std::vector<std::string>& peerAddrs,
-                      const std::string& key, double intervalSec) {
+                      const std::string& key, double intervalSec,
+                      const std::vector<uint8_t>& always) {
   rank_ = rank;
   key_ = key;
   interval_ = intervalSec;
   nslots_ = peerAddrs.size();
   slots_.reset(new Slot[nslots_]);
   peerSockaddr_.assign(nslots_, {});
+  always_.assign(nslots_, 0);
   {
     std::lock_guard<std::mutex> g(siteMu_);
     peerSite_.assign(nslots_, std::string());
@@ -274,7 +285,8 @@ void Heartbeat::start(int rank, const std::vector<std::string>& peerAddrs,
     auto addrs = tcp::resolve(ep.host, ep.port, SOCK_DGRAM, false, resolveBy);
     if (addrs.empty()) RR_THROW(Error, "heartbeat: cannot resolve peer ", peerAddrs[r]);
     peerSockaddr_[r] = std::move(addrs[0]);
-    ++targets_;
+    always_[r] = always.empty() || always[r] ? 1 : 0;
+    targets_ += always_[r];
   }
   {
     std::lock_guard<std::mutex> g(siteMu_);
@@ -331,6 +343,24 @@ PeerStatus Heartbeat::status(int peer) const {
   if ((rw >> 63) && (rw & 0xffffffffu) == (s.seq & 0xffffffffu))
     s.root = static_cast<int>((rw >> 32) & 0x7fffffffu);
   return s;
+}
+
+int64_t Heartbeat::want(int peer) {
+  if (peer < 0 || static_cast<size_t>(peer) >= nslots_ || !running_) return 0;
+  Slot& s = slots_[static_cast<size_t>(peer)];
+  const int64_t now = nowNs();
+  const bool fresh = s.wantUntil.load(std::memory_order_relaxed) <= now;
+  if (fresh) s.wantSince.store(now, std::memory_order_relaxed);
+  s.wantUntil.store(now + kLeasePeriods * static_cast<int64_t>(clampSeconds(interval_) * 1e9),
+                    std::memory_order_relaxed);
+  if (fresh && !always_[static_cast<size_t>(peer)]) HeartbeatHub::get().poke(this);
+  return (now - s.wantSince.load(std::memory_order_relaxed)) / 1000000;
+}
+
+bool Heartbeat::reaches(int peer) const {
+  if (peer < 0 || static_cast<size_t>(peer) >= nslots_) return false;
+  return always_[static_cast<size_t>(peer)] ||
+         slots_[static_cast<size_t>(peer)].wantUntil.load(std::memory_order_relaxed) > nowNs();
 }
 
 void Heartbeat::setSite(const std::string& site) {
@@ -399,18 +429,26 @@ void Heartbeat::sendAll(bool bye) {
   lastSaid_.assign(said, said + sizeof(d));  // counter and MAC are still 0 here
   d.counter = ++counter_;
   const int64_t now = nowNs();
-  bool signed_ = false;
+  Datagram asking = d;  // the same, asking for heartbeats back (to peers this rank wants)
+  asking.ask = 1;
+  bool signed_ = false, signedAsk = false;
   for (size_t r = 0; r < nslots_; ++r) {
     if (peerSockaddr_[r].empty()) continue;
     const Slot& s = slots_[r];
+    const bool want = s.wantUntil.load(std::memory_order_relaxed) > now;
+    // Not an overlay peer: only while one of the two waits for the other (want()).
+    const bool lease = want || s.askedUntil.load(std::memory_order_relaxed) > now;
+    if (!always_[r] && !lease) continue;
     const uint64_t proc = s.proc.load(std::memory_order_relaxed);  // 0: not heard from yet
-    if (quiet && proc && hub.carriedSince(proc, now - 2 * periodNs_)) {
+    if (quiet && !lease && proc && hub.carriedSince(proc, now - 2 * periodNs_)) {
       skipped_.fetch_add(1, std::memory_order_relaxed);
       continue;
     }
-    if (!signed_) sign(key_, &d);
-    signed_ = true;
-    if (::sendto(fd_.get(), &d, sizeof(d), MSG_DONTWAIT,
+    if (want && !signedAsk) sign(key_, &asking);
+    if (!want && !signed_) sign(key_, &d);
+    signedAsk = signedAsk || want;
+    signed_ = signed_ || !want;
+    if (::sendto(fd_.get(), want ? &asking : &d, sizeof(d), MSG_DONTWAIT,
                  reinterpret_cast<const sockaddr*>(peerSockaddr_[r].data()),
                  static_cast<socklen_t>(peerSockaddr_[r].size())) <= 0)
       continue;
@@ -455,6 +493,14 @@ void Heartbeat::receiveOne() {
     peerElsewhere_[static_cast<size_t>(d.rank)].assign(d.elsewhere);
   }
   const int64_t now = nowNs();
+  if (d.ask && !always_[static_cast<size_t>(d.rank)] && !d.bye) {
+    // Answered for kLeasePeriods of this rank's periods (the asker asks every one of its
+    // own); a new asker at once, so its wait hears from this rank within one round trip.
+    const bool fresh = s.askedUntil.load(std::memory_order_relaxed) <= now;
+    s.askedUntil.store(now + kLeasePeriods * std::max(periodNs_, int64_t{1}),
+                       std::memory_order_relaxed);
+    if (fresh) nextNs_ = 0;
+  }
   s.proc.store(d.proc, std::memory_order_relaxed);
   if (d.proc) HeartbeatHub::get().noteHeard(d.proc, now);
   s.lastNs.store(now, std::memory_order_release);

@@ -17,6 +17,12 @@
 // path), saying anything new in two rounds in a row and everything every kRefreshRounds
 // rounds; so idle groups cost almost no traffic or CPU, and a frozen process still falls
 // silent to all of them at once.
+//
+// A sparse communicator (above RINGREDUCE_FULL_MESH_MAX ranks) heartbeats its overlay only.
+// A rank that waits for another peer (a lazy connection, its data, a p2p rendezvous) asks
+// it for heartbeats (want()): its datagrams to that peer carry `ask`, and a rank asked
+// answers the asker for a few periods after each ask. Both stop a few periods after the
+// wait ends, so liveness traffic follows the waits, not the world size.
 #pragma once
 
 #include <atomic>
@@ -61,10 +67,12 @@ class Heartbeat {
   ~Heartbeat();
   int port() const { return port_; }
 
-  // Start sending to peers ("host:port" per rank; empty for this rank). `key` signs and
-  // checks every datagram: heartbeatKey(secret, session) in a communicator.
+  // Start sending to peers ("host:port" per rank; empty for this rank): to every one, or
+  // (`always` not empty: one flag per rank) to those flagged only -- the others only while
+  // this rank wants them or they want it. `key` signs and checks every datagram:
+  // heartbeatKey(secret, session) in a communicator.
   void start(int rank, const std::vector<std::string>& peerAddrs, const std::string& key,
-             double intervalSec);
+             double intervalSec, const std::vector<uint8_t>& always = {});
   void stop();
 
   // What this rank is doing, published in its heartbeats. Executor thread.
@@ -102,6 +110,13 @@ class Heartbeat {
   // `ageMs`: since the last datagram from the peer's process on any communicator (once this
   // one has heard from it).
   PeerStatus status(int peer) const;
+  // Ask `peer` (not an `always` target) for heartbeats for the next kLeasePeriods periods
+  // and send it ours. Returns the ms since this rank began asking (the current run of
+  // calls, each within the lease of the last): its silence counts from then. Any thread.
+  int64_t want(int peer);
+  // Whether this rank heartbeats `peer` now (an `always` target, or wanted). Any thread.
+  bool reaches(int peer) const;
+  static constexpr int kLeasePeriods = 4;
   // The call site peer `peer` last reported ("" if none). Takes a lock: for reports only.
   std::string site(int peer) const;
   // What peer `peer`'s process last said it runs on another communicator ("" if nothing).
@@ -127,6 +142,8 @@ class Heartbeat {
     std::atomic<uint64_t> root{0};  // root << 32 | seq's low 32 bits, as setRoot; 0: none
     std::atomic<bool> left{false};  // its last datagram was its goodbye
     std::atomic<uint64_t> proc{0};  // its process (HeartbeatHub::self there), as last heard
+    std::atomic<int64_t> wantUntil{0}, wantSince{0};  // want(): asking it until; since
+    std::atomic<int64_t> askedUntil{0};  // it asked: answered until (the hub's thread)
   };
 
   tcp::Fd fd_;
@@ -135,6 +152,7 @@ class Heartbeat {
   std::string key_;  // MAC key (heartbeatKey)
   double interval_ = 0.5;
   std::vector<std::vector<uint8_t>> peerSockaddr_;  // sockaddr bytes per rank
+  std::vector<uint8_t> always_;                     // per rank: sent to every round
   std::unique_ptr<Slot[]> slots_;
   size_t nslots_ = 0;
   std::atomic<uint64_t> state_{0}, bytes_{0};
