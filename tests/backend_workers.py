@@ -559,7 +559,8 @@ def torch_group_rules(rank: int, world: int) -> dict:
     without timeout= -- it was torch's 30 minutes (found by a helper); ringreduce.init()
     after init_process_group is refused saying so; and after ringreduce.destroy() ended
     the world under torch's default group, a new ringreduce subgroup is refused -- it
-    became ringreduce's world on its members (found by a helper)."""
+    became ringreduce's world on its members (found by a helper), and a collective on the
+    torch group says how to make a new one (it said "call ringreduce.init() again")."""
     import torch.distributed as dist
 
     from ringreduce import backend
@@ -578,5 +579,10 @@ def torch_group_rules(rank: int, world: int) -> dict:
     except RuntimeError as e:
         out["after_destroy"] = str(e)
     out["initialized"] = rr.is_initialized()
+    try:
+        dist.all_reduce(torch.ones(3), group=g)
+        out["call_after_destroy"] = None
+    except RuntimeError as e:
+        out["call_after_destroy"] = str(e)
     dist.destroy_process_group()
     return out

@@ -294,7 +294,7 @@ class PyComm {
   // A reference that keeps the executor alive while the caller uses it without the GIL: a
   // destroy() on another thread meanwhile aborts the call but frees nothing under it.
   std::shared_ptr<runtime::Executor> held() {
-    if (!exec_) throw Error("communicator was destroyed; call ringreduce.init() again");
+    if (!exec_) throw Error(comm::kDestroyedText);
     return exec_;
   }
 

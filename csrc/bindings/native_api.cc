@@ -23,7 +23,7 @@ template <typename F>
 int guarded(void* handle, F&& fn) {
   try {
     std::shared_ptr<runtime::Executor> e = static_cast<ExecRef*>(handle)->lock();
-    if (!e) RR_THROW(Error, "communicator was destroyed; call ringreduce.init() again");
+    if (!e) RR_THROW(Error, comm::kDestroyedText);
     fn(*e);
     return 0;
   } catch (...) {

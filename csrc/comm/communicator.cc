@@ -69,7 +69,7 @@ void Communicator::checkUsable() const {
              opts_.p2pChannel ? "ringreduce.destroy()" : "its Group.destroy() or ringreduce.destroy()",
              ") before this call could run");
   if (aborted_.load())
-    RR_THROW(Error, destroying_.load() ? "communicator was destroyed; call ringreduce.init() again"
+    RR_THROW(Error, destroying_.load() ? kDestroyedText
                                        : "communicator was aborted; destroy it and init again");
   if (!failure_.empty() && opts_.p2pChannel)
     RR_THROW(Error, "this point-to-point channel (", opts_.groupName,

@@ -32,6 +32,13 @@
 
 namespace rr::comm {
 
+// A call on a destroyed communicator: what it says to do depends on who owns it, so it
+// names all three (a torch group of the backend rides on ringreduce's world or groups).
+inline constexpr const char* kDestroyedText =
+    "communicator was destroyed; make a new one: ringreduce.init() for the world, "
+    "ringreduce.new_group() for a group, or for a torch process group destroy_process_group() "
+    "and init_process_group() again";
+
 using transport::Connection;
 using transport::FrameHeader;
 using transport::RecvOp;
