@@ -120,3 +120,51 @@ def unwatched_peer(rank: int, world: int, victim: int, root: int, op: str, actio
     if rank not in (root, victim):
         time.sleep(10.0)  # idle while the root waits: the victim's neighbours say nothing
     return {"ok": True, "secs": time.monotonic() - t0}
+
+
+def dripping_strangers(rank: int, world: int, secs: float) -> dict:
+    """A stranger connects to every rank's listener (open in sparse mode) every 0.5 s and
+    says nothing, while the ranks all-reduce: no call may wait for it (each cost a 1 s wait
+    for its answer before: ~2 s per all-reduce, found by a helper). Returns the calls made
+    and the time spent in slow ones (> 0.5 s)."""
+    import socket
+    import threading
+    import time
+
+    from ringreduce import _rendezvous
+
+    w = _state.current()
+    stop = threading.Event()
+    socks: list = []
+
+    def drip() -> None:
+        p = _rendezvous._world_prefix()
+        addrs = [w.store.get(f"{p}addr/{r}").decode().rsplit(":", 1) for r in range(world)]
+        while not stop.wait(0.5):
+            for host, port in addrs:
+                socks.append(socket.create_connection((host.strip("[]"), int(port))))
+
+    t = threading.Thread(target=drip, daemon=True)
+    rr.barrier()
+    if rank == 0:
+        t.start()
+    calls, slow, t_end = 0, 0.0, time.monotonic() + secs
+    x = np.zeros(1000, np.float32)
+    while True:
+        t0 = time.monotonic()
+        x[:] = rank + 1
+        rr.allreduce(x)
+        assert (x == world * (world + 1) / 2).all(), x
+        calls += 1
+        took = time.monotonic() - t0
+        slow += took if took > 0.5 else 0.0
+        done = np.array([time.monotonic() > t_end], np.int32)
+        rr.allreduce(done)  # every rank stops after the same call
+        if done[0] == world:
+            break
+    stop.set()
+    if rank == 0:
+        t.join()
+    for s in socks:
+        s.close()
+    return {"calls": calls, "slow": slow, "strangers": len(socks)}

@@ -89,6 +89,16 @@ def test_silent_connections_do_not_hold_up_connections_on_first_use() -> None:
         assert o["took"] < 4, f"rank {rank}: the all-to-all took {o['took']:.1f} s: {outs}"
 
 
+@pytest.mark.timeout(120)
+def test_strangers_connecting_all_the_time_hold_up_no_collective() -> None:
+    outs = run_world(3, "lazy_workers:dripping_strangers", 4.0, timeout=90,
+                     env={**SPARSE, "RINGREDUCE_TRANSPORT": "tcp", "RINGREDUCE_TIMEOUT": "60"})
+    assert outs[0]["strangers"] >= 15, outs
+    for rank, o in enumerate(outs):
+        # Before: over half of the 4 s in calls that waited for a stranger's answer.
+        assert o["calls"] >= 50 and o["slow"] < 1.0, (rank, o)
+
+
 # A dead or frozen rank is named on every survivor, within the same bounds as a full mesh,
 # though most survivors hear of it only through the overlay's abort frames.
 _FAULTS = [("tcp", "ring", 8, 3, "kill", "mid", "allreduce"),

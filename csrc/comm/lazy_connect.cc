@@ -3,12 +3,12 @@
 //
 // Why this cannot deadlock: the higher rank of a pair dials, the lower accepts, and both
 // need the pair in the same collective (data flows both ways or one way, but both sides
-// call conn()). Every wait of a rank -- data, shared memory, or another pair's dial --
-// accepts whoever is dialling it, so a dialler waits only for its peer to reach some wait
-// of that collective. The blocking steps end on their own: an acceptor reads the answers of
-// connections dialled just now for at most 1 s (shared by all of them; a later answer is
-// read at its next wait), and a dialler waits at most 5 s for the ack, from a lower rank
-// that is itself in a wait of this collective -- so chains of waits end.
+// call conn()). Every wait of a rank -- data, shared memory, or its own dial -- accepts
+// whoever is dialling it and reads their answers, so a dialler waits only for its peer to
+// reach some wait of that collective. Nothing blocks on a peer: a dialler waits for the
+// hello and then the ack in a wait like any other (deadline, liveness, other diallers
+// served), and an acceptor reads an answer whenever it has arrived (accept_queue.h), so a
+// stranger that connects and says nothing holds up no wait.
 #include <poll.h>
 
 #include <algorithm>
@@ -20,7 +20,7 @@
 namespace rr::comm {
 
 namespace {
-constexpr double kHandshakeCapSec = 5.0;  // a peer whose hello arrived answers at once
+constexpr double kHandshakeCapSec = 5.0;  // to connect; to read what is already readable
 }  // namespace
 
 void Communicator::setDialer(std::unique_ptr<transport::Dialer> dialer,
@@ -78,7 +78,9 @@ void Communicator::connectLazily(int peer) {
   double cap = std::min(left, opts_.connectTimeoutSec);
   if (peer < rank_) {
     int fd = dialer_->dial(peer, std::min(cap, kHandshakeCapSec));
-    waitForLink(peer, fd);
+    waitForLink(peer, fd);  // its hello: sent once it accepts, in one of its waits
+    dialer_->answerDial(peer, kHandshakeCapSec);
+    waitForLink(peer, fd);  // its ack: sent once it reads the answer, in one of its waits
     conns_[static_cast<size_t>(peer)] = dialer_->finishDial(peer, kHandshakeCapSec);
   } else {
     waitForLink(peer, -1);
@@ -155,7 +157,7 @@ void Communicator::waitForLink(int peer, int dialFd) {
     for (size_t i = 1; i < pfds_.size(); ++i) {
       if (!pfds_[i].revents) continue;
       const int p = pfdPeer_[i];
-      if (p == peer && dialFd >= 0) return;  // the peer's hello (or EOF: finishDial says)
+      if (p == peer && dialFd >= 0) return;  // its hello or ack (or EOF: the dialer says)
       if (p == kListenerSlot) acceptDialler();
       else if (p >= 0) onIdleReadable(p);
     }

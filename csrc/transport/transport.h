@@ -180,7 +180,10 @@ class Dialer {
   // peer's hello arrives once it accepts (the caller waits for it while watching everything
   // else). Throws PeerError when the peer is gone (nothing listens there any more).
   virtual int dial(int peer, double timeoutSec) = 0;
-  // Finish dial(): authenticate (the hello is readable) and return the connection.
+  // Once the peer's hello is readable: answer it (authenticate); its acknowledgement then
+  // arrives on the same descriptor (the caller waits for it while watching everything else).
+  virtual void answerDial(int peer, double timeoutSec) = 0;
+  // Once the acknowledgement is readable: check it and return the connection.
   virtual std::unique_ptr<Connection> finishDial(int peer, double timeoutSec) = 0;
   // Accept the peers that are dialling (listenFd or a pendingFds() readable) without
   // blocking: returns one authenticated connection, or null when none is complete (refused

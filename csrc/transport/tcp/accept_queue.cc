@@ -85,10 +85,26 @@ std::vector<AcceptQueue::Accepted> AcceptQueue::progress(bool (*wanted)(void*, i
       continue;
     }
     if (rank >= 0) out.push_back({rank, std::move(p.from), std::move(p.fd)});
-    else RR_WARN(what_, " refused a connection from ", p.from, ": ", why);
+    else warnRefused(p.from, why);
     pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
   }
   return out;
+}
+
+void AcceptQueue::warnRefused(const std::string& from, const std::string& why) {
+  const int64_t now = steadyMs();
+  if (now - lastWarnMs_ < kWarnEveryMs) {
+    ++unwarned_;
+    RR_DEBUG(what_, " refused a connection from ", from, ": ", why);
+    return;
+  }
+  RR_WARN(what_, " refused a connection from ", from, ": ", why,
+          unwarned_ ? detail::concat(" (and ", unwarned_, " more in the last ",
+                                     (now - lastWarnMs_) / 1000, " s; RINGREDUCE_DEBUG=DEBUG "
+                                     "lists each)")
+                    : std::string());
+  lastWarnMs_ = now;
+  unwarned_ = 0;
 }
 
 bool AcceptQueue::empty() const { return pending_.empty(); }

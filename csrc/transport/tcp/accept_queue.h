@@ -64,6 +64,13 @@ class AcceptQueue {
   // Read what `p` sent; true when its answer is complete. false + *why when it failed.
   static bool readAnswer(Pending& p, std::string* why);
 
+  // Refusals are warned about at most once per kWarnEveryMs (with how many were not):
+  // a port scanner made thousands of lines (found by a helper).
+  static constexpr int64_t kWarnEveryMs = 10000;
+  void warnRefused(const std::string& from, const std::string& why);
+  int64_t lastWarnMs_ = -kWarnEveryMs;
+  size_t unwarned_ = 0;
+
   Identity me_;
   std::string what_;
   std::vector<Pending> pending_;

@@ -14,6 +14,7 @@ TcpDialer::TcpDialer(Identity me, Listener listener, std::vector<std::string> pe
   RR_CHECK_EQ(static_cast<int>(addrs_.size()), me_.world, "one address per rank");
   for (const auto& a : addrs_) hosts_.push_back(a.empty() ? std::string("?") : parseEndpoint(a).host);
   pending_.resize(addrs_.size());
+  answered_.resize(addrs_.size());
 }
 
 const std::string& TcpDialer::peerHost(int peer) const {
@@ -36,11 +37,20 @@ int TcpDialer::dial(int peer, double timeoutSec) {
   return pending_[static_cast<size_t>(peer)].get();
 }
 
+void TcpDialer::answerDial(int peer, double timeoutSec) {
+  const Fd& fd = pending_[static_cast<size_t>(peer)];
+  RR_CHECK(fd.valid(), "answerDial without dial for rank ", peer);
+  answered_[static_cast<size_t>(peer)] = answerHello(fd.get(), me_, peer,
+                                                     addrs_[static_cast<size_t>(peer)],
+                                                     Deadline::after(timeoutSec));
+}
+
 std::unique_ptr<Connection> TcpDialer::finishDial(int peer, double timeoutSec) {
   Fd fd = std::move(pending_[static_cast<size_t>(peer)]);
   RR_CHECK(fd.valid(), "finishDial without dial for rank ", peer);
   const std::string& addr = addrs_[static_cast<size_t>(peer)];
-  connectHandshake(fd.get(), me_, peer, addr, Deadline::after(timeoutSec));
+  checkAck(fd.get(), me_, peer, addr, answered_[static_cast<size_t>(peer)],
+           Deadline::after(timeoutSec));
   RR_DEBUG("rank ", label(me_.rank), ": connected to rank ", label(peer), " at ", addr,
            " on first use");
   return std::make_unique<TcpConnection>(peer, hosts_[static_cast<size_t>(peer)], std::move(fd));
@@ -48,17 +58,12 @@ std::unique_ptr<Connection> TcpDialer::finishDial(int peer, double timeoutSec) {
 
 std::unique_ptr<Connection> TcpDialer::acceptOne(bool (*wanted)(void*, int), void* ctx) {
   if (ready_.empty() && listener_.fd() >= 0) {
-    const size_t fresh = accepting_.acceptWaiting(listener_.fd());
+    // Never waits: an answer not here yet is read at this rank's next wait (the waits poll
+    // pendingFds), however late -- the dialler waits for the ack in its own wait loop. (A
+    // 1 s wait here for fresh connections' answers let a stranger connecting once a second
+    // and saying nothing stall every collective for ~2 s: found by a helper.)
+    accepting_.acceptWaiting(listener_.fd());
     ready_ = accepting_.progress(wanted, ctx);
-    // A peer that just dialled answers the hello within microseconds; its answer is read
-    // here, as before the queue, not at this rank's next wait -- which may come only after a
-    // long computation, past the dialler's 5 s wait for the ack. A silent connection costs
-    // this wait once (all that came together share it), never the 5 s of its own slot.
-    const Deadline d = Deadline::after(kFreshAnswerSec);
-    while (fresh > 0 && ready_.empty() && !accepting_.empty() && !d.expired()) {
-      accepting_.awaitAnswer(d);
-      ready_ = accepting_.progress(wanted, ctx);
-    }
   }
   if (ready_.empty()) return nullptr;
   AcceptQueue::Accepted a = std::move(ready_.back());

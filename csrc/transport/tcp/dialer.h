@@ -22,6 +22,7 @@ class TcpDialer final : public Dialer {
   int listenFd() const override { return listener_.fd(); }
   const std::string& peerHost(int peer) const override;
   int dial(int peer, double timeoutSec) override;
+  void answerDial(int peer, double timeoutSec) override;
   std::unique_ptr<Connection> finishDial(int peer, double timeoutSec) override;
   std::unique_ptr<Connection> acceptOne(bool (*wanted)(void*, int), void* ctx) override;
   std::vector<int> pendingFds() const override { return accepting_.fds(); }
@@ -33,7 +34,7 @@ class TcpDialer final : public Dialer {
   std::vector<std::string> addrs_;
   std::vector<std::string> hosts_;
   std::vector<Fd> pending_;  // dialled, not yet authenticated, per peer
-  static constexpr double kFreshAnswerSec = 1.0;  // acceptOne's wait for new dialers' answers
+  std::vector<ConnectState> answered_;  // per peer: its hello answered (answerDial)
   AcceptQueue accepting_;    // accepted, not yet authenticated
   std::vector<AcceptQueue::Accepted> ready_;  // authenticated, not yet taken by acceptOne
 };

@@ -130,14 +130,24 @@ int acceptHandshakeImpl(int fd, const Identity& me, Deadline d, bool (*isExpecte
   return finishAccept(fd, me, st, auth, isExpected, ctx, reason);
 }
 
+namespace {
+[[noreturn]] void failConnect(const Identity& me, int target, const std::string& targetAddr,
+                              const std::string& why) {
+  throw PeerError(target, PeerCause::kHandshake,
+                  detail::concat("handshake with rank ", me.shown(target), " at ", targetAddr,
+                                 " failed: ", why));
+}
+}  // namespace
+
 void connectHandshake(int fd, const Identity& me, int target, const std::string& targetAddr,
                       Deadline d) {
+  checkAck(fd, me, target, targetAddr, answerHello(fd, me, target, targetAddr, d), d);
+}
+
+ConnectState answerHello(int fd, const Identity& me, int target, const std::string& targetAddr,
+                         Deadline d) {
   std::string err;
-  auto fail = [&](const std::string& why) -> void {
-    throw PeerError(target, PeerCause::kHandshake,
-                    detail::concat("handshake with rank ", me.shown(target), " at ", targetAddr,
-                                   " failed: ", why));
-  };
+  auto fail = [&](const std::string& why) { failConnect(me, target, targetAddr, why); };
   Hello hello{};
   if (!readFull(fd, &hello, sizeof(hello), d, &err, true)) {
     // Closed or reset before its hello: the process that listened there is gone (it listens
@@ -160,11 +170,22 @@ void connectHandshake(int fd, const Identity& me, int target, const std::string&
   crypto::Digest m = mac(me.secret, 'C', hello.nonce, auth.nonce, me.rank, me.world, target);
   std::memcpy(auth.mac, m.data(), 32);
   if (!writeFull(fd, &auth, sizeof(auth), d, &err)) fail("sending authentication: " + err);
+  ConnectState st;
+  std::memcpy(st.helloNonce, hello.nonce, sizeof(st.helloNonce));
+  std::memcpy(st.authNonce, auth.nonce, sizeof(st.authNonce));
+  return st;
+}
+
+void checkAck(int fd, const Identity& me, int target, const std::string& targetAddr,
+              const ConnectState& st, Deadline d) {
+  std::string err;
+  auto fail = [&](const std::string& why) { failConnect(me, target, targetAddr, why); };
   Ack ack{};
   if (!readFull(fd, &ack, sizeof(ack), d, &err, true)) fail("reading reply: " + err);
   if (ack.magic != kHelloMagic) fail("malformed reply");
   if (ack.status != kOk) fail(std::string("refused: ") + statusText(ack.status));
-  crypto::Digest want = mac(me.secret, 'A', auth.nonce, hello.nonce, target, me.rank, me.world);
+  crypto::Digest want = mac(me.secret, 'A', st.authNonce, st.helloNonce, target, me.rank,
+                            me.world);
   crypto::Digest got;
   std::memcpy(got.data(), ack.mac, 32);
   if (!crypto::digestEqual(want, got))

@@ -54,5 +54,17 @@ int acceptHandshake(int fd, const Identity& me, Deadline d, Pred isExpected, std
 // Connector side: authenticate to `target`. Throws PeerError / TimeoutError with the reason.
 void connectHandshake(int fd, const Identity& me, int target, const std::string& targetAddr,
                       Deadline d);
+// The same in two steps, for a caller that waits for the hello and then the ack in its own
+// wait loop (a lazy connection's dialler: it watches everything else meanwhile, and the
+// acceptor answers whenever it next waits): answerHello reads the hello and sends Auth;
+// checkAck reads and checks the ack.
+struct ConnectState {
+  uint8_t helloNonce[16] = {};
+  uint8_t authNonce[16] = {};
+};
+ConnectState answerHello(int fd, const Identity& me, int target, const std::string& targetAddr,
+                         Deadline d);
+void checkAck(int fd, const Identity& me, int target, const std::string& targetAddr,
+              const ConnectState& st, Deadline d);
 
 }  // namespace rr::transport::tcp
