@@ -45,6 +45,24 @@ def journal(prefix: str) -> Iterator[None]:
             _OPEN.pop(prefix, None)
 
 
+_ABSENT = "\x00ringreduce: no such key"
+
+
+def peek(store: Any, key: str) -> bytes | None:
+    """`key`'s value, or None if it is not set -- in one store call that never waits: a
+    key a destroy() deletes may vanish between a check() and a get(), whose wait for it
+    then blocked a rank outside a group for the connect timeout (found by a helper).
+    compare_set with an impossible expected value sets nothing and returns what is there
+    (or that value when nothing is)."""
+    try:
+        got = bytes(store.compare_set(key, _ABSENT, _ABSENT))
+        return None if got == _ABSENT.encode() else got
+    except RuntimeError as e:  # a Python Store without compare_set: check, then get
+        if "Not implemented" not in str(e):
+            raise
+        return bytes(store.get(key)) if store.check([key]) else None
+
+
 def wrote(prefix: str, *keys: str) -> None:
     """The rendezvous wrote `keys` for the creation under `prefix` (no-op outside one: an
     init's keys go with its store)."""

@@ -406,16 +406,15 @@ def _left_out(world: Group, prefix: str, members: list[int], name: str) -> None:
 
 def _published(store: Any, prefix: str) -> str:
     """The member list group rank 0 published under `prefix` ("" if not yet)."""
-    return store.get(prefix + "members").decode() if store.check([prefix + "members"]) else ""
+    got = _store_keys.peek(store, prefix + "members")
+    return "" if got is None else got.decode()
 
 
 def _told_left_out(store: Any, prefix: str) -> dict[str, str]:
     """What ranks outside a group's list wrote under its prefix (_left_out): world rank ->
     the list it was given."""
-    if not store.check([prefix + "left-out"]):
-        return {}
-    return dict(e.split(":", 1) for e in store.get(prefix + "left-out").decode().split(";")
-                if e)
+    got = _store_keys.peek(store, prefix + "left-out")
+    return {} if got is None else dict(e.split(":", 1) for e in got.decode().split(";") if e)
 
 
 def _left_out_notes(store: Any, prefix: str) -> list[str]:

@@ -35,6 +35,42 @@ def test_new_group_mismatch_is_named(odd: tuple) -> None:
         assert "same order with the same ranks" in o and "claimed" not in o, o
 
 
+def test_a_rank_outside_a_group_never_waits_for_its_keys() -> None:
+    """The member list a rank outside a group reads (groups._left_out) may be deleted by the
+    members' destroy() between a check() and a get(): the get then waited for the connect
+    timeout (found by a helper's soak, 1 run in 3). The read takes one call that never
+    waits: here a store whose key vanishes after check() (the race, made certain)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from ringreduce import _store_keys, groups
+
+    class Racy:
+        def __init__(self) -> None:
+            self.store = dist.HashStore()
+            self.store.set_timeout(datetime.timedelta(seconds=30))
+
+        def check(self, keys: list) -> bool:
+            found = self.store.check(keys)
+            for k in keys:
+                self.store.delete_key(k)
+            return found
+
+        def __getattr__(self, name: str):
+            return getattr(self.store, name)
+
+    racy = Racy()
+    racy.store.set("g/members", "0,1")
+    assert groups._published(racy, "g/") == "0,1"
+    racy.store.set("g/left-out", "2:0,1;")
+    assert groups._told_left_out(racy, "g/") == {"2": "0,1"}
+    racy.store.delete_key("g/members")
+    racy.store.delete_key("g/left-out")
+    assert groups._published(racy, "g/") == "" and groups._told_left_out(racy, "g/") == {}
+    assert _store_keys.peek(racy.store, "g/nothing") is None
+
+
 @pytest.mark.timeout(90)
 def test_a_group_of_one_takes_part_in_the_agreement() -> None:
     outs = run_world(2, "group_workers:single_mismatch", timeout=60,
