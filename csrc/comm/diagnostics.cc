@@ -11,6 +11,13 @@
 
 namespace rr::comm {
 
+namespace {
+// ", pid 42" -- or nothing for a peer never heard from (its pid is not known).
+std::string pidText(const transport::PeerStatus& s) {
+  return s.pid ? detail::concat(", pid ", s.pid) : std::string();
+}
+}  // namespace
+
 std::string Communicator::peerDoing(int peer, const transport::PeerStatus& s,
                                     const char* note) const {
   std::string site = hb_ ? hb_->site(peer) : std::string();
@@ -88,7 +95,7 @@ void Communicator::reportStall(int64_t waitedMs, int waitingFor) {
     if (s.seq < seq_ || (s.seq == seq_ && s.kind == 0 && s.bytesDone == 0)) {
       isBehind[static_cast<size_t>(p)] = 1;
       behind += detail::concat(behind.empty() ? "" : "; ", "rank ", label(p), " (", peerHost(p),
-                               ", pid ", s.pid, ") is ", peerDoing(p, s));
+                               pidText(s), ") is ", peerDoing(p, s));
     } else {
       ahead += detail::concat(nAhead++ ? ", " : "", label(p));
     }
@@ -180,7 +187,7 @@ void Communicator::checkUnwatched(int peer, bool inCollective) {
   const int64_t age = s.ageMs >= 0 ? std::min(s.ageMs, asking) : asking;
   if (age <= static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000)) return;
   throw PeerError(peer, PeerCause::kSilent, detail::concat(
-      "rank ", label(peer), " (", peerHost(peer), s.pid ? detail::concat(", pid ", s.pid) : "",
+      "rank ", label(peer), " (", peerHost(peer), pidText(s),
       ") stopped responding: no heartbeat for ", age / 1000.0, " s while rank ", label(rank_),
       " waited for it (process exited or killed, frozen or stopped, host overloaded, or "
       "network partition)",
@@ -189,7 +196,7 @@ void Communicator::checkUnwatched(int peer, bool inCollective) {
 
 std::string Communicator::silence(int peer, const transport::PeerStatus& s,
                                   int64_t ageMs) const {
-  return detail::concat("rank ", label(peer), " (", peerHost(peer), ", pid ", s.pid,
+  return detail::concat("rank ", label(peer), " (", peerHost(peer), pidText(s),
                         ") stopped responding: no heartbeat for ", ageMs / 1000.0,
                         " s (process frozen or stopped, host overloaded, or network partition)");
 }
