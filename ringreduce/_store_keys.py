@@ -48,19 +48,37 @@ def journal(prefix: str) -> Iterator[None]:
 _ABSENT = "\x00ringreduce: no such key"
 
 
+def _compare_set(store: Any, key: str, expected: str, desired: str,
+                 fallback: Callable[[], bytes]) -> bytes:
+    """store.compare_set, or `fallback()` for a Python Store without it (best effort: not
+    atomic)."""
+    try:
+        return bytes(store.compare_set(key, expected, desired))
+    except RuntimeError as e:
+        if "Not implemented" not in str(e):
+            raise
+        return fallback()
+
+
 def peek(store: Any, key: str) -> bytes | None:
     """`key`'s value, or None if it is not set -- in one store call that never waits: a
     key a destroy() deletes may vanish between a check() and a get(), whose wait for it
     then blocked a rank outside a group for the connect timeout (found by a helper).
     compare_set with an impossible expected value sets nothing and returns what is there
     (or that value when nothing is)."""
-    try:
-        got = bytes(store.compare_set(key, _ABSENT, _ABSENT))
-        return None if got == _ABSENT.encode() else got
-    except RuntimeError as e:  # a Python Store without compare_set: check, then get
-        if "Not implemented" not in str(e):
-            raise
-        return bytes(store.get(key)) if store.check([key]) else None
+    got = _compare_set(store, key, _ABSENT, _ABSENT,
+                       lambda: bytes(store.get(key)) if store.check([key]) else _ABSENT.encode())
+    return None if got == _ABSENT.encode() else got
+
+
+def publish_once(store: Any, key: str, value: str) -> str:
+    """Set `key` to `value` unless it is set; return what it holds then."""
+    def fallback() -> bytes:
+        if not store.check([key]):
+            store.set(key, value)
+        return bytes(store.get(key))
+
+    return _compare_set(store, key, "", value, fallback).decode()
 
 
 def wrote(prefix: str, *keys: str) -> None:

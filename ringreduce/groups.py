@@ -434,7 +434,7 @@ def _agree(store: Any, prefix: str, me: int, members: list[int], timeout: float,
     if me == 0:
         # First come, first kept: two ranks that each think they are group rank 0 (given
         # different lists) must not overwrite each other's list and then both claim rank 0.
-        first = _publish_once(store, prefix + "members", text)
+        first = _store_keys.publish_once(store, prefix + "members", text)
         _store_keys.wrote(prefix, prefix + "members")
         if first == text:  # a rank of this list that was given one without itself?
             _check_left_out(store, prefix, members, text, name, out_of_step)
@@ -477,18 +477,6 @@ def _check_left_out(store: Any, prefix: str, members: list[int], text: str, name
                          f"world rank {bad} with [{told[str(bad)]}], without itself; every rank "
                          f"must create groups in the same order with the same ranks")
         raise _fail_group(store, prefix, out_of_step, err)
-
-
-def _publish_once(store: Any, key: str, value: str) -> str:
-    """Set `key` to `value` unless it is set; return what it holds then."""
-    try:
-        return bytes(store.compare_set(key, "", value)).decode()
-    except RuntimeError as e:  # a Python Store without compare_set: best effort
-        if "Not implemented" not in str(e):
-            raise
-        if not store.check([key]):
-            store.set(key, value)
-        return store.get(key).decode()
 
 
 def _connect(world: Group, store: Any, members: list[int], me: int, prefix: str,

@@ -144,7 +144,7 @@ def test_too_low_hard_fd_limit_fails_init_with_the_number_needed() -> None:
 
 
 _UNWATCHED = [("gather", "kill"), ("gather", "stop"), ("recv", "kill"), ("connected", "stop"),
-              ("gather", "exit"), ("gather", "late"), ("recv", "late")]
+              ("gather", "exit"), ("gather", "late"), ("recv", "late"), ("gather", "stop-fast")]
 
 
 @pytest.mark.exclusive  # 6 ranks timed against 1 s heartbeats
@@ -158,10 +158,14 @@ def test_a_rank_waiting_outside_its_overlay_names_a_dead_or_frozen_peer(op: str,
     (found by a helper). A live rank coming late is waited for (no false alarm)."""
     victim, root = 3, 0
     assert victim not in _overlay(root, 6)
+    # stop-fast: 0.05 s heartbeats, whose 4-period lease is shorter than the 250 ms between
+    # the wait's looks (each look began a new run of asks: never silent, found by a review).
+    fast = {"RINGREDUCE_HEARTBEAT_INTERVAL": "0.05"} if action == "stop-fast" else {}
+    action = action.removesuffix("-fast")
     outs = run_world_raw(6, "lazy_workers:unwatched_peer", victim, root, op, action,
                          timeout=100, expendable=[victim] if action in ("kill", "stop") else [],
                          env={**SPARSE, **test_faults.FAST_HB, "RINGREDUCE_TRANSPORT": "tcp",
-                              "RINGREDUCE_TIMEOUT": "30"})
+                              "RINGREDUCE_TIMEOUT": "30", **fast})
     v = outs[root].value
     assert v is not None, outs[root].describe()
     if action == "late":

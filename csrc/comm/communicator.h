@@ -271,6 +271,13 @@ class Communicator {
   // checkAlive): abort, the deadline, then the peers' heartbeats (silent peer, collective
   // issued out of order, stall report). `shm`: the wait is on shared memory (for messages).
   void checkLiveness(int sendPeer, int recvPeer, bool shm);
+  // checkLiveness if it has not run for kLivenessEveryMs: a wait woken again and again by
+  // other sockets (a stranger dialling the listener) still checks deadline and heartbeats.
+  void livenessDue(int sendPeer, int recvPeer) {
+    if (steadyMs() - livenessAtMs_ >= kLivenessEveryMs) checkLiveness(sendPeer, recvPeer, false);
+  }
+  static constexpr int64_t kLivenessEveryMs = 250;  // as pollWaits' longest sleep
+  int64_t livenessAtMs_ = 0;  // steady ms of the last checkLiveness
   [[noreturn]] void timeout(int sendPeer, int recvPeer, bool shm);
   // Shared memory's part of every liveness check: a local peer's published failure
   // (throws as its abort frame would), its goodbye (gone_), its exit (PeerError).

@@ -46,11 +46,14 @@ std::string Communicator::waitChain(int first, int* end) {
     chain += detail::concat(" -> rank ", label(p));
     seen[static_cast<size_t>(p)] = 1;
     *end = p;
-    if (!watched(p) && !hb_->reaches(p)) {
+    // An unwatched peer only while it answers this rank's asks (else its state is stale).
+    const transport::PeerStatus st = hb_->status(p);
+    if (!watched(p) && !(hb_->reaches(p) && st.ageMs >= 0 &&
+                         st.ageMs < static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000))) {
       *end = -1;  // unknown: not a rank the chain shows stuck
       return chain + " (not among the peers this rank watches)";
     }
-    transport::PeerStatus s = hb_->status(p);
+    const transport::PeerStatus& s = st;
     if (s.ageMs < 0) return chain + " (never heard from)";
     if (s.kind == 0 || s.seq != seq_)
       return chain + detail::concat(" (not in this collective: ", peerDoing(p, s), ")");

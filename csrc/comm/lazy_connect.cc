@@ -5,10 +5,10 @@
 // need the pair in the same collective (data flows both ways or one way, but both sides
 // call conn()). Every wait of a rank -- data, shared memory, or its own dial -- accepts
 // whoever is dialling it and reads their answers, so a dialler waits only for its peer to
-// reach some wait of that collective. Nothing blocks on a peer: a dialler waits for the
-// hello and then the ack in a wait like any other (deadline, liveness, other diallers
-// served), and an acceptor reads an answer whenever it has arrived (accept_queue.h), so a
-// stranger that connects and says nothing holds up no wait.
+// reach some wait of that collective. No wait blocks on a peer's answer: a dialler waits
+// for the hello and then the ack in a wait like any other (deadline, liveness, other
+// diallers served), and an acceptor reads an answer whenever it has arrived
+// (accept_queue.h), so a stranger that connects and says nothing holds up no wait.
 #include <poll.h>
 
 #include <algorithm>
@@ -161,6 +161,7 @@ void Communicator::waitForLink(int peer, int dialFd) {
       if (p == kListenerSlot) acceptDialler();
       else if (p >= 0) onIdleReadable(p);
     }
+    livenessDue(peer, peer);
   }
 }
 

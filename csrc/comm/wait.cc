@@ -85,6 +85,7 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
       if (pfdPeer_[i] == kListenerSlot) acceptDialler();  // a dialler's handshake has a limit
     }
     if (ready) return;
+    livenessDue(sendPeer, recvPeer);
     for (size_t i = 1; i < pfds_.size(); ++i) {
       if (!pfds_[i].revents) continue;
       int p = pfdPeer_[i];
@@ -102,7 +103,7 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
 int Communicator::pollWaits() {
   while (true) {
     int ms = deadline_.pollMs();
-    if (hb_ && ms > 250) ms = 250;  // wake to look at heartbeats while waiting
+    if (hb_ && ms > kLivenessEveryMs) ms = static_cast<int>(kLivenessEveryMs);  // heartbeats
     int n = ::poll(pfds_.data(), pfds_.size(), ms);
     if (n < 0) {
       if (errno == EINTR) {  // a signal: see whether its Python handler raised
@@ -247,8 +248,14 @@ void Communicator::probeOnce(const std::vector<int>& waitedFor) {
     const int p = silentPeer(false, &s, &age);
     if (p >= 0) throw PeerError(p, PeerCause::kSilent, silence(p, s, age));
   }
-  for (int p : waitedFor)
-    if (p >= 0 && p < world_ && p != rank_) checkUnwatched(p, false);
+  // Ask the unwatched ones for heartbeats -- unless there are more of them than overlay
+  // peers: a wait for many (a group's set-up) relies on the overlay, as asking them all
+  // would cost every rank O(world) datagrams per period (found by a helper's review).
+  size_t unwatched = 0;
+  for (int p : waitedFor) unwatched += p >= 0 && p < world_ && p != rank_ && !watched(p);
+  if (unwatched <= std::max<size_t>(watchList_.size(), 1))
+    for (int p : waitedFor)
+      if (p >= 0 && p < world_ && p != rank_) checkUnwatched(p, false);
   for (int p : waitedFor)
     if (p >= 0 && p < world_ && p != rank_ && gone_[static_cast<size_t>(p)]) throwLeft(p, "");
 }
@@ -281,6 +288,7 @@ void Communicator::sendRecv(int sendPeer, SendOp* s, int recvPeer, RecvOp* r) {
 }
 
 void Communicator::checkLiveness(int sendPeer, int recvPeer, bool shm) {
+  livenessAtMs_ = steadyMs();
   checkStopped();
   checkInterrupt();
   if (deadline_.expired()) timeout(sendPeer, recvPeer, shm);

@@ -54,7 +54,7 @@ std::shared_ptr<Work> Executor::submit(Task fn, std::string what, uint32_t site)
   {
     std::lock_guard<std::mutex> g(mu_);
     if (stop_) {
-      w->complete(std::make_exception_ptr(Error("communicator was destroyed")));
+      w->complete(std::make_exception_ptr(Error(comm::kDestroyedText)));
       return w;
     }
     std::weak_ptr<Executor> self = weak_from_this();
@@ -96,7 +96,7 @@ std::exception_ptr Executor::runInline(std::unique_lock<std::mutex>& g, Task& fn
 
 bool Executor::incomingIdle(int peer) {
   std::unique_lock<std::mutex> g(mu_);
-  if (stop_) RR_THROW(Error, "communicator was destroyed");
+  if (stop_) RR_THROW(Error, comm::kDestroyedText);
   if (!queue_.empty() || busy_) return false;
   std::unique_lock<std::mutex> ex(execMu_, std::try_to_lock);  // an inline run holds it
   return ex.owns_lock() && comm_->incoming(peer);
@@ -108,7 +108,7 @@ static void rethrowWithContext(comm::Communicator& c, bool inCall = true);
 
 void Executor::probeIdle(const std::vector<int>& waitedFor) {
   std::unique_lock<std::mutex> g(mu_);
-  if (stop_) RR_THROW(Error, "communicator was destroyed");
+  if (stop_) RR_THROW(Error, comm::kDestroyedText);
   if (!queue_.empty() || busy_) return;
   std::unique_lock<std::mutex> ex(execMu_, std::try_to_lock);  // an inline run holds it
   if (!ex.owns_lock()) return;
@@ -128,7 +128,7 @@ void Executor::runSync(Task fn, std::string what, uint32_t site) {
   if (forked()) throwForked();  // before mu_, which a parent's thread may have held
   {
     std::unique_lock<std::mutex> g(mu_);
-    if (stop_) RR_THROW(Error, "communicator was destroyed");
+    if (stop_) RR_THROW(Error, comm::kDestroyedText);
     if (queue_.empty() && !busy_) {
       std::exception_ptr e = runInline(g, fn, site);
       if (e) std::rethrow_exception(e);

@@ -100,12 +100,10 @@ class HeartbeatHub {
     }
   }
 
-  // Send `h`'s next round now (a peer it begins to want, or one that began to want it).
-  void poke(Heartbeat* h) {
+  // Send `h`'s datagram to `peer` now (a peer it begins to want).
+  void sendNow(Heartbeat* h, int peer) {
     std::lock_guard<std::mutex> g(mu_);
-    if (std::find(beats_.begin(), beats_.end(), h) == beats_.end()) return;
-    h->nextNs_ = 0;
-    wake();
+    if (std::find(beats_.begin(), beats_.end(), h) != beats_.end()) h->sendAll(false, peer);
   }
 
   void remove(Heartbeat* h) {
@@ -301,7 +299,7 @@ void Heartbeat::start(int rank, const std::vector<std::string>& peerAddrs,
     std::lock_guard<std::mutex> g(registry().mu);
     registry().all.push_back(this);
   }
-  running_ = true;
+  running_.store(true, std::memory_order_release);
   try {
     HeartbeatHub::get().add(this);
   } catch (...) {
@@ -316,8 +314,8 @@ void Heartbeat::stop() {
     auto& v = registry().all;
     v.erase(std::remove(v.begin(), v.end(), this), v.end());
   }
-  if (running_) HeartbeatHub::get().remove(this);
-  running_ = false;
+  if (running()) HeartbeatHub::get().remove(this);
+  running_.store(false, std::memory_order_release);
 }
 
 PeerStatus Heartbeat::status(int peer) const {
@@ -345,15 +343,18 @@ PeerStatus Heartbeat::status(int peer) const {
   return s;
 }
 
+int64_t Heartbeat::leaseNs() const {
+  return std::max<int64_t>(4 * static_cast<int64_t>(clampSeconds(interval_) * 1e9), 1000000000);
+}
+
 int64_t Heartbeat::want(int peer) {
-  if (peer < 0 || static_cast<size_t>(peer) >= nslots_ || !running_) return 0;
+  if (peer < 0 || static_cast<size_t>(peer) >= nslots_ || !running()) return 0;
   Slot& s = slots_[static_cast<size_t>(peer)];
   const int64_t now = nowNs();
   const bool fresh = s.wantUntil.load(std::memory_order_relaxed) <= now;
   if (fresh) s.wantSince.store(now, std::memory_order_relaxed);
-  s.wantUntil.store(now + kLeasePeriods * static_cast<int64_t>(clampSeconds(interval_) * 1e9),
-                    std::memory_order_relaxed);
-  if (fresh && !always_[static_cast<size_t>(peer)]) HeartbeatHub::get().poke(this);
+  s.wantUntil.store(now + leaseNs(), std::memory_order_relaxed);
+  if (fresh && !always_[static_cast<size_t>(peer)]) HeartbeatHub::get().sendNow(this, peer);
   return (now - s.wantSince.load(std::memory_order_relaxed)) / 1000000;
 }
 
@@ -392,7 +393,7 @@ std::string Heartbeat::busyElsewhere() const {
   return "";
 }
 
-void Heartbeat::sendAll(bool bye) {
+void Heartbeat::sendAll(bool bye, int only) {
   Datagram d{};
   d.magic = kMagic;
   d.bye = bye ? 1 : 0;
@@ -424,15 +425,19 @@ void Heartbeat::sendAll(bool bye) {
                     std::memcmp(lastSaid_.data(), said, sizeof(d)) == 0;
   // Something new goes out in two rounds in a row (one may be lost); then every
   // kRefreshRounds-th round in full.
-  quietRounds_ = same ? quietRounds_ + 1 : 0;
-  const bool quiet = !carrier_ && quietRounds_ >= 2 && quietRounds_ % kRefreshRounds != 0;
-  lastSaid_.assign(said, said + sizeof(d));  // counter and MAC are still 0 here
+  bool quiet = false;
+  if (only < 0) {  // a round (a single datagram changes nothing of the rounds' rhythm)
+    quietRounds_ = same ? quietRounds_ + 1 : 0;
+    quiet = !carrier_ && quietRounds_ >= 2 && quietRounds_ % kRefreshRounds != 0;
+    lastSaid_.assign(said, said + sizeof(d));  // counter and MAC are still 0 here
+  }
   d.counter = ++counter_;
   const int64_t now = nowNs();
   Datagram asking = d;  // the same, asking for heartbeats back (to peers this rank wants)
   asking.ask = 1;
   bool signed_ = false, signedAsk = false;
-  for (size_t r = 0; r < nslots_; ++r) {
+  for (size_t r = only < 0 ? 0 : static_cast<size_t>(only); r < nslots_; ++r) {
+    if (only >= 0 && r != static_cast<size_t>(only)) break;
     if (peerSockaddr_[r].empty()) continue;
     const Slot& s = slots_[r];
     const bool want = s.wantUntil.load(std::memory_order_relaxed) > now;
@@ -494,12 +499,11 @@ void Heartbeat::receiveOne() {
   }
   const int64_t now = nowNs();
   if (d.ask && !always_[static_cast<size_t>(d.rank)] && !d.bye) {
-    // Answered for kLeasePeriods of this rank's periods (the asker asks every one of its
-    // own); a new asker at once, so its wait hears from this rank within one round trip.
+    // Answered for a lease (the asker asks every period while it waits); a new asker at
+    // once, with one datagram, so its wait hears from this rank within one round trip.
     const bool fresh = s.askedUntil.load(std::memory_order_relaxed) <= now;
-    s.askedUntil.store(now + kLeasePeriods * std::max(periodNs_, int64_t{1}),
-                       std::memory_order_relaxed);
-    if (fresh) nextNs_ = 0;
+    s.askedUntil.store(now + leaseNs(), std::memory_order_relaxed);
+    if (fresh) sendAll(false, d.rank);
   }
   s.proc.store(d.proc, std::memory_order_relaxed);
   if (d.proc) HeartbeatHub::get().noteHeard(d.proc, now);

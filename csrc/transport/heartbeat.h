@@ -110,18 +110,21 @@ class Heartbeat {
   // `ageMs`: since the last datagram from the peer's process on any communicator (once this
   // one has heard from it).
   PeerStatus status(int peer) const;
-  // Ask `peer` (not an `always` target) for heartbeats for the next kLeasePeriods periods
-  // and send it ours. Returns the ms since this rank began asking (the current run of
-  // calls, each within the lease of the last): its silence counts from then. Any thread.
+  // Ask `peer` (not an `always` target) for heartbeats for the next leaseNs() and send it
+  // ours (at once when this starts a new run of asks). Returns the ms since this rank began
+  // asking (the current run of calls, each within the lease of the last): its silence
+  // counts from then. The thread that drives the communicator's waits.
   int64_t want(int peer);
   // Whether this rank heartbeats `peer` now (an `always` target, or wanted). Any thread.
   bool reaches(int peer) const;
-  static constexpr int kLeasePeriods = 4;
+  // How long an ask lasts, for the asker and for the rank asked: 4 periods, at least 1 s
+  // (the waits that ask do so at least every 250 ms).
+  int64_t leaseNs() const;
   // The call site peer `peer` last reported ("" if none). Takes a lock: for reports only.
   std::string site(int peer) const;
   // What peer `peer`'s process last said it runs on another communicator ("" if nothing).
   std::string elsewhere(int peer) const;
-  bool running() const { return running_; }
+  bool running() const { return running_.load(std::memory_order_acquire); }
   // Peers this rank sends heartbeats to, and datagrams sent so far (link_stats). Any thread.
   int targets() const { return targets_; }
   uint64_t sent() const { return sent_.load(std::memory_order_relaxed); }
@@ -130,7 +133,9 @@ class Heartbeat {
 
  private:
   friend class HeartbeatHub;
-  void sendAll(bool bye = false);
+  // A round to every target, or (`only` >= 0) one datagram to that peer (a new run of
+  // asks, or a new asker's answer: a round to all would make asks cost O(targets)).
+  void sendAll(bool bye = false, int only = -1);
   void receiveOne();
 
   struct Slot {
@@ -142,8 +147,9 @@ class Heartbeat {
     std::atomic<uint64_t> root{0};  // root << 32 | seq's low 32 bits, as setRoot; 0: none
     std::atomic<bool> left{false};  // its last datagram was its goodbye
     std::atomic<uint64_t> proc{0};  // its process (HeartbeatHub::self there), as last heard
-    std::atomic<int64_t> wantUntil{0}, wantSince{0};  // want(): asking it until; since
-    std::atomic<int64_t> askedUntil{0};  // it asked: answered until (the hub's thread)
+    // want() (the waiting thread) writes these; the hub's thread reads wantUntil.
+    std::atomic<int64_t> wantUntil{0}, wantSince{0};  // asking it until; since
+    std::atomic<int64_t> askedUntil{0};  // it asked: answered until (the hub's thread only)
   };
 
   tcp::Fd fd_;
@@ -174,7 +180,7 @@ class Heartbeat {
   std::vector<uint64_t> lastCounter_;   // per peer: replays (older counters) are ignored
   std::vector<uint8_t> lastSaid_;       // the last datagram sent, less counter and MAC
   uint64_t quietRounds_ = 0;            // rounds in a row with nothing new to say
-  bool running_ = false;                // between start() and stop()
+  std::atomic<bool> running_{false};  // between start() and stop() (want() reads it)
 };
 
 }  // namespace rr::transport

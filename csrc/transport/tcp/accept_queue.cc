@@ -13,22 +13,35 @@ namespace rr::transport::tcp {
 size_t AcceptQueue::acceptWaiting(int listenFd) {
   size_t n = 0;
   if (listenFd < 0) return n;
+  if (unwarned_ > 0 && steadyMs() - lastWarnMs_ >= kWarnEveryMs) {  // a burst's count
+    RR_WARN(what_, " refused ", unwarned_, " more connection(s) in the last ",
+            (steadyMs() - lastWarnMs_) / 1000, " s (RINGREDUCE_DEBUG=DEBUG lists each)");
+    lastWarnMs_ = steadyMs();
+    unwarned_ = 0;
+  }
   while (true) {
     std::string from;
     Fd fd;
     try {
       fd = acceptOne(listenFd, Deadline::after(0.0), &from);
     } catch (const Error& e) {  // EMFILE, ENFILE, ENOBUFS: free a slot, try again later
-      RR_WARN(what_, " could not accept a connection (", e.what(), ")",
-              pending_.empty() ? "" : "; dropped the oldest one still authenticating");
+      warnRefused("an unknown address", detail::concat("could not accept it (", e.what(), ")",
+                                      pending_.empty() ? "" : "; dropped the oldest one "
+                                                              "still authenticating"));
       if (!pending_.empty()) pending_.erase(pending_.begin());
       return n;
     }
     if (!fd.valid()) return n;
     if (pending_.size() >= kMaxPending) {
-      RR_WARN(what_, " refused a connection from ", pending_.front().from, ": no answer while ",
-              kMaxPending, " connections waited to authenticate (a flood of connections?)");
-      pending_.erase(pending_.begin());
+      // The oldest that has sent nothing (a peer's answer may be half read); the caller
+      // read the answers that had arrived (progress) before accepting more.
+      auto it = std::find_if(pending_.begin(), pending_.end(),
+                             [](const Pending& q) { return q.got == 0; });
+      if (it == pending_.end()) it = pending_.begin();
+      warnRefused(it->from, detail::concat("no answer while ", kMaxPending,
+                                           " connections waited to authenticate (a flood of "
+                                           "connections?)"));
+      pending_.erase(it);
     }
     Pending p;
     p.fd = std::move(fd);
@@ -36,7 +49,7 @@ size_t AcceptQueue::acceptWaiting(int listenFd) {
     p.due = Deadline::after(kAnswerSec);
     std::string why;
     if (!sendHello(p.fd.get(), me_, &p.st, &why)) {
-      RR_WARN(what_, " refused a connection from ", p.from, ": ", why);
+      warnRefused(p.from, why);
       continue;
     }
     pending_.push_back(std::move(p));

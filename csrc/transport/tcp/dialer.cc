@@ -62,8 +62,9 @@ std::unique_ptr<Connection> TcpDialer::acceptOne(bool (*wanted)(void*, int), voi
     // pendingFds), however late -- the dialler waits for the ack in its own wait loop. (A
     // 1 s wait here for fresh connections' answers let a stranger connecting once a second
     // and saying nothing stall every collective for ~2 s: found by a helper.)
+    ready_ = accepting_.progress(wanted, ctx);  // answers first: a flood drops the silent
     accepting_.acceptWaiting(listener_.fd());
-    ready_ = accepting_.progress(wanted, ctx);
+    for (auto& a : accepting_.progress(wanted, ctx)) ready_.push_back(std::move(a));
   }
   if (ready_.empty()) return nullptr;
   AcceptQueue::Accepted a = std::move(ready_.back());
