@@ -71,11 +71,17 @@ void Communicator::checkUsable() const {
   if (aborted_.load())
     RR_THROW(Error, destroying_.load() ? kDestroyedText
                                        : "communicator was aborted; destroy it and init again");
-  if (!failure_.empty() && opts_.p2pChannel)
-    RR_THROW(Error, "this point-to-point channel (", opts_.groupName,
-             ") is unusable after an earlier failure: ", failure_,
-             " -- destroy the world (ringreduce.destroy() / destroy_process_group()) and init "
-             "again");
+  if (!failure_.empty() && opts_.p2pChannel) {
+    std::string msg = detail::concat(
+        "this point-to-point channel (", opts_.groupName, ") is unusable after an earlier "
+        "failure: ", failure_, " -- destroy the world (ringreduce.destroy() / "
+        "destroy_process_group()) and init again");
+    // Failed by another channel of its family (a rank lost): that rank is the culprit of
+    // the first error the user sees on it, as if this channel had seen the loss itself.
+    if (elsewhere_.load(std::memory_order_acquire))
+      throw PeerError(elsewhereWho_.rank, elsewhereWho_.cause, msg, -1, true);
+    throw Error(msg);
+  }
   if (!failure_.empty())
     RR_THROW(Error, "communicator is unusable after an earlier failure: ", failure_,
              " -- destroy it and init again");

@@ -219,11 +219,23 @@ static void rethrowWithContext(comm::Communicator& c, bool inCall) {
     const transport::Culprit who = outside >= 0 ? transport::Culprit{outside, cause, true}
                                                 : transport::Culprit{peer, cause};
     c.poison(msg, transport::AbortCode::kPeer, lost ? who : transport::Culprit{});
-    if (isGone(cause) && via < 0 && outside < 0 && c.options().p2pChannel && peer >= 0 &&
-        peer < c.world() && peer != c.rank())
-      failFamily(c, detail::concat("it lost rank ", c.label(peer), " (", toString(cause),
-                                   ") on ", c.options().groupName, ": ", e.what()),
-                 transport::Culprit{c.label(peer), cause, true});
+    // A channel that lost a rank -- or was told of the loss by its peer: the family's other
+    // channels tell their own peers in turn, so the news crosses a pipeline hop by hop
+    // (found by a helper: told ranks passed nothing on, and ranks two hops away waited
+    // for RINGREDUCE_TIMEOUT or blamed the rank that had told them).
+    const int lostRank = outside >= 0 ? outside
+                         : peer >= 0 && peer < c.world() && peer != c.rank() ? c.label(peer)
+                                                                              : -1;
+    if (isGone(cause) && c.options().p2pChannel && lostRank >= 0)
+      // A told channel's text does not quote its own error (each hop's would nest).
+      failFamily(c, via >= 0 || outside >= 0
+                        ? detail::concat("rank ", c.label(c.rank()), " was told that rank ",
+                                         lostRank, " was lost (", toString(cause), ") on ",
+                                         c.options().groupName)
+                        : detail::concat("rank ", c.label(c.rank()), " lost rank ", lostRank,
+                                         " (", toString(cause), ") on ",
+                                         c.options().groupName, ": ", e.what()),
+                 transport::Culprit{lostRank, cause, true});
     throw PeerError(outside >= 0 ? outside : c.label(peer), cause, msg + ctx,
                     via >= 0 ? c.label(via) : -1);  // users know world ranks
   } catch (const Error& e) {
