@@ -166,10 +166,17 @@ void failFamily(comm::Communicator& c, const std::string& why, transport::Culpri
 }
 }  // namespace
 
+// ": rank 5 (host) closed the connection ...": the last description of rank `lost` in a
+// relayed failure's text -- the first one made, which every relay quotes last -- or "".
+static std::string rootOf(const std::string& what, int lost) {
+  const size_t at = what.rfind(detail::concat("rank ", lost, " ("));
+  return at == std::string::npos ? std::string() : ": " + what.substr(at);
+}
+
 static void rethrowWithContext(comm::Communicator& c, bool inCall) {
-  std::string ctx = inCall && c.begun() ? " [rank " + std::to_string(c.label(c.rank())) + " during " +
-                                    c.describeCurrent() + "]"
-                              : "";
+  std::string ctx = inCall && c.begun() ? " [rank " + std::to_string(c.label(c.rank())) +
+                                              " during " + c.describeCurrent() + "]"
+                                        : "";
   try {
     throw;
   } catch (const InvalidArgument&) {
@@ -227,11 +234,12 @@ static void rethrowWithContext(comm::Communicator& c, bool inCall) {
                          : peer >= 0 && peer < c.world() && peer != c.rank() ? c.label(peer)
                                                                               : -1;
     if (isGone(cause) && c.options().p2pChannel && lostRank >= 0)
-      // A told channel's text does not quote its own error (each hop's would nest).
+      // A told channel quotes only the first description of the loss in its error (each
+      // hop's whole text would nest).
       failFamily(c, via >= 0 || outside >= 0
                         ? detail::concat("rank ", c.label(c.rank()), " was told that rank ",
                                          lostRank, " was lost (", toString(cause), ") on ",
-                                         c.options().groupName)
+                                         c.options().groupName, rootOf(e.what(), lostRank))
                         : detail::concat("rank ", c.label(c.rank()), " lost rank ", lostRank,
                                          " (", toString(cause), ") on ",
                                          c.options().groupName, ": ", e.what()),

@@ -436,8 +436,9 @@ void Heartbeat::sendAll(bool bye, int only) {
   Datagram asking = d;  // the same, asking for heartbeats back (to peers this rank wants)
   asking.ask = 1;
   bool signed_ = false, signedAsk = false;
-  for (size_t r = only < 0 ? 0 : static_cast<size_t>(only); r < nslots_; ++r) {
-    if (only >= 0 && r != static_cast<size_t>(only)) break;
+  const size_t first = only < 0 ? 0 : static_cast<size_t>(only);
+  const size_t last = only < 0 ? nslots_ : std::min(first + 1, nslots_);
+  for (size_t r = first; r < last; ++r) {
     if (peerSockaddr_[r].empty()) continue;
     const Slot& s = slots_[r];
     const bool want = s.wantUntil.load(std::memory_order_relaxed) > now;

@@ -190,6 +190,11 @@ class Dialer {
   // callers are logged and dropped). Call it until null. `wanted(rank)` says whether that
   // rank may connect now.
   virtual std::unique_ptr<Connection> acceptOne(bool (*wanted)(void*, int), void* ctx) = 0;
+  // Whether nothing listens at `peer`'s address any more (a connection attempt within
+  // `timeoutSec` is refused): it exited, crashed, or destroyed its communicator -- the
+  // listener stays open until then. false if it accepts (alive, maybe frozen) or the
+  // attempt times out (its host is down or cut off: unknown).
+  virtual bool refuses(int peer, double timeoutSec) = 0;
   // Accepted connections whose authentication is awaited: poll them (POLLIN) as listenFd.
   virtual std::vector<int> pendingFds() const = 0;
   // Stop accepting (destroy, failure): nothing of the job keeps listening.

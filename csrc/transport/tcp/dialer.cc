@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/interrupt.h"
 #include "core/log.h"
 #include "transport/tcp/tcp_connection.h"
 
@@ -35,6 +36,21 @@ int TcpDialer::dial(int peer, double timeoutSec) {
     throwUnreachable(peer, label(peer), ep, e);
   }
   return pending_[static_cast<size_t>(peer)].get();
+}
+
+bool TcpDialer::refuses(int peer, double timeoutSec) {
+  try {
+    connectTo(parseEndpoint(addrs_[static_cast<size_t>(peer)]), Deadline::after(timeoutSec),
+              detail::concat("rank ", label(me_.rank), " probing rank ", label(peer)),
+              Retry::kUnlessRefused);
+    return false;  // closed at once: a frozen peer's accept queue drops it when it wakes
+  } catch (const Refused&) {
+    return true;
+  } catch (const Interrupted&) {  // Ctrl-C meanwhile: that, not the probe's answer
+    throw;
+  } catch (const Error&) {
+    return false;
+  }
 }
 
 void TcpDialer::answerDial(int peer, double timeoutSec) {

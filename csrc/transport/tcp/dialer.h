@@ -23,6 +23,7 @@ class TcpDialer final : public Dialer {
   const std::string& peerHost(int peer) const override;
   int dial(int peer, double timeoutSec) override;
   void answerDial(int peer, double timeoutSec) override;
+  bool refuses(int peer, double timeoutSec) override;
   std::unique_ptr<Connection> finishDial(int peer, double timeoutSec) override;
   std::unique_ptr<Connection> acceptOne(bool (*wanted)(void*, int), void* ctx) override;
   std::vector<int> pendingFds() const override { return accepting_.fds(); }
