@@ -78,7 +78,7 @@ void Communicator::checkUsable() const {
         "destroy_process_group()) and init again");
     // Failed by another channel of its family (a rank lost): that rank is the culprit of
     // the first error the user sees on it, as if this channel had seen the loss itself.
-    if (elsewhere_.load(std::memory_order_acquire))
+    if (elsewhere_.load(std::memory_order_acquire) && failure_ == elsewhereWhy_)
       throw PeerError(elsewhereWho_.rank, elsewhereWho_.cause, msg, -1, true);
     throw Error(msg);
   }

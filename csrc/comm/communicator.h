@@ -277,7 +277,7 @@ class Communicator {
     if (steadyMs() - livenessAtMs_ >= kLivenessEveryMs) checkLiveness(sendPeer, recvPeer, false);
   }
   static constexpr int64_t kLivenessEveryMs = 250;  // as pollWaits' longest sleep
-  int64_t livenessAtMs_ = 0;  // steady ms of the last checkLiveness
+  int64_t livenessAtMs_ = 0;  // steady ms of the last checkLiveness, or the wait's start
   [[noreturn]] void timeout(int sendPeer, int recvPeer, bool shm);
   // Shared memory's part of every liveness check: a local peer's published failure
   // (throws as its abort frame would), its goodbye (gone_), its exit (PeerError).

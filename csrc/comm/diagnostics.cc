@@ -189,14 +189,16 @@ void Communicator::checkUnwatched(int peer, bool inCollective) {
   }
   const int64_t age = s.ageMs >= 0 ? std::min(s.ageMs, asking) : asking;
   if (age <= static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000)) return;
-  // Silent: gone (its listener, open until it destroys its communicator, refuses) or
-  // frozen (it accepts). Only without a connection: a connected one's EOF says "gone".
-  if (dialer_ && !conns_[static_cast<size_t>(peer)] && dialer_->refuses(peer, 1.0))
+  // Silent: gone (its listener, open until its communicator is destroyed or fails,
+  // refuses) or frozen (it accepts). Only without a connection (a connected one's EOF says
+  // "gone"), and while this communicator has not failed (probed once, not per probe).
+  if (dialer_ && dialer_->listenFd() >= 0 && !conns_[static_cast<size_t>(peer)] &&
+      dialer_->refuses(peer, 1.0))
     throw PeerError(peer, PeerCause::kClosed, detail::concat(
         "rank ", label(peer), " (", peerHost(peer), pidText(s), ") is gone: it answered no "
         "heartbeat for ", age / 1000.0, " s while rank ", label(rank_), " waited for it, and "
         "nothing listens at its address any more (it exited, crashed, or destroyed its "
-        "communicator)",
+        "communicator, or that failed)",
         s.ageMs >= 0 ? "; at its last heartbeat it was " + peerDoing(peer, s) : std::string()));
   throw PeerError(peer, PeerCause::kSilent, detail::concat(
       "rank ", label(peer), " (", peerHost(peer), pidText(s),

@@ -125,6 +125,7 @@ void Communicator::acceptDialler() {
 
 void Communicator::waitForLink(int peer, int dialFd) {
   noteWait();
+  livenessAtMs_ = steadyMs();  // livenessDue counts from this wait's start
   while (true) {
     if (dialFd < 0 && conns_[static_cast<size_t>(peer)]) return;
     pfds_.clear();

@@ -21,6 +21,7 @@ constexpr size_t kSpinMaxBytes = 256 * 1024;
 
 void Communicator::waitIo(int sendPeer, int recvPeer) {
   noteWait();
+  livenessAtMs_ = steadyMs();  // livenessDue counts from this wait's start
   pfds_.clear();
   pfdPeer_.clear();
   pfds_.push_back({wakeFd_, POLLIN, 0});
@@ -85,7 +86,6 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
       if (pfdPeer_[i] == kListenerSlot) acceptDialler();  // a dialler's handshake has a limit
     }
     if (ready) return;
-    livenessDue(sendPeer, recvPeer);
     for (size_t i = 1; i < pfds_.size(); ++i) {
       if (!pfds_[i].revents) continue;
       int p = pfdPeer_[i];
@@ -97,6 +97,9 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
         else pfds_[i].events = conn(p).pollEvents(POLLRDHUP);
       }
     }
+    // After the connections (a killed peer's EOF says "closed" before its silence would
+    // say "stopped responding": CI caught the other order).
+    livenessDue(sendPeer, recvPeer);
   }
 }
 

@@ -114,6 +114,8 @@ void Executor::probeIdle(const std::vector<int>& waitedFor) {
   if (!ex.owns_lock()) return;
   try {
     comm_->probePeers(waitedFor);
+  } catch (const Interrupted&) {  // Ctrl-C during a probe's wait: no failure of the world
+    throw;
   } catch (...) {
     // A peer found gone between collectives fails the communicator as a collective's
     // failure does: the next call repeats this cause. Else, over shared memory, a rank
@@ -169,7 +171,11 @@ void failFamily(comm::Communicator& c, const std::string& why, transport::Culpri
 // ": rank 5 (host) closed the connection ...": the last description of rank `lost` in a
 // relayed failure's text -- the first one made, which every relay quotes last -- or "".
 static std::string rootOf(const std::string& what, int lost) {
-  const size_t at = what.rfind(detail::concat("rank ", lost, " ("));
+  const std::string key = detail::concat("rank ", lost, " (");
+  size_t at = what.rfind(key);
+  // Not a heartbeat footnote ("rank 3 (pid 42) was last heard ..."): the description.
+  while (at != std::string::npos && what.compare(at + key.size(), 4, "pid ") == 0)
+    at = at == 0 ? std::string::npos : what.rfind(key, at - 1);
   return at == std::string::npos ? std::string() : ": " + what.substr(at);
 }
 
@@ -197,6 +203,8 @@ static void rethrowWithContext(comm::Communicator& c, bool inCall) {
     throw TimeoutError(e.what() + ctx, world(e.waitingFor()), world(stuck), world(e.via()));
   } catch (const PeerError& e) {
     int peer = e.peer(), via = e.via();
+    // Failed by its family (Communicator::throwElsewhere): the family knows already.
+    const bool fromFamily = e.outside() && e.via() < 0;
     PeerCause cause = e.cause();
     // A world rank outside this communicator (`via` lost it elsewhere in the job) is named
     // as it is; one of ours after all is taken as ours (this rank itself: `via` is named).
@@ -233,7 +241,7 @@ static void rethrowWithContext(comm::Communicator& c, bool inCall) {
     const int lostRank = outside >= 0 ? outside
                          : peer >= 0 && peer < c.world() && peer != c.rank() ? c.label(peer)
                                                                               : -1;
-    if (isGone(cause) && c.options().p2pChannel && lostRank >= 0)
+    if (isGone(cause) && c.options().p2pChannel && lostRank >= 0 && !fromFamily)
       // A told channel quotes only the first description of the loss in its error (each
       // hop's whole text would nest).
       failFamily(c, via >= 0 || outside >= 0
