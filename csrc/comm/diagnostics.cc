@@ -189,6 +189,8 @@ void Communicator::checkUnwatched(int peer, bool inCollective) {
   }
   const int64_t age = s.ageMs >= 0 ? std::min(s.ageMs, asking) : asking;
   if (age <= static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000)) return;
+  const std::string last =
+      s.ageMs >= 0 ? "; at its last heartbeat it was " + peerDoing(peer, s) : std::string();
   // Silent: gone (its listener, open until its communicator is destroyed or fails,
   // refuses) or frozen (it accepts). Only without a connection (a connected one's EOF says
   // "gone"), and while this communicator has not failed (probed once, not per probe).
@@ -198,14 +200,12 @@ void Communicator::checkUnwatched(int peer, bool inCollective) {
         "rank ", label(peer), " (", peerHost(peer), pidText(s), ") is gone: it answered no "
         "heartbeat for ", age / 1000.0, " s while rank ", label(rank_), " waited for it, and "
         "nothing listens at its address any more (it exited, crashed, or destroyed its "
-        "communicator, or that failed)",
-        s.ageMs >= 0 ? "; at its last heartbeat it was " + peerDoing(peer, s) : std::string()));
+        "communicator, or that failed)", last));
   throw PeerError(peer, PeerCause::kSilent, detail::concat(
       "rank ", label(peer), " (", peerHost(peer), pidText(s),
       ") stopped responding: no heartbeat for ", age / 1000.0, " s while rank ", label(rank_),
       " waited for it (process frozen or stopped, host overloaded or down, or network "
-      "partition)",
-      s.ageMs >= 0 ? "; at its last heartbeat it was " + peerDoing(peer, s) : std::string()));
+      "partition)", last));
 }
 
 std::string Communicator::silence(int peer, const transport::PeerStatus& s,
