@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from _spawn import victim_after_the_others
 
 import ringreduce as rr
 
@@ -161,7 +162,9 @@ def peer_dies(rank: int, world: int, victim: int) -> dict:
     t = torch.ones(1000)
     for _ in range(3):
         dist.all_reduce(t)
-    if rank == victim:
+    # The victim dies only once the others are out of the third all_reduce too: a tree
+    # leaf that saw its sibling's EOF before its parent's result failed it (CI, TCP).
+    if victim_after_the_others(rank, victim, range(world), "third"):
         import os
 
         os._exit(3)

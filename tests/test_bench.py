@@ -529,7 +529,7 @@ def test_a_signal_to_the_bench_stops_every_rank(tmp_path, sig):
             time.sleep(0.2)
         if len(_procs_with(marker)) < 4:  # seen once in CI (3 for 90 s): say which, and why
             seen = {pid: _proc_state(pid) for pid in _procs_with(marker)}
-            os.killpg(p.pid, signal.SIGKILL)
+            _kill_all(p.pid, seen)  # ranks in their own sessions hold stderr open too
             _, err = p.communicate(timeout=30)
             raise AssertionError(f"the ranks never started: {seen}\nstderr: {err[-3000:]}")
         time.sleep(1.0)
@@ -538,7 +538,7 @@ def test_a_signal_to_the_bench_stops_every_rank(tmp_path, sig):
             _, err = p.communicate(timeout=30)
         except subprocess.TimeoutExpired:  # seen once in CI under load: say who is left
             seen = {pid: _proc_state(pid, signals=True) for pid in [p.pid, *_procs_with(marker)]}
-            os.killpg(p.pid, signal.SIGKILL)
+            _kill_all(p.pid, seen)
             _, err = p.communicate(timeout=30)
             raise AssertionError(f"still running 30 s after {sig.name}: {seen}\n"
                                  f"stderr: {err[-3000:]}") from None
@@ -546,12 +546,17 @@ def test_a_signal_to_the_bench_stops_every_rank(tmp_path, sig):
         time.sleep(0.5)
         assert _procs_with(marker) == [], f"left running after {sig.name}: {err[-2000:]}"
     finally:
-        for pid in [p.pid, *_procs_with(marker)]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill_all(p.pid, _procs_with(marker))
         p.wait()
+
+
+def _kill_all(group: int, pids) -> None:
+    """SIGKILL the bench's process group and every listed process (ranks may have their own)."""
+    for kill, pid in [(os.killpg, group), *((os.kill, q) for q in pids)]:
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 @pytest.mark.parametrize("world", [2, 3, 4, 5])
