@@ -641,3 +641,12 @@ def late_to_group_creation(rank: int, world: int) -> dict:
         return {"error": None}
     except Exception as e:  # noqa: BLE001 - reported
         return {"error": f"{type(e).__name__}: {e}", "peer_rank": getattr(e, "peer_rank", None)}
+
+
+def roots_then_leave(rank: int, world: int) -> list:
+    """Each rank names itself a broadcast's root (over TCP all only send, and return), and
+    the job ends: no later call reads the other's frame. destroy() (the harness's) must say
+    the results differ -- nothing did (found by a helper)."""
+    x = np.full(10, float(rank), np.float32)
+    rr.broadcast(x, src=rank)
+    return x.tolist()

@@ -212,6 +212,18 @@ def test_mismatched_broadcast_roots_are_detected(world: int, transport: str) -> 
     _check_mismatch(outs, world)
 
 
+@pytest.mark.timeout(60)
+def test_a_root_mismatch_in_the_last_call_is_reported_at_destroy() -> None:
+    """TCP, 2 ranks, both roots of the job's last broadcast: both return with their own
+    data and no later call fails; destroy() warns (best effort: the rank whose peer's frame
+    has arrived) that the results differ, naming the field."""
+    outs = run_world_raw(2, error_workers.roots_then_leave, timeout=40, env=_env("tcp"))
+    assert [o.value for o in outs] == [[0.0] * 10, [1.0] * 10], [o.describe() for o in outs]
+    warned = [o for o in outs if "is leaving with data unread" in o.stderr]
+    assert warned, [o.stderr for o in outs]
+    assert all("root mismatch in broadcast #1" in o.stderr for o in warned), warned[0].stderr
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("transport,world", [("tcp", 3), ("shm", 2), ("shm", 3)])
 def test_scatter_roots_and_empty_calls_are_named(world: int, transport: str) -> None:

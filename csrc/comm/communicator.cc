@@ -261,6 +261,7 @@ void Communicator::farewell() {
   // it failed it (poisoned); else nothing was lost and the peers need the goodbye (without
   // it a group's shared-memory peers waited for this rank until their timeout).
   if (poisoned() || (aborted_.load() && !destroying_.load())) return;
+  warnUnread();
   transport::Culprit who;  // the first failure's lost rank: one of ours, or outside
   const std::string why = processFailure(&who);
   if (shm_) shm_->publishLeft(why, seq_, who);
@@ -268,6 +269,20 @@ void Communicator::farewell() {
     if (!c) continue;
     c->sendGoodbye(why, seq_, !who.outside && c->peer() == who.rank ? transport::Culprit{} : who);
     c->close();
+  }
+}
+
+void Communicator::warnUnread() {
+  if (seq_ == 0) return;
+  for (auto& c : conns_) {
+    if (!c) continue;
+    try {
+      c->checkIdle(&curHeader_);  // throws MismatchError for such data
+    } catch (const MismatchError& e) {
+      RR_WARN("rank ", label(rank_), " is leaving with data unread that a peer sent for a "
+              "collective this rank finished, so the ranks' results of it differ: ", e.what());
+    } catch (const std::exception&) {  // its goodbye, abort or close: this rank leaves too
+    }
   }
 }
 

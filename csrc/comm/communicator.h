@@ -248,6 +248,10 @@ class Communicator {
 
   // Normal shutdown: tell every peer we leave on purpose, then close. Executor thread only.
   void farewell();
+  // At farewell: warn about data a peer sent for a collective this rank has finished -- the
+  // ranks disagreed about it (two ranks that both named themselves a broadcast's root both
+  // return over TCP); with no later call to fail, nothing else would say so.
+  void warnUnread();
   // The first failure of any communicator of this process ("" if none), and in *who the
   // rank it lost as this communicator names it (one of ours, or outside), if any.
   std::string processFailure(transport::Culprit* who) const;
