@@ -50,7 +50,11 @@ _LINGER: set = set()
 # may stop: a client of the next init there checks it is not talking to that server in its
 # last moments (acked: this rank already told rank 0 it read the answer).
 _CLOSED: dict[tuple, tuple] = {}
-_GENERATION = [0]  # inits so far in this process: keys of each init live under their own prefix
+# Inits so far in this process per store server (_server): keys of each init live under their
+# own prefix. Per server, not per process: processes whose earlier inits differ (two ranks
+# made a world of their own on another port first) met different keys on a fresh store and
+# waited out the connect timeout (found by a helper; gloo runs it).
+_GENERATIONS: dict[tuple, int] = {}
 
 
 @dataclass
@@ -138,7 +142,7 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
     return box[0]
 
 
-_CONNECTING: set = set()  # store-connect threads still running (join_connects_at_exit)
+_CONNECTING: set = set()  # store connects still running: their end Events (join_connects_at_exit)
 
 
 def _build(dist: Any, addr: str, port: int, is_master: bool, timeout: float,
@@ -147,6 +151,9 @@ def _build(dist: Any, addr: str, port: int, is_master: bool, timeout: float,
     timeout does not cover a server that accepts and never answers (another program on
     MASTER_PORT): it is built on a helper thread, and the wait stops at the deadline."""
     box: list = []
+    done = threading.Event()  # not join(): one that Ctrl-C interrupted marks the thread
+    # stopped (Python 3.11), and join_connects_at_exit then let it come back from C++ while
+    # the interpreter finalized: SIGABRT (found by a helper)
 
     def build() -> None:
         try:
@@ -159,12 +166,12 @@ def _build(dist: Any, addr: str, port: int, is_master: bool, timeout: float,
         except Exception as e:  # noqa: BLE001 - torch's RuntimeError/DistNetworkError, re-raised
             box.append(e)
         finally:
-            _CONNECTING.discard(threading.current_thread())
+            _CONNECTING.discard(done)
+            done.set()
 
-    t = threading.Thread(target=build, name="ringreduce-store-connect", daemon=True)
-    _CONNECTING.add(t)
-    t.start()
-    t.join(max(0.0, deadline - time.monotonic()) + 1.0)
+    _CONNECTING.add(done)
+    threading.Thread(target=build, name="ringreduce-store-connect", daemon=True).start()
+    done.wait(max(0.0, deadline - time.monotonic()) + 1.0)
     return box
 
 
@@ -176,8 +183,8 @@ def join_connects_at_exit(seconds: float = 5.0) -> None:
     clear timeout (found by a helper: unroutable MASTER_ADDR, 3 runs in 4). A thread blocked
     for good (a server that never answers) is left: it never comes back."""
     end = time.monotonic() + seconds
-    for t in list(_CONNECTING):
-        t.join(max(0.0, end - time.monotonic()))
+    for done in list(_CONNECTING):
+        done.wait(max(0.0, end - time.monotonic()))
 
 
 def _refuse_second_rank0(dist: Any, addr: str, port: int, world: int) -> None:
@@ -186,11 +193,11 @@ def _refuse_second_rank0(dist: Any, addr: str, port: int, world: int) -> None:
     ValueError, and post it so that the other rank 0 and everyone else stop at once (before,
     this one blamed another program for the port and the others waited out the connect
     timeout; found by a helper)."""
-    claim = _world_prefix(_GENERATION[0] + 1)  # the init about to run here
     box = _build(dist, addr, port, False, 3.0, time.monotonic() + 3.0)
     if not box or isinstance(box[0], Exception):
         return  # no store answers there: another program holds the port
     store, seen = box[0], False
+    claim = _world_prefix(store, _GENERATIONS.get(_server(store), 0) + 1)  # the init to run
     with contextlib.suppress(Exception), _store_guard.deadline(store, 5.0):  # a frozen one
         end = time.monotonic() + 2.0  # the first rank 0 claims right after binding
         while not (seen := store.check([claim + "claim/0"])) and time.monotonic() < end:
@@ -521,7 +528,7 @@ def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None
         # their next poll, not at the connect timeout. (A store that is gone: they find out.)
         # A group's creation says so itself, naming the group (groups._interrupts_told).
         if prefix is None:
-            _fail(store, _world_prefix(), _rr_error(
+            _fail(store, _world_prefix(store), _rr_error(
                 f"rank {rank} was interrupted (KeyboardInterrupt) during {during}"))
         raise
     except (ValueError, RingReduceError) as e:
@@ -542,10 +549,10 @@ def fail_setup(store: Any, rank: int, world: int, prefix: str | None,
     until the connect timeout. prefix: a group's; None: this init's (counted as exchange()
     counts it, so a later init() of this process meets the others' next one)."""
     if prefix is None:
-        _GENERATION[0] += 1
+        _count_init(store)
     told = f"rank {rank} could not start: {error}"
     with contextlib.suppress(Exception):  # the original error is what matters here
-        _fail(store, _world_prefix() if prefix is None else prefix,
+        _fail(store, _world_prefix(store) if prefix is None else prefix,
               ValueError(told) if isinstance(error, ValueError) else _rr_error(told))
         if rank == 0 and prefix is None:  # this process may host the store and exit next
             _linger(store, world)
@@ -577,7 +584,7 @@ def _linger(store: Any, world: int, cap: float = 2.0) -> None:
     count twice and the missing RANK is not waited for (at most `cap` s; a rank that starts
     slowly would otherwise find no store and only time out), then 0.5 s for them to read
     "failed"."""
-    p = _world_prefix()
+    p = _world_prefix(store)
 
     def everyone_came() -> bool:  # as many claims as processes (a duplicate RANK too)
         return sum(int(store.add(p + f"claim/{r}", 0)) for r in range(world)) >= world
@@ -704,13 +711,27 @@ def _rank0_left() -> bool:
     return False
 
 
-def _world_prefix(generation: int | None = None) -> str:
-    """Store keys of this process's latest init. A torchrun restart (TORCHELASTIC_RESTART_COUNT
-    > 0) starts fresh processes, counting inits from 1 again, on the agent's store, which
-    still holds the failed attempt's keys: they get the attempt's own prefix (before, every
-    restarted rank found its rank "claimed by 2 processes")."""
+def _server(store: Any) -> tuple:
+    """The TCPStore server `store` talks to, under any PrefixStores: (host, port); ("",)
+    for other stores (FileStore, HashStore: one count for them all, as before)."""
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    host, port = getattr(store, "host", None), getattr(store, "port", None)
+    return ("",) if host is None or port is None else (str(host), int(port))
+
+
+def _count_init(store: Any) -> None:
+    key = _server(store)
+    _GENERATIONS[key] = _GENERATIONS.get(key, 0) + 1
+
+
+def _world_prefix(store: Any, generation: int | None = None) -> str:
+    """Store keys of this process's latest init on `store`'s server. A torchrun restart
+    (TORCHELASTIC_RESTART_COUNT > 0) starts fresh processes, counting inits from 1 again, on
+    the agent's store, which still holds the failed attempt's keys: they get the attempt's
+    own prefix (before, every restarted rank found its rank "claimed by 2 processes")."""
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    gen = _GENERATION[0] if generation is None else generation
+    gen = _GENERATIONS.get(_server(store), 0) if generation is None else generation
     return f"ringreduce/{gen}{'' if restart in ('', '0') else '-r' + restart}/"
 
 
@@ -718,8 +739,8 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
               timeout: float, my_hb: str, prefix: str | None, settings: str = "",
               ranks: list[int] | None = None) -> Peers:
     if prefix is None:
-        _GENERATION[0] += 1
-    p = _world_prefix() if prefix is None else prefix
+        _count_init(store)
+    p = _world_prefix(store) if prefix is None else prefix
     n = store.add(p + f"claim/{rank}", 1)
     _store_keys.wrote(p, p + f"claim/{rank}")
     if n > 1:

@@ -17,6 +17,7 @@ import contextlib
 import logging
 import operator
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,6 +43,18 @@ def init(rank: int | None = None, world_size: int | None = None, *,
     (default RINGREDUCE_TIMEOUT, 600). store: a torch.distributed Store to rendezvous
     through instead of a TCPStore at MASTER_ADDR:MASTER_PORT.
     """
+    # One init at a time: two threads' calls both passed the check below and made two
+    # worlds, and ranks could pick different ones as their default (found by a helper).
+    with _INIT_LOCK:
+        _init(rank, world_size, master_addr, master_port, store, timeout, secret, ifname)
+
+
+_INIT_LOCK = threading.Lock()
+
+
+def _init(rank: int | None, world_size: int | None, master_addr: str | None,
+          master_port: int | None, store: Any, timeout: float | None, secret: str | None,
+          ifname: str | None) -> None:
     if _state._DEFAULT[0] is not None:
         if _state._DEFAULT[0].by_torch:  # "destroy() first" would end torch's group's world
             raise RuntimeError(

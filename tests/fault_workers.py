@@ -603,3 +603,43 @@ def finished_then_left(rank: int, world: int, victim: int, pid_dir: str) -> dict
         _wake_victim(pid_dir)
     done.join()
     return {"barrier": "ok"}
+
+
+def inits_racing(rank: int, world: int) -> dict:
+    """Two threads call init() at once: one makes the world, the other is told it exists
+    (both made one, and ranks could pick different ones; found by a helper)."""
+    import threading
+
+    errors: list = []
+
+    def one() -> None:
+        try:
+            rr.init()
+        except RuntimeError as e:
+            errors.append(str(e))
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    x = np.full(3, float(rank + 1), np.float32)
+    rr.allreduce(x)
+    rr.destroy()
+    return {"errors": errors, "sum": x.tolist()}
+
+
+def inits_differ_before(rank: int, world: int, first_port: int, port: int) -> list:
+    """Ranks 0 and 1 make a 2-rank world on `first_port` first; then all ranks make one on
+    `port`, a fresh store: their key prefixes must agree though their earlier inits differ
+    (they counted inits per process and waited out the connect timeout; found by a
+    helper)."""
+    if rank < 2:
+        rr.init(rank, 2, master_addr="127.0.0.1", master_port=first_port)
+        rr.barrier()
+        rr.destroy()
+    rr.init(rank, world, master_addr="127.0.0.1", master_port=port)
+    x = np.full(3, float(rank + 1), np.float32)
+    rr.allreduce(x)
+    rr.destroy()
+    return x.tolist()

@@ -54,12 +54,11 @@ def silent_strangers(rank: int, world: int, per_rank: int) -> dict:
     import socket
     import time
 
-    from ringreduce import _rendezvous
 
     w = _state.current()
     socks = []
     if rank == 0:
-        p = _rendezvous._world_prefix()
+        p = w.store_prefix
         for r in range(world):
             host, port = w.store.get(f"{p}addr/{r}").decode().rsplit(":", 1)
             socks += [socket.create_connection((host.strip("[]"), int(port)))
@@ -132,14 +131,13 @@ def dripping_strangers(rank: int, world: int, secs: float) -> dict:
     import threading
     import time
 
-    from ringreduce import _rendezvous
 
     w = _state.current()
     stop = threading.Event()
     socks: list = []
 
     def drip() -> None:
-        p = _rendezvous._world_prefix()
+        p = w.store_prefix
         addrs = [w.store.get(f"{p}addr/{r}").decode().rsplit(":", 1) for r in range(world)]
         while not stop.wait(0.5):
             for host, port in addrs:

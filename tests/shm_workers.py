@@ -483,7 +483,7 @@ def flood_target(rank: int, world: int, outdir: str, seconds: float) -> dict:
     from ringreduce import _rendezvous
 
     store = next(iter(_rendezvous._STORES.values()))
-    p = f"ringreduce/{_rendezvous._GENERATION[0]}/"
+    p = _state.current().store_prefix
     info = {"tcp": store.get(p + f"addr/{rank}").decode(),
             "udp": store.get(p + f"hb/{rank}").decode()}
     with open(os.path.join(outdir, f"addr_{rank}.json"), "w") as f:
