@@ -197,7 +197,7 @@ def _refuse_second_rank0(dist: Any, addr: str, port: int, world: int) -> None:
     if not box or isinstance(box[0], Exception):
         return  # no store answers there: another program holds the port
     store, seen = box[0], False
-    claim = _world_prefix(store, _GENERATIONS.get(_server(store), 0) + 1)  # the init to run
+    claim = _world_prefix(store, _inits(store) + 1)  # the init about to run here
     with contextlib.suppress(Exception), _store_guard.deadline(store, 5.0):  # a frozen one
         end = time.monotonic() + 2.0  # the first rank 0 claims right after binding
         while not (seen := store.check([claim + "claim/0"])) and time.monotonic() < end:
@@ -720,9 +720,12 @@ def _server(store: Any) -> tuple:
     return ("",) if host is None or port is None else (str(host), int(port))
 
 
+def _inits(store: Any) -> int:
+    return _GENERATIONS.get(_server(store), 0)
+
+
 def _count_init(store: Any) -> None:
-    key = _server(store)
-    _GENERATIONS[key] = _GENERATIONS.get(key, 0) + 1
+    _GENERATIONS[_server(store)] = _inits(store) + 1
 
 
 def _world_prefix(store: Any, generation: int | None = None) -> str:
@@ -731,7 +734,7 @@ def _world_prefix(store: Any, generation: int | None = None) -> str:
     the agent's store, which still holds the failed attempt's keys: they get the attempt's
     own prefix (before, every restarted rank found its rank "claimed by 2 processes")."""
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    gen = _GENERATIONS.get(_server(store), 0) if generation is None else generation
+    gen = _inits(store) if generation is None else generation
     return f"ringreduce/{gen}{'' if restart in ('', '0') else '-r' + restart}/"
 
 
