@@ -72,7 +72,8 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
     options["spin_us"] = 1000.0 if local <= cpus else 0.0
     log.info("rank %d of %s: %d local ranks, %d usable CPUs: %s", rank, name, local, cpus,
              "waits spin briefly" if options["spin_us"] else "waits never spin")
-    options.update(shm_options(tun.transport, peers, rank, world, options["spin_us"]))
+    options.update(shm_options(tun.transport, peers, rank, world, options["spin_us"], name,
+                               labels))
     meet = None
     if socketless:
         options["socketless"] = True
@@ -204,7 +205,8 @@ def set_call_sites(on: bool) -> None:
     _C.set_call_sites(on)
 
 
-def shm_options(transport: str, peers: Any, rank: int, world: int, spin_us: float) -> dict:
+def shm_options(transport: str, peers: Any, rank: int, world: int, spin_us: float,
+                name: str = "world", labels: list[int] | None = None) -> dict:
     """Plan shared memory from the ranks' host identities (RINGREDUCE_TRANSPORT=auto|shm).
 
     One host: every collective uses shared memory. Several hosts with the same number
@@ -242,6 +244,8 @@ def shm_options(transport: str, peers: Any, rank: int, world: int, spin_us: floa
     }
     if not one_host:
         opts["shm_slice_peers"] = [g[idx] for g in groups]
-    log.info("rank %d: %s plan, local ranks %s%s", rank, "shm" if one_host else "hier", mine,
-             "" if one_host else f", slice ring {opts['shm_slice_peers']}")
+    shown = labels or list(range(world))  # a group's log names world ranks
+    log.info("rank %d: %s plan on %s, local ranks %s%s", shown[rank], "shm" if one_host else
+             "hier", name, [shown[r] for r in mine],
+             "" if one_host else f", slice ring {[shown[r] for r in opts['shm_slice_peers']]}")
     return opts

@@ -369,20 +369,21 @@ def _timeout_error(msg: str) -> Exception:
 def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,
           prefix: str, hint: str = "did every rank start, with the same WORLD_SIZE and "
                                    "MASTER_ADDR/MASTER_PORT?",
-          ranks: list[int] | None = None) -> None:
+          ranks: list[int] | None = None, name_keys: bool = True) -> None:
     """Wait for `keys`, polling, so that a rank that failed its own init checks (and said
     so under prefix + "failed") stops everyone at once instead of at the timeout; the
     timeout's message ends with `hint`. A store that fails meanwhile (its host, rank 0,
     exited) is a RingReduceError saying so, not torch's bare DistNetworkError. ranks: the
     world rank that writes each key, if known: a timeout missing one rank's keys names it
-    (CollectiveTimeout's .peer_rank and .waiting_for, as a collective's)."""
+    (CollectiveTimeout's .peer_rank and .waiting_for, as a collective's). name_keys=False:
+    the timeout's message does not list the missing keys and their ranks (`what` says)."""
     from ._C import RingReduceError
 
     rank = _speaker(rank)
     refuse_if_cut(rank, f"the wait for {what}", store)
     try:
         with _store_guard.deadline(store, timeout + _store_guard.MARGIN_S):
-            _wait_for(store, keys, timeout, rank, what, prefix, hint, ranks)
+            _wait_for(store, keys, timeout, rank, what, prefix, hint, ranks, name_keys)
     except _store_guard.StoreSilent as e:
         raise silent_error(rank, f"the wait for {what}", store, e) from e
     except RingReduceError:
@@ -418,7 +419,7 @@ def _posted_error(posted: str, rank: int, what: str) -> Exception:
 
 
 def _wait_for(store: Any, keys: list[str], timeout: float, rank: int, what: str,
-              prefix: str, hint: str, ranks: list[int] | None) -> None:
+              prefix: str, hint: str, ranks: list[int] | None, name_keys: bool) -> None:
     from ._C import PeerFailure
 
     deadline = time.monotonic() + timeout
@@ -441,12 +442,12 @@ def _wait_for(store: Any, keys: list[str], timeout: float, rank: int, what: str,
         if time.monotonic() > deadline:
             gone = [i for i, k in enumerate(keys) if not store.check([k])]
             missing = [keys[i] for i in gone]
-            err = _timeout_error(
-                f"rank {rank}: timed out after {timeout:.0f} s waiting for {what}: missing "
-                f"{', '.join(k.rsplit('/', 2)[-2] + '/' + k.rsplit('/', 1)[-1] for k in missing[:8])}"
-                f"{' ...' if len(missing) > 8 else ''} ({hint})")
+            named = ", ".join(k.rsplit("/", 2)[-2] + "/" + k.rsplit("/", 1)[-1]
+                              for k in missing[:8]) + (" ..." if len(missing) > 8 else "")
+            err = _timeout_error(f"rank {rank}: timed out after {timeout:.0f} s waiting for "
+                                 f"{what}{': missing ' + named if name_keys else ''} ({hint})")
             late = {ranks[i] for i in gone} if ranks is not None else set()
-            if late and ranks != list(range(len(keys))):  # a group's: say who they are
+            if name_keys and late and ranks != list(range(len(keys))):  # a group's: say who
                 err = _timeout_error(f"{err} (world rank(s) {', '.join(map(str, sorted(late)))})")
             if len(late) == 1:  # the chain ends at the one rank that never wrote
                 err.peer_rank = err.waiting_for = late.pop()  # type: ignore[attr-defined]

@@ -492,15 +492,17 @@ def _meet(g: Group, world: Group, store: Any, base: str, peer: int, src: int, ds
     channels too: it may legitimately arrive late (a pipeline stage still computing). Making
     them then takes connect time only."""
     timeout, which = _deadline(g, world)
+    site = _C.current_call_site()
     with _watch.watching(world, [peer]):  # a dead or frozen peer: PeerFailure
         _rendezvous._wait(
             store, [f"{base}want{peer}"], timeout,
             world.rank, f"rank {peer} to post a send, recv, isend or irecv toward rank "
             f"{world.rank} on tag {tag} (the first message {src} -> {dst} on that tag; "
-            f"{which})", f"{base}meet/{world.rank}/{next(_MEETS)}/",  # own "failed"
+            f"{which}{'; called from ' + site if site else ''})",
+            f"{base}meet/{world.rank}/{next(_MEETS)}/",  # own "failed"
             hint="is it blocked in another send/recv? Blocking calls on several tags must be "
                  "posted in an order in which both ranks meet; isend/irecv never wait for "
-                 "each other", ranks=[peer])
+                 "each other", ranks=[peer], name_keys=False)
 
 
 _WARN_AT = (64, 512, 4096)  # pairs of channels: warn as each of these counts is reached

@@ -42,6 +42,11 @@ def test_dead_peer_named_by_dist_all_reduce(transport: str) -> None:
         # abort frame names the victim: relayed_by is that survivor)
         assert first["cause"] == "closed" and first["peer_rank"] == victim, first
         assert first["relayed_by"] not in (victim, o.rank), first
+        # The victim took part in collectives #1-#3: a heartbeat from before them says so
+        # (it read "idle after collective #0" as if current; found by a helper).
+        for m in re.finditer(r"(?:idle after collective|at \w+) #(\d+)", first["msg"]):
+            if int(m.group(1)) < 3:
+                assert "(as of its last report; this rank has finished #" in first["msg"], first
         assert o.value["t_err"] < 2.5, o.value
         assert o.value["second"] is not None, "the next call must be refused"
         assert o.value["t_destroy"] < 5, o.value

@@ -80,9 +80,10 @@ def test_auto_runs_the_cluster_models_pick(cluster_factory) -> None:
     want = [name[_C.pick_allreduce_cluster(2, 2, 4 * n, 8.4, 0.176)] for n in counts]
     assert want == ["tree", "hier", "hier"]
     for o in outs:
-        planned = re.findall(r"plan: allreduce #\d+, (\d+) bytes, 4 ranks on 2 hosts -> (\w+) "
-                             r"\(cluster model: ring \d+ us", o.stderr)
-        ran = re.findall(r"allreduce #\d+: (\d+) bytes float32 sum -> (\w+) \(auto\)", o.stderr)
+        planned = re.findall(r"plan: allreduce #\d+ on world, (\d+) bytes, 4 ranks on 2 hosts -> "
+                             r"(\w+) \(cluster model: ring \d+ us", o.stderr)
+        ran = re.findall(r"allreduce #\d+ on world: (\d+) bytes float32 sum -> (\w+) \(auto\)",
+                         o.stderr)
         assert planned == ran == [(str(4 * n), a) for n, a in zip(counts, want)], o.stderr[-3000:]
 
 

@@ -26,9 +26,9 @@ namespace {
 void run(Communicator& c, void* buf, const Segments* segs, size_t count, DataType dtype,
          ReduceOp op, Algorithm algo, Algorithm a, int root = -1) {
   const size_t bytes = count * elementSize(dtype);
-  RR_LOG(log::kDebug, "allreduce #", c.seq() + 1, ": ", bytes, " bytes ", toString(dtype), " ",
-         toString(op), " -> ", toString(a), algo == Algorithm::kAuto ? " (auto)" : "",
-         segs ? " (coalesced, in place)" : "");
+  RR_LOG(log::kDebug, root >= 0 ? "reduce #" : "allreduce #", c.seq() + 1, " on ", c.name(), ": ",
+         bytes, " bytes ", toString(dtype), " ", toString(op), " -> ", toString(a),
+         algo == Algorithm::kAuto ? " (auto)" : "", segs ? " (coalesced, in place)" : "");
   transport::FrameHeader h =
       c.begin(root >= 0 ? CollectiveKind::kReduce : CollectiveKind::kAllReduce, dtype, op,
               root >= 0 ? root : 0, a, count, bytes);

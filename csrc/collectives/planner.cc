@@ -23,8 +23,8 @@ std::string layout(Communicator& c) {
 template <typename Why>
 Algorithm logged(Communicator& c, CollectiveKind k, size_t bytes, Algorithm a, const Why& why) {
   if (tQuiet) return a;
-  RR_LOG(log::kDebug, "plan: ", toString(k), " #", c.seq() + 1, ", ", bytes, " bytes, ",
-         layout(c), " -> ", toString(a), " (", why(), ")");
+  RR_LOG(log::kDebug, "plan: ", c.kindName(k, -1), " #", c.seq() + 1, " on ", c.name(), ", ",
+         bytes, " bytes, ", layout(c), " -> ", toString(a), " (", why(), ")");
   return a;
 }
 

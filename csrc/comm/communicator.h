@@ -158,6 +158,7 @@ class Communicator {
   }
   // The collective finished (ok = no exception): heartbeats say "idle", recorder notes it.
   void finish(bool ok) {
+    if (ok) finished_ = seq_;
     if (ok && fault_) maybeFault(FaultPlan::Point::kEnd);
     if (hb_) hb_->setState(0, seq_, bytesDone_);
     recorder_.end(ok);
@@ -262,6 +263,12 @@ class Communicator {
 
   // "allreduce #12 (ring, 4.0 of 16.0 MiB done)" for error messages.
   std::string describeCurrent() const;
+  // What users call collective kind `k` here: a point-to-point channel runs its messages as
+  // broadcasts from the sender -- "send" / "recv" for `root` (this rank or not), "message"
+  // when root < 0 (unknown).
+  const char* kindName(CollectiveKind k, int root) const;
+  // "world", "group3", "p2p 0->1 tag 2": for logs.
+  std::string name() const { return opts_.groupName.empty() ? "world" : opts_.groupName; }
   // What heartbeats last said of `peer`: "; rank 2 (pid 4711) was last heard 0.3 s ago, at
   // allreduce #12 with 64 KiB received; last call site train.py:57" ("" if unknown).
   std::string peerContext(int peer) const;
@@ -402,6 +409,7 @@ class Communicator {
   std::exception_ptr deferred_;  // deferPeerFailure's, thrown by the next call
   int lostPeer_ = -1;
   bool begun_ = false;  // the last begin() passed checkUsable (describeCurrent is about it)
+  uint64_t finished_ = 0;  // the last collective that finished here without an error
   int wakeFd_ = -1;               // eventfd written by abort()
   std::atomic<bool> aborted_{false};
   std::atomic<bool> destroying_{false};  // set before aborted_ by abort(true)

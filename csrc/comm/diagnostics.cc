@@ -23,14 +23,22 @@ std::string Communicator::peerDoing(int peer, const transport::PeerStatus& s,
   std::string site = hb_ ? hb_->site(peer) : std::string();
   // Blocked on another communicator of its process: groups called in different orders.
   std::string other = hb_ ? hb_->elsewhere(peer) : std::string();
+  // Collectives this rank has finished since that report (fast ones run many per heartbeat
+  // period): the state is older than "last heard" makes it look (found by a helper: a rank
+  // killed after three quick all-reduces was "idle after collective #0").
   return detail::concat(
       s.kind ? "at " : "idle after ",
-      s.kind ? toString(static_cast<CollectiveKind>(s.kind)) : "collective", " #", s.seq,
+      s.kind                ? kindName(static_cast<CollectiveKind>(s.kind), -1)
+      : opts_.p2pChannel ? "message"
+                            : "collective",
+      " #", s.seq,
       s.kind ? detail::concat(" with ", s.bytesDone >> 10, " KiB received") : std::string(),
       // Heard since on another communicator of its process: this state may be stale.
       s.reportAgeMs > s.ageMs + 200 ? detail::concat(" (as of its report ", s.reportAgeMs / 1000.0,
                                                      " s earlier)")
-                                    : std::string(),
+      : s.seq < finished_ ? detail::concat(" (as of its last report; this rank has finished #",
+                                           finished_, " since)")
+                         : std::string(),
       note,
       other.empty() ? std::string() : ", meanwhile in " + other + " (on another communicator)",
       site.empty() ? std::string() : "; last call site " + site);
@@ -110,7 +118,7 @@ void Communicator::reportStall(int64_t waitedMs, int waitingFor) {
   if (!behind.empty())
     here = detail::concat("; others (", nAhead ? (nAhead == 1 ? "rank " : "ranks ") + ahead + " and "
                                                : std::string(),
-                          "this rank) at ", toString(curKind_), " #", seq_);
+                          "this rank) at ", kindName(curKind_, curHeader_.root), " #", seq_);
   RR_WARN("stall: rank ", label(rank_), " has waited ", waitedMs / 1000.0, " s in ", describeCurrent(),
           "; ", behind.empty() ? std::string("no rank reports being behind") : behind, here, chain,
           " (a rank stuck in user code, or one that skipped this collective?)");
@@ -230,11 +238,13 @@ std::string Communicator::peerContext(int peer) const {
                         " s earlier, ", peerDoing(peer, s));
 }
 
+const char* Communicator::kindName(CollectiveKind k, int root) const {
+  if (!opts_.p2pChannel || k != CollectiveKind::kBroadcast) return toString(k);
+  return root < 0 ? "message" : root == rank_ ? "send" : "recv";
+}
+
 std::string Communicator::describeCurrent() const {
-  // A point-to-point channel runs its messages as broadcasts from the sender: say which.
-  const char* kind = toString(curKind_);
-  if (opts_.p2pChannel && curKind_ == CollectiveKind::kBroadcast)
-    kind = curHeader_.root == rank_ ? "send" : "recv";
+  const char* kind = kindName(curKind_, curHeader_.root);
   char buf[256];
   std::snprintf(buf, sizeof(buf), "%s #%llu%s%s (%s, %.1f MiB received, buffer %.1f MiB)",
                 kind,

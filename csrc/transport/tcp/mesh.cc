@@ -54,7 +54,7 @@ std::vector<std::unique_ptr<Connection>> connectSubset(const Identity& me, Liste
     } catch (const TimeoutError& e) {  // named, as a collective's timeout names its peer
       throw TimeoutError(e.what(), peer, peer);
     }
-    RR_DEBUG("connected to rank ", peer, " at ", ep.str());
+    RR_DEBUG("connected to rank ", me.shown(peer), " at ", ep.str());
   }
   // Accept every wanted higher rank, in any order; refuse strangers and duplicates. All
   // pending handshakes are served at once (accept_queue.h): a silent stranger holds up nobody.
@@ -66,7 +66,7 @@ std::vector<std::unique_ptr<Connection>> connectSubset(const Identity& me, Liste
   };
   auto take = [&](std::vector<AcceptQueue::Accepted> batch) {
     for (auto& a : batch) {
-      RR_DEBUG("accepted rank ", a.rank, " from ", a.from);
+      RR_DEBUG("accepted rank ", me.shown(a.rank), " from ", a.from);
       missing -= wanted[static_cast<size_t>(a.rank)];
       conns[static_cast<size_t>(a.rank)] = make(a.rank, a.from, std::move(a.fd));
     }
