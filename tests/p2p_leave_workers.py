@@ -207,3 +207,40 @@ def every_sender_left(rank: int, world: int) -> dict:
     out.update(first=first, got=float(y[0]), secs=time.monotonic() - t0)
     rr.destroy()
     return out
+
+
+def any_source_sender_killed(rank: int, world: int) -> dict:
+    """Through the torch backend: rank world // 2 sends rank 0 two messages (their channel
+    exists), then is killed; rank 0's next dist.recv from any rank names it at once. The
+    channel shows the death (a socket's EOF; over shared memory its pidfd, which the receive
+    did not look at: in a helper's 6-rank job, started without this harness, it waited for
+    the heartbeat timeout, or with heartbeats off for RINGREDUCE_TIMEOUT -- here the world's
+    probe names the rank too). The others send nothing and stay."""
+    import signal
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("ringreduce")
+    dist.barrier()
+    x = torch.zeros(3)
+    if rank == world // 2:
+        for _ in range(2):
+            dist.send(torch.full((3,), 2.0), dst=0)
+        await_flags(["got0"], 20)
+        time.sleep(0.5)  # rank 0 has waited a while: its probes have settled
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank != 0:
+        await_flags(["done0"], 30)
+        return {}
+    got = [dist.recv(x) for _ in range(2)]
+    raise_flag("got0")
+    t0 = time.monotonic()
+    try:
+        dist.recv(x)
+        out = {"error": None}
+    except RuntimeError as e:  # torch wraps nothing: our PeerFailure (a RuntimeError)
+        out = {"error": str(e), "peer_rank": getattr(e, "peer_rank", None),
+               "secs": time.monotonic() - t0}
+    raise_flag("done0")
+    return {"got": got, **out}

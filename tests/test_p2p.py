@@ -96,6 +96,19 @@ def test_any_source_receive_waits_on_when_one_sender_left(transport: str) -> Non
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_receive_from_any_rank_names_a_killed_sender_at_once(transport: str) -> None:
+    outs = run_world_raw(3, "p2p_leave_workers:any_source_sender_killed", timeout=60,
+                         init=False, expendable=[1], env={"RINGREDUCE_TRANSPORT": transport,
+                                              "RINGREDUCE_HEARTBEAT_TIMEOUT": "0",
+                                              "RINGREDUCE_TIMEOUT": "30"})
+    v = outs[0].value
+    assert v is not None and v["got"] == [1, 1], outs[0].describe()
+    assert v["peer_rank"] == 1 and "rank 1" in v["error"], v
+    assert v["secs"] < 3, v  # at once (heartbeats off: before, RINGREDUCE_TIMEOUT)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_a_receiver_on_a_new_tag_whose_sender_left_is_told_at_once(transport: str) -> None:
     outs = run_world(2, "p2p_leave_workers:sender_left_before_a_new_tag", timeout=60,
                      env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30",

@@ -56,7 +56,12 @@ bool Communicator::incoming(int peer) {
   if (!shmAll()) return false;
   // Shared memory: every local rank's index is its communicator rank. A peer that failed
   // before writing its line (its slots did not fit /dev/shm) counts: the receive reports it.
-  return shm_->lineAhead(peer) || shm_->abortOf(peer, nullptr) != 0;
+  // So does one whose process ended without leaving (its pidfd; the TCP path's EOF) -- an
+  // any-source receive waited on for the others until RINGREDUCE_TIMEOUT, or the heartbeat
+  // timeout, for a sender that was killed (found by a helper).
+  if (shm_->lineAhead(peer) || shm_->abortOf(peer, nullptr) != 0) return true;
+  auto others = [](const void* want, int r) { return r != *static_cast<const int*>(want); };
+  return procs_ && !shm_->leftOf(peer) && procs_->exited(others, &peer) == peer;
 }
 
 int Communicator::openConnections() const {
