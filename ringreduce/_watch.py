@@ -67,11 +67,10 @@ def watched_probe(what: str) -> Any:
     return None if w is None else functools.partial(probe, w[0], w[1], what)
 
 
-def probe(world: Any, peers: Any, what: str, any_of: bool = False) -> None:
-    """Raise if one of `peers` is known to be gone (see watching) -- unless any_of (a
-    receive from any of them), also when it left the job (said goodbye: it will never
-    come) -- or the world was destroyed meanwhile. any_of asks the ones outside a sparse
-    world's overlay for heartbeats (see Communicator::probePeers)."""
+def probe(world: Any, peers: Any, what: str, left_too: bool = True) -> None:
+    """Raise if one of `peers` is known to be gone (see watching) -- with left_too, also
+    when it left the job (said goodbye: it will never come) -- or the world was destroyed
+    meanwhile."""
     from ._C import PeerFailure
 
     check_destroyed(world, what)
@@ -79,7 +78,7 @@ def probe(world: Any, peers: Any, what: str, any_of: bool = False) -> None:
     if comm is None:
         return
     try:
-        comm.probe_peers([int(p) for p in peers], any_of)
+        comm.probe_peers([int(p) for p in peers] if left_too else [])
     except PeerFailure as e:
         p, via = getattr(e, "peer_rank", None), getattr(e, "relayed_by", None)
         if via is None and p is not None and getattr(e, "cause", None) in _GONE:

@@ -347,7 +347,7 @@ def _poll_peers(g: Group, world: Group, peers: list[int], tag: int, what: str,
         _watch.check_destroyed(world, f"{what}(src=None, tag={tag})")
         if now >= probe_at:  # a dead or frozen sender: PeerFailure, not the timeout
             # (a sender that left the job is no failure: another may still send)
-            _watch.probe(world, peers, f"{what}(src=None, tag={tag})", any_of=True)
+            _watch.probe(world, peers, f"{what}(src=None, tag={tag})", left_too=False)
             probe_at = now + 0.1
         look_in_store = now >= store_at
         n = len(peers)

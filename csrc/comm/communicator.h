@@ -103,10 +103,8 @@ class Communicator {
   // stopped -- so a wait outside any collective (a group's creation, a p2p channel's
   // rendezvous in the store) names a dead or frozen peer instead of timing out. Same
   // threading as incoming(). A peer of `waitedFor` that said goodbye (destroy(), or its
-  // program ended) is gone too: this wait cannot end -- unless `anyOf` (a receive from any
-  // of them: another may still send), which also asks every unwatched one of them for
-  // heartbeats (the receive already looks at each of them; see probeOnce).
-  void probePeers(const std::vector<int>& waitedFor = {}, bool anyOf = false);
+  // program ended) is gone too: this wait cannot end.
+  void probePeers(const std::vector<int>& waitedFor = {});
   // Open TCP connections (for link_stats and tests). Executor thread.
   int openConnections() const;
 
@@ -216,7 +214,7 @@ class Communicator {
   // goodbye, a dialler -- without waiting. A point-to-point sender never reads otherwise.
   void pollIdle();
   // One pass of probePeers' checks (peers probeSkip_ marks are passed over).
-  void probeOnce(const std::vector<int>& waitedFor, bool anyOf);
+  void probeOnce(const std::vector<int>& waitedFor);
   bool probeSkipped(int p) const { return probeSkip_ && (*probeSkip_)[static_cast<size_t>(p)]; }
   // Its shared-memory part, without waiting: a local peer's published failure (its abort)
   // throws here. One load per local peer: for a sender that may return before the receiver
@@ -373,8 +371,7 @@ class Communicator {
   // for heartbeats (Heartbeat::want) and throw PeerError once it has been silent for the
   // heartbeat timeout since this rank began asking, or (unconnected) said goodbye. A no-op
   // without heartbeats. inCollective: the wait is in the current collective (messages).
-  // leftOk: its goodbye is no failure (a receive from any rank).
-  void checkUnwatched(int peer, bool inCollective, bool leftOk = false);
+  void checkUnwatched(int peer, bool inCollective);
   // "rank 3 (host, pid 42) stopped responding: no heartbeat for 4.1 s (...)"
   std::string silence(int peer, const transport::PeerStatus& s, int64_t ageMs) const;
   void maybeFault(FaultPlan::Point p);

@@ -181,7 +181,7 @@ int Communicator::silentPeer(bool neverHeard, transport::PeerStatus* s, int64_t*
   return -1;
 }
 
-void Communicator::checkUnwatched(int peer, bool inCollective, bool leftOk) {
+void Communicator::checkUnwatched(int peer, bool inCollective) {
   if (!hb_ || opts_.heartbeatTimeoutSec <= 0 || watched(peer) || gone_[static_cast<size_t>(peer)])
     return;
   const int64_t asking = hb_->want(peer);
@@ -189,7 +189,7 @@ void Communicator::checkUnwatched(int peer, bool inCollective, bool leftOk) {
   if (s.left) {
     // Its goodbye: unconnected, it never sends this rank anything again (connected, its
     // connection says it left, after whatever it sent).
-    if (!leftOk && !conns_[static_cast<size_t>(peer)])
+    if (!conns_[static_cast<size_t>(peer)])
       throwLeft(peer, inCollective ? detail::concat(" while rank ", label(rank_),
                                                     " waited for it in ", describeCurrent())
                                    : std::string());
