@@ -62,7 +62,7 @@ class Peers:
     addrs: list[str]
     hosts: list[str]
     secret: str
-    prefix: str = ""  # store key prefix of this init (unique per init in the process)
+    prefix: str = ""  # store key prefix of this init (unique per init on its store server)
     hb_addrs: list = None  # UDP heartbeat "host:port" per rank
     session: str = ""  # random per init (rank 0 draws it): keys this init's heartbeats
 
@@ -715,10 +715,8 @@ def _rank0_left() -> bool:
 def _server(store: Any) -> tuple:
     """The TCPStore server `store` talks to, under any PrefixStores: (host, port); ("",)
     for other stores (FileStore, HashStore: one count for them all, as before)."""
-    while hasattr(store, "underlying_store"):
-        store = store.underlying_store
-    host, port = getattr(store, "host", None), getattr(store, "port", None)
-    return ("",) if host is None or port is None else (str(host), int(port))
+    s = _procnet.find_store(store, lambda s: isinstance(getattr(s, "port", None), int))
+    return ("",) if s is None else (str(getattr(s, "host", "")), s.port)
 
 
 def _inits(store: Any) -> int:

@@ -638,6 +638,9 @@ def inits_differ_before(rank: int, world: int, first_port: int, port: int) -> li
         rr.init(rank, 2, master_addr="127.0.0.1", master_port=first_port)
         rr.barrier()
         rr.destroy()
+        raise_flag(f"first{rank}")
+    else:  # the connect timeout counts from here, not from the others' first world
+        await_flags(["first0", "first1"], 30)
     rr.init(rank, world, master_addr="127.0.0.1", master_port=port)
     x = np.full(3, float(rank + 1), np.float32)
     rr.allreduce(x)

@@ -54,7 +54,6 @@ def silent_strangers(rank: int, world: int, per_rank: int) -> dict:
     import socket
     import time
 
-
     w = _state.current()
     socks = []
     if rank == 0:
@@ -129,7 +128,6 @@ def dripping_strangers(rank: int, world: int, secs: float) -> dict:
     import socket
     import threading
     import time
-
 
     w = _state.current()
     stop = threading.Event()

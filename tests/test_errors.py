@@ -219,7 +219,7 @@ def test_a_root_mismatch_in_the_last_call_is_reported_at_destroy() -> None:
     has arrived) that the results differ, naming the field."""
     outs = run_world_raw(2, error_workers.roots_then_leave, timeout=40, env=_env("tcp"))
     assert [o.value for o in outs] == [[0.0] * 10, [1.0] * 10], [o.describe() for o in outs]
-    warned = [o for o in outs if "is leaving with data unread" in o.stderr]
+    warned = [o for o in outs if "is leaving world with data unread" in o.stderr]
     assert warned, [o.stderr for o in outs]
     assert all("root mismatch in broadcast #1" in o.stderr for o in warned), warned[0].stderr
 

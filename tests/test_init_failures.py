@@ -243,7 +243,7 @@ import os, signal, threading, time, types
 from ringreduce import _rendezvous
 class SlowStore:
     def __init__(self, *a, **k):
-        time.sleep(1.0)
+        time.sleep(3.0)  # the interrupt (at 0.2 s) lands inside the wait
 t0 = time.monotonic()
 threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
 try:
@@ -268,4 +268,4 @@ def test_exit_waits_for_a_store_connect_whose_wait_ctrl_c_cut_short() -> None:
                        capture_output=True, text=True, timeout=25)
     assert r.returncode == 0, r.stderr
     words = r.stdout.split()
-    assert words[0] == "waited" and float(words[1]) >= 0.9 and words[3] == "0", r.stdout
+    assert words[0] == "waited" and float(words[1]) >= 2.9 and words[3] == "0", r.stdout

@@ -279,8 +279,9 @@ void Communicator::warnUnread() {
     try {
       c->checkIdle(&curHeader_);  // throws MismatchError for such data
     } catch (const MismatchError& e) {
-      RR_WARN("rank ", label(rank_), " is leaving with data unread that a peer sent for a "
-              "collective this rank finished, so the ranks' results of it differ: ", e.what());
+      RR_WARN("rank ", label(rank_), " is leaving ", name(), " with data unread that a peer "
+              "sent for a collective this rank finished, so the ranks' results of it differ: ",
+              e.what());
     } catch (const std::exception&) {  // its goodbye, abort or close: this rank leaves too
     }
   }

@@ -156,7 +156,10 @@ class Communicator {
   }
   // The collective finished (ok = no exception): heartbeats say "idle", recorder notes it.
   void finish(bool ok) {
-    if (ok) finished_ = seq_;
+    if (ok) {
+      finished_ = seq_;
+      finishedAtMs_ = steadyMs();
+    }
     if (ok && fault_) maybeFault(FaultPlan::Point::kEnd);
     if (hb_) hb_->setState(0, seq_, bytesDone_);
     recorder_.end(ok);
@@ -407,6 +410,7 @@ class Communicator {
   int lostPeer_ = -1;
   bool begun_ = false;  // the last begin() passed checkUsable (describeCurrent is about it)
   uint64_t finished_ = 0;  // the last collective that finished here without an error
+  int64_t finishedAtMs_ = 0;  // when (steadyMs)
   int wakeFd_ = -1;               // eventfd written by abort()
   std::atomic<bool> aborted_{false};
   std::atomic<bool> destroying_{false};  // set before aborted_ by abort(true)

@@ -25,7 +25,10 @@ std::string Communicator::peerDoing(int peer, const transport::PeerStatus& s,
   std::string other = hb_ ? hb_->elsewhere(peer) : std::string();
   // Collectives this rank has finished since that report (fast ones run many per heartbeat
   // period): the state is older than "last heard" makes it look (found by a helper: a rank
-  // killed after three quick all-reduces was "idle after collective #0").
+  // killed after three quick all-reduces was "idle after collective #0"). Only a report
+  // sent before this rank finished them: a fresh one of a rank really behind (a TCP
+  // broadcast's root returns without waiting) is current.
+  const bool stale = s.seq < finished_ && s.reportAgeMs > steadyMs() - finishedAtMs_;
   return detail::concat(
       s.kind ? "at " : "idle after ",
       s.kind                ? kindName(static_cast<CollectiveKind>(s.kind), -1)
@@ -36,9 +39,9 @@ std::string Communicator::peerDoing(int peer, const transport::PeerStatus& s,
       // Heard since on another communicator of its process: this state may be stale.
       s.reportAgeMs > s.ageMs + 200 ? detail::concat(" (as of its report ", s.reportAgeMs / 1000.0,
                                                      " s earlier)")
-      : s.seq < finished_ ? detail::concat(" (as of its last report; this rank has finished #",
-                                           finished_, " since)")
-                         : std::string(),
+      : stale ? detail::concat(" (as of its last report; this rank has finished #", finished_,
+                               " since)")
+              : std::string(),
       note,
       other.empty() ? std::string() : ", meanwhile in " + other + " (on another communicator)",
       site.empty() ? std::string() : "; last call site " + site);
