@@ -47,6 +47,35 @@ def farewell_borrowed(store: Any, rank: int, world: int, prefix: str, timeout: f
     _talk_until(deadline, talk)
 
 
+def say_left(store: Any, prefix: str, rank: int, timeout: float) -> None:
+    """A lasting sign that this rank left the job normally (destroy(), or its program
+    ended), set before its listener closes: a sparse world's receive from any rank, which
+    asks senders outside its overlay for heartbeats, tells such a sender's closed listener
+    from a crash by it (said_left) -- its goodbye reaches only its overlay and the ranks
+    asking it then (found by a helper's review). At most `timeout` (capped as the
+    farewell's); never raises."""
+    def talk() -> None:
+        try:
+            if not _store_guard.was_cut(store) and not _procnet.server_closed(store):
+                store.set(_left_key(prefix, rank), b"")
+        except RuntimeError:  # the store is gone: a receiver finds it gone too
+            pass
+
+    _talk_until(_farewell_deadline(timeout, True), talk)
+
+
+def said_left(store: Any, prefix: str, rank: int) -> bool:
+    """Whether `rank` of the world under `prefix` left the job normally (say_left)."""
+    try:
+        return store is not None and bool(store.check([_left_key(prefix, rank)]))
+    except RuntimeError:  # the store is gone (its host, rank 0, left or died): unknown
+        return False
+
+
+def _left_key(prefix: str, rank: int) -> str:
+    return f"{prefix}left/{rank}"
+
+
 def _farewell_deadline(timeout: float, failed: bool) -> float:
     return time.monotonic() + min(timeout, _FAREWELL_FAILED_S if failed else _FAREWELL_S)
 

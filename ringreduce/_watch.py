@@ -11,7 +11,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from . import _state
+from . import _farewell, _state
 
 _GONE = ("closed", "silent", "network")  # PeerFailure causes of a rank that says no goodbye
 
@@ -67,32 +67,40 @@ def watched_probe(what: str) -> Any:
     return None if w is None else functools.partial(probe, w[0], w[1], what)
 
 
-def probe(world: Any, peers: Any, what: str, left_too: bool = True) -> None:
-    """Raise if one of `peers` is known to be gone (see watching) -- with left_too, also
-    when it left the job (said goodbye: it will never come) -- or the world was destroyed
-    meanwhile."""
+def probe(world: Any, peers: Any, what: str, any_of: bool = False) -> int | None:
+    """Raise if one of `peers` is known to be gone (see watching) -- unless any_of (a
+    receive from any of them), also when it left the job (said goodbye: it will never
+    come) -- or the world was destroyed meanwhile. any_of asks the ones outside a sparse
+    world's overlay for heartbeats (see Communicator::probePeers) and returns one of them
+    found gone that left the job normally (its sign in the store, _farewell.say_left: the
+    caller stops asking it), else None."""
     from ._C import PeerFailure
 
     check_destroyed(world, what)
     comm = world.comm
     if comm is None:
-        return
+        return None
     try:
-        comm.probe_peers([int(p) for p in peers] if left_too else [])
+        comm.probe_peers([int(p) for p in peers], any_of)
     except PeerFailure as e:
         p, via = getattr(e, "peer_rank", None), getattr(e, "relayed_by", None)
-        if via is None and p is not None and getattr(e, "cause", None) in _GONE:
+        gone = via is None and p is not None and getattr(e, "cause", None) in _GONE
+        if gone and any_of and p in peers and _farewell.said_left(world.store,
+                                                                 world.store_prefix, p):
+            return int(p)
+        if gone:
             # Found gone by the world itself (no call of the world failed): destroy's
             # farewell says its goodbye for it, not waiting for one that never comes.
             world.note_child_failure(int(p))
         if p is not None and p not in peers and via not in peers:
-            return  # not one this wait needs: the calls that need it report it
+            return None  # not one this wait needs: the calls that need it report it
         err = PeerFailure(f"rank {world.rank} stopped waiting for {what}: {e}")
         err.peer_rank, err.cause = p, getattr(e, "cause", None)  # type: ignore[attr-defined]
         err.relayed_by = via  # type: ignore[attr-defined]
         raise err from None
     except RuntimeError as e:  # destroyed on another thread meanwhile
         raise rr_error(f"rank {world.rank}: stopped waiting for {what}: {e}") from None
+    return None
 
 
 _OWNERS = threading.local()  # while_alive(): groups whose destroy() stops this thread's waits

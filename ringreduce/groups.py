@@ -22,7 +22,18 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from . import _comm, _env, _rendezvous, _state, _store_guard, _store_keys, _trace, _watch, _work
+from . import (
+    _comm,
+    _env,
+    _farewell,
+    _rendezvous,
+    _state,
+    _store_guard,
+    _store_keys,
+    _trace,
+    _watch,
+    _work,
+)
 from ._buffers import as_buffer
 from ._state import Group
 
@@ -178,6 +189,9 @@ def _destroy_default() -> None:
     _rendezvous.release_lingering()  # the store of a failed init(), if any
     if g is None:
         return
+    if not g.aborted and g.store is not None and _sparse(g):  # before its listener closes
+        _farewell.say_left(g.store, g.store_prefix, g.rank,
+                           float(g.options.get("connect_timeout", 0.0)))
     # ringreduce's own store stops with the world: deleting its groups' keys is no use (nor
     # after abort(): the job is failing).
     destroy_children(g, tidy=g.store_key is None and not g.aborted)
@@ -222,6 +236,13 @@ def _destroy_default() -> None:
     futures = sys.modules.get(f"{__package__}._futures")  # not imported: no threads (torch)
     if futures is not None:
         futures._COMPLETER.shutdown()  # its threads end once they completed what is queued
+
+
+def _sparse(world: Group) -> bool:
+    """Whether `world` connects lazily (above RINGREDUCE_FULL_MESH_MAX ranks): some ranks
+    are outside each rank's overlay."""
+    most = world.options.get("full_mesh_max")
+    return most is None or world.size > max(int(most), 1)
 
 
 def _finish_eager_sends(world: Group, only: Group | None = None) -> None:

@@ -341,14 +341,17 @@ def _poll_peers(g: Group, world: Group, peers: list[int], tag: int, what: str,
     t0 = time.monotonic()
     store_at, store_every, naps, probe_at = t0, 0.001, 0, t0 + 0.05
     left_at = t0 + 0.5
+    asked = list(peers)  # senders whose liveness is checked: not those that left the job
     while True:
         now = time.monotonic()
         # destroyed on another thread (g: see _match): before g.store is used
         _watch.check_destroyed(world, f"{what}(src=None, tag={tag})")
-        if now >= probe_at:  # a dead or frozen sender: PeerFailure, not the timeout
-            # (a sender that left the job is no failure: another may still send)
-            _watch.probe(world, peers, f"{what}(src=None, tag={tag})", left_too=False)
-            probe_at = now + 0.1
+        if now >= probe_at and asked:  # a dead or frozen sender: PeerFailure, not the
+            # timeout (one that left the job is no failure: another may still send)
+            gone = _watch.probe(world, asked, f"{what}(src=None, tag={tag})", any_of=True)
+            if gone is not None:
+                asked.remove(gone)
+            probe_at = now + (0 if gone is not None else 0.1)
         look_in_store = now >= store_at
         n = len(peers)
         for i in range(n):
@@ -368,7 +371,7 @@ def _poll_peers(g: Group, world: Group, peers: list[int], tag: int, what: str,
             store_every = min(store_every * 2, 0.05)
             store_at = now + store_every
         if now >= left_at:  # no message waits (above): has every sender left?
-            _raise_if_all_left(world, peers, f"{what}(src=None, tag={tag})")
+            _raise_if_all_left(world, peers, asked, f"{what}(src=None, tag={tag})")
             left_at = now + 1.0
         if now - t0 > timeout:
             from ._C import CollectiveTimeout
@@ -380,17 +383,18 @@ def _poll_peers(g: Group, world: Group, peers: list[int], tag: int, what: str,
         time.sleep(0 if naps < 100 else min(1e-3, 1e-5 * (naps - 99)))
 
 
-def _raise_if_all_left(world: Group, peers: list[int], what: str) -> None:
+def _raise_if_all_left(world: Group, peers: list[int], asked: list[int], what: str) -> None:
     """A receive from any rank waits on while one sender may still send; once every one
     has left the job (said goodbye: whatever it sent was delivered first) none will, so it
     fails now, naming them -- before, it waited for RINGREDUCE_TIMEOUT and then said only
-    that nobody sent (found by a helper)."""
+    that nobody sent (found by a helper). `asked`: those of `peers` not known to have left
+    (_poll_peers)."""
     from ._C import PeerFailure
 
     comm = world.comm
     if comm is None:
         return
-    for p in peers:
+    for p in asked:
         try:
             comm.probe_peers([p])
         except PeerFailure as e:

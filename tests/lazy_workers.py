@@ -77,9 +77,11 @@ def silent_strangers(rank: int, world: int, per_rank: int) -> dict:
 
 def unwatched_peer(rank: int, world: int, victim: int, root: int, op: str, action: str) -> dict:
     """`root` waits for `victim`, a rank outside its overlay, in `op` (a gather, a first
-    receive from it, or a gather once every pair is connected: "connected") while every
+    receive from it, a receive from any rank that only the victim sends to: "anyrecv", or a
+    gather once every pair is connected: "connected") while every
     other rank has done its part and idles: nobody relays anything. The victim is killed,
-    stopped, leaves (rr.destroy()), or comes 5 s late ("late": the wait must not fail)."""
+    stopped, leaves (rr.destroy()), or comes 5 s late ("late": the wait must not fail). A
+    receive from any rank whose victim left gets rank 1's message, sent 4 s late."""
     import os
     import signal
     import time
@@ -101,11 +103,14 @@ def unwatched_peer(rank: int, world: int, victim: int, root: int, op: str, actio
     time.sleep(1.0)
     t0 = time.monotonic()
     try:
-        if op == "recv":
+        if op in ("recv", "anyrecv"):
+            # A receive from any rank whose victim left: rank 1 sends, 4 s late
+            sender = 1 if action == "exit" else victim
             if rank == root:
-                rr.recv(x, src=victim, tag=3)
-                assert (x == np.arange(5) + 10 * victim).all(), x
-            elif rank == victim:
+                src = rr.recv(x, src=None if op == "anyrecv" else victim, tag=3)
+                assert src == sender and (x == np.arange(5) + 10 * sender).all(), (src, x)
+            elif rank == sender:
+                time.sleep(4.0 if sender != victim else 0.0)
                 rr.send(x, dst=root, tag=3)
         else:
             out = rr.gather(x, dst=root)

@@ -144,7 +144,8 @@ def test_too_low_hard_fd_limit_fails_init_with_the_number_needed() -> None:
 
 
 _UNWATCHED = [("gather", "kill"), ("gather", "stop"), ("recv", "kill"), ("connected", "stop"),
-              ("gather", "exit"), ("gather", "late"), ("recv", "late"), ("gather", "stop-fast")]
+              ("gather", "exit"), ("gather", "late"), ("recv", "late"), ("gather", "stop-fast"),
+              ("anyrecv", "kill"), ("anyrecv", "late"), ("anyrecv", "exit")]
 
 
 @pytest.mark.exclusive  # 6 ranks timed against 1 s heartbeats
@@ -155,7 +156,9 @@ def test_a_rank_waiting_outside_its_overlay_names_a_dead_or_frozen_peer(op: str,
     """Rank 0 waits for rank 3, outside its overlay ({1, 2, 4, 5} of 6), whose overlay
     neighbours idle: it asks rank 3 for heartbeats while it waits and names it at the
     heartbeat timeout. Before, nobody told it: a CollectiveTimeout at RINGREDUCE_TIMEOUT
-    (found by a helper). A live rank coming late is waited for (no false alarm)."""
+    (found by a helper). A live rank coming late is waited for (no false alarm). A receive
+    from any rank asks every possible sender (it asked none: the timeout), and one that
+    left normally is no failure (another sends later)."""
     victim, root = 3, 0
     assert victim not in _overlay(root, 6)
     # stop-fast: 0.05 s heartbeats, whose 4-period lease is shorter than the 250 ms between
@@ -168,10 +171,13 @@ def test_a_rank_waiting_outside_its_overlay_names_a_dead_or_frozen_peer(op: str,
                               "RINGREDUCE_TIMEOUT": "30", **fast})
     v = outs[root].value
     assert v is not None, outs[root].describe()
-    if action == "late":
-        assert v.get("ok") and v["secs"] > 4, v
+    if action == "late" or op == "anyrecv" and action == "exit":
+        # no false alarm: a sender that left normally before it was asked is no failure
+        # either (its sign in the store; a crash, said the reverted first try)
+        assert v.get("ok") and v["secs"] > 3, v
         for r, o in enumerate(outs):
-            assert o.value is not None and o.value.get("ok"), (r, o.describe())
+            assert o.value is not None and o.value.get("ok" if r != victim or action == "late"
+                                                       else "left"), (r, o.describe())
         return
     assert v.get("peer_rank") == victim, v
     # Silent, and unconnected: its listener refuses if it is gone (killed, or destroyed

@@ -530,14 +530,15 @@ PYBIND11_MODULE(_C, m) {
            py::arg("kind"), py::arg("bytes"), py::arg("algo") = 0,
            "What the planner (collectives/planner.cc) runs for this collective and size: "
            "'shm', 'ring', 'tree', 'hier' or 'auto' (direct / pairwise); nothing is logged")
-      .def("probe_peers", [](PyComm& c, const std::vector<int>& waitedFor) {
+      .def("probe_peers", [](PyComm& c, const std::vector<int>& waitedFor, bool anyOf) {
              std::shared_ptr<runtime::Executor> e = c.held();
              py::gil_scoped_release nogil;
-             e->probeIdle(waitedFor);
+             e->probeIdle(waitedFor, anyOf);
            },
-           py::arg("waited_for") = std::vector<int>(),
+           py::arg("waited_for") = std::vector<int>(), py::arg("any_of") = false,
            "Raise PeerFailure if a peer is known to be gone (between collectives only); a "
-           "peer of waited_for that left the job (said goodbye) counts as gone")
+           "peer of waited_for that left the job (said goodbye) counts as gone -- unless "
+           "any_of (a receive from any of them), which asks unwatched ones for heartbeats")
       .def("incoming", [](PyComm& c, int peer) { return c.ex().incomingIdle(peer); },
            py::arg("peer"),
            "True when `peer` has started a collective this rank has not (a message waits) or "

@@ -44,6 +44,16 @@ using transport::FrameHeader;
 using transport::RecvOp;
 using transport::SendOp;
 
+// A sender outside a sparse world's overlay that a receive from any rank asked for
+// heartbeats (probePeers' anyOf) answered none and is closed or silent: it crashed -- or it
+// left the job normally before it was asked, which only the store can tell (its goodbye
+// reached its overlay and the ranks asking it then). So no failure of this communicator
+// (not poisoned): the caller decides (ringreduce._watch.probe, by its store sign).
+class UnansweredError : public PeerError {
+ public:
+  using PeerError::PeerError;
+};
+
 // A new job in this process (ringreduce.init() after destroy()): the failure of the last one
 // is not why this one's communicators leave, nor is the rank it lost theirs to name.
 void forgetFirstFailure();
@@ -103,8 +113,11 @@ class Communicator {
   // stopped -- so a wait outside any collective (a group's creation, a p2p channel's
   // rendezvous in the store) names a dead or frozen peer instead of timing out. Same
   // threading as incoming(). A peer of `waitedFor` that said goodbye (destroy(), or its
-  // program ended) is gone too: this wait cannot end.
-  void probePeers(const std::vector<int>& waitedFor = {});
+  // program ended) is gone too: this wait cannot end -- unless `anyOf` (a receive from any
+  // of them: another may still send), which also asks every unwatched one of them for
+  // heartbeats (the receive already looks at each of them; see probeOnce) and throws
+  // UnansweredError for one found closed or silent.
+  void probePeers(const std::vector<int>& waitedFor = {}, bool anyOf = false);
   // Open TCP connections (for link_stats and tests). Executor thread.
   int openConnections() const;
 
@@ -217,7 +230,7 @@ class Communicator {
   // goodbye, a dialler -- without waiting. A point-to-point sender never reads otherwise.
   void pollIdle();
   // One pass of probePeers' checks (peers probeSkip_ marks are passed over).
-  void probeOnce(const std::vector<int>& waitedFor);
+  void probeOnce(const std::vector<int>& waitedFor, bool anyOf);
   bool probeSkipped(int p) const { return probeSkip_ && (*probeSkip_)[static_cast<size_t>(p)]; }
   // Its shared-memory part, without waiting: a local peer's published failure (its abort)
   // throws here. One load per local peer: for a sender that may return before the receiver
@@ -374,7 +387,9 @@ class Communicator {
   // for heartbeats (Heartbeat::want) and throw PeerError once it has been silent for the
   // heartbeat timeout since this rank began asking, or (unconnected) said goodbye. A no-op
   // without heartbeats. inCollective: the wait is in the current collective (messages).
-  void checkUnwatched(int peer, bool inCollective);
+  // leftOk: its goodbye is no failure (a receive from any rank), and closed or silent it
+  // throws UnansweredError (it may have left before this rank asked it).
+  void checkUnwatched(int peer, bool inCollective, bool leftOk = false);
   // "rank 3 (host, pid 42) stopped responding: no heartbeat for 4.1 s (...)"
   std::string silence(int peer, const transport::PeerStatus& s, int64_t ageMs) const;
   void maybeFault(FaultPlan::Point p);

@@ -184,7 +184,7 @@ int Communicator::silentPeer(bool neverHeard, transport::PeerStatus* s, int64_t*
   return -1;
 }
 
-void Communicator::checkUnwatched(int peer, bool inCollective) {
+void Communicator::checkUnwatched(int peer, bool inCollective, bool leftOk) {
   if (!hb_ || opts_.heartbeatTimeoutSec <= 0 || watched(peer) || gone_[static_cast<size_t>(peer)])
     return;
   const int64_t asking = hb_->want(peer);
@@ -192,7 +192,7 @@ void Communicator::checkUnwatched(int peer, bool inCollective) {
   if (s.left) {
     // Its goodbye: unconnected, it never sends this rank anything again (connected, its
     // connection says it left, after whatever it sent).
-    if (!conns_[static_cast<size_t>(peer)])
+    if (!leftOk && !conns_[static_cast<size_t>(peer)])
       throwLeft(peer, inCollective ? detail::concat(" while rank ", label(rank_),
                                                     " waited for it in ", describeCurrent())
                                    : std::string());
@@ -205,14 +205,18 @@ void Communicator::checkUnwatched(int peer, bool inCollective) {
   // Silent: gone (its listener, open until its communicator is destroyed or fails,
   // refuses) or frozen (it accepts). Only without a connection (a connected one's EOF says
   // "gone"), and while this communicator has not failed (probed once, not per probe).
+  auto fail = [leftOk](int p, PeerCause cause, std::string msg) {
+    if (leftOk) throw UnansweredError(p, cause, msg);
+    throw PeerError(p, cause, msg);
+  };
   if (dialer_ && dialer_->listenFd() >= 0 && !conns_[static_cast<size_t>(peer)] &&
       dialer_->refuses(peer, 1.0))
-    throw PeerError(peer, PeerCause::kClosed, detail::concat(
+    fail(peer, PeerCause::kClosed, detail::concat(
         "rank ", label(peer), " (", peerHost(peer), pidText(s), ") is gone: it answered no "
         "heartbeat for ", age / 1000.0, " s while rank ", label(rank_), " waited for it, and "
         "nothing listens at its address any more (it exited, crashed, or destroyed its "
         "communicator, or that failed)", last));
-  throw PeerError(peer, PeerCause::kSilent, detail::concat(
+  fail(peer, PeerCause::kSilent, detail::concat(
       "rank ", label(peer), " (", peerHost(peer), pidText(s),
       ") stopped responding: no heartbeat for ", age / 1000.0, " s while rank ", label(rank_),
       " waited for it (process frozen or stopped, host overloaded or down, or network "

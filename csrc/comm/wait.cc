@@ -202,7 +202,7 @@ void Communicator::throwLeft(int p, const std::string& during) {
   throw PeerError(p, PeerCause::kLeft, std::move(msg));
 }
 
-void Communicator::probePeers(const std::vector<int>& waitedFor) {
+void Communicator::probePeers(const std::vector<int>& waitedFor, bool anyOf) {
   // A failed rank this wait does not need must not hide one it does: each pass throws the
   // first failure it finds, and a rank that died earlier was found first by every probe --
   // the awaited rank's death after it went unseen until the timeout (found by a helper).
@@ -217,7 +217,7 @@ void Communicator::probePeers(const std::vector<int>& waitedFor) {
   std::exception_ptr other;
   for (int pass = 0; pass < world_; ++pass) {
     try {
-      probeOnce(waitedFor);
+      probeOnce(waitedFor, anyOf);
       break;
     } catch (const PeerError& e) {
       const int src = e.via() >= 0 ? e.via() : e.peer();  // the rank whose state said so
@@ -232,7 +232,7 @@ void Communicator::probePeers(const std::vector<int>& waitedFor) {
   if (other) std::rethrow_exception(other);
 }
 
-void Communicator::probeOnce(const std::vector<int>& waitedFor) {
+void Communicator::probeOnce(const std::vector<int>& waitedFor, bool anyOf) {
   checkStopped();
   throwDeferred();
   if (shm_) checkLocalPeers();
@@ -253,12 +253,17 @@ void Communicator::probeOnce(const std::vector<int>& waitedFor) {
   }
   // Ask the unwatched ones for heartbeats -- unless there are more of them than overlay
   // peers: a wait for many (a group's set-up) relies on the overlay, as asking them all
-  // would cost every rank O(world) datagrams per period (found by a helper's review).
+  // would cost every rank O(world) datagrams per period (found by a helper's review). A
+  // receive from any of them asks them all: it looks at each of them anyway (the store,
+  // its channel), and only it pays -- one ask each (a sender at the time has one asker
+  // per receive waiting for it). Else a dead sender outside the overlay, whose neighbours
+  // idled, was named by nobody until RINGREDUCE_TIMEOUT.
   size_t unwatched = 0;
   for (int p : waitedFor) unwatched += p >= 0 && p < world_ && p != rank_ && !watched(p);
-  if (unwatched <= std::max<size_t>(watchList_.size(), 1))
+  if (anyOf || unwatched <= std::max<size_t>(watchList_.size(), 1))
     for (int p : waitedFor)
-      if (p >= 0 && p < world_ && p != rank_) checkUnwatched(p, false);
+      if (p >= 0 && p < world_ && p != rank_) checkUnwatched(p, false, anyOf);
+  if (anyOf) return;  // one that left is no failure: another may send
   for (int p : waitedFor)
     if (p >= 0 && p < world_ && p != rank_ && gone_[static_cast<size_t>(p)]) throwLeft(p, "");
 }

@@ -106,16 +106,18 @@ bool Executor::incomingIdle(int peer) {
 // false between collectives (a probe), where the last one's would mislead.
 static void rethrowWithContext(comm::Communicator& c, bool inCall = true);
 
-void Executor::probeIdle(const std::vector<int>& waitedFor) {
+void Executor::probeIdle(const std::vector<int>& waitedFor, bool anyOf) {
   std::unique_lock<std::mutex> g(mu_);
   if (stop_) RR_THROW(Error, comm::kDestroyedText);
   if (!queue_.empty() || busy_) return;
   std::unique_lock<std::mutex> ex(execMu_, std::try_to_lock);  // an inline run holds it
   if (!ex.owns_lock()) return;
   try {
-    comm_->probePeers(waitedFor);
+    comm_->probePeers(waitedFor, anyOf);
   } catch (const Interrupted&) {  // Ctrl-C during a probe's wait: no failure of the world
     throw;
+  } catch (const comm::UnansweredError& e) {  // maybe it left: the caller decides
+    throw PeerError(comm_->label(e.peer()), e.cause(), e.what());
   } catch (...) {
     // A peer found gone between collectives fails the communicator as a collective's
     // failure does: the next call repeats this cause. Else, over shared memory, a rank

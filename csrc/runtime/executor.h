@@ -42,7 +42,7 @@ class Executor : public std::enable_shared_from_this<Executor> {
   // reading that very message). Any thread; never blocks on a collective.
   bool incomingIdle(int peer);
   // comm().probePeers() if nothing is queued or running (what runs checks liveness itself).
-  void probeIdle(const std::vector<int>& waitedFor = {});
+  void probeIdle(const std::vector<int>& waitedFor = {}, bool anyOf = false);
   // fn(comm()) between collectives: waits for one that runs now (its deadline bounds that).
   // For readers of state only the running collective changes (the connection table).
   template <class F>
