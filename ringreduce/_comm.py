@@ -11,7 +11,7 @@ import os
 import time
 from typing import Any
 
-from . import _blame, _cpus, _env, _fds, _procnet, _rendezvous, _state, _watch
+from . import _blame, _cpus, _env, _fds, _procnet, _rendezvous, _state, _store_wait, _watch
 from ._buffers import algo_code
 
 log = logging.getLogger("ringreduce")
@@ -91,7 +91,7 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
         # they stop at their next check (a rank with no route to another's address failed
         # at once; the other waited for it until RINGREDUCE_CONNECT_TIMEOUT).
         if not getattr(e, _blame.SECONDARY, False):  # not one told here by another rank
-            _rendezvous.fail_bounded(store, peers.prefix, e, _rendezvous._speaker(rank))
+            _store_wait.fail_bounded(store, peers.prefix, e, _rendezvous._speaker(rank))
             if rank == 0 and labels is None:  # the world's: this process may host the store
                 _rendezvous._linger(store, world)
         raise
@@ -129,7 +129,7 @@ def _setup_check(store: Any, prefix: str, rank: int, what: str) -> Any:
             due[0] = time.monotonic() + 0.25
             try:
                 if not _procnet.server_closed(store):
-                    _rendezvous._raise_posted(store, stops, me, what)
+                    _store_wait.raise_posted(store, stops, me, what)
                     return
             except _rendezvous._torch_store().DistError:  # it closed meanwhile
                 pass

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from . import _blame, _env, _procnet, _store_guard, _store_keys, _watch
+from . import _env, _procnet, _store_guard, _store_keys, _store_wait, _watch
 from ._farewell import (  # noqa: F401 - farewell_borrowed, _FAREWELL_S: used through here
     _FAREWELL_FAILED_S,
     _FAREWELL_S,
@@ -116,7 +116,7 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
         pause = min(2 * pause, 0.5)
     _CLOSED.pop(key, None)
     if not box:
-        raise _timeout_error(
+        raise _store_wait.timeout_error(
             f"rank {rank} could not {what} {master_addr}:{master_port} within {timeout:.0f} s: "
             f"{_why_unreachable(master_addr, master_port)} ({hint})")
     if isinstance(box[0], Exception):
@@ -130,7 +130,7 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
         # torch's own timeout may come first (it retries refused connects until then): say
         # why, as below, not only "timed out" (the CI saw both orders).
         why = "" if is_master else _why_unreachable(master_addr, master_port) + "; torch: "
-        raise _timeout_error(
+        raise _store_wait.timeout_error(
             f"rank {rank} could not {what} {master_addr}:{master_port} within {timeout:.0f} s: "
             f"{why}{_first_line(e)} ({hint})") from e
     _STORES[key] = box[0]
@@ -203,7 +203,7 @@ def _refuse_second_rank0(dist: Any, addr: str, port: int, world: int) -> None:
         while not (seen := store.check([claim + "claim/0"])) and time.monotonic() < end:
             time.sleep(0.05)
     if seen:
-        raise _fail(store, claim, ValueError(
+        raise _store_wait.fail(store, claim, ValueError(
             f"rank 0 was claimed by 2 processes (a store of this job already serves "
             f"{addr}:{port}, and its rank 0 has joined); every process needs a distinct RANK "
             f"in [0, {world})"))
@@ -361,11 +361,6 @@ def torch_default_store() -> Any:
     return None
 
 
-def _timeout_error(msg: str) -> Exception:
-    from ._C import CollectiveTimeout
-    return CollectiveTimeout(msg)
-
-
 def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,
           prefix: str, hint: str = "did every rank start, with the same WORLD_SIZE and "
                                    "MASTER_ADDR/MASTER_PORT?",
@@ -383,7 +378,7 @@ def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,
     refuse_if_cut(rank, f"the wait for {what}", store)
     try:
         with _store_guard.deadline(store, timeout + _store_guard.MARGIN_S):
-            _wait_for(store, keys, timeout, rank, what, prefix, hint, ranks, name_keys)
+            _store_wait.poll_keys(store, keys, timeout, rank, what, prefix, hint, ranks, name_keys)
     except _store_guard.StoreSilent as e:
         raise silent_error(rank, f"the wait for {what}", store, e) from e
     except RingReduceError:
@@ -393,67 +388,6 @@ def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,
         if watch is not None:  # because this rank's destroy() released it meanwhile?
             _watch.check_destroyed(watch[0], what)
         raise store_failed(rank, f"the wait for {what}", e, store) from e
-
-
-def _raise_posted(store: Any, stops: list, rank: int, what: str) -> None:
-    """Raise the failure another rank posted under one of `stops`, if any."""
-    stop = next((k for k in stops if store.check([k])), None)
-    if stop is not None:
-        # Made by a helper: an error held in a local of the frame raising it is a reference
-        # cycle (error -> traceback -> frame -> error) that keeps every frame's locals -- a
-        # failed group's listener and store connection -- until the cyclic GC runs (found
-        # by a helper: 3 sockets per failed new_group() after destroy()).
-        raise _posted_error(store.get(stop).decode(), rank, what)
-
-
-def _posted_error(posted: str, rank: int, what: str) -> Exception:
-    head, _, msg = posted.partition("\n")
-    kind, _, named = head.partition(" ")
-    msg = f"rank {rank}: stopped waiting for {what} because another rank failed: {msg}"
-    err = ValueError(msg) if kind == "ValueError" else (  # bad settings: the same class
-        _timeout_error(msg) if kind == "CollectiveTimeout" else _rr_error(msg))
-    if named.isdigit():  # the rank the poster's error named: named here too
-        err.peer_rank = int(named)  # type: ignore[attr-defined]
-    setattr(err, _blame.SECONDARY, True)  # the launcher blames the rank that posted it
-    return err
-
-
-def _wait_for(store: Any, keys: list[str], timeout: float, rank: int, what: str,
-              prefix: str, hint: str, ranks: list[int] | None, name_keys: bool) -> None:
-    from ._C import PeerFailure
-
-    deadline = time.monotonic() + timeout
-    pause = 0.001
-    stops = [prefix + "failed", *_watch.also_keys()]
-    watch = _watch.watched()
-    probe_at = time.monotonic() + 0.05
-    while not store.check(keys):
-        _raise_posted(store, stops, rank, what)
-        if watch is not None and time.monotonic() >= probe_at:
-            try:
-                _watch.probe(watch[0], watch[1], what)  # checks destroy() too
-            except PeerFailure:
-                # A rank that failed here posts why, then leaves: say why, not that it left.
-                _raise_posted(store, stops, rank, what)
-                raise
-            probe_at = time.monotonic() + 0.1
-        elif watch is not None:
-            _watch.check_destroyed(watch[0], what)
-        if time.monotonic() > deadline:
-            gone = [i for i, k in enumerate(keys) if not store.check([k])]
-            missing = [keys[i] for i in gone]
-            named = ", ".join(k.rsplit("/", 2)[-2] + "/" + k.rsplit("/", 1)[-1]
-                              for k in missing[:8]) + (" ..." if len(missing) > 8 else "")
-            err = _timeout_error(f"rank {rank}: timed out after {timeout:.0f} s waiting for "
-                                 f"{what}{': missing ' + named if name_keys else ''} ({hint})")
-            late = {ranks[i] for i in gone} if ranks is not None else set()
-            if name_keys and late and ranks != list(range(len(keys))):  # a group's: say who
-                err = _timeout_error(f"{err} (world rank(s) {', '.join(map(str, sorted(late)))})")
-            if len(late) == 1:  # the chain ends at the one rank that never wrote
-                err.peer_rank = err.waiting_for = late.pop()  # type: ignore[attr-defined]
-            raise _fail(store, prefix, err)
-        time.sleep(pause)
-        pause = min(pause * 1.25, 0.1)  # late by at most a quarter of the wait (or 0.1 s)
 
 
 def allgather(store: Any, prefix: str, rank: int, world: int, timeout: float, step: str,
@@ -475,34 +409,6 @@ def allgather(store: Any, prefix: str, rank: int, world: int, timeout: float, st
         raise  # ours (a timeout, another rank's failure): it says what happened
     except RuntimeError as e:  # torch's DistStoreError / DistNetworkError: the store is gone
         raise store_failed(rank, "a group's shared memory setup", e, store) from e
-
-
-def _fail(store: Any, prefix: str, error: Exception, speaker: int | None = None) -> Exception:
-    """Tell the other ranks why this one gives up (they stop waiting at their next poll)
-    and which rank its error names (.peer_rank), return `error`. speaker: this rank, named
-    at the message's start unless the message names it there already."""
-    named = _blame.named_rank(error)
-    head = type(error).__name__ + ("" if named is None else f" {named}")
-    text = str(error)
-    if speaker is not None and not text.startswith((f"rank {speaker} ", f"rank {speaker}:")):
-        text = f"rank {speaker}: {text}"
-    try:
-        # Else torch would log a C++ trace, then fail (a cut or closed connection).
-        if not _store_guard.was_cut(store) and not _procnet.server_closed(store):
-            store.set(prefix + "failed", f"{head}\n{text}")
-    except RuntimeError:
-        pass  # the store is gone: the others will find out themselves
-    return error
-
-
-def fail_bounded(store: Any, prefix: str, error: Exception, speaker: int,
-                 seconds: float = 5.0) -> None:
-    """_fail, best effort, giving up after `seconds` on a store that stopped answering; a
-    failure posted already is kept (ranks failing on its account would overwrite the
-    first cause)."""
-    with contextlib.suppress(Exception), _store_guard.deadline(store, seconds):
-        if not store.check([prefix + "failed"]):
-            _fail(store, prefix, error, speaker)
 
 
 def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None,
@@ -529,7 +435,7 @@ def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None
         # their next poll, not at the connect timeout. (A store that is gone: they find out.)
         # A group's creation says so itself, naming the group (groups._interrupts_told).
         if prefix is None:
-            _fail(store, _world_prefix(store), _rr_error(
+            _store_wait.fail(store, _world_prefix(store), _rr_error(
                 f"rank {rank} was interrupted (KeyboardInterrupt) during {during}"))
         raise
     except (ValueError, RingReduceError) as e:
@@ -553,7 +459,7 @@ def fail_setup(store: Any, rank: int, world: int, prefix: str | None,
         _count_init(store)
     told = f"rank {rank} could not start: {error}"
     with contextlib.suppress(Exception):  # the original error is what matters here
-        _fail(store, _world_prefix(store) if prefix is None else prefix,
+        _store_wait.fail(store, _world_prefix(store) if prefix is None else prefix,
               ValueError(told) if isinstance(error, ValueError) else _rr_error(told))
         if rank == 0 and prefix is None:  # this process may host the store and exit next
             _linger(store, world)
@@ -649,7 +555,7 @@ def silent_error(rank: int, during: str, store: Any, e: _store_guard.StoreSilent
                           f"in a debugger, swapping) or its host is unreachable")
         err.peer_rank, err.cause = 0, "silent"  # type: ignore[attr-defined]
         return err
-    return _timeout_error(
+    return _store_wait.timeout_error(
         f"{head} (port {e.port}); the process serving it -- the launcher's agent, or torch's "
         f"rank 0 -- is frozen (stopped, in a debugger, swapping) or its host is unreachable")
 
@@ -746,7 +652,7 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
     n = store.add(p + f"claim/{rank}", 1)
     _store_keys.wrote(p, p + f"claim/{rank}")
     if n > 1:
-        raise _fail(store, p, ValueError(
+        raise _store_wait.fail(store, p, ValueError(
             f"rank {rank} was claimed by {n} processes; every process needs a distinct RANK "
             f"in [0, {world})"))
     if rank == 0:
@@ -764,14 +670,14 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
         _wait(store, [p + "world"], timeout, rank, "rank 0 to publish the world size", p)
         w0 = int(store.get(p + "world"))
         if w0 != world:
-            raise _fail(store, p, ValueError(
+            raise _store_wait.fail(store, p, ValueError(
                 f"rank 0 runs with WORLD_SIZE={w0} but rank {rank} with {world}; start every "
                 f"rank with the same world size"))
     if secret is None:
         _wait(store, [p + "secret"], timeout, rank, "rank 0 to publish the job secret", p)
         secret = store.get(p + "secret").decode()
         if not secret:
-            raise _fail(store, p, ValueError(
+            raise _store_wait.fail(store, p, ValueError(
                 f"RINGREDUCE_SECRET (or init(secret=)) is set on rank 0 but not on rank "
                 f"{rank}; it must be the same on every rank of a job: set it alike for all "
                 f"of them, or for none (rank 0 then draws one)"))

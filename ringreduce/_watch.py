@@ -37,7 +37,7 @@ def _pushed(local: threading.local, item: Any) -> Iterator[None]:
 
 def also_stop_on(key: str) -> contextlib.AbstractContextManager:
     """While inside: every _wait of this thread also stops when `key` (a failure posted as
-    _fail posts it) appears. Group creation uses a job-wide key: a rank that finds the
+    _store_wait.fail posts it) appears. Group creation uses a job-wide key: a rank that finds the
     groups out of step cannot know under which group's prefix the others wait."""
     return _pushed(_ALSO, key)
 

@@ -30,6 +30,7 @@ from . import (
     _state,
     _store_guard,
     _store_keys,
+    _store_wait,
     _trace,
     _watch,
     _work,
@@ -378,14 +379,14 @@ def _interrupts_told(world: Group, store: Any, prefix: str, name: str) -> Iterat
     except Exception:
         raise
     except BaseException as e:
-        _rendezvous._fail(store, prefix, _watch.rr_error(
+        _store_wait.fail(store, prefix, _watch.rr_error(
             f"world rank {world.rank} stopped creating {name}: {type(e).__name__} "
             f"(interrupted)"))
         raise
 
 
 def _out_of_step(world: Group) -> str:
-    """The job-wide prefix every group creation watches (_fail posts under prefix +
+    """The job-wide prefix every group creation watches (_store_wait.fail posts under prefix +
     "failed"): a rank that finds the groups out of step cannot know under which group's
     prefix the others wait."""
     return world.store_prefix + "groups/"
@@ -394,8 +395,8 @@ def _out_of_step(world: Group) -> str:
 def _fail_group(store: Any, prefix: str, out_of_step: str, err: Exception) -> Exception:
     """Post why a group's creation fails under its prefix and the job's out-of-step prefix
     (_out_of_step); return `err`."""
-    _rendezvous._fail(store, out_of_step, err)
-    return _rendezvous._fail(store, prefix, err)
+    _store_wait.fail(store, out_of_step, err)
+    return _store_wait.fail(store, prefix, err)
 
 
 def _left_out(world: Group, prefix: str, members: list[int], name: str) -> None:
@@ -472,7 +473,7 @@ def _agree(store: Any, prefix: str, me: int, members: list[int], timeout: float,
                 # before group rank 0 saw its note: its note is why, not that it left.
                 gone = getattr(e, "peer_rank", None)
                 if gone in members:
-                    _rendezvous._raise_posted(store, [f"{prefix}left-out/{gone}"], me, what)
+                    _store_wait.raise_posted(store, [f"{prefix}left-out/{gone}"], me, what)
                 raise
         first = store.get(prefix + "members").decode()
     if first != text:

@@ -186,7 +186,7 @@ def _take_turn(g: Group, world: Group, key: tuple, turns: _Turns, ticket: int, p
             raise err
         return post(ch)
     finally:
-        err = None  # no cycle error -> traceback -> this frame (see _posted_error)
+        err = None  # no cycle error -> traceback -> this frame (see _store_wait.posted_error)
         with _LOCK:
             turns.serving += 1
             drained = turns.serving == turns.next

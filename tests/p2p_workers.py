@@ -748,3 +748,17 @@ def interrupted_any_source(rank: int, world: int) -> dict:
     except KeyboardInterrupt as e:
         return {"error": "KeyboardInterrupt", "notes": getattr(e, "__notes__", []),
                 "secs": time.monotonic() - t0}
+
+
+def busy_peer(rank: int, world: int) -> str:
+    """Rank 0 waits for rank 1's first message on a tag while rank 1 (and the others) wait
+    in an all-reduce for rank 0: both give up at RINGREDUCE_TIMEOUT. Returns the error."""
+    x = np.zeros(4, np.float32)
+    try:
+        if rank == 0:
+            rr.recv(x, src=1, tag=1)
+        else:
+            rr.allreduce(x)
+    except rr.RingReduceError as e:
+        return type(e).__name__
+    return "no error"

@@ -311,6 +311,25 @@ def test_first_message_on_a_tag_waits_like_any_peer() -> None:
         assert kind == "CollectiveTimeout" and named and 2.8 <= took < 8, outs
 
 
+@pytest.mark.timeout(90)
+def test_a_first_message_wait_reports_its_stall_with_what_the_peer_does() -> None:
+    """A rank waiting for a peer's first message on a tag (through the store) logs after
+    RINGREDUCE_STALL_WARN, as a collective's stall report does, whom it waits for and what
+    that rank was doing: here an all-reduce waiting for it (the calls do not meet). Before,
+    nothing until the timeout."""
+    outs = run_world_raw(3, "p2p_workers:busy_peer", timeout=60,
+                         env={"RINGREDUCE_TIMEOUT": "4", "RINGREDUCE_STALL_WARN": "1"})
+    for o in outs:
+        assert o.ok and o.value in ("CollectiveTimeout", "PeerFailure", "RingReduceError"), \
+            o.describe()
+    err = outs[0].stderr
+    assert err.count("stall: rank 0 has waited") == 1, err[-2000:]
+    line = err[err.index("stall: rank 0 has waited"):].split("\n", 1)[0]
+    assert "rank 1 to post a send, recv" in line and "on tag 1" in line, line
+    assert "not there yet: world rank(s) 1;" in line and "at allreduce #" in line, line
+    assert "p2p_workers.py:" in line and "it gives up in" in line, line
+
+
 @pytest.mark.timeout(120)
 def test_many_tags_work_and_warn_about_their_cost() -> None:
     """Every (peer, tag) gets its own channels, kept until destroy(): right results on 64

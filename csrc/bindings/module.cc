@@ -539,6 +539,14 @@ PYBIND11_MODULE(_C, m) {
            "Raise PeerFailure if a peer is known to be gone (between collectives only); a "
            "peer of waited_for that left the job (said goodbye) counts as gone -- unless "
            "any_of (a receive from any of them), which asks unwatched ones for heartbeats")
+      .def("peer_context", [](PyComm& c, int peer) {
+             std::shared_ptr<runtime::Executor> e = c.held();
+             py::gil_scoped_release nogil;
+             return e->between([peer](comm::Communicator& cm) { return cm.peerContext(peer); });
+           },
+           py::arg("peer"),
+           "'; rank 3 (pid 42) was last heard 0.2 s earlier, in allreduce #7 ...' from its "
+           "heartbeats (between collectives; a stall report's words), or '' if not heard")
       .def("incoming", [](PyComm& c, int peer) { return c.ex().incomingIdle(peer); },
            py::arg("peer"),
            "True when `peer` has started a collective this rank has not (a message waits) or "

@@ -39,7 +39,7 @@ if rank == "0":
     time.sleep(0.5)
     open(first, "w").close()
     if mode == "relayed":  # set-up's error relaying a failure another rank posted
-        from ringreduce import _rendezvous
+        from ringreduce import _store_wait
 
         class Posted:  # a store holding rank 1's posted failure
             def check(self, keys: list) -> bool:
@@ -48,7 +48,7 @@ if rank == "0":
             def get(self, key: str) -> bytes:
                 return b"RingReduceError\nrank 1 was interrupted during init"
 
-        _rendezvous._raise_posted(Posted(), ["failed"], 0, "init")
+        _store_wait.raise_posted(Posted(), ["failed"], 0, "init")
     if mode != "codes":
         try:
             raise ringreduce.PeerFailure("rank 1 (127.0.0.1) exited")

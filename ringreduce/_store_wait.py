@@ -1,0 +1,145 @@
+"""Waiting for keys in the job's store (a world's or group's set-up, a point-to-point
+channel's first message) and posting why a rank gives up, so the others stop waiting at
+once: every wait polls for the failure keys other ranks may post, probes the peers this
+thread watches (ringreduce._watch), logs once after RINGREDUCE_STALL_WARN who it still
+waits for and what they were doing, and at its timeout names the ranks whose keys are
+missing. ringreduce._rendezvous._wait wraps poll_keys with the store's own deadline."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from typing import Any
+
+from . import _blame, _env, _procnet, _store_guard, _watch
+from ._watch import rr_error
+
+log = logging.getLogger("ringreduce")
+
+
+def timeout_error(msg: str) -> Exception:
+    from ._C import CollectiveTimeout
+    return CollectiveTimeout(msg)
+
+
+def raise_posted(store: Any, stops: list, rank: int, what: str) -> None:
+    """Raise the failure another rank posted under one of `stops`, if any."""
+    stop = next((k for k in stops if store.check([k])), None)
+    if stop is not None:
+        # Made by a helper: an error held in a local of the frame raising it is a reference
+        # cycle (error -> traceback -> frame -> error) that keeps every frame's locals -- a
+        # failed group's listener and store connection -- until the cyclic GC runs (found
+        # by a helper: 3 sockets per failed new_group() after destroy()).
+        raise posted_error(store.get(stop).decode(), rank, what)
+
+
+def posted_error(posted: str, rank: int, what: str) -> Exception:
+    head, _, msg = posted.partition("\n")
+    kind, _, named = head.partition(" ")
+    msg = f"rank {rank}: stopped waiting for {what} because another rank failed: {msg}"
+    err = ValueError(msg) if kind == "ValueError" else (  # bad settings: the same class
+        timeout_error(msg) if kind == "CollectiveTimeout" else rr_error(msg))
+    if named.isdigit():  # the rank the poster's error named: named here too
+        err.peer_rank = int(named)  # type: ignore[attr-defined]
+    setattr(err, _blame.SECONDARY, True)  # the launcher blames the rank that posted it
+    return err
+
+
+def poll_keys(store: Any, keys: list[str], timeout: float, rank: int, what: str,
+              prefix: str, hint: str, ranks: list[int] | None, name_keys: bool) -> None:
+    from ._C import PeerFailure
+
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    pause = 0.001
+    stops = [prefix + "failed", *_watch.also_keys()]
+    watch = _watch.watched()
+    probe_at = t0 + 0.05
+    warn_at = t0 + (_stall_warn() or math.inf)
+    while not store.check(keys):
+        raise_posted(store, stops, rank, what)
+        if time.monotonic() >= warn_at:
+            warn_at = math.inf
+            _warn_stalled(store, keys, ranks, rank, what, hint, t0, deadline, watch)
+        if watch is not None and time.monotonic() >= probe_at:
+            try:
+                _watch.probe(watch[0], watch[1], what)  # checks destroy() too
+            except PeerFailure:
+                # A rank that failed here posts why, then leaves: say why, not that it left.
+                raise_posted(store, stops, rank, what)
+                raise
+            probe_at = time.monotonic() + 0.1
+        elif watch is not None:
+            _watch.check_destroyed(watch[0], what)
+        if time.monotonic() > deadline:
+            gone = [i for i, k in enumerate(keys) if not store.check([k])]
+            missing = [keys[i] for i in gone]
+            named = ", ".join(k.rsplit("/", 2)[-2] + "/" + k.rsplit("/", 1)[-1]
+                              for k in missing[:8]) + (" ..." if len(missing) > 8 else "")
+            err = timeout_error(f"rank {rank}: timed out after {timeout:.0f} s waiting for "
+                                 f"{what}{': missing ' + named if name_keys else ''} ({hint})")
+            late = {ranks[i] for i in gone} if ranks is not None else set()
+            if name_keys and late and ranks != list(range(len(keys))):  # a group's: say who
+                err = timeout_error(f"{err} (world rank(s) {', '.join(map(str, sorted(late)))})")
+            if len(late) == 1:  # the chain ends at the one rank that never wrote
+                err.peer_rank = err.waiting_for = late.pop()  # type: ignore[attr-defined]
+            raise fail(store, prefix, err)
+        time.sleep(pause)
+        pause = min(pause * 1.25, 0.1)  # late by at most a quarter of the wait (or 0.1 s)
+
+
+
+def _stall_warn() -> float:
+    try:
+        return float(_env.tunables().stall_warn or 0.0)
+    except ValueError:  # a bad setting: init said so already
+        return 0.0
+
+
+def _warn_stalled(store: Any, keys: list[str], ranks: list[int] | None, rank: int, what: str,
+                  hint: str, t0: float, deadline: float, watch: tuple | None) -> None:
+    """Log once, as a collective's stall report does, that this wait goes on: the world
+    ranks it still waits for and -- one rank that the world's heartbeats know -- what that
+    rank was doing (busy in another call: the program's calls do not meet)."""
+    late = sorted({ranks[i] for i, k in enumerate(keys) if not store.check([k])}) \
+        if ranks is not None else []
+    who = f"; not there yet: world rank(s) {', '.join(map(str, late[:8]))}" \
+        f"{' ...' if len(late) > 8 else ''}" if late else ""
+    seen = ""
+    comm = watch[0].comm if watch is not None else None
+    if comm is not None and len(late) == 1:
+        with contextlib.suppress(Exception):  # destroyed meanwhile: the wait says so next
+            seen = comm.peer_context(late[0])
+    now = time.monotonic()
+    log.warning("stall: rank %d has waited %.0f s for %s%s%s (%s); it gives up in %.0f s",
+                rank, now - t0, what, who, seen, hint, max(0.0, deadline - now))
+
+
+def fail(store: Any, prefix: str, error: Exception, speaker: int | None = None) -> Exception:
+    """Tell the other ranks why this one gives up (they stop waiting at their next poll)
+    and which rank its error names (.peer_rank), return `error`. speaker: this rank, named
+    at the message's start unless the message names it there already."""
+    named = _blame.named_rank(error)
+    head = type(error).__name__ + ("" if named is None else f" {named}")
+    text = str(error)
+    if speaker is not None and not text.startswith((f"rank {speaker} ", f"rank {speaker}:")):
+        text = f"rank {speaker}: {text}"
+    try:
+        # Else torch would log a C++ trace, then fail (a cut or closed connection).
+        if not _store_guard.was_cut(store) and not _procnet.server_closed(store):
+            store.set(prefix + "failed", f"{head}\n{text}")
+    except RuntimeError:
+        pass  # the store is gone: the others will find out themselves
+    return error
+
+
+def fail_bounded(store: Any, prefix: str, error: Exception, speaker: int,
+                 seconds: float = 5.0) -> None:
+    """fail(), best effort, giving up after `seconds` on a store that stopped answering; a
+    failure posted already is kept (ranks failing on its account would overwrite the
+    first cause)."""
+    with contextlib.suppress(Exception), _store_guard.deadline(store, seconds):
+        if not store.check([prefix + "failed"]):
+            fail(store, prefix, error, speaker)
