@@ -9,11 +9,12 @@ store; a job that makes and destroys groups as it goes -- grew without bound.
 A creation runs inside `journal(prefix)`; the rendezvous code records each key this rank
 writes there (`wrote`). Once the group is made, the member counts itself in
 (`made`: prefix + "made"). Its destroy() deletes the keys this rank wrote if every member
-counted itself in -- no member is still reading them -- and the last member to leave
-deletes the two counters and the notes ranks outside the group left there (new_group on a
-non-member says it is not in the list, groups._left_out; one written after that stays). A
-group whose creation never completed everywhere keeps its keys (a member may still be
-waiting on them), as does one that failed.
+counted itself in -- no member is still reading them; else it lists them for the last
+member to leave -- and the last member to leave deletes those lists' keys, the counters and
+the notes ranks outside the group left there (new_group on a non-member says it is not in
+the list, groups._left_out; one written after that stays). A group whose creation never
+completed everywhere keeps its keys (a member may still be waiting on them), as does one
+that failed or that a member never destroyed.
 """
 
 from __future__ import annotations
@@ -105,19 +106,33 @@ def made(store: Any, prefix: str) -> list[str]:
 def forget(store: Any, prefix: str, keys: list[str], size: int,
            shared: Callable[[], list[str]] = list) -> None:
     """destroy() of a group made under `prefix` with `size` members: delete `keys` (what
-    this member wrote) once all members were made; the last member to leave also deletes
-    the counters and `shared()` (keys others wrote: notes of ranks outside the group). Best
-    effort: never raises."""
-    if not keys or store is None or _store_guard.was_cut(store):
+    this member wrote) once all members were made -- else (a member is still being made and
+    may read them: a group destroyed right after new_group returned here) list them under
+    the prefix for the last member to leave, which deletes every such list's keys, the
+    counters and `shared()` (keys others wrote: notes of ranks outside the group). Before,
+    such keys stayed for good (~17 per group; found by a helper). Best effort: never
+    raises."""
+    if store is None or _store_guard.was_cut(store):
         return
     try:
         with _store_guard.deadline(store, FORGET_S):
-            if int(store.add(prefix + "made", 0)) < size:
-                return  # a member is still being made, or failed there: it may read them
-            for k in keys:
-                store.delete_key(k)
-            if int(store.add(prefix + "gone", 1)) == size:
-                for k in (*shared(), prefix + "made", prefix + "gone"):
+            if int(store.add(prefix + "made", 0)) >= size:
+                for k in keys:
                     store.delete_key(k)
+            elif keys:
+                store.set(f"{prefix}later/{int(store.add(prefix + 'later', 1))}",
+                          "\n".join(keys))
+            if int(store.add(prefix + "gone", 1)) == size:
+                _forget_rest(store, prefix, shared)
     except (RuntimeError, NotImplementedError, _store_guard.StoreSilent):
         pass  # the store is gone or cannot delete: the keys stay, as they did before
+
+
+def _forget_rest(store: Any, prefix: str, shared: Callable[[], list[str]]) -> None:
+    """The last member's part of forget: the lists of keys left for it, and the counters."""
+    lists = [f"{prefix}later/{i}" for i in range(1, int(store.add(prefix + "later", 0)) + 1)]
+    for k in lists:
+        for key in bytes(store.get(k)).decode().split("\n"):
+            store.delete_key(key)
+    for k in (*lists, *shared(), prefix + "made", prefix + "gone", prefix + "later"):
+        store.delete_key(k)

@@ -591,6 +591,8 @@ def _make_pair(g: Group, world: Group, lo: int, hi: int, src: int, dst: int,
         for ch in made:
             groups.destroy_group(ch, world)
         raise
+    if made[0].store_keys:  # its destroy() deletes the "want" key too (it stayed for good)
+        made[0].store_keys.append(f"{base}want{world.rank}")
     return made[0], made[1]
 
 

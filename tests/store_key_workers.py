@@ -32,8 +32,9 @@ def _counted_alone(count: Callable[[], int | None], barrier: Callable[[], Any]) 
 
 
 def groups_made_and_destroyed(rank: int, world: int, rounds: int = 3) -> dict:
-    """new_group of several shapes (all, one rank, odd ranks, the ends, all but 0) and a
-    split, `rounds` times: each checked, then destroyed. Returns the store's key count
+    """new_group of several shapes (all, one rank, odd ranks, the ends, all but 0), a split,
+    one destroyed at once and one carrying send/recv, `rounds` times: each checked, then
+    destroyed. Returns the store's key count
     before and after (the same store: one TCPStore for the job; None at world size 1,
     which has no store)."""
     store = _state._DEFAULT[0].store
@@ -59,6 +60,18 @@ def groups_made_and_destroyed(rank: int, world: int, rounds: int = 3) -> dict:
         rr.barrier()  # every rank outside a group has left its note there before it goes
         for g in (*live, part, top):
             g.destroy()
+        # destroyed as soon as made (a member may still be finishing its creation: its keys
+        # were kept for good), and a group's point-to-point channels ("want" keys were)
+        rr.new_group().destroy()
+        ring = rr.new_group()
+        if world > 1:
+            x, got = np.full(3, 7.0 * rank + i), np.zeros(3)
+            w = rr.isend(x, dst=(rank + 1) % world, group=ring)
+            rr.recv(got, src=(rank - 1) % world, group=ring)
+            w.wait()
+            if not (got == 7.0 * ((rank - 1) % world) + i).all():
+                fails.append(f"round {i} ring: {got}")
+        ring.destroy()
     after = _counted_alone(count, rr.barrier)
     return {"fails": fails, "before": before, "after": after}
 
