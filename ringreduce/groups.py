@@ -56,20 +56,56 @@ def new_group(ranks: Sequence[int] | None = None, timeout: float | None = None) 
     n = world.world_size
     members = list(range(n)) if ranks is None else _check_ranks(ranks, n)
     secs = _check_timeout(timeout, "new_group")
-    world.created += 1  # every rank counts, member or not: the key prefix stays in step
-    idx = world.created
-    prefix = f"{world.store_prefix}group{idx}/"
-    if world.rank not in members:
-        _left_out(world, prefix, members, f"group{idx}")
-        return None
-    return _make(world, members, prefix, f"group{idx}", secs)
+    with _one_thread(world, "new_group()"):
+        world.created += 1  # every rank counts, member or not: the key prefix stays in step
+        idx = world.created
+        prefix = f"{world.store_prefix}group{idx}/"
+        if world.rank not in members:
+            _left_out(world, prefix, members, f"group{idx}")
+            return None
+        return _make(world, members, prefix, f"group{idx}", secs)
+
+
+_CREATING: dict[int, tuple] = {}  # id(parent) -> (thread, call) creating a group of it now
+_CREATING_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _one_thread(parent: Group, what: str) -> Iterator[None]:
+    """Refuse a group creation on `parent` while another thread of this process creates one
+    on it: the ranks would number the two groups by which thread came first, each its own
+    way, and threads then shared groups across ranks -- all-reduces mixing two threads' data
+    with no error (found by a helper: 19 results in 20 wrong)."""
+    me = threading.current_thread()
+    with _CREATING_LOCK:
+        other = _CREATING.get(id(parent))
+        if other is None:
+            _CREATING[id(parent)] = (me, what)
+    if other is not None:
+        raise RuntimeError(
+            f"rank {parent.rank}: {what} on thread {me.name!r} while thread "
+            f"{other[0].name!r} is in {other[1]} of {parent.name}: groups of one parent must "
+            f"be made in one order on every rank, which threads racing cannot keep (their "
+            f"groups would pair up across threads). Make groups from one thread, or give each "
+            f"thread its own parent (Group.split, made in order) to split")
+    try:
+        yield
+    finally:
+        with _CREATING_LOCK:
+            _CREATING.pop(id(parent), None)
 
 
 def split(parent: Group, color: int | None, key: int = 0) -> Group | None:
     """Group.split: see there."""
-    import numpy as np
 
     parent = _state.resolve(parent, "Group.split()")
+    with _one_thread(parent, "Group.split()"):
+        return _split(parent, color, key)
+
+
+def _split(parent: Group, color: int | None, key: int) -> Group | None:
+    import numpy as np
+
     if color is not None and (not isinstance(color, (int, np.integer)) or color < 0):
         raise ValueError(f"Group.split: color must be an int >= 0 or None (no new group), got "
                          f"{color!r}")

@@ -421,6 +421,19 @@ def test_point_to_point_on_a_group_keeps_the_groups_timeout(case: str) -> None:
     assert "group1" in o["error"], o
 
 
+@pytest.mark.timeout(60)
+def test_two_threads_making_groups_of_one_parent_at_once_are_refused() -> None:
+    """Before, both went ahead; ranks numbered the groups by which thread came first, and
+    the threads' all-reduces mixed each other's data with no error."""
+    outs = run_world(3, "group_workers:racing_creations", timeout=40)
+    for o in outs:
+        assert o["sum"] == [6.0] * 3, outs
+    second = outs[0]["second"]
+    assert "new_group() on thread 'racer' while thread 'MainThread' is in new_group()" in \
+        second and "one order on every rank" in second, second
+    assert outs[0]["secs"] < 0.5, outs[0]
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("world,transport", [(1, "tcp"), (2, "shm"), (3, "tcp"), (3, "shm"),
                                              (5, "shm")])
