@@ -79,7 +79,8 @@ def ensure(world: int, eager_peers: int, what: str = "init") -> None:
             f"spare) but the limit is {soft} (hard limit {hard}); raise it before starting "
             f"the job (`ulimit -n {need_all}`, or LimitNOFILE= / `--ulimit nofile=` in "
             f"systemd / docker; every further group or point-to-point channel of {world} "
-            f"ranks takes about {PER_PEER * eager_peers} more), or lower "
+            f"ranks takes a few more -- 2-3 measured on one host, up to "
+            f"{PER_PEER * eager_peers} where it connects its members itself), or lower "
             f"RINGREDUCE_FULL_MESH_MAX so init connects fewer peers")
     if soft != inf and soft < need_all:
         log.warning("%s: open-file limit %d (hard %d) covers %d peers, not all %d: a "
