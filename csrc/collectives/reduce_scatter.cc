@@ -1,6 +1,7 @@
 // Ring reduce-scatter: the reduce half of the ring (ring.h) with shift 1, so that after n-1
 // steps rank r holds the complete reduction of block r. The caller's input is not modified:
-// it is copied into a scratch accumulator first. 16-bit floats travel as 16 bits (each hop
+// the ring reads it in place and keeps its partial sums in two block-sized slots (RingPlan's
+// own; a copy of the whole input before: n blocks of scratch). 16-bit floats travel as 16 bits (each hop
 // adds in float32 and rounds once, see ring.h) unless RINGREDUCE_HALF_WIRE=32, which widens
 // the accumulator to float32 and rounds once at the end.
 #include <algorithm>
@@ -48,17 +49,20 @@ void reduceScatter(Communicator& c, const void* in, void* out, size_t count, Dat
                        op);
     return;
   }
-  char* acc = c.scratch().get(comm::ScratchArena::kAcc, total * ae);
-  if (isHalf(dtype) && !halfWire)
-    reduce::widen(dtype, in, reinterpret_cast<float*>(acc), total);
-  else
-    std::memcpy(acc, in, total * es);
   RingPlan p;
   p.count = total;
   p.steps = n - 1;
   p.rsSteps = n - 1;
   p.shift = 1;
-  p.acc = acc;
+  if (ae == es) {  // the input's own type travels: it is read in place, chunk slots hold sums
+    p.own = static_cast<const char*>(in);
+    p.slots = std::min(2, n - 1);
+    p.slotElems = count;
+    p.acc = c.scratch().get(comm::ScratchArena::kAcc, static_cast<size_t>(p.slots) * count * ae);
+  } else {  // float32 partials of a 16-bit type (RINGREDUCE_HALF_WIRE=32): a widened copy
+    p.acc = c.scratch().get(comm::ScratchArena::kAcc, total * ae);
+    reduce::widen(dtype, in, reinterpret_cast<float*>(p.acc), total);
+  }
   p.accElem = ae;
   p.segElems = std::max<size_t>(1, c.options().segmentBytes / ae);
   const size_t recvBytes = (p.segElems * ae + 63) / 64 * 64;

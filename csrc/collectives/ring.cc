@@ -1,6 +1,7 @@
 #include "collectives/ring.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "collectives/half_avg.h"
 #include "core/chunking.h"
@@ -8,13 +9,12 @@
 namespace rr::collectives {
 namespace {
 
-// Fold the segment in p.recvScratch into acc[off, off + len) (acc = acc OP incoming) and
+// Fold the segment in p.recvScratch into `a` (its place in acc: a = a OP incoming) and
 // return the reduced values in the accumulate type. With a 16-bit wire they are computed in
 // p.wide and rounded back into acc -- unless this is the last reduce step and onFinal will
 // round them (one rounding per hop, none twice). `first`: the incoming values are the left
 // neighbour's own (step 0), not a partial sum.
-char* reduceSegment(const RingPlan& p, size_t off, size_t len, bool first, bool last) {
-  char* a = p.acc + off * p.accElem;
+char* reduceSegment(const RingPlan& p, char* a, size_t len, bool first, bool last) {
   if (!p.halfWire) {
     p.reduceFn(a, p.recvScratch, len);
     return a;
@@ -62,13 +62,19 @@ void runRing(comm::Communicator& c, const transport::FrameHeader& tmpl, const Ri
     *off = chunkOffset(p.count, n, chunk) + begin;
     *len = begin >= cl ? 0 : std::min(p.segElems, cl - begin);
   };
+  // Where the reduce steps keep element `off` of chunk `chunk`, reduced at step T.
+  auto accAt = [&](int T, int chunk, size_t off) {
+    if (!p.own) return p.acc + off * p.accElem;
+    return p.acc + (static_cast<size_t>(T % p.slots) * p.slotElems + off -
+                    chunkOffset(p.count, n, chunk)) * p.accElem;
+  };
 
   transport::SendOp sop;
   transport::RecvOp rop;
   size_t su = 0, ru = 0;  // next send / receive unit (unit = step * S + segment)
   bool sActive = false, rActive = false;
   size_t rOff = 0, rLen = 0;
-  int rStep = 0;
+  int rStep = 0, rChunk = 0;
   while (su < total || ru < total) {
     bool progressed = false;
     if (!sActive && su < total) {
@@ -77,23 +83,31 @@ void runRing(comm::Communicator& c, const transport::FrameHeader& tmpl, const Ri
       // Unit su forwards what unit su - S brought in; it must have arrived.
       if (T == 0 || ru > su - S) {
         size_t off, len;
-        segment(mod(r - T - p.shift, n), s, &off, &len);
+        const int chunk = mod(r - T - p.shift, n);
+        segment(chunk, s, &off, &len);
         if (len == 0) {
           ++su;
           continue;
         }
         transport::FrameHeader h = tmpl;
         h.step = static_cast<uint32_t>(T);
-        if (T < p.rsSteps)
-          sop.reset(h, p.acc + off * p.accElem, len * p.accElem);
+        if (T < p.rsSteps)  // what step T - 1 reduced (step 0: this rank's own values)
+          sop.reset(h, p.own && T == 0 ? p.own + off * p.accElem : accAt(T - 1, chunk, off),
+                    len * p.accElem);
         else
           sop.reset(h, p.dst + off * p.dstElem, len * p.dstElem);
         sActive = true;
       }
     }
-    if (!rActive && ru < total) {
+    // With slots, step T's segment s goes where step T - slots put its own, which step
+    // T - slots + 1 sends on: not before that send is done (unit ru - (slots - 1) * S).
+    const bool slotBusy = p.own && static_cast<int>(ru / S) >= p.slots &&
+                          static_cast<int>(ru / S) < p.rsSteps &&
+                          su + static_cast<size_t>(p.slots - 1) * S <= ru;
+    if (!rActive && ru < total && !slotBusy) {
       rStep = static_cast<int>(ru / S);
-      segment(mod(r - rStep - p.shift - 1, n), ru % S, &rOff, &rLen);
+      rChunk = mod(r - rStep - p.shift - 1, n);
+      segment(rChunk, ru % S, &rOff, &rLen);
       if (rLen == 0) {
         ++ru;
         continue;
@@ -116,7 +130,9 @@ void runRing(comm::Communicator& c, const transport::FrameHeader& tmpl, const Ri
       c.addBytesDone(rop.len);
       if (rStep < p.rsSteps) {
         const bool last = rStep == p.rsSteps - 1;
-        char* vals = reduceSegment(p, rOff, rLen, rStep == 0, last);
+        char* a = accAt(rStep, rChunk, rOff);
+        if (p.own) std::memcpy(a, p.own + rOff * p.accElem, rLen * p.accElem);
+        char* vals = reduceSegment(p, a, rLen, rStep == 0, last);
         if (last && p.onFinal) p.onFinal(vals, rOff, rLen);
       }
       ++ru;

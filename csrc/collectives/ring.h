@@ -56,6 +56,14 @@ struct RingPlan {
   std::function<void(char* vals, size_t off, size_t len)> onFinal;
   // Ring over a subset of ranks (global ranks, this rank among them), or all when null.
   const std::vector<int>* members = nullptr;
+  // Reduce-scatter: this rank's input (accElem bytes per element), left as it is. `acc`
+  // then holds `slots` chunk buffers of slotElems elements, not the whole buffer: reduce
+  // step T folds its chunk into slot T % slots (this rank's values copied in, segment by
+  // segment, as they are needed), and step T + 1 sends it on from there; a slot is reused
+  // only once its segment has gone (before, acc was a copy of the whole input: n chunks).
+  const char* own = nullptr;
+  int slots = 0;
+  size_t slotElems = 0;
 };
 
 void runRing(comm::Communicator& c, const transport::FrameHeader& tmpl, const RingPlan& p);
