@@ -112,8 +112,8 @@ def forget(store: Any, prefix: str, keys: list[str], size: int,
     counters and `shared()` (keys others wrote: notes of ranks outside the group). Before,
     such keys stayed for good (~17 per group; found by a helper). Best effort: never
     raises."""
-    if store is None or _store_guard.was_cut(store):
-        return
+    if not keys or store is None or _store_guard.was_cut(store):
+        return  # none recorded: a group of one's (torch's share a prefix), or the store refused
     try:
         with _store_guard.deadline(store, FORGET_S):
             if int(store.add(prefix + "made", 0)) >= size:

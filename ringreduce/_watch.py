@@ -72,8 +72,8 @@ def probe(world: Any, peers: Any, what: str, any_of: bool = False) -> int | None
     receive from any of them), also when it left the job (said goodbye: it will never
     come) -- or the world was destroyed meanwhile. any_of asks the ones outside a sparse
     world's overlay for heartbeats (see Communicator::probePeers) and returns one of them
-    found gone that left the job normally (its sign in the store, _farewell.say_left: the
-    caller stops asking it), else None."""
+    that left the job normally -- its goodbye seen, or found gone with its sign in the store
+    (_farewell.say_left) -- for the caller to pass over, else None."""
     from ._C import PeerFailure
 
     check_destroyed(world, what)
@@ -84,9 +84,10 @@ def probe(world: Any, peers: Any, what: str, any_of: bool = False) -> int | None
         comm.probe_peers([int(p) for p in peers], any_of)
     except PeerFailure as e:
         p, via = getattr(e, "peer_rank", None), getattr(e, "relayed_by", None)
-        gone = via is None and p is not None and getattr(e, "cause", None) in _GONE
-        if gone and any_of and p in peers and _farewell.said_left(world.store,
-                                                                 world.store_prefix, p):
+        cause = getattr(e, "cause", None)
+        gone = via is None and p is not None and cause in _GONE
+        if any_of and via is None and p in peers and (cause == "left" or gone and (
+                _farewell.said_left(world.store, world.store_prefix, p))):
             return int(p)
         if gone:
             # Found gone by the world itself (no call of the world failed): destroy's

@@ -340,8 +340,7 @@ def _poll_peers(g: Group, world: Group, peers: list[int], tag: int, what: str,
     timeout, which = _deadline(g, world)
     t0 = time.monotonic()
     store_at, store_every, naps, probe_at = t0, 0.001, 0, t0 + 0.05
-    left_at = t0 + 0.5
-    asked = list(peers)  # senders whose liveness is checked: not those that left the job
+    asked = list(peers)  # senders not known to have left the job (their liveness is checked)
     while True:
         now = time.monotonic()
         # destroyed on another thread (g: see _match): before g.store is used
@@ -370,9 +369,15 @@ def _poll_peers(g: Group, world: Group, peers: list[int], tag: int, what: str,
         if look_in_store:  # one store read per peer without a channel: back off
             store_every = min(store_every * 2, 0.05)
             store_at = now + store_every
-        if now >= left_at:  # no message waits (above): has every sender left?
-            _raise_if_all_left(world, peers, asked, f"{what}(src=None, tag={tag})")
-            left_at = now + 1.0
+        if not asked and look_in_store:  # every sender left, and no message waits (above,
+            # its store too): none will come -- before, it waited for RINGREDUCE_TIMEOUT and
+            # then said only that nobody sent (found by a helper)
+            from ._C import PeerFailure
+
+            raise _all_left(PeerFailure(
+                f"rank {world.rank}: {what}(src=None, tag={tag}): every rank it could receive "
+                f"from ({', '.join(map(str, peers))}) left the job (destroy(), or its program "
+                f"ended) without a message for it; nothing more can arrive"), peers)
         if now - t0 > timeout:
             from ._C import CollectiveTimeout
 
@@ -381,33 +386,6 @@ def _poll_peers(g: Group, world: Group, peers: list[int], tag: int, what: str,
                 f"message within {timeout:g} s ({which})")
         naps += 1
         time.sleep(0 if naps < 100 else min(1e-3, 1e-5 * (naps - 99)))
-
-
-def _raise_if_all_left(world: Group, peers: list[int], asked: list[int], what: str) -> None:
-    """A receive from any rank waits on while one sender may still send; once every one
-    has left the job (said goodbye: whatever it sent was delivered first) none will, so it
-    fails now, naming them -- before, it waited for RINGREDUCE_TIMEOUT and then said only
-    that nobody sent (found by a helper). `asked`: those of `peers` not known to have left
-    (_poll_peers)."""
-    from ._C import PeerFailure
-
-    comm = world.comm
-    if comm is None:
-        return
-    for p in asked:
-        try:
-            comm.probe_peers([p])
-        except PeerFailure as e:
-            if getattr(e, "peer_rank", None) == p and getattr(e, "cause", None) == "left":
-                continue
-            return  # another failure: the liveness probe reports it
-        except RuntimeError:
-            return  # destroyed meanwhile: the next check says so
-        return  # p is still in the job
-    raise _all_left(PeerFailure(
-        f"rank {world.rank}: {what}: every rank it could receive from "
-        f"({', '.join(map(str, peers))}) left the job (destroy(), or its program ended) "
-        f"without a message for it; nothing more can arrive"), peers)
 
 
 def _all_left(err: Exception, peers: list[int]) -> Exception:

@@ -166,6 +166,11 @@ def _check_mismatch(outs: list, world: int) -> None:
             # mismatches take microseconds; kind mismatches ride on heartbeats, 0.5 s).
             assert res["elapsed"] < 1.0, f"{where}: detected only after {res['elapsed']:.2f} s"
             assert res["after"] is not None, f"{where}: the next collective succeeded"
+            if res["type"] == "CollectiveMismatch":  # who differs (found here) / who said so
+                odd, via, peer = world - 1, res["relayed_by"], res["peer_rank"]
+                assert (via is None) != (peer is None), f"{where}: {res}"
+                assert peer in (None, odd) if r != odd else peer != r, f"{where}: {res}"
+                assert via is None or 0 <= via < world and via != r, f"{where}: {res}"
             if phrase in res["msg"]:
                 named.append(r)
                 if name == "op":  # by number, not "peer" / "this rank": relayed text stays clear

@@ -330,6 +330,15 @@ def test_a_first_message_wait_reports_its_stall_with_what_the_peer_does() -> Non
     assert "p2p_workers.py:" in line and "it gives up in" in line, line
 
 
+@pytest.mark.timeout(90)
+def test_a_stall_report_never_waits_for_a_collective_in_flight() -> None:
+    outs = run_world_raw(2, "p2p_workers:stall_beside_a_collective", timeout=60,
+                         env={"RINGREDUCE_TIMEOUT": "15", "RINGREDUCE_STALL_WARN": "0.5"})
+    for o in outs:
+        assert o.ok and o.value["ok"] and o.value["secs"] < 8, o.describe()
+    assert "stall: rank 0 has waited" in outs[0].stderr, outs[0].stderr[-2000:]
+
+
 @pytest.mark.timeout(120)
 def test_many_tags_work_and_warn_about_their_cost() -> None:
     """Every (peer, tag) gets its own channels, kept until destroy(): right results on 64

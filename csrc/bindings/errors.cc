@@ -72,7 +72,14 @@ void translate(std::exception_ptr p, bool anything) {
       Py_DECREF(inst);
     }
   } catch (const MismatchError& e) {
-    if (!signalFirst(e.what())) PyErr_SetString(c.mismatch, e.what());
+    if (signalFirst(e.what())) return;
+    PyObject* inst = PyObject_CallFunction(c.mismatch, "s", e.what());
+    if (inst) {  // the rank whose call differs from this one's; the rank that said so
+      PyObject_SetAttrString(inst, "peer_rank", e.peer() >= 0 ? py::int_(e.peer()).ptr() : Py_None);
+      PyObject_SetAttrString(inst, "relayed_by", e.via() >= 0 ? py::int_(e.via()).ptr() : Py_None);
+      PyErr_SetObject(c.mismatch, inst);
+      Py_DECREF(inst);
+    }
   } catch (const Interrupted& e) {
     if (!reraiseSignalError(e)) PyErr_SetString(c.base, e.what());
   } catch (const Error& e) {
@@ -102,6 +109,7 @@ void registerErrors(py::module_& m) {
   for (const char* a : {"peer_rank", "waiting_for", "relayed_by"})
     py::setattr(timeout, a, py::none());
   static py::exception<MismatchError> mismatch(m, "CollectiveMismatch", base.ptr());
+  for (const char* a : {"peer_rank", "relayed_by"}) py::setattr(mismatch, a, py::none());
   classes() = Classes{base.ptr(), timeout.ptr(), peer.ptr(), mismatch.ptr()};
   py::register_exception_translator([](std::exception_ptr p) { translate(p, false); });
   installSignalCheck();  // waits in the core run Python's signal handlers (Ctrl-C)

@@ -542,11 +542,13 @@ PYBIND11_MODULE(_C, m) {
       .def("peer_context", [](PyComm& c, int peer) {
              std::shared_ptr<runtime::Executor> e = c.held();
              py::gil_scoped_release nogil;
-             return e->between([peer](comm::Communicator& cm) { return cm.peerContext(peer); });
+             return e->tryBetween(
+                 [peer](comm::Communicator& cm) { return cm.peerContext(peer); }, std::string());
            },
            py::arg("peer"),
            "'; rank 3 (pid 42) was last heard 0.2 s earlier, in allreduce #7 ...' from its "
-           "heartbeats (between collectives; a stall report's words), or '' if not heard")
+           "heartbeats (a stall report's words), or '' if not heard -- or while a collective "
+           "runs (never waits for one)")
       .def("incoming", [](PyComm& c, int peer) { return c.ex().incomingIdle(peer); },
            py::arg("peer"),
            "True when `peer` has started a collective this rank has not (a message waits) or "

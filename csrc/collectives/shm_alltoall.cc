@@ -112,7 +112,8 @@ void alltoall(comm::Communicator& c, const transport::FrameHeader& h, const char
       throw MismatchError(detail::concat("rank ", c.label(d.globalRank(p)),
                                          " (shared memory): all_to_all count mismatch: it sends ",
                                          bytes(p, me), " bytes to this rank, which expects ",
-                                         recvBytes[p], " (send and receive counts must agree)"));
+                                         recvBytes[p], " (send and receive counts must agree)"),
+                          -1, d.globalRank(p));
   bool inLines = true;  // every rank's blocks fit its line: this round moved everything
   for (int r = 0; r < n && inLines; ++r) {
     size_t t = 0;

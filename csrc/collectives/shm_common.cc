@@ -56,7 +56,8 @@ void awaitLine(comm::Communicator& c, const transport::FrameHeader& h, int r, ui
                                                c.label(d.globalRank(r)), c.label(c.rank()),
                                                c.options().rankLabels);
   if (!mm.empty())
-    throw MismatchError(detail::concat("rank ", c.label(d.globalRank(r)), " (shared memory): ", mm));
+    throw MismatchError(detail::concat("rank ", c.label(d.globalRank(r)), " (shared memory): ", mm),
+                        -1, d.globalRank(r));
 }
 
 }  // namespace

@@ -48,7 +48,8 @@ using transport::SendOp;
 // heartbeats (probePeers' anyOf) answered none and is closed or silent: it crashed -- or it
 // left the job normally before it was asked, which only the store can tell (its goodbye
 // reached its overlay and the ranks asking it then). So no failure of this communicator
-// (not poisoned): the caller decides (ringreduce._watch.probe, by its store sign).
+// (not poisoned): the caller decides (ringreduce._watch.probe, by its store sign). Also a
+// sender whose goodbye is known (cause kLeft): passed over.
 class UnansweredError : public PeerError {
  public:
   using PeerError::PeerError;
@@ -116,7 +117,7 @@ class Communicator {
   // program ended) is gone too: this wait cannot end -- unless `anyOf` (a receive from any
   // of them: another may still send), which also asks every unwatched one of them for
   // heartbeats (the receive already looks at each of them; see probeOnce) and throws
-  // UnansweredError for one found closed or silent.
+  // UnansweredError for one that left or is found closed or silent.
   void probePeers(const std::vector<int>& waitedFor = {}, bool anyOf = false);
   // Open TCP connections (for link_stats and tests). Executor thread.
   int openConnections() const;
@@ -313,6 +314,9 @@ class Communicator {
   std::string leftWhy(int p);
   // Peer `p` said goodbye: "rank p (host) left the job ..." + `during` (" while ...", or "").
   [[noreturn]] void throwLeft(int p, const std::string& during);
+  // throwLeft for a receive from any rank (probePeers' anyOf): a plain departure is an
+  // UnansweredError (the caller passes the rank over; nothing is poisoned).
+  [[noreturn]] void throwLeftAnyOf(int p);
   // Peer `p` said goodbye (gone_, goneList_).
   void markGone(int p);
   // The last collective peer `p` began before its goodbye (0: none, or not heard).
@@ -387,8 +391,8 @@ class Communicator {
   // for heartbeats (Heartbeat::want) and throw PeerError once it has been silent for the
   // heartbeat timeout since this rank began asking, or (unconnected) said goodbye. A no-op
   // without heartbeats. inCollective: the wait is in the current collective (messages).
-  // leftOk: its goodbye is no failure (a receive from any rank), and closed or silent it
-  // throws UnansweredError (it may have left before this rank asked it).
+  // leftOk (a receive from any rank): its goodbye, or closed or silent (it may have left
+  // before this rank asked it), throws UnansweredError.
   void checkUnwatched(int peer, bool inCollective, bool leftOk = false);
   // "rank 3 (host, pid 42) stopped responding: no heartbeat for 4.1 s (...)"
   std::string silence(int peer, const transport::PeerStatus& s, int64_t ageMs) const;

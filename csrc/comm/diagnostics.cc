@@ -146,7 +146,7 @@ void Communicator::checkHeartbeats(int waitingFor) {
           "collective mismatch: rank ", label(p), " (", peerHost(p), ") is in ",
           toString(static_cast<CollectiveKind>(s.kind)), " #", s.seq, " while rank ", label(rank_),
           " is in ", toString(curKind_), " #", seq_,
-          " (every rank must issue the same collectives in the same order)"));
+          " (every rank must issue the same collectives in the same order)"), -1, p);
     // The same rooted collective with another root: in a tree every rank may wait to
     // receive from a child the other's tree does not have (TCP reduce, gather, scatter).
     if (s.ageMs >= 0 && s.seq == seq_ && s.kind == static_cast<uint8_t>(curKind_) &&
@@ -155,7 +155,7 @@ void Communicator::checkHeartbeats(int waitingFor) {
           "root mismatch in ", toString(curKind_), " #", seq_, ": rank ", label(p), " (",
           peerHost(p), ") has root rank ", label(s.root), ", rank ", label(rank_),
           " has root rank ", label(curHeader_.root),
-          " (every rank must pass the same src/dst to a rooted collective)"));
+          " (every rank must pass the same src/dst to a rooted collective)"), -1, p);
   }
   if (opts_.heartbeatTimeoutSec <= 0) return;
   transport::PeerStatus s;
@@ -192,10 +192,12 @@ void Communicator::checkUnwatched(int peer, bool inCollective, bool leftOk) {
   if (s.left) {
     // Its goodbye: unconnected, it never sends this rank anything again (connected, its
     // connection says it left, after whatever it sent).
-    if (!leftOk && !conns_[static_cast<size_t>(peer)])
+    if (!conns_[static_cast<size_t>(peer)]) {
+      if (leftOk) throwLeftAnyOf(peer);
       throwLeft(peer, inCollective ? detail::concat(" while rank ", label(rank_),
                                                     " waited for it in ", describeCurrent())
                                    : std::string());
+    }
     return;
   }
   const int64_t age = s.ageMs >= 0 ? std::min(s.ageMs, asking) : asking;

@@ -202,6 +202,15 @@ void Communicator::throwLeft(int p, const std::string& during) {
   throw PeerError(p, PeerCause::kLeft, std::move(msg));
 }
 
+void Communicator::throwLeftAnyOf(int p) {
+  try {
+    throwLeft(p, "");
+  } catch (const PeerError& e) {
+    if (e.cause() != PeerCause::kLeft || e.peer() != p || e.via() >= 0) throw;  // a culprit
+    throw UnansweredError(p, PeerCause::kLeft, e.what());
+  }
+}
+
 void Communicator::probePeers(const std::vector<int>& waitedFor, bool anyOf) {
   // A failed rank this wait does not need must not hide one it does: each pass throws the
   // first failure it finds, and a rank that died earlier was found first by every probe --
@@ -263,7 +272,11 @@ void Communicator::probeOnce(const std::vector<int>& waitedFor, bool anyOf) {
   if (anyOf || unwatched <= std::max<size_t>(watchList_.size(), 1))
     for (int p : waitedFor)
       if (p >= 0 && p < world_ && p != rank_) checkUnwatched(p, false, anyOf);
-  if (anyOf) return;  // one that left is no failure: another may send
+  if (anyOf) {  // one that left is no failure (another may send): the caller passes it over
+    for (int p : waitedFor)
+      if (p >= 0 && p < world_ && p != rank_ && gone_[static_cast<size_t>(p)]) throwLeftAnyOf(p);
+    return;
+  }
   for (int p : waitedFor)
     if (p >= 0 && p < world_ && p != rank_ && gone_[static_cast<size_t>(p)]) throwLeft(p, "");
 }

@@ -79,14 +79,18 @@ class PeerError : public Error {
 };
 
 // Ranks issued different collectives (kind, count, dtype, op or root differ). `via`: the
-// rank whose abort frame said so (it found the mismatch), or -1 (found here).
+// rank whose abort frame said so (it found the mismatch), or -1 (found here); `peer`: the
+// rank whose call differs from this rank's (found here), or -1.
 class MismatchError : public Error {
  public:
-  explicit MismatchError(const std::string& what, int via = -1) : Error(what), via_(via) {}
+  explicit MismatchError(const std::string& what, int via = -1, int peer = -1)
+      : Error(what), via_(via), peer_(peer) {}
   int via() const { return via_; }
+  int peer() const { return peer_; }
 
  private:
   int via_;
+  int peer_;
 };
 
 namespace detail {

@@ -191,7 +191,8 @@ static void rethrowWithContext(comm::Communicator& c, bool inCall) {
     throw;
   } catch (const MismatchError& e) {
     c.poison(e.what(), transport::AbortCode::kMismatch);
-    throw MismatchError(e.what() + ctx);
+    auto world = [&c](int p) { return p >= 0 && p < c.world() && p != c.rank() ? c.label(p) : -1; };
+    throw MismatchError(e.what() + ctx, world(e.via()), world(e.peer()));
   } catch (const Interrupted& e) {  // abandoned in mid-collective: the peers must not wait
     c.poison(e.what(), transport::AbortCode::kOther);
     throw Interrupted(e.what() + ctx);

@@ -50,6 +50,12 @@ class Executor : public std::enable_shared_from_this<Executor> {
     std::lock_guard<std::mutex> ex(execMu_);
     return fn(*comm_);
   }
+  // fn(comm()) if no collective runs now, else `busy`: for readers that must not wait.
+  template <class F, class T>
+  T tryBetween(F&& fn, T busy) {
+    std::unique_lock<std::mutex> ex(execMu_, std::try_to_lock);
+    return ex.owns_lock() ? fn(*comm_) : busy;
+  }
 
   // Fail the running collective and everything queued, promptly, and tell the peers --
   // also when nothing runs (the worker sends the abort then: before, an idle rank's abort()

@@ -197,7 +197,8 @@ bool TcpConnection::progressRecv(RecvOp& op) {
           if (op.got.magic != kFrameMagic)
             throw PeerError(peer_, PeerCause::kProtocol, detail::concat("protocol error from rank ", label_, " (",
                                                   peerHost_, "): ", mm));
-          throw MismatchError(detail::concat("rank ", label_, " (", peerHost_, "): ", mm));
+          throw MismatchError(detail::concat("rank ", label_, " (", peerHost_, "): ", mm), -1,
+                              peer_);
         }
         checkFlags(op.got);
       }
@@ -258,7 +259,8 @@ Connection::Idle TcpConnection::checkIdle(const FrameHeader* current) {
                                                            "; every rank must pass the same src)")
                                           : std::string());
     }
-    if (!mm.empty()) throw MismatchError(detail::concat("rank ", label_, " (", peerHost_, "): ", mm));
+    if (!mm.empty())
+      throw MismatchError(detail::concat("rank ", label_, " (", peerHost_, "): ", mm), -1, peer_);
   }
   return Idle::kEarlyData;
 }
