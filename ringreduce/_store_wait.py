@@ -40,11 +40,17 @@ def posted_error(posted: str, rank: int, what: str) -> Exception:
     kind, _, named = head.partition(" ")
     msg = f"rank {rank}: stopped waiting for {what} because another rank failed: {msg}"
     err = ValueError(msg) if kind == "ValueError" else (  # bad settings: the same class
-        timeout_error(msg) if kind == "CollectiveTimeout" else rr_error(msg))
+        timeout_error(msg) if kind == "CollectiveTimeout" else
+        _peer_failure(msg) if kind == "PeerFailure" else rr_error(msg))  # a lost rank too
     if named.isdigit():  # the rank the poster's error named: named here too
         err.peer_rank = int(named)  # type: ignore[attr-defined]
     setattr(err, _blame.SECONDARY, True)  # the launcher blames the rank that posted it
     return err
+
+
+def _peer_failure(msg: str) -> Exception:
+    from ._C import PeerFailure
+    return PeerFailure(msg)
 
 
 def poll_keys(store: Any, keys: list[str], timeout: float, rank: int, what: str,
@@ -66,10 +72,14 @@ def poll_keys(store: Any, keys: list[str], timeout: float, rank: int, what: str,
         if watch is not None and time.monotonic() >= probe_at:
             try:
                 _watch.probe(watch[0], watch[1], what)  # checks destroy() too
-            except PeerFailure:
+            except PeerFailure as e:
                 # A rank that failed here posts why, then leaves: say why, not that it left.
                 raise_posted(store, stops, rank, what)
-                raise
+                # This rank gives up: say so to the others waiting here, whose peers may all
+                # be alive (a channel's other end, told that this rank's world lost a rank,
+                # waited for its addresses until the connect timeout: found by a helper at
+                # 32 ranks).
+                raise fail(store, prefix, e) from None
             probe_at = time.monotonic() + 0.1
         elif watch is not None:
             _watch.check_destroyed(watch[0], what)

@@ -797,31 +797,3 @@ def p2p_group_timeout(rank: int, world: int, case: str) -> dict | None:
             out = {"error": f"{type(e).__name__}: {e}", "secs": time.monotonic() - t0}
     rr.barrier()  # rank 1 waits here, alive, until rank 0 gave up
     return out
-
-
-def racing_creations(rank: int, world: int) -> dict:
-    """Rank 0 calls new_group on a second thread while its first thread's new_group waits
-    for the last rank (1 s late): the second call is refused at once (the two threads'
-    groups could be numbered differently on other ranks); the first one's group works."""
-    out: dict = {}
-    if rank == world - 1:
-        time.sleep(1.0)
-    if rank == 0:
-        def second() -> None:
-            time.sleep(0.3)
-            t0 = time.monotonic()
-            try:
-                rr.new_group()
-                out["second"] = "made"
-            except RuntimeError as e:
-                out["second"], out["secs"] = str(e), time.monotonic() - t0
-        t = threading.Thread(target=second, name="racer")
-        t.start()
-    g = rr.new_group()
-    x = np.full(3, float(rank + 1))
-    rr.allreduce(x, group=g)
-    out["sum"] = x.tolist()
-    if rank == 0:
-        t.join()
-    g.destroy()
-    return out

@@ -748,36 +748,3 @@ def interrupted_any_source(rank: int, world: int) -> dict:
     except KeyboardInterrupt as e:
         return {"error": "KeyboardInterrupt", "notes": getattr(e, "__notes__", []),
                 "secs": time.monotonic() - t0}
-
-
-def busy_peer(rank: int, world: int) -> str:
-    """Rank 0 waits for rank 1's first message on a tag while rank 1 (and the others) wait
-    in an all-reduce for rank 0: both give up at RINGREDUCE_TIMEOUT. Returns the error."""
-    x = np.zeros(4, np.float32)
-    try:
-        if rank == 0:
-            rr.recv(x, src=1, tag=1)
-        else:
-            rr.allreduce(x)
-    except rr.RingReduceError as e:
-        return type(e).__name__
-    return "no error"
-
-
-def stall_beside_a_collective(rank: int, world: int) -> dict:
-    """Rank 0 starts an async all-reduce, then waits for rank 1's first message (4 MiB: not
-    sent eagerly); rank 1 sends 2 s late, then joins the all-reduce. Rank 0's stall report
-    (RINGREDUCE_STALL_WARN) is due while the all-reduce is in flight: it must not wait for
-    it (it did: both ranks then timed out, found by a review)."""
-    x, y = np.ones(4, np.float32), np.zeros(BIG, np.float32)
-    t0 = time.monotonic()
-    if rank == 0:
-        w = rr.allreduce(x, async_op=True)
-        rr.recv(y, src=1, tag=1)
-        w.wait()
-    else:
-        time.sleep(2.0)
-        y[:] = 5
-        rr.send(y, dst=0, tag=1)
-        rr.allreduce(x)
-    return {"secs": time.monotonic() - t0, "ok": bool((x == 2).all() and (y == 5).all())}

@@ -379,8 +379,11 @@ def test_group_destroyed_while_another_thread_runs_on_it(world: int, transport: 
             # flight ended), it did not leave the job (as said before; found by a helper).
             # (its goodbye, or its abort or goodbye after the call in flight failed)
             assert "left the job" not in o["msg"], f"rank {r} round {i}: {o}"
-            assert re.search(r"rank 0 \(.*\) (left group\d+|failed: communicator was "
-                             r"destroyed)", o["msg"]) and "Group.destroy()" in o["msg"], \
+            # (or its call queued behind the one in flight: "the communicator of groupN was
+            # destroyed ... before this call could run")
+            assert re.search(r"rank 0 \(.*\) (left group\d+|failed: (the )?communicator (of "
+                             r"group\d+ )?was destroyed)", o["msg"]) and \
+                "Group.destroy()" in o["msg"], \
                 f"rank {r} round {i}: {o}"
 
 
@@ -425,7 +428,7 @@ def test_point_to_point_on_a_group_keeps_the_groups_timeout(case: str) -> None:
 def test_two_threads_making_groups_of_one_parent_at_once_are_refused() -> None:
     """Before, both went ahead; ranks numbered the groups by which thread came first, and
     the threads' all-reduces mixed each other's data with no error."""
-    outs = run_world(3, "group_workers:racing_creations", timeout=40)
+    outs = run_world(3, "group_thread_workers:racing_creations", timeout=40)
     for o in outs:
         assert o["sum"] == [6.0] * 3, outs
     second = outs[0]["second"]
@@ -456,3 +459,34 @@ def test_destroyed_torch_subgroups_leave_only_their_counters() -> None:
     o = outs[0]
     assert o["after"] - o["before"] == o["counters"], o
 
+
+
+def test_a_set_up_wait_given_up_on_a_lost_peer_tells_the_others_waiting_there() -> None:
+    """A rank whose watched wait (here a channel's: for its other end's addresses) stops on
+    a PeerFailure posts it under the wait's prefix, so the other end -- alive, its own peers
+    alive -- stops too instead of waiting out the connect timeout (found by a helper at 32
+    ranks: rank 30 was told rank 0's world had lost rank 13; rank 0 waited 120 s)."""
+    import time
+    import types
+
+    import torch.distributed as dist
+
+    from ringreduce import _C, _store_wait, _watch
+
+    def probe_peers(peers: list, any_of: bool = False) -> None:
+        err = _C.PeerFailure("rank 0 (h) failed: rank 13 (h) closed the connection")
+        err.peer_rank, err.cause, err.relayed_by = 13, "closed", 0
+        raise err
+
+    world = types.SimpleNamespace(rank=30, destroyed=False, aborted=False,
+                                  comm=types.SimpleNamespace(probe_peers=probe_peers),
+                                  note_child_failure=lambda p: None)
+    store = dist.HashStore()
+    with _watch.watching(world, [0]), pytest.raises(_C.PeerFailure, match="rank 13"):
+        _store_wait.poll_keys(store, ["ch/addr/0"], 5.0, 30, "rank 0's address", "ch/",
+                              "hint", [0], True)
+    t0 = time.monotonic()
+    with pytest.raises(_C.RingReduceError, match="because another rank failed: .*rank 13"):
+        _store_wait.poll_keys(store, ["ch/addr/30"], 5.0, 0, "rank 30's address", "ch/",
+                              "hint", [30], True)
+    assert time.monotonic() - t0 < 1.0

@@ -317,7 +317,7 @@ def test_a_first_message_wait_reports_its_stall_with_what_the_peer_does() -> Non
     RINGREDUCE_STALL_WARN, as a collective's stall report does, whom it waits for and what
     that rank was doing: here an all-reduce waiting for it (the calls do not meet). Before,
     nothing until the timeout."""
-    outs = run_world_raw(3, "p2p_workers:busy_peer", timeout=60,
+    outs = run_world_raw(3, "p2p_wait_workers:busy_peer", timeout=60,
                          env={"RINGREDUCE_TIMEOUT": "4", "RINGREDUCE_STALL_WARN": "1"})
     for o in outs:
         assert o.ok and o.value in ("CollectiveTimeout", "PeerFailure", "RingReduceError"), \
@@ -327,16 +327,23 @@ def test_a_first_message_wait_reports_its_stall_with_what_the_peer_does() -> Non
     line = err[err.index("stall: rank 0 has waited"):].split("\n", 1)[0]
     assert "rank 1 to post a send, recv" in line and "on tag 1" in line, line
     assert "not there yet: world rank(s) 1;" in line and "at allreduce #" in line, line
-    assert "p2p_workers.py:" in line and "it gives up in" in line, line
+    assert "p2p_wait_workers.py:" in line and "it gives up in" in line, line
 
 
 @pytest.mark.timeout(90)
 def test_a_stall_report_never_waits_for_a_collective_in_flight() -> None:
-    outs = run_world_raw(2, "p2p_workers:stall_beside_a_collective", timeout=60,
+    outs = run_world_raw(2, "p2p_wait_workers:stall_beside_a_collective", timeout=60,
                          env={"RINGREDUCE_TIMEOUT": "15", "RINGREDUCE_STALL_WARN": "0.5"})
     for o in outs:
         assert o.ok and o.value["ok"] and o.value["secs"] < 8, o.describe()
     assert "stall: rank 0 has waited" in outs[0].stderr, outs[0].stderr[-2000:]
+
+
+@pytest.mark.timeout(90)
+def test_destroyed_channels_leave_the_process_wide_family_table() -> None:
+    outs = run_world(3, "p2p_wait_workers:channels_leave_their_family", timeout=80)
+    for o in outs:
+        assert o["before"] == [0, 0] and o["during"] == [1, 4] and o["after"] == [0, 0], outs
 
 
 @pytest.mark.timeout(120)

@@ -459,6 +459,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("shm_beta_ns_per_byte") = 0.057,
         "What the planner picks for 'auto' on hosts x local ranks (collectives/planner.cc): "
         "ring, recursive_doubling or hier.");
+  m.def("_p2p_families", &runtime::Executor::familyCounts,
+        "(families, channels) of point-to-point channels alive in this process (tests)");
   m.def("overlay_peers", &transport::tcp::overlayPeers, py::arg("rank"), py::arg("world"),
         "Peers a rank connects and watches at init above RINGREDUCE_FULL_MESH_MAX ranks.");
   m.def("predict_allreduce", [](int algo, int world, size_t bytes, const py::dict& opts) {

@@ -163,8 +163,10 @@ void failFamily(comm::Communicator& c, const std::string& why, transport::Culpri
   std::vector<std::shared_ptr<Executor>> others;
   {
     std::lock_guard<std::mutex> g(gFamilyMu);
-    for (auto& w : liveFamily(c.options().p2pFamily))
-      if (auto e = w.lock(); e && &e->comm() != &c) others.push_back(std::move(e));
+    auto it = gFamilies.find(c.options().p2pFamily);  // not made again once all have left
+    if (it != gFamilies.end())
+      for (auto& w : it->second)
+        if (auto e = w.lock(); e && &e->comm() != &c) others.push_back(std::move(e));
   }
   for (auto& e : others) e->failFrom(why, who);
 }
@@ -337,6 +339,30 @@ void Executor::joinFamily(const std::shared_ptr<Executor>& e) {
   liveFamily(family).push_back(e);
 }
 
+std::pair<size_t, size_t> Executor::familyCounts() {
+  std::lock_guard<std::mutex> g(gFamilyMu);
+  size_t channels = 0;
+  for (const auto& kv : gFamilies) channels += kv.second.size();
+  return {gFamilies.size(), channels};
+}
+
+// A destroyed channel leaves its family: a weak_ptr left behind keeps the executor's
+// make_shared block (object storage + control block, ~270 B) allocated, and the family's
+// map entry -- named after a group that may be gone -- would stay for good.
+void Executor::leaveFamily() {
+  const std::string& family = comm_->options().p2pFamily;
+  if (family.empty()) return;
+  const std::weak_ptr<Executor> self = weak_from_this();
+  std::lock_guard<std::mutex> g(gFamilyMu);
+  auto it = gFamilies.find(family);
+  if (it == gFamilies.end()) return;
+  auto& v = it->second;
+  v.erase(std::remove_if(v.begin(), v.end(), [&](const std::weak_ptr<Executor>& w) {
+            return w.expired() || (!w.owner_before(self) && !self.owner_before(w));
+          }), v.end());
+  if (v.empty()) gFamilies.erase(it);
+}
+
 void Executor::failFrom(const std::string& reason, transport::Culprit who) {
   comm_->failFromElsewhere(reason, who);
   {
@@ -356,6 +382,7 @@ void Executor::abort() {
 }
 
 void Executor::shutdown() {
+  leaveFamily();
   {
     std::lock_guard<std::mutex> g(mu_);
     if (stop_ && !worker_.joinable()) return;

@@ -68,6 +68,8 @@ class Executor : public std::enable_shared_from_this<Executor> {
   // A point-to-point channel's executor joins its group's family (Options::p2pFamily):
   // when one of them loses its peer (dead, frozen), the others fail naming that rank.
   static void joinFamily(const std::shared_ptr<Executor>& e);
+  // Families and channels in them, process-wide (tests: destroyed channels leave).
+  static std::pair<size_t, size_t> familyCounts();
   // abort() if anything is running (on the worker or inline on a caller's thread), wait for
   // it to end, join the worker and say goodbye to the peers. Idempotent; any thread.
   void shutdown();
@@ -79,6 +81,8 @@ class Executor : public std::enable_shared_from_this<Executor> {
   bool forked() const;
 
  private:
+  // shutdown(): drop this channel from its family, and the family once it is empty.
+  void leaveFamily();
   void loop();
   // Run `fn` on the calling thread; `g` holds mu_ on entry (released here, once execMu_
   // is held). Used by runSync and runIfNext. Returns the collective's failure or null.

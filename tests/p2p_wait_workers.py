@@ -1,0 +1,64 @@
+"""Rank-side code of tests/test_p2p.py for waits and what channels leave behind: a first
+message's stall report (RINGREDUCE_STALL_WARN), and the process-wide channel table."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+import ringreduce as rr
+
+BIG = 1 << 20  # float32 elements: 4 MiB, more than a socket buffer holds
+
+
+def busy_peer(rank: int, world: int) -> str:
+    """Rank 0 waits for rank 1's first message on a tag while rank 1 (and the others) wait
+    in an all-reduce for rank 0: both give up at RINGREDUCE_TIMEOUT. Returns the error."""
+    x = np.zeros(4, np.float32)
+    try:
+        if rank == 0:
+            rr.recv(x, src=1, tag=1)
+        else:
+            rr.allreduce(x)
+    except rr.RingReduceError as e:
+        return type(e).__name__
+    return "no error"
+
+
+def stall_beside_a_collective(rank: int, world: int) -> dict:
+    """Rank 0 starts an async all-reduce, then waits for rank 1's first message (4 MiB: not
+    sent eagerly); rank 1 sends 2 s late, then joins the all-reduce. Rank 0's stall report
+    (RINGREDUCE_STALL_WARN) is due while the all-reduce is in flight: it must not wait for
+    it (it did: both ranks then timed out, found by a review)."""
+    x, y = np.ones(4, np.float32), np.zeros(BIG, np.float32)
+    t0 = time.monotonic()
+    if rank == 0:
+        w = rr.allreduce(x, async_op=True)
+        rr.recv(y, src=1, tag=1)
+        w.wait()
+    else:
+        time.sleep(2.0)
+        y[:] = 5
+        rr.send(y, dst=0, tag=1)
+        rr.allreduce(x)
+    return {"secs": time.monotonic() - t0, "ok": bool((x == 2).all() and (y == 5).all())}
+
+
+def channels_leave_their_family(rank: int, world: int) -> dict:
+    """Groups carrying send/recv, made and destroyed 20 times: every destroyed channel
+    leaves the process-wide table of channel families (each left ~1.4 KB there for good per
+    group: found by a helper). Returns the table's (families, channels) then and before."""
+    from ringreduce import _C
+
+    before = _C._p2p_families()
+    for it in range(20):
+        g = rr.new_group()
+        s, r = np.full(8, rank * 100 + it, np.int64), np.empty(8, np.int64)
+        w = rr.isend(s, dst=(rank + 1) % world, group=g)
+        rr.recv(r, src=(rank - 1) % world, group=g)
+        w.wait()
+        assert (r == ((rank - 1) % world) * 100 + it).all(), (it, r)
+        during = _C._p2p_families()
+        g.destroy()
+    return {"before": list(before), "during": list(during), "after": list(_C._p2p_families())}
