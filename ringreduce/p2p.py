@@ -40,7 +40,7 @@ import time
 import traceback
 from typing import Any
 
-from . import _C, _buffers, _rendezvous, _state, _watch, groups
+from . import _C, _buffers, _rendezvous, _state, _store_wait, _watch, groups
 from ._state import Group
 
 log = logging.getLogger("ringreduce")
@@ -341,6 +341,7 @@ def _poll_peers(g: Group, world: Group, peers: list[int], tag: int, what: str,
     t0 = time.monotonic()
     store_at, store_every, naps, probe_at = t0, 0.001, 0, t0 + 0.05
     asked = list(peers)  # senders not known to have left the job (their liveness is checked)
+    all_left_at = None  # when `asked` became empty
     while True:
         now = time.monotonic()
         # destroyed on another thread (g: see _match): before g.store is used
@@ -350,6 +351,7 @@ def _poll_peers(g: Group, world: Group, peers: list[int], tag: int, what: str,
             gone = _watch.probe(world, asked, f"{what}(src=None, tag={tag})", any_of=True)
             if gone is not None:
                 asked.remove(gone)
+                all_left_at = now if not asked else None
             probe_at = now + (0 if gone is not None else 0.1)
         look_in_store = now >= store_at
         n = len(peers)
@@ -369,9 +371,11 @@ def _poll_peers(g: Group, world: Group, peers: list[int], tag: int, what: str,
         if look_in_store:  # one store read per peer without a channel: back off
             store_every = min(store_every * 2, 0.05)
             store_at = now + store_every
-        if not asked and look_in_store:  # every sender left, and no message waits (above,
-            # its store too): none will come -- before, it waited for RINGREDUCE_TIMEOUT and
-            # then said only that nobody sent (found by a helper)
+        if all_left_at is not None and now - all_left_at > 0.5 and look_in_store:
+            # every sender left, and no message waits (above, its store too; a channel busy
+            # with an earlier receive, or data on another socket than the goodbye, get half
+            # a second): none will come -- before, it waited for RINGREDUCE_TIMEOUT and then
+            # said only that nobody sent (found by a helper)
             from ._C import PeerFailure
 
             raise _all_left(PeerFailure(
@@ -554,7 +558,15 @@ def _make_pair(g: Group, world: Group, lo: int, hi: int, src: int, dst: int,
             _rendezvous.store_used(world.rank, during, store,  # names rank 0 `left` if so
                                     _deadline(g, world)[0]):
         store.set(f"{base}want{world.rank}", b"1")  # for any-source receivers
-    _meet(g, world, store, base, peer, src, dst, tag)
+    try:
+        _meet(g, world, store, base, peer, src, dst, tag)
+    except Exception as e:
+        # The peer may come later, find this rank's "want" and wait in the channel's set-up:
+        # tell it there (it waited out the connect timeout: found by a review).
+        _store_wait.fail_bounded(store, f"{base}up/", e, world.rank)
+        with _LOCK:
+            g.p2p_failed[(lo, hi, tag)] = f"{type(e).__name__}: {str(e)[:500]}"
+        raise
     # A group's own timeout bounds its channels' waits too (world channels: None, the world's).
     secs = None if g is world else _deadline(g, world)[0]
     made: list = []

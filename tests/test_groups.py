@@ -460,7 +460,7 @@ def test_destroyed_torch_subgroups_leave_only_their_counters() -> None:
     assert o["after"] - o["before"] == o["counters"], o
 
 
-
+@pytest.mark.timeout(30)
 def test_a_set_up_wait_given_up_on_a_lost_peer_tells_the_others_waiting_there() -> None:
     """A rank whose watched wait (here a channel's: for its other end's addresses) stops on
     a PeerFailure posts it under the wait's prefix, so the other end -- alive, its own peers

@@ -191,9 +191,11 @@ void Communicator::checkUnwatched(int peer, bool inCollective, bool leftOk) {
   const transport::PeerStatus s = hb_->status(peer);
   if (s.left) {
     // Its goodbye: unconnected, it never sends this rank anything again (connected, its
-    // connection says it left, after whatever it sent).
+    // connection says it left, after whatever it sent -- but between collectives only the
+    // overlay's connections are read: a receive from any rank, whose messages travel on
+    // their own channels, passes it over either way; found by a review).
+    if (leftOk) throwLeftAnyOf(peer);
     if (!conns_[static_cast<size_t>(peer)]) {
-      if (leftOk) throwLeftAnyOf(peer);
       throwLeft(peer, inCollective ? detail::concat(" while rank ", label(rank_),
                                                     " waited for it in ", describeCurrent())
                                    : std::string());
