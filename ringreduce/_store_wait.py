@@ -84,7 +84,7 @@ def poll_keys(store: Any, keys: list[str], timeout: float, rank: int, what: str,
         elif watch is not None:
             _watch.check_destroyed(watch[0], what)
         if time.monotonic() > deadline:
-            gone = [i for i, k in enumerate(keys) if not store.check([k])]
+            gone = _missing(store, keys)
             missing = [keys[i] for i in gone]
             named = ", ".join(k.rsplit("/", 2)[-2] + "/" + k.rsplit("/", 1)[-1]
                               for k in missing[:8]) + (" ..." if len(missing) > 8 else "")
@@ -100,6 +100,10 @@ def poll_keys(store: Any, keys: list[str], timeout: float, rank: int, what: str,
         pause = min(pause * 1.25, 0.1)  # late by at most a quarter of the wait (or 0.1 s)
 
 
+def _missing(store: Any, keys: list[str]) -> list[int]:
+    """Indices of `keys` not set yet (the timeout's and the stall report's late ranks)."""
+    return [i for i, k in enumerate(keys) if not store.check([k])]
+
 
 def _stall_warn() -> float:
     try:
@@ -113,8 +117,7 @@ def _warn_stalled(store: Any, keys: list[str], ranks: list[int] | None, rank: in
     """Log once, as a collective's stall report does, that this wait goes on: the world
     ranks it still waits for and -- one rank that the world's heartbeats know -- what that
     rank was doing (busy in another call: the program's calls do not meet)."""
-    late = sorted({ranks[i] for i, k in enumerate(keys) if not store.check([k])}) \
-        if ranks is not None else []
+    late = sorted({ranks[i] for i in _missing(store, keys)}) if ranks is not None else []
     who = f"; not there yet: world rank(s) {', '.join(map(str, late[:8]))}" \
         f"{' ...' if len(late) > 8 else ''}" if late else ""
     seen = ""

@@ -1,9 +1,9 @@
 // Ring reduce-scatter: the reduce half of the ring (ring.h) with shift 1, so that after n-1
 // steps rank r holds the complete reduction of block r. The caller's input is not modified:
 // the ring reads it in place and keeps its partial sums in two block-sized slots (RingPlan's
-// own; a copy of the whole input before: n blocks of scratch). 16-bit floats travel as 16 bits (each hop
-// adds in float32 and rounds once, see ring.h) unless RINGREDUCE_HALF_WIRE=32, which widens
-// the accumulator to float32 and rounds once at the end.
+// own; a copy of the whole input before: n blocks of scratch). 16-bit floats travel as 16
+// bits (each hop adds in float32 and rounds once, see ring.h) unless RINGREDUCE_HALF_WIRE=32,
+// which widens the accumulator to float32 and rounds once at the end.
 #include <algorithm>
 #include <cstring>
 #include <vector>
