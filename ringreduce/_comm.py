@@ -46,7 +46,7 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
     def left() -> float:
         return max(0.1, end - time.monotonic())
     try:
-        _fds.ensure(world, _fds.eager_peers(rank, world, options.get("full_mesh_max", 16)),
+        _fds.ensure(world, _fds.eager_peers(rank, world, options),
                     f"rank {rank} of {name}")
         bind = _env.select_interface_address(maddr, ifname or tun.socket_ifname, left())
         listener = _C.Listener(bind)

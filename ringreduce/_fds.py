@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import os
 import resource
+from collections.abc import Mapping
+from typing import Any
 
 log = logging.getLogger("ringreduce")
 
@@ -47,9 +49,21 @@ def tcp_sockets() -> int:
     return n
 
 
-def eager_peers(rank: int, world: int, full_mesh_max: int) -> int:
-    """Peers a communicator of `world` ranks connects at init (see RINGREDUCE_FULL_MESH_MAX)."""
-    if world <= max(int(full_mesh_max), 1):
+def full_mesh(world: int, options: Mapping[str, Any]) -> bool:
+    """Whether a communicator of `world` ranks connects (and watches) every pair at init: at
+    most RINGREDUCE_FULL_MESH_MAX ranks (`options` without it: the tunable's default). Above
+    it the communicator is sparse: each rank connects its overlay only."""
+    most = options.get("full_mesh_max")
+    if most is None:
+        from ._env.tunables import Tunables
+
+        most = Tunables().full_mesh_max
+    return world <= max(int(most), 1)
+
+
+def eager_peers(rank: int, world: int, options: Mapping[str, Any]) -> int:
+    """Peers a communicator of `world` ranks connects at init (see full_mesh)."""
+    if full_mesh(world, options):
         return world - 1
     from . import _C
 

@@ -92,7 +92,7 @@ def _init(rank: int | None, world_size: int | None, master_addr: str | None,
         _C.set_log_prefix(f"rank {rank}")
         _C.forget_first_failure()  # an earlier job's failure is not this one's goodbye reason
         if world > 1:  # before the store (rank 0's server needs descriptors too)
-            _fds.ensure(world, _fds.eager_peers(rank, world, options["full_mesh_max"]),
+            _fds.ensure(world, _fds.eager_peers(rank, world, options),
                         f"rank {rank}")
     except Exception as e:
         _tell_others(e, rank, world, maddr, mport, store)

@@ -26,6 +26,7 @@ from . import (
     _comm,
     _env,
     _farewell,
+    _fds,
     _rendezvous,
     _state,
     _store_guard,
@@ -278,8 +279,7 @@ def _destroy_default() -> None:
 def _sparse(world: Group) -> bool:
     """Whether `world` connects lazily (above RINGREDUCE_FULL_MESH_MAX ranks): some ranks
     are outside each rank's overlay."""
-    most = world.options.get("full_mesh_max")
-    return most is None or world.size > max(int(most), 1)
+    return not _fds.full_mesh(world.size, world.options)
 
 
 def _finish_eager_sends(world: Group, only: Group | None = None) -> None:
