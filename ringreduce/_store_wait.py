@@ -13,7 +13,7 @@ import math
 import time
 from typing import Any
 
-from . import _blame, _env, _procnet, _store_guard, _watch
+from . import _blame, _env, _procnet, _store_guard, _store_keys, _watch
 from ._watch import rr_error
 
 log = logging.getLogger("ringreduce")
@@ -133,7 +133,8 @@ def _warn_stalled(store: Any, keys: list[str], ranks: list[int] | None, rank: in
 def fail(store: Any, prefix: str, error: Exception, speaker: int | None = None) -> Exception:
     """Tell the other ranks why this one gives up (they stop waiting at their next poll)
     and which rank its error names (.peer_rank), return `error`. speaker: this rank, named
-    at the message's start unless the message names it there already."""
+    at the message's start unless the message names it there already. A cause posted
+    already is kept: ranks failing on its account would overwrite the first."""
     named = _blame.named_rank(error)
     head = type(error).__name__ + ("" if named is None else f" {named}")
     text = str(error)
@@ -142,7 +143,7 @@ def fail(store: Any, prefix: str, error: Exception, speaker: int | None = None) 
     try:
         # Else torch would log a C++ trace, then fail (a cut or closed connection).
         if not _store_guard.was_cut(store) and not _procnet.server_closed(store):
-            store.set(prefix + "failed", f"{head}\n{text}")
+            _store_keys.publish_once(store, prefix + "failed", f"{head}\n{text}")
     except RuntimeError:
         pass  # the store is gone: the others will find out themselves
     return error
@@ -150,9 +151,6 @@ def fail(store: Any, prefix: str, error: Exception, speaker: int | None = None) 
 
 def fail_bounded(store: Any, prefix: str, error: Exception, speaker: int,
                  seconds: float = 5.0) -> None:
-    """fail(), best effort, giving up after `seconds` on a store that stopped answering; a
-    failure posted already is kept (ranks failing on its account would overwrite the
-    first cause)."""
+    """fail(), best effort, giving up after `seconds` on a store that stopped answering."""
     with contextlib.suppress(Exception), _store_guard.deadline(store, seconds):
-        if not store.check([prefix + "failed"]):
-            fail(store, prefix, error, speaker)
+        fail(store, prefix, error, speaker)

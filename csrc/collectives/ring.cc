@@ -101,11 +101,11 @@ void runRing(comm::Communicator& c, const transport::FrameHeader& tmpl, const Ri
     }
     // With slots, step T's segment s goes where step T - slots put its own, which step
     // T - slots + 1 sends on: not before that send is done (unit ru - (slots - 1) * S).
-    const bool slotBusy = p.own && static_cast<int>(ru / S) >= p.slots &&
-                          static_cast<int>(ru / S) < p.rsSteps &&
+    const int nextStep = static_cast<int>(ru / S);  // the step of the next receive
+    const bool slotBusy = p.own && nextStep >= p.slots && nextStep < p.rsSteps &&
                           su + static_cast<size_t>(p.slots - 1) * S <= ru;
     if (!rActive && ru < total && !slotBusy) {
-      rStep = static_cast<int>(ru / S);
+      rStep = nextStep;
       rChunk = mod(r - rStep - p.shift - 1, n);
       segment(rChunk, ru % S, &rOff, &rLen);
       if (rLen == 0) {

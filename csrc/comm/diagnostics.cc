@@ -208,12 +208,14 @@ void Communicator::checkUnwatched(int peer, bool inCollective, bool leftOk) {
       s.ageMs >= 0 ? "; at its last heartbeat it was " + peerDoing(peer, s) : std::string();
   // Silent: gone (its listener, open until its communicator is destroyed or fails,
   // refuses) or frozen (it accepts). Only without a connection (a connected one's EOF says
-  // "gone"), and while this communicator has not failed (probed once, not per probe).
+  // "gone"), and while this communicator has not failed (probed once, not per probe) -- or
+  // for a receive from any rank, which asks each sender once however its world fares (a
+  // sender killed meanwhile was called "silent" at 32 ranks once the world had failed).
   auto fail = [leftOk](int p, PeerCause cause, std::string msg) {
     if (leftOk) throw UnansweredError(p, cause, msg);
     throw PeerError(p, cause, msg);
   };
-  if (dialer_ && dialer_->listenFd() >= 0 && !conns_[static_cast<size_t>(peer)] &&
+  if (dialer_ && (leftOk || dialer_->listenFd() >= 0) && !conns_[static_cast<size_t>(peer)] &&
       dialer_->refuses(peer, 1.0))
     fail(peer, PeerCause::kClosed, detail::concat(
         "rank ", label(peer), " (", peerHost(peer), pidText(s), ") is gone: it answered no "
