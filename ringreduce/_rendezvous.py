@@ -633,14 +633,43 @@ def _count_init(store: Any) -> None:
     _GENERATIONS[_server(store)] = _inits(store) + 1
 
 
+def _restart() -> str:
+    """The torchrun attempt whose keys this process's inits use: TORCHELASTIC_RESTART_COUNT
+    on the agent's store (TORCHELASTIC_USE_AGENT_STORE), which still holds the failed
+    attempts' keys (as torch's own env:// rendezvous prefixes "/worker/attempt_N"); "" on a
+    store of the attempt's own, where agents' counts may differ (an agent restarting on a
+    membership change keeps its count: torch issue 135712) -- found by a helper: two agents
+    restarting at counts 0 and 1 on a fresh store waited for each other's keys."""
+    if not _env.store_tunables().use_agent_store:
+        return ""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return "" if restart in ("", "0") else restart
+
+
 def _world_prefix(store: Any, generation: int | None = None) -> str:
     """Store keys of this process's latest init on `store`'s server. A torchrun restart
-    (TORCHELASTIC_RESTART_COUNT > 0) starts fresh processes, counting inits from 1 again, on
-    the agent's store, which still holds the failed attempt's keys: they get the attempt's
-    own prefix (before, every restarted rank found its rank "claimed by 2 processes")."""
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    starts fresh processes, counting inits from 1 again: on the agent's store they get the
+    attempt's own prefix (before, every restarted rank found its rank "claimed by 2
+    processes"), see _restart."""
     gen = _inits(store) if generation is None else generation
-    return f"ringreduce/{gen}{'' if restart in ('', '0') else '-r' + restart}/"
+    restart = _restart()
+    return f"ringreduce/{gen}{'-r' + restart if restart else ''}/"
+
+
+def _claimed_twice(rank: int, n: int, world: int, init: bool) -> ValueError:
+    """Rank `rank`'s claim was the n-th; init: a world's (else a group's or channel's)."""
+    why = (f"rank {rank} was claimed by {n} processes; every process needs a distinct RANK "
+           f"in [0, {world})")
+    if not init or os.environ.get("TORCHELASTIC_RUN_ID") is None or \
+            not _env.store_tunables().use_agent_store:
+        return ValueError(why)
+    return ValueError(
+        f"{why} -- or, under torchrun with several agents (--nnodes), an earlier attempt's "
+        f"rank {rank} claimed it on the agent's store: this agent restarted its workers with "
+        f"TORCHELASTIC_RESTART_COUNT={os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}, "
+        f"which agents do not agree on when one restarts on a membership change (torch issue "
+        f"135712; torch's gloo hangs there). Set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for "
+        f"torchrun: each rendezvous round then gets a fresh store")
 
 
 def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None,
@@ -652,9 +681,7 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
     n = store.add(p + f"claim/{rank}", 1)
     _store_keys.wrote(p, p + f"claim/{rank}")
     if n > 1:
-        raise _store_wait.fail(store, p, ValueError(
-            f"rank {rank} was claimed by {n} processes; every process needs a distinct RANK "
-            f"in [0, {world})"))
+        raise _store_wait.fail(store, p, _claimed_twice(rank, n, world, prefix is None))
     if rank == 0:
         # Before "world" and its address, which the others wait for: the session is there
         # once those are.

@@ -177,3 +177,52 @@ def test_torchrun_restart_inits_again(api: str) -> None:
     assert rc == 0, out[-4000:]
     for r in (0, 1):
         assert f"attempt 1 rank {r}: ok" in out, out[-4000:]
+
+
+@pytest.mark.timeout(150)
+def test_two_agents_restarting_at_different_counts_meet_again(tmp_path: Path) -> None:
+    """Two torchrun agents (--nnodes 2, c10d rendezvous, a fresh store per round with
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): after rank 1 fails, one agent restarts at
+    TORCHELASTIC_RESTART_COUNT=1 and the other at 0 (torch counts no restart for a
+    membership change). Keys prefixed by the count waited for each other until the connect
+    timeout (found by a helper); on a store of the round's own the count is not needed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    script = Path(__file__).resolve().parent / "scripts" / "elastic_two_agents.py"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
+           "1", "--max-restarts", "1", "--monitor-interval", "0.2", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", f"rr{os.getpid()}",
+           str(script), str(tmp_path / "first-round-done")]
+    env = _env({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(lambda _: run_command(cmd, timeout=120, env=env), range(2)))
+    out = "\n".join(o for _, o in runs)
+    assert [rc for rc, _ in runs] == [0, 0], out[-6000:]
+    for r in (0, 1):
+        assert f"round 2 rank {r} " in out, out[-6000:]
+    assert "restart count 0)" in out and "restart count 1)" in out, out[-6000:]
+
+
+def test_claimed_twice_under_torchrun_names_the_restart_count(monkeypatch) -> None:
+    """On the agent's shared store, agents' differing restart counts make a restarted
+    worker find its rank claimed by the failed attempt: the error says so and how to avoid
+    it, not only that RANK is duplicated."""
+    from ringreduce import _rendezvous
+
+    for k in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE"):
+        monkeypatch.delenv(k, raising=False)
+    plain = str(_rendezvous._claimed_twice(1, 2, 4, init=True))
+    assert plain == ("rank 1 was claimed by 2 processes; every process needs a distinct RANK "
+                     "in [0, 4)")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    said = str(_rendezvous._claimed_twice(1, 2, 4, init=True))
+    assert said.startswith(plain) and "TORCHELASTIC_RESTART_COUNT=0" in said
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in said
+    assert str(_rendezvous._claimed_twice(1, 2, 4, init=False)) == plain  # a group's
+    assert _rendezvous._world_prefix(object(), 3) == "ringreduce/3/"
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    assert _rendezvous._world_prefix(object(), 3) == "ringreduce/3-r2/"
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")  # a store of the round's own
+    assert _rendezvous._world_prefix(object(), 3) == "ringreduce/3/"
