@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from collections.abc import Iterator
 from typing import Any, Callable
 
 _CLOSE_WAIT = "08"  # include/net/tcp_states.h
+_LISTEN = "0A"
 
 
 def find_store(store: Any, pred: Callable[[Any], bool]) -> Any:
@@ -68,25 +70,31 @@ def plain_ip(a: Any) -> Any:
     return getattr(a, "ipv4_mapped", None) or a
 
 
-def _connections(port: int, addrs: Any = None) -> list:
-    """(tcp state, fd, socket inode) of this process's TCP connections whose remote port is
-    `port` (and remote address one of `addrs`, ipaddress objects, unless None)."""
+def _own_rows() -> Iterator[tuple[list, int]]:
+    """(columns, fd) of each row of /proc/self/net/tcp{,6} that is a socket of this
+    process."""
     mine = _socket_fds()
-    out = []
     for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
         try:
             with open(table) as f:
                 next(f, None)
-                for line in f:
-                    cols = line.split()
-                    if len(cols) < 10 or cols[9] not in mine:
-                        continue
-                    host, _, rport = cols[2].rpartition(":")
-                    if int(rport, 16) == port and (addrs is None or _ip(host) in addrs):
-                        out.append((cols[3], mine[cols[9]], cols[9]))
-        except (OSError, ValueError):
+                rows = [cols for cols in map(str.split, f)
+                        if len(cols) >= 10 and cols[9] in mine]
+        except OSError:
             continue
-    return out
+        yield from ((cols, mine[cols[9]]) for cols in rows)
+
+
+def _port(endpoint: str) -> int:
+    return int(endpoint.rpartition(":")[2], 16)
+
+
+def _connections(port: int, addrs: Any = None) -> list:
+    """(tcp state, fd, socket inode) of this process's TCP connections whose remote port is
+    `port` (and remote address one of `addrs`, ipaddress objects, unless None)."""
+    return [(cols[3], fd, cols[9]) for cols, fd in _own_rows()
+            if _port(cols[2]) == port and (addrs is None or _ip(cols[2].rpartition(":")[0])
+                                           in addrs)]
 
 
 def client_sockets(port: int, addrs: Any = None) -> list:
@@ -94,6 +102,14 @@ def client_sockets(port: int, addrs: Any = None) -> list:
     a store's clients, not its server's accepted sockets (those have it as their local
     port)."""
     return [(fd, inode) for _, fd, inode in _connections(port, addrs)]
+
+
+def serves(store: Any) -> bool:
+    """True if this process listens on the port of the TCPStore under `store` (it runs that
+    store's server); False when it does not or it cannot be told."""
+    port = _store_port(store)
+    return port is not None and any(cols[3] == _LISTEN and _port(cols[1]) == port
+                                    for cols, _ in _own_rows())
 
 
 def server_closed(store: Any) -> bool:

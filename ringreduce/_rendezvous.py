@@ -41,7 +41,7 @@ from ._watch import rr_error as _rr_error
 _STORES: dict[tuple, Any] = {}  # (addr, port) -> the TCPStore made here, while acquired
 _REFS: dict[tuple, int] = {}  # (addr, port) -> how many make_store calls hold it
 _MASTER: set = set()  # keys whose store hosts the server in this process
-_IN_RANK0: set = set()  # id()s of stores made here that rank 0's process serves
+_IN_RANK0: set = set()  # servers (_server) that world rank 0's process serves
 # Keys whose reference a failed init left: the store stays up so that ranks still joining
 # can read why init failed (prefix + "failed"); the next init() adopts it (same address)
 # or drops it, and destroy() drops it.
@@ -138,7 +138,7 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
     if is_master:
         _MASTER.add(key)
     elif not use_agent_store:
-        _IN_RANK0.add(id(box[0]))  # served by rank 0's process (_store_failed)
+        _IN_RANK0.add(_server(box[0]))  # served by rank 0's process (store_failed)
     return box[0]
 
 
@@ -316,7 +316,7 @@ def release_store(key: tuple | None, rank: int, world: int, prefix: str, timeout
     closing = False
     if _REFS[key] <= 0:
         del _STORES[key], _REFS[key]
-        _IN_RANK0.discard(id(store))  # the id may be reused by a later object
+        _IN_RANK0.discard(_server(store))
         # 2 references = `store` here + getrefcount's argument: no Python code holds it.
         if key in _MASTER and sys.getrefcount(store) > 2:
             gc.collect()  # a failed wait's traceback cycle: its frames hold the store
@@ -527,7 +527,18 @@ def store_used(rank: int, during: str, store: Any, seconds: float | None = None
 
 
 def _in_rank0(store: Any) -> bool:
-    return store is not None and id(store) in _IN_RANK0
+    return store is not None and _server(store) in _IN_RANK0
+
+
+def _note_rank0_serves(store: Any, serves: bool) -> None:
+    """What a world's rank 0 said at init: whether its process serves `store`'s server --
+    known for ringreduce's own store (make_store), told for torch's or the caller's (torch's
+    env:// rank 0 serves it, torchrun's agent does): a store failing there means rank 0 is
+    gone, a PeerFailure naming it (a RingReduceError on torch's store before: found by a
+    helper)."""
+    key = _server(store)
+    if key != ("",):
+        (_IN_RANK0.add if serves else _IN_RANK0.discard)(key)
 
 
 def refuse_if_cut(rank: int, during: str, store: Any) -> None:
@@ -686,6 +697,9 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
         # Before "world" and its address, which the others wait for: the session is there
         # once those are.
         store.set(p + "session", secrets.token_hex(16))
+        if prefix is None:
+            store.set(p + "store0", "serves" if _procnet.serves(store) else "")
+            _store_keys.wrote(p, p + "store0")
         store.set(p + "world", str(world))
         # "": rank 0 was given a secret (not published): a rank without one must not wait
         # (a group's members all have the world's).
@@ -725,8 +739,10 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
           ranks=list(range(world)) if prefix is None else ranks)
     got = [v.decode() for v in store.multi_get(
         [*keys, *(p + f"{k}/{r}" for k in ("host", "hb", *cfg) for r in range(world)),
-         p + "session"])]
+         *(p + "store0" for _ in cfg), p + "session"])]
     if cfg:
         _same_settings(got[3 * world:4 * world], rank)
+        if rank != 0:
+            _note_rank0_serves(store, got[4 * world] == "serves")
     return Peers(addrs=got[:world], hosts=got[world:2 * world], secret=secret, prefix=p,
                  hb_addrs=got[2 * world:3 * world], session=got[-1])

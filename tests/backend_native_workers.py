@@ -304,3 +304,30 @@ def async_polling(rank: int, world: int) -> dict:
     out = {"bad": bad, "polled": [w.is_completed(), w.is_success(), type(w.exception()).__name__]}
     dist.destroy_process_group()
     return out
+
+
+def store_host_dies_in_p2p_setup(rank: int, world: int) -> dict:
+    """init_process_group("ringreduce") by env:// (torch's rank 0 serves the TCPStore);
+    rank 1 waits for the first message from rank 0 on a fresh tag, and rank 0 is killed.
+    The store failing under that wait is rank 0's death: a PeerFailure naming it, as the
+    same wait on ringreduce's own store says (it was a RingReduceError: found by a
+    helper)."""
+    import os
+    import signal
+
+    dist.init_process_group("ringreduce")
+    dist.barrier()
+    if rank == 0:
+        time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank != 1:
+        time.sleep(8.0)  # stays until rank 1 is done (its death is not the point here)
+        return {}
+    t0 = time.monotonic()
+    try:
+        dist.recv(torch.zeros(3), 0, tag=5)
+        return {"error": None}
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"{type(e).__name__}: {e}", "is_peer": isinstance(e, rr.PeerFailure),
+                "peer_rank": getattr(e, "peer_rank", None), "cause": getattr(e, "cause", None),
+                "secs": time.monotonic() - t0}

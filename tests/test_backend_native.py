@@ -86,3 +86,14 @@ def test_polled_async_work_matches_wait(transport: str) -> None:
                        env={"RINGREDUCE_TRANSPORT": transport}):
         assert r["bad"] == [], r
         assert r["polled"] == [True, False, "CollectiveMismatch"], r
+
+
+@pytest.mark.timeout(90)
+def test_store_host_killed_during_a_p2p_setup_is_named() -> None:
+    outs = run_world_raw(3, "backend_native_workers:store_host_dies_in_p2p_setup", timeout=60,
+                         init=False, env=FAST_HB)
+    story = "\n".join(o.describe() for o in outs)
+    assert outs[1].ok, story
+    got = outs[1].value
+    assert got["is_peer"] and got["peer_rank"] == 0 and got["cause"] == "closed", got
+    assert got["secs"] < 10, got
