@@ -763,3 +763,23 @@ def completer_threads(rank: int, world: int, n: int) -> dict:
     while names() and time.monotonic() - t0 < 5:
         time.sleep(0.01)
     return {"ok": ok, "after": after, "after_destroy": names()}
+
+
+def compiled_autograd(rank: int, world: int) -> dict:
+    """A backward under compiled autograd is refused with what to do; then one without it
+    averages the gradients as always."""
+    import torch._dynamo.compiled_autograd as ca
+
+    torch.manual_seed(0)
+    m = DDP(nn.Linear(3, 2))
+    loss = m(torch.ones(2, 3) * (rank + 1)).sum()
+    try:
+        with ca._enable(torch.compile(backend="eager")):
+            loss.backward()
+        error = "no error"
+    except Exception as e:  # noqa: BLE001 - whatever dynamo wraps it in
+        error = f"{type(e).__name__}: {e}"
+    torch._dynamo.reset()
+    m.zero_grad()
+    m(torch.ones(2, 3) * (rank + 1)).sum().backward()
+    return {"error": error[:2000], "grad": m.module.weight.grad[0].tolist()}

@@ -483,6 +483,15 @@ def test_sparse_gradients_and_torch_hooks_say_what_to_do(single_process):
     DDP(nn.Linear(2, 2), check_reduction=True)
 
 
+def test_compiled_autograd_is_refused_with_what_to_do():
+    """Under compiled autograd the gradient hooks are traced: a clear error naming what
+    works instead (it failed deep in dynamo on queue_callback: found by a helper). The same
+    model trains after it, without compiled autograd."""
+    for r in run_world(2, "ddp_workers:compiled_autograd", timeout=120):
+        assert "does not run under compiled autograd" in r["error"], r["error"]
+        assert "python_reducer" in r["error"], r["error"]
+        assert r["grad"] == [3.0] * 3, r  # 2 rows of rank + 1, averaged over 2 ranks
+
 def test_get_future_of_a_one_rank_collective(single_process):
     """Work.get_future() hands out [output] also where no data moves (one rank)."""
     import ringreduce as rr

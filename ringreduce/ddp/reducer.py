@@ -38,6 +38,7 @@ runs CPU backward on the calling thread); the core runs the collectives on its o
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -622,8 +623,27 @@ def _in_nested_backward() -> bool:
     return current is not None and current() is not None
 
 
+_NO_COMPILED_AUTOGRAD = (
+    "ringreduce.DistributedDataParallel does not run under compiled autograd "
+    "(torch._dynamo.compiled_autograd): its gradient hooks start all-reduces from the "
+    "backward as it runs, which compiled autograd traces instead. Run the backward without "
+    "compiled autograd (torch.compile of the model still works), or use "
+    "torch.nn.parallel.DistributedDataParallel on the \"ringreduce\" backend with "
+    "torch._dynamo.config.optimize_ddp = \"python_reducer\"")
+
+
+def _compiled_autograd() -> bool:
+    ca = sys.modules.get("torch._dynamo.compiled_autograd")  # not imported: not on
+    return bool(ca is not None and (getattr(ca, "compiled_autograd_enabled", False)
+                                    or getattr(ca, "in_compiled_autograd_region", False)))
+
+
 def _make_hook(ref: weakref.ref[Reducer], i: int) -> Callable:
     def hook(_grad_inputs: Any, _grad_outputs: Any) -> None:
+        # Traced, it failed deep in dynamo ("queue_callback() is only supported when
+        # Compiled Autograd is enabled with fullgraph=True"; found by a helper).
+        if _compiled_autograd():
+            raise RuntimeError(_NO_COMPILED_AUTOGRAD)
         r = ref()
         if r is not None:
             r._on_grad(i)
