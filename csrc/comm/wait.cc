@@ -353,7 +353,7 @@ void Communicator::checkGone() {
 
 void Communicator::throwPeerAbort(int p, uint32_t code, const std::string& reason,
                                   transport::Culprit who) const {
-  std::string msg = detail::concat("rank ", label(p), " (", peerHost(p), ") failed: ", reason);
+  std::string msg = transport::abortText(label(p), peerHost(p), reason);
   switch (static_cast<transport::AbortCode>(code - 1)) {
     case transport::AbortCode::kMismatch: throw MismatchError(msg, p);
     case transport::AbortCode::kTimeout:  // where its wait chain ended (unless at us)

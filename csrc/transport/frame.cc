@@ -1,8 +1,62 @@
 #include "transport/frame.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace rr::transport {
+
+namespace {
+constexpr char kVia[] = " (relayed from rank ";
+constexpr char kFound[] = ", which found it): ";
+
+// If `text` starts "rank L (H) failed: " or "rank L (H) failed (relayed from rank A, rank B,
+// which found it): ", append L (then A, B) to `via` and return where the quoted text
+// begins; else npos.
+size_t peelRelay(const std::string& text, std::vector<std::string>* via) {
+  constexpr size_t npos = std::string::npos;
+  if (text.compare(0, 5, "rank ") != 0) return npos;
+  const size_t open = text.find(" (", 5), shut = text.find(") failed", 5);
+  if (open == npos || shut == npos || open > shut) return npos;
+  const std::string who = text.substr(5, open - 5);
+  if (who.find(' ') != npos || text.substr(open, shut - open).find(": ") != npos) return npos;
+  const size_t after = shut + 8;  // past ") failed"
+  if (text.compare(after, 2, ": ") == 0) {
+    via->push_back(who);
+    return after + 2;
+  }
+  const size_t from = after + sizeof(kVia) - 1;
+  const size_t end = text.find(kFound, after);
+  if (text.compare(after, sizeof(kVia) - 1, kVia) != 0 || end == npos) return npos;
+  via->push_back(who);
+  for (size_t at = from; at <= end;) {
+    const size_t comma = std::min(text.find(", rank ", at), end);
+    via->push_back(text.substr(at, comma - at));
+    at = comma + 7;  // past ", rank "
+  }
+  return end + sizeof(kFound) - 1;
+}
+}  // namespace
+
+std::string abortText(int label, const std::string& host, std::string reason) {
+  std::vector<std::string> via;
+  for (size_t at; (at = peelRelay(reason, &via)) != std::string::npos;) reason.erase(0, at);
+  // The finder's words say "this rank" of the finder.
+  const std::string finder = "rank " + (via.empty() ? std::to_string(label) : via.back());
+  for (size_t at = 0; (at = reason.find("this rank", at)) != std::string::npos;) {
+    reason.replace(at, 9, finder);
+    at += finder.size();
+  }
+  std::string out = detail::concat("rank ", label, " (", host, ") failed");
+  if (!via.empty()) {
+    out += kVia;
+    for (size_t i = 0; i < via.size(); ++i) out += (i ? ", rank " : "") + via[i];
+    out += kFound;
+  } else {
+    out += ": ";
+  }
+  return out + reason;
+}
 
 std::string describeMismatch(const FrameHeader& got, const FrameHeader& want, bool p2p,
                              int peer, int self, const std::vector<int>& labels) {

@@ -73,6 +73,13 @@ inline Culprit decodeCulprit(uint32_t v, uint32_t cause) {
 // broadcast from the sender), named as such rather than as broadcasts. peer, self: the
 // ranks messages name the two by; labels: the same for roots (a group's world ranks; empty:
 // the world, whose roots are shown as they are).
+// The text of peer `label`'s (at `host`) abort whose payload is `reason`: "rank L (H) failed:
+// <reason>". A reason that is itself a relayed abort ("rank M (H2) failed: rank N ... closed
+// the connection while this rank ...") is quoted as its first finder's words, once, with
+// their "this rank" named and the ranks it came through listed: chains grew a hop per relay
+// (9 at 32 ranks) and the kMaxAbortReason bound cut the finder's words off.
+std::string abortText(int label, const std::string& host, std::string reason);
+
 std::string describeMismatch(const FrameHeader& got, const FrameHeader& want, bool p2p,
                              int peer, int self, const std::vector<int>& labels);
 

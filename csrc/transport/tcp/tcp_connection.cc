@@ -94,7 +94,7 @@ void TcpConnection::raiseAbort(const FrameHeader& h, const char* already, size_t
 }
 
 void TcpConnection::throwAbort(const FrameHeader& h, const std::string& reason) {
-  std::string msg = detail::concat("rank ", label_, " (", peerHost_, ") failed: ", reason);
+  std::string msg = abortText(label_, peerHost_, reason);
   const Culprit who = decodeCulprit(static_cast<uint32_t>(h.root), h.step);
   switch (static_cast<AbortCode>(h.op)) {
     case AbortCode::kMismatch: throw MismatchError(msg, peer_);
