@@ -87,12 +87,57 @@ def test_parse_args_defaults_and_options():
                                   ["--json", "/"], ["--csv", "/"], ["--plot", "/tmp/x.xyz"],
                                   ["--plot", "/tmp/noext"], ["--model", "--csv", "m.csv"],
                                   ["--tune", "--json", "t.json"],
-                                  ["-e", str(1 << 60)]])  # a traceback from the allocator
+                                  ["-e", str(1 << 60)],  # a traceback from the allocator
+                                  # a sweep with nothing to draw (found after it before)
+                                  ["-o", "barrier", "--plot", "/tmp/x.png"]])
 def test_parse_args_errors(argv, capsys):
     with pytest.raises(SystemExit) as e:
         cli.parse_args(argv)
     assert e.value.code == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_memory_guard_counts_ranks_and_check_copies(monkeypatch, capsys):
+    """-e must fit every rank on this host with its buffers (3 with --check), not one input
+    and one output: 5 ranks x 3 x 8 GiB were accepted on a 24 GiB machine (found by a
+    helper)."""
+    for k in _LAUNCH_VARS:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(cli, "_memory_bytes", lambda: 24 << 30)
+    assert cli.parse_args(["-n", "1", "-e", "8G"]).maxbytes == 8 << 30  # 2 x 8 GiB fit
+    assert cli.parse_args(["-n", "1", "-e", "8G", "--check"]).check  # 3 x 8 GiB fit
+    for argv in (["-n", "1", "-e", "9G", "--check"], ["-n", "2", "-e", "8G"]):
+        with pytest.raises(SystemExit):
+            cli.parse_args(argv)
+        assert "lower -e" in capsys.readouterr().err
+    monkeypatch.setenv("RANK", "0")  # a rank of a job: its launcher's count, not -n's default
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert cli.parse_args(["-e", "8G"]).maxbytes == 8 << 30
+
+
+def test_settle_rounds_are_bounded_by_bytes():
+    """The first size's untimed rounds: 50 small ones, but no more than 64 MiB moved (50 x
+    32 MiB at -w 0 took minutes: found by a helper), and never fewer than -w."""
+    from ringreduce.bench.runner import settle_rounds
+
+    assert settle_rounds(8, 0) == 50 and settle_rounds(8, 80) == 80
+    assert settle_rounds(32 << 20, 0) == 2 and settle_rounds(64 << 20, 0) == 1
+    assert settle_rounds(1 << 30, 5) == 5 and settle_rounds(0, 0) == 50
+    assert cli.format_size(1 << 40) == "1T" and cli.format_size(3 << 29) == "1.5G"
+
+
+def test_mpirun_failure_says_what_open_mpi_said():
+    from ringreduce.bench.launch import _mpirun_why
+
+    boxed = ("-" * 70 + "\nAn unrecognized option was included on the mpirun command line:\n\n"
+             "  Option: --bogus-flag\n\nPlease use the \"mpirun --help\" command\n" + "-" * 70)
+    assert _mpirun_why(boxed) == ("An unrecognized option was included on the mpirun command "
+                                  "line: Option: --bogus-flag Please use the \"mpirun --help\" "
+                                  "command")
+    assert _mpirun_why("Traceback (most recent call last):\n  ...\nValueError: bad\n") == \
+        "ValueError: bad"
+    assert _mpirun_why("") == "no output"
 
 
 def test_strip_nproc():

@@ -40,7 +40,7 @@ def parse_size(text: str) -> int:
 
 def format_size(n: int) -> str:
     """Short human form of a byte count: 8B, 64K, 1M, 1.5M."""
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+    for unit, scale in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
         if n >= scale:
             v = n / scale
             return f"{v:.0f}{unit}" if v == int(v) else f"{v:.3g}{unit}"
@@ -185,7 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--transport", choices=("auto", "tcp", "shm"), default=None,
       help="set RINGREDUCE_TRANSPORT for the ranks (default: inherited, auto); the header "
            "shows the transport actually used")
-    a("-w", "--warmup", type=_nonneg, default=5, help="warm-up iterations per size (default 5)")
+    a("-w", "--warmup", type=_nonneg, default=5,
+      help="warm-up iterations per size (default 5); each collective's first size also gets "
+           "up to 50 untimed rounds (at most 64 MiB moved) for every library, so that the "
+           "first timed size does not pay for cold caches and connection set-up")
     a("-i", "--iters", type=_positive, default=20, help="timed iterations per size (default 20)")
     a("-c", "--check", action="store_true",
       help="verify every iteration's result; wrong elements go to the #wrong column")
@@ -237,8 +240,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.tune_out and not args.tune:
         p.error("--tune-out needs --tune")
     total = _memory_bytes()
-    if total and not args.model and args.maxbytes * 2 > total:  # an input and an output
-        p.error(f"-e {format_size(args.maxbytes)}: an input and an output of that size do not "
+    # Each rank holds an input and an output (with --check also the expected result; an
+    # in-place collective's output is its input, whose copy is kept instead), every rank on
+    # this host at once -- in host memory unless --device cuda.
+    copies, local = 3 if args.check else 2, _local_ranks(args)
+    if total and not args.model and args.device != "cuda" and \
+            args.maxbytes * copies * local > total:
+        p.error(f"-e {format_size(args.maxbytes)}: {local} rank(s) on this host holding "
+                f"{copies} buffers of that size each{' (--check)' if args.check else ''} do not "
                 f"fit this machine's {format_size(total)} of memory; lower -e")
     # Modes that write other files: an output they ignore is said, not silently skipped.
     for mode, writes, ignored in (("model", "--json", ("csv", "plot")),
@@ -260,6 +269,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     f"is not writable; create it or pick another path")
         if path and os.path.isdir(path):
             p.error(f"--{opt.replace('_', '-')} {path} is a folder; give a file name")
+    if args.plot and not args.model and all(op == "barrier" for op in args.ops):
+        p.error(f"--plot {args.plot}: barrier has no message size to plot against; drop "
+                f"--plot or add a sized collective to -o")
     if args.plot:
         problem = _plot_problem(args.plot)
         if problem:
@@ -267,6 +279,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if "nccl" in args.compare and args.device != "cuda":
         p.error("--compare nccl needs --device cuda (NCCL moves CUDA buffers only)")
     return args
+
+
+def _local_ranks(args: argparse.Namespace) -> int:
+    """Ranks of the job on this host: -n, or the launcher's count when this is a rank of a
+    job already (ringreduce-run, torchrun, srun, mpirun), else the default 2."""
+    from .._env import detect_launch
+
+    try:
+        info = detect_launch()
+    except ValueError:
+        info = None
+    if info is not None and info.source != "default":
+        return max(1, info.local_world_size)
+    return args.nproc or 2
 
 
 def _memory_bytes() -> int:

@@ -46,6 +46,21 @@ def mpi_command(n: int, rank_argv: list[str], out: str, extra: str = "") -> list
             "ringreduce.bench.mpi_job", *rank_argv, "--mpi-results", out]
 
 
+def _mpirun_why(text: str) -> str:
+    """What a failed mpirun said: Open MPI's own errors come in a box of dashes (its last
+    line is the box's border), so the first lines inside the first box; else the last line
+    (a rank's traceback ends with its exception)."""
+    lines = text.splitlines()
+    border = [i for i, ln in enumerate(lines) if len(ln.strip()) >= 20 and set(ln.strip()) == {"-"}]
+    if border:
+        inside = lines[border[0] + 1:border[1] if len(border) > 1 else None]
+        said = [ln.strip() for ln in inside if ln.strip()]
+        if said:
+            return " ".join(said[:3])
+    said = [ln.strip() for ln in lines if ln.strip()]
+    return said[-1] if said else "no output"
+
+
 def run_mpi_job(args: Namespace, n: int, rank_argv: list[str], timeout: float) -> str:
     """Run the mpi anchor; returns the results file (it holds an "error" when it failed)."""
     import json
@@ -75,8 +90,7 @@ def run_mpi_job(args: Namespace, n: int, rank_argv: list[str], timeout: float) -
             p.wait()
             raise
         if error is None and p.returncode != 0:
-            lines = [ln for ln in (text or "").splitlines() if ln.strip()]
-            error = f"mpirun exited with {p.returncode}: {lines[-1] if lines else 'no output'}"
+            error = f"mpirun exited with {p.returncode}: {_mpirun_why(text or '')}"
     if error is not None:
         with open(out, "w") as f:
             json.dump({"error": error}, f)

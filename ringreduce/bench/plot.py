@@ -25,7 +25,10 @@ def plot(rows: list[Row], meta: dict, path: str) -> str | None:
         return "nothing to plot: barrier has no message size (use -o with another collective)"
     ncols = min(2, len(ops))
     nrows = (len(ops) + ncols - 1) // ncols
-    fig, axes = plt.subplots(nrows, ncols, figsize=(6.4 * ncols, 4.6 * nrows), squeeze=False)
+    # Constrained layout leaves room for the overall title (tight_layout put it over the top
+    # panels' titles, and cut it at a single panel's edges: found by a helper).
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.4 * ncols, 4.6 * nrows), squeeze=False,
+                             layout="constrained")
     for ax in axes.flat[len(ops):]:
         ax.set_visible(False)
     hosts = ", ".join(f"{h} x{c}" for h, c in meta["hosts"].items())
@@ -41,12 +44,12 @@ def plot(rows: list[Row], meta: dict, path: str) -> str | None:
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: format_size(int(x))))
         ax.set_xlabel("message size (bytes, nccl-tests convention)")
         ax.set_ylabel("bus bandwidth (GB/s)")
-        ax.set_title(f"{op}, {meta['world_size']} ranks, {meta['dtype']}")
+        n = meta["world_size"]
+        ax.set_title(f"{op}, {n} rank{'s' * (n != 1)}, {meta['dtype']}")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
-    fig.suptitle(f"ringreduce-bench on {hosts} (transport {meta['transport']}, "
-                 f"median of {meta['iters']} iterations)", fontsize=10)
-    fig.tight_layout()
+    fig.suptitle(f"ringreduce-bench on {hosts}\ntransport {meta['transport']}, "
+                 f"median of {meta['iters']} iterations", fontsize=10)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return None

@@ -55,7 +55,7 @@ def _header(meta: dict, skipped: list[dict]) -> list[str]:
     hosts = ", ".join(f"{h} x{c}" for h, c in meta["hosts"].items())
     transport = f"{meta['transport']} (RINGREDUCE_TRANSPORT={meta['transport_requested']})"
     out = [(f"# ringreduce-bench (ringreduce {meta['ringreduce_version']}): "
-            f"{meta['world_size']} ranks on {hosts}"),
+            f"{meta['world_size']} rank{'s' * (meta['world_size'] != 1)} on {hosts}"),
            (f"#  collectives {','.join(meta['ops'])}  type {meta['dtype']}  redop {meta['redop']}"
             f"  root {meta['root']}  algo {meta['algo']}  transport {transport}"),
            (f"#  warmup {meta['warmup']}  iters {meta['iters']}  check {int(meta['check'])}"

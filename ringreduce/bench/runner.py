@@ -62,13 +62,23 @@ def _trial(lib: anchors.Lib, case: Case, args: Namespace, rank: int, world: int,
     return reason or "failed on another rank"
 
 
+SETTLE_ROUNDS, SETTLE_BYTES = 50, 64 << 20
+
+
+def settle_rounds(size: int, warmup: int) -> int:
+    """Untimed rounds of a collective's first size (see _settle): 50, but no more than move
+    64 MiB (50 rounds of 32 MiB took minutes at 5 ranks, found by a helper), and at least
+    the -w warm-up."""
+    return max(warmup, min(SETTLE_ROUNDS, -(-SETTLE_BYTES // max(size, 1))))
+
+
 def _settle(libs: list[anchors.Lib], case: Case, args: Namespace, rank: int, world: int) -> None:
     """Untimed rounds of the first case for every library: the first timed size otherwise
     pays for cold caches, thread start-up and connection warm-up (seen as 10x outliers)."""
     b = make_buffers(case, args.dtype, rank, world, args.redop, args.root, False)
     for lib in libs:
         lib.barrier()
-        for _ in range(max(50, args.warmup)):
+        for _ in range(settle_rounds(case.size, args.warmup)):
             lib.run(case, b, args.redop, args.root)
     del b
 
