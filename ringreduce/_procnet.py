@@ -106,10 +106,25 @@ def client_sockets(port: int, addrs: Any = None) -> list:
 
 def serves(store: Any) -> bool:
     """True if this process listens on the port of the TCPStore under `store` (it runs that
-    store's server); False when it does not or it cannot be told."""
+    store's server) and did not inherit that socket from its parent (a child forked by the
+    process serving it); False when it does not or it cannot be told."""
     port = _store_port(store)
-    return port is not None and any(cols[3] == _LISTEN and _port(cols[1]) == port
-                                    for cols, _ in _own_rows())
+    if port is None:
+        return False
+    mine = {cols[9] for cols, _ in _own_rows() if cols[3] == _LISTEN and _port(cols[1]) == port}
+    if not mine:
+        return False
+    try:
+        parent = os.listdir(f"/proc/{os.getppid()}/fd")
+    except OSError:
+        return True
+    for fd in parent:
+        try:
+            if os.readlink(f"/proc/{os.getppid()}/fd/{fd}")[8:-1] in mine:
+                return False
+        except OSError:
+            continue
+    return True
 
 
 def server_closed(store: Any) -> bool:

@@ -644,14 +644,16 @@ def _count_init(store: Any) -> None:
     _GENERATIONS[_server(store)] = _inits(store) + 1
 
 
-def _restart() -> str:
+def _restart(store: Any) -> str:
     """The torchrun attempt whose keys this process's inits use: TORCHELASTIC_RESTART_COUNT
-    on the agent's store (TORCHELASTIC_USE_AGENT_STORE), which still holds the failed
-    attempts' keys (as torch's own env:// rendezvous prefixes "/worker/attempt_N"); "" on a
-    store of the attempt's own, where agents' counts may differ (an agent restarting on a
-    membership change keeps its count: torch issue 135712) -- found by a helper: two agents
-    restarting at counts 0 and 1 on a fresh store waited for each other's keys."""
-    if not _env.store_tunables().use_agent_store:
+    on a store that outlives the attempt -- the agent's (TORCHELASTIC_USE_AGENT_STORE), which
+    still holds the failed attempts' keys (as torch's own env:// rendezvous prefixes
+    "/worker/attempt_N"), or a FileStore/HashStore the caller passes; "" on a TCPStore that
+    is not the agent's (rank 0's, made again by each attempt), where agents' counts may
+    differ (an agent restarting on a membership change keeps its count: torch issue 135712)
+    -- found by a helper: two agents restarting at counts 0 and 1 on a fresh store waited
+    for each other's keys."""
+    if not _env.store_tunables().use_agent_store and _server(store) != ("",):
         return ""
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return "" if restart in ("", "0") else restart
@@ -659,11 +661,11 @@ def _restart() -> str:
 
 def _world_prefix(store: Any, generation: int | None = None) -> str:
     """Store keys of this process's latest init on `store`'s server. A torchrun restart
-    starts fresh processes, counting inits from 1 again: on the agent's store they get the
-    attempt's own prefix (before, every restarted rank found its rank "claimed by 2
+    starts fresh processes, counting inits from 1 again: on a store that outlives it they get
+    the attempt's own prefix (before, every restarted rank found its rank "claimed by 2
     processes"), see _restart."""
     gen = _inits(store) if generation is None else generation
-    restart = _restart()
+    restart = _restart(store)
     return f"ringreduce/{gen}{'-r' + restart if restart else ''}/"
 
 
@@ -742,7 +744,6 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
          *(p + "store0" for _ in cfg), p + "session"])]
     if cfg:
         _same_settings(got[3 * world:4 * world], rank)
-        if rank != 0:
-            _note_rank0_serves(store, got[4 * world] == "serves")
+        _note_rank0_serves(store, rank != 0 and got[4 * world] == "serves")
     return Peers(addrs=got[:world], hosts=got[world:2 * world], secret=secret, prefix=p,
                  hb_addrs=got[2 * world:3 * world], session=got[-1])

@@ -81,3 +81,17 @@ def test_refused_at_once_after_a_cut(servers: int) -> None:
     with pytest.raises(Exception, match="did not answer for 0 s earlier"):
         _rendezvous.refuse_if_cut(3, "creating group2", store)
     store.conn.close()
+
+
+def test_a_posted_failure_keeps_the_first_cause() -> None:
+    """Ranks failing on the first failure's account post too: the first cause stays (each
+    one overwrote it before), as fail_bounded already kept it."""
+    import torch.distributed as dist
+
+    from ringreduce import _store_wait
+
+    store = dist.PrefixStore("p/", dist.HashStore())
+    _store_wait.fail(store, "g/", ValueError("rank 1 was claimed by 2 processes"), speaker=1)
+    _store_wait.fail(store, "g/", RuntimeError("another rank failed"), speaker=2)
+    _store_wait.fail_bounded(store, "g/", RuntimeError("also later"), 3)
+    assert store.get("g/failed").decode() == "ValueError\nrank 1 was claimed by 2 processes"

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import types
 from pathlib import Path
 
 import pytest
@@ -224,5 +225,7 @@ def test_claimed_twice_under_torchrun_names_the_restart_count(monkeypatch) -> No
     assert _rendezvous._world_prefix(object(), 3) == "ringreduce/3/"
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
     assert _rendezvous._world_prefix(object(), 3) == "ringreduce/3-r2/"
-    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")  # a store of the round's own
-    assert _rendezvous._world_prefix(object(), 3) == "ringreduce/3/"
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")
+    tcp = types.SimpleNamespace(host="h", port=1234)  # rank 0's TCPStore: the attempt's own
+    assert _rendezvous._world_prefix(tcp, 3) == "ringreduce/3/"
+    assert _rendezvous._world_prefix(object(), 3) == "ringreduce/3-r2/"  # a FileStore outlives it

@@ -196,7 +196,7 @@ void Communicator::throwLeft(int p, const std::string& during) {
   std::string msg =
       detail::concat("rank ", label(p), " (", peerHost(p), ") ",
                      transport::leftAfterFailure(opts_.p2pChannel ? "" : opts_.groupName), during,
-                     ": ", why);
+                     ": ", transport::saidBy(std::to_string(label(p)), why));
   if (knownCulprit(who, p))
     throw PeerError(who.rank, who.cause, std::move(msg), p, who.outside);
   throw PeerError(p, PeerCause::kLeft, std::move(msg));

@@ -16,8 +16,9 @@ constexpr char kFound[] = ", which found it): ";
 size_t peelRelay(const std::string& text, std::vector<std::string>* via) {
   constexpr size_t npos = std::string::npos;
   if (text.compare(0, 5, "rank ") != 0) return npos;
-  const size_t open = text.find(" (", 5), shut = text.find(") failed", 5);
-  if (open == npos || shut == npos || open > shut) return npos;
+  const size_t open = text.find(" (", 5);
+  const size_t shut = open == npos ? npos : text.find(')', open);  // the host's bracket
+  if (shut == npos || text.compare(shut, 8, ") failed") != 0) return npos;
   const std::string who = text.substr(5, open - 5);
   if (who.find(' ') != npos || text.substr(open, shut - open).find(": ") != npos) return npos;
   const size_t after = shut + 8;  // past ") failed"
@@ -38,15 +39,19 @@ size_t peelRelay(const std::string& text, std::vector<std::string>* via) {
 }
 }  // namespace
 
+std::string saidBy(const std::string& rank, std::string text) {
+  const std::string named = "rank " + rank;
+  for (size_t at = 0; (at = text.find("this rank", at)) != std::string::npos;) {
+    text.replace(at, 9, named);
+    at += named.size();
+  }
+  return text;
+}
+
 std::string abortText(int label, const std::string& host, std::string reason) {
   std::vector<std::string> via;
   for (size_t at; (at = peelRelay(reason, &via)) != std::string::npos;) reason.erase(0, at);
-  // The finder's words say "this rank" of the finder.
-  const std::string finder = "rank " + (via.empty() ? std::to_string(label) : via.back());
-  for (size_t at = 0; (at = reason.find("this rank", at)) != std::string::npos;) {
-    reason.replace(at, 9, finder);
-    at += finder.size();
-  }
+  reason = saidBy(via.empty() ? std::to_string(label) : via.back(), std::move(reason));
   std::string out = detail::concat("rank ", label, " (", host, ") failed");
   if (!via.empty()) {
     out += kVia;

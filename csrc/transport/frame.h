@@ -67,12 +67,6 @@ inline Culprit decodeCulprit(uint32_t v, uint32_t cause) {
           (v & kOutsideBit) != 0};
 }
 
-// Compare an incoming header against the one this rank expects. Returns "" when they
-// agree, else a message naming the first differing field with both values.
-// p2p: the frames are a point-to-point channel's messages (ringreduce/p2p.py sends each as a
-// broadcast from the sender), named as such rather than as broadcasts. peer, self: the
-// ranks messages name the two by; labels: the same for roots (a group's world ranks; empty:
-// the world, whose roots are shown as they are).
 // The text of peer `label`'s (at `host`) abort whose payload is `reason`: "rank L (H) failed:
 // <reason>". A reason that is itself a relayed abort ("rank M (H2) failed: rank N ... closed
 // the connection while this rank ...") is quoted as its first finder's words, once, with
@@ -80,6 +74,15 @@ inline Culprit decodeCulprit(uint32_t v, uint32_t cause) {
 // (9 at 32 ranks) and the kMaxAbortReason bound cut the finder's words off.
 std::string abortText(int label, const std::string& host, std::string reason);
 
+// `text` as rank `rank` said it, to be quoted on another rank: its "this rank" named.
+std::string saidBy(const std::string& rank, std::string text);
+
+// Compare an incoming header against the one this rank expects. Returns "" when they
+// agree, else a message naming the first differing field with both values.
+// p2p: the frames are a point-to-point channel's messages (ringreduce/p2p.py sends each as a
+// broadcast from the sender), named as such rather than as broadcasts. peer, self: the
+// ranks messages name the two by; labels: the same for roots (a group's world ranks; empty:
+// the world, whose roots are shown as they are).
 std::string describeMismatch(const FrameHeader& got, const FrameHeader& want, bool p2p,
                              int peer, int self, const std::vector<int>& labels);
 

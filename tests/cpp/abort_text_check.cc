@@ -51,6 +51,17 @@ int main() {
   expect(7, "rank 2 (h: x) failed: q", "rank 7 (h) failed: rank 2 (h: x) failed: q");
   expect(7, "rank 2 (h) failed (relayed from rank 3", "rank 7 (h) failed: rank 2 (h) failed "
             "(relayed from rank 3");
+  // A ") failed" later in the finder's words is not a relay's (its words were cut off).
+  expect(2, "rank 4 (h) closed while this rank was in broadcast (root 1) failed: y",
+         "rank 2 (h) failed: rank 4 (h) closed while rank 2 was in broadcast (root 1) failed: y");
+  // A goodbye's reason, quoted by the rank it reached: its sender's "this rank" named.
+  const std::string said = rr::transport::saidBy("4", "this rank was receiving; this rank's");
+  if (said == "rank 4 was receiving; rank 4's") {
+    ++passed;
+  } else {
+    ++failed;
+    std::printf("FAIL: saidBy: %s\n", said.c_str());
+  }
   // Arbitrary bytes (a peer's payload is not trusted): no crash, the text kept at the end.
   std::mt19937 rng(1);
   const std::string parts[] = {"rank ", "1", " (", "h", ") failed", ": ", " (relayed from rank ",

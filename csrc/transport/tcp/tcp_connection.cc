@@ -43,7 +43,8 @@ void TcpConnection::failClosed(const char* doing) {
 void TcpConnection::failLeft(const char* doing) {
   if (!leftWhy_.empty()) {
     std::string msg = detail::concat("rank ", label_, " (", peerHost_, ") ",
-                                     leftAfterFailure(scope_), ": ", leftWhy_);
+                                     leftAfterFailure(scope_), ": ",
+                                     saidBy(std::to_string(label_), leftWhy_));
     if (leftCulprit_.rank >= 0 && (leftCulprit_.outside || leftCulprit_.rank != peer_))
       throw PeerError(leftCulprit_.rank, leftCulprit_.cause, std::move(msg), peer_,
                       leftCulprit_.outside);  // the communicator checks it
