@@ -38,13 +38,13 @@ def _store_port(store: Any) -> int | None:
     return None if s is None else s.port
 
 
-def _socket_fds() -> dict:
-    """This process's sockets: inode -> fd."""
+def _socket_fds(proc: str = "self") -> dict:
+    """The sockets of process `proc` (a pid; this process by default): inode -> fd."""
     out = {}
     try:
-        for fd in os.listdir("/proc/self/fd"):
+        for fd in os.listdir(f"/proc/{proc}/fd"):
             try:
-                link = os.readlink(f"/proc/self/fd/{fd}")
+                link = os.readlink(f"/proc/{proc}/fd/{fd}")
             except OSError:
                 continue
             if link.startswith("socket:["):
@@ -112,19 +112,7 @@ def serves(store: Any) -> bool:
     if port is None:
         return False
     mine = {cols[9] for cols, _ in _own_rows() if cols[3] == _LISTEN and _port(cols[1]) == port}
-    if not mine:
-        return False
-    try:
-        parent = os.listdir(f"/proc/{os.getppid()}/fd")
-    except OSError:
-        return True
-    for fd in parent:
-        try:
-            if os.readlink(f"/proc/{os.getppid()}/fd/{fd}")[8:-1] in mine:
-                return False
-        except OSError:
-            continue
-    return True
+    return bool(mine) and mine.isdisjoint(_socket_fds(str(os.getppid())))
 
 
 def server_closed(store: Any) -> bool:
