@@ -6,6 +6,7 @@ check happens here, before any byte moves, and each error says what to do instea
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -135,9 +136,10 @@ _TORCH_FAST: dict = {}  # torch dtype -> code, built on first use
 
 
 def torch_tensor_type() -> Any:
-    """torch.Tensor if torch is imported, else a type nothing is an instance of."""
-    torch = _TORCH[0]
-    return torch.Tensor if torch is not None else _Never
+    """torch.Tensor if torch is imported (by anyone: a caller's tensor means it is), else a
+    type nothing is an instance of."""
+    torch = _TORCH[0] or sys.modules.get("torch")
+    return getattr(torch, "Tensor", _Never)
 
 
 class _Never:

@@ -22,7 +22,11 @@ def _host_only(what: str, *xs: Any) -> None:
     for x in xs:
         if x is None or type(x) is _np.ndarray:
             continue
-        if getattr(x, "is_cuda", False) or hasattr(x, "__cuda_array_interface__"):
+        if isinstance(x, _buffers.torch_tensor_type()):  # (a sparse CSR tensor's
+            cuda = x.is_cuda  # __cuda_array_interface__ raises RuntimeError, not AttributeError)
+        else:
+            cuda = getattr(x, "is_cuda", False) or hasattr(x, "__cuda_array_interface__")
+        if cuda:
             raise ValueError(f"{what}: CUDA buffers are not supported by this collective yet; "
                              f"copy to the host (.cpu()) or use torch.distributed with NCCL")
 

@@ -57,7 +57,16 @@ def bad_inputs(rank: int, world: int) -> list[str]:
         x = np.arange(8, dtype=np.float32)
         x_before = x.copy()
         n = 4
+        csr = torch.eye(world).to_sparse_csr()  # its __cuda_array_interface__ raises RuntimeError
         cases: list[tuple[str, Callable[[], Any], type, str]] = [
+            # first: before this process's first dense torch tensor reached ringreduce
+            ("sparse CSR tensor", lambda: rr.allreduce(csr), ValueError, "sparse.*to_dense"),
+            ("sparse CSR gather", lambda: rr.gather(csr, dst=0), ValueError, "sparse.*to_dense"),
+            ("sparse CSR reduce", lambda: rr.reduce(csr, dst=0), ValueError, "sparse.*to_dense"),
+            ("sparse CSR all_to_all", lambda: rr.all_to_all(csr), ValueError, "sparse.*to_dense"),
+            ("sparse CSR scatter",
+             lambda: rr.scatter(csr, src=0, x=torch.zeros(world, world, world)), ValueError,
+             "sparse.*to_dense"),
             ("non-contiguous tensor", lambda: rr.allreduce(torch.ones(4, 4).t()), ValueError,
              r"not contiguous.*contiguous\(\)"),
             ("strided tensor", lambda: rr.broadcast(torch.ones(10)[::2]), ValueError,
