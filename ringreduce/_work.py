@@ -15,18 +15,33 @@ from . import _env
 
 # Buffers of queued/running async collectives, oldest first. The C++ core only holds raw
 # pointers, so these references keep the memory alive even if the caller drops its Work
-# handle; entries go once their collective completed (the executor runs in order).
-# Any thread may issue collectives: every access holds _INFLIGHT_LOCK (a check of the
-# oldest entry and its popleft must be one step, or two threads drop a running one).
+# handle. A Work waited for (or seen completed) drops its entry at once; entries of dropped
+# handles go at the next async call once completed. Groups and point-to-point channels run
+# on executors of their own, so completion is not in posting order: every entry is checked.
+# Any thread may issue collectives: every access holds _INFLIGHT_LOCK.
 _INFLIGHT: collections.deque = collections.deque()
 _INFLIGHT_LOCK = threading.Lock()
 
 
 def _track(cwork: Any, keep: tuple) -> None:
     with _INFLIGHT_LOCK:
-        while _INFLIGHT and _INFLIGHT[0][0].is_completed():
-            _INFLIGHT.popleft()
+        entries = list(_INFLIGHT)
+    # Outside the lock: a point-to-point Work's is_completed() finishes it, which untracks.
+    done = {id(e) for e in entries if e[0].is_completed()}  # (entries keeps the ids unique)
+    with _INFLIGHT_LOCK:
+        if done:
+            live = [e for e in _INFLIGHT if id(e) not in done]
+            _INFLIGHT.clear()
+            _INFLIGHT.extend(live)
         _INFLIGHT.append((cwork, keep))
+
+
+def _untrack(cwork: Any) -> None:
+    with _INFLIGHT_LOCK:
+        for i, e in enumerate(_INFLIGHT):
+            if e[0] is cwork:
+                del _INFLIGHT[i]
+                return
 
 
 class Work:
@@ -77,6 +92,7 @@ class Work:
                     self._after = None
                 self._finished = True
                 self._keep = ()
+                _untrack(self._cwork)
         finally:
             self._lock.release()
 

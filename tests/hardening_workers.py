@@ -447,3 +447,39 @@ def failed_group_fds(rank: int, world: int) -> dict:
     finally:
         gc.enable()
     return {"failed": failed, "left": left}
+
+
+def async_buffers_released(rank: int, world: int) -> list[str]:
+    """An async call's buffers are freed once its Work was waited for and dropped (as torch's
+    Work frees its outputs), on the world, a group and point to point -- not only once a later
+    async call was posted."""
+    import gc
+    import weakref
+
+    import torch
+
+    errs: list[str] = []
+    g = rr.new_group(list(range(world)))
+    peer = (rank + 1) % world
+    for what, post in (
+            ("allreduce", lambda t: rr.allreduce(t, async_op=True)),
+            ("group allgather", lambda t: rr.allgather(t, group=g, async_op=True)),
+            ("irecv", lambda t: rr.irecv(t, src=(rank - 1) % world, tag=7))):
+        t = torch.full((1 << 16,), float(rank + 1))
+        send = rr.isend(torch.full((1 << 16,), float(rank + 1)), dst=peer, tag=7) \
+            if what == "irecv" else None
+        w = post(t)
+        w.wait()
+        if send is not None:
+            send.wait()
+        expect = (world * (world + 1) / 2 if what == "allreduce"
+                  else ((rank - 1) % world) + 1 if what == "irecv" else rank + 1)
+        if float(t[0]) != expect:
+            errs.append(f"{what}: got {float(t[0])}, expected {expect}")
+        ref = weakref.ref(t)
+        del t, w, send
+        gc.collect()
+        if ref() is not None:
+            errs.append(f"{what}: the buffer is still alive after wait() and del")
+    g.destroy()
+    return errs

@@ -223,11 +223,24 @@ def test_inflight_registry_is_consistent_under_threads(monkeypatch: pytest.Monke
     dropped: list = []
 
     class CheckedDeque(collections.deque):
+        # Completion is monotonic: an entry still running when it leaves was dropped.
         def popleft(self):
             item = super().popleft()
-            if not item[0].done():  # completion is monotonic: popped unchecked while running
+            if not item[0].done():
                 dropped.append(item)
             return item
+
+        def clear(self):
+            self.cleared = list(self)
+            super().clear()
+
+        def extend(self, items):
+            items = list(items)
+            kept = {id(e) for e in items}
+            dropped.extend(e for e in getattr(self, "cleared", ())
+                           if id(e) not in kept and not e[0].done())
+            self.cleared = []
+            super().extend(items)
 
     monkeypatch.setattr(_work, "_INFLIGHT", CheckedDeque())
     errors: list = []
@@ -248,6 +261,44 @@ def test_inflight_registry_is_consistent_under_threads(monkeypatch: pytest.Monke
         th.join(30)
     assert not errors, errors[:3]
     assert not dropped, f"{len(dropped)} running collectives were dropped from the registry"
+
+
+def test_inflight_registry_drops_entries_completed_out_of_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Groups and point-to-point channels complete on executors of their own: an entry done
+    behind one still running (an irecv posted first) is dropped at the next call, and a Work
+    waited for drops its own at once."""
+    import collections
+
+    from ringreduce import _work
+
+    class FakeWork:
+        def __init__(self, done: bool):
+            self.done = done
+
+        def is_completed(self) -> bool:
+            return self.done
+
+        def wait(self, timeout=None) -> bool:
+            return True
+
+    monkeypatch.setattr(_work, "_INFLIGHT", collections.deque())
+    running, finished = FakeWork(False), FakeWork(False)
+    _work._track(running, ("r",))
+    _work._track(finished, ("f",))
+    finished.done = True
+    waited = _work.Work(FakeWork(True), ("w",))
+    assert [e[1] for e in _work._INFLIGHT] == [("r",), ("w",)]  # "f" pruned behind "r"
+    waited.wait()
+    assert [e[1] for e in _work._INFLIGHT] == [("r",)]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_waited_async_call_frees_its_buffers(world: int) -> None:
+    outs = run_world(world, "hardening_workers:async_buffers_released", timeout=40)
+    for r, errs in enumerate(outs):
+        assert errs == [], f"rank {r}: {errs}"
 
 
 @pytest.mark.timeout(60)
