@@ -87,6 +87,16 @@ class Completion:
         None for a failure nobody waited for)."""
         if self._done:
             return True
+        if self.poll():
+            self.complete_future()
+        return self._done
+
+    def poll(self) -> bool:
+        """is_completed() that leaves the Future alone: completing it runs its callbacks,
+        which may start collectives, so a caller holding a lock they need (backend._issued)
+        polls under it and calls complete_future() after releasing it."""
+        if self._done:
+            return True
         if self.work is not None and not self.work.is_completed():
             return False
         if not all(c.is_completed() for c in self.before):  # finishing them would block
@@ -96,8 +106,11 @@ class Completion:
                 self._finish_locked()
             finally:
                 self._lock.release()
-            self._set_future(self._exc)
         return self._done
+
+    def complete_future(self) -> None:
+        """Complete the Future (if one was asked for) once finished; runs its callbacks."""
+        self._set_future(self._exc)
 
     def exception(self) -> BaseException | None:
         self.is_completed()

@@ -592,12 +592,15 @@ class _Ops:
         made now, this one's finish() makes the pending ones' first (a chain, `before`), and
         the C++ adapter's synchronous path defers to this one while a copy is pending
         (the flag byte of native()). Collectives of a group complete in order: the done ones
-        are at the front."""
+        are at the front. Their Futures are completed after the lock is released: a
+        Future's callback may issue the group's next collective (found by a helper: a
+        ``.then()`` calling all_reduce deadlocked here, as did ZeRO's interleaved DDP hook)."""
         c = w._c
+        ended = []
         with self._lock:
             running = self._running
-            while running and running[0].is_completed():  # writes its copy if it has one
-                running.popleft()
+            while running and running[0].poll():  # writes its copy if it has one
+                ended.append(running.popleft())
             last = self._last_copy
             if last is not None and last.after is not None:  # its copy still to make
                 c.before = [last]
@@ -607,6 +610,8 @@ class _Ops:
                 self._last_copy = c
             running.append(c)
             self._copy_flag[0] = int(c.after is not None or last is not None)
+        for e in ended:
+            e.complete_future()
         return w
 
     def _finish_running(self) -> None:

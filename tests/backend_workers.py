@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import time
 import traceback
+from datetime import timedelta
 from typing import Any, Callable
 
 import torch
@@ -514,6 +515,36 @@ def async_unwaited(rank: int, world: int) -> list:
     dist.destroy_process_group()
     expect("all_reduce finished by destroy", t.tolist(), [sum(range(1, world + 1)) * 1.0] * 4)
     return fails
+
+
+def future_callback_collective(rank: int, world: int) -> dict:
+    """A Future's .then() callback that issues the group's next collective (torch's ZeRO
+    interleaved DDP hook and PowerSGD do): when the completer thread is busy, a later
+    collective's issue completes the Future and runs the callback on its own thread --
+    which deadlocked on the group's lock (found by a helper). The completers are kept busy
+    on collectives of other groups that the peers join only at the end."""
+    import torch.distributed as dist
+
+    dist.init_process_group("ringreduce")
+    h = [dist.new_group(list(range(world))) for _ in range(2)]
+    busy = torch.ones(4)
+    first = dist.all_reduce(busy, group=h[0 if rank == 0 else 1], async_op=True).get_future()
+    a, c, d = torch.full((4,), rank + 1.0), torch.full((4,), 10.0 * (rank + 1)), torch.ones(4)
+
+    def cb(fut: Any) -> Any:
+        dist.all_reduce(d, async_op=True).wait()  # the group's next collective, from here
+        return fut.value()
+
+    fa = dist.all_reduce(a, async_op=True).get_future().then(cb)
+    time.sleep(0.5)  # a is done on every rank; its Future not yet completed
+    wc = dist.all_reduce(c, async_op=True)  # issuing polls a's Completion: runs cb
+    wc.wait(timeout=timedelta(seconds=20))
+    fa.wait()
+    dist.all_reduce(busy, group=h[1 if rank == 0 else 0])
+    first.wait()
+    out = {"a": a.tolist(), "c": c.tolist(), "d": d.tolist()}
+    dist.destroy_process_group()
+    return out
 
 
 def async_unwaited_at_exit(rank: int, world: int) -> dict:

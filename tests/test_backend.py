@@ -131,6 +131,15 @@ def test_async_collectives_nobody_waits_for_complete_as_gloo(world: int) -> None
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_future_callback_may_issue_the_groups_next_collective(world: int) -> None:
+    res = run_world(world, "backend_workers:future_callback_collective", timeout=60, env=_ENV,
+                    init=False)
+    n = world * (world + 1) / 2
+    assert res == [{"a": [n] * 4, "c": [10 * n] * 4, "d": [float(world)] * 4}] * world, res
+
+
+@pytest.mark.timeout(90)
 def test_an_async_collective_outstanding_at_exit_is_finished() -> None:
     res = run_world(2, "backend_workers:async_unwaited_at_exit", timeout=60, env=_ENV,
                     init=False)
