@@ -89,3 +89,31 @@ def frozen_member(rank: int, world: int, victim: int, members: list[int] | None 
     except rr.PeerFailure as e:
         return {"error": str(e), "peer_rank": e.peer_rank, "cause": e.cause,
                 "secs": time.monotonic() - t0}
+
+
+def paused(rank: int, world: int, stopped: list[int], pause: float) -> list[str]:
+    """Ranks `stopped` (the whole job: a suspended SLURM job, docker pause; one rank: a
+    debugger) are SIGSTOPped for `pause` s, longer than the heartbeat timeout, while the
+    others wait in an all-reduce (rank 0 computes meanwhile); then SIGCONT. Nobody may be
+    named: a resumed rank blamed a healthy peer for its own pause (found by a helper). Rank
+    0 starts the stopper (a shell) and reaps it."""
+    import subprocess
+
+    pids = [int(p) for p in rr.allgather(np.array([os.getpid()], np.int64)).ravel()]
+    stopper = None
+    if rank == 0:
+        who = " ".join(str(pids[r]) for r in stopped)
+        stopper = subprocess.Popen(
+            ["sh", "-c", f"sleep 0.5; kill -STOP {who}; sleep {pause}; kill -CONT {who}"])
+    errs: list[str] = []
+    try:
+        for i in range(3):
+            if rank == 0 and i == 0:
+                time.sleep(1.0 if 0 in stopped else pause + 1.5)  # the others wait meanwhile
+            _checked_allreduce(None, rank, list(range(world)))
+    except rr.RingReduceError as e:
+        errs.append(f"{type(e).__name__}: {e}")
+    finally:
+        if stopper is not None:
+            stopper.wait(pause + 30)
+    return errs

@@ -77,3 +77,12 @@ def test_ranks_with_the_same_pid_do_not_vouch_for_each_other() -> None:
     assert v is not None, outs[0].describe()
     assert v["peer_rank"] == 1 and v["cause"] == "silent", v
     assert v["secs"] < 6.0, v
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("world,stopped", [(3, [0, 1, 2]), (2, [1])])
+def test_ranks_resumed_after_a_pause_blame_nobody(world: int, stopped: list) -> None:
+    """SIGSTOP for 3 s against a 1.5 s heartbeat timeout: the paused time is not counted
+    against peers whose datagrams the paused process could not read."""
+    outs = run_world(world, "heartbeat_workers:paused", stopped, 3.0, timeout=70, env=FAST)
+    assert outs == [[]] * world, outs

@@ -160,7 +160,7 @@ void Communicator::maybeFault(FaultPlan::Point p) {
 
 void Communicator::setHeartbeat(std::unique_ptr<transport::Heartbeat> hb) {
   hb_ = std::move(hb);
-  hbSinceMs_ = steadyMs();
+  hbSinceMs_ = transport::livenessMs();
   // Set-up's collectives ran before: peers waiting on this rank say "idle after collective
   // #<the last of them>", not #0, until its first call.
   hb_->setState(0, seq_, 0);

@@ -379,7 +379,7 @@ class Communicator {
   Recorder recorder_;
   std::string flightPath_;
   bool spinAllowed_ = true;
-  int64_t hbSinceMs_ = 0;  // steady ms when heartbeats started
+  int64_t hbSinceMs_ = 0;  // transport::livenessMs() when heartbeats started
   int64_t beganMs_ = 0;    // steady ms when the current collective began
   bool stallReported_ = false;
   void checkHeartbeats(int waitingFor);

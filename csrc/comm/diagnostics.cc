@@ -171,7 +171,7 @@ void Communicator::checkHeartbeats(int waitingFor) {
 
 int Communicator::silentPeer(bool neverHeard, transport::PeerStatus* s, int64_t* ageMs) const {
   const int64_t limit = static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000);
-  const int64_t sinceStart = steadyMs() - hbSinceMs_;
+  const int64_t sinceStart = transport::livenessMs() - hbSinceMs_;
   for (int p : watchList_) {
     if (gone_[static_cast<size_t>(p)] || probeSkipped(p)) continue;
     *s = hb_->status(p);

@@ -50,6 +50,53 @@ int64_t nowNs() {
       .count();
 }
 
+// livenessNs()'s state: when the hub's thread is due to run (it wakes by then, or the time
+// past it, beyond kLateNs, is left out) and the time left out so far.
+class LivenessClock {
+ public:
+  int64_t now() {
+    std::lock_guard<std::mutex> g(mu_);
+    const int64_t n = nowNs();
+    return std::min(n, dueNs_ + kLateNs) - pausedNs_;
+  }
+  // The hub's thread: it runs now (the time it was late by, beyond kLateNs, is left out).
+  void running() {
+    std::lock_guard<std::mutex> g(mu_);
+    const int64_t n = nowNs();
+    if (dueNs_ != kNever && n > dueNs_ + kLateNs) pausedNs_ += n - (dueNs_ + kLateNs);
+    dueNs_ = n;
+  }
+  // It sleeps until `due` (a datagram may wake it earlier); kNever: it stops.
+  void sleeping(int64_t due) {
+    std::lock_guard<std::mutex> g(mu_);
+    dueNs_ = due;
+  }
+  static constexpr int64_t kNever = INT64_MAX / 2;
+
+ private:
+  static constexpr int64_t kLateNs = 250000000;  // scheduling delay still counted
+  std::mutex mu_;
+  int64_t dueNs_ = kNever;
+  int64_t pausedNs_ = 0;
+};
+
+LivenessClock*& livenessClockPtr() {
+  static LivenessClock* c = nullptr;
+  return c;
+}
+
+LivenessClock& livenessClock() {
+  static const bool made = [] {
+    // Never destroyed (any thread reads it); a forked child, which has no hub thread and
+    // whose lock a parent thread may have held at the fork, starts a fresh one.
+    ::pthread_atfork(nullptr, nullptr, [] { livenessClockPtr() = new LivenessClock(); });
+    livenessClockPtr() = new LivenessClock();
+    return true;
+  }();
+  (void)made;
+  return *livenessClockPtr();
+}
+
 void sign(const std::string& key, Datagram* d) {
   auto m = crypto::hmacSha256(key.data(), key.size(), d, offsetof(Datagram, mac));
   std::memcpy(d->mac, m.data(), sizeof(d->mac));
@@ -94,7 +141,11 @@ class HeartbeatHub {
         beats_.pop_back();
         RR_THROW(Error, "heartbeat: pipe failed: ", std::strerror(errno));
       }
-      thread_ = std::thread([this, stop = stop_, w = wake_[0]] { loop(*stop, w); });
+      thread_ = std::thread([this, stop = stop_, w = wake_[0]] {
+        livenessClock().running();
+        loop(*stop, w);
+        livenessClock().sleeping(LivenessClock::kNever);  // no thread: nothing is due
+      });
     } else {
       wake();  // its period may be due before the thread's next wake-up
     }
@@ -166,7 +217,10 @@ class HeartbeatHub {
         for (Heartbeat* h : polled) fds.push_back(pollfd{h->fd_.get(), POLLIN, 0});
       }
       const int ms = static_cast<int>(std::max<int64_t>(0, due - nowNs()) / 1000000) + 1;
-      if (::poll(fds.data(), fds.size(), ms) < 0 && errno != EINTR) return;
+      livenessClock().sleeping(due + 1000000);
+      const int rc = ::poll(fds.data(), fds.size(), ms);
+      livenessClock().running();  // before the datagrams that came meanwhile are stamped
+      if (rc < 0 && errno != EINTR) return;
       std::lock_guard<std::mutex> g(mu_);
       if (stop) return;
       if (fds[0].revents) {
@@ -212,10 +266,10 @@ class HeartbeatHub {
   void prune(int64_t now) {
     if (now < nextPruneNs_) return;
     nextPruneNs_ = now + 10 * kSecNs;
-    const int64_t old = now - 60 * kSecNs;
-    dropOlder(carried_, old);
+    dropOlder(carried_, now - 60 * kSecNs);
+    const int64_t heardOld = livenessNs() - 60 * kSecNs;  // heard_ is on livenessNs()
     std::lock_guard<std::mutex> g(heardMu_);
-    dropOlder(heard_, old);
+    dropOlder(heard_, heardOld);
   }
   static void dropOlder(std::unordered_map<uint64_t, int64_t>& m, int64_t old) {
     for (auto it = m.begin(); it != m.end();) it = it->second < old ? m.erase(it) : std::next(it);
@@ -237,6 +291,8 @@ class HeartbeatHub {
   std::shared_ptr<std::atomic<bool>> stop_;  // the running thread's own stop flag
   int wake_[2] = {-1, -1};                    // the running thread's wake pipe
 };
+
+int64_t livenessNs() { return livenessClock().now(); }
 
 std::string heartbeatKey(const std::string& secret, const std::string& session) {
   if (session.empty()) return secret;
@@ -323,12 +379,12 @@ PeerStatus Heartbeat::status(int peer) const {
   if (peer < 0 || static_cast<size_t>(peer) >= nslots_) return s;
   const Slot& sl = slots_[static_cast<size_t>(peer)];
   int64_t last = sl.lastNs.load(std::memory_order_acquire);
-  const int64_t now = nowNs();
-  s.reportAgeMs = last == 0 ? -1 : (now - last) / 1000000;
+  const int64_t now = livenessNs();  // what lastNs and heardNs are stamped with
+  s.reportAgeMs = last == 0 ? -1 : std::max<int64_t>(0, now - last) / 1000000;
   // Heard on this communicator: any communicator's word from that process counts since.
   const uint64_t proc = sl.proc.load(std::memory_order_relaxed);
   if (last != 0 && proc != 0) last = std::max(last, HeartbeatHub::get().heardNs(proc));
-  s.ageMs = last == 0 ? -1 : (now - last) / 1000000;
+  s.ageMs = last == 0 ? -1 : std::max<int64_t>(0, now - last) / 1000000;
   s.pid = sl.pid.load(std::memory_order_relaxed);
   uint64_t st = sl.state.load(std::memory_order_relaxed);
   s.seq = st & ((uint64_t{1} << 56) - 1);
@@ -350,12 +406,12 @@ int64_t Heartbeat::leaseNs() const {
 int64_t Heartbeat::want(int peer) {
   if (peer < 0 || static_cast<size_t>(peer) >= nslots_ || !running()) return 0;
   Slot& s = slots_[static_cast<size_t>(peer)];
-  const int64_t now = nowNs();
+  const int64_t now = nowNs(), live = livenessNs();  // the lease; the silence (wantSince)
   const bool fresh = s.wantUntil.load(std::memory_order_relaxed) <= now;
-  if (fresh) s.wantSince.store(now, std::memory_order_relaxed);
+  if (fresh) s.wantSince.store(live, std::memory_order_relaxed);
   s.wantUntil.store(now + leaseNs(), std::memory_order_relaxed);
   if (fresh && !always_[static_cast<size_t>(peer)]) HeartbeatHub::get().sendNow(this, peer);
-  return (now - s.wantSince.load(std::memory_order_relaxed)) / 1000000;
+  return std::max<int64_t>(0, live - s.wantSince.load(std::memory_order_relaxed)) / 1000000;
 }
 
 bool Heartbeat::reaches(int peer) const {
@@ -432,7 +488,7 @@ void Heartbeat::sendAll(bool bye, int only) {
     lastSaid_.assign(said, said + sizeof(d));  // counter and MAC are still 0 here
   }
   d.counter = ++counter_;
-  const int64_t now = nowNs();
+  const int64_t now = nowNs(), heardBy = livenessNs();  // (lastNs is on livenessNs())
   Datagram asking = d;  // the same, asking for heartbeats back (to peers this rank wants)
   asking.ask = 1;
   bool signed_ = false, signedAsk = false;
@@ -462,7 +518,7 @@ void Heartbeat::sendAll(bool bye, int only) {
     // Carried only where the path is live both ways: the peer's own world heartbeat reached
     // this rank lately (so its socket is open) and it has not left.
     if (carrier_ && proc && !s.left.load(std::memory_order_relaxed) &&
-        now - s.lastNs.load(std::memory_order_relaxed) < 3 * periodNs_)
+        heardBy - s.lastNs.load(std::memory_order_relaxed) < 3 * periodNs_)
       hub.noteCarried(proc, now);
   }
 }
@@ -506,9 +562,10 @@ void Heartbeat::receiveOne() {
     s.askedUntil.store(now + leaseNs(), std::memory_order_relaxed);
     if (fresh) sendAll(false, d.rank);
   }
+  const int64_t heard = livenessNs();
   s.proc.store(d.proc, std::memory_order_relaxed);
-  if (d.proc) HeartbeatHub::get().noteHeard(d.proc, now);
-  s.lastNs.store(now, std::memory_order_release);
+  if (d.proc) HeartbeatHub::get().noteHeard(d.proc, heard);
+  s.lastNs.store(heard, std::memory_order_release);
 }
 
 }  // namespace rr::transport

@@ -53,6 +53,14 @@ struct PeerStatus {
 
 constexpr size_t kSiteBytes = 48;  // call site carried in a heartbeat ("train.py:57")
 
+// The clock peers' silence is measured on: steady time, less the time this process's
+// heartbeat thread could not run when it was due (the process stopped -- SIGSTOP, a
+// debugger, a suspended job or VM -- or starved of CPU). Datagrams that arrived meanwhile
+// were not read, so that time is no evidence against anyone: a job paused for longer than
+// the heartbeat timeout blamed a healthy rank on resuming (found by a helper). Nanoseconds.
+int64_t livenessNs();
+inline int64_t livenessMs() { return livenessNs() / 1000000; }
+
 // The heartbeat MAC key of one init: HMAC(job secret, "rr-heartbeat/" + session), where
 // session is a random value rank 0 draws per init. Sender counters restart with every init,
 // so keying by the secret alone would let a datagram recorded in an earlier init of the
