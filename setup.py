@@ -26,9 +26,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pybind11.setup_helpers import ParallelCompile, Pybind11Extension
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
+from setuptools.command.sdist import sdist
 
 ROOT = Path(__file__).parent.resolve()
 
@@ -159,7 +160,18 @@ class BuildExt(build_ext):
     def mode(self) -> str:
         return " ".join(["cpu", *_flags()])
 
+    def check_compiler(self) -> None:
+        """Say which compiler is missing before nvcc or setuptools fail on it (without g++,
+        nvcc's "Failed to preprocess host compiler properties" came first; found by a
+        helper)."""
+        for exe in {self.compiler.compiler_so[0], self.compiler.linker_so[0]}:
+            if shutil.which(exe) is None:
+                raise SystemExit(
+                    f"ringreduce: the C++ compiler {exe!r} is not on PATH: install g++ "
+                    f"(apt-get install g++) or name one with CC/CXX")
+
     def build_extensions(self):
+        self.check_compiler()
         if self.parallel:  # pybind11's parallel compile reads the variable at compile time
             os.environ["RINGREDUCE_BUILD_JOBS"] = str(max(1, int(self.parallel)))
         stamp = Path(self.build_temp) / "ringreduce-build-mode"
@@ -182,7 +194,11 @@ class CudaBuildExt(BuildExt):
         return " ".join(["cuda", str(self.nvcc), spec, *_flags()])
 
     def build_extensions(self):
+        self.check_compiler()
         cu = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.cu"))
+        if not cu:
+            raise SystemExit("ringreduce: no CUDA sources (csrc/**/*.cu) in this source tree, "
+                             "which is incomplete; build without CUDA: RINGREDUCE_CUDA=0")
         spec = (os.environ.get("RINGREDUCE_CUDA_ARCH_LIST") or os.environ.get("TORCH_CUDA_ARCH_LIST")
                 or DEFAULT_CUDA_ARCHS)
         flags = ["-std=c++17", "-O3", "-I" + str(ROOT / "csrc"), "-DRINGREDUCE_WITH_CUDA",
@@ -220,6 +236,22 @@ class CudaBuildExt(BuildExt):
         super().build_extensions()
 
 
+class SdistAll(sdist):
+    """An sdist builds and tests as a clone does (found by a helper: it built from the
+    extension's sources only, so the c10d adapter, built at run time, the CUDA sources, the
+    tests' helpers and the examples were missing and a wheel from it failed)."""
+
+    def make_distribution(self) -> None:  # (setuptools' list comes from egg_info)
+        for top in ("csrc", "tests", "bench", "examples", ".ci"):
+            for p in sorted((ROOT / top).rglob("*")):
+                if (p.is_file() and "__pycache__" not in p.parts
+                        and p.suffix not in (".pyc", ".so", ".o")):
+                    self.filelist.append(str(p.relative_to(ROOT)))
+        self.filelist.sort()
+        self.filelist.remove_duplicates()
+        super().make_distribution()
+
+
 class BuildPyWithAdapter(build_py):
     """Wheels carry the c10d adapter's source (ringreduce/_adapter/), which the installed
     package compiles against the installed torch on first use (ringreduce/_c10d_build.py)."""
@@ -232,9 +264,17 @@ class BuildPyWithAdapter(build_py):
             shutil.copy2(ROOT / "csrc" / "torch_adapter" / name, dst)
 
 
+# torch's entry point (pyproject.toml) loads a top-level package of its own, so that loading
+# it never imports ringreduce (see ringreduce/_torch_hook/__init__.py).
+_PACKAGES = {
+    "packages": find_packages(include=["ringreduce*"], exclude=["ringreduce._torch_hook"])
+    + ["_ringreduce_autoload"],
+    "package_dir": {"_ringreduce_autoload": "ringreduce/_torch_hook"}}
 _NVCC = _cuda_wanted()
 if _NVCC is not None:
     CudaBuildExt.nvcc = _NVCC
-    setup(ext_modules=[ext], cmdclass={"build_ext": CudaBuildExt, "build_py": BuildPyWithAdapter})
+    setup(ext_modules=[ext], cmdclass={"build_ext": CudaBuildExt, "build_py": BuildPyWithAdapter,
+                                       "sdist": SdistAll}, **_PACKAGES)
 else:
-    setup(ext_modules=[ext], cmdclass={"build_ext": BuildExt, "build_py": BuildPyWithAdapter})
+    setup(ext_modules=[ext], cmdclass={"build_ext": BuildExt, "build_py": BuildPyWithAdapter,
+                                       "sdist": SdistAll}, **_PACKAGES)

@@ -2,7 +2,7 @@
 
 Registered with torch (``torch.distributed.Backend.register_backend(..., extended_api=True,
 devices=["cpu"])``) by ``import ringreduce`` and, in processes that never import it, by
-torch's ``torch.backends`` entry point (ringreduce._autoload)::
+torch's ``torch.backends`` entry point (_ringreduce_autoload)::
 
     dist.init_process_group("ringreduce")        # or "cpu:ringreduce,cuda:nccl"
     model = torch.nn.parallel.DistributedDataParallel(model)

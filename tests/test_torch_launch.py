@@ -98,6 +98,21 @@ def test_autoload_is_what_registers_it() -> None:
     assert off.stdout.split() == ["False", "False"], off.stdout + off.stderr
 
 
+@pytest.mark.timeout(60)
+def test_a_ringreduce_that_fails_to_import_does_not_break_import_torch(tmp_path) -> None:
+    """A `ringreduce` that cannot be imported -- a source tree without its compiled _C
+    shadowing the installed package from the current directory, numpy missing -- costs a
+    warning at `import torch`, not torch itself (found by a helper: loading the entry point
+    imported ringreduce outside the hook's try)."""
+    (tmp_path / "ringreduce").mkdir()
+    (tmp_path / "ringreduce" / "__init__.py").write_text("raise ImportError('no _C here')\n")
+    p = subprocess.run([sys.executable, "-c", "import torch; print('imported')"], env=_env(),
+                       cwd=tmp_path, capture_output=True, text=True, timeout=50, check=False)
+    assert p.returncode == 0 and p.stdout.strip() == "imported", p.stdout + p.stderr
+    assert "could not register the torch.distributed backend" in p.stderr, p.stderr
+    assert "no _C here" in p.stderr, p.stderr
+
+
 
 @pytest.mark.timeout(90)
 def test_bad_tunable_breaks_neither_torch_nor_the_launcher() -> None:

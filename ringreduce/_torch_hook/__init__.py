@@ -8,6 +8,12 @@ break ``import torch`` itself, so nothing escapes: a failure becomes one warning
 ``init_process_group("ringreduce")`` then says the backend is unknown until
 ``import ringreduce`` (which registers it too). torch's switch
 ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` turns all such hooks off.
+
+Installed as a top-level package of its own, ``_ringreduce_autoload`` (setup.py maps it
+here), so that loading the entry point never imports ``ringreduce`` itself: that import
+happens inside register()'s try. As ``ringreduce._autoload`` it did, outside any try -- a
+failure there (a source tree without its compiled ``_C`` shadowing the installed package
+from the current directory, or numpy missing) broke ``import torch`` (found by a helper).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ def register() -> None:
 
         if not dist.is_available():
             return
-        from . import backend
+        from ringreduce import backend
 
         backend.register()
     except Exception as e:  # noqa: BLE001 - must not break `import torch`
