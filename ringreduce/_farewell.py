@@ -21,6 +21,37 @@ _FAREWELL_FAILED_S = 1.0
 # Rank 0's wait for the acks of the ranks that said bye once its word is out: they poll for
 # it every 2 ms. Below _talk_until's 0.5 s margin past the deadline.
 _ACK_GRACE_S = 0.3
+# A gap between two looks at the clock longer than this counts as this long (_Awake).
+_LATE_S = 0.25
+
+
+class _Awake:
+    """A deadline on the time this process ran: a gap between two looks at the clock longer
+    than _LATE_S -- the process was stopped (SIGSTOP, a suspended job, a debugger) -- counts
+    as _LATE_S. Found by a helper: a job paused during destroy() woke with every farewell
+    deadline passed at once, so rank 0 closed the store under a rank still on its way, and
+    the main thread left its farewell thread inside a store call at exit (std::terminate).
+    One thread looks at each (the farewell thread's talk, or the main thread's wait)."""
+
+    def __init__(self, secs: float):
+        self.secs = secs
+        self._left = secs
+        self._last = time.monotonic()
+
+    def left(self) -> float:
+        now = time.monotonic()
+        self._left -= min(now - self._last, _LATE_S)
+        self._last = now
+        return self._left
+
+    def expired(self) -> bool:
+        return self.left() <= 0
+
+    def at_least(self, secs: float) -> _Awake:
+        return _Awake(max(self.left(), secs))
+
+    def at_most(self, secs: float) -> _Awake:
+        return _Awake(min(self.left(), secs))
 
 
 def farewell_borrowed(store: Any, rank: int, world: int, prefix: str, timeout: float,
@@ -76,11 +107,11 @@ def _left_key(prefix: str, rank: int) -> str:
     return f"{prefix}left/{rank}"
 
 
-def _farewell_deadline(timeout: float, failed: bool) -> float:
-    return time.monotonic() + min(timeout, _FAREWELL_FAILED_S if failed else _FAREWELL_S)
+def _farewell_deadline(timeout: float, failed: bool) -> _Awake:
+    return _Awake(min(timeout, _FAREWELL_FAILED_S if failed else _FAREWELL_S))
 
 
-def _talk_until(deadline: float, target: Any, *args: Any) -> None:
+def _talk_until(deadline: _Awake, target: Any, *args: Any) -> None:
     """Run a farewell's store talk on a helper thread and stop waiting for it at the
     deadline: store calls block while the server's host is frozen (SIGSTOP, a debugger) for
     the store's own timeout, not ours. An abandoned thread ends at the store's timeout and
@@ -99,8 +130,10 @@ def _talk_until(deadline: float, target: Any, *args: Any) -> None:
             ended.set()
 
     threading.Thread(target=run, name="ringreduce-store-farewell", daemon=True).start()
+    margin = _Awake(deadline.secs + 0.5)  # its own: `deadline` is the talk's to look at
     try:
-        ended.wait(max(0.0, deadline - time.monotonic()) + 0.5)
+        while not ended.wait(min(0.05, max(0.0, margin.left()))) and not margin.expired():
+            pass
     except BaseException:
         _HURRY.set()
         try:
@@ -121,7 +154,7 @@ def _proxy(store: Any, prefix: str, rank: int, lost: int) -> int:
     return int(store.add(f"{prefix}lost/{lost}", 1) == 1)
 
 
-def _farewell(box: list, rank: int, world: int, prefix: str, closing: bool, deadline: float,
+def _farewell(box: list, rank: int, world: int, prefix: str, closing: bool, deadline: _Awake,
               words: list, lost: int = -1) -> None:
     """release_store's talk through the store (helper thread); drops box's reference."""
     store = box.pop()
@@ -141,7 +174,7 @@ def _farewell(box: list, rank: int, world: int, prefix: str, closing: bool, dead
             # logged a C++ stack trace there: found by a helper, 3/3 with a rank 7 s late).
             said = store.add(bye, 0)
             _poll(lambda: store.add(acked, 0) >= said - 1 - proxy,
-                  max(deadline, time.monotonic() + _ACK_GRACE_S))
+                  deadline.at_least(_ACK_GRACE_S))
         elif _poll(lambda: store.check([ack]), deadline):
             words.append(bytes(store.get(ack)))
             store.add(acked, 1 + proxy)
@@ -150,17 +183,17 @@ def _farewell(box: list, rank: int, world: int, prefix: str, closing: bool, dead
                 # client could reach it and be reset by its close, which makes torch log a
                 # C++ stack trace ("recvValue failed") on every rank but 0. Watching our
                 # connection's state sends nothing.
-                _poll(lambda: _procnet.server_closed(store), min(deadline, time.monotonic() + 1))
+                _poll(lambda: _procnet.server_closed(store), deadline.at_most(1.0))
     except RuntimeError:  # the store is gone already (rank 0 left): nothing to wait for
         pass
     finally:
         store = None  # the last reference: TCPStore's destructor closes its sockets
 
 
-def _poll(done: Any, deadline: float) -> bool:
+def _poll(done: Any, deadline: _Awake) -> bool:
     """Call done() every 2 ms until it is true (returns True) or the deadline (False)."""
     while not done():
-        if time.monotonic() > deadline or _HURRY.is_set():
+        if deadline.expired() or _HURRY.is_set():
             return False
         time.sleep(0.002)
     return True

@@ -498,3 +498,17 @@ def test_python_m_ringreduce_run_does_not_warn() -> None:
                        timeout=50, check=False)
     assert r.returncode == 0 and "RuntimeWarning" not in r.stderr, r.stderr[-2000:]
     assert "out line" in r.stdout, r.stdout[-2000:]
+
+
+@pytest.mark.timeout(90)
+def test_a_job_paused_in_destroy_ends_cleanly() -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("RINGREDUCE_TIMEOUT", None)
+    r = subprocess.run([sys.executable, str(RUN_PY), "-n", "3", _script("paused_destroy.py"),
+                        "6"], capture_output=True, text=True, timeout=80, env=env, check=False)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert sorted(ln.split("] ")[-1] for ln in r.stdout.splitlines() if "destroyed" in ln) == \
+        [f"rank {i} destroyed" for i in range(3)], out
+    for bad in ("terminate called", "recvValue", "TCPStore", "Traceback"):
+        assert bad not in out, out
