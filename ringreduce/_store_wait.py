@@ -53,6 +53,12 @@ def _peer_failure(msg: str) -> Exception:
     return PeerFailure(msg)
 
 
+# A store call this slow means its host was not running meanwhile; the next liveness probe
+# waits this long for the heartbeats of a host that is back.
+_SLOW_STORE_S = 1.0
+_RESUMED_GRACE_S = 1.0
+
+
 def poll_keys(store: Any, keys: list[str], timeout: float, rank: int, what: str,
               prefix: str, hint: str, ranks: list[int] | None, name_keys: bool) -> None:
     from ._C import PeerFailure
@@ -64,7 +70,16 @@ def poll_keys(store: Any, keys: list[str], timeout: float, rank: int, what: str,
     watch = _watch.watched()
     probe_at = t0 + 0.05
     warn_at = t0 + (_stall_warn() or math.inf)
-    while not store.check(keys):
+    while True:
+        asked = time.monotonic()
+        if store.check(keys):
+            break
+        if time.monotonic() - asked >= _SLOW_STORE_S:
+            # The store's host did not answer for a while (stopped: a debugger, a suspended
+            # job) and now did: it runs again, and its heartbeats are on their way. Probed at
+            # once, it was named silent for its pause, after it was back (found by a helper,
+            # ~1 in 6 over TCP).
+            probe_at = max(probe_at, time.monotonic() + _RESUMED_GRACE_S)
         raise_posted(store, stops, rank, what)
         if time.monotonic() >= warn_at:
             warn_at = math.inf
