@@ -483,3 +483,36 @@ def async_buffers_released(rank: int, world: int) -> list[str]:
             errs.append(f"{what}: the buffer is still alive after wait() and del")
     g.destroy()
     return errs
+
+
+def stale_failure_goodbye(rank: int, world: int) -> dict:
+    """Group A fails (a count mismatch: the world is fine), everyone destroys it; group B,
+    made afterwards, works; then the last rank destroys B normally while the others wait in
+    an all-reduce on it. They must hear that it left B -- its goodbye carried A's old
+    failure and named A's culprit (found by a helper)."""
+    ga = rr.new_group(list(range(world)), timeout=5)
+    try:
+        rr.allreduce(np.ones(10 if rank == 0 else 20, np.float32), group=ga)
+    except rr.RingReduceError:
+        pass
+    name_a = ga.name
+    ga.destroy()
+    rr.barrier()
+    gb = rr.new_group(list(range(world)))
+    x = np.ones(10, np.float32)
+    rr.allreduce(x, group=gb)
+    assert x[0] == world, x
+    rr.barrier()
+    out: dict = {"a": name_a, "b": gb.name}
+    if rank == world - 1:
+        time.sleep(0.5)
+        gb.destroy()
+    else:
+        try:
+            rr.allreduce(x, group=gb)
+            out["error"] = "no error"
+        except rr.PeerFailure as e:
+            out.update(peer_rank=e.peer_rank, cause=e.cause, msg=str(e))
+        gb.destroy()
+    rr.barrier()
+    return out

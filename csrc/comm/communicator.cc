@@ -20,23 +20,34 @@ namespace {
 // The first failure of any communicator of this process (poison()): a communicator that
 // later leaves normally (destroy()) tells its peers, so a rank waiting for this one learns
 // why it left -- e.g. the rank whose death made it fail -- not only that it did.
+// Only a failure after a communicator was made is its business: a group made after another
+// group's failure, used, then destroyed normally told its peers that old failure -- and
+// named its lost rank as the culprit of its leaving (found by a helper). So the latest
+// failure is kept too, and each failure is numbered.
+struct ProcessFailure {
+  std::string reason;
+  int lost = -1;  // the rank it lost (a world rank: its label), and how; -1: none
+  PeerCause cause = PeerCause::kClosed;
+  uint64_t number = 0;  // gFailures when it was recorded
+};
 std::mutex gFailureMu;
-std::string gFirstFailure;  // guarded by gFailureMu
-// The rank the first failure lost (a world rank: its label), and how; -1: none.
-int gFirstLost = -1;         // guarded by gFailureMu
-PeerCause gFirstLostCause = PeerCause::kClosed;
+ProcessFailure gFirst, gLatest;  // guarded by gFailureMu
+uint64_t gFailures = 0;          // failures recorded so far (never reset); gFailureMu
 }  // namespace
 
 void forgetFirstFailure() {
   std::lock_guard<std::mutex> lock(gFailureMu);
-  gFirstFailure.clear();
-  gFirstLost = -1;
+  gFirst = gLatest = ProcessFailure{};
 }
 
 Communicator::Communicator(int rank, int world, std::vector<std::unique_ptr<Connection>> conns,
                            Options opts)
     : rank_(rank), world_(world), conns_(std::move(conns)), opts_(opts) {
   RR_CHECK(world_ >= 1 && rank_ >= 0 && rank_ < world_, "rank ", rank_, " world ", world_);
+  {
+    std::lock_guard<std::mutex> lock(gFailureMu);
+    failuresBefore_ = gFailures;
+  }
   RR_CHECK_EQ(conns_.size(), static_cast<size_t>(world_), "one connection slot per rank");
   if (!opts_.rankLabels.empty())
     RR_CHECK_EQ(opts_.rankLabels.size(), static_cast<size_t>(world_), "rank_labels: one per rank");
@@ -183,15 +194,13 @@ void Communicator::poison(const std::string& reason, transport::AbortCode code,
   bool processFirst = false;  // this is the process's first failure
   {
     std::lock_guard<std::mutex> lock(gFailureMu);
-    if (gFirstFailure.empty()) {
-      processFirst = true;
-      gFirstFailure = reason;
-      if (code == transport::AbortCode::kPeer && lost.rank >= 0 &&
-          (lost.outside || lost.rank != rank_)) {
-        gFirstLost = lost.outside ? lost.rank : label(lost.rank);
-        gFirstLostCause = lost.cause;
-      }
-    }
+    ProcessFailure f{reason, -1, lost.cause, ++gFailures};
+    if (code == transport::AbortCode::kPeer && lost.rank >= 0 &&
+        (lost.outside || lost.rank != rank_))
+      f.lost = lost.outside ? lost.rank : label(lost.rank);
+    processFirst = gFirst.reason.empty();
+    if (processFirst) gFirst = f;
+    gLatest = std::move(f);
   }
   if (!flightPath_.empty()) {
     // Named by world rank, plus the group's name for a group (its rank 0 overwrote world
@@ -246,12 +255,15 @@ void Communicator::poison(const std::string& reason, transport::AbortCode code,
 
 std::string Communicator::processFailure(transport::Culprit* who) const {
   std::lock_guard<std::mutex> lock(gFailureMu);
-  if (gFirstLost >= 0 && gFirstLost != label(rank_)) {
-    const int r = localOf(gFirstLost);
-    *who = r >= 0 ? transport::Culprit{r, gFirstLostCause}
-                  : transport::Culprit{gFirstLost, gFirstLostCause, true};
+  // The first failure since this communicator was made (the first of the process, else the
+  // latest one if that came after), or none.
+  const ProcessFailure& f = gFirst.number > failuresBefore_ ? gFirst : gLatest;
+  if (f.reason.empty() || f.number <= failuresBefore_) return "";
+  if (f.lost >= 0 && f.lost != label(rank_)) {
+    const int r = localOf(f.lost);
+    *who = r >= 0 ? transport::Culprit{r, f.cause} : transport::Culprit{f.lost, f.cause, true};
   }
-  return gFirstFailure;
+  return f.reason;
 }
 
 void Communicator::farewell() {

@@ -172,7 +172,7 @@ class Communicator {
   void finish(bool ok) {
     if (ok) {
       finished_ = seq_;
-      finishedAtMs_ = steadyMs();
+      finishedAtMs_ = transport::livenessMs();
     }
     if (ok && fault_) maybeFault(FaultPlan::Point::kEnd);
     if (hb_) hb_->setState(0, seq_, bytesDone_);
@@ -426,10 +426,11 @@ class Communicator {
   std::vector<int> goneList_;     // the peers gone_ marks, in the order they left
   std::string failure_;
   std::exception_ptr deferred_;  // deferPeerFailure's, thrown by the next call
+  uint64_t failuresBefore_ = 0;  // the process's failures before this was made
   int lostPeer_ = -1;
   bool begun_ = false;  // the last begin() passed checkUsable (describeCurrent is about it)
   uint64_t finished_ = 0;  // the last collective that finished here without an error
-  int64_t finishedAtMs_ = 0;  // when (steadyMs)
+  int64_t finishedAtMs_ = 0;  // when (transport::livenessMs, as heartbeat report ages)
   int wakeFd_ = -1;               // eventfd written by abort()
   std::atomic<bool> aborted_{false};
   std::atomic<bool> destroying_{false};  // set before aborted_ by abort(true)

@@ -28,7 +28,7 @@ std::string Communicator::peerDoing(int peer, const transport::PeerStatus& s,
   // killed after three quick all-reduces was "idle after collective #0"). Only a report
   // sent before this rank finished them: a fresh one of a rank really behind (a TCP
   // broadcast's root returns without waiting) is current.
-  const bool stale = s.seq < finished_ && s.reportAgeMs > steadyMs() - finishedAtMs_;
+  const bool stale = s.seq < finished_ && s.reportAgeMs > transport::livenessMs() - finishedAtMs_;
   return detail::concat(
       s.kind ? "at " : "idle after ",
       s.kind                ? kindName(static_cast<CollectiveKind>(s.kind), -1)
