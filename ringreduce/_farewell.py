@@ -25,33 +25,52 @@ _ACK_GRACE_S = 0.3
 _LATE_S = 0.25
 
 
-class _Awake:
-    """A deadline on the time this process ran: a gap between two looks at the clock longer
-    than _LATE_S -- the process was stopped (SIGSTOP, a suspended job, a debugger) -- counts
-    as _LATE_S. Found by a helper: a job paused during destroy() woke with every farewell
-    deadline passed at once, so rank 0 closed the store under a rank still on its way, and
-    the main thread left its farewell thread inside a store call at exit (std::terminate).
-    One thread looks at each (the farewell thread's talk, or the main thread's wait)."""
+class _Pauses:
+    """The time this process did not run, as one thread looking at the clock often sees it:
+    a gap between two looks longer than _LATE_S -- the process was stopped (SIGSTOP, a
+    suspended job, a debugger) -- counts as _LATE_S, the rest as paused."""
 
-    def __init__(self, secs: float):
-        self.secs = secs
-        self._left = secs
+    def __init__(self) -> None:
+        self.total = 0.0
         self._last = time.monotonic()
 
-    def left(self) -> float:
+    def look(self) -> None:
         now = time.monotonic()
-        self._left -= min(now - self._last, _LATE_S)
+        if now - self._last > _LATE_S:
+            self.total += now - self._last - _LATE_S
         self._last = now
-        return self._left
+
+
+class _Awake:
+    """A deadline on the time this process ran (found by a helper: a job paused during
+    destroy() woke with every farewell deadline passed at once, so rank 0 closed the store
+    under a rank still on its way, and the main thread left its farewell thread inside a
+    store call at exit: std::terminate). Its own looks detect pauses -- or, given `pauses`,
+    another thread's do: the farewell thread's looks are store calls, which may block for
+    long without any pause, so _talk_until's waiting thread looks for both, and the talk's
+    deadline and the wait's margin run on one clock."""
+
+    def __init__(self, secs: float, pauses: _Pauses | None = None):
+        self.secs = secs
+        self._own = pauses is None
+        self._pauses = _Pauses() if pauses is None else pauses
+        self._start = time.monotonic()
+        self._paused0 = self._pauses.total
+
+    def left(self) -> float:
+        if self._own:
+            self._pauses.look()
+        ran = time.monotonic() - self._start - (self._pauses.total - self._paused0)
+        return self.secs - ran
 
     def expired(self) -> bool:
         return self.left() <= 0
 
     def at_least(self, secs: float) -> _Awake:
-        return _Awake(max(self.left(), secs))
+        return _Awake(max(self.left(), secs), None if self._own else self._pauses)
 
     def at_most(self, secs: float) -> _Awake:
-        return _Awake(min(self.left(), secs))
+        return _Awake(min(self.left(), secs), None if self._own else self._pauses)
 
 
 def farewell_borrowed(store: Any, rank: int, world: int, prefix: str, timeout: float,
@@ -108,7 +127,8 @@ def _left_key(prefix: str, rank: int) -> str:
 
 
 def _farewell_deadline(timeout: float, failed: bool) -> _Awake:
-    return _Awake(min(timeout, _FAREWELL_FAILED_S if failed else _FAREWELL_S))
+    """The talk's deadline, for _talk_until (whose waiting thread looks for pauses)."""
+    return _Awake(min(timeout, _FAREWELL_FAILED_S if failed else _FAREWELL_S), _Pauses())
 
 
 def _talk_until(deadline: _Awake, target: Any, *args: Any) -> None:
@@ -130,10 +150,13 @@ def _talk_until(deadline: _Awake, target: Any, *args: Any) -> None:
             ended.set()
 
     threading.Thread(target=run, name="ringreduce-store-farewell", daemon=True).start()
-    margin = _Awake(deadline.secs + 0.5)  # its own: `deadline` is the talk's to look at
+    pauses = deadline._pauses  # this thread looks for pauses: the talk's clock is ours
+    margin = _Awake(deadline.secs + 0.5, pauses)
     try:
-        while not ended.wait(min(0.05, max(0.0, margin.left()))) and not margin.expired():
-            pass
+        while not ended.wait(0.05):
+            pauses.look()
+            if margin.expired():
+                break
     except BaseException:
         _HURRY.set()
         try:
@@ -192,6 +215,8 @@ def _farewell(box: list, rank: int, world: int, prefix: str, closing: bool, dead
 
 def _poll(done: Any, deadline: _Awake) -> bool:
     """Call done() every 2 ms until it is true (returns True) or the deadline (False)."""
+    if not isinstance(deadline, _Awake):  # a float (a monotonic time) was once passed here
+        raise TypeError(f"_poll: deadline must be an _Awake, got {type(deadline).__name__}")
     while not done():
         if deadline.expired() or _HURRY.is_set():
             return False

@@ -53,8 +53,8 @@ def _peer_failure(msg: str) -> Exception:
     return PeerFailure(msg)
 
 
-# A store call this slow means its host was not running meanwhile; the next liveness probe
-# waits this long for the heartbeats of a host that is back.
+# A store call this slow may mean its host was stopped meanwhile; the next liveness probe
+# then waits this long for the heartbeats of a host that is back.
 _SLOW_STORE_S = 1.0
 _RESUMED_GRACE_S = 1.0
 
@@ -70,16 +70,19 @@ def poll_keys(store: Any, keys: list[str], timeout: float, rank: int, what: str,
     watch = _watch.watched()
     probe_at = t0 + 0.05
     warn_at = t0 + (_stall_warn() or math.inf)
+    graced = False  # a grace since the last probe
     while True:
         asked = time.monotonic()
         if store.check(keys):
             break
-        if time.monotonic() - asked >= _SLOW_STORE_S:
-            # The store's host did not answer for a while (stopped: a debugger, a suspended
-            # job) and now did: it runs again, and its heartbeats are on their way. Probed at
-            # once, it was named silent for its pause, after it was back (found by a helper,
-            # ~1 in 6 over TCP).
+        if time.monotonic() - asked >= _SLOW_STORE_S and not graced:
+            # The store's host did not answer for a while (stopped -- a debugger, a suspended
+            # job -- or overloaded) and now did: if it was stopped, it runs again and its
+            # heartbeats are on their way. Probed at once, it was named silent for its
+            # pause, after it was back (found by a helper, ~1 in 6 over TCP). Once per
+            # probe: a store slow at every call must not put the probes off for good.
             probe_at = max(probe_at, time.monotonic() + _RESUMED_GRACE_S)
+            graced = True
         raise_posted(store, stops, rank, what)
         if time.monotonic() >= warn_at:
             warn_at = math.inf
@@ -96,6 +99,7 @@ def poll_keys(store: Any, keys: list[str], timeout: float, rank: int, what: str,
                 # 32 ranks).
                 raise fail(store, prefix, e) from None
             probe_at = time.monotonic() + 0.1
+            graced = False
         elif watch is not None:
             _watch.check_destroyed(watch[0], what)
         if time.monotonic() > deadline:

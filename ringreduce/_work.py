@@ -16,16 +16,22 @@ from . import _env
 # Buffers of queued/running async collectives, oldest first. The C++ core only holds raw
 # pointers, so these references keep the memory alive even if the caller drops its Work
 # handle. A Work waited for (or seen completed) drops its entry at once; entries of dropped
-# handles go at the next async call once completed. Groups and point-to-point channels run
-# on executors of their own, so completion is not in posting order: every entry is checked.
+# handles go, once completed, at an async call that finds the registry doubled since it was
+# last pruned. Groups and point-to-point channels run on executors of their own, so
+# completion is not in posting order: every entry is checked.
 # Any thread may issue collectives: every access holds _INFLIGHT_LOCK.
 _INFLIGHT: collections.deque = collections.deque()
 _INFLIGHT_LOCK = threading.Lock()
+_PRUNE_MIN = 8
+_PRUNE_AT = _PRUNE_MIN  # prune when the registry holds this many (under the lock)
 
 
 def _track(cwork: Any, keep: tuple) -> None:
+    global _PRUNE_AT
     with _INFLIGHT_LOCK:
-        entries = list(_INFLIGHT)
+        # Pruned once the registry doubled since the last pruning: every entry is polled,
+        # O(n) per async call else (many outstanding isend/irecv of a pipeline).
+        entries = list(_INFLIGHT) if len(_INFLIGHT) >= _PRUNE_AT else []
     # Outside the lock: a point-to-point Work's is_completed() finishes it, which untracks.
     done = {id(e) for e in entries if e[0].is_completed()}  # (entries keeps the ids unique)
     with _INFLIGHT_LOCK:
@@ -33,6 +39,8 @@ def _track(cwork: Any, keep: tuple) -> None:
             live = [e for e in _INFLIGHT if id(e) not in done]
             _INFLIGHT.clear()
             _INFLIGHT.extend(live)
+        if entries:
+            _PRUNE_AT = max(_PRUNE_MIN, 2 * len(_INFLIGHT))
         _INFLIGHT.append((cwork, keep))
 
 

@@ -536,7 +536,7 @@ def future_callback_collective(rank: int, world: int) -> dict:
         return fut.value()
 
     fa = dist.all_reduce(a, async_op=True).get_future().then(cb)
-    time.sleep(0.5)  # a is done on every rank; its Future not yet completed
+    time.sleep(1.5)  # a is done on every rank (a 4-element all-reduce); its Future not yet
     wc = dist.all_reduce(c, async_op=True)  # issuing polls a's Completion: runs cb
     wc.wait(timeout=timedelta(seconds=20))
     fa.wait()

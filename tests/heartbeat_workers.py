@@ -109,7 +109,12 @@ def paused(rank: int, world: int, stopped: list[int], pause: float) -> list[str]
     try:
         for i in range(3):
             if rank == 0 and i == 0:
-                time.sleep(1.0 if 0 in stopped else pause + 1.5)  # the others wait meanwhile
+                if 0 in stopped:
+                    time.sleep(1.0)  # the others wait meanwhile
+                else:  # until the stopped rank runs again (never waiting for it stopped)
+                    for want_stopped in (True, False):
+                        _wait_state(pids[stopped[0]], want_stopped, pause + 20)
+                    time.sleep(1.5)
             _checked_allreduce(None, rank, list(range(world)))
     except rr.RingReduceError as e:
         errs.append(f"{type(e).__name__}: {e}")
@@ -117,3 +122,15 @@ def paused(rank: int, world: int, stopped: list[int], pause: float) -> list[str]
         if stopper is not None:
             stopper.wait(pause + 30)
     return errs
+
+
+def _wait_state(pid: int, stopped: bool, limit: float) -> None:
+    """Until process `pid` is stopped (state T) or not, as /proc says (at most `limit` s)."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        if (state in "Tt") == stopped:
+            return
+        time.sleep(0.01)
+    raise TimeoutError(f"process {pid} not {'stopped' if stopped else 'running'} in {limit} s")

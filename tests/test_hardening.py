@@ -283,6 +283,8 @@ def test_inflight_registry_drops_entries_completed_out_of_order(
             return True
 
     monkeypatch.setattr(_work, "_INFLIGHT", collections.deque())
+    monkeypatch.setattr(_work, "_PRUNE_MIN", 0)  # prune at every call (else at 8 entries)
+    monkeypatch.setattr(_work, "_PRUNE_AT", 0)
     running, finished = FakeWork(False), FakeWork(False)
     _work._track(running, ("r",))
     _work._track(finished, ("f",))
@@ -495,3 +497,12 @@ def test_destroy_right_after_an_async_wait_is_not_a_failure(world: int) -> None:
     rank 0 drop its store under late ranks in CI)."""
     outs = run_world(world, "hardening_workers:destroy_after_async_wait", 150, timeout=90)
     assert outs == [{"failed": 0, "wrong": 0}] * world, outs
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_clean_leave_does_not_carry_an_earlier_groups_failure(world: int) -> None:
+    outs = run_world(world, "hardening_workers:stale_failure_goodbye", timeout=60)
+    for r, v in enumerate(outs[:-1]):
+        assert v.get("peer_rank") == world - 1 and v.get("cause") == "left", (r, v)
+        assert v["a"] not in v["msg"] and "after a failure" not in v["msg"], (r, v)

@@ -126,3 +126,20 @@ def test_a_slow_store_answer_delays_the_liveness_probe(monkeypatch: pytest.Monke
     _store_wait.poll_keys(store, ["k"], 30.0, 1, "a test", "p/", "", None, False)
     after = [t - store.answered for t in probes if t > store.answered]
     assert after and min(after) >= _store_wait._RESUMED_GRACE_S - 0.05, after
+
+
+def test_a_failed_rank_0_waits_for_late_ranks_before_it_exits(monkeypatch) -> None:
+    """_linger (rank 0's init failed) waits up to its cap for every rank's claim, then
+    0.5 s: claims that come after 1 s are waited for (a review found the wait cut to 0.5 s:
+    a float deadline passed where a pause-aware one is expected, the error swallowed)."""
+    from ringreduce import _rendezvous
+
+    t0 = time.monotonic()
+
+    class Store:
+        def add(self, key: str, n: int) -> int:
+            return int(time.monotonic() - t0 > 1.0)
+
+    monkeypatch.setattr(_rendezvous, "_world_prefix", lambda store: "p/")
+    _rendezvous._linger(Store(), 2, cap=3.0)
+    assert 1.4 < time.monotonic() - t0 < 2.5
