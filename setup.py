@@ -164,7 +164,8 @@ class BuildExt(build_ext):
         """Say which compiler is missing before nvcc or setuptools fail on it (without g++,
         nvcc's "Failed to preprocess host compiler properties" came first; found by a
         helper)."""
-        for exe in {self.compiler.compiler_so[0], self.compiler.linker_so[0]}:
+        cxx = getattr(self.compiler, "compiler_cxx", None) or []  # links C++ (pybind11)
+        for exe in {self.compiler.compiler_so[0], self.compiler.linker_so[0], *cxx[:1]}:
             if shutil.which(exe) is None:
                 raise SystemExit(
                     f"ringreduce: the C++ compiler {exe!r} is not on PATH: install g++ "
@@ -241,15 +242,29 @@ class SdistAll(sdist):
     extension's sources only, so the c10d adapter, built at run time, the CUDA sources, the
     tests' helpers and the examples were missing and a wheel from it failed)."""
 
+    TREES = ("csrc", "tests", "bench", "examples", ".ci")
+
     def make_distribution(self) -> None:  # (setuptools' list comes from egg_info)
-        for top in ("csrc", "tests", "bench", "examples", ".ci"):
-            for p in sorted((ROOT / top).rglob("*")):
-                if (p.is_file() and "__pycache__" not in p.parts
-                        and p.suffix not in (".pyc", ".so", ".o")):
-                    self.filelist.append(str(p.relative_to(ROOT)))
+        for name in self.tracked():
+            self.filelist.append(name)
         self.filelist.sort()
         self.filelist.remove_duplicates()
         super().make_distribution()
+
+    def tracked(self) -> list[str]:
+        """The trees' files git tracks (not build outputs, logs or caches); outside a git
+        checkout (an sdist rebuilt from an sdist) every file but bytecode and objects."""
+        try:
+            out = subprocess.run(["git", "ls-files", "-z", "--", *self.TREES], cwd=ROOT,
+                                 capture_output=True, check=True, timeout=60).stdout
+            names = [n for n in out.decode().split("\0") if n]
+            if names:
+                return names
+        except (OSError, subprocess.SubprocessError):
+            pass
+        return [str(p.relative_to(ROOT)) for top in self.TREES for p in sorted(
+                (ROOT / top).rglob("*")) if p.is_file() and "__pycache__" not in p.parts
+                and p.suffix not in (".pyc", ".so", ".o")]
 
 
 class BuildPyWithAdapter(build_py):

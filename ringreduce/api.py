@@ -240,11 +240,13 @@ def destroy() -> None:
 def abort() -> None:
     """Make the collective running now, and every later one, fail at once; thread-safe.
 
-    For a watchdog thread of your own (or a signal handler) that decides the job must stop:
-    the blocked call raises ``RingReduceError`` ("communicator aborted during ...") within
-    milliseconds, its peers are told (they raise naming this rank), and later calls are
-    refused until ``destroy()`` and ``init()``. The world's groups and point-to-point
-    channels are aborted with it. No-op when not initialised.
+    For a watchdog thread of your own that decides the job must stop: the blocked call
+    raises ``RingReduceError`` ("communicator aborted during ...") within milliseconds, its
+    peers are told (they raise naming this rank), and later calls are refused until
+    ``destroy()`` and ``init()``. The world's groups and point-to-point channels are aborted
+    with it. No-op when not initialised. A Python signal handler runs only once the blocked
+    call returns (as with gloo; see README, Ctrl-C), so call it from a thread: e.g. a
+    SIGTERM handler that sets an Event a watchdog thread waits on.
     """
     g = _state._DEFAULT[0]
     if g is None:
