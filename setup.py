@@ -189,10 +189,13 @@ class CudaBuildExt(BuildExt):
 
     nvcc = None
 
-    def mode(self) -> str:
-        spec = (os.environ.get("RINGREDUCE_CUDA_ARCH_LIST") or os.environ.get("TORCH_CUDA_ARCH_LIST")
+    @staticmethod
+    def arch_spec() -> str:
+        return (os.environ.get("RINGREDUCE_CUDA_ARCH_LIST") or os.environ.get("TORCH_CUDA_ARCH_LIST")
                 or DEFAULT_CUDA_ARCHS)
-        return " ".join(["cuda", str(self.nvcc), spec, *_flags()])
+
+    def mode(self) -> str:
+        return " ".join(["cuda", str(self.nvcc), self.arch_spec(), *_flags()])
 
     def build_extensions(self):
         self.check_compiler()
@@ -200,8 +203,7 @@ class CudaBuildExt(BuildExt):
         if not cu:
             raise SystemExit("ringreduce: no CUDA sources (csrc/**/*.cu) in this source tree, "
                              "which is incomplete; build without CUDA: RINGREDUCE_CUDA=0")
-        spec = (os.environ.get("RINGREDUCE_CUDA_ARCH_LIST") or os.environ.get("TORCH_CUDA_ARCH_LIST")
-                or DEFAULT_CUDA_ARCHS)
+        spec = self.arch_spec()
         flags = ["-std=c++17", "-O3", "-I" + str(ROOT / "csrc"), "-DRINGREDUCE_WITH_CUDA",
                  "-Xcompiler=-fPIC,-fvisibility=hidden,-Wall,-Wextra,-Wno-unused-parameter",
                  *_gencode_flags(spec)]
@@ -279,17 +281,13 @@ class BuildPyWithAdapter(build_py):
             shutil.copy2(ROOT / "csrc" / "torch_adapter" / name, dst)
 
 
-# torch's entry point (pyproject.toml) loads a top-level package of its own, so that loading
-# it never imports ringreduce (see ringreduce/_torch_hook/__init__.py).
-_PACKAGES = {
-    "packages": find_packages(include=["ringreduce*"], exclude=["ringreduce._torch_hook"])
-    + ["_ringreduce_autoload"],
-    "package_dir": {"_ringreduce_autoload": "ringreduce/_torch_hook"}}
 _NVCC = _cuda_wanted()
-if _NVCC is not None:
-    CudaBuildExt.nvcc = _NVCC
-    setup(ext_modules=[ext], cmdclass={"build_ext": CudaBuildExt, "build_py": BuildPyWithAdapter,
-                                       "sdist": SdistAll}, **_PACKAGES)
-else:
-    setup(ext_modules=[ext], cmdclass={"build_ext": BuildExt, "build_py": BuildPyWithAdapter,
-                                       "sdist": SdistAll}, **_PACKAGES)
+CudaBuildExt.nvcc = _NVCC
+setup(ext_modules=[ext],
+      cmdclass={"build_ext": BuildExt if _NVCC is None else CudaBuildExt,
+                "build_py": BuildPyWithAdapter, "sdist": SdistAll},
+      # torch's entry point (pyproject.toml) loads a top-level package of its own, so that
+      # loading it never imports ringreduce (see ringreduce/_torch_hook/__init__.py).
+      packages=find_packages(include=["ringreduce*"], exclude=["ringreduce._torch_hook"])
+      + ["_ringreduce_autoload"],
+      package_dir={"_ringreduce_autoload": "ringreduce/_torch_hook"})
