@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from . import _procnet, _store_guard
+from ._awake import Awake, Pauses
 
 # How long destroy() waits for the other ranks to be done with the store before rank 0
 # stops its server (and they for rank 0's word): a rank that is gone or far behind costs
@@ -21,56 +22,6 @@ _FAREWELL_FAILED_S = 1.0
 # Rank 0's wait for the acks of the ranks that said bye once its word is out: they poll for
 # it every 2 ms. Below _talk_until's 0.5 s margin past the deadline.
 _ACK_GRACE_S = 0.3
-# A gap between two looks at the clock longer than this counts as this long (_Awake).
-_LATE_S = 0.25
-
-
-class _Pauses:
-    """The time this process did not run, as one thread looking at the clock often sees it:
-    a gap between two looks longer than _LATE_S -- the process was stopped (SIGSTOP, a
-    suspended job, a debugger) -- counts as _LATE_S, the rest as paused."""
-
-    def __init__(self) -> None:
-        self.total = 0.0
-        self._last = time.monotonic()
-
-    def look(self) -> None:
-        now = time.monotonic()
-        if now - self._last > _LATE_S:
-            self.total += now - self._last - _LATE_S
-        self._last = now
-
-
-class _Awake:
-    """A deadline on the time this process ran (found by a helper: a job paused during
-    destroy() woke with every farewell deadline passed at once, so rank 0 closed the store
-    under a rank still on its way, and the main thread left its farewell thread inside a
-    store call at exit: std::terminate). Its own looks detect pauses -- or, given `pauses`,
-    another thread's do: the farewell thread's looks are store calls, which may block for
-    long without any pause, so _talk_until's waiting thread looks for both, and the talk's
-    deadline and the wait's margin run on one clock."""
-
-    def __init__(self, secs: float, pauses: _Pauses | None = None):
-        self.secs = secs
-        self._own = pauses is None
-        self._pauses = _Pauses() if pauses is None else pauses
-        self._start = time.monotonic()
-        self._paused0 = self._pauses.total
-
-    def left(self) -> float:
-        if self._own:
-            self._pauses.look()
-        ran = time.monotonic() - self._start - (self._pauses.total - self._paused0)
-        return self.secs - ran
-
-    def expired(self) -> bool:
-        return self.left() <= 0
-
-    def at_least(self, secs: float) -> _Awake:
-        return _Awake(max(self.left(), secs), None if self._own else self._pauses)
-
-    def at_most(self, secs: float) -> _Awake:
-        return _Awake(min(self.left(), secs), None if self._own else self._pauses)
 
 
 def farewell_borrowed(store: Any, rank: int, world: int, prefix: str, timeout: float,
@@ -126,12 +77,12 @@ def _left_key(prefix: str, rank: int) -> str:
     return f"{prefix}left/{rank}"
 
 
-def _farewell_deadline(timeout: float, failed: bool) -> _Awake:
+def _farewell_deadline(timeout: float, failed: bool) -> Awake:
     """The talk's deadline, for _talk_until (whose waiting thread looks for pauses)."""
-    return _Awake(min(timeout, _FAREWELL_FAILED_S if failed else _FAREWELL_S), _Pauses())
+    return Awake(min(timeout, _FAREWELL_FAILED_S if failed else _FAREWELL_S), Pauses())
 
 
-def _talk_until(deadline: _Awake, target: Any, *args: Any) -> None:
+def _talk_until(deadline: Awake, target: Any, *args: Any) -> None:
     """Run a farewell's store talk on a helper thread and stop waiting for it at the
     deadline: store calls block while the server's host is frozen (SIGSTOP, a debugger) for
     the store's own timeout, not ours. An abandoned thread ends at the store's timeout and
@@ -151,7 +102,7 @@ def _talk_until(deadline: _Awake, target: Any, *args: Any) -> None:
 
     threading.Thread(target=run, name="ringreduce-store-farewell", daemon=True).start()
     pauses = deadline._pauses  # this thread looks for pauses: the talk's clock is ours
-    margin = _Awake(deadline.secs + 0.5, pauses)
+    margin = Awake(deadline.secs + 0.5, pauses)
     try:
         while not ended.wait(0.05):
             pauses.look()
@@ -177,7 +128,7 @@ def _proxy(store: Any, prefix: str, rank: int, lost: int) -> int:
     return int(store.add(f"{prefix}lost/{lost}", 1) == 1)
 
 
-def _farewell(box: list, rank: int, world: int, prefix: str, closing: bool, deadline: _Awake,
+def _farewell(box: list, rank: int, world: int, prefix: str, closing: bool, deadline: Awake,
               words: list, lost: int = -1) -> None:
     """release_store's talk through the store (helper thread); drops box's reference."""
     store = box.pop()
@@ -213,10 +164,10 @@ def _farewell(box: list, rank: int, world: int, prefix: str, closing: bool, dead
         store = None  # the last reference: TCPStore's destructor closes its sockets
 
 
-def _poll(done: Any, deadline: _Awake) -> bool:
+def _poll(done: Any, deadline: Awake) -> bool:
     """Call done() every 2 ms until it is true (returns True) or the deadline (False)."""
-    if not isinstance(deadline, _Awake):  # a float (a monotonic time) was once passed here
-        raise TypeError(f"_poll: deadline must be an _Awake, got {type(deadline).__name__}")
+    if not isinstance(deadline, Awake):  # a float (a monotonic time) was once passed here
+        raise TypeError(f"_poll: deadline must be an Awake, got {type(deadline).__name__}")
     while not done():
         if deadline.expired() or _HURRY.is_set():
             return False

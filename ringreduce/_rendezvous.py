@@ -26,10 +26,10 @@ from datetime import timedelta
 from typing import Any
 
 from . import _env, _procnet, _store_guard, _store_keys, _store_wait, _watch
+from ._awake import Awake
 from ._farewell import (  # noqa: F401 - farewell_borrowed, _FAREWELL_S: used through here
     _FAREWELL_FAILED_S,
     _FAREWELL_S,
-    _Awake,
     _farewell,
     _farewell_deadline,
     _poll,
@@ -498,7 +498,7 @@ def _linger(store: Any, world: int, cap: float = 2.0) -> None:
         return sum(int(store.add(p + f"claim/{r}", 0)) for r in range(world)) >= world
 
     with contextlib.suppress(Exception):  # the store failed too: only the pause is left
-        _poll(everyone_came, _Awake(cap))
+        _poll(everyone_came, Awake(cap))
     time.sleep(0.5)
 
 

@@ -9,7 +9,9 @@ between two ranks on a tag, an any-source receive -- so such a store hung them s
 `deadline(store, seconds)` bounds a block of store calls: a watchdog thread shuts the
 process's connections to the store (its port at its address) down once `seconds` pass with
 the block still running, which makes the call in flight return (torch raises), and the
-block raises `StoreSilent` instead. The connection stays shut: later use is refused at once
+block raises `StoreSilent` instead. The seconds are those this process ran (_awake): a
+process stopped meanwhile (SIGSTOP, a suspended job) found every deadline passed on
+resuming and cut a store that answered at once. The connection stays shut: later use is refused at once
 (`was_cut`, `refuse_if_cut`), which is right -- a frozen server cannot be told apart from a
 dead one, and a store that answers again later finds the job already failed. Reading /proc
 sends nothing.
@@ -36,6 +38,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import _procnet
+from ._awake import Awake, Pauses
 
 # A block's deadline is its own timeout plus this: its waits stop themselves at the timeout
 # (polling); only a call stuck in torch's client runs past it.
@@ -54,12 +57,12 @@ class StoreSilent(Exception):
 
 
 class _Armed:
-    __slots__ = ("addrs", "due", "fired", "main", "port", "seconds", "signalled", "start")
+    __slots__ = ("addrs", "clock", "fired", "main", "port", "seconds", "signalled", "start")
 
     def __init__(self, port: int, addrs: Any, seconds: float, main: bool) -> None:
         self.port, self.addrs, self.seconds, self.fired = port, addrs, seconds, False
         self.start = time.monotonic()
-        self.due = self.start + seconds
+        self.clock: Awake | None = None  # the deadline, on the watchdog's clock (_watch)
         self.main = main  # armed by the main thread (signals interrupt it)
         self.signalled: float | None = None  # when a Ctrl-C came
 
@@ -103,6 +106,9 @@ _CUT: dict = {}  # socket inode the watchdog shut -> after how many seconds
 _THREAD: list = []  # the watchdog, once started (per process: cleared in a forked child)
 _ADDRS: dict = {}  # store host -> its addresses (resolved once per process)
 _WAKE: list = []  # the _Wake while the main thread is in a block (under _COND)
+_PAUSES: list = []  # the watchdog's Pauses: it looks at the clock while a block is armed
+# How often the watchdog looks at the clock while a block is armed (for pauses; signals)
+_LOOK_S = 0.1
 
 
 def _where(store: Any) -> tuple:
@@ -153,6 +159,9 @@ def deadline(store: Any, seconds: float | None) -> Iterator[None]:
     with _COND:
         if armed.main:
             _wake_on()
+        if not _THREAD:  # the clock starts with the watchdog (it looks while it runs)
+            _PAUSES[:] = [Pauses()]
+        armed.clock = Awake(seconds, _PAUSES[0])
         _ARMED.add(armed)
         if not _THREAD:
             _THREAD.append(threading.Thread(target=_watch, name="ringreduce-store-watchdog",
@@ -196,28 +205,28 @@ def _wake_off() -> None:
 
 
 def _watch() -> None:
-    """The watchdog: runs while a block is armed, then ends (a new block starts another)."""
+    """The watchdog: runs while a block is armed, then ends (a new block starts another).
+    It looks at the clock every _LOOK_S, so a pause of this process is not counted against
+    the blocks' deadlines."""
     with _COND:
         while _ARMED:
+            _PAUSES[0].look()
             now = time.monotonic()
             if (_WAKE and signal.SIGINT in _WAKE[0].signals()
                     and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
                 for a in _ARMED:
                     if a.main and a.signalled is None:
                         a.signalled = now
-            for a in [a for a in _ARMED if not a.fired and a.due <= now]:
+            for a in [a for a in _ARMED if not a.fired and a.clock.expired()]:
                 a.fired = True
                 _cut(a, a.seconds)
             signalled = [a for a in _ARMED if a.signalled is not None and not a.fired]
             for a in [a for a in signalled if a.signalled + SIGNAL_GRACE_S <= now]:
                 a.fired = True  # once; its handler raises when the call returns
                 _cut(a, now - a.start)
-            dues = [a.due for a in _ARMED if not a.fired]
-            dues += [a.signalled + SIGNAL_GRACE_S for a in signalled if not a.fired]
-            wait = min(dues) - now if dues else None
-            if _WAKE:  # look for signals 10 times a second
-                wait = 0.1 if wait is None else min(wait, 0.1)
-            _COND.wait(wait)
+            dues = [a.clock.left() for a in _ARMED if not a.fired]
+            dues += [a.signalled + SIGNAL_GRACE_S - now for a in signalled if not a.fired]
+            _COND.wait(min([_LOOK_S, *dues]))
         _THREAD.clear()
 
 

@@ -83,6 +83,59 @@ def test_refused_at_once_after_a_cut(servers: int) -> None:
     store.conn.close()
 
 
+_PAUSED_CHILD = """
+import socket, sys
+from ringreduce import _store_guard
+class Store:  # what _store_guard reads of a TCPStore, and a call that waits for an answer
+    host, port = "127.0.0.1", int(sys.argv[1])
+store = Store()
+conn = socket.create_connection((store.host, store.port))
+try:
+    with _store_guard.deadline(store, 1.0):
+        print("in", flush=True)
+        if conn.recv(1) == b"":
+            raise ConnectionError("shut down")
+    print("answered", flush=True)
+except _store_guard.StoreSilent as e:
+    print("cut:", e, flush=True)
+"""
+
+
+def test_time_this_process_was_stopped_does_not_count(tmp_path) -> None:
+    """A process stopped (SIGSTOP, a suspended job) inside a block for longer than its
+    deadline, whose store answers just after it resumed: the call returns, nothing is cut.
+    Before, the watchdog's wall-clock deadline had passed on resuming and it cut the
+    connection (3/3), so every later store call of the job was refused."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    child = subprocess.Popen([sys.executable, "-c", _PAUSED_CHILD,
+                              str(server.getsockname()[1])],
+                             stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        assert child.stdout.readline().strip() == "in"
+        conn, _ = server.accept()
+        os.kill(child.pid, signal.SIGSTOP)
+        time.sleep(2.0)  # twice the deadline
+        os.kill(child.pid, signal.SIGCONT)
+        time.sleep(0.2)
+        conn.sendall(b"x")
+        out, _ = child.communicate(timeout=60)
+        assert out.strip() == "answered"
+        conn.close()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, signal.SIGCONT)
+        child.kill()
+        child.wait()
+        server.close()
+
+
 def test_a_posted_failure_keeps_the_first_cause() -> None:
     """Ranks failing on the first failure's account post too: the first cause stays (each
     one overwrote it before), as fail_bounded already kept it."""
