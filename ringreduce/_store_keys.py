@@ -24,12 +24,13 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import _store_guard
+from . import _farewell, _store_guard
+from ._awake import Awake, Pauses
 
 _LOCK = threading.Lock()
 _OPEN: dict[str, list[str]] = {}  # prefix -> keys written so far (creations on any thread)
-# How long a destroy() may spend deleting (a few store round trips; a store host that does
-# not answer for this long is cut off, as in any other block of store calls): the world's
+# How long a destroy() waits for its keys to be deleted (a few store round trips; a store
+# host that does not answer for this long is left to the deleting thread): the world's
 # farewell waits as long for the other ranks.
 FORGET_S = 5.0
 
@@ -103,19 +104,32 @@ def made(store: Any, prefix: str) -> list[str]:
     return written
 
 
-def forget(store: Any, prefix: str, keys: list[str], size: int,
-           shared: Callable[[], list[str]] = list) -> None:
+def forget(store: Any, prefix: str, keys: list[str], size: int, timeout: float,
+           shared: Callable[[Any, str], list[str]] = lambda store, prefix: []) -> None:
     """destroy() of a group made under `prefix` with `size` members: delete `keys` (what
     this member wrote) once all members were made -- else (a member is still being made and
     may read them: a group destroyed right after new_group returned here) list them under
     the prefix for the last member to leave, which deletes every such list's keys, the
-    counters and `shared()` (keys others wrote: notes of ranks outside the group). Before,
-    such keys stayed for good (~17 per group; found by a helper). Best effort: never
-    raises."""
+    counters and `shared(store, prefix)` (keys others wrote: notes of ranks outside the
+    group). Before, such keys stayed for good (~17 per group; found by a helper). Best
+    effort: never raises.
+
+    The talk runs on a helper thread, waited for at most FORGET_S (of time this process
+    ran): a store host stopped meanwhile (a debugger on rank 0) leaves the thread waiting
+    for it, not destroy(). The thread's own deadline is the store talk's usual one
+    (`timeout` + MARGIN_S); before, FORGET_S was that deadline, and its cut left the
+    process's store connection refused for good -- the next new_group failed naming rank 0
+    once it ran again (found by a helper)."""
     if not keys or store is None or _store_guard.was_cut(store):
         return  # none recorded: a group of one's (torch's share a prefix), or the store refused
+    _farewell._talk_until(Awake(FORGET_S, Pauses()), _forget, store, prefix, keys, size,
+                          timeout + _store_guard.MARGIN_S, shared)
+
+
+def _forget(store: Any, prefix: str, keys: list[str], size: int, deadline_s: float,
+            shared: Callable[[Any, str], list[str]]) -> None:
     try:
-        with _store_guard.deadline(store, FORGET_S):
+        with _store_guard.deadline(store, deadline_s):
             if int(store.add(prefix + "made", 0)) >= size:
                 for k in keys:
                     store.delete_key(k)
@@ -128,11 +142,11 @@ def forget(store: Any, prefix: str, keys: list[str], size: int,
         pass  # the store is gone or cannot delete: the keys stay, as they did before
 
 
-def _forget_rest(store: Any, prefix: str, shared: Callable[[], list[str]]) -> None:
+def _forget_rest(store: Any, prefix: str, shared: Callable[[Any, str], list[str]]) -> None:
     """The last member's part of forget: the lists of keys left for it, and the counters."""
     lists = [f"{prefix}later/{i}" for i in range(1, int(store.add(prefix + "later", 0)) + 1)]
     for k in lists:
         for key in bytes(store.get(k)).decode().split("\n"):
             store.delete_key(key)
-    for k in (*lists, *shared(), prefix + "made", prefix + "gone", prefix + "later"):
+    for k in (*lists, *shared(store, prefix), prefix + "made", prefix + "gone", prefix + "later"):
         store.delete_key(k)

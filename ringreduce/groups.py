@@ -13,7 +13,6 @@ among themselves: ranks outside a group never wait for it.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import operator
 import sys
@@ -203,7 +202,7 @@ def destroy_group(g: Group, world: Group | None = None, tidy: bool = True) -> No
             world.note_child_failure(g.ranks[lost] if g.ranks and lost >= 0 else lost)
     if tidy and not failed:
         _store_keys.forget(store, g.store_prefix, g.store_keys, g.world_size,
-                           functools.partial(_left_out_notes, store, g.store_prefix))
+                           float(g.options.get("connect_timeout", 0.0)), _left_out_notes)
 
 
 # Held through a destroy(): a second one (another thread, an exit hook) returns when the

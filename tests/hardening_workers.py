@@ -516,3 +516,39 @@ def stale_failure_goodbye(rank: int, world: int) -> dict:
         gb.destroy()
     rr.barrier()
     return out
+
+
+def store_host_stopped_in_destroy(rank: int, world: int) -> dict:
+    """Rank 1 stops rank 0 (the store's host) for 7 s and destroys a group meanwhile: its
+    store keys cannot be deleted then (the clean-up gives up after 5 s). Once rank 0 runs
+    again, everyone makes a new group and all-reduces on it. The clean-up's watchdog shut
+    rank 1's only store connection, so its new_group failed naming rank 0 (found by a
+    helper); the clean-up now talks on a connection of its own."""
+    import signal
+    import threading
+
+    g = rr.new_group(list(range(world)))
+    pids = np.zeros(world, np.int64)
+    pids[rank] = os.getpid()
+    rr.allreduce(pids)
+    out: dict = {}
+    if rank == 1:
+        os.kill(int(pids[0]), signal.SIGSTOP)
+        wake = threading.Timer(7.0, os.kill, (int(pids[0]), signal.SIGCONT))
+        wake.start()
+        t = time.monotonic()
+        g.destroy()
+        out["destroy_s"] = time.monotonic() - t
+        wake.join()
+        time.sleep(0.5)
+    else:
+        g.destroy()
+    try:
+        g2 = rr.new_group(list(range(world)))
+        x = np.full(5, rank + 1.0)
+        rr.allreduce(x, group=g2)
+        out["sum"] = x.tolist()
+        g2.destroy()
+    except Exception as e:  # noqa: BLE001 - what the test checks
+        out["error"] = f"{type(e).__name__}: {e}"
+    return out

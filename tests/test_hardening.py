@@ -506,3 +506,13 @@ def test_a_clean_leave_does_not_carry_an_earlier_groups_failure(world: int) -> N
     for r, v in enumerate(outs[:-1]):
         assert v.get("peer_rank") == world - 1 and v.get("cause") == "left", (r, v)
         assert v["a"] not in v["msg"] and "after a failure" not in v["msg"], (r, v)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_store_host_stopped_during_a_groups_destroy_is_usable_after(world: int) -> None:
+    outs = run_world(world, "hardening_workers:store_host_stopped_in_destroy", timeout=90)
+    total = world * (world + 1) / 2
+    for r, v in enumerate(outs):
+        assert v.get("sum") == [total] * 5, (r, v)
+    assert outs[1]["destroy_s"] < 6.5, outs[1]  # gives up the clean-up at 5 s
