@@ -287,7 +287,11 @@ def _recv_any(x: Any, tag: int, group: Any, what: str, async_op: bool) -> Any:
     world = _state.current(f"{what}()")
     _state.check_aborted(world, f"{what}()")
     tag = _check_tag(tag, what)
-    _buffers.as_buffer(x, f"{what}(x)", writable=True)  # bad input fails before any wait
+    buf = _buffers.as_buffer(x, f"{what}(x)", writable=True)  # bad input fails before any wait
+    if buf.count == 0:  # found by a helper: it waited for the timeout, then blamed
+        raise ValueError(f"{what}(src=None): x has no elements; a zero-size message is not "
+                         f"sent (zero-size buffers are no-ops), so no sender can be found for "
+                         f"it -- name src, or send at least one element")
     peers = [r for r in (g.ranks or range(g.size)) if r != world.rank]
     if not peers:
         raise ValueError(f"{what}: src=None receives from another rank of the group, and "

@@ -117,6 +117,11 @@ def bad_inputs(rank: int, world: int) -> list[str]:
             ("op None", lambda: rr.allreduce(x, op=None), ValueError, "unsupported reduce op"),
             ("bad algo", lambda: rr.allreduce(x, algo="star"), ValueError,
              "unknown algo 'star'.*auto, ring, tree"),
+            # a zero-size send sends nothing: it waited for the timeout, then blamed the sender
+            ("zero-size any-source recv", lambda: rr.recv(np.zeros(0, np.float32)), ValueError,
+             r"recv\(src=None\): x has no elements.*name src"),
+            ("zero-size any-source irecv", lambda: rr.irecv(torch.zeros(0), tag=3), ValueError,
+             r"irecv\(src=None\): x has no elements"),
             ("bad algo coalesced", lambda: rr.allreduce_coalesced([x], algo="x"), ValueError,
              "unknown algo"),
             ("bad op reduce_scatter", lambda: rr.reduce_scatter(np.ones(world * 2), op="mean"),
