@@ -181,3 +181,36 @@ def p2p_semantics(rank: int, world: int) -> list:
     except Exception:  # noqa: BLE001
         bad.append(traceback.format_exc())
     return bad
+
+
+def slot_rewritten_meanwhile(rank: int, world: int, calls: int) -> dict:
+    """A thread rewrites the fast calls' slots (as destroy(), init() and a re-made channel
+    do) while this one runs fast all-reduces and barriers: each rewrite drops the capsule a
+    call in flight uses, which freed the handle under it once the GIL was released (found by
+    a helper under AddressSanitizer; the call now holds the capsule)."""
+    import threading
+
+    from ringreduce import _state
+
+    x = np.ones(8, np.float32)
+    world_group = _state._DEFAULT[0]
+    stop = threading.Event()
+
+    def rewrite() -> None:
+        while not stop.is_set():
+            _state.set_default(world_group)
+
+    t = threading.Thread(target=rewrite, daemon=True)
+    t.start()
+    wrong = 0
+    try:
+        for i in range(calls):
+            x[:] = 1
+            rr.allreduce(x)
+            wrong += int(x[0] != world)
+            if i % 8 == 0:
+                rr.barrier()
+    finally:
+        stop.set()
+        t.join()
+    return {"wrong": wrong, "fast": rr.allreduce.fast_calls, "module": rr._C.__file__}

@@ -102,3 +102,22 @@ def test_destroy_during_a_collective_under_asan(asan_package: tuple[Path, str],
     check_destroy_during_collective(outs)
     # Rank 0 really ran the sanitized build, not the module in the checkout.
     assert outs[0].value["module"].startswith(str(pkg)), outs[0].value["module"]
+
+
+@pytest.mark.timeout(BUILD_TIMEOUT_S + 120)
+def test_fast_calls_hold_their_handle_while_a_slot_is_rewritten(
+        asan_package: tuple[Path, str]) -> None:
+    """rr.allreduce / rr.barrier's C fast path read its communicator's capsule from the slot
+    as a borrowed reference and released the GIL: a thread rewriting the slot meanwhile
+    (destroy(), init(), a re-made channel) freed the handle under the call
+    (heap-use-after-free, 4/4 runs of a helper's repro)."""
+    pkg, libasan = asan_package
+    env = {"LD_PRELOAD": libasan, "ASAN_OPTIONS": ASAN_OPTIONS, "RINGREDUCE_TIMEOUT": "60",
+           "PYTHONPATH": os.pathsep.join([str(pkg), str(TESTS_DIR)]), "PYTHONSAFEPATH": "1"}
+    outs = run_world_raw(2, "fastcall_workers:slot_rewritten_meanwhile", 30000, timeout=150,
+                         env=env)
+    for o in outs:
+        assert "AddressSanitizer" not in o.stderr, o.describe()
+        assert o.value is not None, o.describe()
+        assert o.value["wrong"] == 0 and o.value["fast"] >= 30000, o.value
+        assert o.value["module"].startswith(str(pkg)), o.value["module"]

@@ -46,15 +46,21 @@ struct FastCall {
 };
 
 // Run `f(handle, site)` with the GIL released; NULL with the exception set on failure.
+// `cap` is borrowed from the slot, which another thread may rewrite once the GIL is released
+// (destroy(), init(), a re-made channel drop the capsule, whose destructor frees the
+// handle): the call holds its own reference until it is back (found by a helper under
+// AddressSanitizer: a heap-use-after-free in the handle's weak_ptr::lock()).
 template <typename F>
 PyObject* runNative(PyObject* cap, F&& f) {
   void* h = PyCapsule_GetPointer(cap, RR_NATIVE_COMM_CAPSULE);
   if (h == nullptr) return nullptr;
   unsigned site = currentCallSite();
   int rc;
+  Py_INCREF(cap);
   Py_BEGIN_ALLOW_THREADS
   rc = f(nativeTable(), h, site);
   Py_END_ALLOW_THREADS
+  Py_DECREF(cap);
   if (rc != 0) return nullptr;
   Py_RETURN_NONE;
 }
