@@ -564,6 +564,12 @@ def _make_pair(g: Group, world: Group, lo: int, hi: int, src: int, dst: int,
         store.set(f"{base}want{world.rank}", b"1")  # for any-source receivers
     try:
         _meet(g, world, store, base, peer, src, dst, tag)
+    except KeyboardInterrupt as e:  # noted as a receive on a made channel's is (in C++)
+        if hasattr(e, "add_note"):  # Python >= 3.11
+            e.add_note(f"ringreduce: interrupted: rank {world.rank} while {during} (the first "
+                       f"message between ranks {lo} and {hi} on that tag), waiting for rank "
+                       f"{peer} to post its side")
+        raise
     except Exception as e:
         # The peer may come later, find this rank's "want" and wait in the channel's set-up:
         # tell it there (it waited out the connect timeout: found by a review).

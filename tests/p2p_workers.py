@@ -730,10 +730,11 @@ def unwaited_isend(rank: int, world: int, nelem: int) -> str:
 
 
 
-def interrupted_any_source(rank: int, world: int) -> dict:
-    """Rank 0 waits in a receive from any rank; Ctrl-C (SIGINT) 1 s later. Its
-    KeyboardInterrupt carried no note saying what was interrupted (a named receive's
-    does; found by a helper)."""
+def interrupted_any_source(rank: int, world: int, src: int | None = None) -> dict:
+    """Rank 0 waits in a receive from any rank (or, src=1, the first receive from rank 1
+    on its tag, before the channel is made); Ctrl-C (SIGINT) 1 s later. Its
+    KeyboardInterrupt carried no note saying what was interrupted (a receive on a made
+    channel's does; found by helpers)."""
     import signal
     import threading
 
@@ -743,7 +744,7 @@ def interrupted_any_source(rank: int, world: int) -> dict:
     threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
     t0 = time.monotonic()
     try:
-        rr.recv(np.zeros(4, np.float32), tag=3)
+        rr.recv(np.zeros(4, np.float32), src=src, tag=3)
         return {"error": "no error"}
     except KeyboardInterrupt as e:
         return {"error": "KeyboardInterrupt", "notes": getattr(e, "__notes__", []),

@@ -376,3 +376,12 @@ def test_ctrl_c_in_a_receive_from_any_rank_says_what_it_interrupted() -> None:
     out = run_world(2, "p2p_workers:interrupted_any_source", timeout=40)[0]
     assert out["error"] == "KeyboardInterrupt" and out["secs"] < 3, out
     assert any("interrupted: rank 0 during recv(src=None, tag=3)" in n for n in out["notes"]), out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes need Python 3.11")
+def test_ctrl_c_in_a_first_receive_says_what_it_interrupted() -> None:
+    out = run_world(2, "p2p_workers:interrupted_any_source", 1, timeout=40)[0]
+    assert out["error"] == "KeyboardInterrupt" and out["secs"] < 3, out
+    assert any("interrupted: rank 0 while making the channel 1 -> 0 for tag 3" in n
+               and "waiting for rank 1" in n for n in out["notes"]), out
