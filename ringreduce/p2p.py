@@ -442,7 +442,15 @@ class _Deferred:
         t = threading.Thread(target=run, name="ringreduce-p2p-connect", daemon=True)
         with _LOCK:
             _state.HELPERS[:] = [h for h in _state.HELPERS if h.is_alive()] + [t]
-        t.start()
+        try:
+            t.start()
+        except RuntimeError as e:  # left in HELPERS, it failed destroy()'s join (a helper)
+            with _LOCK:
+                _state.HELPERS.remove(t)
+            raise RuntimeError(
+                f"could not start the thread that makes a point-to-point channel ({e}): the "
+                "process is at its thread limit (a container's pids.max, ulimit -u); raise it "
+                "or use fewer threads") from e
 
     def wait(self, timeout: float | None = None) -> bool:
         t0 = time.monotonic()

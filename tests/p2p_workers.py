@@ -749,3 +749,35 @@ def interrupted_any_source(rank: int, world: int, src: int | None = None) -> dic
     except KeyboardInterrupt as e:
         return {"error": "KeyboardInterrupt", "notes": getattr(e, "__notes__", []),
                 "secs": time.monotonic() - t0}
+
+
+def helper_thread_refused(rank: int, world: int) -> dict:
+    """Rank 0's isend cannot start its helper thread (a container's pids limit): the isend
+    fails saying so, and destroy() still works -- the unstarted thread stayed registered
+    and destroy() raised "cannot join thread before it is started" (found by a helper)."""
+    import threading
+
+    out: dict = {}
+    if rank == 0:
+        real = threading.Thread.start
+
+        def refuse(t: threading.Thread) -> None:
+            if t.name == "ringreduce-p2p-connect":
+                raise RuntimeError("can't start new thread")
+            real(t)
+
+        threading.Thread.start = refuse  # type: ignore[method-assign]
+        try:
+            rr.isend(np.ones(4, np.float32), dst=1, tag=3)
+            out["isend"] = "no error"
+        except RuntimeError as e:
+            out["isend"] = str(e)
+        finally:
+            threading.Thread.start = real  # type: ignore[method-assign]
+    rr.barrier()
+    try:
+        rr.destroy()
+        out["destroy"] = "ok"
+    except Exception as e:  # noqa: BLE001 - what the test checks
+        out["destroy"] = f"{type(e).__name__}: {e}"
+    return out

@@ -385,3 +385,10 @@ def test_ctrl_c_in_a_first_receive_says_what_it_interrupted() -> None:
     assert out["error"] == "KeyboardInterrupt" and out["secs"] < 3, out
     assert any("interrupted: rank 0 while making the channel 1 -> 0 for tag 3" in n
                and "waiting for rank 1" in n for n in out["notes"]), out
+
+
+@pytest.mark.timeout(60)
+def test_a_helper_thread_that_cannot_start_fails_its_isend_not_destroy() -> None:
+    outs = run_world(2, "p2p_workers:helper_thread_refused", timeout=40)
+    assert "thread limit" in outs[0]["isend"] and "pids.max" in outs[0]["isend"], outs[0]
+    assert [o["destroy"] for o in outs] == ["ok", "ok"], outs
