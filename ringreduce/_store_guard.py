@@ -56,6 +56,14 @@ class StoreSilent(Exception):
         self.port, self.seconds = port, seconds
 
 
+class NoThread(RuntimeError):
+    """A thread ringreduce needs could not start: the process is at its thread limit."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what}: the process is at its thread limit (a container's "
+                         "pids.max, ulimit -u); raise it, or make fewer groups and channels")
+
+
 class _Armed:
     __slots__ = ("addrs", "clock", "fired", "main", "port", "seconds", "signalled", "start")
 
@@ -164,9 +172,15 @@ def deadline(store: Any, seconds: float | None) -> Iterator[None]:
         armed.clock = Awake(seconds, _PAUSES[0])
         _ARMED.add(armed)
         if not _THREAD:
-            _THREAD.append(threading.Thread(target=_watch, name="ringreduce-store-watchdog",
-                                            daemon=True))
-            _THREAD[0].start()
+            t = threading.Thread(target=_watch, name="ringreduce-store-watchdog", daemon=True)
+            try:
+                t.start()  # it waits for _COND, held here, before it looks at _THREAD
+            except RuntimeError as e:  # left in _THREAD, it made later blocks unwatched
+                _ARMED.discard(armed)
+                if armed.main:
+                    _wake_off()
+                raise NoThread(f"could not start ringreduce's store watchdog thread ({e})") from e
+            _THREAD.append(t)
         _COND.notify()
     try:
         yield

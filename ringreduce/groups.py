@@ -408,9 +408,14 @@ def _interrupts_told(world: Group, store: Any, prefix: str, name: str) -> Iterat
     """A Ctrl-C (KeyboardInterrupt, or a launcher's SystemExit) while this rank creates a
     group is posted under the group's prefix, so the other members stop at once -- before,
     they waited for this rank until RINGREDUCE_CONNECT_TIMEOUT (120 s) if it lived on (found
-    by a helper). Errors post their own reason where they arise."""
+    by a helper). So is a thread that could not start here (a container's pids limit; they
+    waited until this rank left). Other errors post their own reason where they arise."""
     try:
         yield
+    except _store_guard.NoThread as e:
+        _store_wait.fail(store, prefix, _watch.rr_error(
+            f"world rank {world.rank} could not create {name}: {e}"))
+        raise
     except Exception:
         raise
     except BaseException as e:

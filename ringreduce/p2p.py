@@ -40,7 +40,7 @@ import time
 import traceback
 from typing import Any
 
-from . import _C, _buffers, _rendezvous, _state, _store_wait, _watch, groups
+from . import _C, _buffers, _rendezvous, _state, _store_guard, _store_wait, _watch, groups
 from ._state import Group
 
 log = logging.getLogger("ringreduce")
@@ -447,10 +447,8 @@ class _Deferred:
         except RuntimeError as e:  # left in HELPERS, it failed destroy()'s join (a helper)
             with _LOCK:
                 _state.HELPERS.remove(t)
-            raise RuntimeError(
-                f"could not start the thread that makes a point-to-point channel ({e}): the "
-                "process is at its thread limit (a container's pids.max, ulimit -u); raise it "
-                "or use fewer threads") from e
+            raise _store_guard.NoThread(
+                f"could not start the thread that makes a point-to-point channel ({e})") from e
 
     def wait(self, timeout: float | None = None) -> bool:
         t0 = time.monotonic()

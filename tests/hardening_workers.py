@@ -552,3 +552,42 @@ def store_host_stopped_in_destroy(rank: int, world: int) -> dict:
     except Exception as e:  # noqa: BLE001 - what the test checks
         out["error"] = f"{type(e).__name__}: {e}"
     return out
+
+
+PIDS_CGROUP = "/sys/fs/cgroup/pids"
+
+
+def thread_limited_group(rank: int, world: int, extra: int) -> dict:
+    """The last rank may start only `extra` more threads (a pids cgroup of its own, as a
+    container's pids.max) while every rank makes a group and all-reduces on it. Wherever its
+    thread start fails, every rank must fail at once -- before, the others waited in the
+    group's first collective until that process exited, or until it left."""
+    out: dict = {}
+    cg = f"{PIDS_CGROUP}/rr-test-{os.getpid()}"
+    rr.barrier()
+    if rank == world - 1:
+        os.makedirs(cg)
+        with open(f"{cg}/cgroup.procs", "w") as f:
+            f.write(str(os.getpid()))
+        with open(f"{cg}/pids.current") as f:
+            now = int(f.read())
+        with open(f"{cg}/pids.max", "w") as f:
+            f.write(str(now + extra))
+    t = time.monotonic()
+    try:
+        g = rr.new_group(list(range(world)))
+        x = np.full(4, rank + 1.0)
+        rr.allreduce(x, group=g)
+        out["sum"] = x.tolist()
+    except Exception as e:  # noqa: BLE001 - what the test checks
+        out["error"] = f"{type(e).__name__}: {e}"
+    out["secs"] = time.monotonic() - t
+    if rank == world - 1:
+        if "error" in out:
+            time.sleep(6)  # it carries on (caught the error): the others must not wait for it
+        with open(f"{cg}/pids.max", "w") as f:
+            f.write("max")
+        with open(f"{PIDS_CGROUP}/cgroup.procs", "w") as f:
+            f.write(str(os.getpid()))
+        os.rmdir(cg)
+    return out

@@ -516,3 +516,35 @@ def test_a_store_host_stopped_during_a_groups_destroy_is_usable_after(world: int
     for r, v in enumerate(outs):
         assert v.get("sum") == [total] * 5, (r, v)
     assert outs[1]["destroy_s"] < 6.5, outs[1]  # gives up the clean-up at 5 s
+
+
+def _pids_cgroup() -> bool:
+    import os
+
+    from hardening_workers import PIDS_CGROUP
+
+    return os.geteuid() == 0 and os.access(f"{PIDS_CGROUP}/cgroup.procs", os.W_OK)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not _pids_cgroup(), reason="needs root and a cgroup v1 pids hierarchy "
+                    "(/sys/fs/cgroup/pids) to limit one rank's threads")
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_rank_at_its_thread_limit_fails_a_groups_creation_at_once(transport: str) -> None:
+    """A thread start refused on one rank -- Python's store watchdog, a connecting thread or
+    the group's executor, depending on how many it may start -- fails the group everywhere
+    within a few seconds, saying why on that rank (found by a helper: the others waited
+    until the rank exited, then blamed its exit)."""
+    env = {"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30"}
+    failed = 0
+    for extra in range(6):
+        outs = run_world(3, "hardening_workers:thread_limited_group", extra, timeout=60,
+                         env=env)
+        if all("sum" in o for o in outs):
+            assert [o["sum"] for o in outs] == [[6.0] * 4] * 3, outs
+            continue
+        failed += 1
+        assert "thread limit" in outs[2].get("error", ""), (extra, outs)
+        for o in outs:
+            assert "error" in o and o["secs"] < 5, (extra, outs)
+    assert failed >= 2, "the limit never failed a thread start"

@@ -5,6 +5,7 @@
 #include <array>
 #include <algorithm>
 #include <exception>
+#include <system_error>
 #include <cstring>
 
 #include <pybind11/functional.h>
@@ -197,7 +198,7 @@ class PyComm {
          const std::string& secret, const py::dict& opts, const std::vector<std::string>& hbAddrs,
          const py::object& shmStore, const py::object& probe,
          std::shared_ptr<transport::tcp::LinkTable> links, uint64_t streamId,
-         const std::vector<uint64_t>& linkIds) {
+         const std::vector<uint64_t>& linkIds) try {
     transport::tcp::Listener& listener = pl.tcp;
     // A group's set-up stops when the world knows a member is gone (Python's probe raises).
     transport::tcp::StillWanted check;
@@ -286,6 +287,12 @@ class PyComm {
     }
     exec_ = std::make_shared<runtime::Executor>(std::move(comm));
     runtime::Executor::joinFamily(exec_);  // a point-to-point channel's (else nothing)
+  } catch (const std::system_error& e) {  // a thread of the set-up (heartbeats, links, a name
+    if (e.code() != std::errc::resource_unavailable_try_again) throw;  // lookup) not started
+    throw Error(detail::concat("rank ", rankLabel(bindings::optionsFromDict(opts).rankLabels,
+                                                  rank),
+                               " could not start a thread while connecting (", e.what(),
+                               "): ", comm::kThreadLimitText));
   }
 
   // Callers hold the GIL: it guards exec_ itself (destroy() swaps it out under the GIL).

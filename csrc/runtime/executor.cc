@@ -6,6 +6,7 @@
 #include <atomic>
 #include <map>
 #include <string>
+#include <system_error>
 
 #include "core/error.h"
 #include "core/interrupt.h"
@@ -39,9 +40,22 @@ void throwForkedWork(const std::string& what) {
 }
 
 Executor::Executor(std::unique_ptr<comm::Communicator> comm)
-    : comm_(std::move(comm)), worker_([this] { loop(); }),
-      forkGen_(gForkGen.load(std::memory_order_relaxed)) {
+    : comm_(std::move(comm)), forkGen_(gForkGen.load(std::memory_order_relaxed)) {
   (void)kAtFork;
+  try {
+    worker_ = std::thread([this] { loop(); });
+  } catch (const std::system_error& e) {
+    // The last step of a set-up: the peers may be done with theirs and waiting in their
+    // first collective on it (they waited until this process exited, then blamed its exit:
+    // found by a helper under a container's pids limit). Tell them, as a failed collective
+    // does (abort frames, the shared-memory abort).
+    std::string why = detail::concat(
+        "rank ", comm_->label(comm_->rank()), " could not start the thread of ", comm_->name(),
+        " (", e.what(), "): ", comm::kThreadLimitText);
+    comm_->poison(why, transport::AbortCode::kPeer,  // names this rank, also when relayed
+                  transport::Culprit{comm_->rank(), PeerCause::kAborted});
+    RR_THROW(Error, why);
+  }
 }
 
 bool Executor::forked() const { return forkGen_ != gForkGen.load(std::memory_order_relaxed); }
