@@ -664,3 +664,25 @@ def roots_then_leave(rank: int, world: int) -> list:
     x = np.full(10, float(rank), np.float32)
     rr.broadcast(x, src=rank)
     return x.tolist()
+
+
+def avg_scratch_refused(rank: int, world: int) -> dict:
+    """An integer avg whose int64 scratch cannot be allocated (an address-space limit, as
+    `ulimit -v`): a clear error saying how much and what to do -- it was a bare
+    "std::bad_alloc" reported "during barrier #3", the collective before it (a helper)."""
+    import resource
+
+    x = np.full(32 << 20, rank + 1, np.int32)  # 128 MiB; its avg needs 256 MiB of int64
+    with open("/proc/self/status") as f:
+        vm = next(int(line.split()[1]) for line in f if line.startswith("VmSize:")) << 10
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (vm + (128 << 20), hard))
+    try:
+        rr.allreduce(x, op="avg")
+        out = {"error": None}
+    except rr.RingReduceError as e:
+        out = {"error": str(e)}
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    out["intact"] = bool((x == rank + 1).all())
+    return out

@@ -621,3 +621,12 @@ def test_a_group_creation_timeout_names_the_late_world_rank() -> None:
     v = outs[0]
     assert v["error"].startswith("CollectiveTimeout: ") and "(world rank(s) 2)" in v["error"], v
     assert v["peer_rank"] == 2, v
+
+
+@pytest.mark.timeout(60)
+def test_an_integer_avg_without_memory_for_its_scratch_says_so() -> None:
+    outs = run_world(2, error_workers.avg_scratch_refused, timeout=40)
+    for o in outs:
+        assert o["error"] is not None and o["intact"], o
+        assert "avg of 33554432 int32 values needs 256 MiB of scratch" in o["error"], o
+        assert "bad_alloc" not in o["error"] and "barrier" not in o["error"], o

@@ -1,5 +1,9 @@
 #include "collectives/int_avg.h"
 
+#include <new>
+
+#include "core/error.h"
+
 namespace rr::collectives::intavg {
 
 namespace {
@@ -56,7 +60,15 @@ bool applies(DataType t, ReduceOp op) {
 size_t words(DataType t) { return t == DataType::kInt64 || t == DataType::kUInt64 ? 2 : 1; }
 
 std::vector<int64_t> widen(DataType t, const void* x, size_t count) {
-  std::vector<int64_t> w(count * words(t));
+  std::vector<int64_t> w;
+  try {
+    w.resize(count * words(t));
+  } catch (const std::bad_alloc&) {
+    RR_THROW(Error, "avg of ", count, " ", toString(t), " values needs ",
+             count * words(t) * sizeof(int64_t) >> 20, " MiB of scratch (integer means are "
+             "exact: summed in int64) and it could not be allocated; free memory, split the "
+             "buffer, or reduce with sum and divide");
+  }
   switch (t) {
     case DataType::kInt8: widenSmall<int8_t>(x, w.data(), count); break;
     case DataType::kUInt8: widenSmall<uint8_t>(x, w.data(), count); break;

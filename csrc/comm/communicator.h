@@ -263,6 +263,9 @@ class Communicator {
   // False when the last collective was refused before it began (describeCurrent would
   // describe the one before it).
   bool begun() const { return begun_; }
+  // A call starts (Executor::run): until its begin(), its errors are not "during" the
+  // collective before it (an allocation failing first was reported "during barrier #3").
+  void newCall() { begun_ = false; }
   // Poisoned or aborted. Executor thread, or any thread once the executor has stopped.
   bool failed() const { return poisoned() || aborted_.load(); }
   void checkUsable() const;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
+#include <new>
 #include <string>
 #include <system_error>
 
@@ -276,6 +277,12 @@ static void rethrowWithContext(comm::Communicator& c, bool inCall) {
   } catch (const Error& e) {
     c.poison(e.what(), transport::AbortCode::kOther);
     throw Error(e.what() + ctx);
+  } catch (const std::bad_alloc&) {  // a scratch buffer (found by a helper under ulimit -v)
+    const std::string why = detail::concat(
+        "rank ", c.label(c.rank()), " ran out of memory for a scratch buffer of this call "
+        "(std::bad_alloc); free memory, or split the buffer into smaller calls");
+    c.poison(why, transport::AbortCode::kOther);
+    throw Error(why + ctx);
   } catch (const std::exception& e) {
     c.poison(e.what(), transport::AbortCode::kOther);
     throw Error(std::string(e.what()) + ctx);
@@ -285,6 +292,7 @@ static void rethrowWithContext(comm::Communicator& c, bool inCall) {
 std::exception_ptr Executor::run(Task& fn) {
   try {
     try {
+      comm_->newCall();
       fn(*comm_);
       comm_->finish(true);
     } catch (...) {
