@@ -326,6 +326,9 @@ def _has_interface(name: str) -> bool:
 @pytest.mark.skipif(not _has_interface("lo"), reason="no interface named lo")
 def test_interface_lo() -> None:
     assert env_mod.select_interface_address(None, "lo") == "127.0.0.1"
+    # IPv6's loopback as given (a host may have no 127.0.0.1); other loopback names: IPv4
+    assert env_mod.select_interface_address("::1", None) == "::1"
+    assert env_mod.select_interface_address("localhost", None) == "127.0.0.1"
     assert env_mod.select_interface_address("10.1.2.3", "lo") == "127.0.0.1"  # ifname wins
     assert env_mod.select_interface_address(None, "no_such0,lo") == "127.0.0.1"
     for empty in (",", " , "):  # a list of nothing: said so (was a bare ValueError(''))

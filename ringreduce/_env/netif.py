@@ -124,7 +124,8 @@ def select_interface_address(master_addr: str | None, ifname: str | None,
 
     With ``ifname`` (RINGREDUCE_SOCKET_IFNAME; a comma-separated list tries each in turn)
     that interface's IPv4 address; otherwise the address of the interface that routes to
-    ``master_addr``, or ``"127.0.0.1"`` when ``master_addr`` is unset or a loopback name.
+    ``master_addr``, or ``"127.0.0.1"`` when ``master_addr`` is unset or a loopback name
+    (``"::1"`` for ``::1``).
     Raises ValueError, listing the available interfaces, when the interface is missing.
     Always returns a numeric address (the C++ core then needs no name lookup); looking up a
     MASTER_ADDR name takes at most ``timeout`` seconds (CollectiveTimeout after that).
@@ -142,6 +143,8 @@ def select_interface_address(master_addr: str | None, ifname: str | None,
             except ValueError as e:
                 errors.append(str(e))
         raise ValueError(errors[-1] if len(errors) == 1 else "; ".join(errors))
+    if master_addr is not None and master_addr.strip().strip("[]") == "::1":
+        return "::1"  # as given: a host may have no IPv4 loopback (found by a helper)
     if master_addr is None or _is_loopback(master_addr.strip()):
         return "127.0.0.1"
     return _route_source(master_addr.strip(), timeout)
