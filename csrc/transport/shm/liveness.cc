@@ -4,6 +4,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
@@ -109,10 +110,13 @@ PeerProcesses::PeerProcesses(ShmDomain& d) : keys_(static_cast<size_t>(d.world()
     pfds_.push_back({fd, POLLIN, 0});
     rankOf_.push_back(r);
   }
-  if (unverified)
+  // Once per process, as the README says (every group and channel repeated it: a helper).
+  static std::atomic<bool> warned{false};
+  if (unverified && !warned.exchange(true))
     RR_WARN(unverified, " local peer process(es) cannot be watched through a pidfd (another PID "
-            "namespace, or a kernel without pidfd_open): a death among them is noticed by "
-            "heartbeats only (RINGREDUCE_HEARTBEAT_TIMEOUT), not at once");
+            "namespace, /proc not readable, or a kernel without pidfd_open): a death among "
+            "them is noticed by heartbeats only (RINGREDUCE_HEARTBEAT_TIMEOUT), not at once; "
+            "not repeated for later groups");
 }
 
 PeerProcesses::~PeerProcesses() {
