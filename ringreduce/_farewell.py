@@ -82,7 +82,8 @@ def _farewell_deadline(timeout: float, failed: bool) -> Awake:
     return Awake(min(timeout, _FAREWELL_FAILED_S if failed else _FAREWELL_S), Pauses())
 
 
-def _talk_until(deadline: Awake, target: Any, *args: Any) -> None:
+def _talk_until(deadline: Awake, target: Any, *args: Any,
+                name: str = "ringreduce-store-farewell") -> None:
     """Run a farewell's store talk on a helper thread and stop waiting for it at the
     deadline: store calls block while the server's host is frozen (SIGSTOP, a debugger) for
     the store's own timeout, not ours. An abandoned thread ends at the store's timeout and
@@ -100,7 +101,11 @@ def _talk_until(deadline: Awake, target: Any, *args: Any) -> None:
         finally:
             ended.set()
 
-    threading.Thread(target=run, name="ringreduce-store-farewell", daemon=True).start()
+    try:
+        threading.Thread(target=run, name=name, daemon=True).start()
+    except RuntimeError:  # no thread to spare (a container's pids limit): talk here, with
+        run()  # no deadline but the store's own -- a destroy() must not fail (a review)
+        return
     pauses = deadline._pauses  # this thread looks for pauses: the talk's clock is ours
     margin = Awake(deadline.secs + 0.5, pauses)
     try:

@@ -123,7 +123,8 @@ def forget(store: Any, prefix: str, keys: list[str], size: int, timeout: float,
     if not keys or store is None or _store_guard.was_cut(store):
         return  # none recorded: a group of one's (torch's share a prefix), or the store refused
     _farewell._talk_until(Awake(FORGET_S, Pauses()), _forget, store, prefix, keys, size,
-                          timeout + _store_guard.MARGIN_S, shared)
+                          timeout + _store_guard.MARGIN_S, shared,
+                          name="ringreduce-store-forget")
 
 
 def _forget(store: Any, prefix: str, keys: list[str], size: int, deadline_s: float,

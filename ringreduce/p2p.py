@@ -104,12 +104,25 @@ class _Turns:
     messages never overtake each other (MPI's non-overtaking rule) however the helper
     threads that make the channel are scheduled."""
 
-    __slots__ = ("cond", "next", "serving")
+    __slots__ = ("cond", "dropped", "next", "serving")
 
     def __init__(self) -> None:
         self.next = 0  # tickets handed out
         self.serving = 0  # tickets queued on the channel (or failed)
+        self.dropped: set[int] = set()  # tickets whose post never started (_give_back)
         self.cond = threading.Condition(_LOCK)
+
+    def advance_locked(self, key: tuple) -> bool:
+        """Under _LOCK, once the ticket being served is done: pass the dropped ones, wake
+        the next; True (and the key's entry gone) when none is left."""
+        while self.serving in self.dropped:
+            self.dropped.discard(self.serving)
+            self.serving += 1
+        drained = self.serving == self.next
+        if drained:
+            del _PENDING[key]
+        self.cond.notify_all()
+        return drained
 
 
 def _post(x: Any, peer: int, tag: int, group: Any, what: str, sending: bool,
@@ -157,15 +170,23 @@ def _post(x: Any, peer: int, tag: int, group: Any, what: str, sending: bool,
             return api.broadcast(x, src=src, async_op=async_op or eager, group=c)
         return _take_turn(g, world, key, turns, ticket, post, ch)
 
-    if eager:
-        _send_later(world, g, start, dst, tag)
-        return None
-    if not async_op:
+    if not async_op and not eager:
         return start()  # holds its turn until it is done
-    # isend/irecv return at once and make the channel on a helper thread: the peer may be
-    # blocked making another channel to us first (another tag, the other direction's first
-    # send).
-    return api.Work(_Deferred(start), (x,))
+    # isend/irecv (and an eager send) return at once and make the channel on a helper
+    # thread: the peer may be blocked making another channel to us first (another tag, the
+    # other direction's first send).
+    try:
+        if eager:
+            _send_later(world, g, start, dst, tag)
+            return None
+        return api.Work(_Deferred(start), (x,))
+    except _store_guard.NoThread:  # its ticket is dropped: later posts on the key go on
+        with _LOCK:  # (they waited for it without end: found by a review)
+            turns.dropped.add(ticket)
+            drained = turns.advance_locked(key)
+        if drained and tag == 0:
+            _fast_path(g, world, min(src, dst), max(src, dst))
+        raise
 
 
 def _take_turn(g: Group, world: Group, key: tuple, turns: _Turns, ticket: int, post: Any,
@@ -189,10 +210,7 @@ def _take_turn(g: Group, world: Group, key: tuple, turns: _Turns, ticket: int, p
         err = None  # no cycle error -> traceback -> this frame (see _store_wait.posted_error)
         with _LOCK:
             turns.serving += 1
-            drained = turns.serving == turns.next
-            if drained:
-                del _PENDING[key]
-            turns.cond.notify_all()
+            drained = turns.advance_locked(key)
         if drained and key[3] == 0:
             _fast_path(g, world, min(key[1:3]), max(key[1:3]))
 
@@ -213,15 +231,25 @@ def _send_later(world: Group, g: Group, start: Any, dst: int, tag: int) -> None:
 
     t = threading.Thread(target=run, name="ringreduce-p2p-eager", daemon=True)
     _outstanding(world, t, dst, tag, g)
-    t.start()
+    try:
+        t.start()
+    except RuntimeError as e:
+        with _state.EAGER_LOCK:
+            world.eager[:] = [w for w in world.eager if w[0] is not t]
+        raise _store_guard.NoThread(f"could not start the thread that sends a message to "
+                                    f"rank {dst} on tag {tag} ({e})") from e
 
 
 def _outstanding(world: Group, waiter: Any, dst: int, tag: int, g: Group) -> None:
     """Keep `waiter` (is_alive / join: a send's thread, or an unwaited isend) for destroy()
     and g.destroy(), which complete it (_state.Group.eager); drops the finished ones."""
-    with _state.EAGER_LOCK:
-        world.eager[:] = [e for e in world.eager if e[0].is_alive()]
+    with _state.EAGER_LOCK:  # (a thread not started yet is kept: its start is next)
+        world.eager[:] = [e for e in world.eager if e[0].is_alive() or _unstarted(e[0])]
         world.eager.append((waiter, dst, tag, g))
+
+
+def _unstarted(t: Any) -> bool:
+    return isinstance(t, threading.Thread) and t.ident is None
 
 
 class _Unwaited:
@@ -440,8 +468,9 @@ class _Deferred:
                 self._done.set()
 
         t = threading.Thread(target=run, name="ringreduce-p2p-connect", daemon=True)
-        with _LOCK:
-            _state.HELPERS[:] = [h for h in _state.HELPERS if h.is_alive()] + [t]
+        with _LOCK:  # (another's thread not started yet is kept: its start is next)
+            _state.HELPERS[:] = [h for h in _state.HELPERS
+                                 if h.is_alive() or _unstarted(h)] + [t]
         try:
             t.start()
         except RuntimeError as e:  # left in HELPERS, it failed destroy()'s join (a helper)

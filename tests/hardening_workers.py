@@ -523,7 +523,7 @@ def store_host_stopped_in_destroy(rank: int, world: int) -> dict:
     store keys cannot be deleted then (the clean-up gives up after 5 s). Once rank 0 runs
     again, everyone makes a new group and all-reduces on it. The clean-up's watchdog shut
     rank 1's only store connection, so its new_group failed naming rank 0 (found by a
-    helper); the clean-up now talks on a connection of its own."""
+    helper); the clean-up now runs on a helper thread, which destroy() stops waiting for."""
     import signal
     import threading
 
@@ -590,4 +590,33 @@ def thread_limited_group(rank: int, world: int, extra: int) -> dict:
         with open(f"{PIDS_CGROUP}/cgroup.procs", "w") as f:
             f.write(str(os.getpid()))
         os.rmdir(cg)
+    return out
+
+
+def destroy_without_a_spare_thread(rank: int, world: int) -> dict:
+    """A group's destroy() whose key clean-up thread cannot start (a pids limit) deletes the
+    keys on the calling thread instead of raising (found by a review: it raised "can't start
+    new thread" after the communicator was gone)."""
+    import threading
+
+    g = rr.new_group(list(range(world)))
+    real = threading.Thread.start
+
+    def refuse(t: threading.Thread) -> None:
+        if t.name == "ringreduce-store-forget":
+            raise RuntimeError("can't start new thread")
+        real(t)
+
+    threading.Thread.start = refuse  # type: ignore[method-assign]
+    try:
+        g.destroy()
+        out: dict = {"destroy": "ok"}
+    except Exception as e:  # noqa: BLE001 - what the test checks
+        out = {"destroy": f"{type(e).__name__}: {e}"}
+    finally:
+        threading.Thread.start = real  # type: ignore[method-assign]
+    g2 = rr.new_group(list(range(world)))
+    x = np.ones(3)
+    rr.allreduce(x, group=g2)
+    out["sum"] = x.tolist()
     return out

@@ -751,29 +751,39 @@ def interrupted_any_source(rank: int, world: int, src: int | None = None) -> dic
                 "secs": time.monotonic() - t0}
 
 
-def helper_thread_refused(rank: int, world: int) -> dict:
-    """Rank 0's isend cannot start its helper thread (a container's pids limit): the isend
-    fails saying so, and destroy() still works -- the unstarted thread stayed registered
-    and destroy() raised "cannot join thread before it is started" (found by a helper)."""
+def helper_thread_refused(rank: int, world: int, how: str) -> dict:
+    """Rank 0's first post to rank 1 on tag 3 (`how`: an isend, or a small send, which
+    returns early) cannot start its helper thread (a container's pids limit): it fails
+    saying so; the next post on that tag is delivered, and destroy() works. Before, the
+    unstarted thread stayed registered (destroy() raised "cannot join thread before it is
+    started": a helper), and its ticket was never served, so the next post waited without
+    end (a review)."""
     import threading
 
     out: dict = {}
+    post = rr.isend if how == "isend" else rr.send
     if rank == 0:
         real = threading.Thread.start
 
         def refuse(t: threading.Thread) -> None:
-            if t.name == "ringreduce-p2p-connect":
+            if t.name in ("ringreduce-p2p-connect", "ringreduce-p2p-eager"):
                 raise RuntimeError("can't start new thread")
             real(t)
 
         threading.Thread.start = refuse  # type: ignore[method-assign]
         try:
-            rr.isend(np.ones(4, np.float32), dst=1, tag=3)
-            out["isend"] = "no error"
+            post(np.ones(4, np.float32), dst=1, tag=3)
+            out["first"] = "no error"
         except RuntimeError as e:
-            out["isend"] = str(e)
+            out["first"] = str(e)
         finally:
             threading.Thread.start = real  # type: ignore[method-assign]
+        w = post(np.full(4, 7.0, np.float32), dst=1, tag=3)
+        out["second_done"] = w is None or w.wait(20)
+    elif rank == 1:
+        z = np.zeros(4, np.float32)
+        rr.recv(z, src=0, tag=3)
+        out["got"] = z.tolist()
     rr.barrier()
     try:
         rr.destroy()

@@ -548,3 +548,9 @@ def test_a_rank_at_its_thread_limit_fails_a_groups_creation_at_once(transport: s
         for o in outs:
             assert "error" in o and o["secs"] < 5, (extra, outs)
     assert failed >= 2, "the limit never failed a thread start"
+
+
+@pytest.mark.timeout(60)
+def test_a_groups_destroy_without_a_spare_thread_still_returns() -> None:
+    outs = run_world(2, "hardening_workers:destroy_without_a_spare_thread", timeout=40)
+    assert outs == [{"destroy": "ok", "sum": [2.0] * 3}] * 2, outs

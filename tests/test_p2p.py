@@ -388,7 +388,9 @@ def test_ctrl_c_in_a_first_receive_says_what_it_interrupted() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_a_helper_thread_that_cannot_start_fails_its_isend_not_destroy() -> None:
-    outs = run_world(2, "p2p_workers:helper_thread_refused", timeout=40)
-    assert "thread limit" in outs[0]["isend"] and "pids.max" in outs[0]["isend"], outs[0]
+@pytest.mark.parametrize("how", ["isend", "send"])
+def test_a_helper_thread_that_cannot_start_fails_its_post_only(how: str) -> None:
+    outs = run_world(2, "p2p_workers:helper_thread_refused", how, timeout=40)
+    assert "thread limit" in outs[0]["first"] and "pids.max" in outs[0]["first"], outs[0]
+    assert outs[0]["second_done"] is True and outs[1]["got"] == [7.0] * 4, outs
     assert [o["destroy"] for o in outs] == ["ok", "ok"], outs

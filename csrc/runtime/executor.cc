@@ -277,10 +277,10 @@ static void rethrowWithContext(comm::Communicator& c, bool inCall) {
   } catch (const Error& e) {
     c.poison(e.what(), transport::AbortCode::kOther);
     throw Error(e.what() + ctx);
-  } catch (const std::bad_alloc&) {  // a scratch buffer (found by a helper under ulimit -v)
+  } catch (const std::bad_alloc&) {  // a scratch buffer, most likely (a helper: ulimit -v)
     const std::string why = detail::concat(
-        "rank ", c.label(c.rank()), " ran out of memory for a scratch buffer of this call "
-        "(std::bad_alloc); free memory, or split the buffer into smaller calls");
+        "rank ", c.label(c.rank()), " ran out of memory during this call (std::bad_alloc); "
+        "free memory, or split the buffer into smaller calls");
     c.poison(why, transport::AbortCode::kOther);
     throw Error(why + ctx);
   } catch (const std::exception& e) {
