@@ -11,8 +11,8 @@ process's connections to the store (its port at its address) down once `seconds`
 the block still running, which makes the call in flight return (torch raises), and the
 block raises `StoreSilent` instead. The seconds are those this process ran (_awake): a
 process stopped meanwhile (SIGSTOP, a suspended job) found every deadline passed on
-resuming and cut a store that answered at once. The connection stays shut: later use is refused at once
-(`was_cut`, `refuse_if_cut`), which is right -- a frozen server cannot be told apart from a
+resuming and cut a store that answered at once. The connection stays shut: later use is
+refused at once (`was_cut`, `refuse_if_cut`), which is right -- a frozen server cannot be told apart from a
 dead one, and a store that answers again later finds the job already failed. Reading /proc
 sends nothing.
 
@@ -64,13 +64,21 @@ class NoThread(RuntimeError):
                          "pids.max, ulimit -u); raise it, or make fewer groups and channels")
 
 
-class _Armed:
-    __slots__ = ("addrs", "clock", "fired", "main", "port", "seconds", "signalled", "start")
+def start(t: threading.Thread, what: str) -> None:
+    """t.start(), or NoThread naming `what` when no thread can start."""
+    try:
+        t.start()
+    except RuntimeError as e:
+        raise NoThread(f"could not start {what} ({e})") from e
 
-    def __init__(self, port: int, addrs: Any, seconds: float, main: bool) -> None:
-        self.port, self.addrs, self.seconds, self.fired = port, addrs, seconds, False
+
+class _Armed:
+    __slots__ = ("addrs", "clock", "fired", "main", "port", "signalled", "start")
+
+    def __init__(self, port: int, addrs: Any, clock: Awake, main: bool) -> None:
+        self.port, self.addrs, self.fired = port, addrs, False
         self.start = time.monotonic()
-        self.clock: Awake | None = None  # the deadline, on the watchdog's clock (_watch)
+        self.clock = clock  # the deadline, on the watchdog's clock (_watch)
         self.main = main  # armed by the main thread (signals interrupt it)
         self.signalled: float | None = None  # when a Ctrl-C came
 
@@ -163,23 +171,23 @@ def deadline(store: Any, seconds: float | None) -> Iterator[None]:
     if port is None:
         yield
         return
-    armed = _Armed(port, addrs, seconds, threading.current_thread() is threading.main_thread())
+    main = threading.current_thread() is threading.main_thread()
     with _COND:
-        if armed.main:
-            _wake_on()
         if not _THREAD:  # the clock starts with the watchdog (it looks while it runs)
             _PAUSES[:] = [Pauses()]
-        armed.clock = Awake(seconds, _PAUSES[0])
+        armed = _Armed(port, addrs, Awake(seconds, _PAUSES[0]), main)
+        if armed.main:
+            _wake_on()
         _ARMED.add(armed)
         if not _THREAD:
             t = threading.Thread(target=_watch, name="ringreduce-store-watchdog", daemon=True)
-            try:
-                t.start()  # it waits for _COND, held here, before it looks at _THREAD
-            except RuntimeError as e:  # left in _THREAD, it made later blocks unwatched
+            try:  # it waits for _COND, held here, before it looks at _THREAD
+                start(t, "ringreduce's store watchdog thread")
+            except NoThread:  # left in _THREAD, it made later blocks unwatched
                 _ARMED.discard(armed)
                 if armed.main:
                     _wake_off()
-                raise NoThread(f"could not start ringreduce's store watchdog thread ({e})") from e
+                raise
             _THREAD.append(t)
         _COND.notify()
     try:
@@ -233,7 +241,7 @@ def _watch() -> None:
                         a.signalled = now
             for a in [a for a in _ARMED if not a.fired and a.clock.expired()]:
                 a.fired = True
-                _cut(a, a.seconds)
+                _cut(a, a.clock.secs)
             signalled = [a for a in _ARMED if a.signalled is not None and not a.fired]
             for a in [a for a in signalled if a.signalled + SIGNAL_GRACE_S <= now]:
                 a.fired = True  # once; its handler raises when the call returns

@@ -109,7 +109,7 @@ class _Turns:
     def __init__(self) -> None:
         self.next = 0  # tickets handed out
         self.serving = 0  # tickets queued on the channel (or failed)
-        self.dropped: set[int] = set()  # tickets whose post never started (_give_back)
+        self.dropped: set[int] = set()  # tickets whose post never started (_post)
         self.cond = threading.Condition(_LOCK)
 
     def advance_locked(self, key: tuple) -> bool:
@@ -232,12 +232,11 @@ def _send_later(world: Group, g: Group, start: Any, dst: int, tag: int) -> None:
     t = threading.Thread(target=run, name="ringreduce-p2p-eager", daemon=True)
     _outstanding(world, t, dst, tag, g)
     try:
-        t.start()
-    except RuntimeError as e:
+        _store_guard.start(t, f"the thread that sends a message to rank {dst} on tag {tag}")
+    except _store_guard.NoThread:
         with _state.EAGER_LOCK:
             world.eager[:] = [w for w in world.eager if w[0] is not t]
-        raise _store_guard.NoThread(f"could not start the thread that sends a message to "
-                                    f"rank {dst} on tag {tag} ({e})") from e
+        raise
 
 
 def _outstanding(world: Group, waiter: Any, dst: int, tag: int, g: Group) -> None:
@@ -472,12 +471,11 @@ class _Deferred:
             _state.HELPERS[:] = [h for h in _state.HELPERS
                                  if h.is_alive() or _unstarted(h)] + [t]
         try:
-            t.start()
-        except RuntimeError as e:  # left in HELPERS, it failed destroy()'s join (a helper)
+            _store_guard.start(t, "the thread that makes a point-to-point channel")
+        except _store_guard.NoThread:  # left in HELPERS, it failed destroy()'s join (a helper)
             with _LOCK:
                 _state.HELPERS.remove(t)
-            raise _store_guard.NoThread(
-                f"could not start the thread that makes a point-to-point channel ({e})") from e
+            raise
 
     def wait(self, timeout: float | None = None) -> bool:
         t0 = time.monotonic()

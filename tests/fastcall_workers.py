@@ -183,11 +183,14 @@ def p2p_semantics(rank: int, world: int) -> list:
     return bad
 
 
-def slot_rewritten_meanwhile(rank: int, world: int, calls: int) -> dict:
+def slot_rewritten_meanwhile(rank: int, world: int, calls: int, seconds: float) -> dict:
     """A thread rewrites the fast calls' slots (as destroy(), init() and a re-made channel
-    do) while this one runs fast all-reduces and barriers: each rewrite drops the capsule a
-    call in flight uses, which freed the handle under it once the GIL was released (found by
-    a helper under AddressSanitizer; the call now holds the capsule)."""
+    do) while this one runs fast all-reduces and barriers (`calls`, or for `seconds`):
+    each rewrite drops the capsule a call in flight uses, which freed the handle under it
+    once the GIL was released (found by a helper under AddressSanitizer; the call now holds
+    the capsule). The GIL changes hands every 0.1 ms (5 ms by default: the rewriting thread
+    kept it for most of each, and 30000 calls outran CI's 150 s)."""
+    import sys
     import threading
 
     from ringreduce import _state
@@ -200,17 +203,27 @@ def slot_rewritten_meanwhile(rank: int, world: int, calls: int) -> dict:
         while not stop.is_set():
             _state.set_default(world_group)
 
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)
     t = threading.Thread(target=rewrite, daemon=True)
     t.start()
-    wrong = 0
+    wrong, done, end = 0, 0, time.monotonic() + seconds
+    flag = np.zeros(1, np.int64)
     try:
-        for i in range(calls):
+        while True:
             x[:] = 1
             rr.allreduce(x)
             wrong += int(x[0] != world)
-            if i % 8 == 0:
+            done += 1
+            if done % 64 == 0:  # every rank stops at the same call: one says when
+                flag[0] = int(done >= calls or time.monotonic() > end)
+                rr.allreduce(flag)
+                if flag[0]:
+                    break
                 rr.barrier()
     finally:
         stop.set()
         t.join()
-    return {"wrong": wrong, "fast": rr.allreduce.fast_calls, "module": rr._C.__file__}
+        sys.setswitchinterval(interval)
+    return {"wrong": wrong, "calls": done, "fast": rr.allreduce.fast_calls,
+            "module": rr._C.__file__}
