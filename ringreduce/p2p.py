@@ -109,20 +109,28 @@ class _Turns:
     def __init__(self) -> None:
         self.next = 0  # tickets handed out
         self.serving = 0  # tickets queued on the channel (or failed)
-        self.dropped: set[int] = set()  # tickets whose post never started (_post)
+        self.dropped: set[int] = set()  # tickets whose post never started (_pass_turn)
         self.cond = threading.Condition(_LOCK)
 
-    def advance_locked(self, key: tuple) -> bool:
-        """Under _LOCK, once the ticket being served is done: pass the dropped ones, wake
-        the next; True (and the key's entry gone) when none is left."""
-        while self.serving in self.dropped:
-            self.dropped.discard(self.serving)
-            self.serving += 1
-        drained = self.serving == self.next
+
+def _pass_turn(g: Group, world: Group, key: tuple, turns: _Turns, dropped: int = -1) -> None:
+    """The ticket being served is done (or ticket `dropped` will never post): pass the
+    dropped ones, wake the next; when none is left, the key's entry goes and a tag-0
+    channel may take the fast path."""
+    with _LOCK:
+        if dropped < 0:
+            turns.serving += 1
+        else:
+            turns.dropped.add(dropped)
+        while turns.serving in turns.dropped:
+            turns.dropped.discard(turns.serving)
+            turns.serving += 1
+        drained = turns.serving == turns.next
         if drained:
             del _PENDING[key]
-        self.cond.notify_all()
-        return drained
+        turns.cond.notify_all()
+    if drained and key[3] == 0:
+        _fast_path(g, world, min(key[1:3]), max(key[1:3]))
 
 
 def _post(x: Any, peer: int, tag: int, group: Any, what: str, sending: bool,
@@ -180,12 +188,10 @@ def _post(x: Any, peer: int, tag: int, group: Any, what: str, sending: bool,
             _send_later(world, g, start, dst, tag)
             return None
         return api.Work(_Deferred(start), (x,))
-    except _store_guard.NoThread:  # its ticket is dropped: later posts on the key go on
-        with _LOCK:  # (they waited for it without end: found by a review)
-            turns.dropped.add(ticket)
-            drained = turns.advance_locked(key)
-        if drained and tag == 0:
-            _fast_path(g, world, min(src, dst), max(src, dst))
+    except _store_guard.NoThread:
+        # Its ticket is dropped: later posts on the key go on (they waited for it without
+        # end: found by a review).
+        _pass_turn(g, world, key, turns, dropped=ticket)
         raise
 
 
@@ -208,11 +214,7 @@ def _take_turn(g: Group, world: Group, key: tuple, turns: _Turns, ticket: int, p
         return post(ch)
     finally:
         err = None  # no cycle error -> traceback -> this frame (see _store_wait.posted_error)
-        with _LOCK:
-            turns.serving += 1
-            drained = turns.advance_locked(key)
-        if drained and key[3] == 0:
-            _fast_path(g, world, min(key[1:3]), max(key[1:3]))
+        _pass_turn(g, world, key, turns)
 
 
 def _send_later(world: Group, g: Group, start: Any, dst: int, tag: int) -> None:
