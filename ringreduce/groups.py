@@ -415,14 +415,14 @@ def _interrupts_told(world: Group, store: Any, prefix: str, name: str) -> Iterat
         yield
     except _store_guard.NoThread as e:
         _store_wait.fail(store, prefix, _watch.rr_error(
-            f"world rank {world.rank} could not create {name}: {e}"))
+            f"rank {world.rank} could not create {name}: {e}"), world.rank)
         raise
     except Exception:
         raise
     except BaseException as e:
         _store_wait.fail(store, prefix, _watch.rr_error(
-            f"world rank {world.rank} stopped creating {name}: {type(e).__name__} "
-            f"(interrupted)"))
+            f"rank {world.rank} stopped creating {name}: {type(e).__name__} "
+            f"(interrupted)"), world.rank)
         raise
 
 

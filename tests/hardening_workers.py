@@ -581,6 +581,7 @@ def thread_limited_group(rank: int, world: int, extra: int) -> dict:
         out["sum"] = x.tolist()
     except Exception as e:  # noqa: BLE001 - what the test checks
         out["error"] = f"{type(e).__name__}: {e}"
+        out["peer"] = getattr(e, "peer_rank", None)
     out["secs"] = time.monotonic() - t
     if rank == world - 1:
         if "error" in out:

@@ -533,8 +533,9 @@ def _pids_cgroup() -> bool:
 def test_a_rank_at_its_thread_limit_fails_a_groups_creation_at_once(transport: str) -> None:
     """A thread start refused on one rank -- Python's store watchdog, a connecting thread or
     the group's executor, depending on how many it may start -- fails the group everywhere
-    within a few seconds, saying why on that rank (found by a helper: the others waited
-    until the rank exited, then blamed its exit)."""
+    within a few seconds, saying why on that rank and naming it on the others (found by a
+    helper: the others waited until the rank exited, then blamed its exit; over TCP a
+    member that had stopped because of it was named by a third)."""
     env = {"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30"}
     failed = 0
     for extra in range(6):
@@ -547,6 +548,7 @@ def test_a_rank_at_its_thread_limit_fails_a_groups_creation_at_once(transport: s
         assert "thread limit" in outs[2].get("error", ""), (extra, outs)
         for o in outs:
             assert "error" in o and o["secs"] < 5, (extra, outs)
+        assert [o["peer"] for o in outs[:2]] == [2, 2], (extra, outs)
     assert failed >= 2, "the limit never failed a thread start"
 
 

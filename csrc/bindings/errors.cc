@@ -97,6 +97,20 @@ void translate(std::exception_ptr p, bool anything) {
 
 void setPythonError(std::exception_ptr p) { translate(p, true); }
 
+std::string messageOf(const py::error_already_set& e) {
+  return py::str(e.value()).cast<std::string>();
+}
+
+int culpritOf(const py::error_already_set& e, const std::vector<int>& labels) {
+  py::object named = py::getattr(e.value(), "peer_rank", py::none());
+  if (!py::isinstance<py::int_>(named)) return -1;
+  const int rank = named.cast<int>();
+  if (labels.empty()) return rank;
+  for (size_t i = 0; i < labels.size(); ++i)
+    if (labels[i] == rank) return static_cast<int>(i);
+  return -1;
+}
+
 void registerErrors(py::module_& m) {
   // RingReduceError <- RuntimeError; CollectiveTimeout also <- builtins.TimeoutError.
   static py::exception<Error> base(m, "RingReduceError", PyExc_RuntimeError);

@@ -200,14 +200,20 @@ class PyComm {
          std::shared_ptr<transport::tcp::LinkTable> links, uint64_t streamId,
          const std::vector<uint64_t>& linkIds) try {
     transport::tcp::Listener& listener = pl.tcp;
-    // A group's set-up stops when the world knows a member is gone (Python's probe raises).
+    Options o = bindings::optionsFromDict(opts);
+    // A set-up stops when another rank failed (Python's probe raises: a posted failure, a
+    // watched peer gone); the connections made are told, naming the rank it names.
     transport::tcp::StillWanted check;
     if (!probe.is_none())
-      check = [&probe] {
+      check = [&probe, &o] {
         py::gil_scoped_acquire gil;
-        probe();
+        try {
+          probe();
+        } catch (py::error_already_set& e) {
+          throw transport::tcp::StoppedFor(bindings::messageOf(e), bindings::culpritOf(e, o.rankLabels),
+                                           std::current_exception());
+        }
       };
-    Options o = bindings::optionsFromDict(opts);
     if (world < 1 || rank < 0 || rank >= world)
       throw InvalidArgument("rank " + std::to_string(rank) + " out of range for world size " +
                             std::to_string(world));
@@ -257,6 +263,8 @@ class PyComm {
         conns = transport::tcp::connectMesh(me, listener, addrs, d, check);
         listener.close();  // nobody else may connect after init
       }
+    } catch (const transport::tcp::StoppedFor& e) {
+      e.rethrowOriginal();
     } catch (const TimeoutError& e) {  // ranks as users know them (a group's: world ranks;
       const auto& l = o.rankLabels;     // -1, unknown, stays)
       throw TimeoutError(e.what(), rankLabel(l, e.waitingFor()), rankLabel(l, e.stuck()),

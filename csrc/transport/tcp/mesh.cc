@@ -25,17 +25,48 @@ std::vector<std::unique_ptr<Connection>> connectMesh(const Identity& me, Listene
   return connectSubset(me, listener, peerAddrs, all, d, check);
 }
 
-std::vector<std::unique_ptr<Connection>> connectSubset(const Identity& me, Listener& listener,
-                                                       const std::vector<std::string>& peerAddrs,
-                                                       const std::vector<int>& want, Deadline d,
-                                                       const StillWanted& check,
-                                                       const MakeConnection& makeConn) {
-  RR_CHECK_EQ(static_cast<int>(peerAddrs.size()), me.world, "one address per rank");
+namespace {
+
+// A set-up that gives up tells each peer it reached why, as a failed collective's abort
+// frames do, naming the rank to blame: the one another rank's failure named (StoppedFor),
+// the peer it lost, where its wait ended, or else this rank. Called while handling the
+// failure. Before, the connections just closed: a peer done with its own set-up took that
+// for this rank's crash and named it, a bystander (found by a helper: a rank at its thread
+// limit made a third member blame the one that had stopped because of it).
+void tellMade(const Identity& me, std::vector<std::unique_ptr<Connection>>& conns) {
+  std::string why;
+  AbortCode code = AbortCode::kPeer;
+  Culprit who{me.rank, PeerCause::kAborted};
+  try {
+    throw;
+  } catch (const StoppedFor& e) {
+    why = e.what();
+    who = e.culprit() >= 0 ? Culprit{e.culprit(), PeerCause::kAborted} : Culprit{};
+    if (e.culprit() < 0) code = AbortCode::kOther;
+  } catch (const PeerError& e) {
+    why = e.what();
+    if (!e.outside() && e.peer() >= 0) who = Culprit{e.peer(), e.cause()};
+  } catch (const TimeoutError& e) {
+    why = e.what();
+    code = AbortCode::kTimeout;
+    who = e.stuck() >= 0 ? Culprit{e.stuck(), PeerCause::kAborted} : Culprit{};
+  } catch (const std::exception& e) {
+    why = e.what();
+  } catch (...) {
+    return;
+  }
+  for (auto& c : conns)  // the lost rank itself hears of its own loss (Communicator::poison)
+    if (c) c->sendAbort(code, why, c->peer() == who.rank ? Culprit{} : who);
+}
+
+void connectInto(std::vector<std::unique_ptr<Connection>>& conns, const Identity& me,
+                 Listener& listener, const std::vector<std::string>& peerAddrs,
+                 const std::vector<int>& want, Deadline d, const StillWanted& check,
+                 const MakeConnection& makeConn) {
   auto make = [&](int peer, const std::string& host, Fd fd) -> std::unique_ptr<Connection> {
     if (makeConn) return makeConn(peer, host, std::move(fd));
     return std::make_unique<TcpConnection>(peer, host, std::move(fd));
   };
-  std::vector<std::unique_ptr<Connection>> conns(static_cast<size_t>(me.world));
   std::vector<uint8_t> wanted(static_cast<size_t>(me.world), 0);
   for (int p : want) wanted[static_cast<size_t>(p)] = 1;
   // Connect to every wanted lower rank, in order.
@@ -109,6 +140,23 @@ std::vector<std::unique_ptr<Connection>> connectSubset(const Identity& me, Liste
   while (!q.empty() && !grace.expired()) {
     q.awaitAnswer(grace);
     take(q.progress(expected, &conns));
+  }
+}
+
+}  // namespace
+
+std::vector<std::unique_ptr<Connection>> connectSubset(const Identity& me, Listener& listener,
+                                                       const std::vector<std::string>& peerAddrs,
+                                                       const std::vector<int>& want, Deadline d,
+                                                       const StillWanted& check,
+                                                       const MakeConnection& makeConn) {
+  RR_CHECK_EQ(static_cast<int>(peerAddrs.size()), me.world, "one address per rank");
+  std::vector<std::unique_ptr<Connection>> conns(static_cast<size_t>(me.world));
+  try {
+    connectInto(conns, me, listener, peerAddrs, want, d, check, makeConn);
+  } catch (...) {
+    tellMade(me, conns);
+    throw;
   }
   return conns;
 }

@@ -10,8 +10,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/deadline.h"
@@ -90,6 +92,22 @@ class Refused : public Error {
 // retries, mesh.h's accepts): throws to stop the wait (a group's set-up: a member the
 // world's communicator knows is gone).
 using StillWanted = std::function<void()>;
+
+// What a StillWanted check throws to stop a set-up because another rank failed: the
+// connections made so far are told so (abort frames naming `culprit`, a rank of this
+// communicator; -1: none), then whoever made the check rethrows `original`, its own error
+// (the bindings': Python's, unchanged).
+class StoppedFor : public Error {
+ public:
+  StoppedFor(const std::string& why, int culprit, std::exception_ptr original)
+      : Error(why), culprit_(culprit), original_(std::move(original)) {}
+  int culprit() const { return culprit_; }
+  [[noreturn]] void rethrowOriginal() const { std::rethrow_exception(original_); }
+
+ private:
+  int culprit_;
+  std::exception_ptr original_;
+};
 
 // Connect to ep. The returned socket is non-blocking with TCP_NODELAY. Throws TimeoutError
 // naming ep and the last error at the deadline. `check`, if set, runs before each retry.
