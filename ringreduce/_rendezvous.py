@@ -123,11 +123,12 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
     if isinstance(box[0], Exception):
         e = box[0]
         if is_master and "EADDRINUSE" in str(e):  # at once, not a timeout
-            _refuse_second_rank0(dist, master_addr, master_port, world)
+            by = ("by another ringreduce job: its TORCHELASTIC_RUN_ID differs"
+                  if _refuse_second_rank0(dist, master_addr, master_port, world) else
+                  "by another program, or by a store this process still holds open")
             raise _rr_error(
                 f"rank {rank} could not {what} {master_addr}:{master_port}: port already in "
-                f"use (by another program, or by a store this process still holds open); pick "
-                f"another MASTER_PORT ({_first_line(e)})") from e
+                f"use ({by}); pick another MASTER_PORT ({_first_line(e)})") from e
         # torch's own timeout may come first (it retries refused connects until then): say
         # why, as below, not only "timed out" (the CI saw both orders).
         why = "" if is_master else _why_unreachable(master_addr, master_port) + "; torch: "
@@ -188,26 +189,53 @@ def join_connects_at_exit(seconds: float = 5.0) -> None:
         done.wait(max(0.0, end - time.monotonic()))
 
 
-def _refuse_second_rank0(dist: Any, addr: str, port: int, world: int) -> None:
+def _refuse_second_rank0(dist: Any, addr: str, port: int, world: int) -> bool:
     """Rank 0 found MASTER_PORT taken: when the store there is this job's, with rank 0 of
     this init already claimed, two processes were started as rank 0 -- raise the duplicate's
     ValueError, and post it so that the other rank 0 and everyone else stop at once (before,
     this one blamed another program for the port and the others waited out the connect
-    timeout; found by a helper)."""
+    timeout; found by a helper). True: the store is another job's (_another_job), which is
+    left alone -- two launchers started on one port stopped each other, blaming a duplicate
+    RANK (a helper)."""
     box = _build(dist, addr, port, False, 3.0, time.monotonic() + 3.0)
     if not box or isinstance(box[0], Exception):
-        return  # no store answers there: another program holds the port
+        return False  # no store answers there: another program holds the port
     store, seen = box[0], False
     claim = _world_prefix(store, _inits(store) + 1)  # the init about to run here
-    with contextlib.suppress(Exception), _store_guard.deadline(store, 5.0):  # a frozen one
+    with contextlib.suppress(Exception), _store_guard.deadline(store, 7.0):  # a frozen one
         end = time.monotonic() + 2.0  # the first rank 0 claims right after binding
         while not (seen := store.check([claim + "claim/0"])) and time.monotonic() < end:
             time.sleep(0.05)
+        if seen and _another_job(store, claim, 2.0):
+            return True
     if seen:
         raise _store_wait.fail(store, claim, ValueError(
             f"rank 0 was claimed by 2 processes (a store of this job already serves "
             f"{addr}:{port}, and its rank 0 has joined); every process needs a distinct RANK "
             f"in [0, {world})"))
+    return False
+
+
+def _another_job(store: Any, prefix: str, timeout: float, rank: int | None = None) -> bool:
+    """Whether the init under `prefix` is another job's: its rank 0 published (waited for
+    up to `timeout`) another launcher's job id (_env.run_id) than this process's. Unknown
+    without an id on either side (RANK/WORLD_SIZE set by hand): then it is taken for this
+    job's. rank: this rank, waiting as init's rank waits for the store's keys; else a poll."""
+    ours = _env.run_id()
+    if not ours:
+        return False
+    key = prefix + "cfg/0"
+    if rank is not None:
+        _wait(store, [key], timeout, rank, "rank 0 to publish its settings", prefix)
+    else:
+        end = time.monotonic() + timeout
+        while not store.check([key]) and time.monotonic() < end:
+            time.sleep(0.05)
+        if not store.check([key]):
+            return False
+    settings = dict(kv.partition("=")[::2] for kv in store.get(key).decode().split(";"))
+    theirs = settings.get("TORCHELASTIC_RUN_ID", "")
+    return bool(theirs) and theirs != ours
 
 
 def _check_resolves(host: str, rank: int) -> None:
@@ -692,6 +720,13 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
     if prefix is None:
         _count_init(store)
     p = _world_prefix(store) if prefix is None else prefix
+    if prefix is None and rank != 0 and _another_job(store, p, timeout, rank):
+        # Nothing claimed in it: before, a job started on this one's MASTER_PORT by mistake
+        # (two launchers on one port) failed it, or ran in it as one of its ranks (a helper).
+        raise ValueError(
+            f"rank {rank}: the store at MASTER_PORT serves another job (its "
+            f"TORCHELASTIC_RUN_ID is not this rank's {_env.run_id()}): pick another "
+            f"MASTER_PORT for this job")
     n = store.add(p + f"claim/{rank}", 1)
     _store_keys.wrote(p, p + f"claim/{rank}")
     if n > 1:
@@ -727,7 +762,8 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
                 f"of them, or for none (rank 0 then draws one)"))
     cfg = ("cfg",) if prefix is None else ()  # before addr/N, which the others wait for
     if cfg:  # a rank with another secret fails every handshake: say so before connecting
-        settings = f"{settings};RINGREDUCE_SECRET={secret_check(secret)}"
+        settings = (f"{settings};RINGREDUCE_SECRET={secret_check(secret)};"
+                    f"TORCHELASTIC_RUN_ID={_env.run_id()}")
     mine = [p + f"{k}/{rank}" for k in (*cfg, "addr", "host", "hb")]
     store.multi_set(mine, [*(settings for _ in cfg), my_addr, _env.host_identity(), my_hb])
     _store_keys.wrote(p, *mine)

@@ -165,6 +165,30 @@ def test_env_of_ranks(marker: str) -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.timeout(90)
+def test_a_second_job_on_the_same_port_fails_alone(marker: str, tmp_path: Path) -> None:
+    """A job started by mistake on a running job's --master-port fails at once saying the
+    port is another job's, and the running job goes on, its results right (before, found by
+    a helper: the second job's ranks claimed ranks in the first's store and both failed,
+    blaming a duplicate RANK -- or ran in each other's world on wrong data)."""
+    from _spawn import free_port
+
+    port, stop = str(free_port()), tmp_path / "stop"
+    with _streaming("-n", "3", "--master-port", port, _script("checked_allreduces.py"),
+                    marker, "1", str(stop)) as first:
+        first.wait_for(r"\] ready", 3)
+        second = _launch("-n", "3", "--master-port", port, _script("checked_allreduces.py"),
+                         marker, "3", str(stop))
+        stop.touch()
+        assert second.returncode == 1, second.stdout + second.stderr
+        assert "port already in use (by another ringreduce job" in second.stderr, second.stderr
+        assert second.stderr.count("serves another job") == 2, second.stderr
+        assert "ok" not in second.stdout, second.stdout
+        assert first.finish() == 0, "".join(first.stderr)
+    assert "".join(first.stdout).count("] ok") == 3, first.stdout
+    _assert_no_leftovers(marker)
+
+
 def test_given_port_addr_and_secret_are_kept(marker: str) -> None:
     env = dict(os.environ, RINGREDUCE_SECRET="s3cret")
     r = _launch("-n", "2", "--master-port", "29999", "--master-addr", "localhost",

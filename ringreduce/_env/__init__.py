@@ -17,7 +17,7 @@ and nothing outside the standard library.
 
 from __future__ import annotations
 
-from .launch import LaunchInfo, detect_launch, expand_hostlist, launch_given
+from .launch import LaunchInfo, detect_launch, expand_hostlist, launch_given, run_id
 from .netif import host_identity, resolve, select_interface_address
 from .tunables import (
     FAULT_COLLECTIVES,
@@ -47,6 +47,7 @@ __all__ = [
     "job_wide",
     "launch_given",
     "resolve",
+    "run_id",
     "select_interface_address",
     "store_tunables",
     "tunables",

@@ -345,3 +345,10 @@ def launch_given(rank: int, world_size: int,
     if lsize == world_size and lrank != rank:
         lsize = max(lrank + 1, 1)  # several hosts, local size unknown: the least that fits
     return LaunchInfo(rank, world_size, lrank, lsize, addr, port, "given")
+
+
+def run_id(env: Mapping[str, str] | None = None) -> str:
+    """The launcher's id of this job (TORCHELASTIC_RUN_ID: torchrun's rendezvous id, a fresh
+    one per ringreduce-run job), or "" when none says: two jobs with different ids are two
+    jobs, even when one of them was started on the other's MASTER_PORT by mistake."""
+    return (os.environ if env is None else env).get("TORCHELASTIC_RUN_ID", "")
