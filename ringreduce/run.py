@@ -291,7 +291,8 @@ class _Job:
         self.out_lock = threading.Lock()  # one line at a time on our stdout/stderr
         self.pumps: dict[int, list[threading.Thread]] = {}  # rank -> its output's threads
         # Where ranks mark an exit on an uncaught PeerFailure (ringreduce._blame).
-        self.notes = tempfile.mkdtemp(prefix="ringreduce-run-")
+        _remove_stale_notes()
+        self.notes = tempfile.mkdtemp(prefix=f"{NOTES_PREFIX}{os.getpid()}-")
 
     def alive(self) -> list[int]:
         return [r for r in range(len(self.procs)) if r not in self.codes]
@@ -381,6 +382,34 @@ class _Job:
         for t in self.threads:
             t.join(timeout=2.0)  # pipes held open by escaped grandchildren: don't hang
         shutil.rmtree(self.notes, ignore_errors=True)
+
+
+NOTES_PREFIX = "ringreduce-run-"  # + the launcher's pid + "-" + mkdtemp's random part
+
+
+def _remove_stale_notes() -> None:
+    """Remove the notes folders of launchers that are gone (a SIGKILLed one could not: found
+    by a helper), if this user's: named by their launcher's pid."""
+    tmp = tempfile.gettempdir()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(tmp):
+            pid = name[len(NOTES_PREFIX):].partition("-")[0]
+            path = os.path.join(tmp, name)
+            if not name.startswith(NOTES_PREFIX) or not pid.isdigit() or _alive(int(pid)):
+                continue
+            with contextlib.suppress(OSError):
+                if os.lstat(path).st_uid == os.getuid():
+                    shutil.rmtree(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass  # another user's
+    return True
 
 
 def _remove_segments(pids: set[int]) -> int:

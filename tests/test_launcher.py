@@ -9,6 +9,7 @@ import json
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -339,6 +340,29 @@ def test_rank_killed_by_signal(marker: str) -> None:
     assert re.fullmatch(r"ringreduce-run: rank 1 \(pid \d+\) was killed by signal SIGKILL; "
                         r"terminated the other 2 ranks", last), r.stderr
     _assert_no_leftovers(marker)
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_launchers_notes_folder_is_removed_by_the_next(marker: str) -> None:
+    """A SIGKILLed launcher cannot remove its notes folder (/tmp/ringreduce-run-*: found by
+    a helper); the next launcher removes those of launchers that are gone -- only those."""
+    import tempfile
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid no process has now (reuse within the test is unlikely)
+    tmp = Path(tempfile.gettempdir())
+    stale = tmp / f"ringreduce-run-{dead.pid}-{marker}"
+    live = tmp / f"ringreduce-run-{os.getpid()}-{marker}"
+    for d in (stale, live):
+        d.mkdir()
+        (d / "123").write_text("")
+    try:
+        r = _launch("-n", "2", _script("print_env.py"), marker)
+        assert r.returncode == 0, r.stderr
+        assert not stale.exists() and live.exists()
+    finally:
+        for d in (stale, live):
+            shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.timeout(60)
