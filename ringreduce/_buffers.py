@@ -88,16 +88,6 @@ def _torch():
     return _TORCH[0]
 
 
-def dtype_name(x: Any) -> str:
-    """Canonical dtype name of a tensor or array ("float32", "bfloat16", ...)."""
-    torch = _torch()
-    if torch is not None and isinstance(x, torch.Tensor):
-        return str(x.dtype).replace("torch.", "")
-    if isinstance(x, np.ndarray):
-        return str(x.dtype)
-    raise TypeError(f"expected a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
-
-
 def as_buffer(x: Any, what: str, writable: bool = True) -> Buffer:
     """Validate `x` for a collective and describe its memory.
 
@@ -207,21 +197,26 @@ def check_torch_tensor(x: Any, what: str, writable: bool, complex_ok: bool = Fal
     return name, code
 
 
+_TORCH_OP_ALIASES = {"average": "avg", "product": "prod"}  # torch's names, lowercased, else ours
+
+
+def op_name(name: str) -> str | None:
+    """Our name of reduce op `name` -- ours, or torch's ReduceOp name in any case (SUM,
+    PRODUCT, ...) -- or None when the core has no such op."""
+    name = name.lower()
+    name = _TORCH_OP_ALIASES.get(name, name)
+    return name if name in OP_CODES else None
+
+
 def op_code(op: Any) -> int:
     """Accept "sum"/"avg"/..., our ReduceOp, or torch.distributed.ReduceOp."""
     code = OP_CODES.get(op) if type(op) is str else None
     if code is not None:
         return code
-    name = getattr(op, "name", None) or str(op)
-    name = name.lower().rsplit(".", 1)[-1]
-    if name == "average":
-        name = "avg"
-    if name == "product":
-        name = "prod"
-    code = OP_CODES.get(name)
-    if code is None:
+    name = op_name((getattr(op, "name", None) or str(op)).rsplit(".", 1)[-1])
+    if name is None:
         raise ValueError(f"unsupported reduce op {op!r}; use one of {', '.join(OP_CODES)}")
-    return code
+    return OP_CODES[name]
 
 
 def algo_code(algo: str) -> int:

@@ -69,7 +69,7 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
     # steals the core a peer needs when ranks outnumber them.
     local = sum(1 for h in peers.hosts if h == peers.hosts[rank])
     cpus = _cpus.usable_cpus()
-    options["spin_us"] = 1000.0 if local <= cpus else 0.0
+    options["spin_us"] = _C.DEFAULT_SPIN_US if local <= cpus else 0.0
     log.info("rank %d of %s: %d local ranks, %d usable CPUs: %s", rank, name, local, cpus,
              "waits spin briefly" if options["spin_us"] else "waits never spin")
     options.update(shm_options(tun.transport, peers, rank, world, options["spin_us"], name,

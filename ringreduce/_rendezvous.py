@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
-import os
 import secrets
 import sys
 import threading
@@ -684,7 +683,7 @@ def _restart(store: Any) -> str:
     for each other's keys."""
     if not _env.store_tunables().use_agent_store and _server(store) != ("",):
         return ""
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    restart = _env.restart_count()
     return "" if restart in ("", "0") else restart
 
 
@@ -702,13 +701,13 @@ def _claimed_twice(rank: int, n: int, world: int, init: bool) -> ValueError:
     """Rank `rank`'s claim was the n-th; init: a world's (else a group's or channel's)."""
     why = (f"rank {rank} was claimed by {n} processes; every process needs a distinct RANK "
            f"in [0, {world})")
-    if not init or os.environ.get("TORCHELASTIC_RUN_ID") is None or \
+    if not init or not _env.run_id() or \
             not _env.store_tunables().use_agent_store:
         return ValueError(why)
     return ValueError(
         f"{why} -- or, under torchrun with several agents (--nnodes), an earlier attempt's "
         f"rank {rank} claimed it on the agent's store: this agent restarted its workers with "
-        f"TORCHELASTIC_RESTART_COUNT={os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}, "
+        f"TORCHELASTIC_RESTART_COUNT={_env.restart_count()}, "
         f"which agents do not agree on when one restarts on a membership change (torch issue "
         f"135712; torch's gloo hangs there). Set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for "
         f"torchrun: each rendezvous round then gets a fresh store")

@@ -68,6 +68,12 @@ class Group:
     child_lost: int = -1
     by_torch: bool = False  # World only: made by torch's default process group (backend)
 
+    @property
+    def timeout(self) -> float:
+        """Its collectives' deadline in seconds: RINGREDUCE_TIMEOUT (init's timeout=), or a
+        group's own (new_group(timeout=), torch's too)."""
+        return float(self.options["timeout"])
+
     def note_child_failure(self, lost: int) -> None:
         """World only: a group, channel or set-up of it failed, having found world rank
         `lost` dead or frozen (-1: none); the first such rank is kept."""

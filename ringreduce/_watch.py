@@ -13,8 +13,6 @@ from typing import Any
 
 from . import _farewell, _state
 
-_GONE = ("closed", "silent", "network")  # PeerFailure causes of a rank that says no goodbye
-
 
 def rr_error(msg: str) -> Exception:
     from ._C import RingReduceError
@@ -85,7 +83,7 @@ def probe(world: Any, peers: Any, what: str, any_of: bool = False) -> int | None
     except PeerFailure as e:
         p, via = getattr(e, "peer_rank", None), getattr(e, "relayed_by", None)
         cause = getattr(e, "cause", None)
-        gone = via is None and p is not None and cause in _GONE
+        gone = via is None and p is not None and cause in PeerFailure.GONE_CAUSES
         if any_of and via is None and p in peers and (cause == "left" or gone and (
                 _farewell.said_left(world.store, world.store_prefix, p))):
             return int(p)

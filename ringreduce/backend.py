@@ -54,11 +54,10 @@ __all__ = ["BACKEND_NAME", "ArgumentError", "ProcessGroupRingReduce", "create_ba
 
 BACKEND_NAME = "ringreduce"
 
-_OPS = {"SUM": "sum", "AVG": "avg", "PRODUCT": "prod", "MIN": "min", "MAX": "max",
-        "BAND": "band", "BOR": "bor", "BXOR": "bxor"}
-# By torch's enum value: a dict lookup, not a ReduceOp.name per call (~10 us on a slow box).
-_BY_TYPE = {getattr(dist.ReduceOp.RedOpType, k): v for k, v in _OPS.items()
-            if hasattr(dist.ReduceOp.RedOpType, k)}
+# torch's ReduceOps the core has, by enum value: a dict lookup, not a ReduceOp.name per
+# call (~10 us on a slow box).
+_BY_TYPE = {kind: ours for name, kind in dist.ReduceOp.RedOpType.__members__.items()
+            if (ours := _buffers.op_name(name)) is not None}
 
 
 class ArgumentError(ValueError, RuntimeError):
@@ -90,12 +89,14 @@ def _op(opts: Any) -> str:
     if found is not None:
         return found
     name = getattr(kind, "name", str(kind).rsplit(".", 1)[-1]).upper()
-    if name not in _OPS:
+    ours = _buffers.op_name(name)
+    if ours is None:
+        names = ", ".join(k.name for k in _BY_TYPE)
         raise ValueError(
-            f"the ringreduce backend does not support ReduceOp.{name}; use SUM, AVG, PRODUCT, "
-            f"MIN, MAX, BAND, BOR, BXOR or PREMUL_SUM (the latter through the c10d adapter), "
-            f"or a gloo group: dist.new_group(backend='gloo')")
-    return _OPS[name]
+            f"the ringreduce backend does not support ReduceOp.{name}; use {names} or "
+            f"PREMUL_SUM (the latter through the c10d adapter), or a gloo group: "
+            f"dist.new_group(backend='gloo')")
+    return ours
 
 
 class _Work(dist._Work):
@@ -306,7 +307,7 @@ class _Ops:
 
     def timeout_seconds(self) -> float:
         """This group's collective deadline (the adapter's getBackendOptions)."""
-        return float(self._g.options.get("timeout", 0.0))
+        return self._g.timeout
 
     def split(self, store: Any, ranks: list, timeout: float, name: str) -> Any:
         """ProcessGroup.split_group: this rank's backend of the group of `ranks` (sorted

@@ -293,7 +293,7 @@ def _finish_eager_sends(world: Group, only: Group | None = None) -> None:
     pending = [e for e in mine if e[0].is_alive()]
     t0 = time.monotonic()
     # + 1 s: a send that gives up at its own RINGREDUCE_TIMEOUT still gets to say why
-    deadline = t0 + float(world.options.get("timeout", 600.0)) + 1.0
+    deadline = t0 + world.timeout + 1.0
     for t, *_ in pending:
         t.join(max(0.0, min(t0 + 2.0, deadline) - time.monotonic()))
     late = [(dst, tag) for t, dst, tag, _ in pending if t.is_alive()]

@@ -506,8 +506,8 @@ def _deadline(g: Group, world: Group) -> tuple[float, str]:
     """How long a wait for a peer of group `g` may last, and what sets it: the group's own
     timeout (new_group(timeout=), torch's too), else RINGREDUCE_TIMEOUT, as for its
     collectives."""
-    secs = float(g.options.get("timeout", 600.0))
-    own = g is not world and secs != float(world.options.get("timeout", 600.0))
+    secs = g.timeout
+    own = g is not world and secs != world.timeout
     return secs, f"the timeout of {g.name}" if own else "RINGREDUCE_TIMEOUT"
 
 

@@ -103,7 +103,7 @@ def test_memory_guard_counts_ranks_and_check_copies(monkeypatch, capsys):
     helper)."""
     for k in _LAUNCH_VARS:
         monkeypatch.delenv(k, raising=False)
-    monkeypatch.setattr(cli, "_memory_bytes", lambda: 24 << 30)
+    monkeypatch.setattr(cli, "memory_bytes", lambda: 24 << 30)
     assert cli.parse_args(["-n", "1", "-e", "8G"]).maxbytes == 8 << 30  # 2 x 8 GiB fit
     assert cli.parse_args(["-n", "1", "-e", "8G", "--check"]).check  # 3 x 8 GiB fit
     for argv in (["-n", "1", "-e", "9G", "--check"], ["-n", "2", "-e", "8G"]):

@@ -120,6 +120,12 @@ void registerErrors(py::module_& m) {
   static py::exception<PeerError> peer(m, "PeerFailure", base.ptr());
   // Class defaults, for instances made in Python (ringreduce._rendezvous) too.
   for (const char* a : {"peer_rank", "cause", "relayed_by"}) py::setattr(peer, a, py::none());
+  // The causes (PeerFailure.cause) of a peer that will say no goodbye (core/error.h isGone).
+  py::list gone;
+  for (PeerCause c = PeerCause::kClosed; c <= PeerCause::kHandshake;
+       c = static_cast<PeerCause>(static_cast<int>(c) + 1))
+    if (isGone(c)) gone.append(toString(c));
+  py::setattr(peer, "GONE_CAUSES", py::tuple(gone));
   for (const char* a : {"peer_rank", "waiting_for", "relayed_by"})
     py::setattr(timeout, a, py::none());
   static py::exception<MismatchError> mismatch(m, "CollectiveMismatch", base.ptr());

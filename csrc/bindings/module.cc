@@ -377,13 +377,17 @@ PYBIND11_MODULE(_C, m) {
   bindings::registerGpu(m);  // after registerErrors: its translator must be tried first
 
   // The one table of codes: Python reads these instead of copying the enums (types.h).
-  py::dict dtypes, ops, algos;
-  for (int i = 0; i < kNumDataTypes; ++i) dtypes[toString(static_cast<DataType>(i))] = i;
+  py::dict dtypes, sizes, ops, algos;
+  for (int i = 0; i < kNumDataTypes; ++i) {
+    dtypes[toString(static_cast<DataType>(i))] = i;
+    sizes[toString(static_cast<DataType>(i))] = elementSize(static_cast<DataType>(i));
+  }
   for (int i = 0; i < kNumReduceOps; ++i) ops[toString(static_cast<ReduceOp>(i))] = i;
   for (Algorithm a : {Algorithm::kAuto, Algorithm::kRing, Algorithm::kTree, Algorithm::kShm,
                       Algorithm::kHier})
     algos[toString(a)] = static_cast<int>(a);
   m.attr("DTYPE_CODES") = dtypes;
+  m.attr("DTYPE_SIZES") = sizes;  // bytes per element
   m.attr("OP_CODES") = ops;
   m.attr("ALGO_CODES") = algos;
   py::dict kinds;  // collectives (fault injection names them; _env's table is checked against it)
@@ -457,8 +461,8 @@ PYBIND11_MODULE(_C, m) {
           return collectives::predictAllreduceCluster(m, a, bytes);
         },
         py::arg("algo"), py::arg("hosts"), py::arg("local"), py::arg("bytes"),
-        py::arg("alpha_us"), py::arg("beta_ns_per_byte"), py::arg("shm_alpha_us") = 0.8,
-        py::arg("shm_beta_ns_per_byte") = 0.057,
+        py::arg("alpha_us"), py::arg("beta_ns_per_byte"), py::arg("shm_alpha_us") = kShmAlphaUs,
+        py::arg("shm_beta_ns_per_byte") = kShmBetaNsPerByte,
         "Predicted all-reduce seconds on hosts x local ranks (collectives/cost_model.cc).");
   m.def("pick_allreduce_cluster",
         [](int hosts, int local, size_t bytes, double alphaUs, double betaNsPerByte,
@@ -470,8 +474,8 @@ PYBIND11_MODULE(_C, m) {
           return std::string(a == A::kRing ? "ring" : a == A::kHier ? "hier" : "recursive_doubling");
         },
         py::arg("hosts"), py::arg("local"), py::arg("bytes"), py::arg("alpha_us"),
-        py::arg("beta_ns_per_byte"), py::arg("shm_alpha_us") = 0.8,
-        py::arg("shm_beta_ns_per_byte") = 0.057,
+        py::arg("beta_ns_per_byte"), py::arg("shm_alpha_us") = kShmAlphaUs,
+        py::arg("shm_beta_ns_per_byte") = kShmBetaNsPerByte,
         "What the planner picks for 'auto' on hosts x local ranks (collectives/planner.cc): "
         "ring, recursive_doubling or hier.");
   m.def("_p2p_families", &runtime::Executor::familyCounts,

@@ -102,6 +102,11 @@ void registerTunables(py::module_& m) {
 #undef RR_TUNABLE
 #undef RR_PY_TUNABLE
   m.attr("TUNABLES") = py::tuple(rows);
+  m.attr("MAX_WAIT_SECONDS") = kMaxWaitSeconds;  // the longest wait (core/deadline.h)
+  m.attr("DEFAULT_SPIN_US") = Options{}.spinUs;   // Python turns it off on crowded CPUs
+  m.attr("COST_MODEL") = py::dict(  // the cost model's defaults (core/params.h)
+      py::arg("alpha_us") = kTcpAlphaUs, py::arg("beta_ns_per_byte") = kTcpBetaNsPerByte,
+      py::arg("shm_alpha_us") = kShmAlphaUs, py::arg("shm_beta_ns_per_byte") = kShmBetaNsPerByte);
 }
 
 }  // namespace rr::bindings

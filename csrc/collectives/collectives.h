@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/params.h"
 #include "core/types.h"
 
 namespace rr::collectives {
@@ -57,14 +58,14 @@ double predictAllreduce(const Options& o, Algorithm a, int world, size_t bytes);
 struct ClusterModel {
   int hosts = 1;
   int local = 1;
-  double alphaUs = 8.4;          // between hosts
-  double betaNsPerByte = 0.176;  // between hosts, through one host's link
-  double shmAlphaUs = 0.8;       // within a host (bench/shm_2ranks.json, 8 B all-reduce)
-  double shmBetaNsPerByte = 0.057;  // per phase: 64 MiB on 2 ranks in 7.6 ms, 2 phases
+  double alphaUs = kTcpAlphaUs;              // between hosts
+  double betaNsPerByte = kTcpBetaNsPerByte;  // between hosts, through one host's link
+  double shmAlphaUs = kShmAlphaUs;              // within a host
+  double shmBetaNsPerByte = kShmBetaNsPerByte;  // per phase
   // Flat algorithms' hops between ranks of one host when there are several hosts: loopback
-  // TCP (bench/alpha_beta.json).
-  double localAlphaUs = 8.4;
-  double localBetaNsPerByte = 0.176;
+  // TCP.
+  double localAlphaUs = kTcpAlphaUs;
+  double localBetaNsPerByte = kTcpBetaNsPerByte;
 };
 enum class ModelAlgo { kRing, kRecursiveDoubling, kBinomialTree, kHier };
 // Predicted seconds; kBinomialTree (reduce + broadcast) is modelled for comparison only.

@@ -75,10 +75,6 @@ class Recorder {
     std::lock_guard<std::mutex> g(traceMu_);
     return trace_;
   }
-  void clearTrace() {
-    std::lock_guard<std::mutex> g(traceMu_);
-    trace_.clear();
-  }
 
  private:
   Record ring_[kFlight];

@@ -30,11 +30,6 @@ class ScratchArena {
     }
     return b.ptr;
   }
-  size_t totalBytes() const {
-    size_t t = 0;
-    for (auto& b : bufs_) t += b.size;
-    return t;
-  }
 
  private:
   struct Buf {

@@ -9,8 +9,8 @@ namespace rr {
 
 // The longest wait anything may ask for: one year (366 days). Every wait has a deadline, and
 // steady_clock's int64 nanoseconds overflow past ~292 years from its epoch, so longer
-// requests are refused where they enter (Python's ringreduce._env.MAX_WAIT_S, the same
-// number, and optionsFromDict) and clamped here as the last line of defence.
+// requests are refused where they enter (Python's ringreduce._env.MAX_WAIT_S, exported from
+// this, and optionsFromDict) and clamped here as the last line of defence.
 constexpr double kMaxWaitSeconds = 366.0 * 24 * 3600;
 
 // `seconds` clamped to [0, kMaxWaitSeconds]; NaN becomes 0 (an already expired deadline

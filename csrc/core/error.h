@@ -49,7 +49,7 @@ enum class PeerCause {
   kAborted,    // it failed and told us why (abort frame)
   kProtocol,   // it sent something that is not our protocol
   kCorrupt,    // a payload failed its checksum
-  kHandshake,  // connecting or authenticating to it failed
+  kHandshake,  // connecting or authenticating to it failed (the last: bindings/errors.cc)
 };
 const char* toString(PeerCause c);
 // Dead, frozen or cut off: the peer will say no goodbye (it did not leave or give up).

@@ -10,6 +10,17 @@
 
 namespace rr {
 
+// The cost model's defaults (alpha-beta, collectives/cost_model.cc): per-message latency and
+// per-byte time over TCP, as `python bench/measure_alpha_beta.py` fitted them on 2 ranks
+// over loopback and wrote them to bench/alpha_beta.json (with the machine;
+// tests/test_bench.py checks these equal it); and within a host over shared memory
+// (bench/shm_2ranks.json: 8 B all-reduce; 64 MiB on 2 ranks in 7.6 ms, 2 phases). Python
+// reads them as ringreduce._C.COST_MODEL.
+inline constexpr double kTcpAlphaUs = 8.4;
+inline constexpr double kTcpBetaNsPerByte = 0.176;
+inline constexpr double kShmAlphaUs = 0.8;
+inline constexpr double kShmBetaNsPerByte = 0.057;
+
 struct Options {
   // The environment's knobs (core/tunables.def: variable, default and meaning of each).
 #define RR_TUNABLE(field, key, Type, env, dflt, parse, shown, doc) Type field = dflt;
@@ -17,13 +28,10 @@ struct Options {
 #include "core/tunables.def"
 #undef RR_TUNABLE
 #undef RR_PY_TUNABLE
-  // Cost model (alpha-beta, collectives/cost_model.cc): per-message latency and per-byte
-  // time over TCP, as `python bench/measure_alpha_beta.py` fitted them on 2 ranks over
-  // loopback and wrote them to bench/alpha_beta.json (with the machine; tests/test_bench.py
-  // checks these equal it). RINGREDUCE_TUNING_FILE overrides them, e.g. with the output of
-  // `ringreduce-bench --tune --tune-out FILE` run on the target machine.
-  double alphaUs = 8.4;
-  double betaNsPerByte = 0.176;
+  // Cost model over TCP (above). RINGREDUCE_TUNING_FILE overrides it, e.g. with the output
+  // of `ringreduce-bench --tune --tune-out FILE` run on the target machine.
+  double alphaUs = kTcpAlphaUs;
+  double betaNsPerByte = kTcpBetaNsPerByte;
   // Broadcasts up to this many bytes use the binomial tree, larger ones the chain.
   size_t broadcastTreeMaxBytes = 256 * 1024;
   // Busy-poll sockets this long before sleeping in poll(2): a small message's answer

@@ -17,7 +17,14 @@ and nothing outside the standard library.
 
 from __future__ import annotations
 
-from .launch import LaunchInfo, detect_launch, expand_hostlist, launch_given, run_id
+from .launch import (
+    LaunchInfo,
+    detect_launch,
+    expand_hostlist,
+    launch_given,
+    restart_count,
+    run_id,
+)
 from .netif import host_identity, resolve, select_interface_address
 from .tunables import (
     FAULT_COLLECTIVES,
@@ -47,6 +54,7 @@ __all__ = [
     "job_wide",
     "launch_given",
     "resolve",
+    "restart_count",
     "run_id",
     "select_interface_address",
     "store_tunables",

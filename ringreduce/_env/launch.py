@@ -352,3 +352,8 @@ def run_id(env: Mapping[str, str] | None = None) -> str:
     one per ringreduce-run job), or "" when none says: two jobs with different ids are two
     jobs, even when one of them was started on the other's MASTER_PORT by mistake."""
     return (os.environ if env is None else env).get("TORCHELASTIC_RUN_ID", "")
+
+
+def restart_count(env: Mapping[str, str] | None = None) -> str:
+    """Which attempt of a torchrun job this is (TORCHELASTIC_RESTART_COUNT; "0": the first)."""
+    return (os.environ if env is None else env).get("TORCHELASTIC_RESTART_COUNT", "0")

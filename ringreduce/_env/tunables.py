@@ -27,12 +27,6 @@ def _bad(name: str, raw: str, allowed: str) -> ValueError:
     return ValueError(f"{name}={raw!r} is not valid; allowed: {allowed}. Fix or unset {name}")
 
 
-# The longest wait anything may ask for (one year; the C++ core's kMaxWaitSeconds in
-# csrc/core/deadline.h is the same number). Every wait has a deadline, so infinity is no
-# value; beyond this the deadline arithmetic would overflow.
-MAX_WAIT_S = 366 * 24 * 3600.0
-
-
 def _seconds_range(allow_zero: bool) -> str:
     low = "0 <= seconds" if allow_zero else "0 < seconds"
     return f"{low} <= {MAX_WAIT_S:.0f} (one year; every wait needs a finite deadline)"
@@ -125,6 +119,10 @@ def _core() -> Any:
 
 
 _C = _core()
+# The longest wait anything may ask for (one year: the core's kMaxWaitSeconds in
+# csrc/core/deadline.h). Every wait has a deadline, so infinity is no value; beyond this
+# the deadline arithmetic would overflow.
+MAX_WAIT_S: float = _C.MAX_WAIT_SECONDS
 # The collectives fault injection can name: the core's codes plus "any".
 FAULT_COLLECTIVES = {"any": 0, **dict(_C.COLLECTIVE_CODES)}
 _FAULT_FORMAT = ("rank=R[,collective=any|" + "|".join(list(FAULT_COLLECTIVES)[1:]) + "]"
@@ -288,13 +286,15 @@ def is_set(name: str, env: Mapping[str, str] | None = None) -> bool:
 
 def _cross_check(t: Any) -> Any:
     """Values fine alone but not together, or outside what the core accepts."""
+    default = {f.name: f.default for f in dataclasses.fields(Tunables)}
     if t.segment_bytes < 64:
         raise ValueError(f"RINGREDUCE_SEGMENT_BYTES={t.segment_bytes}: expected at least 64 "
-                         f"bytes (the default is 512K)")
+                         f"bytes (the default is {default['segment_bytes'] / 1024:g}K)")
     if t.heartbeat_interval < 0.01:  # 1e-9 made an idle rank burn a quarter of a core
         raise ValueError(f"RINGREDUCE_HEARTBEAT_INTERVAL={t.heartbeat_interval:g}: expected "
-                         f"at least 0.01 seconds (the default is 0.5; a peer is declared "
-                         f"silent only after RINGREDUCE_HEARTBEAT_TIMEOUT anyway)")
+                         f"at least 0.01 seconds (the default is "
+                         f"{default['heartbeat_interval']:g}; a peer is declared silent only "
+                         f"after RINGREDUCE_HEARTBEAT_TIMEOUT anyway)")
     if t.heartbeat_timeout > 0 and t.heartbeat_interval >= t.heartbeat_timeout:
         raise ValueError(
             f"RINGREDUCE_HEARTBEAT_INTERVAL={t.heartbeat_interval:g} must be shorter than "

@@ -9,6 +9,9 @@ import os
 import re
 from collections.abc import Callable, Sequence
 
+from .. import _C
+from .machine import memory_bytes
+
 PROG = "ringreduce-bench"
 OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter", "barrier", "reduce", "gather",
        "scatter", "alltoall")
@@ -71,24 +74,20 @@ def _size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"got {v}; need at least 1")
-    return v
+def _whole(low: int, need: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"got {v}; need {need}")
+        return v
+    return parse
 
 
-def _nonneg(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"got {v}; need 0 or more")
-    return v
+_positive = _whole(1, "at least 1")
+_nonneg = _whole(0, "0 or more")
 
 
 def _finite(low: float, strict: bool) -> Callable[[str], float]:
@@ -221,10 +220,14 @@ def build_parser() -> argparse.ArgumentParser:
       help="with --model: ranks per host (default 8)")
     a("--link-gbit", type=_finite(0.0, strict=True), default=100.0, metavar="G",
       help="with --model: each host's link, Gbit/s (default 100)")
-    a("--alpha-us", type=_finite(0.0, strict=False), default=8.4, metavar="US",
-      help="with --model: per-message latency between hosts (default 8.4, this machine's TCP)")
-    a("--shm-alpha-us", type=float, default=0.8, metavar="US", help=argparse.SUPPRESS)
-    a("--shm-beta-ns-per-byte", type=float, default=0.057, metavar="NS", help=argparse.SUPPRESS)
+    model = _C.COST_MODEL  # the core's defaults (csrc/core/params.h)
+    a("--alpha-us", type=_finite(0.0, strict=False), default=model["alpha_us"], metavar="US",
+      help=f"with --model: per-message latency between hosts (default {model['alpha_us']:g}, "
+           f"this machine's TCP)")
+    a("--shm-alpha-us", type=float, default=model["shm_alpha_us"], metavar="US",
+      help=argparse.SUPPRESS)
+    a("--shm-beta-ns-per-byte", type=float, default=model["shm_beta_ns_per_byte"],
+      metavar="NS", help=argparse.SUPPRESS)
     a("--mpi-results", help=argparse.SUPPRESS)  # set by the launcher: the mpirun job's output
     return p
 
@@ -239,7 +242,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error(str(e))
     if args.tune_out and not args.tune:
         p.error("--tune-out needs --tune")
-    total = _memory_bytes()
+    total = memory_bytes()
     # Each rank holds an input and an output (with --check also the expected result; an
     # in-place collective's output is its input, whose copy is kept instead), every rank on
     # this host at once -- in host memory unless --device cuda.
@@ -293,18 +296,6 @@ def _local_ranks(args: argparse.Namespace) -> int:
     if info is not None and info.source != "default":
         return max(1, info.local_world_size)
     return args.nproc or 2
-
-
-def _memory_bytes() -> int:
-    """This machine's memory (MemTotal), or 0 when unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
 
 
 def _plot_problem(path: str) -> str | None:

@@ -35,15 +35,21 @@ def _cpuinfo_model() -> str:
     return platform.processor() or "unknown"
 
 
-def _mem_gib() -> float | None:
+def memory_bytes() -> int:
+    """This machine's memory (MemTotal), or 0 when unknown."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemTotal:"):
-                    return round(int(line.split()[1]) / 2**20, 1)
-    except (OSError, ValueError):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
         pass
-    return None
+    return 0
+
+
+def _mem_gib() -> float | None:
+    total = memory_bytes()
+    return round(total / 2**30, 1) if total else None
 
 
 def _git_commit() -> str | None:

@@ -17,8 +17,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-ELEMENT_SIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1,
-                "int32": 4, "int64": 8}
+from .. import _C
+
+ELEMENT_SIZE: dict[str, int] = dict(_C.DTYPE_SIZES)
 
 
 # Collectives whose size is n blocks (one per rank): rounded to a multiple of n elements.

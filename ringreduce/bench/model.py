@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 from argparse import Namespace
 
+from .. import _C
 from .cli import format_size
 
 ALGOS = ("ring", "recursive_doubling", "binomial_tree", "hier")
 SIZES = [8 << (3 * i) for i in range(10)]  # 8 B, 64 B, ..., 1 GiB
 # ClusterModel's localAlphaUs / localBetaNsPerByte (collectives/collectives.h).
-_FLAT_LOCAL = "loopback TCP: alpha 8.4 us, 0.176 ns/B (bench/alpha_beta.json)"
+_FLAT_LOCAL = (f"loopback TCP: alpha {_C.COST_MODEL['alpha_us']:g} us, "
+               f"{_C.COST_MODEL['beta_ns_per_byte']:g} ns/B (bench/alpha_beta.json)")
 SHORT = {"ring": "ring", "recursive_doubling": "rd", "binomial_tree": "btree", "hier": "hier"}
 
 
@@ -31,8 +33,6 @@ def _fmt_time(s: float) -> str:
 
 def predict(hosts: int, local: int, size: int, alpha_us: float, beta: float,
             shm_alpha_us: float, shm_beta: float) -> dict[str, float]:
-    from ringreduce import _C
-
     out = {a: _C.predict_allreduce_cluster(a, hosts, local, size, alpha_us, beta, shm_alpha_us,
                                           shm_beta) for a in ALGOS}
     if hosts == 1 or local == 1:  # hierarchical needs several hosts with several ranks
@@ -41,8 +41,6 @@ def predict(hosts: int, local: int, size: int, alpha_us: float, beta: float,
 
 
 def table(args: Namespace) -> dict:
-    from ringreduce import _C
-
     beta = 8.0 / args.link_gbit  # ns per byte through one host's link
     rows = []
     for hosts in args.model_hosts:

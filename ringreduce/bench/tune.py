@@ -17,6 +17,7 @@ from argparse import Namespace
 
 import numpy as np
 
+from .. import _C
 from .anchors import RingReduce
 from .checks import make_buffers
 from .cli import format_size
@@ -26,13 +27,11 @@ from .timing import measure
 TREE_SIZES = (8, 64, 512, 4096)
 RING_SIZES = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
 ALGO_CODE = {"ring": 1, "tree": 2}
-# csrc/core/params.h's, i.e. bench/alpha_beta.json's (tests/test_bench.py checks both)
-DEFAULTS = {"alpha_us": 8.4, "beta_ns_per_byte": 0.176}
+# csrc/core/params.h's, i.e. bench/alpha_beta.json's (tests/test_bench.py checks so)
+DEFAULTS = {k: _C.COST_MODEL[k] for k in ("alpha_us", "beta_ns_per_byte")}
 
 
 def _coeffs(algo: str, world: int, size: int) -> tuple[float, float, float]:
-    from ringreduce import _C
-
     def p(a: float, b: float) -> float:
         return _C.predict_allreduce(ALGO_CODE[algo], world, size,
                                     {"alpha_us": a, "beta_ns_per_byte": b})
@@ -61,7 +60,6 @@ def fit(points: list[tuple[str, int, float]], world: int) -> dict:
 
 def crossover(world: int, opts: dict, limit: int = 1 << 40) -> int | None:
     """Smallest size the cost model sends to the ring (0: always ring, None: never)."""
-    from ringreduce import _C
 
     def ring(b: int) -> bool:
         return _C.choose_allreduce(world, b, opts) == ALGO_CODE["ring"]

@@ -64,10 +64,9 @@ class CudaBuffer:
         return self.count * _ITEMSIZE[self.dtype]
 
 
-_ITEMSIZE = {
-    "float32": 4, "float64": 8, "float16": 2, "bfloat16": 2,
-    "int8": 1, "uint8": 1, "int32": 4, "int64": 8,
-}
+# The dtypes of GPU buffers (those NCCL reduces) and their sizes.
+_ITEMSIZE = {k: _C.DTYPE_SIZES[k] for k in (
+    "float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64")}
 
 # __cuda_array_interface__ typestr (without byte order) -> our dtype name.
 _TYPESTR = {

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
+from .. import _env
 from .._buffers import op_code
 from .arrays import (
     _NO_GPU_MODULE,
@@ -89,7 +90,9 @@ class NcclCommunicator:
     _generation = 0
 
     def __init__(self, store: Any, rank: int, world_size: int, device: int | None = None,
-                 timeout: float = 600.0, key_prefix: str = "ringreduce/nccl"):
+                 timeout: float | None = None, key_prefix: str = "ringreduce/nccl"):
+        if timeout is None:  # RINGREDUCE_TIMEOUT, as for every communicator
+            timeout = _env.tunables().timeout
         if _gpu is None:
             raise CudaUnavailable(_NO_GPU_MODULE)
         if device is None:

@@ -155,7 +155,7 @@ class CudaState:
                 self.store.set(f"{self.prefix}{_KEY}{g.rank}", mine)
                 keys = [f"{self.prefix}{_KEY}{r}" for r in range(g.world_size)]
                 _wait_verdicts(self.store, keys, g.rank,
-                               float(g.options.get("timeout", 600.0)))
+                               g.timeout)
                 entries = []
                 for k in keys:
                     o, d, why = bytes(self.store.get(k)).decode().split("|", 2)
@@ -168,7 +168,7 @@ class CudaState:
             store = self.store if self.store is not None else _DictStore()
             self.nccl = NcclCommunicator(
                 store, self.group.rank, self.group.world_size, device=device,
-                timeout=float(self.group.options.get("timeout", 600.0)),
+                timeout=self.group.timeout,
                 key_prefix=f"{self.prefix}nccl")
         return self.nccl
 
