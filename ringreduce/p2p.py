@@ -95,7 +95,7 @@ def send_buffered(x: Any, dst: int, tag: int = 0, group: Any = None) -> Any:
 # first message on its channel (copied, then sent by a helper thread while the channel is
 # made): the channel's own eager limit (shared-memory slots), so that first and later sends
 # behave alike and a ring of blocking sends-before-receives works from its first message.
-EAGER_MAX = 2 << 20
+EAGER_MAX: int = _C.P2P_EAGER_BYTES
 
 
 class _Turns:

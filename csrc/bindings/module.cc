@@ -388,6 +388,7 @@ PYBIND11_MODULE(_C, m) {
     algos[toString(a)] = static_cast<int>(a);
   m.attr("DTYPE_CODES") = dtypes;
   m.attr("DTYPE_SIZES") = sizes;  // bytes per element
+  m.attr("P2P_EAGER_BYTES") = collectives::p2pEagerBytes();
   m.attr("OP_CODES") = ops;
   m.attr("ALGO_CODES") = algos;
   py::dict kinds;  // collectives (fault injection names them; _env's table is checked against it)

@@ -47,6 +47,10 @@ constexpr size_t kShmCapacityShare = 16;
 
 }  // namespace
 
+size_t p2pEagerBytes() {
+  return static_cast<size_t>(transport::shm::ShmConfig{}.slots) * kShmCopyBytes;
+}
+
 void planShmSlots(int local, bool chunkGiven, size_t shmCapacity,
                   transport::shm::ShmConfig* cfg) {
   if (!chunkGiven) {

@@ -37,6 +37,9 @@ Algorithm planGatherAll(Communicator& c, CollectiveKind kind, size_t bytes, size
 // 512 KiB; the collectives that only copy use cfg->copyBytes = 512 KiB units (or the chunk,
 // if smaller).
 void planShmSlots(int local, bool chunkGiven, size_t shmCapacity, transport::shm::ShmConfig* cfg);
+// A point-to-point channel's eager limit over shared memory: what its slots hold (a larger
+// message waits for its receiver: shm_broadcast.cc). ringreduce.p2p's EAGER_MAX.
+size_t p2pEagerBytes();
 
 // While one lives on this thread, plans are not logged (queries from the bench: what would
 // the communicator run?).
