@@ -286,8 +286,10 @@ CudaBuildExt.nvcc = _NVCC
 setup(ext_modules=[ext],
       cmdclass={"build_ext": BuildExt if _NVCC is None else CudaBuildExt,
                 "build_py": BuildPyWithAdapter, "sdist": SdistAll},
-      # torch's entry point (pyproject.toml) loads a top-level package of its own, so that
-      # loading it never imports ringreduce (see ringreduce/_torch_hook/__init__.py).
-      packages=find_packages(include=["ringreduce*"], exclude=["ringreduce._torch_hook"])
-      + ["_ringreduce_autoload"],
-      package_dir={"_ringreduce_autoload": "ringreduce/_torch_hook"})
+      # torch's entry point and ringreduce-run's (pyproject.toml) load top-level packages of
+      # their own, so that loading them never imports ringreduce (see the two __init__.py).
+      packages=find_packages(include=["ringreduce*"],
+                             exclude=["ringreduce._torch_hook", "ringreduce._run_shim"])
+      + ["_ringreduce_autoload", "_ringreduce_run"],
+      package_dir={"_ringreduce_autoload": "ringreduce/_torch_hook",
+                   "_ringreduce_run": "ringreduce/_run_shim"})

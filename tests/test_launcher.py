@@ -517,6 +517,23 @@ def test_main_returns_exit_codes_in_process(capsys: pytest.CaptureFixture[str]) 
     assert "[rank 1] out line 2 from 1" in out.splitlines()
 
 
+@pytest.mark.timeout(60)
+def test_the_console_script_imports_neither_the_package_nor_torch(marker: str) -> None:
+    """ringreduce-run's entry point (_ringreduce_run, installed by setup.py) runs run.py as
+    a plain file: importing the package first loaded torch (~2 s before any rank started;
+    a helper saw the launcher fail under ulimit -v where the ranks fit)."""
+    code = ("import sys, _ringreduce_run\n"
+            f"sys.argv = ['ringreduce-run', '-n', '2', {_script('output.py')!r}]\n"
+            "rc = _ringreduce_run.main()\n"
+            "assert rc == 0, rc\n"
+            "assert not {'torch', 'ringreduce', 'numpy'} & set(sys.modules), sorted(sys.modules)\n"
+            "print('imports ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=TIMEOUT_S, check=False, cwd=str(SCRIPTS))
+    assert r.returncode == 0 and "imports ok" in r.stdout, r.stdout + r.stderr
+    assert "[rank 1] out line 2 from 1" in r.stdout, r.stdout
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("api", ["rr", "torch"])
 def test_forked_children_cannot_use_or_end_the_parents_communicator(api: str) -> None:
