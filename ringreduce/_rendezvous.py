@@ -701,6 +701,8 @@ def _claimed_twice(rank: int, n: int, world: int, init: bool) -> ValueError:
     """Rank `rank`'s claim was the n-th; init: a world's (else a group's or channel's)."""
     why = (f"rank {rank} was claimed by {n} processes; every process needs a distinct RANK "
            f"in [0, {world})")
+    if init and not _env.run_id():  # hand-set variables: another job cannot be told apart
+        why += " (or another job runs on this MASTER_PORT: give each job its own port)"
     if not init or not _env.run_id() or \
             not _env.store_tunables().use_agent_store:
         return ValueError(why)
