@@ -40,7 +40,7 @@ import time
 import traceback
 from typing import Any
 
-from . import _C, _buffers, _rendezvous, _state, _store_guard, _store_wait, _watch, groups
+from . import _C, _buffers, _env, _rendezvous, _state, _store_guard, _store_wait, _watch, groups
 from ._state import Group
 
 log = logging.getLogger("ringreduce")
@@ -507,8 +507,12 @@ def _deadline(g: Group, world: Group) -> tuple[float, str]:
     timeout (new_group(timeout=), torch's too), else RINGREDUCE_TIMEOUT, as for its
     collectives."""
     secs = g.timeout
-    own = g is not world and secs != world.timeout
-    return secs, f"the timeout of {g.name}" if own else "RINGREDUCE_TIMEOUT"
+    if g is not world and secs != world.timeout:
+        return secs, f"the timeout of {g.name}"
+    if _env.is_set("timeout") or secs == _env.tunables().timeout:
+        return secs, "RINGREDUCE_TIMEOUT"
+    # a helper: a world made with init_process_group(timeout=8 s) was said to use the variable
+    return secs, "the world's timeout: init(timeout=) or init_process_group(timeout=)"
 
 
 def _meet(g: Group, world: Group, store: Any, base: str, peer: int, src: int, dst: int,

@@ -686,3 +686,22 @@ def avg_scratch_refused(rank: int, world: int) -> dict:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
     out["intact"] = bool((x == rank + 1).all())
     return out
+
+
+def late_first_message(rank: int, world: int, timeout: float | None) -> dict:
+    """Rank 1 posts its first send 4 s late; rank 0's receive gives up after the world's
+    timeout (init's timeout= when given) and says which setting that was."""
+    rr.init(timeout=timeout)
+    out: dict = {}
+    try:
+        x = np.zeros(3)
+        if rank == 1:
+            time.sleep(4)
+            rr.send(np.ones(3), 0)
+        else:
+            rr.recv(x, 1)
+        out["got"] = x.tolist()
+    except Exception as e:  # noqa: BLE001 - what the test checks
+        out["error"] = f"{type(e).__name__}: {e}"
+    rr.destroy()
+    return out

@@ -630,3 +630,17 @@ def test_an_integer_avg_without_memory_for_its_scratch_says_so() -> None:
         assert o["error"] is not None and o["intact"], o
         assert "avg of 33554432 int32 values needs 256 MiB of scratch" in o["error"], o
         assert "bad_alloc" not in o["error"] and "barrier" not in o["error"], o
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("given,env,named", [
+    (2.0, {}, "the world's timeout: init(timeout=)"),
+    (None, {"RINGREDUCE_TIMEOUT": "2"}, "RINGREDUCE_TIMEOUT")])
+def test_a_first_message_timeout_names_the_setting_that_set_it(given, env, named) -> None:
+    """A world made with init(timeout=) -- or torch's init_process_group(timeout=) -- was
+    said to wait for RINGREDUCE_TIMEOUT (found by a helper)."""
+    outs = run_world_raw(2, error_workers.late_first_message, given, timeout=40, init=False,
+                         env=env)
+    assert all(o.ok for o in outs), "\n".join(o.describe() for o in outs)
+    err = outs[0].value.get("error", "")
+    assert err.startswith("CollectiveTimeout") and named in err, outs[0].value
