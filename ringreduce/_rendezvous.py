@@ -122,9 +122,7 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
     if isinstance(box[0], Exception):
         e = box[0]
         if is_master and "EADDRINUSE" in str(e):  # at once, not a timeout
-            by = ("by another ringreduce job: its TORCHELASTIC_RUN_ID differs"
-                  if _refuse_second_rank0(dist, master_addr, master_port, world) else
-                  "by another program, or by a store this process still holds open")
+            by = _refuse_second_rank0(dist, master_addr, master_port, world)
             raise _rr_error(
                 f"rank {rank} could not {what} {master_addr}:{master_port}: port already in "
                 f"use ({by}); pick another MASTER_PORT ({_first_line(e)})") from e
@@ -193,36 +191,40 @@ def _refuse_second_rank0(dist: Any, addr: str, port: int, world: int) -> bool:
     this init already claimed, two processes were started as rank 0 -- raise the duplicate's
     ValueError, and post it so that the other rank 0 and everyone else stop at once (before,
     this one blamed another program for the port and the others waited out the connect
-    timeout; found by a helper). True: the store is another job's (_another_job), which is
-    left alone -- two launchers started on one port stopped each other, blaming a duplicate
-    RANK (a helper)."""
+    timeout; found by a helper). Else returns who holds the port, for the caller's message:
+    a store of another job (_another_job), or one that may be (its rank 0's settings did
+    not come in time and one of the two has a launcher's job id) is left alone -- two
+    launchers started on one port stopped each other, blaming a duplicate RANK (a helper)."""
+    other = "by another program, or by a store this process still holds open"
     box = _build(dist, addr, port, False, 3.0, time.monotonic() + 3.0)
     if not box or isinstance(box[0], Exception):
-        return False  # no store answers there: another program holds the port
-    store, seen = box[0], False
+        return other  # no store answers there
+    store, seen, another = box[0], False, None
     claim = _world_prefix(store, _inits(store) + 1)  # the init about to run here
     with contextlib.suppress(Exception), _store_guard.deadline(store, 7.0):  # a frozen one
         end = time.monotonic() + 2.0  # the first rank 0 claims right after binding
         while not (seen := store.check([claim + "claim/0"])) and time.monotonic() < end:
             time.sleep(0.05)
-        if seen and _another_job(store, claim, 2.0):
-            return True
+        if seen:
+            another = _another_job(store, claim, 2.0)
+    if another or (seen and another is None and _env.run_id()):
+        return ("by another ringreduce job: its TORCHELASTIC_RUN_ID differs" if another else
+                "by another ringreduce job, or by this job's first rank 0")
     if seen:
         raise _store_wait.fail(store, claim, ValueError(
             f"rank 0 was claimed by 2 processes (a store of this job already serves "
             f"{addr}:{port}, and its rank 0 has joined); every process needs a distinct RANK "
             f"in [0, {world})"))
-    return False
+    return other
 
 
-def _another_job(store: Any, prefix: str, timeout: float, rank: int | None = None) -> bool:
+def _another_job(store: Any, prefix: str, timeout: float, rank: int | None = None
+                 ) -> bool | None:
     """Whether the init under `prefix` is another job's: its rank 0 published (waited for
-    up to `timeout`) another launcher's job id (_env.run_id) than this process's. Unknown
-    without an id on either side (RANK/WORLD_SIZE set by hand): then it is taken for this
-    job's. rank: this rank, waiting as init's rank waits for the store's keys; else a poll."""
-    ours = _env.run_id()
-    if not ours:
-        return False
+    up to `timeout`) another launcher's job id (_env.run_id) than this process's -- one of
+    them may have none. False without an id on either side (RANK/WORLD_SIZE set by hand):
+    then it is taken for this job's. rank: this rank, waiting as init's ranks wait for the
+    store's keys; else a poll, and None (unknown) when rank 0's settings did not come."""
     key = prefix + "cfg/0"
     if rank is not None:
         _wait(store, [key], timeout, rank, "rank 0 to publish its settings", prefix)
@@ -231,10 +233,9 @@ def _another_job(store: Any, prefix: str, timeout: float, rank: int | None = Non
         while not store.check([key]) and time.monotonic() < end:
             time.sleep(0.05)
         if not store.check([key]):
-            return False
-    settings = dict(kv.partition("=")[::2] for kv in store.get(key).decode().split(";"))
-    theirs = settings.get("TORCHELASTIC_RUN_ID", "")
-    return bool(theirs) and theirs != ours
+            return None
+    theirs = _settings_table(store.get(key).decode()).get("TORCHELASTIC_RUN_ID", "")
+    return theirs != _env.run_id()
 
 
 def _check_resolves(host: str, rank: int) -> None:
@@ -452,8 +453,9 @@ def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None
     during = "init" if prefix is None else "a group's creation"
     refuse_if_cut(rank, during, store)
     try:
-        # Three waits of at most `timeout` each: a call stuck in torch's client past that.
-        with _store_guard.deadline(store, 3 * timeout + _store_guard.MARGIN_S):
+        # Four waits of at most `timeout` each (rank 0's settings, the world size, the
+        # secret, the addresses): a call stuck in torch's client past that.
+        with _store_guard.deadline(store, 4 * timeout + _store_guard.MARGIN_S):
             return _exchange(store, rank, world, my_addr, secret, timeout, my_hb, prefix,
                              settings, ranks)
     except _store_guard.StoreSilent as e:
@@ -502,7 +504,7 @@ def secret_check(secret: str) -> str:
 def _same_settings(per_rank: list, rank: int) -> None:
     """ValueError naming the first job-wide knob whose value differs between ranks (every
     rank reads the same lists, so every rank raises the same error)."""
-    tables = [dict(kv.split("=", 1) for kv in s.split(";") if "=" in kv) for s in per_rank]
+    tables = [_settings_table(s) for s in per_rank]
     for var in tables[rank]:
         values = [t.get(var, "?") for t in tables]
         if len(set(values)) > 1:
@@ -511,6 +513,11 @@ def _same_settings(per_rank: list, rank: int) -> None:
             raise ValueError(
                 f"{var} differs between ranks ({shown}{more}); it must be the same on every "
                 f"rank of a job: set it (or leave it unset) alike for all of them")
+
+
+def _settings_table(settings: str) -> dict[str, str]:
+    """A rank's published settings ("VAR=value;...", _env.job_wide and more) as a dict."""
+    return dict(kv.split("=", 1) for kv in settings.split(";") if "=" in kv)
 
 
 def _linger(store: Any, world: int, cap: float = 2.0) -> None:
@@ -726,8 +733,8 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
         # (two launchers on one port) failed it, or ran in it as one of its ranks (a helper).
         raise ValueError(
             f"rank {rank}: the store at MASTER_PORT serves another job (its "
-            f"TORCHELASTIC_RUN_ID is not this rank's {_env.run_id()}): pick another "
-            f"MASTER_PORT for this job")
+            f"TORCHELASTIC_RUN_ID is not this rank's {_env.run_id() or '(unset)'}): pick "
+            f"another MASTER_PORT for this job")
     n = store.add(p + f"claim/{rank}", 1)
     _store_keys.wrote(p, p + f"claim/{rank}")
     if n > 1:

@@ -67,6 +67,8 @@ class Group:
     child_failed: bool = False
     child_lost: int = -1
     by_torch: bool = False  # World only: made by torch's default process group (backend)
+    # World only: what set its timeout, for messages (init(timeout=), torch's, the variable)
+    timeout_from: str = "RINGREDUCE_TIMEOUT"
 
     @property
     def timeout(self) -> float:

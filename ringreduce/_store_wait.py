@@ -151,16 +151,17 @@ def _warn_stalled(store: Any, keys: list[str], ranks: list[int] | None, rank: in
 
 def fail(store: Any, prefix: str, error: Exception, speaker: int | None = None) -> Exception:
     """Tell the other ranks why this one gives up (they stop waiting at their next poll)
-    and which rank is to blame (their .peer_rank): the one its error names, else the
-    speaker -- this rank, named at the message's start unless the message names it there
-    already. A cause posted already is kept: ranks failing on its account would overwrite
-    the first."""
+    and which rank is to blame (their .peer_rank): the one its error names, else -- unless
+    it timed out waiting for others -- the speaker: this rank, named at the message's start
+    unless the message names it there already. A cause posted already is kept: ranks
+    failing on its account would overwrite the first."""
     named = _blame.named_rank(error)
-    if named is None:
+    if named is None and not isinstance(error, TimeoutError):  # CollectiveTimeout is one
         named = speaker
     head = type(error).__name__ + ("" if named is None else f" {named}")
     text = str(error)
-    if speaker is not None and not text.startswith((f"rank {speaker} ", f"rank {speaker}:")):
+    if speaker is not None and not text.startswith(
+            tuple(f"{w}rank {speaker}{c}" for w in ("", "world ") for c in (" ", ":"))):
         text = f"rank {speaker}: {text}"
     try:
         # Else torch would log a C++ trace, then fail (a cut or closed connection).

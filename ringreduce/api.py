@@ -99,6 +99,7 @@ def _init(rank: int | None, world_size: int | None, master_addr: str | None,
         raise
     if world == 1:
         _state.set_default(_state.Group(rank=0, world_size=1, comm=None, options=options,
+                                        timeout_from=_timeout_from(timeout),
                                         hosts=[_env.host_identity()], ranks=[0],
                                         default_algo=algo_code(tun.algo)))
         _gpu().bind(_state._DEFAULT[0], None, "ringreduce/")
@@ -119,6 +120,7 @@ def _init(rank: int | None, world_size: int | None, master_addr: str | None,
         g = _comm.connect(rank, world, tun, options, store, maddr, ifname, secret or tun.secret)
         g.local_rank, g.store_key, g.store = info.local_rank, made, store
         g.ranks, g.net = list(range(world)), (maddr, ifname)
+        g.timeout_from = _timeout_from(timeout)
         _state.set_default(g)
         # The store serves the group's first CUDA collective (NCCL verdict and unique id),
         # under this init's own key prefix.
@@ -128,6 +130,10 @@ def _init(rank: int | None, world_size: int | None, master_addr: str | None,
         # or destroy() (both release it).
         _rendezvous.linger(made)
         raise
+
+
+def _timeout_from(timeout: float | None) -> str:
+    return "RINGREDUCE_TIMEOUT" if timeout is None else "init(timeout=)"
 
 
 def _settings(timeout: float | None) -> tuple:

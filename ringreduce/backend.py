@@ -262,6 +262,9 @@ class _Ops:
             self._owns = True
             g = _state._DEFAULT[0]
             g.by_torch = True
+            if not env_wins:
+                g.timeout_from = ("init_process_group(timeout=)" if timeout != default_pg_timeout
+                                  else "torch's default process-group timeout")
         elif dist.is_initialized() or g.world_size != size or g.rank != rank:
             # A torch subgroup (dist.new_group, DeviceMesh, ...): its own ringreduce group,
             # set up through the PrefixStore torch gave it. (The default process group of a

@@ -415,13 +415,13 @@ def _interrupts_told(world: Group, store: Any, prefix: str, name: str) -> Iterat
         yield
     except _store_guard.NoThread as e:
         _store_wait.fail(store, prefix, _watch.rr_error(
-            f"rank {world.rank} could not create {name}: {e}"), world.rank)
+            f"world rank {world.rank} could not create {name}: {e}"), world.rank)
         raise
     except Exception:
         raise
     except BaseException as e:
         _store_wait.fail(store, prefix, _watch.rr_error(
-            f"rank {world.rank} stopped creating {name}: {type(e).__name__} "
+            f"world rank {world.rank} stopped creating {name}: {type(e).__name__} "
             f"(interrupted)"), world.rank)
         raise
 

@@ -40,7 +40,7 @@ import time
 import traceback
 from typing import Any
 
-from . import _C, _buffers, _env, _rendezvous, _state, _store_guard, _store_wait, _watch, groups
+from . import _C, _buffers, _rendezvous, _state, _store_guard, _store_wait, _watch, groups
 from ._state import Group
 
 log = logging.getLogger("ringreduce")
@@ -504,15 +504,13 @@ def _ready_locked(g: Group, src: int, dst: int, tag: int) -> Group | None:
 
 def _deadline(g: Group, world: Group) -> tuple[float, str]:
     """How long a wait for a peer of group `g` may last, and what sets it: the group's own
-    timeout (new_group(timeout=), torch's too), else RINGREDUCE_TIMEOUT, as for its
-    collectives."""
+    timeout (new_group(timeout=), torch's too), else the world's (RINGREDUCE_TIMEOUT,
+    init(timeout=) or torch's: a world made with init_process_group(timeout=8 s) was said to
+    use the variable, found by a helper), as for its collectives."""
     secs = g.timeout
     if g is not world and secs != world.timeout:
         return secs, f"the timeout of {g.name}"
-    if _env.is_set("timeout") or secs == _env.tunables().timeout:
-        return secs, "RINGREDUCE_TIMEOUT"
-    # a helper: a world made with init_process_group(timeout=8 s) was said to use the variable
-    return secs, "the world's timeout: init(timeout=) or init_process_group(timeout=)"
+    return secs, world.timeout_from
 
 
 def _meet(g: Group, world: Group, store: Any, base: str, peer: int, src: int, dst: int,

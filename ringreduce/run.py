@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import fcntl
 import os
 import queue
 import re
@@ -292,7 +293,11 @@ class _Job:
         self.pumps: dict[int, list[threading.Thread]] = {}  # rank -> its output's threads
         # Where ranks mark an exit on an uncaught PeerFailure (ringreduce._blame).
         _remove_stale_notes()
-        self.notes = tempfile.mkdtemp(prefix=f"{NOTES_PREFIX}{os.getpid()}-")
+        self.notes = tempfile.mkdtemp(prefix=NOTES_PREFIX)
+        # Held while this launcher lives (the kernel drops it when the process dies).
+        self.notes_lock = os.open(os.path.join(self.notes, NOTES_LOCK), os.O_CREAT | os.O_RDWR,
+                                  0o600)
+        fcntl.flock(self.notes_lock, fcntl.LOCK_EX)
 
     def alive(self) -> list[int]:
         return [r for r in range(len(self.procs)) if r not in self.codes]
@@ -382,34 +387,37 @@ class _Job:
         for t in self.threads:
             t.join(timeout=2.0)  # pipes held open by escaped grandchildren: don't hang
         shutil.rmtree(self.notes, ignore_errors=True)
+        os.close(self.notes_lock)
 
 
-NOTES_PREFIX = "ringreduce-run-"  # + the launcher's pid + "-" + mkdtemp's random part
+NOTES_PREFIX = "ringreduce-run-"  # + mkdtemp's random part
+NOTES_LOCK = "lock"  # in the folder, locked by its launcher while it runs
 
 
 def _remove_stale_notes() -> None:
-    """Remove the notes folders of launchers that are gone (a SIGKILLed one could not: found
-    by a helper), if this user's: named by their launcher's pid."""
+    """Remove this user's notes folders of launchers that are gone (a SIGKILLed one could
+    not: found by a helper): those whose lock can be taken -- a lock, not a pid, so that a
+    live launcher of another PID namespace sharing /tmp (a container) keeps its folder --
+    and that are a minute old (one starting now may not hold its lock yet)."""
     tmp = tempfile.gettempdir()
     with contextlib.suppress(OSError):
         for name in os.listdir(tmp):
-            pid = name[len(NOTES_PREFIX):].partition("-")[0]
             path = os.path.join(tmp, name)
-            if not name.startswith(NOTES_PREFIX) or not pid.isdigit() or _alive(int(pid)):
-                continue
-            with contextlib.suppress(OSError):
-                if os.lstat(path).st_uid == os.getuid():
-                    shutil.rmtree(path)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        pass  # another user's
-    return True
+            try:
+                st = os.lstat(path)
+                if not name.startswith(NOTES_PREFIX) or st.st_uid != os.getuid() or \
+                        time.time() - st.st_mtime < 60:
+                    continue
+                fd = os.open(os.path.join(path, NOTES_LOCK), os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError:
+                continue  # no lock (yet): not a launcher's, or one starting now
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                shutil.rmtree(path, ignore_errors=True)
+            except OSError:
+                pass  # held: its launcher runs
+            finally:
+                os.close(fd)
 
 
 def _remove_segments(pids: set[int]) -> int:

@@ -634,7 +634,7 @@ def test_an_integer_avg_without_memory_for_its_scratch_says_so() -> None:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("given,env,named", [
-    (2.0, {}, "the world's timeout: init(timeout=)"),
+    (2.0, {"RINGREDUCE_TIMEOUT": "30"}, "init(timeout=)"),
     (None, {"RINGREDUCE_TIMEOUT": "2"}, "RINGREDUCE_TIMEOUT")])
 def test_a_first_message_timeout_names_the_setting_that_set_it(given, env, named) -> None:
     """A world made with init(timeout=) -- or torch's init_process_group(timeout=) -- was

@@ -298,7 +298,7 @@ def test_a_rank_interrupted_in_new_group_stops_the_others_at_once() -> None:
     for r in (0, 2):
         o = outs[r]
         assert o.startswith("RingReduceError") and \
-            "rank 1 stopped creating group1: KeyboardInterrupt" in o, f"rank {r}: {o}"
+            "world rank 1 stopped creating group1: KeyboardInterrupt" in o, f"rank {r}: {o}"
         assert float(o.split()[2]) < 10, f"rank {r} waited for the connect timeout: {o}"
 
 

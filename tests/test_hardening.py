@@ -151,7 +151,7 @@ def test_nccl_verdict_wait_is_bounded_and_names_the_missing_rank(
     monkeypatch.setattr(gpu_device, "nccl_available", lambda: (True, "NCCL (test)"))
     store = dist.HashStore()
     group = SimpleNamespace(rank=0, world_size=3, hosts=["h0", "h1", "h2"],
-                            options={"timeout": 0.5})
+                            options={"timeout": 0.5}, timeout=0.5)
     store.set("p/cuda/1", "1|0|ok")  # rank 1 published; rank 2 never does
     st = _gpu_route.CudaState(group, store, "p/")
     t0 = time.monotonic()

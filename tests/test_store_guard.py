@@ -147,7 +147,8 @@ def test_a_posted_failure_keeps_the_first_cause() -> None:
     _store_wait.fail(store, "g/", ValueError("rank 1 was claimed by 2 processes"), speaker=1)
     _store_wait.fail(store, "g/", RuntimeError("another rank failed"), speaker=2)
     _store_wait.fail_bounded(store, "g/", RuntimeError("also later"), 3)
-    assert store.get("g/failed").decode() == "ValueError\nrank 1 was claimed by 2 processes"
+    # the poster is named (its error names no other rank): the others' .peer_rank
+    assert store.get("g/failed").decode() == "ValueError 1\nrank 1 was claimed by 2 processes"
 
 
 def test_a_slow_store_answer_delays_the_liveness_probe(monkeypatch: pytest.MonkeyPatch) -> None:

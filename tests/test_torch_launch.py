@@ -227,9 +227,9 @@ def test_claimed_twice_under_torchrun_names_the_restart_count(monkeypatch) -> No
 
     for k in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE"):
         monkeypatch.delenv(k, raising=False)
-    plain = str(_rendezvous._claimed_twice(1, 2, 4, init=True))
-    assert plain == ("rank 1 was claimed by 2 processes; every process needs a distinct RANK "
-                     "in [0, 4)")
+    plain = "rank 1 was claimed by 2 processes; every process needs a distinct RANK in [0, 4)"
+    assert str(_rendezvous._claimed_twice(1, 2, 4, init=True)) == (
+        plain + " (or another job runs on this MASTER_PORT: give each job its own port)")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")

@@ -98,17 +98,30 @@ void translate(std::exception_ptr p, bool anything) {
 void setPythonError(std::exception_ptr p) { translate(p, true); }
 
 std::string messageOf(const py::error_already_set& e) {
-  return py::str(e.value()).cast<std::string>();
+  try {
+    std::string text = py::str(e.value()).cast<std::string>();
+    // KeyboardInterrupt and SystemExit say nothing themselves
+    return text.empty() ? py::str(e.type().attr("__name__")).cast<std::string>() : text;
+  } catch (...) {
+    return "";
+  }
 }
 
-int culpritOf(const py::error_already_set& e, const std::vector<int>& labels) {
-  py::object named = py::getattr(e.value(), "peer_rank", py::none());
-  if (!py::isinstance<py::int_>(named)) return -1;
-  const int rank = named.cast<int>();
-  if (labels.empty()) return rank;
-  for (size_t i = 0; i < labels.size(); ++i)
-    if (labels[i] == rank) return static_cast<int>(i);
-  return -1;
+int culpritOf(const py::error_already_set& e, const std::vector<int>& labels,
+              bool* outside) {
+  *outside = false;
+  try {
+    py::object named = py::getattr(e.value(), "peer_rank", py::none());
+    if (!py::isinstance<py::int_>(named)) return -1;
+    const int rank = named.cast<int>();
+    if (rank < 0 || labels.empty()) return rank < 0 ? -1 : rank;
+    for (size_t i = 0; i < labels.size(); ++i)
+      if (labels[i] == rank) return static_cast<int>(i);
+    *outside = true;  // a rank of the job outside this group
+    return rank;
+  } catch (...) {
+    return -1;
+  }
 }
 
 void registerErrors(py::module_& m) {

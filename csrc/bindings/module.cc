@@ -210,7 +210,9 @@ class PyComm {
         try {
           probe();
         } catch (py::error_already_set& e) {
-          throw transport::tcp::StoppedFor(bindings::messageOf(e), bindings::culpritOf(e, o.rankLabels),
+          bool outside = false;
+          const int culprit = bindings::culpritOf(e, o.rankLabels, &outside);
+          throw transport::tcp::StoppedFor(bindings::messageOf(e), culprit, outside,
                                            std::current_exception());
         }
       };

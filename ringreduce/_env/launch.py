@@ -348,9 +348,9 @@ def launch_given(rank: int, world_size: int,
 
 
 def run_id(env: Mapping[str, str] | None = None) -> str:
-    """The launcher's id of this job (TORCHELASTIC_RUN_ID: torchrun's rendezvous id, a fresh
-    one per ringreduce-run job), or "" when none says: two jobs with different ids are two
-    jobs, even when one of them was started on the other's MASTER_PORT by mistake."""
+    """The launcher's id of this job (TORCHELASTIC_RUN_ID: torchrun's rendezvous id;
+    ringreduce-run's, drawn per job unless inherited), or "" when none says: two jobs with
+    different ids are two jobs, even when one was started on the other's MASTER_PORT."""
     return (os.environ if env is None else env).get("TORCHELASTIC_RUN_ID", "")
 
 

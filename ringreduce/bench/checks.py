@@ -17,11 +17,10 @@ from typing import Any
 
 import torch
 
+from .cli import DTYPES
 from .metrics import Case
 
-TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
-                "bfloat16": torch.bfloat16, "int8": torch.int8, "uint8": torch.uint8,
-                "int32": torch.int32, "int64": torch.int64}
+TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}
 
 
 _PATTERN_STEP = 1 << 20  # elements mixed at a time: int64 temporaries of 8 MiB, not 8x count

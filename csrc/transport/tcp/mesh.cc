@@ -41,7 +41,7 @@ void tellMade(const Identity& me, std::vector<std::unique_ptr<Connection>>& conn
     throw;
   } catch (const StoppedFor& e) {
     why = e.what();
-    who = e.culprit() >= 0 ? Culprit{e.culprit(), PeerCause::kAborted} : Culprit{};
+    who = e.culprit() >= 0 ? Culprit{e.culprit(), PeerCause::kAborted, e.outside()} : Culprit{};
     if (e.culprit() < 0) code = AbortCode::kOther;
   } catch (const PeerError& e) {
     why = e.what();
@@ -55,8 +55,11 @@ void tellMade(const Identity& me, std::vector<std::unique_ptr<Connection>>& conn
   } catch (...) {
     return;
   }
-  for (auto& c : conns)  // the lost rank itself hears of its own loss (Communicator::poison)
-    if (c) c->sendAbort(code, why, c->peer() == who.rank ? Culprit{} : who);
+  try {  // best effort: the failure being handled is what the caller raises
+    for (auto& c : conns)  // the lost rank itself hears of its own loss (Communicator::poison)
+      if (c) c->sendAbort(code, why, !who.outside && c->peer() == who.rank ? Culprit{} : who);
+  } catch (...) {
+  }
 }
 
 void connectInto(std::vector<std::unique_ptr<Connection>>& conns, const Identity& me,

@@ -94,18 +94,20 @@ class Refused : public Error {
 using StillWanted = std::function<void()>;
 
 // What a StillWanted check throws to stop a set-up because another rank failed: the
-// connections made so far are told so (abort frames naming `culprit`, a rank of this
-// communicator; -1: none), then whoever made the check rethrows `original`, its own error
-// (the bindings': Python's, unchanged).
+// connections made so far are told so (abort frames naming `culprit`: a rank of this
+// communicator, or of the world when `outside`; -1: none), then whoever made the check
+// rethrows `original`, its own error (the bindings': Python's, unchanged).
 class StoppedFor : public Error {
  public:
-  StoppedFor(const std::string& why, int culprit, std::exception_ptr original)
-      : Error(why), culprit_(culprit), original_(std::move(original)) {}
+  StoppedFor(const std::string& why, int culprit, bool outside, std::exception_ptr original)
+      : Error(why), culprit_(culprit), outside_(outside), original_(std::move(original)) {}
   int culprit() const { return culprit_; }
+  bool outside() const { return outside_; }
   [[noreturn]] void rethrowOriginal() const { std::rethrow_exception(original_); }
 
  private:
   int culprit_;
+  bool outside_;
   std::exception_ptr original_;
 };
 
