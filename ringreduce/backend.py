@@ -54,8 +54,7 @@ __all__ = ["BACKEND_NAME", "ArgumentError", "ProcessGroupRingReduce", "create_ba
 
 BACKEND_NAME = "ringreduce"
 
-# torch's ReduceOps the core has, by enum value: a dict lookup, not a ReduceOp.name per
-# call (~10 us on a slow box).
+# torch's ReduceOps the core has, by enum value (a dict lookup: a ReduceOp.name took ~10 us)
 _BY_TYPE = {kind: ours for name, kind in dist.ReduceOp.RedOpType.__members__.items()
             if (ours := _buffers.op_name(name)) is not None}
 
@@ -91,11 +90,10 @@ def _op(opts: Any) -> str:
     name = getattr(kind, "name", str(kind).rsplit(".", 1)[-1]).upper()
     ours = _buffers.op_name(name)
     if ours is None:
-        names = ", ".join(k.name for k in _BY_TYPE)
         raise ValueError(
-            f"the ringreduce backend does not support ReduceOp.{name}; use {names} or "
-            f"PREMUL_SUM (the latter through the c10d adapter), or a gloo group: "
-            f"dist.new_group(backend='gloo')")
+            f"the ringreduce backend does not support ReduceOp.{name}; use "
+            f"{', '.join(k.name for k in _BY_TYPE)} or PREMUL_SUM (the latter through the c10d "
+            f"adapter), or a gloo group: dist.new_group(backend='gloo')")
     return ours
 
 
