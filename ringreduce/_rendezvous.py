@@ -186,7 +186,7 @@ def join_connects_at_exit(seconds: float = 5.0) -> None:
         done.wait(max(0.0, end - time.monotonic()))
 
 
-def _refuse_second_rank0(dist: Any, addr: str, port: int, world: int) -> bool:
+def _refuse_second_rank0(dist: Any, addr: str, port: int, world: int) -> str:
     """Rank 0 found MASTER_PORT taken: when the store there is this job's, with rank 0 of
     this init already claimed, two processes were started as rank 0 -- raise the duplicate's
     ValueError, and post it so that the other rank 0 and everyone else stop at once (before,
