@@ -202,9 +202,7 @@ def _refuse_second_rank0(dist: Any, addr: str, port: int, world: int) -> str:
     store, seen, another = box[0], False, None
     claim = _world_prefix(store, _inits(store) + 1)  # the init about to run here
     with contextlib.suppress(Exception), _store_guard.deadline(store, 7.0):  # a frozen one
-        end = time.monotonic() + 2.0  # the first rank 0 claims right after binding
-        while not (seen := store.check([claim + "claim/0"])) and time.monotonic() < end:
-            time.sleep(0.05)
+        seen = _appears(store, claim + "claim/0", 2.0)  # claimed right after binding
         if seen:
             another = _another_job(store, claim, 2.0)
     if another or (seen and another is None and _env.run_id()):
@@ -228,14 +226,20 @@ def _another_job(store: Any, prefix: str, timeout: float, rank: int | None = Non
     key = prefix + "cfg/0"
     if rank is not None:
         _wait(store, [key], timeout, rank, "rank 0 to publish its settings", prefix)
-    else:
-        end = time.monotonic() + timeout
-        while not store.check([key]) and time.monotonic() < end:
-            time.sleep(0.05)
-        if not store.check([key]):
-            return None
+    elif not _appears(store, key, timeout):
+        return None
     theirs = _settings_table(store.get(key).decode()).get("TORCHELASTIC_RUN_ID", "")
     return theirs != _env.run_id()
+
+
+def _appears(store: Any, key: str, seconds: float) -> bool:
+    """Whether `key` is in the store within `seconds` (looked for every 50 ms)."""
+    end = time.monotonic() + seconds
+    while not store.check([key]):
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def _check_resolves(host: str, rank: int) -> None:

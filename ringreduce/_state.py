@@ -141,6 +141,14 @@ _DEFAULT: list = [None]
 # Threads of ringreduce.p2p waiting in the store for a first message (isend/irecv): destroy()
 # lets them see it (they stop within a poll) before the store goes.
 HELPERS: list = []
+
+
+def unstarted(t: Any) -> bool:
+    """A thread registered (HELPERS, a group's eager sends) just before its start: kept, and
+    not joined (join() raises on it)."""
+    return isinstance(t, threading.Thread) and t.ident is None
+
+
 # What _C.FastCall (rr.barrier, rr.allreduce) reads on every call: the world's communicator
 # handle (None: no world, or a world of one) and its default all-reduce algorithm code.
 _FAST: list = [None, 0]

@@ -313,7 +313,7 @@ def _join_helpers(deadline: float) -> None:
     the store goes: else their next store call fails (torch prints a C++ stack trace) and
     they report a store failure instead of the destroy()."""
     for t in list(_state.HELPERS):
-        if t.ident is not None:  # one registered just before its start (p2p._Deferred)
+        if not _state.unstarted(t):
             t.join(max(0.0, deadline - time.monotonic()))
     _state.HELPERS[:] = [t for t in _state.HELPERS if t.is_alive()]
 

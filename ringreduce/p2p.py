@@ -245,12 +245,8 @@ def _outstanding(world: Group, waiter: Any, dst: int, tag: int, g: Group) -> Non
     """Keep `waiter` (is_alive / join: a send's thread, or an unwaited isend) for destroy()
     and g.destroy(), which complete it (_state.Group.eager); drops the finished ones."""
     with _state.EAGER_LOCK:  # (a thread not started yet is kept: its start is next)
-        world.eager[:] = [e for e in world.eager if e[0].is_alive() or _unstarted(e[0])]
+        world.eager[:] = [e for e in world.eager if e[0].is_alive() or _state.unstarted(e[0])]
         world.eager.append((waiter, dst, tag, g))
-
-
-def _unstarted(t: Any) -> bool:
-    return isinstance(t, threading.Thread) and t.ident is None
 
 
 class _Unwaited:
@@ -471,7 +467,7 @@ class _Deferred:
         t = threading.Thread(target=run, name="ringreduce-p2p-connect", daemon=True)
         with _LOCK:  # (another's thread not started yet is kept: its start is next)
             _state.HELPERS[:] = [h for h in _state.HELPERS
-                                 if h.is_alive() or _unstarted(h)] + [t]
+                                 if h.is_alive() or _state.unstarted(h)] + [t]
         try:
             _store_guard.start(t, "the thread that makes a point-to-point channel")
         except _store_guard.NoThread:  # left in HELPERS, it failed destroy()'s join (a helper)

@@ -5,6 +5,7 @@
 #include "bindings/signals.h"
 #include "core/error.h"
 #include "core/interrupt.h"
+#include "core/types.h"
 
 namespace py = pybind11;
 
@@ -107,18 +108,17 @@ std::string messageOf(const py::error_already_set& e) {
   }
 }
 
-int culpritOf(const py::error_already_set& e, const std::vector<int>& labels,
+int culpritOf(const py::error_already_set& e, const std::vector<int>& labels, int size,
               bool* outside) {
   *outside = false;
   try {
     py::object named = py::getattr(e.value(), "peer_rank", py::none());
     if (!py::isinstance<py::int_>(named)) return -1;
-    const int rank = named.cast<int>();
-    if (rank < 0 || labels.empty()) return rank < 0 ? -1 : rank;
-    for (size_t i = 0; i < labels.size(); ++i)
-      if (labels[i] == rank) return static_cast<int>(i);
-    *outside = true;  // a rank of the job outside this group
-    return rank;
+    const int world = named.cast<int>();
+    if (world < 0) return -1;
+    const int r = rankOf(labels, size, world);
+    *outside = r < 0;  // a rank of the job outside this communicator
+    return r < 0 ? world : r;
   } catch (...) {
     return -1;
   }

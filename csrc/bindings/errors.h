@@ -13,10 +13,10 @@ void registerErrors(pybind11::module_& m);
 // used where an exception cannot travel through pybind11, e.g. the native C entry points).
 void setPythonError(std::exception_ptr p);
 // A Python error's message (str(), else its class's name) and the rank it names
-// (.peer_rank, a world rank) as a rank of the communicator whose ranks are `labels` (empty:
-// the world's), or as a world rank (*outside) when not one of them; -1 when it names none.
-// Never throw (a failure of theirs gives "" and -1). GIL held.
+// (.peer_rank, a world rank) as a rank of the communicator of `size` ranks labelled
+// `labels` (empty: the world), or as a world rank (*outside) when not one of them; -1 when
+// it names none. Never throw (a failure of theirs gives "" and -1). GIL held.
 std::string messageOf(const pybind11::error_already_set& e);
-int culpritOf(const pybind11::error_already_set& e, const std::vector<int>& labels,
+int culpritOf(const pybind11::error_already_set& e, const std::vector<int>& labels, int size,
               bool* outside);
 }

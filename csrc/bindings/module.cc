@@ -205,13 +205,13 @@ class PyComm {
     // watched peer gone); the connections made are told, naming the rank it names.
     transport::tcp::StillWanted check;
     if (!probe.is_none())
-      check = [&probe, &o] {
+      check = [&probe, &o, world] {
         py::gil_scoped_acquire gil;
         try {
           probe();
         } catch (py::error_already_set& e) {
           bool outside = false;
-          const int culprit = bindings::culpritOf(e, o.rankLabels, &outside);
+          const int culprit = bindings::culpritOf(e, o.rankLabels, world, &outside);
           throw transport::tcp::StoppedFor(bindings::messageOf(e), culprit, outside,
                                            std::current_exception());
         }

@@ -177,11 +177,7 @@ void Communicator::setHeartbeat(std::unique_ptr<transport::Heartbeat> hb) {
   hb_->setState(0, seq_, 0);
 }
 
-int Communicator::localOf(int world) const {
-  for (int r = 0; r < world_; ++r)
-    if (label(r) == world) return r;
-  return -1;
-}
+int Communicator::localOf(int world) const { return rankOf(opts_.rankLabels, world_, world); }
 
 void Communicator::poison(const std::string& reason, transport::AbortCode code,
                           transport::Culprit lost) {

@@ -13,6 +13,12 @@ namespace rr {
 inline int rankLabel(const std::vector<int>& labels, int r) {
   return r >= 0 && static_cast<size_t>(r) < labels.size() ? labels[static_cast<size_t>(r)] : r;
 }
+// rankLabel's inverse over a communicator of `size` ranks: the rank labelled `label`, or -1.
+inline int rankOf(const std::vector<int>& labels, int size, int label) {
+  for (int r = 0; r < size; ++r)
+    if (rankLabel(labels, r) == label) return r;
+  return -1;
+}
 
 enum class DataType : uint8_t {
   kFloat32 = 0,
