@@ -227,3 +227,38 @@ def slot_rewritten_meanwhile(rank: int, world: int, calls: int, seconds: float) 
         sys.setswitchinterval(interval)
     return {"wrong": wrong, "calls": done, "fast": rr.allreduce.fast_calls,
             "module": rr._C.__file__}
+
+
+def slot_rewritten_by_a_collection(rank: int, world: int, calls: int) -> dict:
+    """Every garbage collection (one at each allocation) rewrites the world's slot, as
+    destroy(), init() or a re-made channel may from another thread whenever this one runs
+    Python code: a fast call that allocates between reading the capsule and using it saw
+    it freed ("PyCapsule_GetPointer called with invalid PyCapsule object" under Python's
+    debug allocator, a crash under its own; found by CI, one call in ~300000 with a
+    rewriting thread). Runs fast all-reduces and barriers; returns how many were wrong."""
+    import gc
+
+    from ringreduce import _state
+
+    world_group = _state._DEFAULT[0]
+    rewrites = [0]
+
+    def rewrite(phase: str, _info: dict) -> None:
+        if phase == "start":
+            _state.set_default(world_group)
+            rewrites[0] += 1
+
+    x = np.ones(8, np.float32)
+    wrong, thresholds = 0, gc.get_threshold()
+    gc.set_threshold(1, 1, 1)
+    gc.callbacks.append(rewrite)
+    try:
+        for i in range(calls):
+            x[:] = rank + i
+            rr.allreduce(x)
+            wrong += int(x[0] != world * (world - 1) / 2 + world * i)
+            rr.barrier()
+    finally:
+        gc.callbacks.remove(rewrite)
+        gc.set_threshold(*thresholds)
+    return {"wrong": wrong, "fast": rr.allreduce.fast_calls, "rewrites": rewrites[0]}

@@ -50,3 +50,19 @@ def test_fast_send_recv(world: int, transport: str) -> None:
                         env={"RINGREDUCE_TRANSPORT": transport})
     for rank, bad in enumerate(results):
         assert bad == [], f"rank {rank}:\n" + "\n".join(bad)
+
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("world,transport", [(2, "shm"), (3, "tcp")])
+def test_a_slot_rewritten_inside_a_fast_call(world: int, transport: str) -> None:
+    """The world's slot rewritten while a fast call ran Python code before using the capsule
+    it had read (here: a collection's callback): the call now holds what it read. Python's
+    debug allocator overwrites freed memory, so a freed capsule is no capsule (its memory,
+    reused at once for the next one, had passed for it)."""
+    calls = 3000
+    outs = run_world(world, "fastcall_workers:slot_rewritten_by_a_collection", calls,
+                     timeout=60, env={"PYTHONMALLOC": "malloc_debug",
+                                      "RINGREDUCE_TRANSPORT": transport})
+    for o in outs:
+        assert o["wrong"] == 0 and o["fast"] >= calls and o["rewrites"] > 10, o

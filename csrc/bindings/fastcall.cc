@@ -45,38 +45,44 @@ struct FastCall {
   unsigned long long hits;  // calls that took the fast path (tests check it is taken)
 };
 
+// Another thread may rewrite a slot whenever this one runs Python code -- a dtype's
+// attribute, a garbage collection's finalizer, the call site's lookup -- not only while the
+// GIL is released (destroy(), init(), a re-made channel drop the capsule, whose destructor
+// frees the handle). So a call takes its own reference to what it reads from a slot at
+// once, and keeps it until the native call is back (found under AddressSanitizer: a
+// heap-use-after-free in the handle's weak_ptr::lock(); then by CI, a capsule freed between
+// the read and the call: "PyCapsule_GetPointer called with invalid PyCapsule object").
+py::object held(PyObject* list, Py_ssize_t i) {
+  return py::reinterpret_borrow<py::object>(PyList_GET_ITEM(list, i));
+}
+
 // Run `f(handle, site)` with the GIL released; NULL with the exception set on failure.
-// `cap` is borrowed from the slot, which another thread may rewrite once the GIL is released
-// (destroy(), init(), a re-made channel drop the capsule, whose destructor frees the
-// handle): the call holds its own reference until it is back (found by a helper under
-// AddressSanitizer: a heap-use-after-free in the handle's weak_ptr::lock()).
+// The caller holds `cap` (held()).
 template <typename F>
-PyObject* runNative(PyObject* cap, F&& f) {
-  void* h = PyCapsule_GetPointer(cap, RR_NATIVE_COMM_CAPSULE);
+PyObject* runNative(const py::object& cap, F&& f) {
+  void* h = PyCapsule_GetPointer(cap.ptr(), RR_NATIVE_COMM_CAPSULE);
   if (h == nullptr) return nullptr;
   unsigned site = currentCallSite();
   int rc;
-  Py_INCREF(cap);
   Py_BEGIN_ALLOW_THREADS
   rc = f(nativeTable(), h, site);
   Py_END_ALLOW_THREADS
-  Py_DECREF(cap);
   if (rc != 0) return nullptr;
   Py_RETURN_NONE;
 }
 
 // 1: done; -1: failed (exception set); 0: not a call for the fast path.
-int fastAllreduce(FastCall* self, PyObject* cap, PyObject* x) {
+int fastAllreduce(FastCall* self, const py::object& cap, PyObject* x) {
+  long algo = PyLong_AsLong(PyList_GET_ITEM(self->slot, 1));  // read with the capsule
+  if (algo < 0) {
+    PyErr_Clear();
+    return 0;
+  }
   if (!py::isinstance<py::array>(x)) return 0;
   auto a = py::reinterpret_borrow<py::array>(x);
   int code = numpyDtypeCode(a.dtype());
   if (code < 0 || !(a.flags() & py::array::c_style) || !a.writeable() || a.size() == 0)
     return 0;
-  long algo = PyLong_AsLong(PyList_GET_ITEM(self->slot, 1));
-  if (algo < 0) {
-    PyErr_Clear();
-    return 0;
-  }
   void* ptr = a.mutable_data();
   auto count = static_cast<size_t>(a.size());
   PyObject* r = runNative(cap, [&](const rr_native_api& api, void* h, unsigned site) {
@@ -91,21 +97,21 @@ int fastAllreduce(FastCall* self, PyObject* cap, PyObject* x) {
 // the pair's two-rank channel, rooted at the sender (ranks [lo, hi]: root 0 when lo sends).
 int fastP2P(FastCall* self, PyObject* x, PyObject* peerObj) {
   const bool sending = self->kind == kSend;
-  PyObject* handles = PyList_GET_ITEM(self->slot, 1);
-  if (!PyList_Check(handles) || !PyLong_CheckExact(peerObj)) return 0;
+  const py::object handles = held(self->slot, 1);
+  long me = PyLong_AsLong(PyList_GET_ITEM(self->slot, 0));
+  if (!PyList_Check(handles.ptr()) || !PyLong_CheckExact(peerObj)) return 0;
   long peer = PyLong_AsLong(peerObj);
-  if (peer < 0 || peer >= PyList_GET_SIZE(handles)) {
+  if (peer < 0 || peer >= PyList_GET_SIZE(handles.ptr())) {
     PyErr_Clear();
     return 0;
   }
-  PyObject* cap = PyList_GET_ITEM(handles, peer);
-  if (!PyCapsule_CheckExact(cap) || !py::isinstance<py::array>(x)) return 0;
+  const py::object cap = held(handles.ptr(), peer);
+  if (!PyCapsule_CheckExact(cap.ptr()) || !py::isinstance<py::array>(x)) return 0;
   auto a = py::reinterpret_borrow<py::array>(x);
   int code = numpyDtypeCode(a.dtype());
   if (code < 0 || !(a.flags() & py::array::c_style) || a.size() == 0 ||
       (!sending && !a.writeable()))
     return 0;
-  long me = PyLong_AsLong(PyList_GET_ITEM(self->slot, 0));
   int root = sending ? (me < peer ? 0 : 1) : (peer < me ? 0 : 1);
   void* ptr = const_cast<void*>(a.data());
   auto count = static_cast<size_t>(a.size());
@@ -122,15 +128,15 @@ PyObject* call(PyObject* o, PyObject* const* args, size_t nargsf, PyObject* kwna
   Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
   if (kwnames == nullptr) {
     int done = 0;
-    PyObject* cap = PyList_GET_ITEM(self->slot, 0);
-    if (self->kind == kBarrier && nargs == 0 && PyCapsule_CheckExact(cap)) {
+    const py::object cap = held(self->slot, 0);
+    if (self->kind == kBarrier && nargs == 0 && PyCapsule_CheckExact(cap.ptr())) {
       ++self->hits;
       return runNative(cap, [](const rr_native_api& api, void* h, unsigned site) {
         return api.barrier(h, site);
       });
     }
     try {  // pybind11's numpy accessors may throw: never past this C entry point
-      if (self->kind == kAllreduce && nargs == 1 && PyCapsule_CheckExact(cap))
+      if (self->kind == kAllreduce && nargs == 1 && PyCapsule_CheckExact(cap.ptr()))
         done = fastAllreduce(self, cap, args[0]);
       else if ((self->kind == kSend || self->kind == kRecv) && nargs == 2)
         done = fastP2P(self, args[0], args[1]);
