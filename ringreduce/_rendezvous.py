@@ -486,15 +486,18 @@ def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None
 def fail_setup(store: Any, rank: int, world: int, prefix: str | None,
                error: Exception) -> None:
     """This rank failed before it could publish its address (a bad interface name, too few
-    descriptors, no port to listen on): tell the others now -- they waited for its address
-    until the connect timeout. prefix: a group's; None: this init's (counted as exchange()
-    counts it, so a later init() of this process meets the others' next one)."""
+    descriptors): tell the others now, not at their connect timeout -- unless the store is
+    another launched job's (on this MASTER_PORT by mistake). prefix: a group's; None: this
+    init's (counted as exchange() counts it: a later init() meets the others' next one)."""
     if prefix is None:
         _count_init(store)
     told = f"rank {rank} could not start: {error}"
+    p = _world_prefix(store) if prefix is None else prefix
     with contextlib.suppress(Exception):  # the original error is what matters here
-        _store_wait.fail(store, _world_prefix(store) if prefix is None else prefix,
-              ValueError(told) if isinstance(error, ValueError) else _rr_error(told))
+        if prefix is None and rank and _env.run_id() and _another_job(store, p, 2.0):
+            return
+        _store_wait.fail(store, p, ValueError(told) if isinstance(error, ValueError)
+                         else _rr_error(told))
         if rank == 0 and prefix is None:  # this process may host the store and exit next
             _linger(store, world)
 

@@ -269,3 +269,25 @@ def test_exit_waits_for_a_store_connect_whose_wait_ctrl_c_cut_short() -> None:
     assert r.returncode == 0, r.stderr
     words = r.stdout.split()
     assert words[0] == "waited" and float(words[1]) >= 2.9 and words[3] == "0", r.stdout
+
+
+@pytest.mark.parametrize("theirs,told", [("other-job", False), ("this-job", True)])
+def test_a_rank_that_cannot_start_tells_only_its_own_job(monkeypatch: pytest.MonkeyPatch,
+                                                        theirs: str, told: bool) -> None:
+    """A launched rank refusing its settings before the rendezvous (a bad RINGREDUCE_*
+    value) posted "could not start" into the store at MASTER_PORT -- another job's, when
+    started on its port by mistake: that job's set-up failed on it. Not where rank 0's
+    settings carry another TORCHELASTIC_RUN_ID."""
+    import torch.distributed as dist
+
+    from ringreduce import _rendezvous
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "this-job")
+    monkeypatch.setattr(_rendezvous, "_GENERATIONS", {})
+    store = dist.HashStore()
+    store.set("ringreduce/1/cfg/0", f"RINGREDUCE_ALGO=auto;TORCHELASTIC_RUN_ID={theirs}")
+    _rendezvous.fail_setup(store, 1, 3, None, ValueError("RINGREDUCE_ALGO='no' is not ..."))
+    assert _rendezvous._world_prefix(store) == "ringreduce/1/"
+    assert store.check(["ringreduce/1/failed"]) is told
+    if told:
+        assert "rank 1 could not start: RINGREDUCE_ALGO=" in store.get("ringreduce/1/failed").decode()
