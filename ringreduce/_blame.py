@@ -9,8 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-# ringreduce/run.py sets it (its PEER_FAILURES_VAR: the same name; that file runs standalone).
-PEER_FAILURES_VAR = "RINGREDUCE_RUN_PEER_FAILURES"
+from . import _env
 
 
 def is_secondary(e: BaseException, peer_failure: type[BaseException]) -> bool:
@@ -35,7 +34,7 @@ def mark_peer_failures(peer_failure: type[BaseException]) -> None:
     the rank that failed first, not one that failed because of it. Told through a file, not
     read from the traceback's text: other hooks reformat it (torch prefixes every line with
     "[rankN]: "), and with --no-prefix the launcher does not see the ranks' output."""
-    folder = os.environ.get(PEER_FAILURES_VAR)
+    folder = _env.peer_failures_folder()
     if not folder:
         return
     previous = sys.excepthook

@@ -527,3 +527,17 @@ def test_a_misspelt_variable_is_warned_about_once(caplog: pytest.LogCaptureFixtu
     want = ("RINGREDUCE_TIMEOUTS is not a ringreduce setting and is ignored; did you mean "
             "RINGREDUCE_TIMEOUT? (ringreduce-run --help lists them)")
     assert said == [want], said
+
+
+@pytest.mark.parametrize("env,want", [
+    ({"LOCAL_RANK": "2", "SLURM_LOCALID": "5"}, 2),  # torchrun's first
+    ({"OMPI_COMM_WORLD_LOCAL_RANK": "1"}, 1),
+    ({"SLURM_LOCALID": "3"}, 3),
+    ({"PMI_LOCAL_RANK": "4"}, 4),
+    ({}, 0),
+    ({"LOCAL_RANK": "x"}, 0),
+])
+def test_local_rank_from_any_launcher(env: dict, want: int) -> None:
+    """NcclCommunicator's default device: it read LOCAL_RANK only (GPU 0 for every rank of
+    an mpirun or srun job)."""
+    assert env_mod.local_rank(env) == want

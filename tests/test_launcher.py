@@ -570,9 +570,9 @@ def test_forked_children_cannot_use_or_end_the_parents_communicator(api: str) ->
 def test_python_m_ringreduce_run_does_not_warn() -> None:
     """`python -m ringreduce.run` (ringreduce-bench -n N runs it) warned that the module was
     already imported: `import ringreduce` imported it for the ranks' exit hook."""
-    from ringreduce import _blame, run
+    from ringreduce import _env, run
 
-    assert _blame.PEER_FAILURES_VAR == run.PEER_FAILURES_VAR
+    assert _env.PEER_FAILURES_VAR == run.PEER_FAILURES_VAR
     r = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "ringreduce.run",
                         "-n", "1", _script("output.py")], capture_output=True, text=True,
                        timeout=50, check=False)

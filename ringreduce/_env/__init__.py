@@ -3,7 +3,8 @@
 Everything ringreduce learns from environment variables comes through here:
 
 * :func:`detect_launch` -- rank / world size / local rank and the rendezvous address, from
-  torchrun (and ``ringreduce-run``), Open MPI, SLURM or MPICH/Hydra PMI variables;
+  torchrun (and ``ringreduce-run``), Open MPI, SLURM or MPICH/Hydra PMI variables (and
+  :func:`local_rank`, :func:`run_id`, :func:`restart_count`, :func:`peer_failures_folder`);
 * :func:`tunables` -- every ``RINGREDUCE_*`` knob as :class:`Tunables`, built from the one
   table declaring each with its variable name, default, type and meaning
   (``csrc/core/tunables.def``, exported by the extension as ``_C.TUNABLES``);
@@ -18,10 +19,13 @@ and nothing outside the standard library.
 from __future__ import annotations
 
 from .launch import (
+    PEER_FAILURES_VAR,
     LaunchInfo,
     detect_launch,
     expand_hostlist,
     launch_given,
+    local_rank,
+    peer_failures_folder,
     restart_count,
     run_id,
 )
@@ -42,6 +46,7 @@ from .tunables import (
 __all__ = [
     "FAULT_COLLECTIVES",
     "MAX_WAIT_S",
+    "PEER_FAILURES_VAR",
     "LaunchInfo",
     "Tunables",
     "check_seconds",
@@ -53,6 +58,8 @@ __all__ = [
     "is_set",
     "job_wide",
     "launch_given",
+    "local_rank",
+    "peer_failures_folder",
     "resolve",
     "restart_count",
     "run_id",

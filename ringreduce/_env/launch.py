@@ -354,6 +354,25 @@ def run_id(env: Mapping[str, str] | None = None) -> str:
     return (os.environ if env is None else env).get("TORCHELASTIC_RUN_ID", "")
 
 
+def local_rank(env: Mapping[str, str] | None = None) -> int:
+    """This process's rank on its host as the first launcher variable that gives one says
+    (torchrun's LOCAL_RANK, Open MPI's, SLURM's, Hydra's), else 0."""
+    env = os.environ if env is None else env
+    raw = next((v for v in (env.get(n, "").strip() for n in _LOCAL_RANK_VARS) if v), "0")
+    return int(raw) if raw.isdigit() else 0
+
+
+# The notes folder ringreduce-run gives its ranks (ringreduce/run.py's PEER_FAILURES_VAR:
+# the same name; that file runs standalone): _blame marks an exit on another rank's failure.
+PEER_FAILURES_VAR = "RINGREDUCE_RUN_PEER_FAILURES"
+
+
+def peer_failures_folder(env: Mapping[str, str] | None = None) -> str:
+    """Where this rank of ringreduce-run marks an exit on another rank's failure ("": not
+    under ringreduce-run)."""
+    return (os.environ if env is None else env).get(PEER_FAILURES_VAR, "")
+
+
 def restart_count(env: Mapping[str, str] | None = None) -> str:
     """Which attempt of a torchrun job this is (TORCHELASTIC_RESTART_COUNT; "0": the first)."""
     return (os.environ if env is None else env).get("TORCHELASTIC_RESTART_COUNT", "0")

@@ -4,7 +4,6 @@ gpu.device."""
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable
 
 from .. import _env
@@ -79,9 +78,10 @@ class NcclCommunicator:
     """Collectives on CUDA buffers through NCCL, on the caller's current stream.
 
     ``store`` is any torch.distributed Store (rank 0 publishes the NCCL unique id there).
-    ``device`` defaults to LOCAL_RANK modulo the visible devices. ``timeout`` bounds init
-    and every collective: past it the communicator is aborted and the call (or the next
-    one) raises CollectiveTimeout naming the collective -- a dead peer never hangs a rank.
+    ``device`` defaults to the local rank (LOCAL_RANK, or the MPI/SLURM one) modulo the
+    visible devices. ``timeout`` bounds init and every collective: past it the communicator
+    is aborted and the call (or the next one) raises CollectiveTimeout naming the collective
+    -- a dead peer never hangs a rank.
 
     Sync calls (async_op=False) only enqueue: later work on the same stream is ordered after
     them, as with torch's NCCL backend; async calls return a :class:`GpuWork`.
@@ -100,7 +100,7 @@ class NcclCommunicator:
             if not ok:
                 raise CudaUnavailable(reason)
             count = _gpu.cuda_device_status()[0]
-            device = int(os.environ.get("LOCAL_RANK", "0")) % count
+            device = _env.local_rank() % count
         require_cuda_device(device)  # "no CUDA device" before anything NCCL
         load_nccl()
         NcclCommunicator._generation += 1
