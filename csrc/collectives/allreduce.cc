@@ -43,7 +43,7 @@ void run(Communicator& c, void* buf, const Segments* segs, size_t count, DataTyp
   args.accElem = elementSize(accumulateType(dtype));
   args.reduceFn = reduce::getReduceFn(accumulateType(dtype), op);
   const bool shmLarge =
-      (a == Algorithm::kShm || a == Algorithm::kHier) && bytes > c.shm()->config().smallMax;
+      (a == Algorithm::kShm || a == Algorithm::kHier) && !shmOneRound(c, bytes);
   if ((a == Algorithm::kRing || a == Algorithm::kTree) && halfOnWire(c, dtype)) {
     args.halfWire = true;  // acc stays the user's buffer: 16-bit partials on the wire
     args.accElem = elementSize(dtype);
@@ -132,7 +132,7 @@ void allreduceCoalesced(Communicator& c, const std::vector<Piece>& pieces, DataT
   const Algorithm a = planAllreduce(c, algo, bytes);
   if (segs.pieces() == 1) {
     run(c, segs.contiguous(0, bytes), nullptr, count, dtype, op, algo, a);
-  } else if (a == Algorithm::kShm && bytes > c.shm()->config().smallMax && !overlap(pieces, es)) {
+  } else if (a == Algorithm::kShm && !shmOneRound(c, bytes) && !overlap(pieces, es)) {
     run(c, nullptr, &segs, count, dtype, op, algo, a);  // in place, no flat copy
   } else {
     // Every other path works on one buffer: through a flat copy (the same frames and

@@ -48,7 +48,7 @@ void alltoall(Communicator& c, const void* in, const size_t* sendCounts, const s
   // Shared memory when every rank is on this host and the size table fits one line.
   const Algorithm a = planDirect(
       c, CollectiveKind::kAllToAll, total,
-      c.shmAll() && static_cast<size_t>(n) * 8 <= c.shm()->config().smallMax);
+      c.shmAll() && shmOneRound(c, static_cast<size_t>(n) * 8));
   const bool viaShm = a == Algorithm::kShm;
   if (ownBytes > 0 && ownDst != ownSrc) {
     if (viaShm && !ownOverlaps)

@@ -130,11 +130,15 @@ Algorithm planDirect(Communicator& c, CollectiveKind kind, size_t bytes, bool sh
                 kind == CollectiveKind::kAllToAll ? "pairwise exchange" : "direct");
 }
 
+bool shmOneRound(Communicator& c, size_t lineBytes) {
+  return lineBytes <= c.shm()->config().smallMax;
+}
+
 Algorithm planGatherAll(Communicator& c, CollectiveKind kind, size_t bytes, size_t lineBytes) {
   if (c.shmAll())
     return logged(c, kind, bytes, Algorithm::kShm,
-                  lineBytes <= c.shm()->config().smallMax ? "one host, one line round"
-                                                          : "one host, pipelined chunk slots");
+                  shmOneRound(c, lineBytes) ? "one host, one line round"
+                                            : "one host, pipelined chunk slots");
   return logged(c, kind, bytes, Algorithm::kRing, "TCP ring");
 }
 

@@ -26,6 +26,11 @@ Algorithm planReduce(Communicator& c, size_t bytes);
 // `shmOk`: the collective's shared-memory path can take this call.
 Algorithm planDirect(Communicator& c, CollectiveKind kind, size_t bytes, bool shmOk = true);
 
+// Shared memory's variant, decided here for every collective that has both: one round
+// through the ranks' lines when what a line must carry (`lineBytes`) fits one
+// (ShmConfig::smallMax), else pipelined chunk slots.
+bool shmOneRound(Communicator& c, size_t lineBytes);
+
 // All-gather, reduce-scatter: kShm on one host (one line round when `lineBytes`, what each
 // rank's line must carry, fits the line; else pipelined chunk slots), else kRing over TCP.
 Algorithm planGatherAll(Communicator& c, CollectiveKind kind, size_t bytes, size_t lineBytes);

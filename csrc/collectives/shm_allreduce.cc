@@ -24,6 +24,7 @@
 #include <string>
 
 #include "collectives/allreduce_impl.h"
+#include "collectives/planner.h"
 #include "collectives/shm_algos.h"
 #include "collectives/segments.h"
 #include "collectives/shm_common.h"
@@ -223,7 +224,7 @@ void large(comm::Communicator& c, const transport::FrameHeader& h, const Allredu
 
 void allreduce(comm::Communicator& c, const transport::FrameHeader& h, const AllreduceArgs& a) {
   const size_t bytes = a.count * elementSize(a.dtype);
-  if (bytes <= c.shm()->config().smallMax)
+  if (shmOneRound(c, bytes))
     small(c, h, a, bytes);
   else
     large(c, h, a);

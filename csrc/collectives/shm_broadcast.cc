@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "collectives/planner.h"
 #include "collectives/shm_algos.h"
 #include "collectives/shm_common.h"
 #include "core/chunking.h"
@@ -30,7 +31,8 @@ void broadcast(comm::Communicator& c, const transport::FrameHeader& h, char* buf
                int root) {
   ShmDomain& d = *c.shm();
   const int me = d.rank();
-  if (bytes <= d.config().smallMax && c.options().p2pChannel) {
+  const bool oneRound = shmOneRound(c, bytes);
+  if (oneRound && c.options().p2pChannel) {
     // A point-to-point message (the root is the sender): eager, see lineSend.
     if (me == root) {
       lineSend(c, h, buf, bytes);
@@ -42,7 +44,7 @@ void broadcast(comm::Communicator& c, const transport::FrameHeader& h, char* buf
     }
     return;
   }
-  if (bytes <= d.config().smallMax) {
+  if (oneRound) {
     const uint64_t rd = lineRound(c, h, me == root ? buf : nullptr, me == root ? bytes : 0);
     if (me != root) std::memcpy(buf, d.linePayload(root, rd), bytes);
     lineRelease(c, rd);

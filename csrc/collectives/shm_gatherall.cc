@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "collectives/planner.h"
 #include "collectives/shm_algos.h"
 #include "collectives/shm_common.h"
 #include "core/chunking.h"
@@ -129,7 +130,7 @@ void allgather(comm::Communicator& c, const transport::FrameHeader& h, const cha
                char* out, size_t bytes) {
   ShmDomain& d = *c.shm();
   const int me = d.rank(), n = d.world();
-  if (bytes <= d.config().smallMax) {
+  if (shmOneRound(c, bytes)) {
     allgatherSmall(c, h, in, out, bytes);
   } else {
     const size_t cb = d.config().copyBytes;
@@ -151,7 +152,7 @@ void reduceScatter(comm::Communicator& c, const transport::FrameHeader& h, const
   ShmDomain& d = *c.shm();
   const int me = d.rank(), n = d.world();
   const size_t es = elementSize(dtype), block = count * es;
-  if (block * static_cast<size_t>(n) <= d.config().smallMax) {
+  if (shmOneRound(c, block * static_cast<size_t>(n))) {
     reduceScatterSmall(c, h, in, out, count, dtype, op);
   } else {
     // (n - 1) pieces of ce elements per slot, each piece 64-byte aligned.

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "collectives/planner.h"
 #include "collectives/shm_algos.h"
 #include "collectives/shm_common.h"
 #include "core/chunking.h"
@@ -53,7 +54,7 @@ void gather(comm::Communicator& c, const transport::FrameHeader& h, const char* 
             size_t bytes, int root) {
   ShmDomain& d = *c.shm();
   const int me = d.rank(), n = d.world();
-  if (bytes <= d.config().smallMax) {  // every block rides in its rank's line: one round
+  if (shmOneRound(c, bytes)) {  // every block rides in its rank's line: one round
     const uint64_t rd = lineRound(c, h, me == root ? nullptr : in, me == root ? 0 : bytes);
     if (me == root)
       for (int p = 0; p < n; ++p)
@@ -110,7 +111,7 @@ void scatter(comm::Communicator& c, const transport::FrameHeader& h, const char*
   ShmDomain& d = *c.shm();
   const int me = d.rank(), n = d.world();
   const size_t all = static_cast<size_t>(n) * bytes;
-  if (all <= d.config().smallMax) {  // every block rides in the root's line: one round
+  if (shmOneRound(c, all)) {  // every block rides in the root's line: one round
     const uint64_t rd = lineRound(c, h, me == root ? in : nullptr, me == root ? all : 0);
     if (me != root) std::memcpy(out, d.linePayload(root, rd) + static_cast<size_t>(me) * bytes, bytes);
     else keepRootBlock(in, out, bytes, me);

@@ -6,12 +6,12 @@
 #include <errno.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/interrupt.h"
+#include "core/spin.h"
 
 namespace rr::comm {
 
@@ -61,13 +61,8 @@ void Communicator::waitIo(int sendPeer, int recvPeer) {
   if (hb_) hb_->setWaiting(waitingFor);
   // Spin phase (see Options::spinUs), for latency-bound collectives only: a large transfer
   // waits often and amortises wake-ups, and spinning would take CPU from the network stack.
-  if (spinAllowed_ && opts_.spinUs > 0 && bytesTotal_ <= kSpinMaxBytes) {
-    auto until = std::chrono::steady_clock::now() +
-                 std::chrono::nanoseconds(static_cast<int64_t>(opts_.spinUs * 1000));
-    do {
-      if (::poll(pfds_.data(), pfds_.size(), 0) > 0) break;
-    } while (std::chrono::steady_clock::now() < until);
-  }
+  if (spinAllowed_ && bytesTotal_ <= kSpinMaxBytes)
+    spinFor(opts_.spinUs, 1, [this] { return ::poll(pfds_.data(), pfds_.size(), 0) > 0; });
   while (true) {
     const int n = pollWaits();
     if (n == 0) {

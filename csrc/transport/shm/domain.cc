@@ -7,20 +7,13 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <new>
 
 #include "core/error.h"
+#include "core/spin.h"
 #include "transport/shm/cma.h"
 #include "transport/shm/liveness.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define RR_CPU_RELAX() _mm_pause()
-#else
-#define RR_CPU_RELAX() __asm__ __volatile__("" ::: "memory")
-#endif
 
 namespace rr::transport::shm {
 namespace {
@@ -239,28 +232,19 @@ void ShmDomain::finishGrow(bool everyone) {
 void ShmDomain::waitUntil(const std::function<bool()>& ready, const std::function<void()>& check,
                           bool spin) {
   if (ready()) return;
+  auto relaxed = [&ready] {
+    RR_CPU_RELAX();
+    return ready();
+  };
   if (spin && cfg_.spinUs > 0) {
-    for (int i = 0; i < 256; ++i) {  // a peer about to arrive: no clock read (~25 ns on a VM)
-      RR_CPU_RELAX();
-      if (ready()) return;
-    }
-    const auto until = std::chrono::steady_clock::now() +
-                       std::chrono::nanoseconds(static_cast<int64_t>(cfg_.spinUs * 1000));
-    do {
-      for (int i = 0; i < 64; ++i) {
-        RR_CPU_RELAX();
-        if (ready()) return;
-      }
-    } while (std::chrono::steady_clock::now() < until);
-  } else if (spin && cfg_.yieldUs > 0) {
-    const auto until = std::chrono::steady_clock::now() +
-                       std::chrono::nanoseconds(static_cast<int64_t>(cfg_.yieldUs * 1000));
-    do {
-      for (int i = 0; i < 16; ++i) {
-        ::sched_yield();
-        if (ready()) return;
-      }
-    } while (std::chrono::steady_clock::now() < until);
+    for (int i = 0; i < 256; ++i)  // a peer about to arrive: no clock read
+      if (relaxed()) return;
+    if (spinFor(cfg_.spinUs, 64, relaxed)) return;
+  } else if (spin && spinFor(cfg_.yieldUs, 16, [&ready] {
+               ::sched_yield();
+               return ready();
+             })) {
+    return;
   }
   for (int i = 0; i < cfg_.yieldIters; ++i) {
     ::sched_yield();
