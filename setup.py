@@ -29,6 +29,7 @@ from pybind11.setup_helpers import ParallelCompile, Pybind11Extension
 from setuptools import find_packages, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
+from setuptools.command.editable_wheel import editable_wheel
 from setuptools.command.sdist import sdist
 
 ROOT = Path(__file__).parent.resolve()
@@ -281,15 +282,33 @@ class BuildPyWithAdapter(build_py):
             shutil.copy2(ROOT / "csrc" / "torch_adapter" / name, dst)
 
 
+_TOP_LEVEL = {name: f"ringreduce/_toplevel/{name}"
+              for name in ("_ringreduce_autoload", "_ringreduce_run")}
+
+
+class EditableWheel(editable_wheel):
+    """A compat editable install (``--config-settings editable_mode=compat``) is a .pth of
+    folders: setuptools' names only the project's root, where the two top-level packages
+    are not, so `import torch` failed (torch raises when a backend's entry point does not
+    import). Their folder goes in too. (setuptools' strategy object is private: a version
+    without `path_entries` installs as before.)"""
+
+    def _select_strategy(self, name: str, tag: str, build_lib: str) -> object:
+        strategy = super()._select_strategy(name, tag, build_lib)
+        entries = getattr(strategy, "path_entries", None)
+        if isinstance(entries, list):
+            entries.append(ROOT / "ringreduce" / "_toplevel")
+        return strategy
+
 _NVCC = _cuda_wanted()
 CudaBuildExt.nvcc = _NVCC
 setup(ext_modules=[ext],
       cmdclass={"build_ext": BuildExt if _NVCC is None else CudaBuildExt,
-                "build_py": BuildPyWithAdapter, "sdist": SdistAll},
+                "build_py": BuildPyWithAdapter, "sdist": SdistAll,
+                "editable_wheel": EditableWheel},
       # torch's entry point and ringreduce-run's (pyproject.toml) load top-level packages of
       # their own, so that loading them never imports ringreduce (see the two __init__.py).
-      packages=find_packages(include=["ringreduce*"],
-                             exclude=["ringreduce._torch_hook", "ringreduce._run_shim"])
-      + ["_ringreduce_autoload", "_ringreduce_run"],
-      package_dir={"_ringreduce_autoload": "ringreduce/_torch_hook",
-                   "_ringreduce_run": "ringreduce/_run_shim"})
+      # Each lives in a folder of its own name under ringreduce/_toplevel (no package), which
+      # a compat editable install puts on sys.path (EditableWheel).
+      packages=find_packages(include=["ringreduce*"]) + list(_TOP_LEVEL),
+      package_dir=_TOP_LEVEL)

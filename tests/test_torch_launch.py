@@ -114,6 +114,50 @@ def test_a_ringreduce_that_fails_to_import_does_not_break_import_torch(tmp_path)
 
 
 
+def _compat_pth_entries() -> list[str]:
+    """The folders a compat editable install's .pth names (setup.py's own editable_wheel
+    command, asked without installing anything)."""
+    import runpy
+    import warnings
+
+    import setuptools
+    from setuptools.dist import Distribution
+
+    kw: dict = {}
+    real, setuptools.setup = setuptools.setup, lambda **k: kw.update(k)
+    try:
+        runpy.run_path(str(Path(__file__).resolve().parent.parent / "setup.py"),
+                       run_name="setup_under_test")
+    finally:
+        setuptools.setup = real
+    cmd = kw["cmdclass"]["editable_wheel"](Distribution(
+        {"name": "ringreduce", "packages": kw["packages"], "package_dir": kw["package_dir"]}))
+    cmd.mode, cmd.package_dir = "compat", kw["package_dir"]
+    cmd.project_dir = str(Path(__file__).resolve().parent.parent)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # setuptools: compat mode is transitional
+        return [str(p) for p in cmd._select_strategy("ringreduce-0", "py3-none-any", "b")
+                .path_entries]
+
+
+@pytest.mark.timeout(90)
+def test_a_compat_editable_install_keeps_import_torch_working(tmp_path) -> None:
+    """`pip install -e . --config-settings editable_mode=compat` is a .pth of folders;
+    setuptools' named only the project's root, where the top-level packages of torch's entry
+    point and of ringreduce-run are not: `import torch` raised "Failed to load the backend
+    extension: ringreduce" (found by hand). Here sys.path holds what that .pth gives, and
+    nothing of this checkout's own install."""
+    entries = _compat_pth_entries()
+    code = ("import sys\n"
+            "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f)]\n"
+            f"sys.path += {entries!r}\n"
+            "import torch.distributed as dist, _ringreduce_run\n"
+            "print('RINGREDUCE' in dist.Backend._plugins, callable(_ringreduce_run.main))\n")
+    p = subprocess.run([sys.executable, "-c", code], env=_env(), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert p.returncode == 0 and p.stdout.split() == ["True", "True"], p.stdout + p.stderr
+
+
 @pytest.mark.timeout(90)
 def test_bad_tunable_breaks_neither_torch_nor_the_launcher() -> None:
     """`import torch` imports ringreduce (the entry point): a bad RINGREDUCE_* value must not
