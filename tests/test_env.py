@@ -271,7 +271,9 @@ def test_bad_tunables(name: str, raw: str, allowed: str) -> None:
 
 
 @pytest.mark.parametrize("env, message", [
-    ({"RINGREDUCE_SEGMENT_BYTES": "1"}, "RINGREDUCE_SEGMENT_BYTES=1: expected at least 64"),
+    ({"RINGREDUCE_SEGMENT_BYTES": "1"}, "RINGREDUCE_SEGMENT_BYTES=1: expected 64 bytes to 1G"),
+    # was accepted: std::bad_alloc at the first ring step, blaming the buffer (a helper)
+    ({"RINGREDUCE_SEGMENT_BYTES": "100G"}, "RINGREDUCE_SEGMENT_BYTES=107374182400: expected"),
     ({"RINGREDUCE_FULL_MESH_MAX": "99999999999999999999"}, "RINGREDUCE_FULL_MESH_MAX="),
     ({"RINGREDUCE_HEARTBEAT_INTERVAL": "10"},
      "RINGREDUCE_HEARTBEAT_INTERVAL=10 must be shorter than RINGREDUCE_HEARTBEAT_TIMEOUT=4"),
@@ -527,6 +529,25 @@ def test_a_misspelt_variable_is_warned_about_once(caplog: pytest.LogCaptureFixtu
     want = ("RINGREDUCE_TIMEOUTS is not a ringreduce setting and is ignored; did you mean "
             "RINGREDUCE_TIMEOUT? (ringreduce-run --help lists them)")
     assert said == [want], said
+
+
+
+def test_an_abbreviated_setting_is_named(caplog: pytest.LogCaptureFixture) -> None:
+    """RINGREDUCE_SEGMENT=1M got no hint (no close spelling): the setting it begins is."""
+    tmod = importlib.import_module("ringreduce._env.tunables")
+    tmod._WARNED.discard("RINGREDUCE_SEGMENT")
+    with caplog.at_level(logging.WARNING, logger="ringreduce"):
+        tmod.tunables({"RINGREDUCE_SEGMENT": "1M"})
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "did you mean RINGREDUCE_SEGMENT_BYTES?" in said[0], said
+
+
+def test_job_wide_line_has_the_tuning_fit_and_bools_as_numbers() -> None:
+    t = env_mod.tunables({"RINGREDUCE_CHECKSUM": "1"})
+    line = dict(kv.split("=", 1) for kv in env_mod.job_wide(t, {"alpha_us": 3.5}).split(";"))
+    assert line["RINGREDUCE_CHECKSUM"] == "1" and line["RINGREDUCE_CMA"] == "1", line
+    assert line["RINGREDUCE_TUNING_FILE's alpha_us"] == "3.5", line
+    assert line["RINGREDUCE_TUNING_FILE's beta_ns_per_byte"] == "built-in", line
 
 
 @pytest.mark.parametrize("env,want", [

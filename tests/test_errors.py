@@ -384,12 +384,21 @@ def test_wrong_secret_is_refused(world: int) -> None:
     ("RINGREDUCE_HEARTBEAT_INTERVAL", ("3", None)),  # was "rank 1 stopped responding"
     ("RINGREDUCE_HEARTBEAT_TIMEOUT", ("1", None)),
     ("RINGREDUCE_CHECKSUM", ("1", None)),  # a rank that checksums refuses frames without
+    ("RINGREDUCE_CMA", ("0", None)),  # a root's 1 read a receiver's buffer that had said 0
+    # one rank's fit (another file, or none): "algorithm mismatch ... pass the same algo="
+    ("RINGREDUCE_TUNING_FILE's alpha_us", ("tuning.json", None)),
     # Rank 0 draws one; rank 1's own failed every handshake: rank 0 waited out the connect
     # timeout, rank 2 blamed rank 1 as crashed.
     ("RINGREDUCE_SECRET", (None, "b")),
 ])
-def test_job_wide_settings_that_differ_are_named_at_init(var: str, values: tuple) -> None:
-    rank_env = {r: {var: v} for r, v in enumerate(values) if v is not None}
+def test_job_wide_settings_that_differ_are_named_at_init(var: str, values: tuple,
+                                                         tmp_path: Path) -> None:
+    if var.startswith("RINGREDUCE_TUNING_FILE"):
+        fit = tmp_path / values[0]
+        fit.write_text('{"alpha_us": 100000, "beta_ns_per_byte": 0.1}')
+        rank_env = {0: {"RINGREDUCE_TUNING_FILE": str(fit)}}
+    else:
+        rank_env = {r: {var: v} for r, v in enumerate(values) if v is not None}
     outs = run_world_raw(3, error_workers.init_only, timeout=40, init=False,
                          rank_env=rank_env)
     story = "\n".join(o.describe() for o in outs)

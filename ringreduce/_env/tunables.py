@@ -263,8 +263,10 @@ def _warn_unknown(env: Mapping[str, str]) -> None:
             continue
         _WARNED.add(name)
         tail = len("RINGREDUCE_")  # compared without the prefix every name shares
-        close = difflib.get_close_matches(name[tail:], sorted(k[tail:] for k in known), n=1,
-                                          cutoff=0.75)
+        names = sorted(k[tail:] for k in known)
+        # A close spelling, else the one setting it abbreviates (RINGREDUCE_SEGMENT)
+        close = difflib.get_close_matches(name[tail:], names, n=1, cutoff=0.75) or \
+            [k for k in names if k.startswith(name[tail:])][:1]
         logging.getLogger("ringreduce").warning(
             "%s is not a ringreduce setting and is ignored%s (ringreduce-run --help lists "
             "them)", name, f"; did you mean RINGREDUCE_{close[0]}?" if close else "")
@@ -287,9 +289,9 @@ def is_set(name: str, env: Mapping[str, str] | None = None) -> bool:
 def _cross_check(t: Any) -> Any:
     """Values fine alone but not together, or outside what the core accepts."""
     default = {f.name: f.default for f in dataclasses.fields(Tunables)}
-    if t.segment_bytes < 64:
-        raise ValueError(f"RINGREDUCE_SEGMENT_BYTES={t.segment_bytes}: expected at least 64 "
-                         f"bytes (the default is {default['segment_bytes'] / 1024:g}K)")
+    if not 64 <= t.segment_bytes <= 1 << 30:  # 100G: std::bad_alloc at the first ring step
+        raise ValueError(f"RINGREDUCE_SEGMENT_BYTES={t.segment_bytes}: expected 64 bytes to "
+                         f"1G (the default is {default['segment_bytes'] / 1024:g}K)")
     if t.heartbeat_interval < 0.01:  # 1e-9 made an idle rank burn a quarter of a core
         raise ValueError(f"RINGREDUCE_HEARTBEAT_INTERVAL={t.heartbeat_interval:g}: expected "
                          f"at least 0.01 seconds (the default is "
@@ -312,17 +314,25 @@ def _cross_check(t: Any) -> Any:
 # them (ringreduce._rendezvous) and names the variable; before, a difference surfaced as a
 # "frame size mismatch" or "pass the same algo=" that blamed the program (found by a helper).
 # The heartbeat pair too: one rank's interval above another's timeout made a live rank
-# "stop responding" (each rank checks only its own pair).
+# "stop responding" (each rank checks only its own pair). CMA: a scatter's or broadcast's
+# root decides for all its receivers, so one rank's 0 did not keep it from reading in place.
 JOB_WIDE = ("transport", "algo", "segment_bytes", "half_wire", "tree_threshold_bytes",
             "full_mesh_max", "group_links", "heartbeat_interval", "heartbeat_timeout",
-            "checksum")
+            "checksum", "cma")
+# The cost model's fit (RINGREDUCE_TUNING_FILE): ranks that read different files -- or one
+# that found none -- planned different algorithms ("algorithm mismatch ... pass the same
+# algo=", which blamed the program; a helper).
+TUNING_FIT = ("alpha_us", "beta_ns_per_byte")
 
 
 def job_wide(t: Any, options: Mapping[str, Any]) -> str:
     """This rank's job-wide settings as one line ("RINGREDUCE_X=v;..."): the parsed values
-    (512K and 524288 agree), the core's where init's arguments set them."""
+    (512K and 524288 agree; booleans as 1 and 0), the core's where init's arguments or the
+    tuning file set them."""
     env = {f.name: f.metadata["env"] for f in dataclasses.fields(t)}
-    return ";".join(f"{env[k]}={options.get(k, getattr(t, k))}" for k in JOB_WIDE)
+    shown = [(env[k], options.get(k, getattr(t, k))) for k in JOB_WIDE]
+    shown += [(f"RINGREDUCE_TUNING_FILE's {k}", options.get(k, "built-in")) for k in TUNING_FIT]
+    return ";".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in shown)
 
 
 def describe_tunables() -> str:
