@@ -218,11 +218,10 @@ def _refuse_second_rank0(dist: Any, addr: str, port: int, world: int) -> str:
 
 def _another_job(store: Any, prefix: str, timeout: float, rank: int | None = None
                  ) -> bool | None:
-    """Whether the init under `prefix` is another job's: its rank 0 published (waited for
-    up to `timeout`) another launcher's job id (_env.run_id) than this process's -- one of
-    them may have none. False without an id on either side (RANK/WORLD_SIZE set by hand):
-    then it is taken for this job's. rank: this rank, waiting as init's ranks wait for the
-    store's keys; else a poll, and None (unknown) when rank 0's settings did not come."""
+    """Whether the init under `prefix` is another job's: its rank 0 published (within
+    `timeout`) another launcher's job id (_env.run_id) than this process's (or none). False
+    without an id on either side (RANK/WORLD_SIZE set by hand). rank: this rank, waiting as
+    init's ranks wait; else a poll, and None (unknown) when rank 0's settings did not come."""
     key = prefix + "cfg/0"
     if rank is not None:
         _wait(store, [key], timeout, rank, "rank 0 to publish its settings", prefix)
@@ -483,8 +482,7 @@ def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None
         raise store_failed(rank, during, e, store) from e
 
 
-def fail_setup(store: Any, rank: int, world: int, prefix: str | None,
-               error: Exception) -> None:
+def fail_setup(store: Any, rank: int, world: int, prefix: str | None, error: Exception) -> None:
     """This rank failed before it could publish its address (a bad interface name, too few
     descriptors): tell the others now, not at their connect timeout -- unless the store is
     another launched job's (on this MASTER_PORT by mistake). prefix: a group's; None: this
@@ -786,10 +784,11 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
     what = "all ranks to publish their addresses" if prefix is None else (
         f"the {world} ranks of {prefix.rstrip('/')} (a group or point-to-point channel being "
         f"set up) to publish their addresses")
-    hint = {} if prefix is None else {"hint": "addr/N: the member of group rank N; did every "
-                                      "member call new_group (or the matching send/recv), in "
-                                      "the same order?"}
-    _wait(store, keys, timeout, rank, what, p, **hint,
+    hint = ("did every rank start, with the same WORLD_SIZE and MASTER_ADDR/MASTER_PORT? Ranks "
+            "that start slowly need a longer RINGREDUCE_CONNECT_TIMEOUT") if prefix is None else (
+        "addr/N: the member of group rank N; did every member call new_group (or the matching "
+        "send/recv), in the same order?")
+    _wait(store, keys, timeout, rank, what, p, hint,
           ranks=list(range(world)) if prefix is None else ranks)
     got = [v.decode() for v in store.multi_get(
         [*keys, *(p + f"{k}/{r}" for k in ("host", "hb", *cfg) for r in range(world)),

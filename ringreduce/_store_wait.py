@@ -107,7 +107,8 @@ def poll_keys(store: Any, keys: list[str], timeout: float, rank: int, what: str,
             missing = [keys[i] for i in gone]
             named = ", ".join(k.rsplit("/", 2)[-2] + "/" + k.rsplit("/", 1)[-1]
                               for k in missing[:8]) + (" ..." if len(missing) > 8 else "")
-            err = timeout_error(f"rank {rank}: timed out after {timeout:.0f} s waiting for "
+            secs = f"{timeout:.0f}" if timeout >= 10 else f"{timeout:.2g}"  # not "0 s"
+            err = timeout_error(f"rank {rank}: timed out after {secs} s waiting for "
                                  f"{what}{': missing ' + named if name_keys else ''} ({hint})")
             late = {ranks[i] for i in gone} if ranks is not None else set()
             if name_keys and late and ranks != list(range(len(keys))):  # a group's: say who

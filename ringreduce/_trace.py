@@ -34,6 +34,22 @@ def trace_path(pattern: str, rank: int, world: int) -> str:
     return f"{root}.rank{rank}{ext or '.json'}"
 
 
+def check_writable(tun: Any, rank: int, world: int) -> None:
+    """RINGREDUCE_TRACE's and RINGREDUCE_FLIGHT_RECORDER's files can be written by this rank:
+    checked at init, not when the job ends or fails -- then a folder that did not exist lost
+    the diagnostics exactly when they were wanted (a helper)."""
+    for var, pattern, path in (
+            ("RINGREDUCE_TRACE", tun.trace, tun.trace and trace_path(tun.trace, rank, world)),
+            ("RINGREDUCE_FLIGHT_RECORDER", tun.flight_recorder,
+             tun.flight_recorder and f"{tun.flight_recorder}.rank{rank}.json")):
+        folder = os.path.dirname(os.path.abspath(path)) if path else ""
+        if path and not (os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK)):
+            raise ValueError(
+                f"{var}={pattern!r}: rank {rank} cannot write {path} (folder {folder} "
+                f"{'is not writable' if os.path.isdir(folder) else 'does not exist'}); "
+                f"create it, or point {var} to a folder every rank can write")
+
+
 def label(text: str) -> None:
     """Mark the moment something happened (e.g. "bucket 3 ready") in this rank's trace."""
     with _LOCK:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as _np
 
-from . import _buffers, _comm, _env, _fds, _rendezvous, _state, groups
+from . import _buffers, _comm, _env, _fds, _rendezvous, _state, _trace, groups
 from ._buffers import algo_code, as_buffer, op_code
 from ._work import Work, _finish
 
@@ -89,6 +89,7 @@ def _init(rank: int | None, world_size: int | None, master_addr: str | None,
     mport = master_port if master_port is not None else info.master_port
     try:
         tun, options = _settings(timeout)
+        _trace.check_writable(tun, rank, world)
         _C.set_log_prefix(f"rank {rank}")
         _C.forget_first_failure()  # an earlier job's failure is not this one's goodbye reason
         if world > 1:  # before the store (rank 0's server needs descriptors too)

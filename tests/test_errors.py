@@ -653,3 +653,19 @@ def test_a_first_message_timeout_names_the_setting_that_set_it(given, env, named
     assert all(o.ok for o in outs), "\n".join(o.describe() for o in outs)
     err = outs[0].value.get("error", "")
     assert err.startswith("CollectiveTimeout") and named in err, outs[0].value
+
+
+@pytest.mark.parametrize("var", ["RINGREDUCE_TRACE", "RINGREDUCE_FLIGHT_RECORDER"])
+def test_an_output_path_that_cannot_be_written_is_refused_at_init(
+        var: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder that does not exist was found only when the job ended or failed: the trace
+    or the flight recorder (wanted exactly then) was lost, with a warning (a helper)."""
+    if rr.is_initialized():
+        rr.destroy()
+    monkeypatch.setenv(var, str(tmp_path / "missing" / "out"))
+    with pytest.raises(ValueError, match=rf"{var}=.*rank 0 cannot write .*does not exist"):
+        rr.init(rank=0, world_size=1)
+    assert not rr.is_initialized()
+    monkeypatch.setenv(var, str(tmp_path / "out"))
+    rr.init(rank=0, world_size=1)
+    rr.destroy()
