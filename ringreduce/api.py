@@ -29,7 +29,7 @@ from ._work import Work, _finish
 
 log = logging.getLogger("ringreduce")
 
-_LEVELS = {"": 1, "WARN": 1, "INFO": 2, "DEBUG": 3, "TRACE": 4}
+_LEVELS = {"OFF": 0, "": 1, "WARN": 1, "INFO": 2, "DEBUG": 3, "TRACE": 4}
 
 
 def init(rank: int | None = None, world_size: int | None = None, *,
@@ -199,7 +199,10 @@ def _check_address(addr: Any, port: Any) -> None:
 
 
 def _configure_logging(level: int) -> None:
-    """RINGREDUCE_DEBUG=INFO|DEBUG|TRACE also shows the Python side's messages on stderr."""
+    """RINGREDUCE_DEBUG=INFO|DEBUG|TRACE also shows the Python side's messages on stderr;
+    OFF keeps its warnings quiet too (the errors it raises still say everything)."""
+    if level == 0:
+        log.setLevel(logging.ERROR)
     if level < 2 or any(getattr(h, "_ringreduce", False) for h in log.handlers):
         return
     h = logging.StreamHandler()

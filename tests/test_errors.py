@@ -669,3 +669,17 @@ def test_an_output_path_that_cannot_be_written_is_refused_at_init(
     monkeypatch.setenv(var, str(tmp_path / "out"))
     rr.init(rank=0, world_size=1)
     rr.destroy()
+
+
+def test_debug_off_quiets_the_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RINGREDUCE_DEBUG=OFF: the core's level 0 existed, but the setting refused it."""
+    import logging
+
+    if rr.is_initialized():
+        rr.destroy()
+    logger = logging.getLogger("ringreduce")
+    monkeypatch.setattr(logger, "level", logger.level)  # restored after the test
+    monkeypatch.setenv("RINGREDUCE_DEBUG", "off")
+    rr.init(rank=0, world_size=1)
+    rr.destroy()
+    assert logger.level == logging.ERROR
