@@ -39,17 +39,29 @@ def _ipv4_from_ip_command(ifname: str) -> str | None:
     return None
 
 
+def _ioctl_ipv4(ifname: str) -> str:
+    import fcntl
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        req = struct.pack("256s", ifname.encode()[:15])
+        return socket.inet_ntoa(fcntl.ioctl(s.fileno(), _SIOCGIFADDR, req)[20:24])
+
+
+def _with_address(name: str) -> str:
+    """"eth0 (10.0.0.2)", or "ifb0 (no IPv4 address)": what the hint lists."""
+    try:
+        return f"{name} ({_ioctl_ipv4(name)})"
+    except (OSError, ImportError):
+        return f"{name} (no IPv4 address)"
+
+
 def _interface_ipv4(ifname: str) -> str:
     names = _interface_names()
-    hint = (f"available interfaces: {', '.join(names) or 'none found'}. Set "
-            "RINGREDUCE_SOCKET_IFNAME to one of them, or unset it to use the interface that "
-            "routes to MASTER_ADDR")
+    hint = (f"available interfaces: {', '.join(map(_with_address, names)) or 'none found'}. "
+            "Set RINGREDUCE_SOCKET_IFNAME to one with an address (a comma-separated list "
+            "tries each in turn), or unset it to use the interface that routes to MASTER_ADDR")
     try:
-        import fcntl
-
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            req = struct.pack("256s", ifname.encode()[:15])
-            return socket.inet_ntoa(fcntl.ioctl(s.fileno(), _SIOCGIFADDR, req)[20:24])
+        return _ioctl_ipv4(ifname)
     except OSError as e:
         if e.errno == errno.ENODEV or (names and ifname not in names):
             raise ValueError(f"network interface {ifname!r} does not exist; {hint}") from None
