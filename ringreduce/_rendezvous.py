@@ -483,16 +483,16 @@ def exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | None
 
 
 def fail_setup(store: Any, rank: int, world: int, prefix: str | None, error: Exception) -> None:
-    """This rank failed before it could publish its address (a bad interface name, too few
-    descriptors): tell the others now, not at their connect timeout -- unless the store is
-    another launched job's (on this MASTER_PORT by mistake). prefix: a group's; None: this
-    init's (counted as exchange() counts it: a later init() meets the others' next one)."""
+    """This rank failed before publishing its address (a bad setting): tell the others now,
+    not at their connect timeout -- unless the store is another launched job's (on this
+    MASTER_PORT by mistake) or a failure is told already. prefix: a group's; None: init's."""
     if prefix is None:
         _count_init(store)
     told = f"rank {rank} could not start: {error}"
     p = _world_prefix(store) if prefix is None else prefix
     with contextlib.suppress(Exception):  # the original error is what matters here
-        if prefix is None and rank and _env.run_id() and _another_job(store, p, 2.0):
+        if prefix is None and rank and _env.run_id() and (
+                store.check([p + "failed"]) or _another_job(store, p, 2.0)):
             return
         _store_wait.fail(store, p, ValueError(told) if isinstance(error, ValueError)
                          else _rr_error(told))

@@ -291,3 +291,23 @@ def test_a_rank_that_cannot_start_tells_only_its_own_job(monkeypatch: pytest.Mon
     assert store.check(["ringreduce/1/failed"]) is told
     if told:
         assert "rank 1 could not start: RINGREDUCE_ALGO=" in store.get("ringreduce/1/failed").decode()
+
+
+def test_a_rank_that_cannot_start_does_not_wait_when_a_failure_is_told(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rank refusing the same bad setting: rank 0 posts first and publishes no
+    settings; the others waited 2 s each for them (to tell their job from another)."""
+    import time
+
+    import torch.distributed as dist
+
+    from ringreduce import _rendezvous
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "this-job")
+    monkeypatch.setattr(_rendezvous, "_GENERATIONS", {})
+    store = dist.HashStore()
+    store.set("ringreduce/1/failed", "ValueError 0\nrank 0 could not start: bad")
+    t0 = time.monotonic()
+    _rendezvous.fail_setup(store, 2, 3, None, ValueError("bad"))
+    assert time.monotonic() - t0 < 1.0
+    assert store.get("ringreduce/1/failed").decode().endswith("rank 0 could not start: bad")
