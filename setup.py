@@ -295,8 +295,8 @@ class EditableWheel(editable_wheel):
 
     def _select_strategy(self, name: str, tag: str, build_lib: str) -> object:
         strategy = super()._select_strategy(name, tag, build_lib)
-        entries = getattr(strategy, "path_entries", None)
-        if isinstance(entries, list):
+        entries = getattr(strategy, "path_entries", None)  # (strict mode's has them too)
+        if str(self.mode).lower() == "compat" and isinstance(entries, list):
             entries.append(ROOT / "ringreduce" / "_toplevel")
         return strategy
 

@@ -3,4 +3,7 @@
 this one in its metadata, and a missing module would make every ``import torch`` fail.
 Re-running ``pip install -e .`` updates the metadata."""
 
-from _ringreduce_autoload import register  # noqa: F401
+try:
+    from ._toplevel._ringreduce_autoload import register  # (a namespace package)
+except ImportError:  # a wheel: the top-level copy only
+    from _ringreduce_autoload import register  # noqa: F401

@@ -231,10 +231,10 @@ def _another_job(store: Any, prefix: str, timeout: float, rank: int | None = Non
     return theirs != _env.run_id()
 
 
-def _appears(store: Any, key: str, seconds: float) -> bool:
-    """Whether `key` is in the store within `seconds` (looked for every 50 ms)."""
+def _appears(store: Any, key: str, seconds: float, *or_keys: str) -> bool:
+    """Whether `key` (or one of `or_keys`) is in the store within `seconds` (every 50 ms)."""
     end = time.monotonic() + seconds
-    while not store.check([key]):
+    while not any(store.check([k]) for k in (key, *or_keys)):
         if time.monotonic() >= end:
             return False
         time.sleep(0.05)
@@ -491,11 +491,11 @@ def fail_setup(store: Any, rank: int, world: int, prefix: str | None, error: Exc
     told = f"rank {rank} could not start: {error}"
     p = _world_prefix(store) if prefix is None else prefix
     with contextlib.suppress(Exception):  # the original error is what matters here
-        if prefix is None and rank and _env.run_id() and (
-                store.check([p + "failed"]) or _another_job(store, p, 2.0)):
+        if prefix is None and rank and _env.run_id() and _appears(
+                store, p + "cfg/0", 2.0, p + "failed") and (
+                store.check([p + "failed"]) or _another_job(store, p, 0.0)):
             return
-        _store_wait.fail(store, p, ValueError(told) if isinstance(error, ValueError)
-                         else _rr_error(told))
+        _store_wait.fail(store, p, (ValueError if isinstance(error, ValueError) else _rr_error)(told))
         if rank == 0 and prefix is None:  # this process may host the store and exit next
             _linger(store, world)
 

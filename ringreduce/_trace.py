@@ -36,18 +36,23 @@ def trace_path(pattern: str, rank: int, world: int) -> str:
 
 def check_writable(tun: Any, rank: int, world: int) -> None:
     """RINGREDUCE_TRACE's and RINGREDUCE_FLIGHT_RECORDER's files can be written by this rank:
-    checked at init, not when the job ends or fails -- then a folder that did not exist lost
-    the diagnostics exactly when they were wanted (a helper)."""
+    checked at init, not when the job ends or fails -- then a folder this rank cannot write,
+    or make, lost the diagnostics exactly when they were wanted (a helper). A folder that
+    does not exist yet is made when the file is written (the program may make it later)."""
     for var, pattern, path in (
             ("RINGREDUCE_TRACE", tun.trace, tun.trace and trace_path(tun.trace, rank, world)),
             ("RINGREDUCE_FLIGHT_RECORDER", tun.flight_recorder,
              tun.flight_recorder and f"{tun.flight_recorder}.rank{rank}.json")):
-        folder = os.path.dirname(os.path.abspath(path)) if path else ""
-        if path and not (os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK)):
+        if not path:
+            continue
+        folder = os.path.dirname(os.path.abspath(path))
+        while not os.path.exists(folder):  # the nearest existing folder is where it is made
+            folder = os.path.dirname(folder)
+        if not (os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK)):
             raise ValueError(
-                f"{var}={pattern!r}: rank {rank} cannot write {path} (folder {folder} "
-                f"{'is not writable' if os.path.isdir(folder) else 'does not exist'}); "
-                f"create it, or point {var} to a folder every rank can write")
+                f"{var}={pattern!r}: rank {rank} cannot write {path} ({folder} is "
+                f"{'not writable' if os.path.isdir(folder) else 'not a folder'}); point "
+                f"{var} to a folder every rank can write")
 
 
 def label(text: str) -> None:
@@ -102,6 +107,7 @@ def write(comm: Any, pattern: str, rank: int, world: int) -> str | None:
         _LABELS.clear()
         _KEPT.clear()
     path = trace_path(pattern, rank, world)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     data = to_chrome(comm.trace_events() if comm is not None else [], rank, labels, groups)
     with open(path, "w") as f:
         json.dump(data, f)

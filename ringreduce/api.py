@@ -201,8 +201,9 @@ def _check_address(addr: Any, port: Any) -> None:
 def _configure_logging(level: int) -> None:
     """RINGREDUCE_DEBUG=INFO|DEBUG|TRACE also shows the Python side's messages on stderr;
     OFF keeps its warnings quiet too (the errors it raises still say everything)."""
-    if level == 0:
-        log.setLevel(logging.ERROR)
+    if level == 0 or getattr(log, "_ringreduce_off", False):  # set by OFF, undone by others
+        log._ringreduce_off = level == 0  # type: ignore[attr-defined]
+        log.setLevel(logging.ERROR if level == 0 else logging.NOTSET)
     if level < 2 or any(getattr(h, "_ringreduce", False) for h in log.handlers):
         return
     h = logging.StreamHandler()

@@ -531,7 +531,6 @@ def test_a_misspelt_variable_is_warned_about_once(caplog: pytest.LogCaptureFixtu
     assert said == [want], said
 
 
-
 def test_an_abbreviated_setting_is_named(caplog: pytest.LogCaptureFixture) -> None:
     """RINGREDUCE_SEGMENT=1M got no hint (no close spelling): the setting it begins is."""
     tmod = importlib.import_module("ringreduce._env.tunables")

@@ -192,8 +192,6 @@ def test_mismatched_collectives_are_detected(world: int, transport: str) -> None
     _check_mismatch(outs, world)
 
 
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("transport,world", [
     ("tcp", 2), ("shm", 2), ("shm", 3), ("tcp", 3),
@@ -658,17 +656,20 @@ def test_a_first_message_timeout_names_the_setting_that_set_it(given, env, named
 @pytest.mark.parametrize("var", ["RINGREDUCE_TRACE", "RINGREDUCE_FLIGHT_RECORDER"])
 def test_an_output_path_that_cannot_be_written_is_refused_at_init(
         var: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A folder that does not exist was found only when the job ended or failed: the trace
-    or the flight recorder (wanted exactly then) was lost, with a warning (a helper)."""
+    """A path that cannot be written was found only when the job ended or failed: the trace
+    or the flight recorder (wanted exactly then) was lost, with a warning (a helper). A
+    folder that does not exist yet is made when the file is written."""
     if rr.is_initialized():
         rr.destroy()
-    monkeypatch.setenv(var, str(tmp_path / "missing" / "out"))
-    with pytest.raises(ValueError, match=rf"{var}=.*rank 0 cannot write .*does not exist"):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv(var, str(tmp_path / "file" / "out"))
+    with pytest.raises(ValueError, match=rf"{var}=.*rank 0 cannot write .* is not a folder"):
         rr.init(rank=0, world_size=1)
     assert not rr.is_initialized()
-    monkeypatch.setenv(var, str(tmp_path / "out"))
+    monkeypatch.setenv(var, str(tmp_path / "later" / "out"))
     rr.init(rank=0, world_size=1)
     rr.destroy()
+    assert var != "RINGREDUCE_TRACE" or (tmp_path / "later" / "out").is_file()
 
 
 def test_debug_off_quiets_the_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -683,3 +684,7 @@ def test_debug_off_quiets_the_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
     rr.init(rank=0, world_size=1)
     rr.destroy()
     assert logger.level == logging.ERROR
+    monkeypatch.delenv("RINGREDUCE_DEBUG")  # the next init, at the default level: undone
+    rr.init(rank=0, world_size=1)
+    rr.destroy()
+    assert logger.level == logging.NOTSET

@@ -52,7 +52,6 @@ def test_fast_send_recv(world: int, transport: str) -> None:
         assert bad == [], f"rank {rank}:\n" + "\n".join(bad)
 
 
-
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("world,transport", [(2, "shm"), (3, "tcp")])
 def test_a_slot_rewritten_inside_a_fast_call(world: int, transport: str) -> None:

@@ -531,7 +531,8 @@ def test_the_console_script_imports_neither_the_package_nor_torch(marker: str) -
     """ringreduce-run's entry point (_ringreduce_run, installed by setup.py) runs run.py as
     a plain file: importing the package first loaded torch (~2 s before any rank started;
     a helper saw the launcher fail under ulimit -v where the ranks fit)."""
-    shim = ROOT / "ringreduce" / "_toplevel" / "_ringreduce_run" / "__init__.py"  # this checkout's, installed or not
+    # this checkout's, installed or not
+    shim = ROOT / "ringreduce" / "_toplevel" / "_ringreduce_run" / "__init__.py"
     code = ("import importlib.util, sys\n"
             f"spec = importlib.util.spec_from_file_location('_ringreduce_run', {str(shim)!r})\n"
             "shim = importlib.util.module_from_spec(spec)\n"

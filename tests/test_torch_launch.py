@@ -113,31 +113,31 @@ def test_a_ringreduce_that_fails_to_import_does_not_break_import_torch(tmp_path)
     assert "no _C here" in p.stderr, p.stderr
 
 
+_COMPAT_ENTRIES = """\
+import json, runpy, sys, warnings
+import setuptools
+from setuptools.dist import Distribution
+kw = {}
+setuptools.setup = lambda **k: kw.update(k)
+runpy.run_path(sys.argv[1] + "/setup.py", run_name="setup_under_test")
+cmd = kw["cmdclass"]["editable_wheel"](Distribution(
+    {"name": "ringreduce", "packages": kw["packages"], "package_dir": kw["package_dir"]}))
+cmd.mode, cmd.package_dir, cmd.project_dir = "compat", kw["package_dir"], sys.argv[1]
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # setuptools: compat mode is transitional
+    strategy = cmd._select_strategy("ringreduce-0", "py3-none-any", "b")
+print(json.dumps([str(p) for p in strategy.path_entries]))
+"""
+
 
 def _compat_pth_entries() -> list[str]:
-    """The folders a compat editable install's .pth names (setup.py's own editable_wheel
-    command, asked without installing anything)."""
-    import runpy
-    import warnings
-
-    import setuptools
-    from setuptools.dist import Distribution
-
-    kw: dict = {}
-    real, setuptools.setup = setuptools.setup, lambda **k: kw.update(k)
-    try:
-        runpy.run_path(str(Path(__file__).resolve().parent.parent / "setup.py"),
-                       run_name="setup_under_test")
-    finally:
-        setuptools.setup = real
-    cmd = kw["cmdclass"]["editable_wheel"](Distribution(
-        {"name": "ringreduce", "packages": kw["packages"], "package_dir": kw["package_dir"]}))
-    cmd.mode, cmd.package_dir = "compat", kw["package_dir"]
-    cmd.project_dir = str(Path(__file__).resolve().parent.parent)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # setuptools: compat mode is transitional
-        return [str(p) for p in cmd._select_strategy("ringreduce-0", "py3-none-any", "b")
-                .path_entries]
+    """The folders a compat editable install's .pth names: setup.py's own editable_wheel
+    command, asked without installing anything (in a process of its own: setup.py patches
+    the compiler globally)."""
+    root = str(Path(__file__).resolve().parent.parent)
+    p = subprocess.run([sys.executable, "-c", _COMPAT_ENTRIES, root], env=_env(),
+                       cwd=root, capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.timeout(90)
@@ -156,6 +156,26 @@ def test_a_compat_editable_install_keeps_import_torch_working(tmp_path) -> None:
     p = subprocess.run([sys.executable, "-c", code], env=_env(), cwd=tmp_path,
                        capture_output=True, text=True, timeout=60, check=False)
     assert p.returncode == 0 and p.stdout.split() == ["True", "True"], p.stdout + p.stderr
+
+
+@pytest.mark.timeout(60)
+def test_the_old_entry_point_name_still_imports(tmp_path) -> None:
+    """Editable installs made before the entry point moved still name
+    ringreduce._autoload:register and map only `ringreduce`: the module must import from
+    the package alone (it imported _ringreduce_autoload, which such an install lacks: every
+    `import torch` failed; a reviewer)."""
+    root = str(Path(__file__).resolve().parent.parent)
+    code = ("import sys\n"
+            "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f)]\n"
+            f"sys.path.insert(0, {root!r})\n"
+            "from ringreduce._autoload import register\n"
+            "print(register.__module__)\n")
+    # (torch's own loading of the current entry point is not what is tested here)
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path,
+                       env=_env({"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}),
+                       capture_output=True, text=True, timeout=50, check=False)
+    assert p.returncode == 0 and p.stdout.split() == [
+        "ringreduce._toplevel._ringreduce_autoload"], p.stdout + p.stderr
 
 
 @pytest.mark.timeout(90)

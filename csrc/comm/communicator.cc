@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -206,6 +207,9 @@ void Communicator::poison(const std::string& reason, transport::AbortCode code,
       group += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
     std::string path = flightPath_ + ".rank" + std::to_string(label(rank_)) +
                        (group.empty() ? "" : "." + group) + ".json";
+    // Its folder, if the program has not made it (init() checked it could be): mkdir -p.
+    for (size_t at = path.find('/', 1); at != std::string::npos; at = path.find('/', at + 1))
+      ::mkdir(path.substr(0, at).c_str(), 0777);
     if (FILE* f = std::fopen(path.c_str(), "w")) {
       std::string r = jsonEscape(reason);
       std::string g = jsonEscape(opts_.groupName.empty() ? "world" : opts_.groupName);

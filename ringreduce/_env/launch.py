@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 # --------------------------------------------------------------------------- launch detection
@@ -331,12 +331,7 @@ def launch_given(rank: int, world_size: int,
         addr, port = _master(env)
     except ValueError:
         addr, port = env.get("MASTER_ADDR", "").strip() or None, None
-    lrank, lsize = rank, world_size
-    for name in _LOCAL_RANK_VARS:
-        raw = env.get(name, "").strip()
-        if raw.isdigit() and int(raw) <= rank:
-            lrank = int(raw)
-            break
+    lrank, lsize = _local_rank_var(env, lambda v: v <= rank, rank), world_size
     for name in _LOCAL_SIZE_VARS:
         raw = env.get(name, "").strip()
         if raw.isdigit() and lrank < int(raw) <= world_size:
@@ -354,12 +349,19 @@ def run_id(env: Mapping[str, str] | None = None) -> str:
     return (os.environ if env is None else env).get("TORCHELASTIC_RUN_ID", "")
 
 
+def _local_rank_var(env: Mapping[str, str], fits: Callable[[int], bool], default: int) -> int:
+    """The first launcher variable's local rank that is a number and `fits`, else default."""
+    for name in _LOCAL_RANK_VARS:
+        raw = env.get(name, "").strip()
+        if raw.isdigit() and fits(int(raw)):
+            return int(raw)
+    return default
+
+
 def local_rank(env: Mapping[str, str] | None = None) -> int:
     """This process's rank on its host as the first launcher variable that gives one says
     (torchrun's LOCAL_RANK, Open MPI's, SLURM's, Hydra's), else 0."""
-    env = os.environ if env is None else env
-    raw = next((v for v in (env.get(n, "").strip() for n in _LOCAL_RANK_VARS) if v), "0")
-    return int(raw) if raw.isdigit() else 0
+    return _local_rank_var(os.environ if env is None else env, lambda v: True, 0)
 
 
 # The notes folder ringreduce-run gives its ranks (ringreduce/run.py's PEER_FAILURES_VAR:

@@ -57,22 +57,26 @@ def _with_address(name: str) -> str:
 
 def _interface_ipv4(ifname: str) -> str:
     names = _interface_names()
-    hint = (f"available interfaces: {', '.join(map(_with_address, names)) or 'none found'}. "
-            "Set RINGREDUCE_SOCKET_IFNAME to one with an address (a comma-separated list "
-            "tries each in turn), or unset it to use the interface that routes to MASTER_ADDR")
+
+    def hint() -> str:  # only when refusing: one socket per interface
+        return (f"available interfaces: {', '.join(map(_with_address, names)) or 'none found'}"
+                ". Set RINGREDUCE_SOCKET_IFNAME to one with an address (a comma-separated list "
+                "tries each in turn), or unset it to use the interface that routes to "
+                "MASTER_ADDR")
     try:
         return _ioctl_ipv4(ifname)
     except OSError as e:
         if e.errno == errno.ENODEV or (names and ifname not in names):
-            raise ValueError(f"network interface {ifname!r} does not exist; {hint}") from None
+            raise ValueError(f"network interface {ifname!r} does not exist; {hint()}"
+                             ) from None
         if e.errno == errno.EADDRNOTAVAIL:
-            raise ValueError(f"network interface {ifname!r} has no IPv4 address; {hint}"
+            raise ValueError(f"network interface {ifname!r} has no IPv4 address; {hint()}"
                              ) from None
     except ImportError:
         pass
     addr = _ipv4_from_ip_command(ifname)
     if addr is None:
-        raise ValueError(f"cannot find an IPv4 address for interface {ifname!r}; {hint}")
+        raise ValueError(f"cannot find an IPv4 address for interface {ifname!r}; {hint()}")
     return addr
 
 

@@ -265,8 +265,10 @@ def _warn_unknown(env: Mapping[str, str]) -> None:
         tail = len("RINGREDUCE_")  # compared without the prefix every name shares
         names = sorted(k[tail:] for k in known)
         # A close spelling, else the one setting it abbreviates (RINGREDUCE_SEGMENT)
+        begun = [k[tail:] for k in known - _OTHER_NAMES if name[tail:] and k[tail:].startswith(
+            name[tail:])]
         close = difflib.get_close_matches(name[tail:], names, n=1, cutoff=0.75) or \
-            [k for k in names if k.startswith(name[tail:])][:1]
+            (begun if len(begun) == 1 else [])
         logging.getLogger("ringreduce").warning(
             "%s is not a ringreduce setting and is ignored%s (ringreduce-run --help lists "
             "them)", name, f"; did you mean RINGREDUCE_{close[0]}?" if close else "")
@@ -331,7 +333,10 @@ def job_wide(t: Any, options: Mapping[str, Any]) -> str:
     tuning file set them."""
     env = {f.name: f.metadata["env"] for f in dataclasses.fields(t)}
     shown = [(env[k], options.get(k, getattr(t, k))) for k in JOB_WIDE]
-    shown += [(f"RINGREDUCE_TUNING_FILE's {k}", options.get(k, "built-in")) for k in TUNING_FIT]
+    threshold = options.get("tree_threshold_bytes", t.tree_threshold_bytes)
+    if t.algo == "auto" and (threshold is None or threshold < 0):  # else the fit is unused
+        shown += [(f"RINGREDUCE_TUNING_FILE's {k}", options.get(k, "built-in"))
+                  for k in TUNING_FIT]
     return ";".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in shown)
 
 
