@@ -41,8 +41,8 @@ def check_writable(tun: Any, rank: int, world: int) -> None:
     does not exist yet is made when the file is written (the program may make it later)."""
     for var, pattern, path in (
             ("RINGREDUCE_TRACE", tun.trace, tun.trace and trace_path(tun.trace, rank, world)),
-            ("RINGREDUCE_FLIGHT_RECORDER", tun.flight_recorder,
-             tun.flight_recorder and f"{tun.flight_recorder}.rank{rank}.json")):
+            # (its files: this prefix + the core's ".rank<r>[.<group>].json")
+            ("RINGREDUCE_FLIGHT_RECORDER", tun.flight_recorder, tun.flight_recorder)):
         if not path:
             continue
         folder = os.path.dirname(os.path.abspath(path))
