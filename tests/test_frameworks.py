@@ -71,11 +71,11 @@ def _run_job(mode: str, backend: str, launcher: str, outdir: Path,
              deadline: float) -> list[dict]:
     """Run one training job to completion; return the per-rank results. The gloo reference
     run is tried up to three times when a rank died in std::terminate at its exit
-    ("terminate called without an active exception"), which about 1 in 10 Accelerate and
-    Lightning-spawn runs on gloo do here though ringreduce is not initialised in them (cause
-    not traced; with torch's backend autoload off, 0 in 20 Lightning-spawn runs, on: 2 in
-    16 -- see the session notes; CI saw two in a row); the ringreduce runs get no second
-    chance."""
+    ("terminate called without an active exception": torch's gloo worker releasing a
+    finished work's tensors while Python finalizes, pytorch/pytorch#190489; 10 in 30
+    Lightning-spawn gloo jobs here with ringreduce not imported, 0 in 30 since the workers
+    destroy a gloo group at exit -- framework_workers._destroy_gloo_at_exit); the ringreduce
+    runs get no second chance."""
     for attempt in range(3):
         try:
             return _run_job_once(mode, backend, launcher,
