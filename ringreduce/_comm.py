@@ -72,8 +72,7 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
     options["spin_us"] = _C.DEFAULT_SPIN_US if local <= cpus else 0.0
     log.info("rank %d of %s: %d local ranks, %d usable CPUs: %s", rank, name, local, cpus,
              "waits spin briefly" if options["spin_us"] else "waits never spin")
-    options.update(shm_options(tun.transport, peers, rank, world, options["spin_us"], name,
-                               labels))
+    options.update(shm_options(tun.transport, peers, options["spin_us"]))
     meet = None
     if socketless:
         options["socketless"] = True
@@ -205,47 +204,14 @@ def set_call_sites(on: bool) -> None:
     _C.set_call_sites(on)
 
 
-def shm_options(transport: str, peers: Any, rank: int, world: int, spin_us: float,
-                name: str = "world", labels: list[int] | None = None) -> dict:
-    """Plan shared memory from the ranks' host identities (RINGREDUCE_TRANSPORT=auto|shm).
-
-    One host: every collective uses shared memory. Several hosts with the same number
-    (>= 2) of ranks each: hierarchical all-reduce (shared memory inside, TCP between hosts).
-    Otherwise TCP only.
-    """
+def shm_options(transport: str, peers: Any, spin_us: float) -> dict:
+    """What the core needs to choose shared memory (transport/select.cc decides, from every
+    rank's host identity and RINGREDUCE_TRANSPORT): the identities, the setting, and the
+    common start of this init's segment names -- each creator appends its rank, pid and
+    random bytes (segment.cc), which keeps names unique and unguessable even when two jobs
+    share a secret, and tells its peers the result."""
     import hashlib
 
-    by_host: dict = {}
-    for r, h in enumerate(peers.hosts):
-        by_host.setdefault(h, []).append(r)
-    groups = sorted(by_host.values())
-    one_host = len(groups) == 1
-    if transport == "tcp":
-        return {}
-    if transport == "shm" and not one_host:
-        raise ValueError(
-            f"RINGREDUCE_TRANSPORT=shm needs every rank on one host, but ranks run on "
-            f"{len(groups)} hosts ({', '.join(sorted({h.split('/')[0] for h in by_host}))[:200]});"
-            f" use auto (hierarchical) or tcp")
-    mine = by_host[peers.hosts[rank]]
-    local = len(mine)
-    if not one_host and (local < 2 or any(len(g) != local for g in groups)):
-        log.debug("rank %d: hosts have %s ranks: TCP only", rank, [len(g) for g in groups])
-        return {}
-    # Common start of this init's segment names; each creator appends its rank, pid and
-    # random bytes (segment.cc), which keeps names unique and unguessable even when two
-    # jobs share a secret, and tells its peers the result.
     tag = hashlib.sha256(f"{peers.secret}/{peers.prefix}".encode()).hexdigest()[:24]
-    idx = mine.index(rank)
-    opts = {
-        "shm_prefix": f"/rr-{tag}",
-        "shm_members": mine,
-        "shm_spin_us": spin_us,
-    }
-    if not one_host:
-        opts["shm_slice_peers"] = [g[idx] for g in groups]
-    shown = labels or list(range(world))  # a group's log names world ranks
-    log.info("rank %d: %s plan on %s, local ranks %s%s", shown[rank], "shm" if one_host else
-             "hier", name, [shown[r] for r in mine],
-             "" if one_host else f", slice ring {[shown[r] for r in opts['shm_slice_peers']]}")
-    return opts
+    return {"shm_prefix": f"/rr-{tag}", "shm_hosts": list(peers.hosts),
+            "shm_transport": transport, "shm_spin_us": spin_us}

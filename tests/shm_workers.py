@@ -459,6 +459,27 @@ def hier_sweep(rank: int, world: int, counts: list) -> dict:
     return {"plan": _state._DEFAULT[0].comm.plan}
 
 
+def group_plans(rank: int, world: int, member_lists: list) -> dict:
+    """Each group of `member_lists` (made by every rank, in order): its transport plan on
+    its members, and an all-reduce and a broadcast checked against numpy."""
+    plans = {}
+    for members in member_lists:
+        g = rr.new_group(members)
+        if g is None:
+            continue
+        for n in (3, 70_001):
+            x = (np.arange(n) % 5 + rank).astype(np.int64)
+            rr.allreduce(x, group=g)
+            want = (np.arange(n) % 5) * len(members) + sum(members)
+            assert np.array_equal(x, want), (members, n, x[:4], want[:4])
+            b = np.full(n, rank, np.float32)
+            rr.broadcast(b, src=members[-1], group=g)
+            assert (b == members[-1]).all(), (members, n)
+        plans[",".join(map(str, members))] = g.comm.plan
+        g.destroy()
+    return plans
+
+
 def link_cut(rank: int, world: int, n: int) -> dict:
     """Loop all-reduces until the test cuts a link; report how each rank failed."""
     x = np.ones(n, np.float32)

@@ -10,6 +10,7 @@ import math
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ringreduce import _C
@@ -181,3 +182,45 @@ def test_bad_options_are_rejected() -> None:
         _C.predict_allreduce(RING, 2, 8, {"timeout": 1e300})
     with pytest.raises(ValueError, match="segment_bytes must be >= 64"):
         _C.choose_allreduce(2, 8, {"segment_bytes": 8})
+
+
+def _layout_reference(hosts: list[str], rank: int) -> tuple[list[int], list[int]]:
+    """Shared memory between the ranks of a host; across hosts only when every host has the
+    same number (>= 2) of ranks, with the hierarchical ring through each host's rank of the
+    same local index, hosts ordered by their lowest rank."""
+    by_host: dict[str, list[int]] = {}
+    for r, h in enumerate(hosts):
+        by_host.setdefault(h, []).append(r)
+    groups = sorted(by_host.values())
+    mine = by_host[hosts[rank]]
+    if len(groups) == 1:
+        return mine, []
+    if len(mine) < 2 or any(len(g) != len(mine) for g in groups):
+        return [], []
+    return mine, [g[mine.index(rank)] for g in groups]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 6, 8])
+def test_shared_memory_layout_follows_the_hosts(world: int) -> None:
+    rng = np.random.default_rng(world)
+    layouts = [["h"] * world, [f"h{r}" for r in range(world)]]
+    layouts += [[f"h{rng.integers(0, 3)}" for _ in range(world)] for _ in range(20)]
+    if world % 2 == 0:  # two hosts of world/2, interleaved and in blocks
+        layouts += [[f"h{r % 2}" for r in range(world)], [f"h{r // (world // 2)}" for r in range(world)]]
+    for hosts in layouts:
+        for rank in range(world):
+            members, peers, why = _C.select_shm(hosts, rank)
+            assert (members, peers) == _layout_reference(hosts, rank), (hosts, rank, why)
+            assert _C.select_shm(hosts, rank, "tcp")[:2] == ([], [])
+            if len(set(hosts)) == 1:
+                assert _C.select_shm(hosts, rank, "shm")[:2] == (list(range(world)), [])
+
+
+def test_shared_memory_layout_refuses_bad_settings() -> None:
+    with pytest.raises(ValueError, match=r"TRANSPORT=shm needs every rank on one host, but "
+                                         r"ranks run on 2 hosts \(a, b\); use auto"):
+        _C.select_shm(["a/1", "b/2", "a/1"], 0, "shm")
+    with pytest.raises(ValueError, match="transport must be auto, tcp or shm"):
+        _C.select_shm(["a"], 0, "nvlink")
+    with pytest.raises(ValueError, match="one host identity per rank"):
+        _C.select_shm(["a", "a"], 2)

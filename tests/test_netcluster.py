@@ -64,6 +64,22 @@ def test_results_and_plan_across_hosts(cluster_factory, hosts: int, per_host: in
 
 
 @pytest.mark.timeout(150)
+def test_each_group_chooses_its_own_transports(cluster_factory) -> None:
+    """2 hosts x 2 ranks (0, 1 | 2, 3): the core chooses shared memory per communicator from
+    its members' hosts (transport/select.cc) -- a group inside one host uses shared memory,
+    one spanning hosts with one rank each or unequal counts uses TCP, the whole job the
+    hierarchical plan -- and each computes right."""
+    c = cluster_factory(2)
+    groups = [[0, 1], [2, 3], [0, 2], [1, 2, 3], [0, 1, 2, 3]]
+    want = {"0,1": "shm", "2,3": "shm", "0,2": "tcp", "1,2,3": "tcp", "0,1,2,3": "hier"}
+    res = run_world(4, "shm_workers:group_plans", groups, timeout=120, env=ENV,
+                    master_addr=c.addr(0), rank_prefix=c.prefix(2))
+    for rank, plans in enumerate(res):
+        assert plans == {k: v for k, v in want.items() if rank in map(int, k.split(","))}, \
+            (rank, plans)
+
+
+@pytest.mark.timeout(150)
 def test_auto_runs_the_cluster_models_pick(cluster_factory) -> None:
     """2 hosts x 2 ranks: "auto" runs what the planner's cluster model picks per size
     (recursive doubling when latency-bound, hierarchical when bandwidth-bound; 64 KiB is
@@ -285,3 +301,19 @@ def test_no_route_to_a_published_address_stops_every_rank_at_once(cluster_factor
     assert outs[0].has_result and v0["type"] is not None, outs[0].describe()
     assert "another rank failed" in v0["msg"] and "no route" in v0["msg"], v0["msg"]
     assert max(v0["elapsed"], v1["elapsed"]) < 15, (v0, v1)
+
+
+@pytest.mark.timeout(120)
+def test_transport_shm_across_hosts_is_refused_on_every_rank(cluster_factory) -> None:
+    """RINGREDUCE_TRANSPORT=shm with ranks on two hosts: every rank refuses it when the
+    core chooses the transports (transport/select.cc), naming the setting and what to use,
+    before any connection -- not after the connect timeout."""
+    c = cluster_factory(2)
+    outs = _setup_outcomes(c, {r: {"RINGREDUCE_TRANSPORT": "shm"} for r in (0, 1)})
+    for o in outs:
+        assert o.has_result, o.describe()
+        v = o.value
+        assert v["type"] == "ValueError", v
+        assert "RINGREDUCE_TRANSPORT=shm needs every rank on one host" in v["msg"], v["msg"]
+        assert "ranks run on 2 hosts" in v["msg"] and "use auto" in v["msg"], v["msg"]
+        assert v["elapsed"] < 15, v

@@ -18,6 +18,7 @@
 #include "bindings/fastcall.h"
 #include "bindings/native_api.h"
 #include "bindings/options.h"
+#include "bindings/shm_setup.h"
 #include "collectives/collectives.h"
 #include "collectives/planner.h"
 #include "comm/communicator.h"
@@ -29,6 +30,7 @@
 #include "core/log.h"
 #include "reduce/reduce.h"
 #include "runtime/executor.h"
+#include "transport/select.h"
 #include "transport/shm/segment.h"
 #include "transport/tcp/dialer.h"
 #include "transport/tcp/link_table.h"
@@ -42,126 +44,6 @@ void registerGpu(pybind11::module_& m);  // gpu.cc
 }
 
 namespace {
-
-// Shared-memory settings; "shm_prefix" empty or absent = no shared memory.
-struct ShmPlan {
-  std::string prefix;          // empty: no shared memory
-  std::vector<int> members;    // global ranks on this host, ascending
-  std::vector<int> slicePeers; // hierarchical ring peers (one per host), ascending
-  transport::shm::ShmConfig cfg;  // slot sizes: planShmSlots() at setup
-  bool chunkGiven = false;        // "shm_chunk_bytes" was passed (tests): keep it
-};
-
-ShmPlan shmFromDict(const py::dict& d) {
-  ShmPlan plan;
-  transport::shm::ShmConfig* cfg = &plan.cfg;
-  std::string& prefix = plan.prefix;
-  for (auto item : d) {
-    std::string k = py::str(item.first);
-    py::handle v = item.second;
-    if (k == "shm_prefix") prefix = v.cast<std::string>();
-    else if (k == "shm_members") plan.members = v.cast<std::vector<int>>();
-    else if (k == "shm_slice_peers") plan.slicePeers = v.cast<std::vector<int>>();
-    else if (k == "shm_chunk_bytes") cfg->chunkBytes = v.cast<size_t>(), plan.chunkGiven = true;
-    else if (k == "shm_small_max") cfg->smallMax = v.cast<size_t>();
-    else if (k == "shm_slots") cfg->slots = v.cast<int>();
-    else if (k == "shm_spin_us") cfg->spinUs = v.cast<double>();
-    else if (k.rfind("shm_", 0) == 0) throw InvalidArgument("unknown option '" + k + "'");
-  }
-  if (cfg->chunkBytes < 4096 || cfg->chunkBytes % 4096)
-    throw InvalidArgument("shm_chunk_bytes must be a multiple of 4096");
-  if (cfg->slots < 2) throw InvalidArgument("shm_slots must be >= 2");
-  return plan;
-}
-
-// How setupShm's ranks meet: all-gather one string per rank (result indexed by
-// communicator rank) and a barrier. Over the TCP mesh, or -- a socketless communicator,
-// which has none -- through the rendezvous store (Python's callback).
-struct ShmMeeting {
-  std::function<std::vector<std::string>(const std::string&)> allgather;
-  std::function<void()> barrier;
-};
-
-constexpr size_t kMaxSegmentName = 128;  // bytes per name slot over TCP, NUL-padded
-
-ShmMeeting meetOverTcp(comm::Communicator& c) {
-  constexpr size_t kMax = kMaxSegmentName;
-  ShmMeeting m;
-  m.allgather = [&c](const std::string& mine) {
-    std::vector<char> in(kMax, '\0'), all(kMax * static_cast<size_t>(c.world()), '\0');
-    std::copy(mine.begin(), mine.end(), in.begin());
-    collectives::allgather(c, in.data(), all.data(), kMax, DataType::kUInt8);
-    std::vector<std::string> out;
-    for (int r = 0; r < c.world(); ++r) {
-      const char* p = all.data() + static_cast<size_t>(r) * kMax;
-      out.emplace_back(p, strnlen(p, kMax));
-    }
-    return out;
-  };
-  m.barrier = [&c] { collectives::barrier(c); };
-  return m;
-}
-
-// The store, through `fn(step, value) -> [value of every rank]` (ringreduce/_comm.py).
-ShmMeeting meetOverStore(const py::object& fn) {
-  ShmMeeting m;
-  auto call = [fn](const char* step, const std::string& v) {
-    py::gil_scoped_acquire gil;
-    return fn(step, v).cast<std::vector<std::string>>();
-  };
-  m.allgather = [call](const std::string& mine) { return call("names", mine); };
-  m.barrier = [call, n = 0]() mutable { call(++n == 1 ? "mapped" : "unlinked", ""); };
-  return m;
-}
-
-// Each rank's segment name, from every rank (the names are random, so only their creators
-// know them); names[r] is local rank r's. A name must start with the plan's prefix, so a
-// confused peer cannot make us open another job's segment.
-std::vector<std::string> exchangeNames(ShmMeeting& meet, const std::vector<int>& members,
-                                       const std::string& prefix, const std::string& mine) {
-  if (mine.size() >= kMaxSegmentName)
-    throw InvalidArgument("shm_prefix is too long (segment name " + mine + " has " +
-                          std::to_string(mine.size()) + " characters, at most " +
-                          std::to_string(kMaxSegmentName - 1) + " fit)");
-  std::vector<std::string> all = meet.allgather(mine), names;
-  for (int g : members) {
-    const std::string& n = all.at(static_cast<size_t>(g));
-    if (n.size() >= kMaxSegmentName || n.rfind(prefix + "-", 0) != 0)
-      throw Error("rank " + std::to_string(g) + " announced the shared memory segment '" +
-                  n.substr(0, 64) + "', which is not one of this job's (" + prefix +
-                  "-...): do all ranks run the same ringreduce version?");
-    names.push_back(n);
-  }
-  return names;
-}
-
-// Every rank creates its segment, the names are exchanged, everyone maps its peers', a
-// barrier, then each rank removes its own name: from here on a crash leaves nothing behind in
-// /dev/shm.
-void setupShm(comm::Communicator& c, const ShmPlan& plan, ShmMeeting& meet) {
-  try {
-    std::vector<int> members = plan.members;
-    if (members.empty())
-      for (int r = 0; r < c.world(); ++r) members.push_back(r);
-    auto it = std::find(members.begin(), members.end(), c.rank());
-    if (it == members.end()) throw InvalidArgument("shm_members must include this rank");
-    int local = static_cast<int>(it - members.begin());
-    transport::shm::ShmConfig cfg = plan.cfg;
-    collectives::planShmSlots(static_cast<int>(members.size()), plan.chunkGiven,
-                              transport::shm::capacityBytes(), &cfg);
-    cfg.lazySlots = c.options().p2pChannel;
-    cfg.slotsLater = !c.options().p2pChannel && !c.options().groupName.empty();  // a group
-    auto dom = std::make_unique<transport::shm::ShmDomain>(local, members, plan.prefix, cfg);
-    dom->attach(exchangeNames(meet, members, plan.prefix, dom->ownName()));
-    meet.barrier();
-    dom->unlinkOwn();
-    meet.barrier();  // when init returns anywhere, no name is left in /dev/shm
-    c.setShm(std::move(dom), plan.slicePeers);
-  } catch (const std::exception& e) {
-    c.poison(std::string("shared memory setup failed: ") + e.what(), transport::AbortCode::kOther);
-    throw;
-  }
-}
 
 // What Python sees as _C.Listener: the TCP listener and the UDP heartbeat socket, both
 // bound before addresses are exchanged.
@@ -221,11 +103,11 @@ class PyComm {
                             std::to_string(world));
     if (static_cast<int>(addrs.size()) != world)
       throw InvalidArgument("need one address per rank");
-    ShmPlan plan = shmFromDict(opts);
+    bindings::ShmPlan plan = bindings::shmFromDict(opts, rank);
     // Options::socketless: shared memory reaches every rank, and the store can stand in for
     // the mesh while the segments are set up.
     const bool socketless = o.socketless && !plan.prefix.empty() && !shmStore.is_none() &&
-                            (plan.members.empty() || static_cast<int>(plan.members.size()) == world);
+                            static_cast<int>(plan.members.size()) == world;
     std::vector<std::unique_ptr<transport::Connection>> conns;
     const bool sparse = socketless || world > std::max(o.fullMeshMax, 1);
     std::vector<int> overlay;  // connected at init and watched; socketless: none, all watched
@@ -282,11 +164,12 @@ class PyComm {
         if (p != rank) overlay.push_back(p);
     if (dialer) comm->setDialer(std::move(dialer), overlay);
     if (!plan.prefix.empty()) {
-      ShmMeeting meet = socketless ? meetOverStore(shmStore) : meetOverTcp(*comm);
+      bindings::ShmMeeting meet =
+          socketless ? bindings::meetOverStore(shmStore) : bindings::meetOverTcp(*comm);
       {
         py::gil_scoped_release nogil;
         comm->beginSetup(std::max(d.pollMs(), 100) / 1000.0);
-        setupShm(*comm, plan, meet);
+        bindings::setupShm(*comm, plan, meet);
         comm->endSetup();
         if (socketless) comm->watchLocalProcesses();
       }
@@ -448,6 +331,12 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("local"), py::arg("slots"), py::arg("capacity") = 0,
      "(chunk, copy unit) bytes of shared memory's slots for `local` ranks on a host whose "
      "/dev/shm holds `capacity` bytes (0: unknown)");
+  m.def("select_shm", [](const std::vector<std::string>& hosts, int rank, const std::string& t) {
+    transport::ShmLayout l = transport::selectShm(hosts, rank, t);
+    return py::make_tuple(l.members, l.slicePeers, l.reason);
+  }, py::arg("hosts"), py::arg("rank"), py::arg("transport") = "auto",
+     "(ranks sharing memory with `rank`, its hierarchical ring peers, why) from every rank's "
+     "host identity and RINGREDUCE_TRANSPORT: what a new communicator uses");
   m.def("shm_capacity", &transport::shm::capacityBytes, "size of /dev/shm in bytes (0: unknown)");
   m.def("choose_allreduce", [](int world, size_t bytes, const py::dict& opts) {
     return static_cast<int>(collectives::chooseAllreduce(bindings::optionsFromDict(opts), world, bytes));
