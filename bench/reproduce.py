@@ -41,6 +41,12 @@ def _cluster(rate: str) -> list[str]:
             "--plot", _out(f"netcluster_{rate}.png")]
 
 
+def _torch_suite(backend: str, world: int, *extra: str) -> list[str]:
+    tag = f"{backend}_ws{world}" + ("_lifted" if extra else "")
+    return [PY, "bench/torch_suite.py", "--backend", backend, "--world-size", str(world),
+            *extra, "--json", _out(f"torch_suite_results/{tag}.json")]
+
+
 # name -> command (run from the repository root). Order: cheapest and most cited first.
 TABLES: dict[str, list[str]] = {
     "allreduce_vs_gloo": [PY, "bench/allreduce_vs_gloo.py"],
@@ -92,13 +98,19 @@ TABLES: dict[str, list[str]] = {
     "plan_check": [PY, "bench/plan_check.py", "--json", _out("plan_check.json")],
     "netcluster_1gbit": _cluster("1gbit"),
     "netcluster_10gbit": _cluster("10gbit"),
+    "idle_groups": [PY, "bench/idle_groups.py", "--json", _out("idle_groups.json"), "--plot",
+                    _out("idle_groups.png"), "--before", _out("idle_groups_c50b851.json")],
+    # torch's own suite: one run per backend and world size (the README's one table).
+    **{f"torch_suite_{b}_ws{n}": _torch_suite(b, n) for b in ("gloo", "ringreduce")
+       for n in (2, 3)},
+    "torch_suite_ringreduce_ws2_lifted": _torch_suite("ringreduce", 2, "--lift-gloo-gates"),
 }
 
 
 def main(argv: list[str]) -> int:
     if "--list" in argv:
         for name, cmd in TABLES.items():
-            print(f"{name:18s} {' '.join(cmd)}")
+            print(f"{name:34s} {' '.join(cmd)}")
         return 0
     unknown = [a for a in argv if a not in TABLES]
     if unknown:

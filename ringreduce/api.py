@@ -330,7 +330,8 @@ def _cuda(xs: Sequence[Any], backend: str, g: Any) -> bool:
 
 def allreduce(x: Any, op: Any = "sum", algo: str = "auto", async_op: bool = False,
               backend: str = "auto", group: Any = None) -> Work | None:
-    """Reduce `x` over all ranks, in place. op: sum, avg, prod, min, max.
+    """Reduce `x` over all ranks, in place. op: sum, avg, prod, min, max, and on integer
+    and bool types band, bor, bxor.
 
     backend (CUDA inputs): "auto" (NCCL when every rank can use it, else staged), "nccl",
     "staged" (alias "host": through pinned host memory and the CPU collective)."""
