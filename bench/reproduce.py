@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Re-run the benchmarks behind every number in README.md and bench/README.md.
 
-    python bench/reproduce.py                 # all tables, one after another (~30 min)
+    python bench/reproduce.py                 # all tables, one after another (~40 min)
     python bench/reproduce.py shm_2ranks ddp  # only these (names below)
     python bench/reproduce.py --list          # the commands, without running them
 

@@ -1,5 +1,5 @@
-"""Making one communicator: exchange addresses through the store, plan shared memory,
-connect, arm what the environment asks for (tracing, flight recorder, fault injection).
+"""Making one communicator: exchange addresses and host identities through the store
+(the core chooses shared memory from them: csrc/transport/select.cc), connect, arm what the environment asks for (tracing, flight recorder, fault injection).
 Used by init() for the world and by every group (ringreduce.groups) and p2p channel.
 """
 

@@ -224,3 +224,20 @@ def test_shared_memory_layout_refuses_bad_settings() -> None:
         _C.select_shm(["a"], 0, "nvlink")
     with pytest.raises(ValueError, match="one host identity per rank"):
         _C.select_shm(["a", "a"], 2)
+
+
+def test_a_communicator_needs_one_host_identity_per_rank() -> None:
+    """Checked before anything is made (a list too short chose a layout from part of the
+    ranks; too long failed later in the segment-name exchange, an IndexError)."""
+    listener = _C.Listener("127.0.0.1")
+    try:
+        for hosts in (["a", "a"], []):
+            opts = {"heartbeat_timeout": 0.0, "shm_prefix": "/rr-test", "shm_hosts": hosts}
+            if not hosts:  # no identities: TCP only, which a 1-rank world does not need
+                _C.Communicator(0, 1, listener, ["127.0.0.1:9"], "s" * 32, opts, []).destroy()
+                continue
+            with pytest.raises(ValueError, match=r"one host identity per rank \(2 given, "
+                                                 r"world size 1\)"):
+                _C.Communicator(0, 1, listener, ["127.0.0.1:9"], "s" * 32, opts, [])
+    finally:
+        listener.close()

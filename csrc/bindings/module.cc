@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <exception>
 #include <system_error>
-#include <cstring>
 
 #include <pybind11/functional.h>
 #include <pybind11/numpy.h>
@@ -103,7 +102,7 @@ class PyComm {
                             std::to_string(world));
     if (static_cast<int>(addrs.size()) != world)
       throw InvalidArgument("need one address per rank");
-    bindings::ShmPlan plan = bindings::shmFromDict(opts, rank);
+    bindings::ShmPlan plan = bindings::shmFromDict(opts, rank, world, o);
     // Options::socketless: shared memory reaches every rank, and the store can stand in for
     // the mesh while the segments are set up.
     const bool socketless = o.socketless && !plan.prefix.empty() && !shmStore.is_none() &&

@@ -46,7 +46,7 @@ Options optionsFromDict(const py::dict& d) {
     } else if (k == "job_world") {
       o.jobWorld = v.cast<int>();
     } else if (k.rfind("shm_", 0) == 0 || k == "session" || k == "setup_seconds") {
-      continue;  // shared-memory plan (module.cc), this init's heartbeat key, what is left of
+      continue;  // shared-memory plan (shm_setup.cc), this init's heartbeat key, what is left of
                  // the set-up's RINGREDUCE_CONNECT_TIMEOUT (PyComm)
     } else {
       throw InvalidArgument("unknown option '" + k + "'");

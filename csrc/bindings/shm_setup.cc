@@ -42,7 +42,7 @@ std::vector<std::string> exchangeNames(ShmMeeting& meet, const std::vector<int>&
 
 }  // namespace
 
-ShmPlan shmFromDict(const py::dict& d, int rank) {
+ShmPlan shmFromDict(const py::dict& d, int rank, int world, const Options& o) {
   ShmPlan plan;
   transport::shm::ShmConfig* cfg = &plan.cfg;
   std::vector<std::string> hosts;
@@ -63,9 +63,22 @@ ShmPlan shmFromDict(const py::dict& d, int rank) {
     throw InvalidArgument("shm_chunk_bytes must be a multiple of 4096");
   if (cfg->slots < 2) throw InvalidArgument("shm_slots must be >= 2");
   if (hosts.empty() || plan.prefix.empty()) return ShmPlan{};
+  if (static_cast<int>(hosts.size()) != world)
+    throw InvalidArgument("need one host identity per rank (" + std::to_string(hosts.size()) +
+                          " given, world size " + std::to_string(world) + ")");
   transport::ShmLayout l = transport::selectShm(hosts, rank, setting);
-  RR_LOG(log::kDebug, "rank ", rank, ": shared memory with ", l.members.size(), " of ", hosts.size(),
-         " ranks (", l.reason, ")");
+  // A group's log names world ranks, as its errors do.
+  auto label = [&o](int r) { return o.rankLabels.empty() ? r : o.rankLabels.at(static_cast<size_t>(r)); };
+  auto list = [&label](const std::vector<int>& rs) {
+    std::string s;
+    for (int r : rs) s += (s.empty() ? "" : ", ") + std::to_string(label(r));
+    return "[" + s + "]";
+  };
+  RR_INFO("rank ", label(rank), " of ", o.groupName.empty() ? "world" : o.groupName, ": ",
+          l.members.empty() ? std::string("TCP only")
+                            : "shared memory with ranks " + list(l.members) +
+                                  (l.slicePeers.empty() ? "" : ", slice ring " + list(l.slicePeers)),
+          " (", l.reason, ")");
   if (l.members.empty()) return ShmPlan{};
   plan.members = std::move(l.members);
   plan.slicePeers = std::move(l.slicePeers);

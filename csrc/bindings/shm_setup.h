@@ -11,6 +11,7 @@
 #include <pybind11/pybind11.h>
 
 #include "comm/communicator.h"
+#include "core/params.h"
 #include "transport/shm/domain.h"
 
 namespace rr::bindings {
@@ -25,9 +26,10 @@ struct ShmPlan {
   bool chunkGiven = false;        // "shm_chunk_bytes" was passed (tests): keep it
 };
 
-// The plan from a new communicator's options (shm_prefix, shm_hosts, shm_transport and the
-// slot settings) for communicator rank `rank`; unknown shm_* keys raise InvalidArgument.
-ShmPlan shmFromDict(const pybind11::dict& d, int rank);
+// The plan from a new communicator's options (shm_prefix, shm_hosts -- one per rank --,
+// shm_transport and the slot settings) for communicator rank `rank` of `world`, logged at
+// INFO with `o`'s rank labels and group name; unknown shm_* keys raise InvalidArgument.
+ShmPlan shmFromDict(const pybind11::dict& d, int rank, int world, const Options& o);
 
 // How setupShm's ranks meet: all-gather one string per rank (result indexed by
 // communicator rank) and a barrier. Over the TCP mesh, or -- a socketless communicator,

@@ -134,6 +134,8 @@ bool shmOneRound(Communicator& c, size_t lineBytes) {
   return lineBytes <= c.shm()->config().smallMax;
 }
 
+bool shmOffersInPlace(Communicator& c) { return c.options().cma && c.shm()->cmaReadable(); }
+
 Algorithm planGatherAll(Communicator& c, CollectiveKind kind, size_t bytes, size_t lineBytes) {
   if (c.shmAll())
     return logged(c, kind, bytes, Algorithm::kShm,

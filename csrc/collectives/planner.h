@@ -31,6 +31,13 @@ Algorithm planDirect(Communicator& c, CollectiveKind kind, size_t bytes, bool sh
 // (ShmConfig::smallMax), else pipelined chunk slots.
 bool shmOneRound(Communicator& c, size_t lineBytes);
 
+// Single-copy reads (transport/shm/cma.h), decided here for the collectives that offer
+// them (a point-to-point message larger than the slots, scatter, all-to-all): this rank
+// offers its peers to read its buffer in place when RINGREDUCE_CMA is on (job-wide) and
+// it can read every local peer (probed once; permissions are symmetric). The collective
+// still tells its peers per call, and falls back to the slots where it does not offer.
+bool shmOffersInPlace(Communicator& c);
+
 // All-gather, reduce-scatter: kShm on one host (one line round when `lineBytes`, what each
 // rank's line must carry, fits the line; else pipelined chunk slots), else kRing over TCP.
 Algorithm planGatherAll(Communicator& c, CollectiveKind kind, size_t bytes, size_t lineBytes);

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "collectives/planner.h"
 #include "collectives/shm_algos.h"
 #include "collectives/shm_common.h"
 #include "core/chunking.h"
@@ -31,13 +32,13 @@ using transport::shm::reached;
 
 namespace {
 
-// 1 when peers may read this rank's blocks in place with process_vm_readv (cma.h): CMA is
-// on (RINGREDUCE_CMA), this rank can read every local peer (probed once), and nothing this
-// rank writes -- `out`, its own block -- overlaps what it sends.
+// 1 when peers may read this rank's blocks in place with process_vm_readv (cma.h): the
+// planner offers it (shmOffersInPlace), and nothing this rank writes -- `out`, its own
+// block -- overlaps what it sends.
 uint64_t cmaLendable(comm::Communicator& c, const char* in, const size_t* sendBytes,
                      const size_t* sendOffs, const char* out, const size_t* recvBytes,
                      const size_t* recvOffs, const OwnBlock& own) {
-  if (!c.options().cma) return 0;
+  if (!shmOffersInPlace(c)) return 0;
   const int n = c.shm()->world();
   auto span = [n](const char* base, const size_t* len, const size_t* off, const char* extra,
                   size_t extraLen) {
@@ -53,7 +54,7 @@ uint64_t cmaLendable(comm::Communicator& c, const char* in, const size_t* sendBy
   const auto s = span(in, sendBytes, sendOffs, own.src, own.bytes);
   const auto r = span(out, recvBytes, recvOffs, own.dst, own.bytes);
   if (s.first && r.first && r.first < s.second && s.first < r.second) return 0;
-  return c.shm()->cmaReadable() ? 1 : 0;
+  return 1;
 }
 
 }  // namespace

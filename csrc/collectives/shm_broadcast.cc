@@ -60,7 +60,7 @@ void broadcast(comm::Communicator& c, const transport::FrameHeader& h, char* buf
     // receiver read the message in place (one copy, cma.h) when the sender can read it
     // (probed; permissions are symmetric between two processes of one user). Otherwise
     // eager through the slots: a sender that finds them free returns without waiting.
-    const uint64_t meta[2] = {bytes > K * cb && c.options().cma && d.cmaReadable() ? 1u : 0u,
+    const uint64_t meta[2] = {bytes > K * cb && shmOffersInPlace(c) ? 1u : 0u,
                               reinterpret_cast<uint64_t>(buf)};
     if (!meta[0]) d.needSlots(me);  // allocated before the receiver may map them
     const uint64_t rd = lineSend(c, h, meta, sizeof meta);

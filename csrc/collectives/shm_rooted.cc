@@ -121,7 +121,7 @@ void scatter(comm::Communicator& c, const transport::FrameHeader& h, const char*
   }
   // The root's line says whether the others may read their blocks straight from `in`
   // (cma.h; the root can read every peer, and permissions are symmetric), and where it is.
-  uint64_t meta[2] = {me == root && c.options().cma && d.cmaReadable() ? 1u : 0u,
+  uint64_t meta[2] = {me == root && shmOffersInPlace(c) ? 1u : 0u,
                       reinterpret_cast<uint64_t>(in)};
   const uint64_t rd = lineRound(c, h, meta, me == root ? sizeof meta : 0);
   if (me != root) std::memcpy(meta, d.linePayload(root, rd), sizeof meta);

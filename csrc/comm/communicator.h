@@ -207,8 +207,8 @@ class Communicator {
   transport::shm::ShmDomain* shm() { return shm_.get(); }
   // True when shared memory reaches every rank (single host): all collectives use it.
   bool shmAll() const { return shm_ && shm_->world() == world_; }
-  // With several hosts: the ranks (one per host, ascending) that share this rank's local
-  // index; hierarchical all-reduce rings over them.
+  // With several hosts: the ranks (one per host, hosts ordered by their lowest rank) that
+  // share this rank's local index; hierarchical all-reduce rings over them.
   const std::vector<int>& slicePeers() const { return slicePeers_; }
   void setShm(std::unique_ptr<transport::shm::ShmDomain> d, std::vector<int> slicePeers) {
     shm_ = std::move(d);
