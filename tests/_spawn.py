@@ -57,26 +57,39 @@ _TAIL_CHARS = 3000
 # block per pytest-xdist worker, taken in turn. A port picked by binding port 0 could be
 # taken by a listener of a test on another worker before this test's store bound it (or be
 # handed to two tests at once); a block of its own is reused only by this worker's later
-# tests, long after.
-_PORT_BASE, _PORT_BLOCK = 10000, 2000
+# tests, long after. Each pytest session running at once on the host has a range of its own
+# (_xdist_locks.PORT_SLOT_ENV), split into the blocks of its workers.
+_PORT_BASE, _PORT_SPAN = 10000, 20000
 _next_port = [0]
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now and that no other test of this run will be
-    given (see _PORT_BASE)."""
+def _port_block() -> tuple[int, int]:
+    """(first port, length) of this process's block."""
+    from _xdist_locks import PORT_SLOT_ENV, PORT_SLOTS
+
+    slot = int(os.environ.get(PORT_SLOT_ENV, "0")) % PORT_SLOTS
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    block = int(worker[2:]) if worker[2:].isdigit() else 0
-    for _ in range(_PORT_BLOCK):
-        port = _PORT_BASE + (block * _PORT_BLOCK + _next_port[0]) % 20000
-        _next_port[0] = (_next_port[0] + 1) % _PORT_BLOCK
+    index = int(worker[2:]) % workers if worker[2:].isdigit() else 0
+    span = _PORT_SPAN // PORT_SLOTS
+    length = span // workers
+    return _PORT_BASE + slot * span + index * length, length
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now and that no other test of this run, nor of
+    another pytest session running at the same time, will be given (see _PORT_BASE)."""
+    first, length = _port_block()
+    for _ in range(length):
+        port = first + _next_port[0] % length
+        _next_port[0] = (_next_port[0] + 1) % length
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:  # something else of this host has it: the next one
                 continue
             return port
-    raise RuntimeError(f"no free port in {_PORT_BASE}+{block * _PORT_BLOCK}..+{_PORT_BLOCK}")
+    raise RuntimeError(f"no free port in {first}..{first + length - 1}")
 
 
 @dataclass

@@ -29,11 +29,37 @@ from collections.abc import Iterator
 from typing import Any
 
 _ENV = "RR_TEST_LOCK_DIR"
+# Which of PORT_SLOTS ranges of test ports this pytest session hands out (_spawn.free_port):
+# two sessions on one host (a developer's beside a helper's) had the same ranges, and one's
+# store could take the port the other had just handed to a test ("claimed by 2 processes").
+PORT_SLOT_ENV, PORT_SLOTS = "RR_TEST_PORT_SLOT", 3
+
+
+def _claim_port_slot(config: Any) -> None:
+    """The first range no other running session holds (a lock file held for the session;
+    the kernel drops it when the session ends, however it ends), else one by process id."""
+    for slot in range(PORT_SLOTS):
+        f = open(os.path.join(tempfile.gettempdir(), f"rr-test-port-slot-{slot}.lock"),  # noqa: SIM115
+                 "a")  # held open for the session
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            continue
+        config.add_cleanup(f.close)
+        os.environ[PORT_SLOT_ENV] = str(slot)
+        return
+    os.environ[PORT_SLOT_ENV] = str(os.getpid() % PORT_SLOTS)
 
 
 def configure(config: Any) -> None:
-    """Controller: make the lock directory its workers inherit (workers start later)."""
-    if hasattr(config, "workerinput") or _ENV in os.environ:
+    """Controller (or a serial session): claim a port range and make the lock directory its
+    workers inherit (workers start later)."""
+    if hasattr(config, "workerinput"):
+        return
+    if PORT_SLOT_ENV not in os.environ:
+        _claim_port_slot(config)
+    if _ENV in os.environ:
         return
     if getattr(config.option, "numprocesses", None):
         os.environ[_ENV] = tempfile.mkdtemp(prefix="rr-test-locks-")
