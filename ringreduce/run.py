@@ -45,6 +45,11 @@ DEFAULT_GRACE_S = 5.0
 # stopped: a rank that sys.exit(3)s makes its peers raise PeerFailure (code 1) within
 # milliseconds -- sometimes before its own exit is seen -- and all of them are reported.
 SETTLE_S = 0.5
+# A rank already ending on an uncaught PeerFailure (marked, see peer_failed) may still be in
+# its exit hooks -- destroy()'s farewell, up to 1 s after a failure, waits for a rank that
+# froze -- so the settling lasts while such ranks run, up to this long: stopped, one of them
+# counted as a rank the launcher stopped, not as one reporting the culprit (CI saw it).
+SETTLE_MARKED_S = 3.0
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _OPTS_WITH_VALUE = ("-n", "--nproc-per-node", "--nproc_per_node", "--master-port",
                     "--master_port", "--master-addr", "--master_addr", "--grace-period",
@@ -357,6 +362,11 @@ class _Job:
             out[r] = int(text) if text.isdigit() and int(text) < len(self.procs) else None
         return out
 
+    def marked(self, ranks: Collection[int]) -> list[int]:
+        """Those of `ranks` that marked an uncaught PeerFailure (they may still be exiting)."""
+        return [r for r in ranks if os.path.exists(os.path.join(self.notes,
+                                                                str(self.procs[r].pid)))]
+
     def _wait(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
         self.exited.put((rank, proc.wait()))
 
@@ -474,6 +484,7 @@ def _supervise(job: _Job, grace: float) -> int:
     failed: list[tuple[int, int]] = []  # ranks that failed on their own, in order seen
     stopped = 0  # ranks still running when they were stopped
     settle: float | None = None  # when ranks still running after a failure get SIGTERM
+    settle_end = 0.0  # the latest it may move to (SETTLE_MARKED_S)
     deadline: float | None = None  # when ranks still running get SIGKILL
     sent = "SIGTERM"
     while job.alive():
@@ -487,8 +498,12 @@ def _supervise(job: _Job, grace: float) -> int:
             job.signal(signal.SIGTERM, ranks=[event[0]])  # its leftover children
             if settle is None:
                 settle = time.monotonic() + SETTLE_S
+                settle_end = settle - SETTLE_S + SETTLE_MARKED_S
         if settle is not None and deadline is None and (
                 time.monotonic() >= settle or not job.alive()):
+            if time.monotonic() < settle_end and job.marked(job.alive()):
+                settle = time.monotonic() + 0.05  # a marked rank is exiting: look again
+                continue
             stopped = len(job.alive())
             job.signal(signal.SIGTERM)
             deadline = time.monotonic() + grace

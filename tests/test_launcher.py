@@ -304,11 +304,14 @@ def test_the_rank_that_failed_first_is_named_not_the_first_seen(
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("mode,how", [
     ("freeze", "was still running and was stopped"),
+    ("freeze_slow_exit", "was still running and was stopped"),
     ("leave", "exited with code 0 before the others were done")])
 def test_a_rank_that_every_peer_failure_names_is_blamed(marker: str, mode: str,
                                                         how: str) -> None:
     """Rank 2 freezes (SIGSTOP) or leaves early with code 0; ranks 0 and 1 exit with 1 on
-    the PeerFailure naming it. The launcher named rank 0 or 1 before (found by a helper)."""
+    the PeerFailure naming it. The launcher named rank 0 or 1 before (found by a helper).
+    freeze_slow_exit: rank 0 is still in its exit hooks when the others are done (CI saw
+    destroy()'s farewell keep it there): it reports too, it is not stopped as a bystander."""
     env = {**os.environ, "RINGREDUCE_HEARTBEAT_TIMEOUT": "2"}
     r = _launch("-n", "3", "--grace-period", "1", _script("blamed_peer.py"), marker, mode,
                 env=env)
