@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import time
 
-# A gap between two looks at the clock longer than this counts as this long (the rest as
-# paused). The C++ core's kLateNs is the same.
-LATE_S = 0.25
+from ._C import LATE_S  # the core's transport::kLateNs, in seconds
+
+# A gap between two looks at the clock longer than LATE_S counts as LATE_S (the rest as
+# paused), as the C++ heartbeat clock counts a late run.
 
 
 class Pauses:

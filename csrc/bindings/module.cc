@@ -273,6 +273,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("DTYPE_CODES") = dtypes;
   m.attr("DTYPE_SIZES") = sizes;  // bytes per element
   m.attr("P2P_EAGER_BYTES") = collectives::p2pEagerBytes();
+  m.attr("LATE_S") = static_cast<double>(transport::kLateNs) / 1e9;  // ringreduce/_awake.py
   m.attr("OP_CODES") = ops;
   m.attr("ALGO_CODES") = algos;
   py::dict kinds;  // collectives (fault injection names them; _env's table is checked against it)

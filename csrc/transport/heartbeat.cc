@@ -74,7 +74,6 @@ class LivenessClock {
   static constexpr int64_t kNever = INT64_MAX / 2;
 
  private:
-  static constexpr int64_t kLateNs = 250000000;  // scheduling delay still counted
   std::mutex mu_;
   int64_t dueNs_ = kNever;
   int64_t pausedNs_ = 0;

@@ -59,6 +59,9 @@ constexpr size_t kSiteBytes = 48;  // call site carried in a heartbeat ("train.p
 // were not read, so that time is no evidence against anyone: a job paused for longer than
 // the heartbeat timeout blamed a healthy rank on resuming (found by a helper). Nanoseconds.
 int64_t livenessNs();
+// How late the heartbeat thread may run and still have that time counted (a scheduling
+// delay); beyond it, the rest is a pause. Python's deadlines use the same (_C.LATE_S).
+constexpr int64_t kLateNs = 250000000;
 inline int64_t livenessMs() { return livenessNs() / 1000000; }
 
 // The heartbeat MAC key of one init: HMAC(job secret, "rr-heartbeat/" + session), where
