@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import time
 
-from ._C import LATE_S  # the core's transport::kLateNs, in seconds
-
 # A gap between two looks at the clock longer than LATE_S counts as LATE_S (the rest as
-# paused), as the C++ heartbeat clock counts a late run.
+# paused), as the C++ heartbeat clock counts a late run: the core's transport::kLateNs.
+from ._C import LATE_S
 
 
 class Pauses:

@@ -1,6 +1,7 @@
-"""Making one communicator: exchange addresses and host identities through the store
-(the core chooses shared memory from them: csrc/transport/select.cc), connect, arm what the environment asks for (tracing, flight recorder, fault injection).
-Used by init() for the world and by every group (ringreduce.groups) and p2p channel.
+"""Making one communicator: exchange addresses and host identities through the store (the
+core chooses shared memory from them: csrc/transport/select.cc), connect, arm what the
+environment asks for (tracing, flight recorder, fault injection). Used by init() for the
+world and by every group (ringreduce.groups) and p2p channel.
 """
 
 from __future__ import annotations

@@ -46,9 +46,10 @@ DEFAULT_GRACE_S = 5.0
 # milliseconds -- sometimes before its own exit is seen -- and all of them are reported.
 SETTLE_S = 0.5
 # A rank already ending on an uncaught PeerFailure (marked, see peer_failed) may still be in
-# its exit hooks -- destroy()'s farewell, up to 1 s after a failure, waits for a rank that
-# froze -- so the settling lasts while such ranks run, up to this long: stopped, one of them
-# counted as a rank the launcher stopped, not as one reporting the culprit (CI saw it).
+# its exit hooks -- destroy()'s farewell waits up to 1 s after a failure for a rank that
+# froze -- so the settling lasts while such a rank runs, at most this long after the first
+# failure. Stopped by the launcher, it was not counted among the ranks reporting the
+# culprit (CI saw it).
 SETTLE_MARKED_S = 3.0
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _OPTS_WITH_VALUE = ("-n", "--nproc-per-node", "--nproc_per_node", "--master-port",
@@ -497,8 +498,8 @@ def _supervise(job: _Job, grace: float) -> int:
             failed.append(event)
             job.signal(signal.SIGTERM, ranks=[event[0]])  # its leftover children
             if settle is None:
-                settle = time.monotonic() + SETTLE_S
-                settle_end = settle - SETTLE_S + SETTLE_MARKED_S
+                now = time.monotonic()
+                settle, settle_end = now + SETTLE_S, now + SETTLE_MARKED_S
         if settle is not None and deadline is None and (
                 time.monotonic() >= settle or not job.alive()):
             if time.monotonic() < settle_end and job.marked(job.alive()):
