@@ -356,7 +356,7 @@ class _Job:
         out: dict[int, int | None] = {}
         for r in ranks:
             try:
-                with open(os.path.join(self.notes, str(self.procs[r].pid))) as f:
+                with open(self._mark(r)) as f:
                     text = f.read().strip()
             except OSError:
                 continue  # not marked
@@ -365,8 +365,11 @@ class _Job:
 
     def marked(self, ranks: Collection[int]) -> list[int]:
         """Those of `ranks` that marked an uncaught PeerFailure (they may still be exiting)."""
-        return [r for r in ranks if os.path.exists(os.path.join(self.notes,
-                                                                str(self.procs[r].pid)))]
+        return [r for r in ranks if os.path.exists(self._mark(r))]
+
+    def _mark(self, rank: int) -> str:
+        """Where `rank` marks an uncaught PeerFailure (_blame.mark_peer_failures)."""
+        return os.path.join(self.notes, str(self.procs[rank].pid))
 
     def _wait(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
         self.exited.put((rank, proc.wait()))
