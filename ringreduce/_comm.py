@@ -73,7 +73,7 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
     options["spin_us"] = _C.DEFAULT_SPIN_US if local <= cpus else 0.0
     log.info("rank %d of %s: %d local ranks, %d usable CPUs: %s", rank, name, local, cpus,
              "waits spin briefly" if options["spin_us"] else "waits never spin")
-    options.update(shm_options(tun.transport, peers, options["spin_us"]))
+    options.update(shm_options(tun.transport, peers))
     meet = None
     if socketless:
         options["socketless"] = True
@@ -205,7 +205,7 @@ def set_call_sites(on: bool) -> None:
     _C.set_call_sites(on)
 
 
-def shm_options(transport: str, peers: Any, spin_us: float) -> dict:
+def shm_options(transport: str, peers: Any) -> dict:
     """What the core needs to choose shared memory (transport/select.cc decides, from every
     rank's host identity and RINGREDUCE_TRANSPORT): the identities, the setting, and the
     common start of this init's segment names -- each creator appends its rank, pid and
@@ -215,4 +215,4 @@ def shm_options(transport: str, peers: Any, spin_us: float) -> dict:
 
     tag = hashlib.sha256(f"{peers.secret}/{peers.prefix}".encode()).hexdigest()[:24]
     return {"shm_prefix": f"/rr-{tag}", "shm_hosts": list(peers.hosts),
-            "shm_transport": transport, "shm_spin_us": spin_us}
+            "shm_transport": transport}

@@ -560,10 +560,10 @@ def init_loop(rank: int, world: int, cycles: int, job: int, sync_dir: str, jobs:
 
 
 def spin_choice(rank: int, world: int) -> dict:
-    """What init decided about spinning (sockets and shared memory), and the affinity mask
-    this rank ran under."""
+    """What init decided about spinning (the core's one setting for sockets and shared
+    memory), and the affinity mask this rank ran under."""
     o = _state._DEFAULT[0].options
-    return {"spin_us": o.get("spin_us"), "shm_spin_us": o.get("shm_spin_us"),
+    return {"spin_us": o.get("spin_us"),
             "affinity": sorted(os.sched_getaffinity(0))}
 
 

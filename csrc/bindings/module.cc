@@ -326,7 +326,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("shm_slot_bytes", [](int local, int slots, size_t capacity) {
     transport::shm::ShmConfig cfg;
     cfg.slots = slots;
-    collectives::planShmSlots(local, false, capacity, &cfg);
+    collectives::planShmSlots(local, capacity, &cfg);
     return std::make_pair(cfg.chunkBytes, cfg.copyBytes);
   }, py::arg("local"), py::arg("slots"), py::arg("capacity") = 0,
      "(chunk, copy unit) bytes of shared memory's slots for `local` ranks on a host whose "

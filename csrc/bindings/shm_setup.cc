@@ -44,7 +44,6 @@ std::vector<std::string> exchangeNames(ShmMeeting& meet, const std::vector<int>&
 
 ShmPlan shmFromDict(const py::dict& d, int rank, int world, const Options& o) {
   ShmPlan plan;
-  transport::shm::ShmConfig* cfg = &plan.cfg;
   std::vector<std::string> hosts;
   std::string setting = "auto";
   for (auto item : d) {
@@ -53,15 +52,9 @@ ShmPlan shmFromDict(const py::dict& d, int rank, int world, const Options& o) {
     if (k == "shm_prefix") plan.prefix = v.cast<std::string>();
     else if (k == "shm_hosts") hosts = v.cast<std::vector<std::string>>();
     else if (k == "shm_transport") setting = v.cast<std::string>();
-    else if (k == "shm_chunk_bytes") cfg->chunkBytes = v.cast<size_t>(), plan.chunkGiven = true;
-    else if (k == "shm_small_max") cfg->smallMax = v.cast<size_t>();
-    else if (k == "shm_slots") cfg->slots = v.cast<int>();
-    else if (k == "shm_spin_us") cfg->spinUs = v.cast<double>();
     else if (k.rfind("shm_", 0) == 0) throw InvalidArgument("unknown option '" + k + "'");
   }
-  if (cfg->chunkBytes < 4096 || cfg->chunkBytes % 4096)
-    throw InvalidArgument("shm_chunk_bytes must be a multiple of 4096");
-  if (cfg->slots < 2) throw InvalidArgument("shm_slots must be >= 2");
+  plan.cfg.spinUs = o.spinUs;  // one spin setting for sockets and shared memory
   if (hosts.empty() || plan.prefix.empty()) return ShmPlan{};
   if (static_cast<int>(hosts.size()) != world)
     throw InvalidArgument("need one host identity per rank (" + std::to_string(hosts.size()) +
@@ -121,10 +114,12 @@ void setupShm(comm::Communicator& c, const ShmPlan& plan, ShmMeeting& meet) {
     if (it == members.end()) throw InvalidArgument("the shared-memory layout must include this rank");
     int local = static_cast<int>(it - members.begin());
     transport::shm::ShmConfig cfg = plan.cfg;
-    collectives::planShmSlots(static_cast<int>(members.size()), plan.chunkGiven,
-                              transport::shm::capacityBytes(), &cfg);
+    collectives::planShmSlots(static_cast<int>(members.size()), transport::shm::capacityBytes(),
+                              &cfg);
     cfg.lazySlots = c.options().p2pChannel;
     cfg.slotsLater = !c.options().p2pChannel && !c.options().groupName.empty();  // a group
+    RR_DEBUG("shared memory of ", members.size(), " ranks: ", cfg.slots, " slots of ",
+             cfg.chunkBytes >> 10, " KiB, waits spin ", cfg.spinUs, " us");
     auto dom = std::make_unique<transport::shm::ShmDomain>(local, members, plan.prefix, cfg);
     dom->attach(exchangeNames(meet, members, plan.prefix, dom->ownName()));
     meet.barrier();

@@ -22,12 +22,11 @@ struct ShmPlan {
   std::string prefix;          // segment names' start; empty: no shared memory
   std::vector<int> members;    // communicator ranks on this host, ascending
   std::vector<int> slicePeers; // hierarchical ring peers (one per host)
-  transport::shm::ShmConfig cfg;  // slot sizes: planShmSlots() at setup
-  bool chunkGiven = false;        // "shm_chunk_bytes" was passed (tests): keep it
+  transport::shm::ShmConfig cfg;  // spin from Options; slot sizes: planShmSlots() at setup
 };
 
 // The plan from a new communicator's options (shm_prefix, shm_hosts -- one per rank --,
-// shm_transport and the slot settings) for communicator rank `rank` of `world`, logged at
+// shm_transport) for communicator rank `rank` of `world`, logged at
 // INFO with `o`'s rank labels and group name; unknown shm_* keys raise InvalidArgument.
 ShmPlan shmFromDict(const pybind11::dict& d, int rank, int world, const Options& o);
 

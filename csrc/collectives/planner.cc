@@ -51,17 +51,14 @@ size_t p2pEagerBytes() {
   return static_cast<size_t>(transport::shm::ShmConfig{}.slots) * kShmCopyBytes;
 }
 
-void planShmSlots(int local, bool chunkGiven, size_t shmCapacity,
-                  transport::shm::ShmConfig* cfg) {
-  if (!chunkGiven) {
-    const size_t n = static_cast<size_t>(std::max(local, 1));
-    const size_t k = static_cast<size_t>(std::max(cfg->slots, 1));
-    const size_t host = shmCapacity ? std::min(kShmHostSlotBytes, shmCapacity / kShmCapacityShare)
-                                    : kShmHostSlotBytes;
-    const size_t want = std::min(n * kShmSliceBytes, host / (n * k));
-    cfg->chunkBytes = std::max(kShmCopyBytes, want / 4096 * 4096);
-  }
-  cfg->copyBytes = std::min(kShmCopyBytes, cfg->chunkBytes);
+void planShmSlots(int local, size_t shmCapacity, transport::shm::ShmConfig* cfg) {
+  const size_t n = static_cast<size_t>(std::max(local, 1));
+  const size_t k = static_cast<size_t>(std::max(cfg->slots, 1));
+  const size_t host = shmCapacity ? std::min(kShmHostSlotBytes, shmCapacity / kShmCapacityShare)
+                                  : kShmHostSlotBytes;
+  const size_t want = std::min(n * kShmSliceBytes, host / (n * k));
+  cfg->chunkBytes = std::max(kShmCopyBytes, want / 4096 * 4096);
+  cfg->copyBytes = kShmCopyBytes;
 }
 
 QuietPlans::QuietPlans() { ++tQuiet; }

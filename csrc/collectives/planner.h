@@ -44,11 +44,10 @@ Algorithm planGatherAll(Communicator& c, CollectiveKind kind, size_t bytes, size
 
 // Shared memory's slot sizes for `local` ranks on a host (cfg->slots each): the large
 // all-reduce splits each chunk into `local` slices, which should be >= 512 KiB, so
-// cfg->chunkBytes = local x 512 KiB (unless `chunkGiven`), the host's slots within
-// min(32 MiB, shmCapacity / 16) (shmCapacity: the size of /dev/shm, 0 = unknown), at least
-// 512 KiB; the collectives that only copy use cfg->copyBytes = 512 KiB units (or the chunk,
-// if smaller).
-void planShmSlots(int local, bool chunkGiven, size_t shmCapacity, transport::shm::ShmConfig* cfg);
+// cfg->chunkBytes = local x 512 KiB, the host's slots within min(32 MiB, shmCapacity / 16)
+// (shmCapacity: the size of /dev/shm, 0 = unknown), at least 512 KiB; the collectives that
+// only copy use cfg->copyBytes = 512 KiB units.
+void planShmSlots(int local, size_t shmCapacity, transport::shm::ShmConfig* cfg);
 // A point-to-point channel's eager limit over shared memory: what its slots hold (a larger
 // message waits for its receiver: shm_broadcast.cc). ringreduce.p2p's EAGER_MAX.
 size_t p2pEagerBytes();
