@@ -4,10 +4,22 @@ torch backend would spend its timeout compiling."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import _xdist_locks
 import pytest
+
+# torch's TCPStore names every peer it connects to or accepts by reverse DNS (getnameinfo in
+# c10d's formatSockAddr, pytorch#159007): two queries per store connection, which leave the
+# machine. Where the resolver drops one (this sandbox's drops ~2%), that connection stalls
+# for the resolver's 5 s timeout: 3-4 inits in 100 took 5 s longer (test_reliability's
+# test_init_destroy_cycles ran 30 s instead of ~5), and every multi-rank test drew such
+# stalls at random. Resolve over TCP within 1 s instead: where the server refuses TCP (here)
+# the lookup fails at once and torch logs the address numerically after one warning per
+# process ("The hostname of the client socket cannot be retrieved"); a user's RES_OPTIONS
+# is kept. Ranks inherit it.
+os.environ.setdefault("RES_OPTIONS", "use-vc timeout:1 attempts:1")
 
 
 def pytest_sessionstart(session) -> None:
