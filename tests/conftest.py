@@ -11,15 +11,14 @@ import _xdist_locks
 import pytest
 
 # torch's TCPStore names every peer it connects to or accepts by reverse DNS (getnameinfo in
-# c10d's formatSockAddr, pytorch#159007): two queries per store connection, which leave the
-# machine. Where the resolver drops one (this sandbox's drops ~2%), that connection stalls
-# for the resolver's 5 s timeout: 3-4 inits in 100 took 5 s longer (test_reliability's
-# test_init_destroy_cycles ran 30 s instead of ~5), and every multi-rank test drew such
-# stalls at random. Resolve over TCP within 1 s instead: where the server refuses TCP (here)
-# the lookup fails at once and torch logs the address numerically after one warning per
-# process ("The hostname of the client socket cannot be retrieved"); a user's RES_OPTIONS
-# is kept. Ranks inherit it.
-os.environ.setdefault("RES_OPTIONS", "use-vc timeout:1 attempts:1")
+# c10d's formatSockAddr, pytorch#159007): two queries per store connection. This machine's
+# resolver drops ~2% of them, and each drop stalled that connection for the resolver's 5 s
+# timeout: 3-4 inits in 100 took 5 s longer (test_reliability's init/destroy cycles ran 30 s
+# instead of ~5), and multi-rank tests drew such stalls at random. A 1 s timeout with three
+# tries bounds a drop at 1 s, and a failed lookup (then torch warns and logs numbers) at
+# 1 in ~10^5. (use-vc, which fails at once here, also made "nohost.invalid" a temporary
+# failure instead of a missing name.) A user's RES_OPTIONS is kept; ranks inherit it.
+os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:3")
 
 
 def pytest_sessionstart(session) -> None:
