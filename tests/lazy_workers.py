@@ -75,13 +75,15 @@ def silent_strangers(rank: int, world: int, per_rank: int) -> dict:
             "connections": w.comm.link_stats()["connections"]}
 
 
-def unwatched_peer(rank: int, world: int, victim: int, root: int, op: str, action: str) -> dict:
+def unwatched_peer(rank: int, world: int, victim: int, root: int, op: str, action: str,
+                   root_done: str) -> dict:
     """`root` waits for `victim`, a rank outside its overlay, in `op` (a gather, a first
     receive from it, a receive from any rank that only the victim sends to: "anyrecv", or a
     gather once every pair is connected: "connected") while every
     other rank has done its part and idles: nobody relays anything. The victim is killed,
     stopped, leaves (rr.destroy()), or comes 5 s late ("late": the wait must not fail). A
-    receive from any rank whose victim left gets rank 1's message, sent 4 s late."""
+    receive from any rank whose victim left gets rank 1's message, sent 4 s late. The root
+    creates the file `root_done` when its wait is over; the others idle until then."""
     import os
     import signal
     import time
@@ -120,8 +122,14 @@ def unwatched_peer(rank: int, world: int, victim: int, root: int, op: str, actio
     except rr.PeerFailure as e:
         return {"error": str(e), "peer_rank": e.peer_rank, "cause": e.cause,
                 "secs": time.monotonic() - t0}
+    finally:
+        if rank == root:
+            open(root_done, "w").close()
     if rank not in (root, victim):
-        time.sleep(10.0)  # idle while the root waits: the victim's neighbours say nothing
+        # idle while the root waits (at most 10 s): the victim's neighbours say nothing
+        end = time.monotonic() + 10.0
+        while not os.path.exists(root_done) and time.monotonic() < end:
+            time.sleep(0.05)
     return {"ok": True, "secs": time.monotonic() - t0}
 
 

@@ -151,7 +151,7 @@ _UNWATCHED = [("gather", "kill"), ("gather", "stop"), ("recv", "kill"), ("connec
 @pytest.mark.exclusive  # 6 ranks timed against 1 s heartbeats
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("op,action", _UNWATCHED, ids=["-".join(c) for c in _UNWATCHED])
-def test_a_rank_waiting_outside_its_overlay_names_a_dead_or_frozen_peer(op: str,
+def test_a_rank_waiting_outside_its_overlay_names_a_dead_or_frozen_peer(tmp_path, op: str,
                                                                          action: str) -> None:
     """Rank 0 waits for rank 3, outside its overlay ({1, 2, 4, 5} of 6), whose overlay
     neighbours idle: it asks rank 3 for heartbeats while it waits and names it at the
@@ -166,7 +166,7 @@ def test_a_rank_waiting_outside_its_overlay_names_a_dead_or_frozen_peer(op: str,
     fast = {"RINGREDUCE_HEARTBEAT_INTERVAL": "0.05"} if action == "stop-fast" else {}
     action = action.removesuffix("-fast")
     outs = run_world_raw(6, "lazy_workers:unwatched_peer", victim, root, op, action,
-                         timeout=100, expendable=[victim] if action in ("kill", "stop") else [],
+                         str(tmp_path / "root_done"), timeout=100, expendable=[victim] if action in ("kill", "stop") else [],
                          env={**SPARSE, **test_faults.FAST_HB, "RINGREDUCE_TRANSPORT": "tcp",
                               "RINGREDUCE_TIMEOUT": "30", **fast})
     v = outs[root].value
