@@ -62,3 +62,24 @@ def channels_leave_their_family(rank: int, world: int) -> dict:
         during = _C._p2p_families()
         g.destroy()
     return {"before": list(before), "during": list(during), "after": list(_C._p2p_families())}
+
+
+def world_wait_beside_a_receive(rank: int, world: int) -> str:
+    """Rank 1 waits in its second receive from rank 0 (tag 5) while rank 0 waits in a world
+    barrier rank 1 never joins: rank 0's timeout names what rank 1 is doing instead (a
+    channel's transfer is a 2-rank broadcast inside; it said "broadcast #2"). Rank 0 then
+    sends, so rank 1 finishes. Returns rank 0's error, "ok" on rank 1."""
+    x = np.zeros(4, np.float32)
+    if rank == 1:
+        rr.recv(x, src=0, tag=5)
+        rr.recv(x, src=0, tag=5)
+        return "ok"
+    rr.send(x, dst=1, tag=5)
+    time.sleep(0.5)
+    try:
+        rr.barrier()
+        err = "no error"
+    except rr.CollectiveTimeout as e:
+        err = str(e)
+    rr.send(x, dst=1, tag=5)
+    return err

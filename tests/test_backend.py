@@ -166,4 +166,5 @@ def test_torch_subgroup_deadline_world_reinit_and_subgroup_without_world() -> No
             r["after_destroy"], r
         assert r["initialized"] is False, r
         assert "was destroyed" in r["call_after_destroy"] and \
-            "destroy_process_group() and init_process_group()" in r["call_after_destroy"], r
+            "destroy_process_group() and init_process_group()" in r["call_after_destroy"] and \
+            "torch.distributed.new_group() for a subgroup" in r["call_after_destroy"], r

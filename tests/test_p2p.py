@@ -330,6 +330,14 @@ def test_a_first_message_wait_reports_its_stall_with_what_the_peer_does() -> Non
     assert "p2p_wait_workers.py:" in line and "it gives up in" in line, line
 
 
+@pytest.mark.timeout(60)
+def test_a_timeout_names_a_peers_receive_on_a_channel() -> None:
+    outs = run_world(2, "p2p_wait_workers:world_wait_beside_a_receive", timeout=45,
+                     env={"RINGREDUCE_TIMEOUT": "20"}, rank_env={0: {"RINGREDUCE_TIMEOUT": "3"}})
+    assert outs[1] == "ok", outs
+    assert re.search(r"rank 1 .*meanwhile in recv #2 on p2p 0->1 tag 5", outs[0]), outs[0]
+
+
 @pytest.mark.timeout(90)
 def test_a_stall_report_never_waits_for_a_collective_in_flight() -> None:
     outs = run_world_raw(2, "p2p_wait_workers:stall_beside_a_collective", timeout=60,

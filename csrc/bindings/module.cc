@@ -66,7 +66,7 @@ void startHeartbeat(transport::Heartbeat& hb, int rank, int world,
     for (int p : *overlay) always[static_cast<size_t>(p)] = 1;
   }
   std::string session = opts.contains("session") ? opts["session"].cast<std::string>() : "";
-  hb.setName(o.groupName.empty() ? "world" : o.groupName);
+  hb.setName(o.groupName.empty() ? "world" : o.groupName, o.p2pChannel);
   hb.setCarrier(o.rankLabels.empty());  // the world's: groups and channels go quiet beside it
   hb.start(rank, hbAddrs, transport::heartbeatKey(secret, session), o.heartbeatIntervalSec,
            always);

@@ -41,8 +41,9 @@ inline constexpr const char* kThreadLimitText =
 // names all three (a torch group of the backend rides on ringreduce's world or groups).
 inline constexpr const char* kDestroyedText =
     "communicator was destroyed; make a new one: ringreduce.init() for the world, "
-    "ringreduce.new_group() for a group, or for a torch process group destroy_process_group() "
-    "and init_process_group() again";
+    "ringreduce.new_group() for a group, or for a torch process group "
+    "torch.distributed.new_group() for a subgroup, destroy_process_group() and "
+    "init_process_group() for the default one";
 
 using transport::Connection;
 using transport::FrameHeader;

@@ -144,8 +144,8 @@ void Communicator::checkHeartbeats(int waitingFor) {
     if (s.ageMs >= 0 && s.seq == seq_ && s.kind != 0 && s.kind != static_cast<uint8_t>(curKind_))
       throw MismatchError(detail::concat(
           "collective mismatch: rank ", label(p), " (", peerHost(p), ") is in ",
-          toString(static_cast<CollectiveKind>(s.kind)), " #", s.seq, " while rank ", label(rank_),
-          " is in ", toString(curKind_), " #", seq_,
+          kindName(static_cast<CollectiveKind>(s.kind), -1), " #", s.seq, " while rank ",
+          label(rank_), " is in ", kindName(curKind_, curHeader_.root), " #", seq_,
           " (every rank must issue the same collectives in the same order)"), -1, p);
     // The same rooted collective with another root: in a tree every rank may wait to
     // receive from a child the other's tree does not have (TCP reduce, gather, scatter).

@@ -441,8 +441,15 @@ std::string Heartbeat::busyElsewhere() const {
     const uint64_t st = h->state_.load(std::memory_order_relaxed);
     const auto kind = static_cast<uint8_t>(st >> 56);
     if (kind == 0) continue;
-    std::string s = detail::concat(toString(static_cast<CollectiveKind>(kind)), " #",
-                                   st & ((uint64_t{1} << 56) - 1), " on ", h->name_);
+    const uint64_t seq = st & ((uint64_t{1} << 56) - 1);
+    const char* what = toString(static_cast<CollectiveKind>(kind));
+    if (h->p2p_ && kind == static_cast<uint8_t>(CollectiveKind::kBroadcast)) {
+      const uint64_t rw = h->root_.load(std::memory_order_acquire);
+      what = (rw & 0xffffffffu) != (seq & 0xffffffffu) ? "message"
+             : static_cast<int>(rw >> 32) == h->rank_  ? "send"
+                                                        : "recv";
+    }
+    std::string s = detail::concat(what, " #", seq, " on ", h->name_);
     return s.substr(0, kSiteBytes - 1);
   }
   return "";

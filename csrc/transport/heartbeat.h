@@ -113,7 +113,12 @@ class Heartbeat {
   // process also says which collective the process runs on its *other* communicators
   // ("allreduce #5 on world"), so a peer waiting for this rank on one group learns that it
   // is blocked on another (ranks that called collectives on groups in different orders).
-  void setName(std::string name) { name_ = std::move(name); }
+  // p2p: a point-to-point channel, whose transfers run as 2-rank broadcasts: named "send" /
+  // "recv" by their root, as the channel's own messages name them.
+  void setName(std::string name, bool p2p = false) {
+    name_ = std::move(name);
+    p2p_ = p2p;
+  }
   // The world's heartbeat (before start()): carries this process's liveness (see above).
   void setCarrier(bool on) { carrier_ = on; }
   // Rounds an idle heartbeat with nothing new may skip peers the carrier reaches.
@@ -182,6 +187,7 @@ class Heartbeat {
   std::string site_;
   std::vector<std::string> peerSite_, peerElsewhere_;
   std::string name_ = "world";
+  bool p2p_ = false;
   // "allreduce #5 on world": a collective in progress on another communicator of this
   // process (the first found), "" if none. Sender thread.
   std::string busyElsewhere() const;
