@@ -170,11 +170,23 @@ def _farewell(box: list, rank: int, world: int, prefix: str, closing: bool, dead
 
 
 def _poll(done: Any, deadline: Awake) -> bool:
-    """Call done() every 2 ms until it is true (returns True) or the deadline (False)."""
+    """Call done() every 2 ms until it is true (returns True) or the deadline (False). A
+    deadline whose pauses another thread looks for (_talk_until's waiter, every 0.05 s) is
+    asked again after _SETTLE_S before it counts as passed: right after a SIGCONT this thread
+    may run before the waiter has seen the pause, when every deadline looks passed -- rank 0
+    then closed the store under a rank still on its way (CI, test_launcher's paused job)."""
     if not isinstance(deadline, Awake):  # a float (a monotonic time) was once passed here
         raise TypeError(f"_poll: deadline must be an Awake, got {type(deadline).__name__}")
     while not done():
-        if deadline.expired() or _HURRY.is_set():
+        if _HURRY.is_set():
             return False
+        if deadline.expired():
+            time.sleep(_SETTLE_S)
+            if deadline.expired():
+                return False
+            continue
         time.sleep(0.002)
     return True
+
+
+_SETTLE_S = 0.15  # three of the waiter's looks

@@ -197,3 +197,26 @@ def test_a_failed_rank_0_waits_for_late_ranks_before_it_exits(monkeypatch) -> No
     monkeypatch.setattr(_rendezvous, "_world_prefix", lambda store: "p/")
     _rendezvous._linger(Store(), 2, cap=3.0)
     assert 1.4 < time.monotonic() - t0 < 2.5
+
+
+@pytest.mark.timeout(30)
+def test_a_farewell_poll_waits_for_the_pause_to_be_seen() -> None:
+    """Right after a SIGCONT the farewell thread may look at its deadline before the thread
+    that looks for pauses has seen the pause: the deadline looks passed. _poll asks again a
+    moment later instead of giving up (rank 0 closed the store under a late rank; CI)."""
+    from ringreduce import _awake, _farewell
+
+    pauses = _awake.Pauses()
+    deadline = _awake.Awake(1.0, pauses)
+    deadline._start -= 3.0  # 3 s went by, stopped; the looking thread has not seen it yet
+    seen = threading.Timer(0.05, lambda: setattr(pauses, "total", pauses.total + 3.0))
+    ready = time.monotonic() + 0.1
+    seen.start()
+    try:
+        assert _farewell._poll(lambda: time.monotonic() > ready, deadline)
+    finally:
+        seen.cancel()
+    gone = _awake.Awake(0.0, _awake.Pauses())  # a deadline that has passed still ends it
+    t0 = time.monotonic()
+    assert not _farewell._poll(lambda: False, gone)
+    assert time.monotonic() - t0 < 1.0
