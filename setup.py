@@ -44,11 +44,14 @@ def _sources() -> list[str]:
 
 
 def _flags() -> list[str]:
-    flags = ["-O3", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fvisibility=hidden"]
+    san = os.environ.get("RINGREDUCE_SANITIZE")
+    # A sanitized build is for checking, not speed: -O1 (the sanitizers' advice) compiles in
+    # about half the time of -O3 (the ASan tests' build was ~3 min on 2 cores).
+    flags = ["-O1" if san else "-O3", "-Wall", "-Wextra", "-Wno-unused-parameter",
+             "-fvisibility=hidden"]
     if os.environ.get("RINGREDUCE_WERROR", "0") == "1":
         flags.append("-Werror")
-    if os.environ.get("RINGREDUCE_SANITIZE"):
-        san = os.environ["RINGREDUCE_SANITIZE"]
+    if san:
         flags += [f"-fsanitize={san}", "-fno-omit-frame-pointer", "-g"]
     return flags
 
