@@ -31,6 +31,10 @@ class Pauses:
             self.total += now - self._last - LATE_S
         self._last = now
 
+    def since_look(self) -> float:
+        """Seconds since the last look: long, and a pause may not be counted yet."""
+        return time.monotonic() - self._last
+
 
 class Awake:
     """A deadline on the time this process ran (found by a helper: a job paused during
@@ -56,6 +60,12 @@ class Awake:
 
     def expired(self) -> bool:
         return self.left() <= 0
+
+    def unseen(self, secs: float) -> bool:
+        """True when another thread looks for this deadline's pauses and has not looked for
+        `secs`: right after a SIGCONT this thread may run first, when the deadline looks
+        passed though the process was stopped."""
+        return not self._own and self._pauses.since_look() > secs
 
     def at_least(self, secs: float) -> Awake:
         return Awake(max(self.left(), secs), None if self._own else self._pauses)

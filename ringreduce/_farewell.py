@@ -171,22 +171,25 @@ def _farewell(box: list, rank: int, world: int, prefix: str, closing: bool, dead
 
 def _poll(done: Any, deadline: Awake) -> bool:
     """Call done() every 2 ms until it is true (returns True) or the deadline (False). A
-    deadline whose pauses another thread looks for (_talk_until's waiter, every 0.05 s) is
-    asked again after _SETTLE_S before it counts as passed: right after a SIGCONT this thread
-    may run before the waiter has seen the pause, when every deadline looks passed -- rank 0
-    then closed the store under a rank still on its way (CI, test_launcher's paused job)."""
+    deadline that passed while the thread looking for its pauses (_talk_until's waiter,
+    every 0.05 s) has not looked for 0.1 s is asked again once it has (at most _SETTLE_S):
+    right after a SIGCONT this thread may run first, when every deadline looks passed --
+    rank 0 then closed the store under a rank still on its way (CI, test_launcher's paused
+    job). A deadline that passed otherwise ends the poll at once."""
     if not isinstance(deadline, Awake):  # a float (a monotonic time) was once passed here
         raise TypeError(f"_poll: deadline must be an Awake, got {type(deadline).__name__}")
     while not done():
         if _HURRY.is_set():
             return False
         if deadline.expired():
-            time.sleep(_SETTLE_S)
+            end = time.monotonic() + _SETTLE_S
+            while deadline.unseen(0.1) and time.monotonic() < end and not _HURRY.is_set():
+                time.sleep(0.005)
             if deadline.expired():
-                return False
+                return bool(done())
             continue
         time.sleep(0.002)
     return True
 
 
-_SETTLE_S = 0.15  # three of the waiter's looks
+_SETTLE_S = 0.5  # the waiter's look after a SIGCONT (it looks every 0.05 s)

@@ -16,8 +16,7 @@ import pytest
 # timeout: 3-4 inits in 100 took 5 s longer (test_reliability's init/destroy cycles ran 30 s
 # instead of ~5), and multi-rank tests drew such stalls at random. A 1 s timeout with three
 # tries bounds a drop at 1 s, and a failed lookup (then torch warns and logs numbers) at
-# 1 in ~10^5. (use-vc, which fails at once here, also made "nohost.invalid" a temporary
-# failure instead of a missing name.) A user's RES_OPTIONS is kept; ranks inherit it.
+# 1 in ~10^5. A user's RES_OPTIONS is kept; ranks inherit it.
 os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:3")
 
 

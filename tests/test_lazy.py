@@ -166,7 +166,8 @@ def test_a_rank_waiting_outside_its_overlay_names_a_dead_or_frozen_peer(tmp_path
     fast = {"RINGREDUCE_HEARTBEAT_INTERVAL": "0.05"} if action == "stop-fast" else {}
     action = action.removesuffix("-fast")
     outs = run_world_raw(6, "lazy_workers:unwatched_peer", victim, root, op, action,
-                         str(tmp_path / "root_done"), timeout=100, expendable=[victim] if action in ("kill", "stop") else [],
+                         str(tmp_path / "root_done"), timeout=100,
+                         expendable=[victim] if action in ("kill", "stop") else [],
                          env={**SPARSE, **test_faults.FAST_HB, "RINGREDUCE_TRANSPORT": "tcp",
                               "RINGREDUCE_TIMEOUT": "30", **fast})
     v = outs[root].value

@@ -22,12 +22,13 @@ def test_plan_follows_transport_setting(transport: str, want: str) -> None:
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("world", [2, 3, 5])
 def test_allreduce_all_dtypes_ops_sizes(world: int) -> None:
-    # 1, 9 (inline in the line), 5000 (multi-line small path), 9001 floats > 16 KiB small
-    # limit, 1_300_007 (several n x 512 KiB chunks for 4-byte and wider dtypes: slot reuse
-    # wraps around the 4 slots). Every op runs through the chunked path at 9001; the large
-    # count, whose chunking and slot reuse do not depend on the op, runs one op of each kind
-    # (an arithmetic, the averaging, a comparison, a bitwise one): about half the time.
-    counts = [1, 9, 5000, 9001, 1_300_007]
+    # 1, 9 (inline in the line), 5000 (multi-line small path), 9001 (> the 16 KiB small
+    # limit for 2-byte and wider dtypes), 17_001 (for 1-byte ones), 1_300_007 (several n x
+    # 512 KiB chunks for 4-byte and wider dtypes: slot reuse wraps around the 4 slots). Every
+    # op runs the chunked path at 9001 or 17_001; the large count, whose chunking and slot
+    # reuse do not depend on the op, runs one op of each kind (an arithmetic, the averaging,
+    # a comparison, a bitwise one): about half the time.
+    counts = [1, 9, 5000, 9001, 17_001, 1_300_007]
     dtypes = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64",
               "int16", "uint16", "uint32", "uint64"]
     ops = ["sum", "avg", "prod", "min", "max", "band", "bor", "bxor"]

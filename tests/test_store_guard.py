@@ -207,16 +207,19 @@ def test_a_farewell_poll_waits_for_the_pause_to_be_seen() -> None:
     from ringreduce import _awake, _farewell
 
     pauses = _awake.Pauses()
+    pauses._last -= 3.0  # stopped for 3 s since the looking thread's last look...
     deadline = _awake.Awake(1.0, pauses)
-    deadline._start -= 3.0  # 3 s went by, stopped; the looking thread has not seen it yet
-    seen = threading.Timer(0.05, lambda: setattr(pauses, "total", pauses.total + 3.0))
+    deadline._start -= 3.0
+    seen = threading.Timer(0.05, pauses.look)  # ...which comes 50 ms after the SIGCONT
     ready = time.monotonic() + 0.1
     seen.start()
     try:
         assert _farewell._poll(lambda: time.monotonic() > ready, deadline)
     finally:
         seen.cancel()
-    gone = _awake.Awake(0.0, _awake.Pauses())  # a deadline that has passed still ends it
+    # A deadline that passed while its pauses were looked for ends the poll at once.
+    pauses = _awake.Pauses()
+    gone = _awake.Awake(0.0, pauses)
     t0 = time.monotonic()
     assert not _farewell._poll(lambda: False, gone)
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 0.05

@@ -38,7 +38,7 @@ inline constexpr const char* kThreadLimitText =
     "make fewer groups and channels";
 
 // A call on a destroyed communicator: what it says to do depends on who owns it, so it
-// names all three (a torch group of the backend rides on ringreduce's world or groups).
+// names every remedy (a torch group of the backend rides on ringreduce's world or groups).
 inline constexpr const char* kDestroyedText =
     "communicator was destroyed; make a new one: ringreduce.init() for the world, "
     "ringreduce.new_group() for a group, or for a torch process group "

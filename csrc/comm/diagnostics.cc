@@ -252,8 +252,7 @@ std::string Communicator::peerContext(int peer) const {
 }
 
 const char* Communicator::kindName(CollectiveKind k, int root) const {
-  if (!opts_.p2pChannel || k != CollectiveKind::kBroadcast) return toString(k);
-  return root < 0 ? "message" : root == rank_ ? "send" : "recv";
+  return rr::kindName(k, opts_.p2pChannel, root, rank_);
 }
 
 std::string Communicator::describeCurrent() const {

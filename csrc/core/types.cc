@@ -88,6 +88,11 @@ const char* toString(CollectiveKind k) {
   return "unknown-collective";
 }
 
+const char* kindName(CollectiveKind k, bool p2p, int root, int self) {
+  if (!p2p || k != CollectiveKind::kBroadcast) return toString(k);
+  return root < 0 ? "message" : root == self ? "send" : "recv";
+}
+
 const char* toString(Algorithm a) {
   switch (a) {
     case Algorithm::kAuto: return "auto";

@@ -68,6 +68,10 @@ size_t elementSize(DataType t);
 const char* toString(DataType t);
 const char* toString(ReduceOp op);
 const char* toString(CollectiveKind k);
+// A collective's name in messages. A point-to-point channel's transfers run as 2-rank
+// broadcasts inside: there they are "send" (root == self) or "recv", "message" when the root
+// is unknown (root < 0).
+const char* kindName(CollectiveKind k, bool p2p, int root, int self);
 const char* toString(Algorithm a);
 
 // True for float16/bfloat16: these are reduced in float32 and rounded once.

@@ -438,18 +438,14 @@ std::string Heartbeat::busyElsewhere() const {
   std::lock_guard<std::mutex> g(registry().mu);
   for (const Heartbeat* h : registry().all) {
     if (h == this) continue;
-    const uint64_t st = h->state_.load(std::memory_order_relaxed);
+    const uint64_t st = h->state_.load(std::memory_order_acquire);
     const auto kind = static_cast<uint8_t>(st >> 56);
     if (kind == 0) continue;
     const uint64_t seq = st & ((uint64_t{1} << 56) - 1);
-    const char* what = toString(static_cast<CollectiveKind>(kind));
-    if (h->p2p_ && kind == static_cast<uint8_t>(CollectiveKind::kBroadcast)) {
-      const uint64_t rw = h->root_.load(std::memory_order_acquire);
-      what = (rw & 0xffffffffu) != (seq & 0xffffffffu) ? "message"
-             : static_cast<int>(rw >> 32) == h->rank_  ? "send"
-                                                        : "recv";
-    }
-    std::string s = detail::concat(what, " #", seq, " on ", h->name_);
+    const uint64_t rw = h->root_.load(std::memory_order_acquire);  // setRoot's, if seq's
+    const int root = (rw & 0xffffffffu) == (seq & 0xffffffffu) ? static_cast<int>(rw >> 32) : -1;
+    std::string s = detail::concat(kindName(static_cast<CollectiveKind>(kind), h->p2p_, root,
+                                            h->rank_), " #", seq, " on ", h->name_);
     return s.substr(0, kSiteBytes - 1);
   }
   return "";
@@ -461,7 +457,7 @@ void Heartbeat::sendAll(bool bye, int only) {
   d.bye = bye ? 1 : 0;
   d.rank = rank_;
   d.pid = static_cast<uint32_t>(::getpid());
-  uint64_t st = state_.load(std::memory_order_relaxed);
+  uint64_t st = state_.load(std::memory_order_acquire);
   const uint64_t rw = root_.load(std::memory_order_acquire);
   d.kind = static_cast<uint8_t>(st >> 56);
   d.seq = st & ((uint64_t{1} << 56) - 1);
