@@ -1,7 +1,8 @@
 """Build ringreduce's C++ core (csrc/) into the extension ringreduce._C.
 
 Plain setuptools + pybind11: no torch headers, no CMake. Every csrc/**/*.cc is compiled
-with C++17, -O3 (-O1 for RINGREDUCE_SANITIZE) and warnings on (-Werror when RINGREDUCE_WERROR=1, as CI sets it).
+with C++17, -O3 (-O1 for RINGREDUCE_SANITIZE) and warnings on (-Werror when
+RINGREDUCE_WERROR=1, as CI sets it).
 SIMD code is selected at run time (target attributes), never with -march=native.
 
 CUDA (optional): with nvcc found and RINGREDUCE_CUDA unset/"auto" (or forced with "1"; "0"

@@ -109,7 +109,7 @@ def _talk_until(deadline: Awake, target: Any, *args: Any,
     pauses = deadline._pauses  # this thread looks for pauses: the talk's clock is ours
     margin = Awake(deadline.secs + 0.5, pauses)
     try:
-        while not ended.wait(0.05):
+        while not ended.wait(_LOOK_S):
             pauses.look()
             if margin.expired():
                 break
@@ -172,10 +172,10 @@ def _farewell(box: list, rank: int, world: int, prefix: str, closing: bool, dead
 def _poll(done: Any, deadline: Awake) -> bool:
     """Call done() every 2 ms until it is true (returns True) or the deadline (False). A
     deadline that passed while the thread looking for its pauses (_talk_until's waiter,
-    every 0.05 s) has not looked for 0.1 s is asked again once it has (at most _SETTLE_S):
-    right after a SIGCONT this thread may run first, when every deadline looks passed --
-    rank 0 then closed the store under a rank still on its way (CI, test_launcher's paused
-    job). A deadline that passed otherwise ends the poll at once."""
+    every _LOOK_S) has not looked for two of those is asked again once it has (at most
+    _SETTLE_S): right after a SIGCONT this thread may run first, when every deadline looks
+    passed -- rank 0 then closed the store under a rank still on its way (CI,
+    test_launcher's paused job). A deadline that passed otherwise ends the poll at once."""
     if not isinstance(deadline, Awake):  # a float (a monotonic time) was once passed here
         raise TypeError(f"_poll: deadline must be an Awake, got {type(deadline).__name__}")
     while not done():
@@ -183,7 +183,8 @@ def _poll(done: Any, deadline: Awake) -> bool:
             return False
         if deadline.expired():
             end = time.monotonic() + _SETTLE_S
-            while deadline.unseen(0.1) and time.monotonic() < end and not _HURRY.is_set():
+            while (deadline.unseen(2 * _LOOK_S) and time.monotonic() < end
+                   and not _HURRY.is_set()):
                 time.sleep(0.005)
             if deadline.expired():
                 return bool(done())
@@ -192,4 +193,5 @@ def _poll(done: Any, deadline: Awake) -> bool:
     return True
 
 
-_SETTLE_S = 0.5  # the waiter's look after a SIGCONT (it looks every 0.05 s)
+_LOOK_S = 0.05  # how often _talk_until's waiter looks for pauses
+_SETTLE_S = 0.5  # the waiter's look after a SIGCONT
