@@ -38,9 +38,10 @@ ROOT = Path(__file__).parent.resolve()
 
 def _sources() -> list[str]:
     # csrc/torch_adapter/ includes torch headers: built at run time against the installed
-    # torch (ringreduce/_c10d_build.py), never into _C.
+    # torch (ringreduce/_c10d_build.py), never into _C. csrc/testing/ is the fault-injection
+    # tests' module (_fault below), never in the library.
     srcs = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.cc")
-                  if "torch_adapter" not in p.parts)
+                  if "torch_adapter" not in p.parts and "testing" not in p.parts)
     return srcs
 
 
@@ -77,6 +78,18 @@ ext = Pybind11Extension(
     extra_compile_args=_flags(),
     extra_link_args=["-pthread"]
     + ([f"-fsanitize={os.environ['RINGREDUCE_SANITIZE']}"] if os.environ.get("RINGREDUCE_SANITIZE") else []),
+)
+
+# RINGREDUCE_FAULT's actions (kill, stop, exit, hang its own process): a module of their own,
+# loaded only when a test arms a rank, so that _C never ends its process (comm/fault.h).
+fault_ext = Pybind11Extension(
+    "ringreduce._fault",
+    ["csrc/testing/fault_module.cc"],
+    include_dirs=[str(ROOT / "csrc")],
+    depends=["csrc/comm/fault.h"],
+    cxx_std=17,
+    extra_compile_args=_flags(),
+    extra_link_args=ext.extra_link_args,
 )
 
 
@@ -237,6 +250,8 @@ class CudaBuildExt(BuildExt):
             objects = list(pool.map(compile_one, cu))
         lib_dirs = _cuda_lib_dirs(self.nvcc, str(ROOT / cu[0]))
         for e in self.extensions:
+            if e.name != ext.name:  # _fault links no CUDA
+                continue
             e.extra_objects = list(e.extra_objects or []) + objects
             e.define_macros = list(e.define_macros or []) + [("RINGREDUCE_WITH_CUDA", "1")]
             e.library_dirs = list(e.library_dirs or []) + lib_dirs
@@ -306,7 +321,7 @@ class EditableWheel(editable_wheel):
 
 _NVCC = _cuda_wanted()
 CudaBuildExt.nvcc = _NVCC
-setup(ext_modules=[ext],
+setup(ext_modules=[ext, fault_ext],
       cmdclass={"build_ext": BuildExt if _NVCC is None else CudaBuildExt,
                 "build_py": BuildPyWithAdapter, "sdist": SdistAll,
                 "editable_wheel": EditableWheel},

@@ -104,8 +104,9 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
     set_call_sites(tun.call_sites)
     f = tun.fault
     if f is not None and f["rank"] == rank and name == "world":
+        from . import _fault  # the actions: a test module of its own, loaded only here
         comm.set_fault(_env.FAULT_COLLECTIVES[f["collective"]], f["seq"], f["at"], f["action"],
-                       f["stamp"])
+                       f["stamp"], _fault.FIRE)
         log.warning("rank %d: RINGREDUCE_FAULT armed: %s", rank, f)
     return _state.Group(rank=rank, world_size=world, comm=comm, hosts=peers.hosts,
                         options=options, default_algo=algo_code(tun.algo),

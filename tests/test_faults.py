@@ -416,3 +416,39 @@ def test_a_collective_that_completed_before_its_peers_left_returns(tmp_path,
     nxt = v["next"]
     assert nxt["type"] == "PeerFailure" and nxt["cause"] == "left" and nxt["peer_rank"] in (0, 1), \
         f"{nxt}\n{story}"
+
+
+def _undefined_symbols(lib: Path) -> set[str]:
+    """The functions a shared object imports (its dynamic symbols with no section), read
+    from its ELF64 little-endian section table: what `nm -D --undefined-only` lists."""
+    import struct
+    data = lib.read_bytes()
+    assert data[:6] == b"\x7fELF\x02\x01", f"{lib} is not an ELF64 little-endian object"
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize)
+                for i in range(shnum)]
+    names: set[str] = set()
+    for _name, kind, _flags, _addr, off, size, link, _info, _align, entsize in sections:
+        if kind != 11:  # SHT_DYNSYM
+            continue
+        strtab = sections[link][4]
+        for at in range(off, off + size, entsize):
+            st_name, _st_info, _st_other, st_shndx = struct.unpack_from("<IBBH", data, at)
+            if st_shndx == 0 and st_name:
+                end = data.index(b"\0", strtab + st_name)
+                names.add(data[strtab + st_name:end].decode())
+    return names
+
+
+def test_only_the_test_module_can_end_its_process() -> None:
+    """RINGREDUCE_FAULT's actions live in ringreduce._fault, loaded only when a test arms a
+    rank: the library itself (_C) imports no function that kills, stops or exits its
+    process (the house rule: library code never calls exit/abort)."""
+    from ringreduce import _C, _fault
+    enders = {"kill", "_exit", "_Exit", "exit", "quick_exit", "abort", "raise", "tgkill",
+              "pthread_kill", "sigqueue"}
+    library = {s.split("@")[0] for s in _undefined_symbols(Path(_C.__file__))}
+    assert not enders & library, f"_C imports {sorted(enders & library)}"
+    hook = {s.split("@")[0] for s in _undefined_symbols(Path(_fault.__file__))}
+    assert {"kill", "_exit"} <= hook, f"ringreduce._fault's imports: {sorted(hook)}"

@@ -599,9 +599,13 @@ PYBIND11_MODULE(_C, m) {
       .def("set_flight_path", [](PyComm& c, const std::string& p) { c.ex().comm().setFlightPath(p); })
       .def("set_fault",
            // Fault injection (RINGREDUCE_FAULT; see comm/fault.h). Before any collective.
+           // `fire`: ringreduce._fault.FIRE, the hook that carries the action out.
            [](PyComm& c, int kind, uint64_t seq, const std::string& point,
-              const std::string& action, const std::string& stamp) {
+              const std::string& action, const std::string& stamp, const py::capsule& fire) {
+             if (fire.name() == nullptr || std::string(fire.name()) != "ringreduce._fault.FIRE")
+               throw InvalidArgument("set_fault: `fire` must be ringreduce._fault.FIRE");
              comm::FaultPlan f;
+             f.fire = reinterpret_cast<comm::FaultPlan::Fire>(fire.get_pointer());
              f.kind = static_cast<uint8_t>(kind);
              f.seq = seq;
              f.point = comm::faultPointFromString(point);
@@ -610,7 +614,7 @@ PYBIND11_MODULE(_C, m) {
              c.ex().comm().setFault(std::move(f));
            },
            py::arg("kind"), py::arg("seq"), py::arg("point"), py::arg("action"),
-           py::arg("stamp") = "")
+           py::arg("stamp"), py::arg("fire"))
       .def("trace_events", [](PyComm& c) {
         // Called after the collectives of interest finished (destroy, or a quiet moment).
         py::list out;

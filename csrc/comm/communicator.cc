@@ -167,7 +167,9 @@ void Communicator::maybeFault(FaultPlan::Point p) {
               fault_->matches(kind, seq_, FaultPlan::Point::kMid));
   if (!hit) return;
   const std::unique_ptr<FaultPlan> plan = std::move(fault_);  // one fault per process
-  fireFault(*plan, rank_, describeCurrent().c_str());
+  RR_WARN("RINGREDUCE_FAULT: rank ", rank_, " injects '", faultActionName(plan->action), "' in ",
+          describeCurrent());
+  plan->fire(static_cast<uint8_t>(plan->action), plan->stampPath.c_str());
 }
 
 void Communicator::setHeartbeat(std::unique_ptr<transport::Heartbeat> hb) {

@@ -4,7 +4,7 @@
 // Implemented by concern: communicator.cc (life cycle, begin, poison/abort), wait.cc (the
 // waits and their one liveness check), diagnostics.cc (stall reports, wait chains, what a
 // peer was doing), lazy_connect.cc (connections on first use), recorder.h (flight
-// recorder), fault.h (test-only fault injection: a null hook unless armed).
+// recorder), fault.h (test-only fault injection: a null plan unless a test armed one).
 //
 // Threading: every method except abort() is called by the one thread executing collectives
 // (runtime::Executor). abort() may be called from any thread; it wakes a blocked wait.
@@ -187,7 +187,7 @@ class Communicator {
   // The Python line that issues the next collective (comm/site.h id). Executor thread.
   void setSite(uint32_t site);
   // Arm fault injection (RINGREDUCE_FAULT, tests only) on this rank; without it the
-  // communicator carries a null hook.
+  // communicator carries a null plan. `plan.fire` is the test module's hook (fault.h).
   void setFault(FaultPlan plan) { fault_ = std::make_unique<FaultPlan>(std::move(plan)); }
   Recorder& recorder() { return recorder_; }
   // Where poison() writes the flight recorder ("" = nowhere).

@@ -1,7 +1,10 @@
 // Fault injection for the reliability suite (RINGREDUCE_FAULT, parsed in ringreduce/_env/tunables.py):
 // this rank kills, stops, exits or hangs itself at a chosen point of a chosen collective, so
-// tests can time how fast every other rank names it. A communicator holds one only when a
-// test armed it (Communicator::setFault); then one check per collective phase.
+// tests can time how fast every other rank names it. A communicator holds a plan only when a
+// test armed one (Communicator::setFault); then one check per collective phase. The code that
+// carries the action out is not in this library: it is the hook the plan holds, which only
+// the separate test module ringreduce._fault provides (csrc/testing/fault_module.cc) -- the
+// library itself never kills, stops or exits its process.
 //
 //   point kBegin: the collective's sequence number is taken and its heartbeat state
 //                 published, no byte sent yet
@@ -17,23 +20,26 @@ namespace rr::comm {
 
 struct FaultPlan {
   enum class Point : uint8_t { kBegin, kMid, kEnd };
+  // The codes the hook receives (csrc/testing/fault_module.cc reads them in this order).
   enum class Action : uint8_t { kKill, kStop, kExit, kHang };
+  // Writes the wall-clock time to `stampPath` (unless empty), then carries out `action`:
+  // does not return for kill/exit/hang; returns after SIGCONT for stop.
+  using Fire = void (*)(uint8_t action, const char* stampPath);
+
   uint8_t kind = 0;   // CollectiveKind to hit; 0 = any
   uint64_t seq = 1;   // fire at the first matching collective with sequence number >= seq
   Point point = Point::kMid;
   Action action = Action::kKill;
   std::string stampPath;  // where to write the wall-clock time of the fault ("" = nowhere)
+  Fire fire = nullptr;    // the test module's hook (setFault refuses a plan without one)
 
   bool matches(uint8_t curKind, uint64_t curSeq, Point p) const {
     return p == point && curSeq >= seq && (kind == 0 || kind == curKind);
   }
 };
 
-// Carry out the plan's action now (does not return for kill/exit/hang; resumes after
-// SIGCONT for stop). Writes the stamp file first.
-void fireFault(const FaultPlan& plan, int rank, const char* what);
-
 FaultPlan::Point faultPointFromString(const std::string& s);
 FaultPlan::Action faultActionFromString(const std::string& s);
+const char* faultActionName(FaultPlan::Action a);
 
 }  // namespace rr::comm
