@@ -8,7 +8,8 @@
 //
 // Large messages: a pipelined chain v0 -> v1 -> ... -> v(n-1) in segments; each rank
 // forwards segment s as soon as it has it, so the time is ~ bytes/bandwidth + n segments.
-// Both send frames of at most RINGREDUCE_SEGMENT_BYTES.
+// The chain sends frames of RINGREDUCE_SEGMENT_BYTES, the tree what the planner says
+// (treeFrameBytes: the whole message when small).
 #include <algorithm>
 
 #include "collectives/collectives.h"
@@ -31,13 +32,7 @@ void binomial(Communicator& c, transport::FrameHeader h, char* buf, size_t bytes
     }
     mask <<= 1;
   }
-  // Above 4 segments (RINGREDUCE_SEGMENT_BYTES), in frames of one segment, each forwarded to
-  // the children as soon as it is in (a 2-rank broadcast of any size runs here): a rank
-  // that fails while sending can finish the frame it is in and tell its peer why
-  // (TcpConnection::sendAbort); 64 MiB at 2 ranks also ran 1.5x faster (receiving in
-  // cache-sized pieces). Up to 4 segments, one frame: splitting 1 MiB cost ~20%.
-  const size_t seg0 = std::max<size_t>(1, c.options().segmentBytes);
-  const size_t seg = bytes <= 4 * seg0 ? bytes : seg0;
+  const size_t seg = treeFrameBytes(c, bytes);
   for (size_t off = 0; off < bytes; off += seg) {
     const size_t len = std::min(seg, bytes - off);
     if (parent >= 0) {

@@ -18,6 +18,10 @@ namespace rr::collectives {
 Algorithm planAllreduce(Communicator& c, Algorithm requested, size_t bytes);
 // kShm, kTree (binomial tree) or kRing (pipelined chain).
 Algorithm planBroadcast(Communicator& c, size_t bytes);
+// The binomial tree's frames (TCP broadcast, kTree): a message of at most 4 segments
+// (RINGREDUCE_SEGMENT_BYTES) goes in one frame, a larger one in frames of one segment, each
+// forwarded to the children as soon as it is in.
+size_t treeFrameBytes(Communicator& c, size_t bytes);
 // kShm (one line round) or kTree (dissemination).
 Algorithm planBarrier(Communicator& c);
 // kShm (the shared-memory all-reduce on a copy) or kTree (binomial tree to the root).
