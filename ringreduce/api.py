@@ -90,6 +90,10 @@ def _init(rank: int | None, world_size: int | None, master_addr: str | None,
     try:
         tun, options = _settings(timeout)
         _trace.check_writable(tun, rank, world)
+        if tun.fault is not None and tun.fault["rank"] >= world:  # tests only: say why not
+            raise ValueError(f"RINGREDUCE_FAULT names rank {tun.fault['rank']}, but this job "
+                             f"has ranks 0-{world - 1}: no fault would fire. Name one of them "
+                             f"or unset RINGREDUCE_FAULT")
         _C.set_log_prefix(f"rank {rank}")
         _C.forget_first_failure()  # an earlier job's failure is not this one's goodbye reason
         if world > 1:  # before the store (rank 0's server needs descriptors too)

@@ -302,6 +302,22 @@ def test_fault_spec_parsed() -> None:
     assert env_mod.tunables({}).fault is None and env_mod.tunables({}).call_sites is True
 
 
+def test_fault_rank_outside_the_job_is_refused_at_init(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fault for a rank the job does not have would never fire: init says so."""
+    import ringreduce as rr
+    monkeypatch.setenv("RINGREDUCE_FAULT", "rank=1,action=stop")
+    with pytest.raises(ValueError, match=r"RINGREDUCE_FAULT names rank 1, but this job has "
+                                         r"ranks 0-0: no fault would fire"):
+        rr.init(rank=0, world_size=1)
+    assert not rr.is_initialized()
+    monkeypatch.setenv("RINGREDUCE_FAULT", "rank=0,action=stop")
+    rr.init(rank=0, world_size=1)  # (a 1-rank job has no peer to fail against: none armed)
+    try:
+        assert rr.is_initialized()
+    finally:
+        rr.destroy()
+
+
 @pytest.mark.timeout(60)
 def test_describe_tunables_lists_every_knob() -> None:
     text = env_mod.describe_tunables()
