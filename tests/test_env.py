@@ -354,6 +354,46 @@ def test_interface_lo() -> None:
             env_mod.select_interface_address(None, empty)
 
 
+def test_ifname_is_read_as_nccl_reads_its_own() -> None:
+    """RINGREDUCE_SOCKET_IFNAME as NCCL_SOCKET_IFNAME: prefixes, "=" exact, "^" excludes."""
+    order = env_mod.netif._ifname_order
+    names = ["lo", "eth0", "eth01", "eth1", "ib0", "docker0", "lo2"]
+    assert order("eth", names) == (["eth0", "eth01", "eth1"], False)
+    assert order("eth0", names) == (["eth0", "eth01"], False)  # the exact name first
+    assert order("=eth0", names) == (["eth0"], False)
+    assert order("ib, eth1", names) == (["ib0", "eth1"], False)  # entries in their order
+    assert order("^docker,=lo", names) == (["eth0", "eth01", "eth1", "ib0", "lo2"], True)
+    assert order("^eth,ib,docker,lo", names) == ([], True)
+    # tried as given (refused there: "does not exist") when nothing matches or none listed
+    assert order("=et", names) == (["et"], False) and order("wlan", names) == (["wlan"], False)
+    assert order("eth0", []) == (["eth0"], False)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not _has_interface("lo"), reason="no interface named lo")
+def test_ifname_prefixes_and_exclusions_pick_an_address() -> None:
+    select = env_mod.select_interface_address
+    assert select(None, "l") == "127.0.0.1"  # a prefix of lo
+    with pytest.raises(ValueError, match=r"'l' does not exist.*available interfaces: .*lo "):
+        select(None, "=l")
+    every = ",".join(sorted({n[0] for _, n in socket.if_nameindex()}))
+    with pytest.raises(ValueError, match=r"excludes every interface.*available: .*\blo\b"):
+        select(None, "^" + every)
+    others = []  # the other interfaces with an IPv4 address, in the host's order
+    for _, name in socket.if_nameindex():
+        try:
+            if name != "lo":
+                others.append(env_mod.netif._ioctl_ipv4(name))
+        except OSError:
+            pass
+    if others:  # excluding loopback: the first other one (no MASTER_ADDR to route to)
+        assert select(None, "^lo") == next(a for a in others if not a.startswith("127."))
+        assert select("127.0.0.1", "^=lo") != "127.0.0.1"
+    else:
+        with pytest.raises(ValueError, match="has no IPv4 address|excludes every interface"):
+            select(None, "^lo")
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("master", [None, "127.0.0.1", "127.0.1.1", "localhost"])
 def test_loopback_master(master: str | None) -> None:

@@ -55,28 +55,29 @@ def _with_address(name: str) -> str:
         return f"{name} (no IPv4 address)"
 
 
-def _interface_ipv4(ifname: str) -> str:
-    names = _interface_names()
+def _hint(names: list[str]) -> str:
+    """What a refusal says after its reason: every interface, with its address (one socket
+    per interface)."""
+    return (f"available interfaces: {', '.join(map(_with_address, names)) or 'none found'}. "
+            "Set RINGREDUCE_SOCKET_IFNAME to one with an address (names or prefixes, as "
+            "NCCL_SOCKET_IFNAME; a comma-separated list tries each in turn), or unset it to use "
+            "the interface that routes to MASTER_ADDR")
 
-    def hint() -> str:  # only when refusing: one socket per interface
-        return (f"available interfaces: {', '.join(map(_with_address, names)) or 'none found'}"
-                ". Set RINGREDUCE_SOCKET_IFNAME to one with an address (a comma-separated list "
-                "tries each in turn), or unset it to use the interface that routes to "
-                "MASTER_ADDR")
+
+def _interface_ipv4(ifname: str, names: list[str]) -> str:
+    """`ifname`'s IPv4 address; ValueError saying why there is none (without _hint)."""
     try:
         return _ioctl_ipv4(ifname)
     except OSError as e:
         if e.errno == errno.ENODEV or (names and ifname not in names):
-            raise ValueError(f"network interface {ifname!r} does not exist; {hint()}"
-                             ) from None
+            raise ValueError(f"network interface {ifname!r} does not exist") from None
         if e.errno == errno.EADDRNOTAVAIL:
-            raise ValueError(f"network interface {ifname!r} has no IPv4 address; {hint()}"
-                             ) from None
+            raise ValueError(f"network interface {ifname!r} has no IPv4 address") from None
     except ImportError:
         pass
     addr = _ipv4_from_ip_command(ifname)
     if addr is None:
-        raise ValueError(f"cannot find an IPv4 address for interface {ifname!r}; {hint()}")
+        raise ValueError(f"cannot find an IPv4 address for interface {ifname!r}")
     return addr
 
 
@@ -134,31 +135,71 @@ def _route_source(master_addr: str, timeout: float) -> str:
                      "RINGREDUCE_SOCKET_IFNAME to the interface peers should use")
 
 
+def _ifname_order(spec: str, names: list[str]) -> tuple[list[str], bool]:
+    """RINGREDUCE_SOCKET_IFNAME read as NCCL reads NCCL_SOCKET_IFNAME: a comma-separated
+    list of prefixes ("eth" matches eth0, eth1), "=name" for one exact name, and a leading
+    "^" to exclude what the list matches instead ("^docker,lo"). Returns the interfaces to
+    try, in order (per entry: the exact name first, then the other names it prefixes,
+    sorted; the exact name also when nothing else matched, or this host cannot list its
+    interfaces, so that its refusal says it does not exist), and whether `spec` excludes."""
+    exclude = spec.startswith("^")
+    items = [i.strip() for i in (spec[1:] if exclude else spec).split(",") if i.strip()]
+
+    def hit(item: str, name: str) -> bool:
+        return name == item[1:] if item.startswith("=") else name.startswith(item)
+    if exclude:
+        return [n for n in names if not any(hit(i, n) for i in items)], True
+    out: list[str] = []
+    for item in items:
+        exact = item[1:] if item.startswith("=") else item
+        more = sorted(n for n in names if n != exact and hit(item, n))
+        # the exact name when it exists, or nothing else matched (refused: "does not exist")
+        for n in ([exact] if exact in names or not more else []) + more:
+            if n and n not in out:
+                out.append(n)
+    return out, False
+
+
 def select_interface_address(master_addr: str | None, ifname: str | None,
                              timeout: float = 30.0) -> str:
     """The local address this rank should listen on and advertise to its peers.
 
-    With ``ifname`` (RINGREDUCE_SOCKET_IFNAME; a comma-separated list tries each in turn)
-    that interface's IPv4 address; otherwise the address of the interface that routes to
-    ``master_addr``, or ``"127.0.0.1"`` when ``master_addr`` is unset or a loopback name
-    (``"::1"`` for ``::1``).
-    Raises ValueError, listing the available interfaces, when the interface is missing.
+    With ``ifname`` (RINGREDUCE_SOCKET_IFNAME, as NCCL_SOCKET_IFNAME: _ifname_order) the
+    IPv4 address of the first interface it names that has one; with a "^" (exclusions) the
+    one among the rest that routes to ``master_addr``, else the first that is not loopback.
+    Otherwise the address of the interface that routes to ``master_addr``, or
+    ``"127.0.0.1"`` when ``master_addr`` is unset or a loopback name (``"::1"`` for ``::1``).
+    Raises ValueError, listing the available interfaces, when none fits.
     Always returns a numeric address (the C++ core then needs no name lookup); looking up a
     MASTER_ADDR name takes at most ``timeout`` seconds (CollectiveTimeout after that).
     """
     if ifname:
-        names = [n.strip() for n in ifname.split(",") if n.strip()]
+        available = _interface_names()
+        names, exclude = _ifname_order(ifname.strip(), available)
         if not names:
-            raise ValueError(f"RINGREDUCE_SOCKET_IFNAME={ifname!r} names no interface; set it "
-                             f"to one or a comma-separated list (available: "
-                             f"{', '.join(_interface_names()) or 'none found'}), or unset it")
+            raise ValueError(f"RINGREDUCE_SOCKET_IFNAME={ifname!r} "
+                             f"{'excludes every' if exclude else 'names no'} interface; set "
+                             f"it to one or a comma-separated list of names or prefixes "
+                             f"(available: {', '.join(available) or 'none found'}), or unset it")
+        found: list[str] = []
         errors: list[str] = []
         for name in names:
             try:
-                return _interface_ipv4(name)
+                found.append(_interface_ipv4(name, available))
             except ValueError as e:
                 errors.append(str(e))
-        raise ValueError(errors[-1] if len(errors) == 1 else "; ".join(errors))
+            if found and not exclude:
+                return found[0]
+        if not found:
+            raise ValueError("; ".join(errors) + "; " + _hint(available))
+        if master_addr is not None and not _is_loopback(master_addr.strip()):
+            try:
+                route = _route_source(master_addr.strip(), timeout)
+                if route in found:
+                    return route
+            except ValueError:
+                pass  # no route from here: the first that is not loopback
+        return next((a for a in found if not a.startswith("127.")), found[0])
     if master_addr is not None and master_addr.strip().strip("[]") == "::1":
         return "::1"  # as given: a host may have no IPv4 loopback (found by a helper)
     if master_addr is None or _is_loopback(master_addr.strip()):
