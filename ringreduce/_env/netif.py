@@ -151,7 +151,7 @@ def _ifname_order(spec: str, names: list[str]) -> tuple[list[str], bool]:
         return [n for n in names if not any(hit(i, n) for i in items)], True
     out: list[str] = []
     for item in items:
-        exact = item[1:] if item.startswith("=") else item
+        exact = item.removeprefix("=")
         more = sorted(n for n in names if n != exact and hit(item, n))
         # the exact name when it exists, or nothing else matched (refused: "does not exist")
         for n in ([exact] if exact in names or not more else []) + more:
