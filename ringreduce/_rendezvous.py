@@ -85,7 +85,8 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
         raise ValueError(
             "world_size > 1 needs a rendezvous address: set MASTER_ADDR and MASTER_PORT "
             "(ringreduce-run and torchrun do; under mpirun across hosts pass them with "
-            "-x MASTER_ADDR=<host of rank 0> -x MASTER_PORT=<free port>), or pass "
+            "-x MASTER_ADDR=<host of rank 0> -x MASTER_PORT=<free port>; MPICH's and Intel "
+            "MPI's mpiexec: -genv MASTER_ADDR <host> -genv MASTER_PORT <port>), or pass "
             "master_addr=/master_port= or store= to init()"
         )
     key = (master_addr, master_port)
@@ -206,7 +207,8 @@ def _refuse_second_rank0(dist: Any, addr: str, port: int, world: int) -> str:
         if seen:
             another = _another_job(store, claim, 2.0)
     if another or (seen and another is None and _env.run_id()):
-        return ("by another ringreduce job: its TORCHELASTIC_RUN_ID differs" if another else
+        return (f"by another ringreduce job: its job id ({_env.RUN_ID_VARS}) differs"
+                if another else
                 "by another ringreduce job, or by this job's first rank 0")
     if seen:
         raise _store_wait.fail(store, claim, ValueError(
@@ -737,9 +739,9 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
         # Nothing claimed in it: before, a job started on this one's MASTER_PORT by mistake
         # (two launchers on one port) failed it, or ran in it as one of its ranks (a helper).
         raise ValueError(
-            f"rank {rank}: the store at MASTER_PORT serves another job (its "
-            f"TORCHELASTIC_RUN_ID is not this rank's {_env.run_id() or '(unset)'}): pick "
-            f"another MASTER_PORT for this job")
+            f"rank {rank}: the store at MASTER_PORT serves another job (its job id is not "
+            f"this rank's {_env.run_id() or '(unset)'}; ids come from {_env.RUN_ID_VARS}): "
+            f"pick another MASTER_PORT for this job")
     n = store.add(p + f"claim/{rank}", 1)
     _store_keys.wrote(p, p + f"claim/{rank}")
     if n > 1:

@@ -99,6 +99,26 @@ def test_slurm_master_addr_and_port() -> None:
     assert (detect(env).master_addr, detect(env).master_port) == (None, None)
 
 
+def test_slurm_steps_get_their_own_port_and_job_id() -> None:
+    """Each srun step derives its own port and run id: neighbouring job ids (job arrays
+    share nodes) met on one port (job J step s + 7 = job J + 1 step s: a helper) and then
+    blamed a duplicate RANK instead of naming the other job."""
+    def step(job: int, s: int) -> dict[str, str]:
+        return _slurm(SLURM_NTASKS_PER_NODE="2", SLURM_JOB_ID=str(job), SLURM_STEP_ID=str(s))
+    ports = {(j, s): detect(step(j, s)).master_port for j in range(100, 140) for s in range(8)}
+    assert all(20000 <= p < 40000 for p in ports.values())
+    assert ports[(101, 0)] != ports[(100, 7)]
+    assert len(set(ports.values())) > 0.95 * len(ports)  # a hash: collisions are chance
+    assert env_mod.run_id(step(101, 0)) == "slurm-101.0" != env_mod.run_id(step(100, 7))
+    assert env_mod.run_id(_slurm()) == "slurm-4242.0"  # no step id: step 0
+    # A launcher's own id wins; processes SLURM did not start (mpirun inside an allocation:
+    # the batch host's and the others' steps differ) and hand-set ranks take none from it.
+    assert env_mod.run_id({**step(1, 2), "TORCHELASTIC_RUN_ID": "abc"}) == "abc"
+    ompi = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}
+    assert env_mod.run_id({**step(1, 2), **ompi}) == ""
+    assert env_mod.run_id({"SLURM_JOB_ID": "1", "SLURM_STEP_ID": "2"}) == ""
+
+
 @pytest.mark.timeout(60)
 def test_precedence() -> None:
     torchrun = {"RANK": "1", "WORLD_SIZE": "8"}  # >= the MPI counts (torchrun under mpirun)

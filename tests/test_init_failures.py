@@ -311,3 +311,61 @@ def test_a_rank_that_cannot_start_does_not_wait_when_a_failure_is_told(
     _rendezvous.fail_setup(store, 2, 3, None, ValueError("bad"))
     assert time.monotonic() - t0 < 1.0
     assert store.get("ringreduce/1/failed").decode().endswith("rank 0 could not start: bad")
+
+
+@pytest.mark.timeout(90)
+def test_a_second_srun_step_on_the_same_port_is_told_apart(tmp_path) -> None:
+    """Two srun steps (SLURM's variables set as srun sets them) on one MASTER_PORT: the
+    second fails at once saying the port is another job's, the first goes on with right
+    results. Before (a helper), SLURM's ids did not tell jobs apart: the second's rank 1
+    joined the first's store and both of its ranks were told to fix a duplicate RANK."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from _spawn import _kill_group
+
+    script = Path(__file__).parent / "scripts" / "checked_allreduces.py"
+    port, stop, procs = str(free_port()), tmp_path / "stop", {}
+    base = {k: v for k, v in os.environ.items() if not k.startswith(
+        ("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "TORCHELASTIC_", "SLURM_", "OMPI_", "PMI"))}
+
+    def start(job: str, rank: int) -> None:
+        env = dict(base, SLURM_JOB_ID=job, SLURM_STEP_ID="0", SLURM_PROCID=str(rank),
+                   SLURM_LOCALID=str(rank), SLURM_NTASKS="2", SLURM_NODELIST="localhost",
+                   SLURM_TASKS_PER_NODE="2", MASTER_PORT=port, RINGREDUCE_CONNECT_TIMEOUT="20")
+        with open(tmp_path / f"{job}.{rank}.log", "w") as out:
+            procs[job, rank] = subprocess.Popen(
+                [sys.executable, str(script), "m", job, str(stop)], env=env, stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True)
+
+    def log(job: str, rank: int) -> str:
+        return (tmp_path / f"{job}.{rank}.log").read_text()
+
+    try:
+        for r in (0, 1):
+            start("7", r)
+        end = time.monotonic() + 40
+        while not all("ready" in log("7", r) for r in (0, 1)):
+            assert time.monotonic() < end and all(
+                procs["7", r].poll() is None for r in (0, 1)), log("7", 0) + log("7", 1)
+            time.sleep(0.1)
+        start("8", 1)  # first: it meets the first job's store
+        time.sleep(0.5)
+        start("8", 0)
+        codes = [procs["8", r].wait(timeout=40) for r in (0, 1)]
+        assert codes == [1, 1], log("8", 0) + log("8", 1)
+        assert "port already in use (by another ringreduce job" in log("8", 0), log("8", 0)
+        assert "serves another job (its job id is not this rank's slurm-8.0" in log("8", 1), \
+            log("8", 1)
+        assert "claimed by" not in log("8", 0) + log("8", 1)
+        stop.touch()
+        assert [procs["7", r].wait(timeout=30) for r in (0, 1)] == [0, 0], log("7", 0)
+        assert all(log("7", r).count("ok") == 1 for r in (0, 1)), log("7", 0) + log("7", 1)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                _kill_group(p)
+            p.wait()

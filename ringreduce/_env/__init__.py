@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from .launch import (
     PEER_FAILURES_VAR,
+    RUN_ID_VARS,
     LaunchInfo,
     detect_launch,
     expand_hostlist,
@@ -47,6 +48,7 @@ __all__ = [
     "FAULT_COLLECTIVES",
     "MAX_WAIT_S",
     "PEER_FAILURES_VAR",
+    "RUN_ID_VARS",
     "LaunchInfo",
     "Tunables",
     "check_seconds",

@@ -166,14 +166,25 @@ def _slurm_master_addr(env: Mapping[str, str]) -> str | None:
     return None
 
 
+def _slurm_step(env: Mapping[str, str]) -> str | None:
+    """"JOB.STEP" (SLURM_JOB_ID, SLURM_STEP_ID; step 0 when unset), the same on every task
+    of one srun step and on no other step's; None without a job id."""
+    job = env.get("SLURM_JOB_ID", "").strip()
+    if not job.isdigit():
+        return None
+    step = env.get("SLURM_STEP_ID", "").strip()
+    return f"{int(job)}.{int(step) if step.isdigit() else 0}"
+
+
 def _slurm_master_port(env: Mapping[str, str]) -> int | None:
     # Every task of a step sees the same job and step ids, so all agree on this port without
-    # talking; MASTER_PORT overrides it when it collides with something.
-    if not env.get("SLURM_JOB_ID", "").strip().isdigit():
-        return None
-    job = int(env["SLURM_JOB_ID"])
-    step = int(env["SLURM_STEP_ID"]) if env.get("SLURM_STEP_ID", "").isdigit() else 0
-    return 20000 + (job * 7 + step) % 20000
+    # talking; MASTER_PORT overrides it when it collides with something. A hash, as Open
+    # MPI's below: a linear formula (job * 7 + step) gave job J's step s + 7 job J + 1's step
+    # s's port (neighbouring job ids share nodes: job arrays; found by a helper).
+    import zlib
+
+    step = _slurm_step(env)
+    return None if step is None else 20000 + zlib.crc32(f"slurm/{step}".encode()) % 20000
 
 
 def _mpi_master_port(env: Mapping[str, str]) -> int | None:
@@ -342,11 +353,27 @@ def launch_given(rank: int, world_size: int,
     return LaunchInfo(rank, world_size, lrank, lsize, addr, port, "given")
 
 
+# What run_id() reads, for messages.
+RUN_ID_VARS = "TORCHELASTIC_RUN_ID, or under srun SLURM_JOB_ID.SLURM_STEP_ID"
+
+
 def run_id(env: Mapping[str, str] | None = None) -> str:
     """The launcher's id of this job (TORCHELASTIC_RUN_ID: torchrun's rendezvous id;
-    ringreduce-run's, drawn per job unless inherited), or "" when none says: two jobs with
-    different ids are two jobs, even when one was started on the other's MASTER_PORT."""
-    return (os.environ if env is None else env).get("TORCHELASTIC_RUN_ID", "")
+    ringreduce-run's, drawn per job unless inherited; else, for ranks srun started --
+    detect_launch's source "slurm" --, "slurm-JOB.STEP"), or "" when none says: two jobs
+    with different ids are two jobs, even when one was started on the other's MASTER_PORT.
+    (Only srun's ranks take SLURM's ids: under mpirun inside an allocation, processes on the
+    batch host and on the others see different steps.)"""
+    env = os.environ if env is None else env
+    rid = env.get("TORCHELASTIC_RUN_ID", "")
+    if rid or "SLURM_PROCID" not in env:
+        return rid
+    try:
+        slurm = detect_launch(env).source == "slurm"
+    except ValueError:
+        return ""
+    step = _slurm_step(env)
+    return f"slurm-{step}" if slurm and step is not None else ""
 
 
 def _local_rank_var(env: Mapping[str, str], fits: Callable[[int], bool], default: int) -> int:
