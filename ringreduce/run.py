@@ -137,15 +137,23 @@ def _command(program: list[str], no_python: bool) -> list[str]:
             raise _UsageError(f"no program given after {python!r}: pass a script or -m module")
         if program[0] == "-c":
             return [python, *flags, "-u", *program]
-        if program[0] != "-m" and not os.path.isfile(program[0]):
-            raise _UsageError(f"script {program[0]!r} not found; pass the path to a Python "
-                              "file or use -m module")
+        if program[0] != "-m":
+            _check_script(program[0], "use -m module")
         return [python, *flags, "-u", *program]
-    if program[0] != "-m" and not os.path.isfile(program[0]):
-        raise _UsageError(f"script {program[0]!r} not found; pass the path to a Python "
-                          "file, use -m module to run a module, or --no-python to run an "
-                          "executable")
+    if program[0] != "-m":
+        _check_script(program[0], "use -m module to run a module, or --no-python to run an "
+                                  "executable")
     return [python, "-u", *program]
+
+
+def _check_script(path: str, other: str) -> None:
+    """What Python runs as a script: a file (source, or a zip application) or a folder with
+    a __main__.py (as `python app/` and torchrun run it)."""
+    if os.path.isfile(path) or os.path.isfile(os.path.join(path, "__main__.py")):
+        return
+    what = "is a folder without __main__.py" if os.path.isdir(path) else "not found"
+    raise _UsageError(f"script {path!r} {what}; pass the path to a Python file (or a folder "
+                      f"with a __main__.py), {other}")
 
 
 def _parser() -> argparse.ArgumentParser:

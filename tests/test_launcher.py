@@ -496,6 +496,7 @@ def test_ranks_die_with_a_killed_launcher(marker: str) -> None:
     (["-n", "2", "python"], "no program given after"),
     (["-n", "2", "python", "no_such_script.py"], "script 'no_such_script.py' not found"),
     (["-n", "2", "--no-python", "no-such-executable"], "is not an executable on PATH"),
+    (["-n", "2", str(SCRIPTS)], "is a folder without __main__.py; pass the path to a Python"),
     (["x.py"], "-n"),
     (["-n", "2", "--master-port", "70000", "x.py"], "not a TCP port"),
     # argparse's abbreviations would take the value for the script: not accepted
@@ -506,6 +507,19 @@ def test_usage_errors(args: list[str], message: str) -> None:
     r = _launch(*args)
     assert r.returncode == 2
     assert message in r.stderr, r.stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("python", [[], ["python"]])
+def test_a_folder_with_a_main_runs_as_python_runs_it(tmp_path: Path, python: list[str]) -> None:
+    """`ringreduce-run -n 2 app` runs app/__main__.py, as `python app` and torchrun do (it
+    was refused as "not found"; a helper)."""
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "__main__.py").write_text("import os; print('main', os.environ['RANK'])")
+    r = _launch("-n", "2", *python, str(tmp_path / "app"))
+    assert r.returncode == 0, r.stderr
+    assert sorted(line.split("] ", 1)[1] for line in r.stdout.splitlines()) == ["main 0",
+                                                                               "main 1"], r.stdout
 
 
 @pytest.mark.timeout(60)
