@@ -54,7 +54,7 @@ SETTLE_MARKED_S = 3.0
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _OPTS_WITH_VALUE = ("-n", "--nproc-per-node", "--nproc_per_node", "--master-port",
                     "--master_port", "--master-addr", "--master_addr", "--grace-period",
-                    "--grace_period")
+                    "--grace_period", "--nnodes", "--node-rank", "--node_rank")
 # Interpreter options that take a value (`python -W error -X dev train.py`).
 _PY_OPTS_WITH_VALUE = ("-W", "-X", "-Q")
 
@@ -83,11 +83,35 @@ def _split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return list(argv), []
 
 
+def _gpu_count() -> int:
+    """NVIDIA GPUs the driver lists (without importing torch, which this launcher avoids)."""
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+
+
+def _nproc(text: str) -> int:
+    """-n: a number, or torchrun's "cpu" (the CPUs this process may use), "gpu" (the GPUs)
+    or "auto" (the GPUs if any, else the CPUs)."""
+    word = text.strip().lower()
+    if word in ("cpu", "gpu", "auto"):
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+        gpus = _gpu_count()
+        if word == "gpu" and gpus == 0:
+            raise argparse.ArgumentTypeError("'gpu': no NVIDIA GPU found (/proc/driver/nvidia"
+                                             "/gpus); pass a number of ranks, or 'cpu'")
+        return gpus if word == "gpu" or (word == "auto" and gpus) else cpus
+    return _positive_int(text)
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number (or torchrun's cpu, gpu, auto)") from None
     if value < 1:
         raise argparse.ArgumentTypeError(
             f"got {value}; pass the number of ranks to start, at least 1 (e.g. -n 4)")
@@ -159,15 +183,24 @@ def _check_script(path: str, other: str) -> None:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG, allow_abbrev=False,  # _split_argv must know which options take a value
-        usage=f"{PROG} -n N [options] ([python] script.py | -m module | --no-python cmd) "
+        usage=f"{PROG} [-n N] [options] ([python] script.py | -m module | --no-python cmd) "
               "[args...]",
         description="Start N local ranks of a Python program with torchrun-compatible "
                     "environment variables.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     # torchrun's spellings (--nproc_per_node, --master_port, ...) are accepted as well.
-    p.add_argument("-n", "--nproc-per-node", "--nproc_per_node", dest="nproc",
-                   type=_positive_int, required=True, metavar="N", help="number of ranks")
+    p.add_argument("-n", "--nproc-per-node", "--nproc_per_node", dest="nproc", type=_nproc,
+                   default=1, metavar="N",
+                   help="number of ranks (default 1, as torchrun's), or cpu, gpu, auto")
+    # torchrun's single-host spellings, so that its command lines run unchanged.
+    p.add_argument("--standalone", action="store_true",
+                   help="accepted for torchrun's command lines: every job here is one host's, "
+                        "on a fresh port unless --master-port is given")
+    p.add_argument("--nnodes", default="1", metavar="1",
+                   help="accepted for torchrun's command lines: 1 (or 1:1) only")
+    p.add_argument("--node-rank", "--node_rank", type=int, default=0, metavar="0",
+                   help="accepted for torchrun's command lines: 0 only")
     p.add_argument("--master-addr", "--master_addr", default="127.0.0.1",
                    help="MASTER_ADDR given to the ranks (default: 127.0.0.1)")
     p.add_argument("--master-port", "--master_port", type=_port, default=None,
@@ -571,11 +604,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
                 close = difflib.get_close_matches(
                     name, [o for o in parser._option_string_actions if o.startswith("--")], 1)
+                known = [o for o in parser._option_string_actions if o.startswith(name)]
                 raise _UsageError(f"unknown option {name}" + (
-                    f" (did you mean {close[0]}?)" if close else "") + "; options are not "
-                    "abbreviated")
+                    f" (did you mean {close[0]}?)" if close else "") + (
+                    "; options are not abbreviated" if known else
+                    "; ringreduce-run takes torchrun's single-host options (see --help): for "
+                    "its others (rendezvous, restarts, log files) run torchrun itself, with "
+                    "init_process_group(\"ringreduce\")"))
         opts = parser.parse_args(opts_argv)
         cmd = _command(program, opts.no_python)
+        if opts.nnodes.strip() not in ("1", "1:1") or opts.node_rank != 0:
+            raise _UsageError(
+                f"ringreduce-run starts ranks on this host only (--nnodes 1, --node-rank 0; got "
+                f"--nnodes {opts.nnodes} --node-rank {opts.node_rank}); across hosts run "
+                f"torchrun --nnodes ... (init_process_group(\"ringreduce\") works under it), "
+                f"srun or mpirun")
         if not opts.grace_period >= 0:
             raise _UsageError("--grace-period must be a number of seconds >= 0")
     except SystemExit as e:  # argparse: --help, or a usage error it already printed

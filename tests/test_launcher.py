@@ -497,7 +497,10 @@ def test_ranks_die_with_a_killed_launcher(marker: str) -> None:
     (["-n", "2", "python", "no_such_script.py"], "script 'no_such_script.py' not found"),
     (["-n", "2", "--no-python", "no-such-executable"], "is not an executable on PATH"),
     (["-n", "2", str(SCRIPTS)], "is a folder without __main__.py; pass the path to a Python"),
-    (["x.py"], "-n"),
+    (["--nnodes", "2", str(SCRIPTS / "print_env.py")], "starts ranks on this host only"),
+    (["--node-rank", "1", str(SCRIPTS / "print_env.py")], "starts ranks on this host only"),
+    (["--rdzv-backend", "c10d", "x.py"], "for its others (rendezvous, restarts, log files) "
+                                         "run torchrun itself"),
     (["-n", "2", "--master-port", "70000", "x.py"], "not a TCP port"),
     # argparse's abbreviations would take the value for the script: not accepted
     (["--nproc", "2", "x.py"], "unknown option --nproc (did you mean --nproc_per_node?)"),
@@ -520,6 +523,20 @@ def test_a_folder_with_a_main_runs_as_python_runs_it(tmp_path: Path, python: lis
     assert r.returncode == 0, r.stderr
     assert sorted(line.split("] ", 1)[1] for line in r.stdout.splitlines()) == ["main 0",
                                                                                "main 1"], r.stdout
+
+
+@pytest.mark.timeout(60)
+def test_torchruns_single_host_command_lines_run_unchanged(marker: str) -> None:
+    """torchrun's spellings: --standalone, --nnodes 1, --node-rank 0, --nproc-per-node cpu
+    (the usable CPUs) or auto (the GPUs, else the CPUs), and no -n: one rank."""
+    cpus = len(os.sched_getaffinity(0))
+    for args, world in ((["--standalone", "--nnodes=1", "--node_rank", "0",
+                          "--nproc-per-node", "cpu"], cpus), ([], 1)):
+        r = _launch(*args, _script("print_env.py"), marker)
+        assert r.returncode == 0, r.stderr
+        ranks = _ranked_json(r.stdout)
+        assert sorted(ranks) == list(range(world)), r.stdout
+        assert {i["WORLD_SIZE"] for i in ranks.values()} == {str(world)}
 
 
 @pytest.mark.timeout(60)
