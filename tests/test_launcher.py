@@ -499,8 +499,7 @@ def test_ranks_die_with_a_killed_launcher(marker: str) -> None:
     (["-n", "2", str(SCRIPTS)], "is a folder without __main__.py; pass the path to a Python"),
     (["--nnodes", "2", str(SCRIPTS / "print_env.py")], "starts ranks on this host only"),
     (["--node-rank", "1", str(SCRIPTS / "print_env.py")], "starts ranks on this host only"),
-    (["--rdzv-backend", "c10d", "x.py"], "for its others (rendezvous, restarts, log files) "
-                                         "run torchrun itself"),
+    (["--rdzv-backend", "c10d", "x.py"], "restarts, log files) run torchrun itself"),
     (["-n", "2", "--master-port", "70000", "x.py"], "not a TCP port"),
     # argparse's abbreviations would take the value for the script: not accepted
     (["--nproc", "2", "x.py"], "unknown option --nproc (did you mean --nproc_per_node?)"),
