@@ -254,8 +254,9 @@ def _check_resolves(host: str, rank: int) -> None:
     except socket.gaierror as e:
         if e.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
             raise _rr_error(
-                f"rank {rank}: MASTER_ADDR={host!r} does not resolve on this host "
-                f"({e.strerror or e}); set it to rank 0's host name or IP address") from None
+                f"rank {rank}: {_env.origin('MASTER_ADDR')}={host!r} does not resolve on "
+                f"this host ({e.strerror or e}); set MASTER_ADDR to rank 0's host name or IP "
+                f"address") from None
 
 
 def _why_unreachable(host: str, port: int) -> str:
@@ -396,12 +397,12 @@ def torch_default_store() -> Any:
 
 
 def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,
-          prefix: str, hint: str = "did every rank start, with the same WORLD_SIZE and "
-                                   "MASTER_ADDR/MASTER_PORT?",
+          prefix: str, hint: str | None = None,
           ranks: list[int] | None = None, name_keys: bool = True) -> None:
     """Wait for `keys`, polling, so that a rank that failed its own init checks (and said
     so under prefix + "failed") stops everyone at once instead of at the timeout; the
-    timeout's message ends with `hint`. A store that fails meanwhile (its host, rank 0,
+    timeout's message ends with `hint` (default:
+    _env.same_launch_hint()). A store that fails meanwhile (its host, rank 0,
     exited) is a RingReduceError saying so, not torch's bare DistNetworkError. ranks: the
     world rank that writes each key, if known: a timeout missing one rank's keys names it
     (CollectiveTimeout's .peer_rank and .waiting_for, as a collective's). name_keys=False:
@@ -409,6 +410,7 @@ def _wait(store: Any, keys: list[str], timeout: float, rank: int, what: str,
     from ._C import RingReduceError
 
     rank = _speaker(rank)
+    hint = _env.same_launch_hint() if hint is None else hint
     refuse_if_cut(rank, f"the wait for {what}", store)
     try:
         with _store_guard.deadline(store, timeout + _store_guard.MARGIN_S):
@@ -786,8 +788,8 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
     what = "all ranks to publish their addresses" if prefix is None else (
         f"the {world} ranks of {prefix.rstrip('/')} (a group or point-to-point channel being "
         f"set up) to publish their addresses")
-    hint = ("did every rank start, with the same WORLD_SIZE and MASTER_ADDR/MASTER_PORT? Ranks "
-            "that start slowly need a longer RINGREDUCE_CONNECT_TIMEOUT") if prefix is None else (
+    hint = (f"{_env.same_launch_hint()} Ranks that start slowly need a longer "
+            "RINGREDUCE_CONNECT_TIMEOUT") if prefix is None else (
         "addr/N: the member of group rank N; did every member call new_group (or the matching "
         "send/recv), in the same order?")
     _wait(store, keys, timeout, rank, what, p, hint,

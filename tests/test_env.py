@@ -99,6 +99,37 @@ def test_slurm_master_addr_and_port() -> None:
     assert (detect(env).master_addr, detect(env).master_port) == (None, None)
 
 
+def test_messages_name_the_launcher_variables_that_gave_the_values() -> None:
+    """Under srun (or mpirun) without WORLD_SIZE/MASTER_*, a wait's question names what
+    did give them (a rank started outside srun in a 4-task allocation was asked about a
+    WORLD_SIZE and MASTER_ADDR nobody set; a helper); torchrun's and init()'s stay."""
+    env = _slurm(SLURM_NTASKS_PER_NODE="2", SLURM_STEP_NODELIST="gpu[7-8]")
+    try:
+        env_mod.note_origin(detect(env), world_given=False, addr_given=False,
+                            port_given=False, env=env)
+        assert env_mod.same_launch_hint() == (
+            "did every rank start, with the same world size (SLURM_NTASKS=6) and MASTER_ADDR "
+            "(unset: the first host of SLURM_STEP_NODELIST)/MASTER_PORT (unset: derived from "
+            "SLURM_JOB_ID and SLURM_STEP_ID)?")
+        env_mod.note_origin(detect(env), world_given=True, addr_given=True, port_given=False,
+                            env={**env, "MASTER_PORT": "1234"})
+        assert env_mod.same_launch_hint() == ("did every rank start, with the same WORLD_SIZE "
+                                              "and MASTER_ADDR/MASTER_PORT?")
+        ompi = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "3",
+                "PMIX_NAMESPACE": "prterun-x-1@1"}
+        env_mod.note_origin(detect(ompi), world_given=False, addr_given=False,
+                            port_given=False, env=ompi)
+        assert env_mod.origin("WORLD_SIZE") == "world size (OMPI_COMM_WORLD_SIZE=3)"
+        torchrun = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "5",
+                    "TORCHELASTIC_RUN_ID": "x"}
+        env_mod.note_origin(detect(torchrun), world_given=False, addr_given=False,
+                            port_given=False, env=torchrun)
+        assert [env_mod.origin(n) for n in ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")] == [
+            "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"]
+    finally:
+        env_mod.launch._ORIGIN.clear()
+
+
 def test_slurm_steps_get_their_own_port_and_job_id() -> None:
     """Each srun step derives its own port and run id: neighbouring job ids (job arrays
     share nodes) met on one port (job J step s + 7 = job J + 1 step s: a helper) and then

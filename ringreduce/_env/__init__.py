@@ -26,9 +26,12 @@ from .launch import (
     expand_hostlist,
     launch_given,
     local_rank,
+    note_origin,
+    origin,
     peer_failures_folder,
     restart_count,
     run_id,
+    same_launch_hint,
 )
 from .netif import host_identity, resolve, select_interface_address
 from .tunables import (
@@ -61,10 +64,13 @@ __all__ = [
     "job_wide",
     "launch_given",
     "local_rank",
+    "note_origin",
+    "origin",
     "peer_failures_folder",
     "resolve",
     "restart_count",
     "run_id",
+    "same_launch_hint",
     "select_interface_address",
     "store_tunables",
     "tunables",

@@ -353,6 +353,49 @@ def launch_given(rank: int, world_size: int,
     return LaunchInfo(rank, world_size, lrank, lsize, addr, port, "given")
 
 
+# Which launcher variables gave init its world size and rendezvous address when they were not
+# WORLD_SIZE / MASTER_ADDR / MASTER_PORT (note_origin), for messages naming what to fix.
+_ORIGIN: dict[str, str] = {}
+
+
+def note_origin(info: LaunchInfo, *, world_given: bool, addr_given: bool, port_given: bool,
+                env: Mapping[str, str] | None = None) -> None:
+    """Remember where init's values came from when a launcher's own variables gave them
+    (SLURM, Open MPI, PMI) rather than torchrun's or init()'s arguments: a message then
+    names those (a rank started outside srun, in a 4-task allocation, was told to check a
+    WORLD_SIZE and MASTER_ADDR nobody set; a helper)."""
+    env = os.environ if env is None else env
+    _ORIGIN.clear()
+    size_var = {"slurm": _slurm_size_name(env), "openmpi": "OMPI_COMM_WORLD_SIZE",
+                "pmi": "PMI_SIZE"}.get(info.source)
+    if size_var is None:
+        return
+    if not world_given:
+        _ORIGIN["WORLD_SIZE"] = f"world size ({size_var}={info.world_size})"
+    if info.source == "slurm":
+        hosts = next((n for n in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+                      if env.get(n, "").strip()), "SLURM_NODELIST")
+        addr, port = f"the first host of {hosts}", "derived from SLURM_JOB_ID and SLURM_STEP_ID"
+    else:
+        addr, port = "127.0.0.1, the ranks sharing one host", "derived from the job's id"
+    if not addr_given and not env.get("MASTER_ADDR", "").strip() and info.master_addr:
+        _ORIGIN["MASTER_ADDR"] = f"MASTER_ADDR (unset: {addr})"
+    if not port_given and not env.get("MASTER_PORT", "").strip() and info.master_port:
+        _ORIGIN["MASTER_PORT"] = f"MASTER_PORT (unset: {port})"
+
+
+def origin(name: str) -> str:
+    """What messages call WORLD_SIZE, MASTER_ADDR or MASTER_PORT in this process (note_origin):
+    the name itself unless a launcher's variables gave the value."""
+    return _ORIGIN.get(name, name)
+
+
+def same_launch_hint() -> str:
+    """The question a wait for every rank ends with."""
+    return (f"did every rank start, with the same {origin('WORLD_SIZE')} and "
+            f"{origin('MASTER_ADDR')}/{origin('MASTER_PORT')}?")
+
+
 # What run_id() reads, for messages.
 RUN_ID_VARS = "TORCHELASTIC_RUN_ID, or under srun SLURM_JOB_ID.SLURM_STEP_ID"
 
