@@ -366,15 +366,28 @@ def backend_ddp_vs_gloo(rank: int, world: int) -> dict:
         "fp16_hook": ({}, default_hooks.fp16_compress_hook),
         # its .then() callbacks wait for further all-reduces' futures (nested waits)
         "powersgd": ({}, powerSGD.powerSGD_hook),
+        # ringreduce's own wrapper under torch's compression wrapper, which swaps the bucket's
+        # buffer for a float16 copy (set_buffer) and reduces that: the inner hook must see it
+        "rr_fp16_wrapper": ({}, default_hooks.fp16_compress_wrapper(default_hooks.allreduce_hook)),
     }
+    seen: list = []
+
+    def probed(state: object, bucket: object) -> object:
+        seen.append(str(bucket.buffer().dtype))
+        return default_hooks.allreduce_hook(state, bucket)
+
     for name, (kw, hook) in variants.items():
         try:
             torch.manual_seed(1 + rank)  # different init per rank: DDP broadcasts rank 0's
             a = Branchy() if name == "find_unused" else MLP()
             b = copy.deepcopy(a)
-            da = TorchDDP(a, **kw)
+            da = (rr.DistributedDataParallel(a, **kw) if name == "rr_fp16_wrapper"
+                  else TorchDDP(a, **kw))
             db = TorchDDP(b, process_group=gloo, **kw)
-            if name == "powersgd":
+            if name == "rr_fp16_wrapper":
+                da.register_comm_hook(None, default_hooks.fp16_compress_wrapper(probed))
+                db.register_comm_hook(gloo, hook)
+            elif name == "powersgd":
                 for d, pg in ((da, dist.group.WORLD), (db, gloo)):
                     d.register_comm_hook(powerSGD.PowerSGDState(
                         process_group=pg, matrix_approximation_rank=1, start_powerSGD_iter=2,
@@ -390,7 +403,7 @@ def backend_ddp_vs_gloo(rank: int, world: int) -> dict:
                     o.zero_grad()
                     F.mse_loss(d(shard(x, rank), **kw_fwd), shard(y, rank)).backward()
                     o.step()
-            out[name] = {"diff": maxdiff(a, b)}
+            out[name] = {"diff": maxdiff(a, b), "dtypes": sorted(set(seen))}
         except Exception:  # noqa: BLE001
             out[name] = {"error": traceback.format_exc()}
     return out

@@ -59,11 +59,12 @@ class GradBucket:
         return self._buffer
 
     def set_buffer(self, buffer: torch.Tensor) -> None:
-        """Replace the bucket's buffer (same number of elements)."""
-        if buffer.numel() != self._buffer.numel():
-            raise ValueError(f"set_buffer: expected {self._buffer.numel()} elements, "
-                             f"got {buffer.numel()}")
-        self._buffer.copy_(buffer.reshape(-1))
+        """Replace the bucket's buffer: buffer() returns `buffer` from now on, in its dtype,
+        as torch's (fp16_compress_wrapper swaps in a float16 copy and reduces that). The
+        gradients take the hook's result, whatever buffer() is by then."""
+        if not isinstance(buffer, torch.Tensor):
+            raise TypeError(f"set_buffer takes a tensor, got {type(buffer).__name__}")
+        self._buffer = buffer
 
     def gradients(self) -> list:
         """Per-parameter views into buffer(), shaped like the parameters."""

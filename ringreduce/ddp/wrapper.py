@@ -342,6 +342,14 @@ class DistributedDataParallel(nn.Module):
         """
         return Join(self, divide_by_initial_world_size, enable, throw_on_early_termination)
 
+    def join_hook(self, **kwargs: Any) -> Any:
+        """What torch's Join([...]) asks a Joinable for: this wrapper is not one (its
+        join() is its own); say so instead of torch's AttributeError."""
+        raise TypeError("ringreduce.DistributedDataParallel is not a torch Joinable: use its "
+                        "own context, `with model.join(): ...`, instead of torch.distributed."
+                        "algorithms.join.Join([model]) (or torch's DistributedDataParallel on "
+                        "init_process_group('ringreduce'), which is one)")
+
     # ------------------------------------------------------------------ hooks
     def register_comm_hook(self, state: Any, hook: Callable) -> None:
         """Reduce each bucket with ``hook(state, bucket) -> torch.futures.Future`` instead
