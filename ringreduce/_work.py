@@ -113,12 +113,16 @@ class Work:
 
         from ._futures import Completion
 
+        known = False
         with self._lock:
             if self._completion is None:
                 self._completion = Completion(
                     self._cwork, [t for t in self._outputs if isinstance(t, torch.Tensor)],
                     lambda: self._run_after(True))
+                known = self._finished or self._cwork.is_completed()
             c = self._completion
+        if known:  # (after wait(), say): its Future is done at once, as torch's, and no
+            c.finish()  # completer thread starts for it -- not even after destroy() (a helper)
         return c.future()
 
     def is_completed(self) -> bool:

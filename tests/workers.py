@@ -597,6 +597,14 @@ def family_async(rec: Recorder, rank: int, world: int) -> None:
             if not torch.equal(f.value()[0], torch.full((3,), float(sum(range(world)) + i * world))):
                 errs.append(f"iteration {i}: Future value {f.value()}")
                 break
+            # Taken after wait() returned: done at once, too, with the value (it was handed
+            # out not done, its value() an INTERNAL ASSERT of torch's; a helper).
+            w = rr.allreduce(u, async_op=True)
+            w.wait()
+            f = w.get_future()
+            if not f.done() or not torch.equal(f.value()[0], u):
+                errs.append(f"iteration {i}: a Future taken after wait(): done={f.done()}")
+                break
         return errs, None
 
     rec.case("async", "future after wait", future_after_wait)
