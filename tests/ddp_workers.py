@@ -165,6 +165,33 @@ def sc_unused(rank: int, world: int, steps: int = 4, **ddp_kw: Any) -> dict:
                                 for s in range(steps)]}
 
 
+def sc_find_unused_all_used(rank: int, world: int, steps: int = 3) -> dict:
+    """find_unused_parameters=True on a model whose every parameter is used: trains as
+    without it, and warns once that the flag costs (as torch's reducer); with a parameter
+    left unused (Branchy's `never`) it does not warn."""
+    import warnings
+
+    out = {}
+    for name, fn in (("mlp", MLP), ("branchy", Branchy)):
+        model, ref = make(fn)
+        ddp = DDP(model, find_unused_parameters=True)
+        opt, ropt = sgd(ddp), sgd(ref)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            for s in range(steps):
+                x, y = batch(s, world)
+                opt.zero_grad()
+                F.mse_loss(ddp(shard(x, rank)), shard(y, rank)).backward()
+                opt.step()
+                ropt.zero_grad()
+                (sum(F.mse_loss(ref(shard(x, r)), shard(y, r)) for r in range(world))
+                 / world).backward()
+                ropt.step()
+        out[name] = {"diff": maxdiff(model, ref), "warned": sum(
+            "but this forward used every parameter" in str(w.message) for w in seen)}
+    return out
+
+
 def sc_static_graph(rank: int, world: int, steps: int = 4) -> dict:
     model, ref = make(Branchy)
     ddp = DDP(model, static_graph=True, bucket_cap_mb=TINY_CAP_MB)
@@ -698,6 +725,7 @@ SCENARIOS: dict = {
     "unused": lambda r, w: sc_unused(r, w),
     "unused_view": lambda r, w: sc_unused(r, w, gradient_as_bucket_view=True),
     "static_graph": sc_static_graph,
+    "find_unused_all_used": sc_find_unused_all_used,
     "static_graph_rank_branch": sc_static_graph_rank_branch,
     "hook_order": sc_hook_order,
     "rebuild": sc_rebuild,

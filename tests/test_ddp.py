@@ -129,6 +129,13 @@ def test_find_unused_parameters(suite, name):
         assert r["c_grad_none"] == r["c_expected_none"]
 
 
+def test_find_unused_with_every_parameter_used_warns_once(suite):
+    _, res = _get(suite, "find_unused_all_used")
+    for r in res:
+        assert r["mlp"]["diff"] < EXACT and r["branchy"]["diff"] < EXACT, r
+        assert (r["mlp"]["warned"], r["branchy"]["warned"]) == (1, 0), r
+
+
 def test_static_graph_keeps_unused_grad_none(suite):
     _, res = _get(suite, "static_graph")
     assert all(r["never_grad_none"] for r in res)

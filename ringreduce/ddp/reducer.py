@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -99,6 +100,7 @@ class Reducer:
         self.first_cap = first_cap
         self.grad_as_view = gradient_as_bucket_view
         self.find_unused = find_unused_parameters
+        self._said_all_used = False  # find_unused with nothing unused: warned once
         self.static_graph = static_graph
         self.comm_hook: Callable | None = None
         # Launch each bucket as soon as it is ready (during backward), or all of them at the
@@ -224,6 +226,14 @@ class Reducer:
         if self.find_unused:
             used = self._reachable(outputs)
             self._unused_pending = [i for i in range(self.n) if i not in used]
+            if not self._unused_pending and not self._said_all_used:
+                self._said_all_used = True  # torch's reducer says it once too
+                warnings.warn(
+                    "find_unused_parameters=True was given to DistributedDataParallel, but "
+                    "this forward used every parameter. The flag costs a traversal of the "
+                    "autograd graph and a small all-reduce every iteration: if the model never "
+                    "leaves a parameter unused, turn it off (this may be a false positive if "
+                    "later iterations take another path)", UserWarning, stacklevel=4)
         elif self.static_graph:
             # Learned from the gradients of the first backward (as torch's static graph),
             # not from the graph, which reentrant checkpointing hides.
