@@ -89,12 +89,23 @@ def test_parse_args_defaults_and_options():
                                   ["--tune", "--json", "t.json"],
                                   ["-e", str(1 << 60)],  # a traceback from the allocator
                                   # a sweep with nothing to draw (found after it before)
-                                  ["-o", "barrier", "--plot", "/tmp/x.png"]])
+                                  ["-o", "barrier", "--plot", "/tmp/x.png"],
+                                  ["-c", "2"], ["-c", "yes"]])
 def test_parse_args_errors(argv, capsys):
     with pytest.raises(SystemExit) as e:
         cli.parse_args(argv)
     assert e.value.code == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_nccl_tests_spellings_that_differ_here(capsys):
+    """-c takes nccl-tests' 0/1 too; -o with a reduction's name says the reduction is --op."""
+    assert [cli.parse_args(a).check for a in ([], ["-c"], ["-c", "1"], ["-c", "0"],
+                                               ["--check", "1", "-n", "2"])] == \
+        [False, True, True, False, True]
+    with pytest.raises(SystemExit):
+        cli.parse_args(["-o", "max"])
+    assert "the reduction is --op max, which nccl-tests spells -o" in capsys.readouterr().err
 
 
 def test_memory_guard_counts_ranks_and_check_copies(monkeypatch, capsys):
@@ -361,6 +372,30 @@ def test_plot_is_a_png(tmp_path):
     assert plot.plot(_rows(), _meta(), str(out)) is None
     assert out.read_bytes()[:8] == PNG_MAGIC and out.stat().st_size > 5000
     assert "barrier" in plot.plot(_rows(), _meta(("barrier",)), str(tmp_path / "no.png"))
+
+
+def test_one_rank_plot_draws_algorithm_bandwidth(tmp_path):
+    """One rank's bus bandwidth is 0, which a log axis drew as an empty plot (a helper)."""
+    import warnings
+
+    from ringreduce.bench import plot
+
+    rows = [Row("allreduce", "ringreduce", s, s // 4, "float32", "sum", 0, "-", 1,
+                times=[1e-5 * (1 + s / 4096)] * 3, wrong=0) for s in (1024, 4096, 16384)]
+    meta = report.make_meta(cli.parse_args(["-o", "allreduce"]), 1, ["hostA"], {}, "none")
+    assert all(r.busbw == 0 and r.algbw > 0 for r in rows)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib's "Data has no positive values"
+        assert plot.plot(rows, meta, str(tmp_path / "one.png")) is None
+
+
+def test_no_geometric_mean_when_every_anchor_size_was_wrong():
+    rows = _rows()
+    for r in rows[3:6]:
+        r.wrong = 5
+    text = report.table(rows, _meta(), [])
+    assert ("# ringreduce vs gloo: time ratio gloo/ringreduce, geometric mean over sizes n/a "
+            "(no size where both results were right)") in text, text
 
 
 def test_replot_from_json(tmp_path):

@@ -112,9 +112,17 @@ def _ops(text: str) -> list[str]:
         elif word in OPS:
             out.append(word)
         else:
+            hint = (f" (-o picks the collective here; the reduction is --op {word}, which "
+                    f"nccl-tests spells -o)") if word in REDOPS else ""
             raise argparse.ArgumentTypeError(
-                f"unknown operation {word!r}; use one of {', '.join(OPS)} or all")
+                f"unknown operation {word!r}; use one of {', '.join(OPS)} or all{hint}")
     return list(dict.fromkeys(out))
+
+
+def _zero_one(text: str) -> bool:
+    if text.strip() not in ("0", "1"):
+        raise argparse.ArgumentTypeError(f"got {text!r}; -c takes 0 or 1 (or nothing: on)")
+    return text.strip() == "1"
 
 
 def _dtype(text: str) -> str:
@@ -189,8 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
            "up to 50 untimed rounds (at most 64 MiB moved) for every library, so that the "
            "first timed size does not pay for cold caches and connection set-up")
     a("-i", "--iters", type=_positive, default=20, help="timed iterations per size (default 20)")
-    a("-c", "--check", action="store_true",
-      help="verify every iteration's result; wrong elements go to the #wrong column")
+    a("-c", "--check", type=_zero_one, nargs="?", const=True, default=False, metavar="0|1",
+      help="verify every iteration's result; wrong elements go to the #wrong column (a value "
+           "0 or 1 may follow, as nccl-tests' -c takes one)")
     a("--compare", type=_anchors, default=[], metavar="LIBS",
       help="also measure gloo (torch.distributed), mpi (mpi4py + Open MPI) and/or nccl "
            "(torch.distributed's NCCL backend; needs --device cuda), e.g. gloo,mpi")

@@ -1,5 +1,5 @@
-"""--plot FILE.png: bus bandwidth against message size (log x), one line per library and one
-panel per collective. matplotlib (the [bench] extra) with the Agg backend: no display needed."""
+"""--plot FILE.png: bus bandwidth (one rank: algorithm bandwidth) against message size (log x),
+one line per library and one panel per collective. matplotlib (the [bench] extra) with the Agg backend: no display needed."""
 
 from __future__ import annotations
 
@@ -32,10 +32,15 @@ def plot(rows: list[Row], meta: dict, path: str) -> str | None:
     for ax in axes.flat[len(ops):]:
         ax.set_visible(False)
     hosts = ", ".join(f"{h} x{c}" for h, c in meta["hosts"].items())
+    n = meta["world_size"]
+    # One rank moves nothing between ranks: its bus bandwidth is 0 (nccl-tests' factors), which
+    # a log axis cannot show (an empty plot, found by a helper): draw the algorithm bandwidth.
+    bus = n > 1
     for ax, op in zip(axes.flat, ops):
         libs = list(dict.fromkeys(r.lib for r in rows if r.op == op))
         for lib in libs:
-            pts = sorted((r.size, r.busbw) for r in rows if r.op == op and r.lib == lib)
+            pts = sorted((r.size, r.busbw if bus else r.algbw) for r in rows
+                         if r.op == op and r.lib == lib)
             color, marker = _STYLE.get(lib, (None, "x"))
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, ms=4,
                     color=color, label=lib)
@@ -43,8 +48,8 @@ def plot(rows: list[Row], meta: dict, path: str) -> str | None:
         ax.set_yscale("log")
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: format_size(int(x))))
         ax.set_xlabel("message size (bytes, nccl-tests convention)")
-        ax.set_ylabel("bus bandwidth (GB/s)")
-        n = meta["world_size"]
+        ax.set_ylabel("bus bandwidth (GB/s)" if bus else
+                      "algorithm bandwidth (GB/s; one rank: bus bandwidth is 0)")
         ax.set_title(f"{op}, {n} rank{'s' * (n != 1)}, {meta['dtype']}")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()

@@ -139,8 +139,10 @@ def table(rows: list[Row], meta: dict, skipped: list[dict]) -> str:
         if theirs:
             avg = sum(r.busbw for r in theirs) / len(theirs)
             out.append(f"# {a} avg bus bandwidth : {avg:.4g}")
+        g = _geomean(sp)
         out.append(f"# ringreduce vs {a}: time ratio {a}/ringreduce, geometric mean over sizes "
-                   f"{_geomean(sp):.3g}x (> 1: ringreduce faster)")
+                   + (f"{g:.3g}x (> 1: ringreduce faster)" if not math.isnan(g) else
+                      "n/a (no size where both results were right)"))
     bw = [r.busbw for r in mine if r.op != "barrier"]
     out.append(f"# Avg bus bandwidth    : {sum(bw) / len(bw) if bw else 0.0:.4g}")
     return "\n".join(out)
