@@ -229,7 +229,7 @@ def _another_job(store: Any, prefix: str, timeout: float, rank: int | None = Non
         _wait(store, [key], timeout, rank, "rank 0 to publish its settings", prefix)
     elif not _appears(store, key, timeout):
         return None
-    theirs = _settings_table(store.get(key).decode()).get("TORCHELASTIC_RUN_ID", "")
+    theirs = _settings_table(store.get(key).decode()).get(_RUN_ID_KEY, "")
     return theirs != _env.run_id()
 
 
@@ -510,6 +510,11 @@ def secret_check(secret: str) -> str:
     return "sha256:" + hashlib.sha256(b"ringreduce-secret/" + secret.encode()).hexdigest()[:8]
 
 
+# The job id's entry among the settings rank 0 publishes (compared as the others are: a
+# message names it by this).
+_RUN_ID_KEY = f"job id ({_env.RUN_ID_VARS})"
+
+
 def _same_settings(per_rank: list, rank: int) -> None:
     """ValueError naming the first job-wide knob whose value differs between ranks (every
     rank reads the same lists, so every rank raises the same error)."""
@@ -780,7 +785,7 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
     cfg = ("cfg",) if prefix is None else ()  # before addr/N, which the others wait for
     if cfg:  # a rank with another secret fails every handshake: say so before connecting
         settings = (f"{settings};RINGREDUCE_SECRET={secret_check(secret)};"
-                    f"TORCHELASTIC_RUN_ID={_env.run_id()}")
+                    f"{_RUN_ID_KEY}={_env.run_id()}")
     mine = [p + f"{k}/{rank}" for k in (*cfg, "addr", "host", "hb")]
     store.multi_set(mine, [*(settings for _ in cfg), my_addr, _env.host_identity(), my_hb])
     _store_keys.wrote(p, *mine)

@@ -87,7 +87,7 @@ def _init(rank: int | None, world_size: int | None, master_addr: str | None,
         raise ValueError(f"rank {rank} is out of range for world_size {world}")
     maddr = master_addr if master_addr is not None else info.master_addr
     mport = master_port if master_port is not None else info.master_port
-    _env.note_origin(info, world_given=world_size is not None,
+    _env.note_launch(info, world_given=world_size is not None,
                      addr_given=master_addr is not None, port_given=master_port is not None)
     try:
         tun, options = _settings(timeout)

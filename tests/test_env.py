@@ -105,24 +105,24 @@ def test_messages_name_the_launcher_variables_that_gave_the_values() -> None:
     WORLD_SIZE and MASTER_ADDR nobody set; a helper); torchrun's and init()'s stay."""
     env = _slurm(SLURM_NTASKS_PER_NODE="2", SLURM_STEP_NODELIST="gpu[7-8]")
     try:
-        env_mod.note_origin(detect(env), world_given=False, addr_given=False,
+        env_mod.note_launch(detect(env), world_given=False, addr_given=False,
                             port_given=False, env=env)
         assert env_mod.same_launch_hint() == (
             "did every rank start, with the same world size (SLURM_NTASKS=6) and MASTER_ADDR "
             "(unset: the first host of SLURM_STEP_NODELIST)/MASTER_PORT (unset: derived from "
             "SLURM_JOB_ID and SLURM_STEP_ID)?")
-        env_mod.note_origin(detect(env), world_given=True, addr_given=True, port_given=False,
+        env_mod.note_launch(detect(env), world_given=True, addr_given=True, port_given=False,
                             env={**env, "MASTER_PORT": "1234"})
         assert env_mod.same_launch_hint() == ("did every rank start, with the same WORLD_SIZE "
                                               "and MASTER_ADDR/MASTER_PORT?")
         ompi = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "3",
                 "PMIX_NAMESPACE": "prterun-x-1@1"}
-        env_mod.note_origin(detect(ompi), world_given=False, addr_given=False,
+        env_mod.note_launch(detect(ompi), world_given=False, addr_given=False,
                             port_given=False, env=ompi)
         assert env_mod.origin("WORLD_SIZE") == "world size (OMPI_COMM_WORLD_SIZE=3)"
         torchrun = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "5",
                     "TORCHELASTIC_RUN_ID": "x"}
-        env_mod.note_origin(detect(torchrun), world_given=False, addr_given=False,
+        env_mod.note_launch(detect(torchrun), world_given=False, addr_given=False,
                             port_given=False, env=torchrun)
         assert [env_mod.origin(n) for n in ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")] == [
             "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"]
@@ -140,14 +140,31 @@ def test_slurm_steps_get_their_own_port_and_job_id() -> None:
     assert all(20000 <= p < 40000 for p in ports.values())
     assert ports[(101, 0)] != ports[(100, 7)]
     assert len(set(ports.values())) > 0.95 * len(ports)  # a hash: collisions are chance
-    assert env_mod.run_id(step(101, 0)) == "slurm-101.0" != env_mod.run_id(step(100, 7))
-    assert env_mod.run_id(_slurm()) == "slurm-4242.0"  # no step id: step 0
-    # A launcher's own id wins; processes SLURM did not start (mpirun inside an allocation:
-    # the batch host's and the others' steps differ) and hand-set ranks take none from it.
-    assert env_mod.run_id({**step(1, 2), "TORCHELASTIC_RUN_ID": "abc"}) == "abc"
-    ompi = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}
-    assert env_mod.run_id({**step(1, 2), **ompi}) == ""
-    assert env_mod.run_id({"SLURM_JOB_ID": "1", "SLURM_STEP_ID": "2"}) == ""
+    def rid(env: dict[str, str], info: object = None) -> str:  # as init fixes it
+        env_mod.note_launch(info or detect(env), world_given=False, addr_given=False,
+                            port_given=False, env=env)
+        return env_mod.run_id(env)
+    try:
+        assert rid(step(101, 0)) == "slurm-101.0" != rid(step(100, 7))
+        # A launcher's own id wins; processes srun did not start take none from SLURM: the
+        # batch script's (no step id; its port is its own), an MPI launcher's inside an
+        # allocation (MPICH's mpiexec in a batch script: rank 0's PMI rank equals SLURM's
+        # task id, the others' do not -- every rank must take the same id: none), and
+        # hand-given ranks (init(rank=, world_size=), torch's init_process_group).
+        assert rid({**step(1, 2), "TORCHELASTIC_RUN_ID": "abc"}) == "abc"
+        batch = _slurm(SLURM_NTASKS_PER_NODE="2")  # no SLURM_STEP_ID
+        assert rid(batch) == "" and detect(batch).master_port != detect(
+            {**batch, "SLURM_STEP_ID": "0"}).master_port
+        ompi = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}
+        assert rid({**step(1, 2), **ompi}) == ""
+        hydra = step(5, 1)  # (a step id too: the MPI launcher's variables decide)
+        ids = {rid({**hydra, "SLURM_PROCID": "0", "SLURM_NTASKS": "4", "PMI_RANK": str(r),
+                    "PMI_SIZE": "4"}) for r in range(4)}
+        assert ids == {""}, ids
+        assert rid(step(1, 2), env_mod.launch_given(3, 6)) == ""
+    finally:
+        env_mod.launch._SRUN_ID[0] = ""
+        env_mod.launch._ORIGIN.clear()
 
 
 @pytest.mark.timeout(60)

@@ -155,8 +155,12 @@ def _parse_ranges(body: str, hostlist: str) -> list[tuple[str, int]]:
     return out
 
 
+# Where SLURM lists the hosts, the step's first.
+_SLURM_NODELISTS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+
+
 def _slurm_master_addr(env: Mapping[str, str]) -> str | None:
-    for name in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+    for name in _SLURM_NODELISTS:
         if env.get(name, "").strip():
             try:
                 return next(expand_hostlist(env[name]), None)
@@ -167,13 +171,14 @@ def _slurm_master_addr(env: Mapping[str, str]) -> str | None:
 
 
 def _slurm_step(env: Mapping[str, str]) -> str | None:
-    """"JOB.STEP" (SLURM_JOB_ID, SLURM_STEP_ID; step 0 when unset), the same on every task
-    of one srun step and on no other step's; None without a job id."""
+    """"JOB.STEP" (SLURM_JOB_ID, SLURM_STEP_ID: the same on every task of one srun step and
+    on no other step's), "JOB.batch" without a step id (the batch script's own processes);
+    None without a job id."""
     job = env.get("SLURM_JOB_ID", "").strip()
     if not job.isdigit():
         return None
     step = env.get("SLURM_STEP_ID", "").strip()
-    return f"{int(job)}.{int(step) if step.isdigit() else 0}"
+    return f"{int(job)}.{int(step) if step.isdigit() else 'batch'}"
 
 
 def _slurm_master_port(env: Mapping[str, str]) -> int | None:
@@ -353,19 +358,30 @@ def launch_given(rank: int, world_size: int,
     return LaunchInfo(rank, world_size, lrank, lsize, addr, port, "given")
 
 
-# Which launcher variables gave init its world size and rendezvous address when they were not
-# WORLD_SIZE / MASTER_ADDR / MASTER_PORT (note_origin), for messages naming what to fix.
+# What init's launch was (note_launch): the launcher variables that gave its world size and
+# rendezvous address when they were not WORLD_SIZE / MASTER_ADDR / MASTER_PORT, for messages
+# naming what to fix; and, under srun, the job's id (run_id).
 _ORIGIN: dict[str, str] = {}
+_SRUN_ID = [""]
 
 
-def note_origin(info: LaunchInfo, *, world_given: bool, addr_given: bool, port_given: bool,
+def note_launch(info: LaunchInfo, *, world_given: bool, addr_given: bool, port_given: bool,
                 env: Mapping[str, str] | None = None) -> None:
-    """Remember where init's values came from when a launcher's own variables gave them
-    (SLURM, Open MPI, PMI) rather than torchrun's or init()'s arguments: a message then
-    names those (a rank started outside srun, in a 4-task allocation, was told to check a
-    WORLD_SIZE and MASTER_ADDR nobody set; a helper)."""
+    """Remember, at init, how this process was launched (`info`: the launch init used).
+    Where a launcher's own variables (SLURM, Open MPI, PMI) rather than torchrun's or
+    init()'s arguments gave the values, messages name those (a rank started outside srun,
+    in a 4-task allocation, was told to check a WORLD_SIZE and MASTER_ADDR nobody set; a
+    helper). Ranks srun started name their job "slurm-JOB.STEP" (run_id): only those --
+    detected from SLURM's variables alone, in a step (SLURM_STEP_ID), with no MPI launcher's
+    variables beside them, so that every rank of one job takes the id, or none does (an
+    MPICH mpiexec inside a batch script: its rank 0's PMI rank equals SLURM's, the others'
+    do not -- mixed ids refused each other; the review)."""
     env = os.environ if env is None else env
     _ORIGIN.clear()
+    mpi = any(k in env for k in ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK"))
+    srun = info.source == "slurm" and not mpi and env.get("SLURM_STEP_ID", "").strip().isdigit()
+    step = _slurm_step(env) if srun else None
+    _SRUN_ID[0] = f"slurm-{step}" if step is not None else ""
     size_var = {"slurm": _slurm_size_name(env), "openmpi": "OMPI_COMM_WORLD_SIZE",
                 "pmi": "PMI_SIZE"}.get(info.source)
     if size_var is None:
@@ -373,8 +389,7 @@ def note_origin(info: LaunchInfo, *, world_given: bool, addr_given: bool, port_g
     if not world_given:
         _ORIGIN["WORLD_SIZE"] = f"world size ({size_var}={info.world_size})"
     if info.source == "slurm":
-        hosts = next((n for n in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
-                      if env.get(n, "").strip()), "SLURM_NODELIST")
+        hosts = next((n for n in _SLURM_NODELISTS if env.get(n, "").strip()), "SLURM_NODELIST")
         addr, port = f"the first host of {hosts}", "derived from SLURM_JOB_ID and SLURM_STEP_ID"
     else:
         addr, port = "127.0.0.1, the ranks sharing one host", "derived from the job's id"
@@ -385,7 +400,7 @@ def note_origin(info: LaunchInfo, *, world_given: bool, addr_given: bool, port_g
 
 
 def origin(name: str) -> str:
-    """What messages call WORLD_SIZE, MASTER_ADDR or MASTER_PORT in this process (note_origin):
+    """What messages call WORLD_SIZE, MASTER_ADDR or MASTER_PORT in this process (note_launch):
     the name itself unless a launcher's variables gave the value."""
     return _ORIGIN.get(name, name)
 
@@ -402,21 +417,10 @@ RUN_ID_VARS = "TORCHELASTIC_RUN_ID, or under srun SLURM_JOB_ID.SLURM_STEP_ID"
 
 def run_id(env: Mapping[str, str] | None = None) -> str:
     """The launcher's id of this job (TORCHELASTIC_RUN_ID: torchrun's rendezvous id;
-    ringreduce-run's, drawn per job unless inherited; else, for ranks srun started --
-    detect_launch's source "slurm" --, "slurm-JOB.STEP"), or "" when none says: two jobs
-    with different ids are two jobs, even when one was started on the other's MASTER_PORT.
-    (Only srun's ranks take SLURM's ids: under mpirun inside an allocation, processes on the
-    batch host and on the others see different steps.)"""
-    env = os.environ if env is None else env
-    rid = env.get("TORCHELASTIC_RUN_ID", "")
-    if rid or "SLURM_PROCID" not in env:
-        return rid
-    try:
-        slurm = detect_launch(env).source == "slurm"
-    except ValueError:
-        return ""
-    step = _slurm_step(env)
-    return f"slurm-{step}" if slurm and step is not None else ""
+    ringreduce-run's, drawn per job unless inherited; else, for ranks srun started,
+    "slurm-JOB.STEP", fixed at init by note_launch), or "" when none says: two jobs with
+    different ids are two jobs, even when one was started on the other's MASTER_PORT."""
+    return (os.environ if env is None else env).get("TORCHELASTIC_RUN_ID", "") or _SRUN_ID[0]
 
 
 def _local_rank_var(env: Mapping[str, str], fits: Callable[[int], bool], default: int) -> int:
