@@ -369,6 +369,8 @@ def backend_ddp_vs_gloo(rank: int, world: int) -> dict:
         # ringreduce's own wrapper under torch's compression wrapper, which swaps the bucket's
         # buffer for a float16 copy (set_buffer) and reduces that: the inner hook must see it
         "rr_fp16_wrapper": ({}, default_hooks.fp16_compress_wrapper(default_hooks.allreduce_hook)),
+        # ... around powerSGD, which reads buffer() and gradients(): both the float16 copy's
+        "rr_fp16_powersgd": ({}, default_hooks.fp16_compress_wrapper(powerSGD.powerSGD_hook)),
     }
     seen: list = []
 
@@ -381,12 +383,17 @@ def backend_ddp_vs_gloo(rank: int, world: int) -> dict:
             torch.manual_seed(1 + rank)  # different init per rank: DDP broadcasts rank 0's
             a = Branchy() if name == "find_unused" else MLP()
             b = copy.deepcopy(a)
-            da = (rr.DistributedDataParallel(a, **kw) if name == "rr_fp16_wrapper"
+            da = (rr.DistributedDataParallel(a, **kw) if name.startswith("rr_")
                   else TorchDDP(a, **kw))
             db = TorchDDP(b, process_group=gloo, **kw)
             if name == "rr_fp16_wrapper":
                 da.register_comm_hook(None, default_hooks.fp16_compress_wrapper(probed))
                 db.register_comm_hook(gloo, hook)
+            elif name == "rr_fp16_powersgd":
+                for d, pg in ((da, None), (db, gloo)):
+                    d.register_comm_hook(powerSGD.PowerSGDState(
+                        process_group=pg, matrix_approximation_rank=1, start_powerSGD_iter=2,
+                        min_compression_rate=0.5), hook)
             elif name == "powersgd":
                 for d, pg in ((da, dist.group.WORLD), (db, gloo)):
                     d.register_comm_hook(powerSGD.PowerSGDState(
@@ -397,7 +404,7 @@ def backend_ddp_vs_gloo(rank: int, world: int) -> dict:
                 db.register_comm_hook(gloo, hook)
             oa, ob = sgd(da), sgd(db)
             kw_fwd = {"use_c": rank == 0} if name == "find_unused" else {}
-            for s in range(5 if name == "powersgd" else 3):
+            for s in range(5 if "powersgd" in name else 3):
                 x, y = batch(s, world)
                 for d, o in ((da, oa), (db, ob)):
                     o.zero_grad()

@@ -66,7 +66,8 @@ def test_collective(suite, check):
 
 @pytest.mark.parametrize("variant,tol", [("plain", 1e-6), ("view_small_buckets", 1e-6),
                                          ("find_unused", 1e-6), ("fp16_hook", 2e-3),
-                                         ("powersgd", 1e-5), ("rr_fp16_wrapper", 2e-3)])
+                                         ("powersgd", 1e-5), ("rr_fp16_wrapper", 2e-3),
+                                         ("rr_fp16_powersgd", 2e-3)])
 def test_torch_ddp_matches_gloo(suite, variant, tol):
     _, _, results = suite
     for rank, r in enumerate(results):

@@ -499,6 +499,28 @@ def test_compiled_autograd_is_refused_with_what_to_do():
         assert "python_reducer" in r["error"], r["error"]
         assert r["grad"] == [3.0] * 3, r  # 2 rows of rank + 1, averaged over 2 ranks
 
+def test_grad_bucket_set_buffer_replaces_it_and_its_gradient_views():
+    """As torch's GradBucket: buffer() is what set_buffer() put in, in its dtype, and
+    gradients() are views of it (torch's fp16_compress_wrapper swaps in a float16 copy;
+    powerSGD then reads both)."""
+    from ringreduce.ddp.hooks import GradBucket
+
+    storage = torch.arange(12, dtype=torch.float32)
+    buf = storage[2:12]  # a bucket buffer need not start its storage
+    views = [buf[0:6].view(2, 3), buf[6:10].view(4)]
+    b = GradBucket(0, buf, views, [None, None], True, 2)
+    assert [g.data_ptr() for g in b.gradients()] == [v.data_ptr() for v in views]
+    b.set_buffer(b.buffer().to(torch.float16))
+    assert b.buffer().dtype == torch.float16 and buf.dtype == torch.float32
+    grads = b.gradients()
+    assert [(g.dtype, tuple(g.shape)) for g in grads] == [(torch.float16, (2, 3)),
+                                                          (torch.float16, (4,))]
+    grads[1][0] = 100
+    assert b.buffer()[6].item() == 100 and torch.equal(grads[0].flatten(), b.buffer()[:6])
+    with pytest.raises(TypeError, match="takes a tensor"):
+        b.set_buffer([1.0])
+
+
 def test_get_future_of_a_one_rank_collective(single_process):
     """Work.get_future() hands out [output] also where no data moves (one rank)."""
     import ringreduce as rr

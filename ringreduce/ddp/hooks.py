@@ -43,7 +43,7 @@ class GradBucket:
     def __init__(self, index: int, buffer: torch.Tensor, gradients: list, parameters: list,
                  is_last: bool, world_size: int, group: Any = None):
         self._index = index
-        self._buffer = buffer
+        self._buffer = self._first = buffer  # _first: the buffer the gradients view
         self._gradients = gradients
         self._parameters = parameters
         self._is_last = is_last
@@ -67,8 +67,14 @@ class GradBucket:
         self._buffer = buffer
 
     def gradients(self) -> list:
-        """Per-parameter views into buffer(), shaped like the parameters."""
-        return list(self._gradients)
+        """Per-parameter views into buffer(), shaped like the parameters -- of the buffer
+        set_buffer() put in, too, as torch's (fp16_compress_wrapper(powerSGD_hook) reads
+        both: the views of the float32 buffer were stale there; the review)."""
+        if not self._gradients or self._buffer is self._first:
+            return list(self._gradients)
+        base = self._first.storage_offset()
+        return [self._buffer[g.storage_offset() - base:][:g.numel()].view(g.shape)
+                for g in self._gradients]
 
     def parameters(self) -> list:
         """The parameters whose gradients are in this bucket, in bucket order."""
