@@ -105,8 +105,9 @@ class Work:
             self._lock.release()
 
     def get_future(self) -> Any:
-        """torch's Work.get_future(): a torch.futures.Future completed (on a helper thread)
-        once the collective is, whose value is the output tensors in a list, as torch's --
+        """torch's Work.get_future(): a torch.futures.Future completed (on a helper thread;
+        at once when the Work is done already) once the collective is, whose value is the
+        output tensors in a list, as torch's --
         so custom DDP comm hooks can return ``rr.allreduce(t, async_op=True).get_future()``.
         A failed collective sets the Future's error."""
         import torch

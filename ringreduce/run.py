@@ -84,11 +84,23 @@ def _split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def _gpu_count() -> int:
-    """NVIDIA GPUs the driver lists (without importing torch, which this launcher avoids)."""
+    """The NVIDIA GPUs this launch may use, as torch.cuda.device_count() counts them,
+    without importing torch (which this launcher avoids): those the driver lists
+    (/proc/driver/nvidia/gpus), at most as many as CUDA_VISIBLE_DEVICES names when it is set
+    (its list ends at the first entry that is negative, as CUDA reads it; "" hides all)."""
     try:
-        return len(os.listdir("/proc/driver/nvidia/gpus"))
+        driver = len(os.listdir("/proc/driver/nvidia/gpus"))
     except OSError:
         return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return driver
+    named = 0
+    for entry in visible.split(","):
+        if not entry.strip() or entry.strip().startswith("-"):
+            break
+        named += 1
+    return min(driver, named)
 
 
 def _nproc(text: str) -> int:
@@ -101,7 +113,8 @@ def _nproc(text: str) -> int:
         gpus = _gpu_count()
         if word == "gpu" and gpus == 0:
             raise argparse.ArgumentTypeError("'gpu': no NVIDIA GPU found (/proc/driver/nvidia"
-                                             "/gpus); pass a number of ranks, or 'cpu'")
+                                             "/gpus, CUDA_VISIBLE_DEVICES); pass a number of "
+                                             "ranks, or 'cpu'")
         return gpus if word == "gpu" or (word == "auto" and gpus) else cpus
     return _positive_int(text)
 
@@ -597,7 +610,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "-h" in opts_argv or "--help" in opts_argv:
         parser.epilog = _epilog()
     try:
-        for word in opts_argv:  # before argparse, whose "required: -n" would hide the cause
+        for word in opts_argv:  # before argparse: its "unrecognized arguments" says less
             name = word.split("=", 1)[0]
             if name.startswith("--") and name not in parser._option_string_actions:
                 import difflib

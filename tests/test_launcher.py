@@ -528,14 +528,39 @@ def test_a_folder_with_a_main_runs_as_python_runs_it(tmp_path: Path, python: lis
 def test_torchruns_single_host_command_lines_run_unchanged(marker: str) -> None:
     """torchrun's spellings: --standalone, --nnodes 1, --node-rank 0, --nproc-per-node cpu
     (the usable CPUs) or auto (the GPUs, else the CPUs), and no -n: one rank."""
-    cpus = len(os.sched_getaffinity(0))
+    two = sorted(os.sched_getaffinity(0))[:2]  # `cpu` counts these: at most 2 ranks anywhere
     for args, world in ((["--standalone", "--nnodes=1", "--node_rank", "0",
-                          "--nproc-per-node", "cpu"], cpus), ([], 1)):
-        r = _launch(*args, _script("print_env.py"), marker)
+                          "--nproc-per-node", "cpu"], len(two)), ([], 1)):
+        r = subprocess.run([sys.executable, str(RUN_PY), *args, _script("print_env.py"), marker],
+                           capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+                           preexec_fn=lambda: os.sched_setaffinity(0, two))
         assert r.returncode == 0, r.stderr
         ranks = _ranked_json(r.stdout)
         assert sorted(ranks) == list(range(world)), r.stdout
         assert {i["WORLD_SIZE"] for i in ranks.values()} == {str(world)}
+
+
+def test_nproc_words_count_usable_cpus_and_visible_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """-n cpu|gpu|auto as torchrun's: the GPUs as torch.cuda.device_count() sees them (the
+    driver's, within CUDA_VISIBLE_DEVICES), auto the GPUs if any, else the usable CPUs."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_ringreduce_run_nproc", RUN_PY)
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    cpus, listdir = len(os.sched_getaffinity(0)), os.listdir
+    monkeypatch.setattr(run.os, "listdir", lambda p: ["0", "1", "2", "3"]
+                        if p == "/proc/driver/nvidia/gpus" else listdir(p))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert [run._nproc(w) for w in ("gpu", "auto", "cpu", "3")] == [4, 4, cpus, 3]
+    for visible, gpus in (("1,2", 2), ("0,-1,3", 1), ("GPU-a,GPU-b,GPU-c,GPU-d,GPU-e", 4)):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        assert run._nproc("gpu") == run._nproc("auto") == gpus, visible
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert run._nproc("auto") == cpus
+    with pytest.raises(argparse.ArgumentTypeError, match="no NVIDIA GPU found"):
+        run._nproc("gpu")
 
 
 @pytest.mark.timeout(60)

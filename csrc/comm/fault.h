@@ -31,7 +31,7 @@ struct FaultPlan {
   Point point = Point::kMid;
   Action action = Action::kKill;
   std::string stampPath;  // where to write the wall-clock time of the fault ("" = nowhere)
-  Fire fire = nullptr;    // the test module's hook (setFault refuses a plan without one)
+  Fire fire = nullptr;    // the test module's hook (the binding's set_fault requires it)
 
   bool matches(uint8_t curKind, uint64_t curSeq, Point p) const {
     return p == point && curSeq >= seq && (kind == 0 || kind == curKind);
