@@ -424,17 +424,43 @@ def test_interface_lo() -> None:
 
 def test_ifname_is_read_as_nccl_reads_its_own() -> None:
     """RINGREDUCE_SOCKET_IFNAME as NCCL_SOCKET_IFNAME: prefixes, "=" exact, "^" excludes."""
-    order = env_mod.netif._ifname_order
-    names = ["lo", "eth0", "eth01", "eth1", "ib0", "docker0", "lo2"]
-    assert order("eth", names) == (["eth0", "eth01", "eth1"], False)
-    assert order("eth0", names) == (["eth0", "eth01"], False)  # the exact name first
-    assert order("=eth0", names) == (["eth0"], False)
-    assert order("ib, eth1", names) == (["ib0", "eth1"], False)  # entries in their order
-    assert order("^docker,=lo", names) == (["eth0", "eth01", "eth1", "ib0", "lo2"], True)
-    assert order("^eth,ib,docker,lo", names) == ([], True)
+    groups = env_mod.netif._ifname_groups
+    names = ["lo", "eth0", "eth10", "eth2", "ib0", "docker0", "lo2"]
+    assert groups("eth", names) == ([["eth0", "eth2", "eth10"]], False)  # eth2 before eth10
+    assert groups("eth1", names) == ([["eth10"]], False)
+    assert groups("eth10", names) == ([["eth10"]], False)  # the exact name first
+    assert groups("=eth0", names) == ([["eth0"]], False)
+    assert groups("ib, eth2", names) == ([["ib0"], ["eth2"]], False)  # entries in turn
+    assert groups("eth, eth2", names) == ([["eth0", "eth2", "eth10"]], False)
+    assert groups("^docker,=lo", names) == ([["eth0", "eth10", "eth2", "ib0", "lo2"]], True)
+    assert groups("^eth,ib,docker,lo", names) == ([], True)
     # tried as given (refused there: "does not exist") when nothing matches or none listed
-    assert order("=et", names) == (["et"], False) and order("wlan", names) == (["wlan"], False)
-    assert order("eth0", []) == (["eth0"], False)
+    assert groups("=et", names) == ([["et"]], False) and groups("wlan", names) == (
+        [["wlan"]], False)
+    assert groups("eth0", []) == ([["eth0"]], False) and groups("^lo", []) == ([], True)
+
+
+def test_ifname_entry_matching_several_takes_the_one_routing_to_master(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prefix (or the rest after "^") matching several interfaces: the one that routes to
+    MASTER_ADDR (the review: a prefix took the first, maybe a management network the other
+    hosts cannot reach), else the first (after "^": the first that is not loopback)."""
+    netif = env_mod.netif
+    addrs = {"lo": "127.0.0.1", "eth0": "10.0.0.1", "eth1": "10.1.0.1", "ib0": "10.2.0.1"}
+    monkeypatch.setattr(netif, "_interface_names", lambda: list(addrs))
+    monkeypatch.setattr(netif, "_ioctl_ipv4", lambda name: addrs[name])
+    monkeypatch.setattr(netif, "_route_source", lambda master, timeout: {
+        "10.1.0.9": "10.1.0.1", "10.2.0.9": "10.2.0.1"}[master])
+    select = netif.select_interface_address
+    assert select("10.1.0.9", "eth") == "10.1.0.1" and select("10.1.0.9", "^lo") == "10.1.0.1"
+    assert select(None, "eth") == "10.0.0.1" and select(None, "^lo,eth0") == "10.1.0.1"
+    assert select("10.2.0.9", "eth") == "10.0.0.1"  # the route leaves by another: the first
+    assert select("10.1.0.9", "eth0,eth1") == "10.0.0.1"  # a list's entries: in turn
+    assert select("127.0.0.1", "^eth,ib") == "127.0.0.1"
+    monkeypatch.setattr(netif, "_interface_names", list)  # cannot list them
+    with pytest.raises(ValueError, match="needs this host's list of interfaces"):
+        select(None, "^lo")
+    assert select(None, "eth1") == "10.1.0.1"  # a name still works
 
 
 @pytest.mark.timeout(60)

@@ -8,6 +8,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -135,71 +136,84 @@ def _route_source(master_addr: str, timeout: float) -> str:
                      "RINGREDUCE_SOCKET_IFNAME to the interface peers should use")
 
 
-def _ifname_order(spec: str, names: list[str]) -> tuple[list[str], bool]:
+def _natural(name: str) -> list:
+    """Sort key: eth2 before eth10."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+
+
+def _ifname_groups(spec: str, names: list[str]) -> tuple[list[list[str]], bool]:
     """RINGREDUCE_SOCKET_IFNAME read as NCCL reads NCCL_SOCKET_IFNAME: a comma-separated
     list of prefixes ("eth" matches eth0, eth1), "=name" for one exact name, and a leading
     "^" to exclude what the list matches instead ("^docker,lo"). Returns the interfaces to
-    try, in order (per entry: the exact name first, then the other names it prefixes,
-    sorted; the exact name also when nothing else matched, or this host cannot list its
-    interfaces, so that its refusal says it does not exist), and whether `spec` excludes."""
+    try, one group per entry in the list's order (the exact name first, then the other
+    names it prefixes, eth2 before eth10; the exact name also when nothing else matched,
+    or this host cannot list its interfaces, so that its refusal says it does not exist) --
+    with "^", one group of every interface not excluded --, and whether `spec` excludes."""
     exclude = spec.startswith("^")
     items = [i.strip() for i in (spec[1:] if exclude else spec).split(",") if i.strip()]
 
     def hit(item: str, name: str) -> bool:
         return name == item[1:] if item.startswith("=") else name.startswith(item)
     if exclude:
-        return [n for n in names if not any(hit(i, n) for i in items)], True
-    out: list[str] = []
+        rest = [n for n in names if not any(hit(i, n) for i in items)]
+        return ([rest] if rest else []), True
+    groups: list[list[str]] = []
+    seen: set[str] = set()
     for item in items:
         exact = item.removeprefix("=")
-        more = sorted(n for n in names if n != exact and hit(item, n))
-        # the exact name when it exists, or nothing else matched (refused: "does not exist")
-        for n in ([exact] if exact in names or not more else []) + more:
-            if n and n not in out:
-                out.append(n)
-    return out, False
+        more = sorted((n for n in names if n != exact and hit(item, n)), key=_natural)
+        group = [n for n in ([exact] if exact in names or not more else []) + more
+                 if n and n not in seen]
+        seen.update(group)
+        if group:
+            groups.append(group)
+    return groups, False
 
 
 def select_interface_address(master_addr: str | None, ifname: str | None,
                              timeout: float = 30.0) -> str:
     """The local address this rank should listen on and advertise to its peers.
 
-    With ``ifname`` (RINGREDUCE_SOCKET_IFNAME, as NCCL_SOCKET_IFNAME: _ifname_order) the
-    IPv4 address of the first interface it names that has one; with a "^" (exclusions) the
-    one among the rest that routes to ``master_addr``, else the first that is not loopback.
-    Otherwise the address of the interface that routes to ``master_addr``, or
-    ``"127.0.0.1"`` when ``master_addr`` is unset or a loopback name (``"::1"`` for ``::1``).
-    Raises ValueError, listing the available interfaces, when none fits.
+    With ``ifname`` (RINGREDUCE_SOCKET_IFNAME, as NCCL_SOCKET_IFNAME: _ifname_groups) the
+    IPv4 address of an interface it names, its entries tried in turn; where one entry (a
+    prefix, or the rest after "^" exclusions) matches several interfaces with an address,
+    the one that routes to ``master_addr``, else the first (after "^": the first that is
+    not loopback). Otherwise the address of the interface that routes to ``master_addr``,
+    or ``"127.0.0.1"`` when ``master_addr`` is unset or a loopback name (``"::1"`` for
+    ``::1``). Raises ValueError, listing the available interfaces, when none fits.
     Always returns a numeric address (the C++ core then needs no name lookup); looking up a
     MASTER_ADDR name takes at most ``timeout`` seconds (CollectiveTimeout after that).
     """
     if ifname:
         available = _interface_names()
-        names, exclude = _ifname_order(ifname.strip(), available)
-        if not names:
-            raise ValueError(f"RINGREDUCE_SOCKET_IFNAME={ifname!r} "
-                             f"{'excludes every' if exclude else 'names no'} interface; set "
-                             f"it to one or a comma-separated list of names or prefixes "
-                             f"(available: {', '.join(available) or 'none found'}), or unset it")
-        found: list[str] = []
+        groups, exclude = _ifname_groups(ifname.strip(), available)
+        if not groups:
+            why = ("excludes every interface" if available else "needs this host's list of "
+                   "interfaces, which it cannot read: name the interface") if exclude else \
+                "names no interface"
+            raise ValueError(f"RINGREDUCE_SOCKET_IFNAME={ifname!r} {why}; set it to one or a "
+                             f"comma-separated list of names or prefixes (available: "
+                             f"{', '.join(available) or 'none found'}), or unset it")
         errors: list[str] = []
-        for name in names:
-            try:
-                found.append(_interface_ipv4(name, available))
-            except ValueError as e:
-                errors.append(str(e))
-            if found and not exclude:
-                return found[0]
-        if not found:
-            raise ValueError("; ".join(errors) + "; " + _hint(available))
-        if master_addr is not None and not _is_loopback(master_addr.strip()):
-            try:
-                route = _route_source(master_addr.strip(), timeout)
-                if route in found:
-                    return route
-            except ValueError:
-                pass  # no route from here: the first that is not loopback
-        return next((a for a in found if not a.startswith("127.")), found[0])
+        for group in groups:
+            found: list[str] = []
+            for name in group:
+                try:
+                    found.append(_interface_ipv4(name, available))
+                except ValueError as e:
+                    errors.append(str(e))
+            if len(found) > 1 and master_addr is not None and not _is_loopback(
+                    master_addr.strip()):
+                try:
+                    route = _route_source(master_addr.strip(), timeout)
+                    if route in found:
+                        return route
+                except ValueError:
+                    pass  # no route from here: as without MASTER_ADDR
+            if found:
+                return next((a for a in found if not a.startswith("127.")), found[0]) \
+                    if exclude else found[0]
+        raise ValueError("; ".join(errors) + "; " + _hint(available))
     if master_addr is not None and master_addr.strip().strip("[]") == "::1":
         return "::1"  # as given: a host may have no IPv4 loopback (found by a helper)
     if master_addr is None or _is_loopback(master_addr.strip()):
