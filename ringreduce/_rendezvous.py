@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import hashlib
 import secrets
 import sys
 import threading
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from . import _env, _procnet, _store_guard, _store_keys, _store_wait, _watch
+from . import _env, _job_settings, _procnet, _store_guard, _store_keys, _store_wait, _watch
 from ._awake import Awake
 from ._farewell import (  # noqa: F401 - farewell_borrowed, _FAREWELL_S: used through here
     _FAREWELL_FAILED_S,
@@ -229,7 +228,7 @@ def _another_job(store: Any, prefix: str, timeout: float, rank: int | None = Non
         _wait(store, [key], timeout, rank, "rank 0 to publish its settings", prefix)
     elif not _appears(store, key, timeout):
         return None
-    theirs = _settings_table(store.get(key).decode()).get(_RUN_ID_KEY, "")
+    theirs = _job_settings.run_id_of(store.get(key).decode())
     return theirs != _env.run_id()
 
 
@@ -504,36 +503,6 @@ def fail_setup(store: Any, rank: int, world: int, prefix: str | None, error: Exc
             _linger(store, world)
 
 
-def secret_check(secret: str) -> str:
-    """What ranks compare of the job secret at init: 32 bits of a hash, enough to tell
-    two secrets apart, not to recover one."""
-    return "sha256:" + hashlib.sha256(b"ringreduce-secret/" + secret.encode()).hexdigest()[:8]
-
-
-# The job id's entry among the settings rank 0 publishes (compared as the others are: a
-# message names it by this).
-_RUN_ID_KEY = f"job id ({_env.RUN_ID_VARS})"
-
-
-def _same_settings(per_rank: list, rank: int) -> None:
-    """ValueError naming the first job-wide knob whose value differs between ranks (every
-    rank reads the same lists, so every rank raises the same error)."""
-    tables = [_settings_table(s) for s in per_rank]
-    for var in tables[rank]:
-        values = [t.get(var, "?") for t in tables]
-        if len(set(values)) > 1:
-            shown = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values[:8]))
-            more = f" (and {len(values) - 8} more ranks)" if len(values) > 8 else ""
-            raise ValueError(
-                f"{var} differs between ranks ({shown}{more}); it must be the same on every "
-                f"rank of a job: set it (or leave it unset) alike for all of them")
-
-
-def _settings_table(settings: str) -> dict[str, str]:
-    """A rank's published settings ("VAR=value;...", _env.job_wide and more) as a dict."""
-    return dict(kv.split("=", 1) for kv in settings.split(";") if "=" in kv)
-
-
 def _linger(store: Any, world: int, cap: float = 2.0) -> None:
     """Rank 0's init failed: before its process (the store's host) may exit, wait until
     every process has reached the store -- counted by claims, so two claiming one RANK
@@ -784,8 +753,7 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
                 f"of them, or for none (rank 0 then draws one)"))
     cfg = ("cfg",) if prefix is None else ()  # before addr/N, which the others wait for
     if cfg:  # a rank with another secret fails every handshake: say so before connecting
-        settings = (f"{settings};RINGREDUCE_SECRET={secret_check(secret)};"
-                    f"{_RUN_ID_KEY}={_env.run_id()}")
+        settings = _job_settings.published(settings, secret)
     mine = [p + f"{k}/{rank}" for k in (*cfg, "addr", "host", "hb")]
     store.multi_set(mine, [*(settings for _ in cfg), my_addr, _env.host_identity(), my_hb])
     _store_keys.wrote(p, *mine)
@@ -803,7 +771,7 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
         [*keys, *(p + f"{k}/{r}" for k in ("host", "hb", *cfg) for r in range(world)),
          *(p + "store0" for _ in cfg), p + "session"])]
     if cfg:
-        _same_settings(got[3 * world:4 * world], rank)
+        _job_settings.check_same(got[3 * world:4 * world], rank)
         _note_rank0_serves(store, rank != 0 and got[4 * world] == "serves")
     return Peers(addrs=got[:world], hosts=got[world:2 * world], secret=secret, prefix=p,
                  hb_addrs=got[2 * world:3 * world], session=got[-1])

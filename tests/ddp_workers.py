@@ -165,31 +165,15 @@ def sc_unused(rank: int, world: int, steps: int = 4, **ddp_kw: Any) -> dict:
                                 for s in range(steps)]}
 
 
-def sc_find_unused_all_used(rank: int, world: int, steps: int = 3) -> dict:
-    """find_unused_parameters=True on a model whose every parameter is used: trains as
-    without it, and warns once that the flag costs (as torch's reducer); with a parameter
-    left unused (Branchy's `never`) it does not warn."""
+def _warned_all_used(fn: Any, *args: Any, **kw: Any) -> dict:
+    """fn's result, with how often DDP warned that find_unused_parameters found nothing."""
     import warnings
 
-    out = {}
-    for name, fn in (("mlp", MLP), ("branchy", Branchy)):
-        model, ref = make(fn)
-        ddp = DDP(model, find_unused_parameters=True)
-        opt, ropt = sgd(ddp), sgd(ref)
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            for s in range(steps):
-                x, y = batch(s, world)
-                opt.zero_grad()
-                F.mse_loss(ddp(shard(x, rank)), shard(y, rank)).backward()
-                opt.step()
-                ropt.zero_grad()
-                (sum(F.mse_loss(ref(shard(x, r)), shard(y, r)) for r in range(world))
-                 / world).backward()
-                ropt.step()
-        out[name] = {"diff": maxdiff(model, ref), "warned": sum(
-            "but this forward used every parameter" in str(w.message) for w in seen)}
-    return out
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = fn(*args, **kw)
+    return {**out, "warned": sum("but this forward used every parameter" in str(w.message)
+                                 for w in seen)}
 
 
 def sc_static_graph(rank: int, world: int, steps: int = 4) -> dict:
@@ -725,7 +709,10 @@ SCENARIOS: dict = {
     "unused": lambda r, w: sc_unused(r, w),
     "unused_view": lambda r, w: sc_unused(r, w, gradient_as_bucket_view=True),
     "static_graph": sc_static_graph,
-    "find_unused_all_used": sc_find_unused_all_used,
+    # find_unused_parameters=True, every parameter used: warns once (as torch); one unused: not
+    "find_unused_all_used": lambda r, w: {
+        "mlp": _warned_all_used(sc_plain, r, w, find_unused_parameters=True),
+        "branchy": _warned_all_used(sc_unused, r, w)},
     "static_graph_rank_branch": sc_static_graph_rank_branch,
     "hook_order": sc_hook_order,
     "rebuild": sc_rebuild,

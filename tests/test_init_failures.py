@@ -285,7 +285,9 @@ def test_a_rank_that_cannot_start_tells_only_its_own_job(monkeypatch: pytest.Mon
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "this-job")
     monkeypatch.setattr(_rendezvous, "_GENERATIONS", {})
     store = dist.HashStore()
-    store.set("ringreduce/1/cfg/0", f"RINGREDUCE_ALGO=auto;{_rendezvous._RUN_ID_KEY}={theirs}")
+    from ringreduce._job_settings import RUN_ID_KEY
+
+    store.set("ringreduce/1/cfg/0", f"RINGREDUCE_ALGO=auto;{RUN_ID_KEY}={theirs}")
     _rendezvous.fail_setup(store, 1, 3, None, ValueError("RINGREDUCE_ALGO='no' is not ..."))
     assert _rendezvous._world_prefix(store) == "ringreduce/1/"
     assert store.check(["ringreduce/1/failed"]) is told
