@@ -607,8 +607,12 @@ def test_a_signal_to_the_bench_stops_every_rank(tmp_path, sig):
         deadline = time.monotonic() + 90
         while len(_procs_with(marker)) < 4 and time.monotonic() < deadline:  # bench, run, 2
             time.sleep(0.2)
-        if len(_procs_with(marker)) < 4:  # seen once in CI (3 for 90 s): say which, and why
-            seen = {pid: _proc_state(pid) for pid in _procs_with(marker)}
+        if len(_procs_with(marker)) < 4:  # seen twice in CI (3 for 90 s): say which, and why
+            # -- with where each sleeps, and any child of theirs the marker does not name (a
+            # rank forked and not yet exec'd, or one that ended: a zombie has no command line)
+            ours = _procs_with(marker)
+            kids = [q for q in _children(ours) if q not in ours]
+            seen = {pid: _proc_state(pid, signals=True) for pid in [*ours, *kids]}
             _kill_all(p.pid, seen)  # ranks in their own sessions hold stderr open too
             _, err = p.communicate(timeout=30)
             raise AssertionError(f"the ranks never started: {seen}\nstderr: {err[-3000:]}")
@@ -628,6 +632,19 @@ def test_a_signal_to_the_bench_stops_every_rank(tmp_path, sig):
     finally:
         _kill_all(p.pid, _procs_with(marker))
         p.wait()
+
+
+def _children(parents: list[int]) -> list[int]:
+    """The processes whose parent is one of `parents`."""
+    kids = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) \
+                    in parents:
+                kids.append(int(d.name))
+        except (OSError, IndexError, ValueError):
+            pass
+    return kids
 
 
 def _kill_all(group: int, pids) -> None:
