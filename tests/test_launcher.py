@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,6 +33,16 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX process g
 def _launch(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(RUN_PY), *args], capture_output=True, text=True,
                           timeout=TIMEOUT_S, env=env, check=False)
+
+
+def _run_module() -> Any:
+    """This checkout's ringreduce/run.py, loaded by path (it imports nothing of the package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_ringreduce_run_under_test", RUN_PY)
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    return run
 
 
 def _script(name: str) -> str:
@@ -544,11 +555,8 @@ def test_nproc_words_count_usable_cpus_and_visible_gpus(monkeypatch: pytest.Monk
     """-n cpu|gpu|auto as torchrun's: the GPUs as torch.cuda.device_count() sees them (the
     driver's, within CUDA_VISIBLE_DEVICES), auto the GPUs if any, else the usable CPUs."""
     import argparse
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location("_ringreduce_run_nproc", RUN_PY)
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
+    run = _run_module()
     cpus, listdir = len(os.sched_getaffinity(0)), os.listdir
     monkeypatch.setattr(run.os, "listdir", lambda p: ["0", "1", "2", "3"]
                         if p == "/proc/driver/nvidia/gpus" else listdir(p))
@@ -572,11 +580,7 @@ def test_help_lists_tunables() -> None:
 
 @pytest.mark.timeout(60)
 def test_main_returns_exit_codes_in_process(capsys: pytest.CaptureFixture[str]) -> None:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_ringreduce_run_under_test", RUN_PY)
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
+    run = _run_module()
     assert run.main(["-n", "0", "x.py"]) == 2
     assert run.main(["--help"]) == 0
     assert run.main(["-n", "2", _script("output.py")]) == 0

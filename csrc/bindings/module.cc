@@ -602,7 +602,7 @@ PYBIND11_MODULE(_C, m) {
            // `fire`: ringreduce._fault.FIRE, the hook that carries the action out.
            [](PyComm& c, int kind, uint64_t seq, const std::string& point,
               const std::string& action, const std::string& stamp, const py::capsule& fire) {
-             if (fire.name() == nullptr || std::string(fire.name()) != "ringreduce._fault.FIRE")
+             if (fire.name() == nullptr || std::string(fire.name()) != comm::kFireCapsule)
                throw InvalidArgument("set_fault: `fire` must be ringreduce._fault.FIRE");
              comm::FaultPlan f;
              f.fire = reinterpret_cast<comm::FaultPlan::Fire>(fire.get_pointer());

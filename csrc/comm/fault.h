@@ -38,6 +38,10 @@ struct FaultPlan {
   }
 };
 
+// The name of the capsule ringreduce._fault exports its Fire hook in (FIRE), which the
+// binding's set_fault checks.
+inline constexpr const char* kFireCapsule = "ringreduce._fault.FIRE";
+
 FaultPlan::Point faultPointFromString(const std::string& s);
 FaultPlan::Action faultActionFromString(const std::string& s);
 const char* faultActionName(FaultPlan::Action a);

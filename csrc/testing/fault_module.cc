@@ -55,7 +55,7 @@ PyMODINIT_FUNC PyInit__fault() {
   PyObject* m = PyModule_Create(&kModule);
   if (m == nullptr) return nullptr;
   FaultPlan::Fire hook = &fire;
-  PyObject* cap = PyCapsule_New(reinterpret_cast<void*>(hook), "ringreduce._fault.FIRE", nullptr);
+  PyObject* cap = PyCapsule_New(reinterpret_cast<void*>(hook), rr::comm::kFireCapsule, nullptr);
   if (cap == nullptr || PyModule_AddObject(m, "FIRE", cap) < 0) {
     Py_XDECREF(cap);
     Py_DECREF(m);

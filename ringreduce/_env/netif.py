@@ -188,9 +188,13 @@ def select_interface_address(master_addr: str | None, ifname: str | None,
         available = _interface_names()
         groups, exclude = _ifname_groups(ifname.strip(), available)
         if not groups:
-            why = ("excludes every interface" if available else "needs this host's list of "
-                   "interfaces, which it cannot read: name the interface") if exclude else \
-                "names no interface"
+            if not exclude:
+                why = "names no interface"
+            elif available:
+                why = "excludes every interface"
+            else:
+                why = ("needs this host's list of interfaces, which it cannot read: name "
+                       "the interface")
             raise ValueError(f"RINGREDUCE_SOCKET_IFNAME={ifname!r} {why}; set it to one or a "
                              f"comma-separated list of names or prefixes (available: "
                              f"{', '.join(available) or 'none found'}), or unset it")
@@ -211,7 +215,7 @@ def select_interface_address(master_addr: str | None, ifname: str | None,
                 except ValueError:
                     pass  # no route from here: as without MASTER_ADDR
             if found:
-                return next((a for a in found if not a.startswith("127.")), found[0]) \
+                return next((a for a in found if not _is_loopback(a)), found[0]) \
                     if exclude else found[0]
         raise ValueError("; ".join(errors) + "; " + _hint(available))
     if master_addr is not None and master_addr.strip().strip("[]") == "::1":

@@ -1,5 +1,6 @@
-"""--plot FILE.png: bus bandwidth (one rank: algorithm bandwidth) against message size (log x),
-one line per library and one panel per collective. matplotlib (the [bench] extra) with the Agg backend: no display needed."""
+"""--plot FILE.png: bus bandwidth (one rank: algorithm bandwidth) against message size
+(log x), one line per library and one panel per collective. matplotlib (the [bench] extra)
+with the Agg backend: no display needed."""
 
 from __future__ import annotations
 
