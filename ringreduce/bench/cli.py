@@ -16,7 +16,8 @@ PROG = "ringreduce-bench"
 OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter", "barrier", "reduce", "gather",
        "scatter", "alltoall")
 REDOPS = ("sum", "avg", "prod", "min", "max")
-DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64")
+DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "uint16", "int32",
+          "uint32", "int64", "uint64")
 ANCHORS = ("gloo", "mpi", "nccl")
 _DTYPE_ALIASES = {"float": "float32", "double": "float64", "half": "float16", "bf16": "bfloat16",
                   "fp32": "float32", "fp64": "float64", "fp16": "float16", "int": "int32",

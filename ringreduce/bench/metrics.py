@@ -22,6 +22,10 @@ from .. import _C
 ELEMENT_SIZE: dict[str, int] = dict(_C.DTYPE_SIZES)
 
 
+# Collectives that take a reduction op / a root; the others' rows give none (JSON null,
+# CSV empty, "-" in the table), as nccl-tests prints "none" / -1 for them.
+REDUCING = ("allreduce", "reduce_scatter", "reduce")
+ROOTED = ("broadcast", "reduce", "gather", "scatter")
 # Collectives whose size is n blocks (one per rank): rounded to a multiple of n elements.
 BLOCKED = ("allgather", "reduce_scatter", "gather", "scatter", "alltoall")
 # Per rank (in_count, out_count) of a blocked collective of `count` elements, k = count / n.
@@ -125,9 +129,9 @@ class Row:
     lib: str
     size: int
     count: int
-    dtype: str
-    redop: str
-    root: int
+    dtype: str | None  # None (JSON null): barrier's; redop/root: None where the op takes none
+    redop: str | None
+    root: int | None
     algo: str
     world: int
     times: list[float] = field(default_factory=list)  # seconds
@@ -152,7 +156,9 @@ class Row:
 
     def as_dict(self, with_times: bool = True) -> dict:
         d = {"op": self.op, "library": self.lib, "size": self.size, "count": self.count,
-             "type": self.dtype, "redop": self.redop, "root": self.root, "algo": self.algo,
+             "type": self.dtype if self.op != "barrier" else None,
+             "redop": self.redop if self.op in REDUCING else None,
+             "root": self.root if self.op in ROOTED else None, "algo": self.algo,
              "world_size": self.world, "time_us": self.time_us, "p99_us": self.p99_us,
              "algbw_gbps": self.algbw, "busbw_gbps": self.busbw, "wrong": self.wrong,
              "iters": len(self.times)}

@@ -67,10 +67,7 @@ def replot(json_path: str, path: str) -> str | None:
 
     with open(json_path) as f:
         data = json.load(f)
-    rows = [Row(op=r["op"], lib=r["library"], size=r["size"], count=r["count"],
-                dtype=r["type"], redop=r["redop"], root=r["root"], algo=r["algo"],
-                world=r["world_size"], times=[t * 1e-6 for t in r["times_us"]],
-                wrong=r["wrong"]) for r in data["results"]]
+    rows = [Row.from_dict(r) for r in data["results"]]
     return plot(rows, data["meta"], path)
 
 

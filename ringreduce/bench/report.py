@@ -12,12 +12,10 @@ from collections import Counter
 
 from .. import _env
 from . import machine
-from .metrics import Row
+from .metrics import REDUCING, ROOTED, Row
 
 CSV_FIELDS = ("op", "library", "size", "count", "type", "redop", "root", "algo", "world_size",
               "time_us", "p99_us", "algbw_gbps", "busbw_gbps", "wrong", "iters")
-_REDUCING = ("allreduce", "reduce_scatter", "reduce")
-_ROOTED = ("broadcast", "reduce", "gather", "scatter")
 
 
 def make_meta(args: Namespace, world: int, hosts: list, notes: dict, transport: str) -> dict:
@@ -84,8 +82,8 @@ def _op_table(op: str, rows: list[Row], anchors: list[str]) -> list[str]:
         head += f" | {a + '(us)':>10} {a + ' busbw':>11} {'x' + a:>7} {'x' + a + '99':>8}"
     out = ["#", f"# {op}", head, unit]
     for r in mine:
-        redop = r.redop if op in _REDUCING else "-"
-        root = str(r.root) if op in _ROOTED else "-"
+        redop = r.redop if op in REDUCING else "-"
+        root = str(r.root) if op in ROOTED else "-"
         wrong = "N/A" if r.wrong is None else str(r.wrong)
         bw = op != "barrier"
         line = (f"{r.size:>12} {r.count:>12} {r.dtype if bw else '-':>9} {redop:>6} {root:>5} "
@@ -104,9 +102,16 @@ def _op_table(op: str, rows: list[Row], anchors: list[str]) -> list[str]:
     return out
 
 
-def _geomean(xs: list[float]) -> float:
-    xs = [x for x in xs if x > 0 and not math.isnan(x)]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+def _ratio_summary(ratios: dict[tuple[str, int], float], ops: list[str]) -> str:
+    """The geometric mean of the ratios an anchor has ((op, size) -> ratio; nan where it did
+    not run), naming the collectives it covers when not all of the table's."""
+    have = {k: x for k, x in ratios.items() if x > 0 and not math.isnan(x)}
+    if not have:
+        return "n/a (no size where both results were right)"
+    covered = [op for op in ops if any(k[0] == op for k in have)]
+    only = f" of {', '.join(covered)} only" if covered != ops else ""
+    g = math.exp(sum(math.log(x) for x in have.values()) / len(have))
+    return f"{g:.3g}x{only} (> 1: ringreduce faster)"
 
 
 def table(rows: list[Row], meta: dict, skipped: list[dict]) -> str:
@@ -134,15 +139,13 @@ def table(rows: list[Row], meta: dict, skipped: list[dict]) -> str:
             out.append(f"# {a} out of bounds values : 0 OK")
         # Sizes where its results were wrong count in neither summary (as the note says).
         theirs = [r for r in rows if r.lib == a and r.op != "barrier" and not r.wrong]
-        sp = [speedup(r, o) for r in mine
-              if not getattr(o := by.get((r.op, a, r.size)), "wrong", None)]
+        sp = {(r.op, r.size): speedup(r, o) for r in mine
+              if not getattr(o := by.get((r.op, a, r.size)), "wrong", None)}
         if theirs:
             avg = sum(r.busbw for r in theirs) / len(theirs)
             out.append(f"# {a} avg bus bandwidth : {avg:.4g}")
-        g = _geomean(sp)
         out.append(f"# ringreduce vs {a}: time ratio {a}/ringreduce, geometric mean over sizes "
-                   + (f"{g:.3g}x (> 1: ringreduce faster)" if not math.isnan(g) else
-                      "n/a (no size where both results were right)"))
+                   + _ratio_summary(sp, ops))
     bw = [r.busbw for r in mine if r.op != "barrier"]
     out.append(f"# Avg bus bandwidth    : {sum(bw) / len(bw) if bw else 0.0:.4g}")
     return "\n".join(out)
