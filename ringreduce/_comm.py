@@ -91,6 +91,14 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
         # they stop at their next check (a rank with no route to another's address failed
         # at once; the other waited for it until RINGREDUCE_CONNECT_TIMEOUT).
         if not getattr(e, _blame.SECONDARY, False):  # not one told here by another rank
+            # A rank that failed first may have removed what this one was reaching for (its
+            # shared memory segment: "cannot open ... different containers?" -- a helper,
+            # 1 run in 5 when a rank skipped a new_group): its reason, if it comes within a
+            # moment, is the one to raise.
+            stop = _posted_soon(store, peers.prefix)
+            if stop is not None:
+                raise _store_wait.posted_error(store.get(stop).decode(),
+                                               _rendezvous._speaker(rank), what) from None
             _store_wait.fail_bounded(store, peers.prefix, e, _rendezvous._speaker(rank))
             if rank == 0 and labels is None:  # the world's: this process may host the store
                 _rendezvous._linger(store, world)
@@ -111,6 +119,15 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
     return _state.Group(rank=rank, world_size=world, comm=comm, hosts=peers.hosts,
                         options=options, default_algo=algo_code(tun.algo),
                         store_prefix=peers.prefix, name=name, secret=peers.secret)
+
+
+def _posted_soon(store: Any, prefix: str, within: float = 0.5) -> str | None:
+    """The key under which another rank posted why its set-up failed, looking for up to
+    `within` seconds (None: none, or the store is gone)."""
+    try:
+        return _store_wait.posted_key(store, [prefix + "failed", *_watch.also_keys()], within)
+    except _rendezvous._torch_store().DistError:
+        return None
 
 
 def _setup_check(store: Any, prefix: str, rank: int, what: str) -> Any:

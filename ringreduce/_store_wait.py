@@ -24,9 +24,20 @@ def timeout_error(msg: str) -> Exception:
     return CollectiveTimeout(msg)
 
 
+def posted_key(store: Any, stops: list, within: float = 0.0) -> str | None:
+    """The first of `stops` under which another rank posted why it failed, looking for up to
+    `within` seconds (None: none)."""
+    end = time.monotonic() + within
+    while True:
+        stop = next((k for k in stops if store.check([k])), None)
+        if stop is not None or time.monotonic() >= end:
+            return stop
+        time.sleep(0.02)
+
+
 def raise_posted(store: Any, stops: list, rank: int, what: str) -> None:
     """Raise the failure another rank posted under one of `stops`, if any."""
-    stop = next((k for k in stops if store.check([k])), None)
+    stop = posted_key(store, stops)
     if stop is not None:
         # Made by a helper: an error held in a local of the frame raising it is a reference
         # cycle (error -> traceback -> frame -> error) that keeps every frame's locals -- a

@@ -202,18 +202,22 @@ def size_mismatch(rank: int, world: int, n: int, good_first: bool = False) -> st
     first). The receiver fails at once; the sender's send may return (eager, as over TCP),
     and then its next send on that channel, once the receiver has failed, must fail too
     (the receiver's abort reached it). Rank 0 returns what each send did, rank 1 what its
-    recv and a second one said."""
+    recv and a second one said, and whether the failed recv's buffer and the bytes around it
+    kept their -1s (over shared memory they must; over TCP the payload is read with its
+    header, so the buffer may hold the message's start)."""
     flag = os.path.join(os.path.dirname(os.environ["RR_SPAWN_ARGS"]), "recv_failed")
     if rank == 1:
         if good_first:
             rr.recv(np.ones(n, np.float32), 0)
         said = []
         for _ in range(2):
+            guarded = np.full(n + 6, -1.0, np.float32)
             try:
-                rr.recv(np.ones(n + 2, np.float32), 0)
+                rr.recv(guarded[2:-2], 0)
                 said.append("no error")
             except Exception as e:  # noqa: BLE001
                 said.append(type(e).__name__ + ": " + str(e))
+            said[-1] += " [buffer untouched]" if np.all(guarded == -1) else " [buffer WRITTEN]"
             open(flag, "a").close()
         return " | ".join(said)
     if good_first:
