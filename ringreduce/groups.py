@@ -103,15 +103,32 @@ def split(parent: Group, color: int | None, key: int = 0) -> Group | None:
         return _split(parent, color, key)
 
 
+_I64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _bad_split_argument(color: Any, key: Any) -> Exception | None:
+    import numpy as np
+
+    ints = (int, np.integer)
+    if color is not None and (not isinstance(color, ints) or not 0 <= color <= _I64[1]):
+        return ValueError(f"Group.split: color must be an int >= 0 or None (no new group: "
+                          f"NCCL_SPLIT_NOCOLOR's and MPI_UNDEFINED's meaning), got {color!r}")
+    if not isinstance(key, ints):
+        return TypeError(f"Group.split: key must be an int, got {key!r}")
+    if not _I64[0] <= key <= _I64[1]:
+        return ValueError(f"Group.split: key must fit in 64 bits, got {key!r}")
+    return None
+
+
 def _split(parent: Group, color: int | None, key: int) -> Group | None:
     import numpy as np
 
-    if color is not None and (not isinstance(color, (int, np.integer)) or color < 0):
-        raise ValueError(f"Group.split: color must be an int >= 0 or None (no new group), got "
-                         f"{color!r}")
-    if not isinstance(key, (int, np.integer)):
-        raise TypeError(f"Group.split: key must be an int, got {key!r}")
-    mine = np.array([0 if color is None else 1, color or 0, key], dtype=np.int64)
+    # A bad argument is shared with the others (state 2) and refused on every rank: raised
+    # here alone, the others' allgather met this rank's next collective (a mismatch naming
+    # an allgather the user never called, found by a helper).
+    bad = _bad_split_argument(color, key)
+    state = 2 if bad else 0 if color is None else 1
+    mine = np.array([state, 0 if bad else color or 0, 0 if bad else key], dtype=np.int64)
     allv = np.empty((parent.world_size, 3), dtype=np.int64)
     if parent.comm is None:
         allv[0] = mine
@@ -120,6 +137,16 @@ def _split(parent: Group, color: int | None, key: int) -> Group | None:
         parent.comm.allgather(b.ptr, o.ptr, b.count, b.code, False)
     parent.created += 1
     idx = parent.created
+    if bad:
+        try:
+            raise bad
+        finally:
+            del bad  # no cycle through this frame (error -> traceback -> frame -> error)
+    culprits = [parent.ranks[r] for r in range(parent.world_size) if allv[r, 0] == 2]
+    if culprits:
+        raise ValueError(f"Group.split on {parent.name}: world rank{'s' if len(culprits) > 1 else ''} "
+                         f"{', '.join(map(str, culprits))} passed a bad color or key (its own "
+                         "error says which); no rank made a group")
     if color is None:
         return None
     same = sorted((int(k), r) for r, (has, c, k) in enumerate(allv.tolist())

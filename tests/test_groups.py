@@ -493,3 +493,20 @@ def test_a_set_up_wait_given_up_on_a_lost_peer_tells_the_others_waiting_there() 
         _store_wait.poll_keys(store, ["ch/addr/30"], 5.0, 0, "rank 30's address", "ch/",
                               "hint", [30], True)
     assert time.monotonic() - t0 < 1.0
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_bad_split_argument_is_refused_on_every_rank(world: int) -> None:
+    outs = run_world(world, "group_workers:split_bad_color", timeout=60,
+                     env={"RINGREDUCE_TIMEOUT": "20"})
+    bad = [1] + ([world - 1] if world >= 3 else [])
+    for r, (said, after, again) in enumerate(outs):
+        assert (after, again) == ("allreduce ok", "split ok"), (r, outs)
+        if r == 1:
+            assert said.startswith("ValueError: Group.split: color must be an int >= 0 or None")
+        elif r in bad:
+            assert said == "ValueError: Group.split: key must fit in 64 bits, got 1180591620717411303424"
+        else:
+            assert said.startswith("ValueError: Group.split on world: world rank") and \
+                ", ".join(map(str, bad)) in said and "no rank made a group" in said, (r, said)
