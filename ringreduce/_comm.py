@@ -94,8 +94,9 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
             # A rank that failed first may have removed what this one was reaching for (its
             # shared memory segment: "cannot open ... different containers?" -- a helper,
             # 1 run in 5 when a rank skipped a new_group): its reason, if it comes within a
-            # moment, is the one to raise.
-            stop = _posted_soon(store, peers.prefix)
+            # moment, is the one to raise. Not instead of a peer found gone (PeerFailure:
+            # this rank saw it, and the class says so; a leaver posts why it stopped).
+            stop = None if isinstance(e, _C.PeerFailure) else _posted_soon(store, peers.prefix)
             if stop is not None:
                 raise _store_wait.posted_error(store.get(stop).decode(),
                                                _rendezvous._speaker(rank), what) from None
