@@ -47,14 +47,21 @@ def raise_posted(store: Any, stops: list, rank: int, what: str) -> None:
 
 
 def posted_error(posted: str, rank: int, what: str) -> Exception:
+    """The error for a failure another rank posted (fail()): its class, the rank it named
+    (.peer_rank) and, for a lost rank, how it was lost (.cause) and the rank that found it
+    (.relayed_by), as a PeerFailure relayed through a connection has them."""
     head, _, msg = posted.partition("\n")
-    kind, _, named = head.partition(" ")
+    kind, *fields = head.split(" ")
     msg = f"rank {rank}: stopped waiting for {what} because another rank failed: {msg}"
     err = ValueError(msg) if kind == "ValueError" else (  # bad settings: the same class
         timeout_error(msg) if kind == "CollectiveTimeout" else
         _peer_failure(msg) if kind == "PeerFailure" else rr_error(msg))  # a lost rank too
-    if named.isdigit():  # the rank the poster's error named: named here too
-        err.peer_rank = int(named)  # type: ignore[attr-defined]
+    for f in fields:
+        name, _, value = f.rpartition("=")
+        if value.isdigit() and name in ("", "by"):  # "": the rank the poster's error named
+            setattr(err, "relayed_by" if name else "peer_rank", int(value))
+        elif name == "cause" and kind == "PeerFailure":
+            err.cause = value  # type: ignore[attr-defined]
     setattr(err, _blame.SECONDARY, True)  # the launcher blames the rank that posted it
     return err
 
@@ -108,7 +115,7 @@ def poll_keys(store: Any, keys: list[str], timeout: float, rank: int, what: str,
                 # be alive (a channel's other end, told that this rank's world lost a rank,
                 # waited for its addresses until the connect timeout: found by a helper at
                 # 32 ranks).
-                raise fail(store, prefix, e) from None
+                raise fail(store, prefix, e, watch[0].rank) from None  # world rank: the finder
             probe_at = time.monotonic() + 0.1
             graced = False
         elif watch is not None:
@@ -171,6 +178,12 @@ def fail(store: Any, prefix: str, error: Exception, speaker: int | None = None) 
     if named is None and not isinstance(error, TimeoutError):  # CollectiveTimeout is one
         named = speaker
     head = type(error).__name__ + ("" if named is None else f" {named}")
+    cause = getattr(error, "cause", None)
+    if named is not None and named != speaker and isinstance(cause, str) and cause.isalnum():
+        # A lost rank: how, and who found it (the rank that told this one, else this one)
+        found = getattr(error, "relayed_by", None)
+        found = found if isinstance(found, int) and found >= 0 else speaker
+        head += f" cause={cause}" + ("" if found is None else f" by={found}")
     text = str(error)
     if speaker is not None and not text.startswith(
             tuple(f"{w}rank {speaker}{c}" for w in ("", "world ") for c in (" ", ":"))):

@@ -254,3 +254,23 @@ def test_a_set_up_failure_looks_briefly_for_the_reason_another_rank_posted() -> 
             raise dist.DistError("connection reset")
 
     assert _comm._posted_soon(Gone(), "g/") is None
+
+
+@pytest.mark.parametrize("relayed_by", [None, 3])
+def test_a_posted_lost_rank_keeps_its_cause_and_finder(relayed_by: int | None) -> None:
+    """A PeerFailure told through the store (a group's set-up) had .peer_rank only: .cause
+    and .relayed_by were None, where one relayed through a connection has both (a helper:
+    5 of 6 runs with a rank killed during new_group)."""
+    import torch.distributed as dist
+    from ringreduce._C import PeerFailure
+
+    from ringreduce import _store_wait
+
+    store = dist.PrefixStore("p/", dist.HashStore())
+    lost = PeerFailure("rank 2 (127.0.0.1) closed its connection")
+    lost.peer_rank, lost.cause, lost.relayed_by = 2, "closed", relayed_by
+    _store_wait.fail(store, "g/", lost, speaker=0)
+    got = _store_wait.posted_error(store.get("g/failed").decode(), 1, "group1 to connect")
+    assert isinstance(got, PeerFailure), got
+    assert (got.peer_rank, got.cause, got.relayed_by) == (2, "closed", relayed_by or 0)
+    assert "rank 0: rank 2 (127.0.0.1) closed its connection" in str(got), got
