@@ -110,7 +110,7 @@ class DistributedDataParallel(nn.Module):
 
     def __init__(self, module: nn.Module, device_ids: list | None = None,
                  output_device: Any = None, dim: int = 0,
-                 broadcast_buffers: bool | None = True, init_sync: bool = True,
+                 broadcast_buffers: bool | None = None, init_sync: bool = True,
                  process_group: Any = None, bucket_cap_mb: float | None = None,
                  find_unused_parameters: bool = False, check_reduction: bool = False,
                  gradient_as_bucket_view: bool = False, static_graph: bool = False,
