@@ -151,7 +151,7 @@ def torch_fast_code(x: Any) -> int | None:
     (the caller then takes the general path, which explains what is wrong)."""
     code = (_TORCH_FAST or torch_dtype_codes()).get(x.dtype)
     if (code is None or not x.is_cpu or x.requires_grad or x.layout is not _TORCH[0].strided
-            or not x.is_contiguous() or x.is_conj() or x.is_neg()):
+            or not x.is_contiguous() or x.is_conj() or x.is_neg() or x.is_nested):
         return None
     return code
 
@@ -161,8 +161,11 @@ def _code(name: str, dtype: Any, what: str, complex_ok: bool) -> int:
     ValueError listing what is supported."""
     code = DTYPE_CODES.get(_COMPLEX.get(name, name) if complex_ok else name)
     if code is None:
+        swapped = getattr(dtype, "byteorder", "=") == ">" and np.little_endian
         raise ValueError(f"{what}: dtype {dtype} is not supported; use one of {_SUPPORTED}"
-                         + (", complex64, complex128" if complex_ok else ""))
+                         + (", complex64, complex128" if complex_ok else "")
+                         + ("; this array is big-endian: pass x.astype(x.dtype.newbyteorder("
+                            "'=')) and copy the result back" if swapped else ""))
     return code
 
 
@@ -171,8 +174,12 @@ def check_torch_tensor(x: Any, what: str, writable: bool, complex_ok: bool = Fal
     returns (dtype name, dtype code: a complex dtype's real one where complex_ok). Shared by
     the host and the CUDA adapters."""
     torch = _torch()
+    if x.is_nested:  # strided ones report torch.strided, yet their storage is not x's shape
+        raise ValueError(f"{what}: nested tensors are not supported; pass each component "
+                         "(x.unbind()) or a padded tensor (x.to_padded_tensor(0))")
     if x.is_sparse or x.layout != torch.strided:
-        raise ValueError(f"{what}: sparse tensors are not supported; call .to_dense() first")
+        raise ValueError(f"{what}: tensors of layout {str(x.layout).replace('torch.', '')} "
+                         "are not supported; pass a dense one (x.to_dense())")
     if not x.is_contiguous():
         raise ValueError(
             f"{what}: tensor is not contiguous (strides {tuple(x.stride())}); "
@@ -208,12 +215,22 @@ def op_name(name: str) -> str | None:
     return name if name in OP_CODES else None
 
 
+_OP_PREFIXES = ("ReduceOp.", "RedOpType.")  # str() of torch's ReduceOp members
+
+
 def op_code(op: Any) -> int:
-    """Accept "sum"/"avg"/..., our ReduceOp, or torch.distributed.ReduceOp."""
+    """Accept "sum"/"avg"/... (any case, torch's names too, "ReduceOp.SUM"), or
+    torch.distributed.ReduceOp: its members, or a ReduceOp(ReduceOp.MIN) instance (which
+    wraps its member in .op; gloo takes both)."""
     code = OP_CODES.get(op) if type(op) is str else None
     if code is not None:
         return code
-    name = op_name((getattr(op, "name", None) or str(op)).rsplit(".", 1)[-1])
+    if not isinstance(op, str) and not hasattr(op, "name") and hasattr(op, "op"):
+        op = op.op
+    text = op if isinstance(op, str) else getattr(op, "name", None)
+    if isinstance(text, str) and text.startswith(_OP_PREFIXES):
+        text = text.split(".", 1)[1]
+    name = op_name(text) if isinstance(text, str) else None
     if name is None:
         raise ValueError(f"unsupported reduce op {op!r}; use one of {', '.join(OP_CODES)}")
     return OP_CODES[name]

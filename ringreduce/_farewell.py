@@ -30,8 +30,10 @@ def farewell_borrowed(store: Any, rank: int, world: int, prefix: str, timeout: f
     made the world; the caller's): whoever hosts it -- torch's rank 0 -- may drop it right
     after, yet the other ranks may still make point-to-point channels or groups through it
     (gloo needs no store after init; we do). So every rank says "bye" and rank 0 waits until
-    all have (at most `timeout`, capped as release_store's wait is; `lost` as there). Never
-    raises."""
+    all have (at most `timeout`, capped as release_store's wait is; `lost` as there) -- when
+    its process serves the store: under torchrun the agent does (it outlives the ranks), and
+    rank 0 waited up to 5 s for nothing, e.g. for a rank that had exited without a word (a
+    helper; gloo returns at once). Never raises."""
     deadline = _farewell_deadline(timeout, failed)
     bye = prefix + "bye"
 
@@ -40,7 +42,7 @@ def farewell_borrowed(store: Any, rank: int, world: int, prefix: str, timeout: f
             if (rank != 0 and _procnet.server_closed(store)) or _store_guard.was_cut(store):
                 return  # see _farewell
             store.add(bye, 1 + _proxy(store, prefix, rank, lost))
-            if rank == 0:
+            if rank == 0 and _procnet.serves(store):
                 _poll(lambda: store.add(bye, 0) >= world, deadline)
         except RuntimeError:  # the store is gone already: nothing to wait for
             pass

@@ -471,6 +471,11 @@ def allreduce_coalesced(xs: Sequence[Any], op: Any = "sum", algo: str = "auto",
     concatenated; one collective instead of len(xs)), each in place. backend: as for
     allreduce (all of xs on one CUDA device, or all in host memory)."""
     g = _state.resolve(group, "allreduce_coalesced()")
+    if isinstance(xs, (_np.ndarray, _buffers.torch_tensor_type())) or not hasattr(xs,
+                                                                                 "__iter__"):
+        raise TypeError(f"allreduce_coalesced takes a list of tensors/arrays, got "
+                        f"{type(xs).__name__}: pass [x], or call allreduce(x)")
+    xs = list(xs)  # a generator or map() was used up by the first look (nothing reduced)
     if xs and _cuda(tuple(xs), backend, g):
         return _gpu().allreduce_coalesced(g, xs, op, algo, async_op, backend)
     bufs = [as_buffer(x, f"allreduce_coalesced(xs[{i}])") for i, x in enumerate(xs)]

@@ -156,7 +156,7 @@ def _post(x: Any, peer: int, tag: int, group: Any, what: str, sending: bool,
     if failed is not None:  # now, also for a send that would return early
         raise _failed_before(g, world, src, dst, tag, failed)
     if ch is not None and not queued:
-        return api.broadcast(x, src=src, async_op=async_op, group=ch)
+        return _on_channel(x, src, async_op, ch, what)
     # The channel is being made (or posts still wait for it): bad input fails now, before
     # the first connect (broadcast checks it later); then queue in turn.
     buf = _buffers.as_buffer(x, f"{what}(x)", writable=not sending)
@@ -171,7 +171,7 @@ def _post(x: Any, peer: int, tag: int, group: Any, what: str, sending: bool,
             ticket = turns.next
             turns.next += 1
     if turns is None:  # made and drained meanwhile
-        return api.broadcast(x, src=src, async_op=async_op, group=ch)
+        return _on_channel(x, src, async_op, ch, what)
 
     def start() -> Any:
         def post(c: Group) -> Any:
@@ -292,6 +292,20 @@ def _nbytes(x: Any) -> int:
 
 def _copy(x: Any) -> Any:
     return x.detach().clone() if hasattr(x, "detach") else x.copy()
+
+
+def _on_channel(x: Any, src: int, async_op: bool, ch: Group, what: str) -> Any:
+    """The message on its ready channel (a broadcast from `src`); bad input's error names
+    the call the user made (`send(x): ...`), not the broadcast that carries it."""
+    from . import api
+
+    try:
+        return api.broadcast(x, src=src, async_op=async_op, group=ch)
+    except (ValueError, TypeError) as e:
+        text = str(e)
+        if not text.startswith("broadcast(x): "):
+            raise
+        raise type(e)(f"{what}(x): {text[len('broadcast(x): '):]}") from None
 
 
 def _check_tag(tag: Any, what: str) -> int:

@@ -124,6 +124,23 @@ def bad_inputs(rank: int, world: int) -> list[str]:
              r"irecv\(src=None\): x has no elements"),
             ("bad algo coalesced", lambda: rr.allreduce_coalesced([x], algo="x"), ValueError,
              "unknown algo"),
+            # a single buffer: numpy's / torch's "truth value is ambiguous" before
+            ("coalesced of one array", lambda: rr.allreduce_coalesced(x), TypeError,
+             r"takes a list of tensors/arrays, got ndarray: pass \[x\]"),
+            ("coalesced of one tensor", lambda: rr.allreduce_coalesced(torch.ones(3)), TypeError,
+             "got Tensor"),
+            # strided nested tensors report torch.strided (the fast path summed their flat
+            # storage); jagged ones and mkldnn were "sparse tensors"
+            ("nested tensor", lambda: rr.allreduce(torch.nested.nested_tensor(
+                [torch.ones(2), torch.ones(3)])), ValueError, r"nested tensors.*unbind\(\)"),
+            ("nested tensor broadcast", lambda: rr.broadcast(torch.nested.nested_tensor(
+                [torch.ones(2), torch.ones(3)]), src=0), ValueError, "nested tensors"),
+            ("mkldnn tensor", lambda: rr.allreduce(torch.ones(3).to_mkldnn()), ValueError,
+             r"layout _mkldnn are not supported.*to_dense\(\)"),
+            ("big-endian array", lambda: rr.allreduce(np.ones(3, ">f4")), ValueError,
+             r"big-endian: pass x.astype\(x.dtype.newbyteorder\('='\)\)"),
+            ("op with a prefix of its own", lambda: rr.allreduce(x, op="torch.max"), ValueError,
+             "unsupported reduce op 'torch.max'"),
             ("bad op reduce_scatter", lambda: rr.reduce_scatter(np.ones(world * 2), op="mean"),
              ValueError, "unsupported reduce op"),
             ("broadcast src=world", lambda: rr.broadcast(x, src=world), ValueError,
@@ -194,6 +211,17 @@ def bad_inputs(rank: int, world: int) -> list[str]:
         v = ins[rank].copy()
         rr.allreduce(v, op=op)
         errs += compare_exact(v, reduce_np(dt, name, ins, world), f"op={op}")
+        # a ReduceOp(...) instance wraps its member (gloo takes both); refused before
+        v = ins[rank].copy()
+        rr.allreduce(v, op=dist.ReduceOp(op))
+        errs += compare_exact(v, reduce_np(dt, name, ins, world), f"op=ReduceOp({op})")
+    # allreduce_coalesced of a generator: the first look used it up and nothing was reduced
+    ins = [[pattern("float32", "sum", r, k, 2) for k in (5, 9)] for r in range(world)]
+    parts = [torch.from_numpy(a.copy()) for a in ins[rank]]
+    rr.allreduce_coalesced(p for p in parts)
+    for k, part in enumerate(parts):
+        errs += compare_exact(part.numpy(), reduce_np("float32", "sum", [i[k] for i in ins],
+                                                      world), f"coalesced generator part {k}")
     return errs
 
 

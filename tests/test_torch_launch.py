@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -242,6 +243,18 @@ def test_adapter_for_another_torch_is_refused() -> None:
     why = _c10d_build.mismatch("2.12.0", "2.13.0", Path("/c/x/lib.so"))
     assert why is not None and "built for torch 2.12.0" in why and "delete /c/x" in why
     assert _c10d_build.mismatch("2.13.0", "2.13.0", Path("/c/x/lib.so")) is None
+
+
+@pytest.mark.timeout(120)
+def test_destroy_under_torchrun_does_not_wait_for_a_rank_that_ended() -> None:
+    script = Path(__file__).resolve().parent / "scripts" / "exit_without_a_word.py"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           "3", "--monitor-interval", "0.2", str(script)]
+    rc, out = run_command(cmd, timeout=100, env=_env())
+    assert rc == 0, out[-4000:]
+    for r in (0, 1):
+        m = re.search(rf"rank {r} destroy ([0-9.]+) s", out)
+        assert m and float(m.group(1)) < 2.0, out[-4000:]  # the farewell's wait is 5 s
 
 
 @pytest.mark.timeout(150)
