@@ -127,6 +127,31 @@ def test_decide_matrix():
         _gpu_route.normalize_backend("gloo")
 
 
+def test_auto_stages_what_nccl_cannot_run(world1, monkeypatch):
+    """backend="auto" sent every call to NCCL once NCCL was usable, so bool/int16/uint16
+    tensors, bitwise ops and coalesced CuPy arrays raised (NCCL has none of them) instead of
+    staging, and an integer avg would have wrapped (NCCL sums in the type); a review."""
+    _fake_gpu(monkeypatch, nccl=(True, "fake NCCL"))
+
+    def no_nccl(self, device):
+        raise AssertionError("NCCL used")
+
+    monkeypatch.setattr(_gpu_route.CudaState, "communicator", no_nccl)
+    for dt, op in (("bool", "sum"), ("int16", "max"), ("uint16", "sum"), ("int32", "band"),
+                   ("uint8", "bxor"), ("int32", "avg"), ("int64", "avg")):
+        rr.allreduce(NpCuda(np.ones(4, dt)), op=op)  # staged: no NCCL communicator asked for
+        rr.reduce_scatter(NpCuda(np.ones(4, dt)), NpCuda(np.zeros(4, dt)), op=op)
+    rr.broadcast(NpCuda(np.ones(4, np.bool_)), src=0)
+    rr.allgather(NpCuda(np.ones(4, np.int16)), NpCuda(np.zeros((1, 4), np.int16)))
+    rr.allreduce_coalesced([NpCuda(np.ones(4, np.float32))])  # not torch tensors
+    with pytest.raises(AssertionError, match="NCCL used"):  # what NCCL can run goes there
+        rr.allreduce(NpCuda(np.ones(4, np.float32)), op="avg")
+    with pytest.raises(ValueError, match="op=band is bitwise"):  # one rank checks too
+        rr.allreduce(NpCuda(np.ones(4, np.float32)), op="band")
+    assert _gpu_route.nccl_cannot("float16", rr._buffers.OP_CODES["avg"]) is None
+    assert "wraps" in _gpu_route.nccl_cannot("int8", rr._buffers.OP_CODES["avg"])
+
+
 def test_agree_needs_every_rank_and_distinct_devices():
     hosts = ["a", "a", "b"]
     assert _gpu_route.agree([(True, 0, ""), (True, 1, ""), (True, 0, "")], hosts)[0]
@@ -289,13 +314,21 @@ def _ranks_staged(rank: int, world: int) -> dict:
           T.FakeCudaTensor.of(torch.full((3,), float(2 * rank)))]
     wc = rr.allreduce_coalesced(xs, op="sum", async_op=True)
     wc.wait()
+    # dtypes the GPU tables lacked (CuPy's |b1, <i2, <u8: "typestr not supported")
+    i16 = T.NpCuda(np.array([rank + 1, -rank], np.int16))
+    rr.allreduce(i16, op="max")
+    u64 = T.NpCuda(np.full(2, 2**63 + rank, np.uint64))
+    rr.allreduce(u64, op="bxor")
+    flags = T.NpCuda(np.array([rank == 0, True]))
+    rr.allreduce(flags, op="min")  # and
     verdict = _gpu_route.state(rr._state._DEFAULT[0]).verdict
     mp.undo()
     return {"x": x.a.tolist(), "t": torch.Tensor.as_subclass(t, torch.Tensor).tolist(),
             "before": before, "b": b.a.tolist(), "g": g.a.tolist(),
             "rs": torch.Tensor.as_subclass(rs, torch.Tensor).tolist(),
             "xs": [torch.Tensor.as_subclass(v, torch.Tensor).tolist() for v in xs],
-            "verdict": list(verdict), "syncs": sum(e[0] == "sync" for e in st.log)}
+            "verdict": list(verdict), "syncs": sum(e[0] == "sync" for e in st.log),
+            "i16": i16.a.tolist(), "u64": [int(v) for v in u64.a], "flags": flags.a.tolist()}
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -310,6 +343,11 @@ def test_staged_collectives_across_ranks(world):
         assert out["g"] == [[q, q] for q in range(world)]
         assert out["rs"] == [world * (2 * r), world * (2 * r + 1)]
         assert out["xs"] == [[s] * 2, [2 * s] * 3]
+        assert out["i16"] == [world, 0]
+        want = 0
+        for q in range(world):
+            want ^= 2**63 + q
+        assert out["u64"] == [want] * 2 and out["flags"] == [world == 1, True]
         assert out["verdict"][0] is False and out["verdict"][1].startswith("rank 0: no NCCL")
         assert out["syncs"] > 0
 

@@ -65,19 +65,20 @@ class CudaBuffer:
 
 
 # The dtypes of GPU buffers (those NCCL reduces) and their sizes.
-_ITEMSIZE = {k: _C.DTYPE_SIZES[k] for k in (
-    "float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64")}
+_ITEMSIZE = dict(_C.DTYPE_SIZES)  # every dtype of the core (bool, 16-bit and unsigned too)
 
 # __cuda_array_interface__ typestr (without byte order) -> our dtype name.
 _TYPESTR = {
-    "f4": "float32", "f8": "float64", "f2": "float16",
-    "i1": "int8", "u1": "uint8", "i4": "int32", "i8": "int64",
+    "f4": "float32", "f8": "float64", "f2": "float16", "b1": "bool",
+    "i1": "int8", "u1": "uint8", "i2": "int16", "u2": "uint16", "i4": "int32", "u4": "uint32",
+    "i8": "int64", "u8": "uint64",
 }
 
 # DLPack (type code, bits) -> our dtype name. Codes: 0 int, 1 uint, 2 float, 4 bfloat.
-_DLPACK_DTYPES = {
+_DLPACK_DTYPES = {  # kDLBool (6) is one byte per element
     (2, 32): "float32", (2, 64): "float64", (2, 16): "float16", (4, 16): "bfloat16",
-    (0, 8): "int8", (1, 8): "uint8", (0, 32): "int32", (0, 64): "int64",
+    (0, 8): "int8", (1, 8): "uint8", (0, 16): "int16", (1, 16): "uint16", (0, 32): "int32",
+    (1, 32): "uint32", (0, 64): "int64", (1, 64): "uint64", (6, 8): "bool",
 }
 _KDL_CUDA = 2
 _KDL_CUDA_HOST = 3
@@ -204,13 +205,13 @@ def _from_cai(x: Any, what: str, writable: bool, stream: int | None) -> CudaBuff
         raise ValueError(f"{what}: masked CUDA arrays are not supported; fill the mask first")
     typestr = str(cai["typestr"])
     order, code_str = typestr[:1], typestr[1:]
-    if order == ">" and code_str not in ("i1", "u1"):
+    if order == ">" and code_str not in ("i1", "u1", "b1"):
         raise ValueError(f"{what}: big-endian CUDA arrays ({typestr}) are not supported")
     name = _TYPESTR.get(code_str)
     if name is None:
         raise ValueError(
-            f"{what}: CUDA array typestr {typestr!r} is not supported; use float32/float64/"
-            f"float16/int8/uint8/int32/int64 (for bfloat16 pass a torch tensor)"
+            f"{what}: CUDA array typestr {typestr!r} is not supported; use one of "
+            f"{_SUPPORTED} (for bfloat16 pass a torch tensor)"
         )
     shape = tuple(int(d) for d in cai["shape"])
     if any(d < 0 for d in shape):

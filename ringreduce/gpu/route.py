@@ -29,7 +29,8 @@ import time
 from collections.abc import Sequence
 from typing import Any, Callable
 
-from .._buffers import algo_code, op_code
+from .. import _C
+from .._buffers import OP_CODES, algo_code, op_code
 from . import arrays
 from . import device as cuda_device
 from . import staging as stg
@@ -359,10 +360,38 @@ def _unique(streams: list) -> list:
 # ---------------------------------------------------------------------------------------
 
 
-def _path(g: Any, backend: Any, torch_kind: bool, device: int | None) -> tuple:
+# What ringreduce's NCCL calls cannot do as the host path defines it (csrc/nccl/comm.cc's
+# toNccl refuses the dtypes and ops; NCCL's avg of integers sums in the type and wraps,
+# where ringreduce's is the exact mean): backend="auto" stages these.
+_NCCL_NO_DTYPES = ("bool", "int16", "uint16")
+_NCCL_NO_OPS = ("band", "bor", "bxor")
+_FLOATS = ("float32", "float64", "float16", "bfloat16")
+
+
+def nccl_cannot(dtype: str, opc: int | None = None, torch_kind: bool = True,
+                coalesced: bool = False) -> str | None:
+    """Why NCCL cannot run this call (backend="auto" then stages it), or None. The same on
+    every rank (they pass the same dtype and op), so all take the same path."""
+    op = next((n for n, c in OP_CODES.items() if c == opc), None)
+    if dtype in _NCCL_NO_DTYPES:
+        return f"NCCL has no {dtype} reductions in ringreduce"
+    if op in _NCCL_NO_OPS:
+        return f"NCCL has no bitwise reductions (op={op})"
+    if op == "avg" and dtype not in _FLOATS:
+        return "NCCL's integer avg wraps its sum (ringreduce's is the exact mean)"
+    if coalesced and not torch_kind:
+        return "NCCL's coalesced path takes torch tensors"
+    return None
+
+
+def _path(g: Any, backend: Any, torch_kind: bool, device: int | None,
+          cannot: str | None = None) -> tuple:
     name = normalize_backend(backend)
     st = state(g)
-    verdict = (False, "not needed") if name == "staged" else st.nccl_verdict(device)
+    if name == "staged" or (name == "auto" and cannot):
+        verdict = (False, cannot or "not needed")
+    else:
+        verdict = st.nccl_verdict(device)
     staging = (True, "") if name == "nccl" else stg.stager_status(torch_kind)
     return decide(name, verdict, staging), st
 
@@ -378,8 +407,9 @@ def _gpu_work(w: Any, keep: tuple, async_op: bool, result: Any = None) -> Any:
 def allreduce(g: Any, x: Any, op: Any, algo: str, async_op: bool, backend: Any) -> Any:
     b = _buf(x, "allreduce(x)")
     opc, alc = op_code(op), algo_code(algo) or g.default_algo
+    _C.check_reduction(b.code, opc)  # ValueError before anything moves (one rank too)
     torch_kind, dev = _same_kind([b], "allreduce")
-    path, st = _path(g, backend, torch_kind, dev)
+    path, st = _path(g, backend, torch_kind, dev, nccl_cannot(b.dtype, opc))
     if path == "nccl":
         return _gpu_work(st.communicator(dev).allreduce(x, op, async_op=True), (x,), async_op)
     if g.comm is None or b.count == 0:
@@ -391,7 +421,7 @@ def allreduce(g: Any, x: Any, op: Any, algo: str, async_op: bool, backend: Any) 
 def broadcast(g: Any, x: Any, src: int, async_op: bool, backend: Any) -> Any:
     b = _buf(x, "broadcast(x)")
     torch_kind, dev = _same_kind([b], "broadcast")
-    path, st = _path(g, backend, torch_kind, dev)
+    path, st = _path(g, backend, torch_kind, dev, nccl_cannot(b.dtype))
     if path == "nccl":
         return _gpu_work(st.communicator(dev).broadcast(x, src, async_op=True), (x,), async_op)
     if g.comm is None or b.count == 0:
@@ -423,7 +453,7 @@ def _gathered(g: Any, x: Any, out: Any, call: str, scatter: bool) -> tuple:
 
 def allgather(g: Any, x: Any, out: Any, async_op: bool, backend: Any) -> Any:
     b, o, out, torch_kind, dev = _gathered(g, x, out, "allgather", scatter=False)
-    path, st = _path(g, backend, torch_kind, dev)
+    path, st = _path(g, backend, torch_kind, dev, nccl_cannot(b.dtype))
     if path == "nccl":
         w = st.communicator(dev).allgather(x, out, async_op=True)
         return _gpu_work(w, (x, out), async_op, out) if async_op else out
@@ -438,7 +468,8 @@ def allgather(g: Any, x: Any, out: Any, async_op: bool, backend: Any) -> Any:
 def reduce_scatter(g: Any, x: Any, out: Any, op: Any, async_op: bool, backend: Any) -> Any:
     b, o, out, torch_kind, dev = _gathered(g, x, out, "reduce_scatter", scatter=True)
     opc = op_code(op)
-    path, st = _path(g, backend, torch_kind, dev)
+    _C.check_reduction(b.code, opc)
+    path, st = _path(g, backend, torch_kind, dev, nccl_cannot(b.dtype, opc))
     if path == "nccl":
         w = st.communicator(dev).reduce_scatter(x, out, op, async_op=True)
         return _gpu_work(w, (x, out), async_op, out) if async_op else out
@@ -455,8 +486,11 @@ def allreduce_coalesced(g: Any, xs: Sequence[Any], op: Any, algo: str, async_op:
                         backend: Any) -> Any:
     bufs = [_buf(x, f"allreduce_coalesced(xs[{i}])") for i, x in enumerate(xs)]
     opc, alc = op_code(op), algo_code(algo) or g.default_algo
+    if bufs:
+        _C.check_reduction(bufs[0].code, opc)
     torch_kind, dev = _same_kind(bufs, "allreduce_coalesced")
-    path, st = _path(g, backend, torch_kind, dev)
+    path, st = _path(g, backend, torch_kind, dev,
+                     nccl_cannot(bufs[0].dtype, opc, torch_kind, coalesced=True))
     total = sum(b.count for b in bufs)
     if path == "nccl":
         if not torch_kind:
