@@ -33,7 +33,7 @@ def _track(cwork: Any, keep: tuple) -> None:
         # O(n) per async call else (many outstanding isend/irecv of a pipeline).
         entries = list(_INFLIGHT) if len(_INFLIGHT) >= _PRUNE_AT else []
     # Outside the lock: a point-to-point Work's is_completed() finishes it, which untracks.
-    done = {id(e) for e in entries if e[0].is_completed()}  # (entries keeps the ids unique)
+    done = {id(e) for e in entries if _finished(e[0])}  # (entries keeps the ids unique)
     with _INFLIGHT_LOCK:
         if done:
             live = [e for e in _INFLIGHT if id(e) not in done]
@@ -42,6 +42,16 @@ def _track(cwork: Any, keep: tuple) -> None:
         if entries:
             _PRUNE_AT = max(_PRUNE_MIN, 2 * len(_INFLIGHT))
         _INFLIGHT.append((cwork, keep))
+
+
+def _finished(cwork: Any) -> bool:
+    """Whether a tracked Work is done; one whose is_completed() raises (an NCCL Work whose
+    communicator failed or was destroyed) is: it must not fail the unrelated call that
+    happened to prune the registry (a review of the GPU path)."""
+    try:
+        return bool(cwork.is_completed())
+    except Exception:  # noqa: BLE001 - its own wait() reports the failure
+        return True
 
 
 def _untrack(cwork: Any) -> None:

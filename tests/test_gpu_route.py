@@ -400,3 +400,26 @@ def test_real_nccl_two_gpus():
         pytest.skip(why)
     _check_real(run_world(2, _ranks_real, "nccl", timeout=180), 2)
     _check_real(run_world(2, _ranks_real, "auto", timeout=180), 2)
+
+
+def test_a_failed_tracked_work_does_not_fail_the_next_call(world1):
+    """A tracked Work whose is_completed() raises (an NCCL Work of a failed or destroyed
+    communicator) made the unrelated async call that pruned the registry raise."""
+    from ringreduce import _work
+
+    class Failed:
+        def is_completed(self):
+            raise rr.RingReduceError("NCCL communicator was destroyed; create a new one")
+
+    class Running:
+        def is_completed(self):
+            return False
+
+    for _ in range(_work._PRUNE_MIN):
+        _work._track(Failed(), ())
+    running = Running()
+    _work._track(running, ())  # what an async call does: prunes here, must not raise
+    try:
+        assert not any(isinstance(e[0], Failed) for e in _work._INFLIGHT)
+    finally:
+        _work._untrack(running)
