@@ -245,26 +245,6 @@ def destroy_default() -> None:
         _destroy_default()
 
 
-def _exited_peer(comm: Any) -> int:
-    """A rank of the world that ended without a word (killed, os._exit) since its last
-    collective, as the world's connections and process watches tell it now; -1: none.
-    Nobody had found it (no collective ran since), so the store's farewell waited out its
-    5 s for that rank's "bye" on rank 0 and on every rank waiting for rank 0's word (a
-    helper; gloo's destroy returns at once). Found, the first rank to report it says its
-    "bye" for it."""
-    from ._C import PeerFailure, RingReduceError
-
-    try:
-        comm.probe_peers()  # never waits; a found failure fails the world, being destroyed
-    except PeerFailure as e:
-        rank = getattr(e, "peer_rank", None)  # gone (closed, silent, unreachable) as the
-        # core's own lost peer is; not a rank that failed and will still say its "bye"
-        return rank if isinstance(rank, int) and e.cause in PeerFailure.GONE_CAUSES else -1
-    except RingReduceError:  # failed or aborted already: destroy() reports as before
-        pass
-    return -1
-
-
 def _destroy_default() -> None:
     g = _state._DEFAULT[0]
     if g is not None:
@@ -302,14 +282,11 @@ def _destroy_default() -> None:
         failed, lost = True, -1
         try:
             if g.comm is not None:
-                exited = _exited_peer(g.comm)
                 g.comm.destroy()
                 failed = g.comm.failed_at_destroy or g.child_failed
                 lost = g.comm.lost_peer_at_destroy  # dead or frozen: says no "bye"
                 if lost < 0:  # or one that a group or p2p channel found
                     lost = g.child_lost
-                if lost < 0:  # or one that ended without a word since the last collective
-                    lost = exited
         finally:
             # After the communicator: the store outlives nothing that could still use it.
             _rendezvous.release_store(g.store_key, g.rank, g.world_size, g.store_prefix,
