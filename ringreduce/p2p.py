@@ -551,7 +551,7 @@ def _warn_many(world: Group, pairs: int, tags: int) -> None:
     of slots on the sending side once it sends more than 16 KiB)."""
     log.warning("rank %d now holds %d point-to-point channels (%d distinct tags): each "
                 "(peer, tag) costs two communicators, kept until destroy(), each with a "
-                "thread and its own shared memory; use a few tags (e.g. one per stage or "
+                "thread (and its own shared memory between ranks of one host); use a few tags (e.g. one per stage or "
                 "direction, not one per message or micro-batch)", world.rank, 2 * pairs, tags)
 
 
