@@ -498,7 +498,7 @@ def test_a_set_up_wait_given_up_on_a_lost_peer_tells_the_others_waiting_there() 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("world", [2, 3])
 def test_a_bad_split_argument_is_refused_on_every_rank(world: int) -> None:
-    outs = run_world(world, "group_workers:split_bad_color", timeout=60,
+    outs = run_world(world, "group_arg_workers:split_bad_color", timeout=60,
                      env={"RINGREDUCE_TIMEOUT": "20"})
     bad = [1] + ([world - 1] if world >= 3 else [])
     for r, (said, after, again) in enumerate(outs):
