@@ -215,7 +215,7 @@ def op_name(name: str) -> str | None:
     return name if name in OP_CODES else None
 
 
-_OP_PREFIXES = ("ReduceOp.", "RedOpType.")  # str() of torch's ReduceOp members
+_OP_PREFIXES = ("reduceop.", "redoptype.")  # str() of torch's ReduceOp members, lowercased
 
 
 def op_code(op: Any) -> int:
@@ -228,7 +228,7 @@ def op_code(op: Any) -> int:
     if not isinstance(op, str) and not hasattr(op, "name") and hasattr(op, "op"):
         op = op.op
     text = op if isinstance(op, str) else getattr(op, "name", None)
-    if isinstance(text, str) and text.startswith(_OP_PREFIXES):
+    if isinstance(text, str) and text.lower().startswith(_OP_PREFIXES):
         text = text.split(".", 1)[1]
     name = op_name(text) if isinstance(text, str) else None
     if name is None:

@@ -6,13 +6,25 @@ world and by every group (ringreduce.groups) and p2p channel.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import time
 from typing import Any
 
-from . import _blame, _cpus, _env, _fds, _procnet, _rendezvous, _state, _store_wait, _watch
+from . import (
+    _blame,
+    _cpus,
+    _env,
+    _fds,
+    _procnet,
+    _rendezvous,
+    _state,
+    _store_guard,
+    _store_wait,
+    _watch,
+)
 from ._buffers import algo_code
 
 log = logging.getLogger("ringreduce")
@@ -91,18 +103,21 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
         # they stop at their next check (a rank with no route to another's address failed
         # at once; the other waited for it until RINGREDUCE_CONNECT_TIMEOUT).
         if not getattr(e, _blame.SECONDARY, False):  # not one told here by another rank
+            me = _rendezvous._speaker(rank)
             # A rank that failed first may have removed what this one was reaching for (its
             # shared memory segment: "cannot open ... different containers?" -- a helper,
             # 1 run in 5 when a rank skipped a new_group): its reason, if it comes within a
-            # moment, is the one to raise. Not instead of a peer found gone (PeerFailure:
-            # this rank saw it, and the class says so; a leaver posts why it stopped).
-            stop = None if isinstance(e, _C.PeerFailure) else _posted_soon(store, peers.prefix)
-            if stop is not None:
-                raise _store_wait.posted_error(store.get(stop).decode(),
-                                               _rendezvous._speaker(rank), what) from None
-            _store_wait.fail_bounded(store, peers.prefix, e, _rendezvous._speaker(rank))
+            # moment, is the one to raise. Only for the core's untyped errors (that one);
+            # a typed cause -- a bad setting, a timeout, a peer this rank saw go -- is posted
+            # at once (a rank that failed first must not wait and lose the race: a review).
+            told = _posted_reason(store, peers.prefix) if type(e) is _C.RingReduceError \
+                else None
+            if told is None:
+                _store_wait.fail_bounded(store, peers.prefix, e, me)
             if rank == 0 and labels is None:  # the world's: this process may host the store
                 _rendezvous._linger(store, world)
+            if told is not None:
+                raise _store_wait.posted_error(told, me, what) from None
         raise
     log.info("rank %d of %s: connected to %d peers from %s; transport plan: %s", rank, name,
              world - 1, bind, comm.plan)
@@ -122,13 +137,16 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
                         store_prefix=peers.prefix, name=name, secret=peers.secret)
 
 
-def _posted_soon(store: Any, prefix: str, within: float = 0.5) -> str | None:
-    """The key under which another rank posted why its set-up failed, looking for up to
-    `within` seconds (None: none, or the store is gone)."""
-    try:
-        return _store_wait.posted_key(store, [prefix + "failed", *_watch.also_keys()], within)
-    except _rendezvous._torch_store().DistError:
-        return None
+def _posted_reason(store: Any, prefix: str, within: float = 0.5) -> str | None:
+    """What another rank posted as why its set-up failed, looking for up to `within`
+    seconds (None: nothing, or the store cannot answer: cut, closed, or silent -- bounded
+    as fail_bounded is)."""
+    with contextlib.suppress(Exception), _store_guard.deadline(store, within + 1.0):
+        if _store_guard.was_cut(store) or _procnet.server_closed(store):
+            return None  # a store call would make torch log a C++ trace
+        stop = _store_wait.posted_key(store, [prefix + "failed", *_watch.also_keys()], within)
+        return None if stop is None else store.get(stop).decode()
+    return None
 
 
 def _setup_check(store: Any, prefix: str, rank: int, what: str) -> Any:

@@ -42,7 +42,8 @@ def farewell_borrowed(store: Any, rank: int, world: int, prefix: str, timeout: f
             if (rank != 0 and _procnet.server_closed(store)) or _store_guard.was_cut(store):
                 return  # see _farewell
             store.add(bye, 1 + _proxy(store, prefix, rank, lost))
-            if rank == 0 and _procnet.serves(store):
+            # the rank whose process serves the store (rank 0 where /proc cannot tell)
+            if _procnet.serves(store) if _procnet.can_tell() else rank == 0:
                 _poll(lambda: store.add(bye, 0) >= world, deadline)
         except RuntimeError:  # the store is gone already: nothing to wait for
             pass

@@ -48,9 +48,11 @@ def _finished(cwork: Any) -> bool:
     """Whether a tracked Work is done; one whose is_completed() raises (an NCCL Work whose
     communicator failed or was destroyed) is: it must not fail the unrelated call that
     happened to prune the registry (a review of the GPU path)."""
+    from ._C import RingReduceError
+
     try:
         return bool(cwork.is_completed())
-    except Exception:  # noqa: BLE001 - its own wait() reports the failure
+    except RingReduceError:  # its own wait() reports the failure
         return True
 
 

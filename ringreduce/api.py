@@ -464,6 +464,10 @@ def reduce_scatter(x: Any, out: Any = None, op: Any = "sum", async_op: bool = Fa
     return out
 
 
+# What makes an object one buffer (numpy, torch, CuPy, any DLPack producer), not a list.
+_ONE_BUFFER = ("__array_interface__", "__cuda_array_interface__", "__dlpack__")
+
+
 def allreduce_coalesced(xs: Sequence[Any], op: Any = "sum", algo: str = "auto",
                         async_op: bool = False, backend: str = "auto",
                         group: Any = None) -> Work | None:
@@ -471,8 +475,7 @@ def allreduce_coalesced(xs: Sequence[Any], op: Any = "sum", algo: str = "auto",
     concatenated; one collective instead of len(xs)), each in place. backend: as for
     allreduce (all of xs on one CUDA device, or all in host memory)."""
     g = _state.resolve(group, "allreduce_coalesced()")
-    if isinstance(xs, (_np.ndarray, _buffers.torch_tensor_type())) or not hasattr(xs,
-                                                                                 "__iter__"):
+    if not hasattr(xs, "__iter__") or any(hasattr(xs, a) for a in _ONE_BUFFER):  # a CuPy array
         raise TypeError(f"allreduce_coalesced takes a list of tensors/arrays, got "
                         f"{type(xs).__name__}: pass [x], or call allreduce(x)")
     xs = list(xs)  # a generator or map() was used up by the first look (nothing reduced)

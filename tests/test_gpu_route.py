@@ -144,6 +144,13 @@ def test_auto_stages_what_nccl_cannot_run(world1, monkeypatch):
     rr.broadcast(NpCuda(np.ones(4, np.bool_)), src=0)
     rr.allgather(NpCuda(np.ones(4, np.int16)), NpCuda(np.zeros((1, 4), np.int16)))
     rr.allreduce_coalesced([NpCuda(np.ones(4, np.float32))])  # not torch tensors
+    class CupyLike(NpCuda):  # iterable, as CuPy's arrays are: list() made rows of it
+        def __iter__(self):
+            return iter(self.a)
+
+    with pytest.raises(TypeError, match="takes a list"):  # one CUDA array is not a list
+        rr.allreduce_coalesced(CupyLike(np.ones(4, np.float32)))
+    assert gpu.select_backend(NpCuda(np.ones(4, np.int16))) == "staged"  # as the calls do
     with pytest.raises(AssertionError, match="NCCL used"):  # what NCCL can run goes there
         rr.allreduce(NpCuda(np.ones(4, np.float32)), op="avg")
     with pytest.raises(ValueError, match="op=band is bitwise"):  # one rank checks too
@@ -415,11 +422,16 @@ def test_a_failed_tracked_work_does_not_fail_the_next_call(world1):
         def is_completed(self):
             return False
 
-    for _ in range(_work._PRUNE_MIN):
-        _work._track(Failed(), ())
+    saved = _work._PRUNE_AT
+    _work._PRUNE_AT = _work._PRUNE_MIN  # an earlier test may have raised it
+    failed = [Failed() for _ in range(_work._PRUNE_MIN)]
     running = Running()
-    _work._track(running, ())  # what an async call does: prunes here, must not raise
     try:
+        for f in failed:
+            _work._track(f, ())
+        _work._track(running, ())  # what an async call does: prunes here, must not raise
         assert not any(isinstance(e[0], Failed) for e in _work._INFLIGHT)
     finally:
-        _work._untrack(running)
+        for w in [*failed, running]:
+            _work._untrack(w)
+        _work._PRUNE_AT = saved

@@ -20,7 +20,8 @@ import torch
 from .cli import DTYPES
 from .metrics import Case
 
-TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}
+# uint16/32/64 came with torch 2.3 (pyproject allows 2.1): the CLI refuses what is missing
+TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES if hasattr(torch, name)}
 
 
 _PATTERN_STEP = 1 << 20  # elements mixed at a time: int64 temporaries of 8 MiB, not 8x count

@@ -130,6 +130,12 @@ def _dtype(text: str) -> str:
     name = _DTYPE_ALIASES.get(text.lower(), text.lower())
     if name not in DTYPES:
         raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; use one of {', '.join(DTYPES)}")
+    if name.startswith("uint") and name != "uint8":
+        import torch
+
+        if not hasattr(torch, name):
+            raise argparse.ArgumentTypeError(f"{name} needs torch >= 2.3 (this is torch "
+                                             f"{torch.__version__})")
     return name
 
 

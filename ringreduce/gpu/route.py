@@ -115,7 +115,10 @@ def select_backend(x: Any, backend: str = "auto") -> str:
             f"'nccl' or 'staged', or move it to the CPU with .cpu()"
         )
     name = normalize_backend(backend)
-    nccl = (False, "not needed") if name == "staged" else cuda_device.nccl_available()
+    cannot = nccl_cannot(_buf(x, "select_backend(x)", writable=False).dtype) \
+        if name == "auto" else None  # the collectives stage these too (the op aside)
+    nccl = (False, cannot or "not needed") if name == "staged" or cannot else \
+        cuda_device.nccl_available()
     staging = (True, "") if name == "nccl" else stg.stager_status(arrays._is_torch_tensor(x))
     return decide(name, nccl, staging)
 
@@ -486,8 +489,7 @@ def allreduce_coalesced(g: Any, xs: Sequence[Any], op: Any, algo: str, async_op:
                         backend: Any) -> Any:
     bufs = [_buf(x, f"allreduce_coalesced(xs[{i}])") for i, x in enumerate(xs)]
     opc, alc = op_code(op), algo_code(algo) or g.default_algo
-    if bufs:
-        _C.check_reduction(bufs[0].code, opc)
+    _C.check_reduction(bufs[0].code, opc)  # api calls this with at least one buffer
     torch_kind, dev = _same_kind(bufs, "allreduce_coalesced")
     path, st = _path(g, backend, torch_kind, dev,
                      nccl_cannot(bufs[0].dtype, opc, torch_kind, coalesced=True))
