@@ -29,11 +29,11 @@ def farewell_borrowed(store: Any, rank: int, world: int, prefix: str, timeout: f
     """destroy() on a store that is not ours (torch's, when init_process_group("ringreduce")
     made the world; the caller's): whoever hosts it -- torch's rank 0 -- may drop it right
     after, yet the other ranks may still make point-to-point channels or groups through it
-    (gloo needs no store after init; we do). So every rank says "bye" and rank 0 waits until
-    all have (at most `timeout`, capped as release_store's wait is; `lost` as there) -- when
-    its process serves the store: under torchrun the agent does (it outlives the ranks), and
-    rank 0 waited up to 5 s for nothing, e.g. for a rank that had exited without a word (a
-    helper; gloo returns at once). Never raises."""
+    (gloo needs no store after init; we do). So every rank says "bye" and the rank whose
+    process serves the store (rank 0 where /proc cannot tell) waits until all have (at most
+    `timeout`, capped as release_store's wait is; `lost` as there). Under torchrun the agent
+    serves it (it outlives the ranks): rank 0 waited up to 5 s for nothing there, e.g. for a
+    rank that had exited without a word (a helper; gloo returns at once). Never raises."""
     deadline = _farewell_deadline(timeout, failed)
     bye = prefix + "bye"
 
