@@ -16,6 +16,7 @@ from . import _C
 # name -> code of rr::DataType, rr::ReduceOp and rr::Algorithm, read from the core (one table).
 DTYPE_CODES: dict[str, int] = dict(_C.DTYPE_CODES)
 OP_CODES: dict[str, int] = dict(_C.OP_CODES)
+OP_NAMES: dict[int, str] = {code: name for name, code in OP_CODES.items()}
 ALGO_CODES: dict[str, int] = dict(_C.ALGO_CODES)
 # Complex numbers move and add as pairs of their real type (what torch's view_as_real
 # shows): every collective takes them; reductions only with sum and avg, as in torch.
@@ -72,7 +73,7 @@ def copy_of(x: Any) -> Any:
 def check_reduction(b: Buffer, op: int) -> None:
     """ValueError, before anything moves, when `op` cannot reduce b's dtype."""
     if b.complex and op not in _COMPLEX_OPS:
-        name = next(k for k, v in OP_CODES.items() if v == op)
+        name = OP_NAMES[op]
         raise ValueError(f"{name} is not defined on complex numbers ({b.dtype}); complex "
                          f"tensors reduce with sum or avg (view_as_real for per-part ops)")
     _C.check_reduction(b.code, op)

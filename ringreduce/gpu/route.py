@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any, Callable
 
 from .. import _C
-from .._buffers import OP_CODES, algo_code, op_code
+from .._buffers import OP_NAMES, algo_code, op_code
 from . import arrays
 from . import device as cuda_device
 from . import staging as stg
@@ -375,7 +375,7 @@ def nccl_cannot(dtype: str, opc: int | None = None, torch_kind: bool = True,
                 coalesced: bool = False) -> str | None:
     """Why NCCL cannot run this call (backend="auto" then stages it), or None. The same on
     every rank (they pass the same dtype and op), so all take the same path."""
-    op = next((n for n, c in OP_CODES.items() if c == opc), None)
+    op = OP_NAMES.get(opc)
     if dtype in _NCCL_NO_DTYPES:
         return f"NCCL has no {dtype} reductions in ringreduce"
     if op in _NCCL_NO_OPS:
