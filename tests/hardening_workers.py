@@ -621,3 +621,33 @@ def destroy_without_a_spare_thread(rank: int, world: int) -> dict:
     rr.allreduce(x, group=g2)
     out["sum"] = x.tolist()
     return out
+
+
+def exited_without_a_word(rank: int, world: int, torch_backend: bool) -> dict:
+    """The last rank ends with os._exit(0) (no destroy, no atexit) after a barrier; the
+    others destroy 0.5 s later and say how long that took. Rank 0's farewell waited its
+    5 s for the dead rank's "bye" (and the others for rank 0's word): nobody had found it
+    dead, no collective having run since (a helper; gloo's destroy returns at once)."""
+    if torch_backend:
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("ringreduce", rank=rank, world_size=world)
+        dist.barrier()
+    else:
+        rr.init(timeout=20)
+        rr.barrier()
+    if rank == world - 1:
+        os._exit(0)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    if torch_backend:
+        x = torch.ones(3)
+        g = dist.new_group(list(range(world - 1)))  # a group without it still works
+        dist.all_reduce(x, group=g)
+        assert x.tolist() == [world - 1.0] * 3, x
+        t0 = time.monotonic()
+        dist.destroy_process_group()
+    else:
+        rr.destroy()
+    return {"destroy_s": time.monotonic() - t0}

@@ -40,6 +40,19 @@ def test_reinit_on_the_same_port_reaches_the_new_store(world: int) -> None:
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("world,torch_backend,transport", [
+    (2, False, "shm"), (3, False, "tcp"), (3, True, "shm")])
+def test_destroy_does_not_wait_for_a_rank_that_ended_without_a_word(
+        world: int, torch_backend: bool, transport: str) -> None:
+    outs = run_world_raw(world, "hardening_workers:exited_without_a_word", torch_backend,
+                         timeout=60, init=False, env={"RINGREDUCE_TRANSPORT": transport})
+    assert outs[-1].value is None and outs[-1].exc_type is None, outs[-1]  # os._exit(0)
+    for r, o in enumerate(outs[:-1]):
+        assert o.value is not None, (r, o.exc_type, o.stderr)
+        assert o.value["destroy_s"] < 2.0, (r, o.value)  # the farewell's wait is 5 s
+
+
+@pytest.mark.timeout(90)
 @pytest.mark.parametrize("world", [2, 3])
 def test_a_rank_that_destroys_after_the_store_closed_exits_quietly(world: int) -> None:
     """No failure, but the last rank reaches destroy() after rank 0's farewell gave up

@@ -222,6 +222,7 @@ class PyComm {
     e->shutdown();  // aborts and waits out a collective running on another thread
     failedAtDestroy_ = e->comm().failed();  // the executor thread has stopped
     lostPeer_ = e->comm().lostPeer();
+    if (lostPeer_ < 0) lostPeer_ = e->comm().unsaidPeer();  // ended without a word: no "bye"
     e.reset();      // freed here, or by the last thread still returning from a call
   }
 
@@ -592,7 +593,8 @@ PYBIND11_MODULE(_C, m) {
       // After destroy(): whether the communicator had failed or been aborted (then peers
       // may be gone, and destroy's farewell through the store waits less for them).
       .def_property_readonly("failed_at_destroy", [](PyComm& c) { return c.failedAtDestroy_; })
-      // After destroy(): the rank (of this communicator) it found dead or frozen, or -1.
+      // After destroy(): the rank (of this communicator) it found dead or frozen, or that its
+      // farewell found ended without a word (Communicator::unsaidPeer), or -1.
       .def_property_readonly("lost_peer_at_destroy", [](PyComm& c) { return c.lostPeer_; })
       .def_property_readonly("destroyed", [](PyComm& c) { return !c.exec_; })
       .def("set_tracing", [](PyComm& c, bool on) { c.ex().comm().recorder().setTracing(on); })

@@ -276,6 +276,7 @@ void Communicator::farewell() {
   // it a group's shared-memory peers waited for this rank until their timeout).
   if (poisoned() || (aborted_.load() && !destroying_.load())) return;
   warnUnread();
+  findUnsaidLocal();
   transport::Culprit who;  // the first failure's lost rank: one of ours, or outside
   const std::string why = processFailure(&who);
   if (shm_) shm_->publishLeft(why, seq_, who);
@@ -287,17 +288,35 @@ void Communicator::farewell() {
 }
 
 void Communicator::warnUnread() {
-  if (seq_ == 0) return;
   for (auto& c : conns_) {
-    if (!c) continue;
+    if (!c || gone_[static_cast<size_t>(c->peer())]) continue;  // left: its close is no news
     try {
-      c->checkIdle(&curHeader_);  // throws MismatchError for such data
+      c->checkIdle(seq_ ? &curHeader_ : nullptr);  // throws MismatchError for such data
     } catch (const MismatchError& e) {
       RR_WARN("rank ", label(rank_), " is leaving ", name(), " with data unread that a peer "
               "sent for a collective this rank finished, so the ranks' results of it differ: ",
               e.what());
-    } catch (const std::exception&) {  // its goodbye, abort or close: this rank leaves too
+    } catch (const PeerError& e) {
+      // Closed with nothing unread, no goodbye or abort first: it ended without a word since
+      // the last collective (killed, os._exit), and nobody found it. The store's farewell
+      // then waited its 5 s for that rank's "bye" (a helper; gloo's destroy returns at once).
+      if (e.cause() == PeerCause::kClosed && e.via() < 0 && unsaidPeer_ < 0)
+        unsaidPeer_ = c->peer();
+    } catch (const std::exception&) {  // its goodbye or abort: this rank leaves too
     }
+  }
+}
+
+void Communicator::findUnsaidLocal() {
+  if (!shm_ || !procs_) return;
+  for (int r; (r = procs_->exited()) >= 0;) {
+    procs_->forget(r);
+    std::string why;
+    transport::Culprit who;
+    const int p = shm_->globalRank(r);
+    const auto& c = conns_[static_cast<size_t>(p)];
+    if (c && c->fd() >= 0) continue;  // its connection says (warnUnread)
+    if (!shm_->leftOf(r) && !shm_->abortOf(r, &why, &who) && unsaidPeer_ < 0) unsaidPeer_ = p;
   }
 }
 

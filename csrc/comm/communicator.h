@@ -261,6 +261,10 @@ class Communicator {
   // elsewhere (failFromElsewhere) told to the peers, once.
   void announce();
   int lostPeer() const { return lostPeer_; }  // poison()'s lost.rank if dead/silent; else -1
+  // A peer found at farewell to have ended without a word (its connection closed, or its
+  // process gone, with no goodbye or abort before): killed or os._exit since the last
+  // collective, which nobody saw. -1: none. Read once the executor has stopped.
+  int unsaidPeer() const { return unsaidPeer_; }
   // False when the last collective was refused before it began (describeCurrent would
   // describe the one before it).
   bool begun() const { return begun_; }
@@ -275,8 +279,12 @@ class Communicator {
   void farewell();
   // At farewell: warn about data a peer sent for a collective this rank has finished -- the
   // ranks disagreed about it (two ranks that both named themselves a broadcast's root both
-  // return over TCP); with no later call to fail, nothing else would say so.
+  // return over TCP); with no later call to fail, nothing else would say so. Notes a peer
+  // that ended without a word (unsaidPeer).
   void warnUnread();
+  // At farewell, shared memory: a local peer whose process is gone, which neither left nor
+  // aborted (unsaidPeer). Reads nothing a peer sent.
+  void findUnsaidLocal();
   // The first failure of any communicator of this process ("" if none), and in *who the
   // rank it lost as this communicator names it (one of ours, or outside), if any.
   std::string processFailure(transport::Culprit* who) const;
@@ -437,6 +445,7 @@ class Communicator {
   std::exception_ptr deferred_;  // deferPeerFailure's, thrown by the next call
   uint64_t failuresBefore_ = 0;  // the process's failures before this was made
   int lostPeer_ = -1;
+  int unsaidPeer_ = -1;
   bool begun_ = false;  // the last begin() passed checkUsable (describeCurrent is about it)
   uint64_t finished_ = 0;  // the last collective that finished here without an error
   int64_t finishedAtMs_ = 0;  // when (transport::livenessMs, as heartbeat report ages)
