@@ -126,17 +126,63 @@ def _zero_one(text: str) -> bool:
     return text.strip() == "1"
 
 
-def _dtype(text: str) -> str:
-    name = _DTYPE_ALIASES.get(text.lower(), text.lower())
-    if name not in DTYPES:
-        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; use one of {', '.join(DTYPES)}")
-    if name.startswith("uint") and name != "uint8":
-        import torch
+def _available(name: str) -> bool:
+    """Whether this torch has dtype `name` (uint16/32/64 came with torch 2.3)."""
+    if not name.startswith("uint") or name == "uint8":
+        return True
+    import torch
 
-        if not hasattr(torch, name):
+    return hasattr(torch, name)
+
+
+def _dtypes(text: str) -> list[str]:
+    """-d: one dtype, a comma-separated list, or all (every DTYPES entry this torch has)."""
+    out: list[str] = []
+    for word in text.lower().split(","):
+        word = word.strip()
+        name = _DTYPE_ALIASES.get(word, word)
+        if not word:
+            raise argparse.ArgumentTypeError(f"empty item in -d {text!r}")
+        if name == "all":
+            out.extend(n for n in DTYPES if _available(n))
+        elif name not in DTYPES:
+            raise argparse.ArgumentTypeError(
+                f"unknown dtype {word!r}; use one of {', '.join(DTYPES)} or all "
+                "(comma-separated)")
+        elif not _available(name):
+            import torch
+
             raise argparse.ArgumentTypeError(f"{name} needs torch >= 2.3 (this is torch "
                                              f"{torch.__version__})")
-    return name
+        else:
+            out.append(name)
+    return list(dict.fromkeys(out))
+
+
+def _redops(text: str) -> list[str]:
+    """--op: one reduction, a comma-separated list, or all (every REDOPS entry)."""
+    out: list[str] = []
+    for word in text.lower().split(","):
+        word = word.strip()
+        if not word:
+            raise argparse.ArgumentTypeError(f"empty item in --op {text!r}")
+        if word == "all":
+            out.extend(REDOPS)
+        elif word in REDOPS:
+            out.append(word)
+        else:
+            hint = (f" (--op picks the reduction; the collective is -o {word})"
+                    if _OP_ALIASES.get(word, word) in OPS else "")
+            raise argparse.ArgumentTypeError(
+                f"unknown reduction {word!r}; use one of {', '.join(REDOPS)} or all "
+                f"(comma-separated){hint}")
+    return list(dict.fromkeys(out))
+
+
+def several_types(args: argparse.Namespace) -> bool:
+    """Whether -d or --op named several values (a list or all): a combination ringreduce
+    refuses is then a recorded skip, not the end of the run."""
+    return len(args.dtypes) > 1 or len(args.redops) > 1
 
 
 def _anchors(text: str) -> list[str]:
@@ -167,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n"
                "  ringreduce-bench -n 2 -b 8 -e 64M -f 2 --compare gloo --plot bw.png\n"
                "  ringreduce-bench -n 4 -o all -d bfloat16 --check\n"
+               "  ringreduce-bench -n 2 -o allreduce,broadcast -d all --op all --check\n"
                "  torchrun --nproc-per-node 8 -m ringreduce.bench -b 1K -e 1G\n"
                "  ringreduce-bench --tune --tune-out tuning.json   # then RINGREDUCE_TUNING_FILE\n"
                "busbw follows nccl-tests: algbw * 2(n-1)/n for allreduce, (n-1)/n for allgather, "
@@ -187,9 +234,12 @@ def build_parser() -> argparse.ArgumentParser:
       help="add SIZE each step instead of multiplying")
     a("-o", "--collective", dest="ops", type=_ops, default=["allreduce"], metavar="OP",
       help=f"collective(s), comma-separated: {', '.join(OPS)}, all (default allreduce)")
-    a("-d", "--dtype", type=_dtype, default="float32", help="element type (default float32)")
-    a("--op", "--redop", dest="redop", choices=REDOPS, default="sum",
-      help="reduction for allreduce, reduce_scatter and reduce (default sum)")
+    a("-d", "--dtype", dest="dtypes", type=_dtypes, default=["float32"], metavar="TYPE",
+      help=f"element type(s), comma-separated: {', '.join(DTYPES)} (those this torch has), "
+           "all (default float32)")
+    a("--op", "--redop", dest="redops", type=_redops, default=["sum"], metavar="REDOP",
+      help=f"reduction(s) of allreduce, reduce_scatter and reduce, comma-separated: "
+           f"{', '.join(REDOPS)}, all (default sum); the other collectives run once per type")
     a("-r", "--root", type=_nonneg, default=0,
       help="root of broadcast, reduce, gather and scatter (default 0)")
     a("--algo", choices=("auto", "ring", "tree", "shm", "hier"), default="auto",
@@ -252,12 +302,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse and cross-check the command line (errors exit with code 2, like argparse)."""
     p = build_parser()
     args = p.parse_args(argv)
+    # One value each (None with several: each combination's own is set by the sweep).
+    args.dtype = args.dtypes[0] if len(args.dtypes) == 1 else None
+    args.redop = args.redops[0] if len(args.redops) == 1 else None
     try:
         args.sizes = size_sweep(args.minbytes, args.maxbytes, args.stepfactor, args.stepbytes)
     except ValueError as e:
         p.error(str(e))
     if args.tune_out and not args.tune:
         p.error("--tune-out needs --tune")
+    if args.tune and several_types(args):
+        got = " and ".join(f"{len(v)} {what} for {opt}" for opt, v, what in
+                           (("-d", args.dtypes, "types"), ("--op", args.redops, "reductions"))
+                           if len(v) > 1)
+        p.error(f"--tune fits the cost model to one all-reduce (float32, sum): give -d and --op "
+                f"one value each, not a list or all (got {got})")
     total = memory_bytes()
     # Each rank holds an input and an output (with --check also the expected result; an
     # in-place collective's output is its input, whose copy is kept instead), every rank on

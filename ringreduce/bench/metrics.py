@@ -108,6 +108,24 @@ def make_case(op: str, requested: int, dtype: str, world: int) -> Case:
     raise ValueError(f"unknown collective {op!r}")
 
 
+def combinations(ops: list[str], dtypes: list[str],
+                 redops: list[str]) -> list[tuple[str, str, str]]:
+    """(collective, dtype, reduction) triples a sweep measures, in order: every dtype of
+    every collective but barrier (which moves no data: once, with the first dtype), every
+    reduction of the REDUCING ones only (the others carry the first, which they ignore)."""
+    out = []
+    for op in ops:
+        for dtype in dtypes[:1] if op == "barrier" else dtypes:
+            for redop in redops if op in REDUCING else redops[:1]:
+                out.append((op, dtype, redop))
+    return out
+
+
+def combo_key(op: str, dtype: str | None, redop: str | None) -> tuple:
+    """(op, type, redop) with what the collective does not take as None (as in the JSON)."""
+    return (op, dtype if op != "barrier" else None, redop if op in REDUCING else None)
+
+
 def make_cases(op: str, sizes: list[int], dtype: str, world: int) -> list[Case]:
     """Cases for a sweep, duplicates (after rounding) dropped; barrier runs once."""
     if op == "barrier":
@@ -138,6 +156,12 @@ class Row:
     wrong: int | None = None  # None: not checked
 
     @property
+    def key(self) -> tuple:
+        """(op, type, redop), None where the collective takes none: which rows of different
+        libraries measured the same thing (with the size)."""
+        return combo_key(self.op, self.dtype, self.redop)
+
+    @property
     def time_us(self) -> float:
         return median(self.times) * 1e6
 
@@ -155,9 +179,9 @@ class Row:
             if self.op != "barrier" else 0.0
 
     def as_dict(self, with_times: bool = True) -> dict:
+        _, dtype, redop = self.key
         d = {"op": self.op, "library": self.lib, "size": self.size, "count": self.count,
-             "type": self.dtype if self.op != "barrier" else None,
-             "redop": self.redop if self.op in REDUCING else None,
+             "type": dtype, "redop": redop,
              "root": self.root if self.op in ROOTED else None, "algo": self.algo,
              "world_size": self.world, "time_us": self.time_us, "p99_us": self.p99_us,
              "algbw_gbps": self.algbw, "busbw_gbps": self.busbw, "wrong": self.wrong,

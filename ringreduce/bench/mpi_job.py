@@ -1,7 +1,8 @@
 """The Open MPI anchor as its own job: `mpirun -n N python -m ringreduce.bench.mpi_job ARGS
---mpi-results FILE` sweeps the same sizes as the ringreduce run with mpi4py only, and rank 0
-writes the rows as JSON for the ringreduce ranks to merge into their table. (The ringreduce
-launcher starts it; it is not meant to be run by hand.)"""
+--mpi-results FILE` sweeps the same sizes and (collective, -d type, --op reduction)
+combinations as the ringreduce run with mpi4py only, skipping per combination what MPI
+refuses, and rank 0 writes the rows and skips as JSON for the ringreduce ranks to merge into
+their table. (The ringreduce launcher starts it; it is not meant to be run by hand.)"""
 
 from __future__ import annotations
 

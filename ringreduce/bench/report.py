@@ -12,7 +12,7 @@ from collections import Counter
 
 from .. import _env
 from . import machine
-from .metrics import REDUCING, ROOTED, Row
+from .metrics import REDUCING, ROOTED, Row, combo_key
 
 CSV_FIELDS = ("op", "library", "size", "count", "type", "redop", "root", "algo", "world_size",
               "time_us", "p99_us", "algbw_gbps", "busbw_gbps", "wrong", "iters")
@@ -25,8 +25,11 @@ def make_meta(args: Namespace, world: int, hosts: list, notes: dict, transport: 
     counts = Counter(hosts or [platform.node()])
     return {
         "tool": "ringreduce-bench", "ringreduce_version": ringreduce.__version__,
-        "world_size": world, "hosts": dict(counts), "ops": list(args.ops), "dtype": args.dtype,
-        "redop": args.redop, "root": args.root, "algo": args.algo,
+        "world_size": world, "hosts": dict(counts), "ops": list(args.ops),
+        # "dtype"/"redop": comma-joined (one name unless -d/--op gave several), the lists too
+        "dtype": ",".join(args.dtypes), "redop": ",".join(args.redops),
+        "dtypes": list(args.dtypes), "redops": list(args.redops),
+        "root": args.root, "algo": args.algo,
         "transport": transport,
         "transport_requested": args.transport or _env.tunables().transport,
         "warmup": args.warmup, "iters": args.iters, "check": bool(args.check),
@@ -65,15 +68,63 @@ def _header(meta: dict, skipped: list[dict]) -> list[str]:
                    f"torch {m['torch']}, commit {m['ringreduce_commit']}")
     for name, note in meta["libraries"].items():
         out.append(f"#  compare: {name}: {note}")
+    return out + _skip_lines(skipped, meta)
+
+
+def _types(meta: dict) -> tuple[list[str], list[str]]:
+    """The run's dtypes and reductions (a JSON file of an older version has one of each)."""
+    return (meta.get("dtypes") or [meta["dtype"]], meta.get("redops") or [meta["redop"]])
+
+
+def _label(op: str, dtype: str | None, redop: str | None, meta: dict) -> str:
+    """The collective, with its type and reduction where the run has several of them."""
+    dtypes, redops = _types(meta)
+    _, t, r = combo_key(op, dtype, redop)
+    return " ".join([op, *([t] if t and len(dtypes) > 1 else []),
+                     *([r] if r and len(redops) > 1 else [])])
+
+
+def _skip_lines(skipped: list[dict], meta: dict) -> list[str]:
+    """One line per library, collective and reason, naming the types / reductions skipped
+    where the run has several ("gloo skipped for allreduce int16, uint16, int8 avg: ...")."""
+    groups: dict[tuple, list[tuple]] = {}
     for s in skipped:
-        what = "" if s["op"] == "*" else f" for {s['op']}"
-        out.append(f"#  compare: {s['library']} skipped{what}: {s['reason']}")
+        groups.setdefault((s["library"], s["op"], s["reason"]), []).append(
+            (s.get("type"), s.get("redop")))
+    out = []
+    for (lib, op, reason), items in groups.items():
+        what = "" if op == "*" else " for " + _skipped_what(op, items, meta)
+        # ringreduce skips only where -d/--op gave several (one refused is an error)
+        out.append(f"#  {'compare: ' * (lib != 'ringreduce')}{lib} skipped{what}: {reason}")
     return out
+
+
+def _skipped_what(op: str, items: list[tuple], meta: dict) -> str:
+    """`op` and which of its (type, redop) combinations `items` are: a type alone when
+    every reduction of it is there, nothing more when every combination is."""
+    dtypes, redops = _types(meta)
+    many_t = len(dtypes) > 1 and op != "barrier"
+    many_r = len(redops) > 1 and op in REDUCING
+    by_type: dict = {}
+    for t, r in items:
+        by_type.setdefault(t, []).append(r)
+    parts, whole = [], not many_t or set(by_type) >= set(dtypes)
+    shared = {tuple(rs) for rs in by_type.values()}
+    if many_t and many_r and whole and len(shared) == 1:  # the same reductions of every type
+        rs = shared.pop()
+        return op if set(rs) >= set(redops) else f"{op} {','.join(map(str, rs))}"
+    for t, rs in by_type.items():
+        every_r = not many_r or set(rs) >= set(redops)
+        whole = whole and every_r
+        words = ([t] if many_t and t else []) + ([] if every_r else [",".join(map(str, rs))])
+        parts.append(" ".join(words))
+    parts = [p for p in parts if p]
+    return op if whole or not parts else f"{op} {', '.join(parts)}"
 
 
 def _op_table(op: str, rows: list[Row], anchors: list[str]) -> list[str]:
     mine = [r for r in rows if r.op == op and r.lib == "ringreduce"]
-    by = {(r.lib, r.size): r for r in rows if r.op == op}
+    by = {(r.lib, r.key, r.size): r for r in rows if r.op == op}  # same type, redop, size
     head = (f"#{'size':>11} {'count':>12} {'type':>9} {'redop':>6} {'root':>5} {'algo':>8} "
             f"{'time(us)':>10} {'p99(us)':>10} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} "
             f"{'#wrong':>7}")
@@ -91,7 +142,7 @@ def _op_table(op: str, rows: list[Row], anchors: list[str]) -> list[str]:
                 f"{_fmt(r.algbw if bw else None, 11, 3)} {_fmt(r.busbw if bw else None, 11, 3)} "
                 f"{wrong:>7}")
         for a in anchors:
-            o = by.get((a, r.size))
+            o = by.get((a, r.key, r.size))
             if o is not None and o.wrong:  # its results were wrong: no ratio to quote
                 ratios = f"{'wrong':>7} {'wrong':>8}"
             else:
@@ -102,14 +153,18 @@ def _op_table(op: str, rows: list[Row], anchors: list[str]) -> list[str]:
     return out
 
 
-def _ratio_summary(ratios: dict[tuple[str, int], float], ops: list[str]) -> str:
-    """The geometric mean of the ratios an anchor has ((op, size) -> ratio; nan where it did
-    not run), naming the collectives it covers when not all of the table's."""
+def _ratio_summary(ratios: dict[tuple, float], ops: list[str], combos: int) -> str:
+    """The geometric mean of the ratios an anchor has (((op, type, redop), size) -> ratio;
+    nan where it did not run), naming the collectives it covers when not all of the table's
+    and, with `combos` > 1 (several types / reductions), how many of them."""
     have = {k: x for k, x in ratios.items() if x > 0 and not math.isnan(x)}
     if not have:
         return "n/a (no size where both results were right)"
-    covered = [op for op in ops if any(k[0] == op for k in have)]
+    covered = [op for op in ops if any(k[0][0] == op for k in have)]
     only = f" of {', '.join(covered)} only" if covered != ops else ""
+    if combos > 1:
+        only += (f", {len({k[0] for k in have})} of {combos} "
+                 "collective/type/reduction combinations")
     g = math.exp(sum(math.log(x) for x in have.values()) / len(have))
     return f"{g:.3g}x{only} (> 1: ringreduce faster)"
 
@@ -126,26 +181,35 @@ def table(rows: list[Row], meta: dict, skipped: list[dict]) -> str:
     if any(r.wrong is not None for r in mine):
         bad = sum(r.wrong or 0 for r in mine)
         out.append(f"# Out of bounds values : {bad} {'OK' if bad == 0 else 'FAILED'}")
-    by = {(r.op, r.lib, r.size): r for r in rows}
+    by = {(r.lib, r.key, r.size): r for r in rows}  # like with like: same type and redop
+    dtypes, redops = _types(meta)
+    several = len(dtypes) > 1 or len(redops) > 1
+    combos = len({r.key for r in mine}) if several else 1
     for a in anchors:
         checked = [r for r in rows if r.lib == a and r.wrong is not None]
         bad = sum(r.wrong or 0 for r in checked)
         if bad:  # an anchor's wrong results make its ratios meaningless: say so
-            sizes = sorted({(r.op, r.size) for r in checked if r.wrong})
-            out.append(f"# {a} out of bounds values : {bad} FAILED (at "
-                       + ", ".join(f"{op} {size} B" for op, size in sizes[:6])
+            at = list(dict.fromkeys(f"{_label(r.op, r.dtype, r.redop, meta)} {r.size} B"
+                                    for r in checked if r.wrong))
+            out.append(f"# {a} out of bounds values : {bad} FAILED (at " + ", ".join(at[:6])
                        + "; its times there do not count)")
         elif checked:
             out.append(f"# {a} out of bounds values : 0 OK")
         # Sizes where its results were wrong count in neither summary (as the note says).
         theirs = [r for r in rows if r.lib == a and r.op != "barrier" and not r.wrong]
-        sp = {(r.op, r.size): speedup(r, o) for r in mine
-              if not getattr(o := by.get((r.op, a, r.size)), "wrong", None)}
+        sp = {(r.key, r.size): speedup(r, o) for r in mine
+              if not getattr(o := by.get((a, r.key, r.size)), "wrong", None)}
         if theirs:
             avg = sum(r.busbw for r in theirs) / len(theirs)
-            out.append(f"# {a} avg bus bandwidth : {avg:.4g}")
-        out.append(f"# ringreduce vs {a}: time ratio {a}/ringreduce, geometric mean over sizes "
-                   + _ratio_summary(sp, ops))
+            line = f"# {a} avg bus bandwidth : {avg:.4g}"
+            same = [m for r in theirs if (m := by.get(("ringreduce", r.key, r.size)))]
+            if same and len(same) != sum(r.op != "barrier" for r in mine):
+                line += (f" (ringreduce's over the same {len(same)} rows: "
+                         f"{sum(r.busbw for r in same) / len(same):.4g})")
+            out.append(line)
+        over = "sizes, types and reductions" if several else "sizes"
+        out.append(f"# ringreduce vs {a}: time ratio {a}/ringreduce, geometric mean over {over} "
+                   + _ratio_summary(sp, ops, combos))
     bw = [r.busbw for r in mine if r.op != "barrier"]
     out.append(f"# Avg bus bandwidth    : {sum(bw) / len(bw) if bw else 0.0:.4g}")
     return "\n".join(out)

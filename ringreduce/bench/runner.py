@@ -22,7 +22,8 @@ import numpy as np
 from . import anchors, progress, report
 from .checks import Buffers
 from .checks import make_buffers as _make_host_buffers
-from .metrics import Case, Row, make_case, make_cases
+from .cli import several_types
+from .metrics import Case, Row, combinations, combo_key, make_case, make_cases
 from .timing import measure
 
 Reducer = Callable[[np.ndarray, str], np.ndarray]
@@ -83,45 +84,72 @@ def _settle(libs: list[anchors.Lib], case: Case, args: Namespace, rank: int, wor
     del b
 
 
+def skip_entry(library: str, op: str, dtype: str | None, redop: str | None,
+               reason: str) -> dict:
+    """One entry of the "skipped" list: a library that did not run a combination."""
+    _, t, r = combo_key(op, dtype, redop)
+    return {"library": library, "op": op, "type": t, "redop": r, "reason": reason}
+
+
 def sweep(args: Namespace, libs: list[anchors.Lib], reduce_: Reducer, rank: int, world: int,
           bar: progress.Progress | None = None) -> tuple[list[Row], list[dict]]:
-    """Measure every op x size x library; returns rows (identical on all ranks) and skips."""
+    """Measure every (op, dtype, redop) combination x size x library; returns rows
+    (identical on all ranks) and skips. A combination ringreduce (libs[0]) refuses ends the
+    run with one -d and one --op (BenchError), and is a skip of every library with several."""
     rows: list[Row] = []
     skipped: list[dict] = []
-    for op in args.ops:
-        cases = make_cases(op, args.sizes, args.dtype, world)
+    lenient = several_types(args)
+    for op, dtype, redop in combinations(args.ops, args.dtypes, args.redops):
+        cargs = Namespace(**{**vars(args), "dtype": dtype, "redop": redop})
+        cases = make_cases(op, args.sizes, dtype, world)
         active = []
         for lib in libs:
-            why = _trial(lib, make_case(op, 8, args.dtype, world), args, rank, world, reduce_)
-            if why and lib is libs[0] and lib.name == "ringreduce":
-                raise BenchError(f"ringreduce cannot run {op} with these options: {why}")
+            why = _trial(lib, make_case(op, 8, dtype, world), cargs, rank, world, reduce_)
+            mine = lib is libs[0] and lib.name == "ringreduce"
+            if why and mine and not lenient:
+                raise BenchError(f"ringreduce cannot run {_what(op, dtype, redop)} with these "
+                                 f"options: {why}")
             if why:
-                skipped.append({"library": lib.name, "op": op, "reason": why})
+                skipped.append(skip_entry(lib.name, op, dtype, redop, why))
+                if mine:  # nothing to compare the anchors with: none of them runs it
+                    active = []
+                    break
             else:
                 active.append(lib)
         skipped_w = sum(progress.weight(c.size) for c in cases) * (len(libs) - len(active))
         if bar:
             bar.step(skipped_w)
-        _settle(active, cases[0], args, rank, world)
+        if not active:
+            continue
+        _settle(active, cases[0], cargs, rank, world)
         for case in cases:
-            b = make_buffers(case, args.dtype, rank, world, args.redop, args.root, args.check)
+            b = make_buffers(case, dtype, rank, world, redop, args.root, args.check)
             for lib in active:
-                times, wrong = measure(lib, case, b, args)
+                times, wrong = measure(lib, case, b, cargs)
                 t = reduce_(np.array(times, dtype=np.float64), "max")
                 w = int(reduce_(np.array([wrong], dtype=np.int64), "sum")[0])
                 rows.append(Row(op=op, lib=lib.name, size=case.size, count=case.param_count,
-                                dtype=args.dtype, redop=args.redop, root=args.root,
+                                dtype=dtype, redop=redop, root=args.root,
                                 algo=lib.algo(case), world=world, times=[float(x) for x in t],
                                 wrong=w if args.check else None))
                 if bar:
-                    bar.step(progress.weight(case.size), f"{op} {case.size} B {lib.name}")
+                    bar.step(progress.weight(case.size),
+                             f"{_what(op, dtype, redop)} {case.size} B {lib.name}")
             del b
     return rows, skipped
 
 
+def _what(op: str, dtype: str, redop: str) -> str:
+    """"allreduce of int8 (avg)", "broadcast of float32", "barrier"."""
+    _, t, r = combo_key(op, dtype, redop)
+    return op + (f" of {t}" if t else "") + (f" ({r})" if r else "")
+
+
 def total_work(args: Namespace, world: int, nlibs: int) -> float:
-    return sum(progress.weight(c.size) for op in args.ops
-               for c in make_cases(op, args.sizes, args.dtype, world)) * nlibs
+    """The progress bar's total: every combination's sizes, for every library."""
+    return sum(progress.weight(c.size)
+               for op, dtype, _ in combinations(args.ops, args.dtypes, args.redops)
+               for c in make_cases(op, args.sizes, dtype, world)) * nlibs
 
 
 def _load_mpi_results(path: str) -> tuple[list[Row], list[dict], str]:
