@@ -56,10 +56,12 @@ def test_all_lists_and_aliases():
     (["--op", ","], "empty item in --op"),
     (["--op", "all_reduce"], "--op picks the reduction; the collective is -o all_reduce"),
     (["-o", "max"], "the reduction is --op max"),
-    (["--tune", "-d", "all"], ("--tune fits the cost model to one all-reduce (float32, sum): "
-                               "give -d and --op one value each, not a list or all (got "
-                               f"{len(HAVE)} types for -d)")),
-    (["--tune", "--op", "sum,max"], "(got 2 reductions for --op)"),
+    (["--tune", "-d", "all"], ("--tune fits the cost model to float32 sum all-reduces (its "
+                               "alpha and beta are per message and per byte, whatever the "
+                               f"type): drop -d {len(HAVE)} values")),
+    (["--tune", "--op", "sum,max"], "drop --op sum,max"),
+    (["--tune", "-d", "int8"], "drop -d int8"),  # was silently ignored: the fit is float32's
+    (["--tune", "-d", "fp64", "--op", "min"], "drop -d float64, --op min"),
 ])
 def test_bad_lists_are_named(argv, said, capsys):
     with pytest.raises(SystemExit) as e:

@@ -311,12 +311,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error(str(e))
     if args.tune_out and not args.tune:
         p.error("--tune-out needs --tune")
-    if args.tune and several_types(args):
-        got = " and ".join(f"{len(v)} {what} for {opt}" for opt, v, what in
-                           (("-d", args.dtypes, "types"), ("--op", args.redops, "reductions"))
-                           if len(v) > 1)
-        p.error(f"--tune fits the cost model to one all-reduce (float32, sum): give -d and --op "
-                f"one value each, not a list or all (got {got})")
+    if args.tune and (args.dtypes != ["float32"] or args.redops != ["sum"]):
+        got = ", ".join(f"{opt} {','.join(v) if len(v) < 4 else f'{len(v)} values'}"
+                        for opt, v, want in (("-d", args.dtypes, "float32"),
+                                             ("--op", args.redops, "sum")) if v != [want])
+        p.error(f"--tune fits the cost model to float32 sum all-reduces (its alpha and beta "
+                f"are per message and per byte, whatever the type): drop {got}")
     total = memory_bytes()
     # Each rank holds an input and an output (with --check also the expected result; an
     # in-place collective's output is its input, whose copy is kept instead), every rank on
