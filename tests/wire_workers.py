@@ -104,3 +104,18 @@ def large_half_avg(rank: int, world: int, n: int,
         errs += [f"{algo}: {e}" for e in workers.compare_exact(workers.values(buf.view), exp, "avg")]
         errs += [f"{algo}: {e}" for e in buf.guard_errors()]
     return errs
+
+
+def small_half_avg(rank: int, world: int, n: int, algo: str = "ring") -> dict:
+    """op=avg of tiny positive float16 inputs (2^-20..2^-17, subnormal: gradients of ~1e-6)
+    over TCP with 16-bit partials. Their grid is 2^-24 apart: a partial sum scaled by 2^-s
+    rounds to steps of 2^(s-24) of the sum. Reports the largest error in units of 2^-24 and
+    the result's digest."""
+    ins = [np.random.default_rng([7, r]).uniform(2.0 ** -20, 2.0 ** -17, n).astype(np.float16)
+           for r in range(world)]
+    buf = workers.Buf("float16", "torch", n, vals=ins[rank])
+    rr.allreduce(buf.view, op="avg", algo=algo)
+    exact = np.stack([x.astype(np.float64) for x in ins]).mean(axis=0)
+    got = workers.values(buf.view).astype(np.float64)
+    return {"err_units": float(np.max(np.abs(got - exact)) / 2.0 ** -24),
+            "digest": workers.digest(buf.view), "guard": buf.guard_errors()}

@@ -12,8 +12,8 @@
 // chunk's sum is rounded n-1 times (n-2 hops + the final one) and each rank sends
 // 2(n-1)/n * count * 2 bytes. With RINGREDUCE_HALF_WIRE=32 the partials travel as float32
 // (`acc` is a widened copy) and are rounded once, for 1.5x the bytes. A float16 avg
-// sends its 16-bit partial sums scaled by 2^-halfAvgExp so that none overflows (ring.h,
-// half_avg.h); under the hierarchical all-reduce the inputs arrive scaled (its host level
+// sends a 16-bit partial sum of m values scaled by 2^-ceil(log2 m) so that none overflows
+// (ring.h, half_avg.h); under the hierarchical all-reduce the inputs arrive scaled (its host level
 // rounds to 16 bits too) and the finished sums are scaled back here.
 #include <algorithm>
 
@@ -49,7 +49,7 @@ void allreduceRing(comm::Communicator& c, const transport::FrameHeader& h, const
     p.half = a.dtype;
     p.wide = reinterpret_cast<float*>(scratch + recvBytes);
   }
-  if (!a.halfAvgPrescaled) p.scaleExp = a.halfAvgExp;
+  p.scaleHops = a.halfAvgExp > 0 && !a.halfAvgPrescaled;
   if (a.needsFinalize()) {
     p.onFinal = [&a, &p, world](char* vals, size_t off, size_t len) {
       if (a.halfAvgPrescaled) halfavg::scaleFloat(reinterpret_cast<float*>(vals), len, a.halfAvgExp);

@@ -2,17 +2,21 @@
 // tree over TCP with a 16-bit wire; the hierarchical all-reduce's host level): a partial sum
 // of n finite inputs can exceed float16's range (65504) even when their average fits. NCCL
 // multiplies each input by 1/n first; that rounds every input (1/3 is not a float). Here
-// the partial sums are scaled by 2^-k, k = ceil(log2 n), which is exact, so that none of n
-// finite inputs can exceed 65504, and the finished float32 sum is scaled back by 2^k --
-// exact too -- before the one division by n. Scaled partial sums round at the same relative
-// precision as unscaled ones, so every result that did not overflow is bit for bit what it
-// was without the scaling -- bar values under 2^(k-14), subnormal once scaled, which round
-// to 2^(k-24) steps instead of 2^-24.
+// the partial sums are scaled by a power of two, which is exact, so that none of n finite
+// inputs can exceed 65504, and the finished float32 sum is scaled back -- exact too --
+// before the one division by n. Scaled partial sums round at the same relative precision
+// as unscaled ones, so every result that did not overflow is bit for bit what it was
+// without the scaling -- bar values that are subnormal once scaled, which round to steps
+// of 2^(s-24) instead of 2^-24 for a scaling by 2^-s.
 //
 // Where: the ring scales in float32 the partial sums it forwards (ring.cc: no extra pass
-// over the buffer); the tree and the hierarchical all-reduce scale the whole input first
-// (allreduce.cc) and the finished sums back. With 2 ranks neither the ring nor the tree
-// rounds a partial sum: nothing is scaled.
+// over the buffer), a sum of m values by 2^-ceil(log2 m) -- what its count needs, so its
+// values stay within a factor 2 of the inputs' magnitude (with 2^-k, k = ceil(log2 n), for
+// every hop, gradients of 1e-4 at 5 ranks went subnormal: mean error 2.9x the best, a
+// helper);
+// the tree and the hierarchical all-reduce scale the whole input by 2^-k, k = ceil(log2 n),
+// first (allreduce.cc) and the finished sums back. With 2 ranks neither the ring nor the
+// tree rounds a partial sum: nothing is scaled.
 #pragma once
 
 #include <cstddef>

@@ -12,30 +12,30 @@ namespace {
 // Fold the segment in p.recvScratch into `a` (its place in acc: a = a OP incoming) and
 // return the reduced values in the accumulate type. With a 16-bit wire they are computed in
 // p.wide and rounded back into acc -- unless this is the last reduce step and onFinal will
-// round them (one rounding per hop, none twice). `first`: the incoming values are the left
-// neighbour's own (step 0), not a partial sum.
-char* reduceSegment(const RingPlan& p, char* a, size_t len, bool first, bool last) {
+// round them (one rounding per hop, none twice). Reduce step `step` receives a partial sum
+// of step + 1 ranks' values (step 0: the left neighbour's own) and forwards one of step + 2.
+char* reduceSegment(const RingPlan& p, char* a, size_t len, int step, bool last) {
   if (!p.halfWire) {
     p.reduceFn(a, p.recvScratch, len);
     return a;
   }
+  // float16 avg (p.scaleHops): a partial sum of m values travels scaled by 2^-ceil(log2 m)
+  // (ring.h); scaled in float32, exactly. The last step's sum is not scaled.
+  const int in = p.scaleHops ? chunking::ceilLog2(step + 1) : 0;
+  const int out = p.scaleHops && !last ? chunking::ceilLog2(step + 2) : 0;
   // In blocks small enough that widening, reducing and rounding one block stay in L1 (a
   // whole segment's float32 values fill L2), into the same places of p.wide.
   constexpr size_t kBlock = 2048;
   const bool round = !last || !p.onFinal;
-  const int e = p.scaleExp;
   for (size_t b = 0; b < len; b += kBlock) {
     const size_t m = std::min(kBlock, len - b);
     float* mine = p.wide + b;
-    float* in = p.wide + p.segElems + b;
+    float* inc = p.wide + p.segElems + b;
     reduce::widen(p.half, a + b * p.accElem, mine, m);
-    reduce::widen(p.half, p.recvScratch + b * p.accElem, in, m);
-    // float16 avg: the partial sums between the first and the last step travel scaled by
-    // 2^-e (ring.h); scaled in float32, exactly.
-    if (e && !first && !last) halfavg::scaleFloat(mine, m, -e);  // in: a scaled sum
-    if (e && !first && last) halfavg::scaleFloat(in, m, e);       // the last sum is not
-    p.reduceFn(mine, in, m);
-    if (e && first && !last) halfavg::scaleFloat(mine, m, -e);  // the first partial sum
+    reduce::widen(p.half, p.recvScratch + b * p.accElem, inc, m);
+    if (in != out) halfavg::scaleFloat(inc, m, in - out);
+    if (out) halfavg::scaleFloat(mine, m, -out);
+    p.reduceFn(mine, inc, m);
     if (round) reduce::finalize(p.half, ReduceOp::kSum, 1, mine, a + b * p.accElem, m);
   }
   return reinterpret_cast<char*>(p.wide);
@@ -132,7 +132,7 @@ void runRing(comm::Communicator& c, const transport::FrameHeader& tmpl, const Ri
         const bool last = rStep == p.rsSteps - 1;
         char* a = accAt(rStep, rChunk, rOff);
         if (p.own) std::memcpy(a, p.own + rOff * p.accElem, rLen * p.accElem);
-        char* vals = reduceSegment(p, a, rLen, rStep == 0, last);
+        char* vals = reduceSegment(p, a, rLen, rStep, last);
         if (last && p.onFinal) p.onFinal(vals, rOff, rLen);
       }
       ++ru;

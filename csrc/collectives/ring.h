@@ -45,11 +45,13 @@ struct RingPlan {
   bool halfWire = false;
   DataType half = DataType::kFloat16;  // with halfWire: the 16-bit type in acc and on the wire
   float* wide = nullptr;               // with halfWire: >= 2 * segElems floats
-  // > 0 (halfWire only): the 16-bit partial sums of the reduce steps travel multiplied by
-  // 2^-scaleExp so that none overflows (float16 avg, collectives/half_avg.h). A rank's
-  // first send is its own values, unscaled; each step scales in float32 (exact) what it
-  // forwards, and the last one scales the incoming sum back: onFinal gets unscaled values.
-  int scaleExp = 0;
+  // halfWire only (float16 avg, collectives/half_avg.h): a 16-bit partial sum of m values
+  // travels multiplied by 2^-ceil(log2 m), so that none overflows and none is scaled more
+  // than its count needs (values stay near the inputs' magnitude, not 1/n of it: fewer
+  // subnormals). A rank's first send is its own values, unscaled; each step scales in
+  // float32 (exact) what it forwards, and the last one the incoming sum back: onFinal gets
+  // unscaled values.
+  bool scaleHops = false;
   // Optional: the finished values of elements [off, off + len) in the accumulate type
   // (float32 for 16-bit floats); `vals` (the accumulator or scratch) is valid during the call
   // only, and the callback may change it in place.
