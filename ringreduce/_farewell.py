@@ -6,6 +6,7 @@ and groups' destroy of a torch subgroup call it."""
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
 from typing import Any
@@ -103,7 +104,9 @@ def _talk_until(deadline: Awake, target: Any, *args: Any,
             target(*args)
         finally:
             ended.set()
+            _RUNNING.discard(ended)
 
+    _RUNNING.add(ended)
     try:
         threading.Thread(target=run, name=name, daemon=True).start()
     except RuntimeError:  # no thread to spare (a container's pids limit): talk here, with
@@ -126,6 +129,24 @@ def _talk_until(deadline: Awake, target: Any, *args: Any,
 
 
 _HURRY = threading.Event()  # set: farewell polls give up at once (Ctrl-C during destroy)
+_RUNNING: set[threading.Event] = set()  # the `ended` of talks whose thread still runs
+_EXIT_WAIT_S = 2.0
+
+
+@atexit.register
+def _end_talks_at_exit() -> None:
+    """At the program's exit, let store talks that destroy() stopped waiting for end first
+    (their polls give up at once; a store call in flight answers within milliseconds): a
+    thread that returns from a store call once the interpreter is finalizing is made to exit
+    by Python while inside torch's C++ call, which ends the process in std::terminate
+    (SIGABRT on rank 0, found by a helper under a connection flood: its farewell thread was
+    still polling the others' "bye"). Bounded: a talk stuck on a frozen store host stays."""
+    if not _RUNNING:
+        return
+    _HURRY.set()
+    end = time.monotonic() + _EXIT_WAIT_S
+    for ended in list(_RUNNING):
+        ended.wait(max(0.0, end - time.monotonic()))
 
 
 def _proxy(store: Any, prefix: str, rank: int, lost: int) -> int:

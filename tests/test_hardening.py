@@ -5,6 +5,10 @@ checks before writing)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 from _spawn import free_port, run_world, run_world_raw
 
@@ -569,3 +573,15 @@ def test_a_rank_at_its_thread_limit_fails_a_groups_creation_at_once(transport: s
 def test_a_groups_destroy_without_a_spare_thread_still_returns() -> None:
     outs = run_world(2, "hardening_workers:destroy_without_a_spare_thread", timeout=40)
     assert outs == [{"destroy": "ok", "sum": [2.0] * 3}] * 2, outs
+
+
+@pytest.mark.timeout(60)
+def test_a_farewell_talk_in_a_store_call_at_exit_does_not_abort() -> None:
+    """A farewell thread destroy() stopped waiting for, returning from a store call while
+    the interpreter finalizes, ended the process in std::terminate (SIGABRT on rank 0 under
+    a connection flood: a helper); the exit hook lets such talks end first."""
+    script = os.path.join(os.path.dirname(__file__), "scripts", "farewell_at_exit.py")
+    p = subprocess.run([sys.executable, script], check=False, capture_output=True, text=True,
+                       timeout=45)
+    assert "main done" in p.stdout, (p.returncode, p.stdout, p.stderr[-2000:])
+    assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
