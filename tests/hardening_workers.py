@@ -651,3 +651,36 @@ def exited_without_a_word(rank: int, world: int, torch_backend: bool) -> dict:
     else:
         rr.destroy()
     return {"destroy_s": time.monotonic() - t0}
+
+
+def flooded_setup(rank: int, world: int) -> dict:
+    """Every rank floods its own listeners (init's, then a sparse world's) with silent and
+    garbage connections -- a stranger's flood, ~hundreds a second, up to 300 held -- while
+    the world connects, makes a group and a point-to-point channel. A listener that dropped
+    the oldest silent connection dropped real peers' (accepted in the same burst, before
+    they could answer) and they gave up: a helper's flood failed 2 of 3 inits."""
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(__file__), "scripts", "flood_listeners.py")
+    flood = subprocess.Popen([sys.executable, script, str(os.getpid()),
+                              os.environ["MASTER_PORT"]])  # torch's TCPStore: not ours
+    try:
+        if rank == world - 1:
+            time.sleep(1.0)  # the others' listeners flooded before it dials
+        rr.init(timeout=60)
+        x = np.full(1000, rank + 1.0, dtype=np.float32)
+        rr.allreduce(x)
+        g = rr.new_group(list(range(world)))
+        y = np.full(10, float(rank), dtype=np.float64)
+        rr.allreduce(y, group=g)
+        z = np.full(5, float(rank), dtype=np.float32)
+        if rank == 0:
+            rr.send(z, dst=world - 1)
+        elif rank == world - 1:
+            rr.recv(z, src=0)
+        rr.barrier()  # nobody leaves (rank 0: with the store) while another still sets up
+    finally:
+        flood.kill()
+        flood.wait()
+    return {"sum": float(x[0]), "group": float(y[0]), "p2p": float(z[0])}

@@ -33,11 +33,20 @@ size_t AcceptQueue::acceptWaiting(int listenFd) {
     }
     if (!fd.valid()) return n;
     if (pending_.size() >= kMaxPending) {
-      // The oldest that has sent nothing (a peer's answer may be half read); the caller
-      // read the answers that had arrived (progress) before accepting more.
-      auto it = std::find_if(pending_.begin(), pending_.end(),
-                             [](const Pending& q) { return q.got == 0; });
-      if (it == pending_.end()) it = pending_.begin();
+      // The oldest that has sent nothing, long enough after its hello to have answered (a
+      // peer's answer may be half read, or waiting unread: the caller reads answers before
+      // accepting more); none: this newcomer goes, unanswered.
+      const int64_t now = steadyMs();
+      auto it = std::find_if(pending_.begin(), pending_.end(), [&](const Pending& q) {
+        if (q.got != 0 || now - q.helloMs < kYoungMs) return false;
+        pollfd pf{q.fd.get(), POLLIN, 0};
+        return ::poll(&pf, 1, 0) == 0;  // nothing readable: silent so far
+      });
+      if (it == pending_.end()) {
+        warnRefused(from, detail::concat("closed unanswered: ", kMaxPending, " connections "
+                                         "waited to authenticate (a flood of connections?)"));
+        continue;
+      }
       warnRefused(it->from, detail::concat("no answer while ", kMaxPending,
                                            " connections waited to authenticate (a flood of "
                                            "connections?)"));
@@ -47,6 +56,7 @@ size_t AcceptQueue::acceptWaiting(int listenFd) {
     p.fd = std::move(fd);
     p.from = std::move(from);
     p.due = Deadline::after(kAnswerSec);
+    p.helloMs = steadyMs();
     std::string why;
     if (!sendHello(p.fd.get(), me_, &p.st, &why)) {
       warnRefused(p.from, why);

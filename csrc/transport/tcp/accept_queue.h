@@ -24,7 +24,12 @@ namespace rr::transport::tcp {
 class AcceptQueue {
  public:
   static constexpr double kAnswerSec = 5.0;  // a real peer answers in microseconds
-  static constexpr size_t kMaxPending = 64;  // beyond: the oldest is dropped
+  // Beyond kMaxPending: the oldest that has sent nothing for kYoungMs since its hello is
+  // dropped; if every one is younger, the new connection is closed before its hello (a
+  // real peer's dial tries again: mesh.cc). A burst of strangers accepted after a peer's
+  // connection dropped that peer before it could answer (found by a helper's flood).
+  static constexpr size_t kMaxPending = 64;
+  static constexpr int kYoungMs = 200;
 
   // `what`: how this rank is named in warnings ("rank 3").
   AcceptQueue(Identity me, std::string what) : me_(std::move(me)), what_(std::move(what)) {}
@@ -60,6 +65,7 @@ class AcceptQueue {
     uint8_t auth[kAuthBytes] = {};
     size_t got = 0;
     Deadline due;
+    int64_t helloMs = 0;  // steadyMs() when its hello went out
   };
   // Read what `p` sent; true when its answer is complete. false + *why when it failed.
   static bool readAnswer(Pending& p, std::string* why);

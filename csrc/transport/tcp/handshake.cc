@@ -181,7 +181,16 @@ void checkAck(int fd, const Identity& me, int target, const std::string& targetA
   std::string err;
   auto fail = [&](const std::string& why) { failConnect(me, target, targetAddr, why); };
   Ack ack{};
-  if (!readFull(fd, &ack, sizeof(ack), d, &err, true)) fail("reading reply: " + err);
+  if (!readFull(fd, &ack, sizeof(ack), d, &err, true)) {
+    // Closed or reset before its reply: the peer's process is gone -- or its listener,
+    // flooded with strangers' connections, dropped this one (accept_queue.h): a dial that
+    // gets this tries again (mesh.cc), and a gone peer then refuses it.
+    if (!d.expired())
+      throw PeerError(target, PeerCause::kClosed,
+                      detail::concat("rank ", me.shown(target), " at ", targetAddr,
+                                     " closed the connection before its reply (", err, ")"));
+    fail("reading reply: " + err);
+  }
   if (ack.magic != kHelloMagic) fail("malformed reply");
   if (ack.status != kOk) fail(std::string("refused: ") + statusText(ack.status));
   crypto::Digest want = mac(me.secret, 'A', st.authNonce, st.helloNonce, target, me.rank,

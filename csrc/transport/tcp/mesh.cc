@@ -1,5 +1,9 @@
 #include "transport/tcp/mesh.h"
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
 #include "core/error.h"
 #include "core/log.h"
 #include "transport/tcp/accept_queue.h"
@@ -26,6 +30,8 @@ std::vector<std::unique_ptr<Connection>> connectMesh(const Identity& me, Listene
 }
 
 namespace {
+
+constexpr int kDialAttempts = 1000;  // a flooded listener's drops (the deadline bounds them)
 
 // A set-up that gives up tells each peer it reached why, as a failed collective's abort
 // frames do, naming the rank to blame: the one another rank's failure named (StoppedFor),
@@ -62,6 +68,32 @@ void tellMade(const Identity& me, std::vector<std::unique_ptr<Connection>>& conn
   }
 }
 
+// Connect to `peer` and authenticate. A connection closed before the peer's hello or reply
+// is dialled again while time is left: a listener flooded with strangers' connections
+// drops or refuses some of its own (accept_queue.h; a helper's flood failed 2 of 3 inits);
+// a peer that is gone refuses the next dial (Refused: named unreachable by the caller).
+Fd dialPeer(const Identity& me, int peer, const Endpoint& ep, Deadline d,
+            const StillWanted& check) {
+  int backoffMs = 5;
+  for (int attempt = 1;; ++attempt) {
+    Fd fd = connectTo(ep, d,
+                      detail::concat("rank ", me.shown(me.rank), " connecting to rank ",
+                                     me.shown(peer)),
+                      Retry::kUnlessRefused, check);
+    try {
+      connectHandshake(fd.get(), me, peer, ep.str(), d);
+      return fd;
+    } catch (const PeerError& e) {
+      if (e.cause() != PeerCause::kClosed || d.expired() || attempt >= kDialAttempts) throw;
+      RR_DEBUG("rank ", me.shown(me.rank), ": dialling rank ", me.shown(peer), " again (",
+               e.what(), ")");
+    }
+    if (check) check();
+    std::this_thread::sleep_for(std::chrono::milliseconds(backoffMs));
+    backoffMs = std::min(backoffMs * 2, 200);
+  }
+}
+
 void connectInto(std::vector<std::unique_ptr<Connection>>& conns, const Identity& me,
                  Listener& listener, const std::vector<std::string>& peerAddrs,
                  const std::vector<int>& want, Deadline d, const StillWanted& check,
@@ -77,12 +109,7 @@ void connectInto(std::vector<std::unique_ptr<Connection>>& conns, const Identity
     if (!wanted[static_cast<size_t>(peer)]) continue;
     Endpoint ep = parseEndpoint(peerAddrs[static_cast<size_t>(peer)]);
     try {
-      Fd fd = connectTo(ep, d,
-                        detail::concat("rank ", me.shown(me.rank), " connecting to rank ",
-                                       me.shown(peer)),
-                        Retry::kUnlessRefused, check);
-      connectHandshake(fd.get(), me, peer, ep.str(), d);
-      conns[static_cast<size_t>(peer)] = make(peer, ep.host, std::move(fd));
+      conns[static_cast<size_t>(peer)] = make(peer, ep.host, dialPeer(me, peer, ep, d, check));
     } catch (const Refused& e) {
       throwUnreachable(peer, me.shown(peer), ep, e);
     } catch (const TimeoutError& e) {  // named, as a collective's timeout names its peer
