@@ -225,7 +225,13 @@ def current(what: str = "this call") -> Group:
 def resolve(group: Any, what: str = "this call", runs: bool = True) -> Group:
     """The communicator a call with `group=` runs on: the world when None. `runs`: the call
     would run something (a collective), refused after ringreduce.abort() -- which a group
-    of one, having no C++ communicator to refuse it, checks here."""
+    of one, having no C++ communicator to refuse it, checks here. Calls that run nothing
+    (get_rank, get_world_size) answer in a forked child too, with the parent's world's
+    and groups' numbers, as torch.distributed's do (a DataLoader worker sharding by rank)."""
+    if group is None and not runs and _DEFAULT[0] is None and _FORKED:
+        return _FORKED[0]  # the parent's world (communicators() lists it first)
+    if group is not None and not runs and isinstance(group, Group) and group.forked:
+        return group
     if group is None:
         group = current(what)
         if runs and group.comm is None:

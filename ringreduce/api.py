@@ -288,7 +288,10 @@ def _destroy_at_exit() -> None:
 
 
 def is_initialized() -> bool:
-    return _state._DEFAULT[0] is not None
+    """Whether this process has a world: also in a forked child of a process that had one
+    (a DataLoader worker), as torch.distributed's; get_rank()/get_world_size() answer there,
+    collectives are refused (the connections are the parent's)."""
+    return _state._DEFAULT[0] is not None or bool(_state._FORKED)
 
 
 def get_rank(group: Any = None) -> int:

@@ -624,6 +624,7 @@ def test_forked_children_cannot_use_or_end_the_parents_communicator(api: str) ->
                           timeout=60)  # a hung child is killed with its session
     assert rc == 0, out[-4000:]
     assert out.count("child refused:") == 7 and "child ran" not in out, out[-4000:]
+    assert out.count("child sees ok") == 6, out[-4000:]  # get_rank() etc.: the parent's
     assert "had not completed at the fork" in out, out[-4000:]
     assert "parent of this forked process" in out, out[-4000:]
     assert "rank 0 ok" in out and "rank 1 ok" in out, out[-4000:]

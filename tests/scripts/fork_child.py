@@ -4,7 +4,9 @@ as DataLoader workers do, that try a collective (refused: the communicator is th
 parent's) and then exit normally, running the inherited exit hooks (which must neither hang
 nor say goodbye for the parent); the parents' collectives stay right. Last, a child waits
 for an async all-reduce its parent started and had not completed at the fork: refused (it
-waited forever: only the parent's thread completes it)."""
+waited forever: only the parent's thread completes it). The children's
+ringreduce.get_rank()/get_world_size()/is_initialized() give the parent's world's numbers
+(they raised / said False: a Dataset sharding by rank broke in DataLoader workers)."""
 
 import os
 import sys
@@ -17,6 +19,12 @@ rank, world, allreduce, finish = _either_api.init(sys.argv[1])
 for it in range(3):
     pid = os.fork()
     if pid == 0:
+        import ringreduce as rr
+
+        # What a DataLoader worker shards by: the parent's numbers (torch's answer there).
+        seen = (rr.is_initialized(), rr.get_rank(), rr.get_world_size())
+        print(f"rank {rank} child sees {'ok' if seen == (True, rank, world) else seen}",
+              flush=True)
         try:
             allreduce(torch.full((4,), 100.0))
             print(f"rank {rank} child ran a collective", flush=True)
