@@ -20,6 +20,7 @@ from typing import Any
 from .._cpus import usable_cpus
 from . import progress
 from .cli import PROG, strip_nproc
+from .metrics import combinations
 
 
 def _mpi_env() -> dict:
@@ -119,7 +120,11 @@ def spawn_local(args: Namespace, argv: list[str]) -> int:
     with _stop_signals(child):
         try:
             if "mpi" in args.compare and not args.tune:
-                mpi_file = run_mpi_job(args, n, rank_argv, timeout=max(600.0, 4 * args.timeout))
+                # Every (collective, type, reduction) is a sweep of its own: -d all --op all is
+                # ~60 of them, each its own 4x --timeout (the limit was one sweep's).
+                combos = len(combinations(args.ops, args.dtypes, args.redops))
+                mpi_file = run_mpi_job(args, n, rank_argv,
+                                       timeout=max(600.0, 4 * args.timeout) * combos)
                 cmd += ["--mpi-results", mpi_file]
             # Its own session: a terminal's Ctrl-C reaches it once, through us (see below).
             child[0] = p = subprocess.Popen(cmd, env=env, start_new_session=True)

@@ -95,7 +95,8 @@ def sweep(args: Namespace, libs: list[anchors.Lib], reduce_: Reducer, rank: int,
           bar: progress.Progress | None = None) -> tuple[list[Row], list[dict]]:
     """Measure every (op, dtype, redop) combination x size x library; returns rows
     (identical on all ranks) and skips. A combination ringreduce (libs[0]) refuses ends the
-    run with one -d and one --op (BenchError), and is a skip of every library with several."""
+    run with one -d and one --op (BenchError); with several it is skipped (ringreduce's entry),
+    and no anchor runs it."""
     rows: list[Row] = []
     skipped: list[dict] = []
     lenient = several_types(args)
