@@ -104,20 +104,30 @@ def _finite(low: float, strict: bool) -> Callable[[str], float]:
     return parse
 
 
-def _ops(text: str) -> list[str]:
+def _names(text: str, opt: str, what: str, names: Sequence[str], aliases: dict,
+           hint: Callable[[str], str]) -> list[str]:
+    """A comma-separated list of `names` (aliases allowed; "all": every one) given to
+    option `opt`, duplicates dropped; `hint(word)` says more about a word that is none."""
     out: list[str] = []
     for word in text.lower().split(","):
-        word = _OP_ALIASES.get(word.strip(), word.strip())
+        word = aliases.get(word.strip(), word.strip())
+        if not word:
+            raise argparse.ArgumentTypeError(f"empty item in {opt} {text!r}")
         if word == "all":
-            out.extend(OPS)
-        elif word in OPS:
+            out.extend(names)
+        elif word in names:
             out.append(word)
         else:
-            hint = (f" (-o picks the collective here; the reduction is --op {word}, which "
-                    f"nccl-tests spells -o)") if word in REDOPS else ""
             raise argparse.ArgumentTypeError(
-                f"unknown operation {word!r}; use one of {', '.join(OPS)} or all{hint}")
+                f"unknown {what} {word!r}; use one of {', '.join(names)} or all "
+                f"(comma-separated){hint(word)}")
     return list(dict.fromkeys(out))
+
+
+def _ops(text: str) -> list[str]:
+    return _names(text, "-o", "operation", OPS, _OP_ALIASES, lambda w: (
+        f" (-o picks the collective here; the reduction is --op {w}, which nccl-tests "
+        "spells -o)") if w in REDOPS else "")
 
 
 def _zero_one(text: str) -> bool:
@@ -161,22 +171,9 @@ def _dtypes(text: str) -> list[str]:
 
 def _redops(text: str) -> list[str]:
     """--op: one reduction, a comma-separated list, or all (every REDOPS entry)."""
-    out: list[str] = []
-    for word in text.lower().split(","):
-        word = word.strip()
-        if not word:
-            raise argparse.ArgumentTypeError(f"empty item in --op {text!r}")
-        if word == "all":
-            out.extend(REDOPS)
-        elif word in REDOPS:
-            out.append(word)
-        else:
-            hint = (f" (--op picks the reduction; the collective is -o {word})"
-                    if _OP_ALIASES.get(word, word) in OPS else "")
-            raise argparse.ArgumentTypeError(
-                f"unknown reduction {word!r}; use one of {', '.join(REDOPS)} or all "
-                f"(comma-separated){hint}")
-    return list(dict.fromkeys(out))
+    return _names(text, "--op", "reduction", REDOPS, {}, lambda w: (
+        f" (--op picks the reduction; the collective is -o {w})"
+        if _OP_ALIASES.get(w, w) in OPS else ""))
 
 
 def several_types(args: argparse.Namespace) -> bool:
