@@ -130,7 +130,7 @@ def _talk_until(deadline: Awake, target: Any, *args: Any,
 
 _HURRY = threading.Event()  # set: farewell polls give up at once (Ctrl-C during destroy)
 _RUNNING: set[threading.Event] = set()  # the `ended` of talks whose thread still runs
-_EXIT_WAIT_S = 2.0
+_EXIT_WAIT_S = 1.0
 
 
 @atexit.register
