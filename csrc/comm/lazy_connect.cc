@@ -12,17 +12,15 @@
 #include <poll.h>
 
 #include <algorithm>
-#include <chrono>
-#include <thread>
 
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "transport/redial.h"
 
 namespace rr::comm {
 
 namespace {
-constexpr int kDialAttempts = 1000;  // a flooded listener's drops (see connectLazily)
 constexpr double kHandshakeCapSec = 5.0;  // to connect; to read what is already readable
 }  // namespace
 
@@ -85,30 +83,26 @@ void Communicator::connectLazily(int peer) {
   double left = deadline_.pollMs() / 1000.0;
   double cap = std::min(left, opts_.connectTimeoutSec);
   if (peer < rank_) {
-    // A connection closed before the peer's hello or ack is dialled again while time is
-    // left: a listener flooded with strangers' connections drops or refuses some of its
-    // own (accept_queue.h; a helper's flood failed 20 of 30 group set-ups); a peer that is
-    // gone refuses the next dial, named unreachable.
-    auto again = [&](int attempt, auto&& step) {
+    // A connection closed before the peer's hello or ack is dialled again (redial.h).
+    transport::Redial redial;
+    auto again = [&](auto&& step) {
       try {
         step();
         return false;
       } catch (const PeerError& e) {
-        if (e.cause() != PeerCause::kClosed || e.peer() != peer || attempt >= kDialAttempts ||
-            deadline_.expired())
-          throw;
+        if (!redial.again(e, peer, deadline_)) throw;
         RR_DEBUG("rank ", label(rank_), ": dialling rank ", label(peer), " again (", e.what(),
                  ")");
-        std::this_thread::sleep_for(std::chrono::milliseconds(std::min(5 * attempt, 200)));
+        redial.pause();
         return true;
       }
     };
-    for (int attempt = 1;; ++attempt) {
+    while (true) {
       int fd = dialer_->dial(peer, std::min(cap, kHandshakeCapSec));
       waitForLink(peer, fd);  // its hello: sent once it accepts, in one of its waits
-      if (again(attempt, [&] { dialer_->answerDial(peer, kHandshakeCapSec); })) continue;
+      if (again([&] { dialer_->answerDial(peer, kHandshakeCapSec); })) continue;
       waitForLink(peer, fd);  // its ack: sent once it reads the answer, in one of its waits
-      if (again(attempt, [&] {
+      if (again([&] {
             conns_[static_cast<size_t>(peer)] = dialer_->finishDial(peer, kHandshakeCapSec);
           }))
         continue;

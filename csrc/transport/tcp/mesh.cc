@@ -1,11 +1,10 @@
 #include "transport/tcp/mesh.h"
 
 #include <algorithm>
-#include <chrono>
-#include <thread>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "transport/redial.h"
 #include "transport/tcp/accept_queue.h"
 #include "transport/tcp/tcp_connection.h"
 
@@ -30,8 +29,6 @@ std::vector<std::unique_ptr<Connection>> connectMesh(const Identity& me, Listene
 }
 
 namespace {
-
-constexpr int kDialAttempts = 1000;  // a flooded listener's drops (the deadline bounds them)
 
 // A set-up that gives up tells each peer it reached why, as a failed collective's abort
 // frames do, naming the rank to blame: the one another rank's failure named (StoppedFor),
@@ -68,14 +65,12 @@ void tellMade(const Identity& me, std::vector<std::unique_ptr<Connection>>& conn
   }
 }
 
-// Connect to `peer` and authenticate. A connection closed before the peer's hello or reply
-// is dialled again while time is left: a listener flooded with strangers' connections
-// drops or refuses some of its own (accept_queue.h; a helper's flood failed 2 of 3 inits);
-// a peer that is gone refuses the next dial (Refused: named unreachable by the caller).
+// Connect to `peer` and authenticate; a connection it closed before its hello or reply is
+// dialled again while time is left (redial.h).
 Fd dialPeer(const Identity& me, int peer, const Endpoint& ep, Deadline d,
             const StillWanted& check) {
-  int backoffMs = 5;
-  for (int attempt = 1;; ++attempt) {
+  Redial redial;
+  while (true) {
     Fd fd = connectTo(ep, d,
                       detail::concat("rank ", me.shown(me.rank), " connecting to rank ",
                                      me.shown(peer)),
@@ -84,13 +79,12 @@ Fd dialPeer(const Identity& me, int peer, const Endpoint& ep, Deadline d,
       connectHandshake(fd.get(), me, peer, ep.str(), d);
       return fd;
     } catch (const PeerError& e) {
-      if (e.cause() != PeerCause::kClosed || d.expired() || attempt >= kDialAttempts) throw;
+      if (!redial.again(e, peer, d)) throw;
       RR_DEBUG("rank ", me.shown(me.rank), ": dialling rank ", me.shown(peer), " again (",
                e.what(), ")");
     }
     if (check) check();
-    std::this_thread::sleep_for(std::chrono::milliseconds(backoffMs));
-    backoffMs = std::min(backoffMs * 2, 200);
+    redial.pause();
   }
 }
 
