@@ -161,6 +161,8 @@ _RECV: list = [0, []]
 def set_default(g: Group | None) -> None:
     """Make `g` the world (None: there is none), for the Python API and the fast calls."""
     _DEFAULT[0] = g
+    if g is not None:  # a world of its own: the parent's (if forked) no longer answers
+        _retire_forked()
     comm = None if g is None else g.comm
     _FAST[:] = [None, 0] if comm is None else [comm.native_handle(), int(g.default_algo)]
     for slot in (_SEND, _RECV):
@@ -182,9 +184,16 @@ def _forked_message(what: str, name: str, parent: int) -> str:
             f"process with its own RANK and call ringreduce.init() in it")
 
 
-# A forked child's copies of its parent's groups: kept (their communicators are never freed
-# here: see PyComm::forgetAfterFork) and refused.
+# A forked child's copies of its parent's groups: refused, and answering get_rank() & co.
+# until this process makes a world of its own. _INHERITED keeps every copy (their
+# communicators are never freed here: see PyComm::forgetAfterFork).
 _FORKED: list = []
+_INHERITED: list = []
+
+
+def _retire_forked() -> None:
+    _INHERITED.extend(_FORKED)
+    _FORKED.clear()
 
 
 def communicators(world: Group) -> list:

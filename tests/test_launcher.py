@@ -631,6 +631,15 @@ def test_forked_children_cannot_use_or_end_the_parents_communicator(api: str) ->
 
 
 @pytest.mark.timeout(60)
+def test_a_forked_child_with_a_world_of_its_own_forgets_its_parents() -> None:
+    """A forked child that ran its own init() answered is_initialized() with its parent's
+    world after its own destroy(), and its forked child named the grandparent's world."""
+    r = subprocess.run([sys.executable, _script("fork_own_world.py")], capture_output=True,
+                       text=True, timeout=50, check=False)
+    assert r.returncode == 0 and "fork own world ok" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.timeout(60)
 def test_python_m_ringreduce_run_does_not_warn() -> None:
     """`python -m ringreduce.run` (ringreduce-bench -n N runs it) warned that the module was
     already imported: `import ringreduce` imported it for the ranks' exit hook."""
