@@ -252,10 +252,13 @@ def _check_resolves(host: str, rank: int) -> None:
         socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except socket.gaierror as e:
         if e.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+            bare = host[1:-1] if host.startswith("[") and host.endswith("]") else ""
+            hint = (f"; write an IPv6 address without brackets ({bare!r}), as torch's "
+                    f"TCPStore takes it" if bare else "")
             raise _rr_error(
                 f"rank {rank}: {_env.origin('MASTER_ADDR')}={host!r} does not resolve on "
                 f"this host ({e.strerror or e}); set MASTER_ADDR to rank 0's host name or IP "
-                f"address") from None
+                f"address{hint}") from None
 
 
 def _why_unreachable(host: str, port: int) -> str:

@@ -125,14 +125,17 @@ def test_unreachable_master_addr() -> None:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("where,kind,why", [
     ("port", "CollectiveTimeout", "could not reach the store"),
-    ("name", "RingReduceError", "MASTER_ADDR='nohost.invalid' does not resolve on this host")])
+    ("name", "RingReduceError", "MASTER_ADDR='nohost.invalid' does not resolve on this host"),
+    ("brackets", "RingReduceError", "an IPv6 address without brackets ('::1')")])
 def test_unreachable_store_says_why(where: str, kind: str, why: str) -> None:
     """Rank 1 cannot reach the store: a port nobody listens on, a name that does not
-    resolve. It said "something accepted the connection but never answered like a torch
+    resolve (or an IPv6 address in brackets, which torch's TCPStore does not take either). It
+    said "something accepted the connection but never answered like a torch
     TCPStore" for both (found by a helper), sending users after a port squatter. A name no
     resolver knows fails at once (it waited out the connect timeout: 120 s by default)."""
     closed = free_port()  # nobody listens there: no other test of this run is given it
-    bad = {"MASTER_PORT": str(closed)} if where == "port" else {"MASTER_ADDR": "nohost.invalid"}
+    bad = ({"MASTER_PORT": str(closed)} if where == "port" else
+           {"MASTER_ADDR": "[::1]" if where == "brackets" else "nohost.invalid"})
     outs = _outcomes(2, {}, rank_env={1: bad})
     story = _story(outs)
     v1 = outs[1].value
