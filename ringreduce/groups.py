@@ -544,6 +544,8 @@ def _agree(store: Any, prefix: str, me: int, members: list[int], timeout: float,
                     _store_wait.raise_posted(store, [f"{prefix}left-out/{gone}"], me, what)
                 raise
         first = store.get(prefix + "members").decode()
+        if first == text:  # a member that left out itself, left (got None) before rank 0
+            _check_left_out(store, prefix, members, text, name, out_of_step)  # said why
     if first != text:
         err = ValueError(
             f"{name}: world rank {members[me]} was called with ranks [{text}] but world rank "
@@ -554,9 +556,11 @@ def _agree(store: Any, prefix: str, me: int, members: list[int], timeout: float,
 
 def _check_left_out(store: Any, prefix: str, members: list[int], text: str, name: str,
                     out_of_step: str) -> None:
-    """Group rank 0, after publishing `members`: fail the group if one of them called
-    new_group with a list that leaves it out (_left_out; whichever of the two writes last
-    sees the other's)."""
+    """Group rank 0, after publishing `members`, and the other members after reading them:
+    fail the group if one of them called new_group with a list that leaves it out (_left_out;
+    of it and rank 0, whichever writes last sees the other's; a member that reads the notes
+    itself fails with why, not with "rank N left the job" if the left-out rank came first,
+    got None and left before rank 0's verdict was posted: CI, once)."""
     try:
         told = _told_left_out(store, prefix)
     except (RuntimeError, NotImplementedError):

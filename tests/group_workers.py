@@ -194,12 +194,24 @@ def skipped_call(rank: int, world: int) -> str:
         return f"{type(e).__name__} after {time.monotonic() - t0:.1f} s: {e}"
 
 
-def left_out(rank: int, world: int, who: int, late: float, lag0: float = 0.0) -> str:
+def left_out(rank: int, world: int, who: int, late: float, lag0: float = 0.0,
+             slow_verdict: bool = False) -> str:
     """World rank `who` calls new_group with the list of all ranks less itself; the others
     with all ranks. `late`: seconds `who` comes after the others (0: the others come
-    late by 1 s instead, world rank 0 `lag0` s more). Returns "None" (no group, no error)
-    or the error and how long this rank's new_group took."""
+    late by 1 s instead, world rank 0 `lag0` s more). `slow_verdict`: world rank 0 reads the
+    left-out notes 1.5 s after publishing its list (as under load). Returns "None" (no
+    group, no error) or the error and how long this rank's new_group took."""
     ranks = [r for r in range(world) if r != who] if rank == who else list(range(world))
+    if slow_verdict and rank == 0:
+        from ringreduce import groups
+
+        check = groups._check_left_out
+
+        def late_check(*args: object) -> None:
+            time.sleep(1.5)
+            check(*args)
+
+        groups._check_left_out = late_check
     if rank == who:
         time.sleep(late)
     elif not late:
