@@ -59,8 +59,8 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
     def left() -> float:
         return max(0.1, end - time.monotonic())
     try:
-        _fds.ensure(world, _fds.eager_peers(rank, world, options),
-                    f"rank {rank} of {name}")
+        _fds.ensure(world, _fds.eager_peers(rank, world, options), f"rank {rank} of {name}",
+                    _fds.SLACK if labels is None else _fds.GROUP_SLACK)
         bind = _env.select_interface_address(maddr, ifname or tun.socket_ifname, left())
         listener = _C.Listener(bind)
     except Exception as e:

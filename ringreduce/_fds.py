@@ -20,6 +20,7 @@ log = logging.getLogger("ringreduce")
 
 PER_PEER = 3  # descriptors per connected peer, measured (bench/scaling.json: fds vs n)
 SLACK = 64    # the process's own files, sockets of the store, eventfds
+GROUP_SLACK = 16  # a group's or channel's own: listener, heartbeat socket, store, eventfd
 
 
 def open_fds() -> int:
@@ -70,15 +71,16 @@ def eager_peers(rank: int, world: int, options: Mapping[str, Any]) -> int:
     return len(_C.overlay_peers(rank, world))
 
 
-def ensure(world: int, eager_peers: int, what: str = "init") -> None:
+def ensure(world: int, eager_peers: int, what: str = "init", slack: int = SLACK) -> None:
     """Make sure `eager_peers` connections fit now (else raise, saying how many are needed)
     and that connecting to all `world - 1` peers later fits (raise the soft limit to the
-    hard one if needed; warn when even that is too low)."""
+    hard one if needed; warn when even that is too low). `slack`: descriptors beyond the
+    connections (a group or channel opens fewer than a world: GROUP_SLACK)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     inf = resource.RLIM_INFINITY
     now = open_fds()
-    need_now = now + PER_PEER * eager_peers + SLACK
-    need_all = now + PER_PEER * (world - 1) + SLACK
+    need_now = now + PER_PEER * eager_peers + slack
+    need_all = now + PER_PEER * (world - 1) + slack
     if soft != inf and soft < need_all:
         target = need_all if hard == inf else min(hard, max(need_all, soft))
         if target > soft:
@@ -89,7 +91,7 @@ def ensure(world: int, eager_peers: int, what: str = "init") -> None:
     if soft != inf and soft < need_now:
         raise RuntimeError(
             f"{what}: {world} ranks need about {need_now} open files in this process "
-            f"({now} open, {PER_PEER} per connected peer x {eager_peers} peers, {SLACK} "
+            f"({now} open, {PER_PEER} per connected peer x {eager_peers} peers, {slack} "
             f"spare) but the limit is {soft} (hard limit {hard}); raise it before starting "
             f"the job (`ulimit -n {need_all}`, or LimitNOFILE= / `--ulimit nofile=` in "
             f"systemd / docker; every further group or point-to-point channel of {world} "
@@ -100,4 +102,4 @@ def ensure(world: int, eager_peers: int, what: str = "init") -> None:
         log.warning("%s: open-file limit %d (hard %d) covers %d peers, not all %d: a "
                     "collective that connects every pair (all_to_all) may fail with 'Too many "
                     "open files'; raise `ulimit -n` to %d", what, soft, hard,
-                    (soft - now - SLACK) // PER_PEER, world - 1, need_all)
+                    (soft - now - slack) // PER_PEER, world - 1, need_all)

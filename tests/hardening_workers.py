@@ -449,6 +449,29 @@ def failed_group_fds(rank: int, world: int) -> dict:
     return {"failed": failed, "left": left}
 
 
+def channel_near_the_fd_limit(rank: int, world: int, spare: int) -> dict:
+    """Every rank's open-file limit (hard too) is set `spare` descriptors above what it has
+    open; then a point-to-point channel and a group are made and used. A channel asked for
+    64 spare descriptors though it takes a few (a helper): refused with 'raise ulimit -n'."""
+    import resource
+
+    n = _nfds() + spare
+    resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))  # for the rest of this process
+    x = np.full(4, rank + 1.0)
+    peer = (rank + 1) % world
+    if rank % 2 == 0:
+        rr.send(x, dst=peer)
+        rr.recv(x, src=(rank - 1) % world)
+    else:
+        y = x.copy()
+        rr.recv(x, src=(rank - 1) % world)
+        rr.send(y, dst=peer)
+    g = rr.new_group(list(range(world)))
+    z = np.full(3, rank + 1.0)
+    rr.allreduce(z, group=g)
+    return {"recv": float(x[0]), "group": float(z[0]), "fds": _nfds()}
+
+
 def async_buffers_released(rank: int, world: int) -> list[str]:
     """An async call's buffers are freed once its Work was waited for and dropped (as torch's
     Work frees its outputs), on the world, a group and point to point -- not only once a later

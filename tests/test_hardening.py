@@ -82,6 +82,15 @@ def test_a_failed_new_group_leaves_nothing_open_after_destroy(world: int) -> Non
 
 
 @pytest.mark.timeout(90)
+def test_a_channel_and_a_group_fit_in_a_few_spare_descriptors() -> None:
+    """With 24 descriptors to spare, a point-to-point channel and a group of both ranks
+    are made and give the right results (a channel asked for 64 spare ones: refused)."""
+    outs = run_world(2, "hardening_workers:channel_near_the_fd_limit", 24, timeout=60)
+    for r, v in enumerate(outs):
+        assert v["recv"] == float((r - 1) % 2 + 1) and v["group"] == 3.0, (r, v)
+
+
+@pytest.mark.timeout(90)
 def test_reinit_never_reaches_the_closing_store() -> None:
     # Failed in CI (1 in ~15 runs of a re-init test): a rank that stopped waiting for rank
     # 0's farewell answer re-connected to the old server, which then stopped under it.
