@@ -40,7 +40,7 @@ import time
 import traceback
 from typing import Any
 
-from . import _C, _buffers, _rendezvous, _state, _store_guard, _store_wait, _watch, groups
+from . import _C, _blame, _buffers, _rendezvous, _state, _store_guard, _store_wait, _watch, groups
 from ._state import Group
 
 log = logging.getLogger("ringreduce")
@@ -637,10 +637,30 @@ def _make_pair(g: Group, world: Group, lo: int, hi: int, src: int, dst: int,
             g.p2p_failed[(lo, hi, tag)] = f"{type(e).__name__}: {str(e)[:500]}"
         for ch in made:
             groups.destroy_group(ch, world)
+        if type(e) in (_C.RingReduceError, OSError, MemoryError) and \
+                not getattr(e, _blame.SECONDARY, False):  # this rank's own, not one posted
+            _fail_siblings(g, world, lo, hi, tag, e)
         raise
     if made[0].store_keys:  # its destroy() deletes the "want" key too (it stayed for good)
         made[0].store_keys.append(f"{base}want{world.rank}")
     return made[0], made[1]
+
+
+def _fail_siblings(g: Group, world: Group, lo: int, hi: int, tag: int, err: Exception) -> None:
+    """The channels for `tag` between `lo` and `hi` could not be made on this rank (no room
+    in /dev/shm for their segments...): its made channels with that peer (other tags) fail
+    too, and tell the peer. A receive from the peer on another tag waited for
+    RINGREDUCE_TIMEOUT after an eager send's channel failed (only logged), while the peer,
+    told of it, went on (a helper)."""
+    peer = lo + hi - world.rank
+    where = "" if g is world else f" in {g.name}"
+    why = (f"rank {world.rank} could not make its point-to-point channels with rank {peer} "
+           f"for tag {tag}{where}: {type(err).__name__}: {str(err)[:500]}")
+    with _LOCK:
+        pairs = [pair for (a, b, _), pair in g.p2p.items() if {a, b} == {lo, hi}]
+    for ch in (ch for pair in pairs for ch in pair):
+        if ch.comm is not None and not ch.destroyed:
+            ch.comm.fail_from(why, world.rank)
 
 
 def _fast_path(g: Group, world: Group, lo: int, hi: int) -> None:

@@ -335,11 +335,11 @@ def broadcast_sweep(rank: int, world: int, counts: list) -> bool:
 def busy_loop(rank: int, world: int, iters: int, n: int) -> float:
     x = np.ones(n, np.float32)
     t = time.perf_counter()
-    for _ in range(iters):
-        x[:] = 1
+    for i in range(iters):  # rank- and iteration-dependent: a lost or stale part shows
+        x[:] = rank + 1 + i % 7
         rr.allreduce(x)
-    if not np.all(x == world):
-        raise AssertionError("oversubscribed allreduce gave a wrong result")
+        if x[0] != world * (world + 1) / 2 + world * (i % 7) or x[-1] != x[0]:
+            raise AssertionError(f"oversubscribed allreduce {i} gave a wrong result: {x[0]}")
     return time.perf_counter() - t
 
 
@@ -643,6 +643,38 @@ def group_in_full_dev_shm(rank: int, world: int) -> dict:
         if rank == 0 and "/dev/shm is full" in out["error"]:
             time.sleep(12)
     if rank == 0:
+        os.unlink(filler)
+    return out
+
+
+def eager_send_without_room(rank: int, world: int, stage: str) -> dict:
+    """2 ranks, tag 0 used both ways; /dev/shm is then filled. Rank 0 sends its first
+    message on tag 1, which returns early (a helper thread makes the channel and sends it):
+    `stage` "make": 16 B, with 8 KiB of /dev/shm left the channel cannot be made; "slots":
+    64 KiB, with 400 KiB left the channel is made but its 2 MiB of slots cannot be mapped.
+    Then rank 0 receives from rank 1 on tag 0. Rank 1, told on tag 1, catches the error
+    and stays alive (no more calls) for 8 s. Rank 0's receive must fail at once, saying
+    why (it waited for RINGREDUCE_TIMEOUT: the send's failure was only logged; a helper)."""
+    x = np.full(4, rank + 1.0, np.float32)
+    rr.send(x, dst=1 - rank) if rank == 0 else rr.recv(x, src=0)
+    rr.send(x, dst=1 - rank) if rank == 1 else rr.recv(x, src=1)
+    rr.barrier()  # rank 0 received: the tag-0 channels are made before /dev/shm fills
+    filler = _fill_dev_shm(rank, 400 << 10 if stage == "slots" else 8 << 10)
+    n = 16384 if stage == "slots" else 4
+    out: dict = {"error": None}
+    t0 = time.monotonic()
+    try:
+        if rank == 0:
+            rr.send(np.ones(n, np.float32), dst=1, tag=1)
+            rr.recv(x, src=1)
+        else:
+            rr.recv(np.zeros(n, np.float32), src=0, tag=1)
+    except Exception as e:  # noqa: BLE001 - what the test checks
+        out["error"] = f"{type(e).__name__}: {e}"
+    out["secs"] = time.monotonic() - t0
+    if rank == 1:
+        time.sleep(8.0)  # alive, told, silent: only rank 0's own news can end its wait
+    else:
         os.unlink(filler)
     return out
 

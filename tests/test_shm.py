@@ -184,6 +184,19 @@ def test_a_group_that_does_not_fit_dev_shm_fails_on_every_rank_at_once(small_dev
         assert o["secs"] < 10, f"rank {r} took {o['secs']:.1f} s (connect timeout 40 s): {o}"
 
 
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("stage", ["make", "slots"])
+def test_a_failed_early_send_fails_the_senders_other_calls_to_that_peer(
+        small_dev_shm, stage: str) -> None:
+    outs = run_world(2, "shm_workers:eager_send_without_room", stage, timeout=70,
+                     env={"RINGREDUCE_TRANSPORT": "shm", "RINGREDUCE_TIMEOUT": "30"},
+                     rank_prefix=dict.fromkeys(range(2), small_dev_shm))
+    for r, o in enumerate(outs):
+        assert o["error"] and "/dev/shm is full or too small" in o["error"], (r, o)
+        assert o["secs"] < 5, f"rank {r} took {o['secs']:.1f} s (timeout 30 s): {o}"
+    assert "channel" in outs[0]["error"] and "rank 1" in outs[0]["error"], outs[0]
+
+
 @pytest.mark.timeout(120)
 def test_world_and_groups_fit_dockers_default_dev_shm(docker_dev_shm: list) -> None:
     # Every group has its own slots; at up to 32 MiB per communicator the world and one

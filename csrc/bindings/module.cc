@@ -588,6 +588,12 @@ PYBIND11_MODULE(_C, m) {
       .def("native_handle", [](PyComm& c) { return bindings::nativeHandle(c.held()); },
            "Opaque handle for the C entry points of _C.NATIVE_API (torch_adapter/native_api.h)")
       .def("abort", [](PyComm& c) { if (c.exec_) c.exec_->abort(); })
+      // Fail this communicator for a failure elsewhere in this process, naming world rank
+      // `culprit` (a point-to-point channel that could not be made: its siblings fail too).
+      .def("fail_from",
+           [](PyComm& c, const std::string& why, int culprit) {
+             if (c.exec_) c.exec_->failFrom(why, transport::Culprit{culprit, PeerCause::kAborted, true});
+           })
       .def("destroy", &PyComm::destroy)
       .def("forget_after_fork", &PyComm::forgetAfterFork)
       // After destroy(): whether the communicator had failed or been aborted (then peers

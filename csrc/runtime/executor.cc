@@ -171,17 +171,24 @@ std::vector<std::weak_ptr<Executor>>& liveFamily(const std::string& family) {
   return v;
 }
 
+// A channel's peer, as a world rank (channels are communicators of two).
+int channelPeer(const comm::Communicator& c) { return c.label(1 - c.rank()); }
+
 // Channel `c` lost its peer: tell the family's other channels (they fail, naming it; an
 // idle one tells its own peer -- a pipeline stage waiting on a neighbour that lost another
-// stage is told at once, as a collective's ranks are by the abort frame).
-void failFamily(comm::Communicator& c, const std::string& why, transport::Culprit who) {
+// stage is told at once, as a collective's ranks are by the abort frame). `samePeer`: only
+// the channels with c's peer (either direction, any tag).
+void failFamily(comm::Communicator& c, const std::string& why, transport::Culprit who,
+                bool samePeer = false) {
   std::vector<std::shared_ptr<Executor>> others;
   {
     std::lock_guard<std::mutex> g(gFamilyMu);
     auto it = gFamilies.find(c.options().p2pFamily);  // not made again once all have left
     if (it != gFamilies.end())
       for (auto& w : it->second)
-        if (auto e = w.lock(); e && &e->comm() != &c) others.push_back(std::move(e));
+        if (auto e = w.lock(); e && &e->comm() != &c &&
+                               (!samePeer || channelPeer(e->comm()) == channelPeer(c)))
+          others.push_back(std::move(e));
   }
   for (auto& e : others) e->failFrom(why, who);
 }
@@ -276,6 +283,15 @@ static void rethrowWithContext(comm::Communicator& c, bool inCall) {
                     via >= 0 ? c.label(via) : -1);  // users know world ranks
   } catch (const Error& e) {
     c.poison(e.what(), transport::AbortCode::kOther);
+    // A channel that failed on this rank (its shared-memory slots did not fit /dev/shm...):
+    // this rank's other channels with that peer fail too, and tell it. A receive from the
+    // peer on another tag waited for RINGREDUCE_TIMEOUT while the peer, told on the failed
+    // channel only, went on (a helper).
+    if (c.options().p2pChannel && c.world() == 2)
+      failFamily(c, detail::concat("rank ", c.label(c.rank()), "'s point-to-point channel with rank ",
+                                   channelPeer(c), " on ", c.options().groupName,
+                                   " failed on this rank: ", e.what()),
+                 transport::Culprit{c.label(c.rank()), PeerCause::kAborted, true}, true);
     throw Error(e.what() + ctx);
   } catch (const std::bad_alloc&) {  // a scratch buffer, most likely (a helper: ulimit -v)
     const std::string why = detail::concat(
