@@ -281,9 +281,9 @@ def sc_static_graph_changed(rank: int, world: int) -> dict:
             msgs.append(None)
         except RuntimeError as e:
             msgs.append(str(e))
-    t = torch.ones(3)
+    t = torch.full((3,), rank + 1.0)
     rr.allreduce(t)
-    return {"msgs": msgs, "comm_ok": bool((t == world).all())}
+    return {"msgs": msgs, "comm_ok": bool((t == world * (world + 1) / 2).all())}
 
 
 def sc_unused_error(rank: int, world: int) -> dict:
@@ -297,9 +297,9 @@ def sc_unused_error(rank: int, world: int) -> dict:
         F.mse_loss(ddp(shard(x, rank)), shard(y, rank)).backward()
     except RuntimeError as e:
         msg = str(e)
-    t = torch.ones(3)
+    t = torch.full((3,), rank + 1.0)
     rr.allreduce(t)
-    return {"msg": msg, "comm_ok": bool((t == world).all())}
+    return {"msg": msg, "comm_ok": bool((t == world * (world + 1) / 2).all())}
 
 
 def sc_shape_mismatch(rank: int, world: int) -> dict:
@@ -658,9 +658,9 @@ def sc_unused_on_one_rank_first(rank: int, world: int) -> dict:
         F.mse_loss(ddp(shard(x, rank), use_c=rank == world - 1), shard(y, rank)).backward()
     except RuntimeError as e:
         msg = str(e)
-    t = torch.ones(3)
+    t = torch.full((3,), rank + 1.0)
     rr.allreduce(t)
-    return {"msg": msg, "comm_ok": bool((t == world).all())}
+    return {"msg": msg, "comm_ok": bool((t == world * (world + 1) / 2).all())}
 
 
 def _future_hook(state: Any, bucket: Any) -> Any:

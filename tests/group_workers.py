@@ -53,8 +53,11 @@ def _check_group(g: rr.Group, members: list[int], fails: list, what: str) -> Non
     if not (np.array_equal(xs[0], sum(_data(r, 3, np.float32) for r in members)) and
             np.array_equal(xs[1], sum(_data(r, 4, np.float32, salt=2) for r in members))):
         fails.append(f"{what}: allreduce_coalesced")
-    w = rr.allreduce(_data(me, 9, np.float64), group=g, async_op=True)
+    x = _data(me, 9, np.float64)
+    w = rr.allreduce(x, group=g, async_op=True)
     w.wait()
+    if not np.array_equal(x, sum(_data(r, 9, np.float64) for r in members)):
+        fails.append(f"{what}: async allreduce")
     rr.barrier(group=g)
 
 
@@ -95,7 +98,9 @@ def matrix(rank: int, world: int) -> dict:
         _check_group(s, members, fails, f"split color={color} {members}")
         # split of a split: everyone in one group, by rank
         t = s.split(0, key=rank)
-        if t is not None:
+        if t is None:
+            fails.append("split(0) of a split returned None")
+        else:
             _check_group(t, sorted(members), fails, "split of split")
             t.destroy()
     # two groups over the same ranks used at once from two threads
@@ -298,9 +303,9 @@ def torch_subgroups(rank: int, world: int) -> list:
         dist.barrier(group=pg)
         if dist.get_world_size(pg) != len(members) or dist.get_rank(pg) != members.index(rank):
             fails.append(f"{members}: rank/size {dist.get_rank(pg)}/{dist.get_world_size(pg)}")
-    t = torch.ones(4)
+    t = torch.full((4,), rank + 1.0)
     dist.all_reduce(t)
-    if not torch.equal(t, torch.full((4,), float(world))):
+    if not torch.equal(t, torch.full((4,), world * (world + 1) / 2)):
         fails.append(f"world all_reduce after subgroups: {t}")
     dist.destroy_process_group()
     return fails

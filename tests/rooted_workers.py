@@ -132,7 +132,9 @@ def matrix(rank: int, world: int) -> list:
         fails.append("all_to_all async")
     if world >= 3:
         g = rr.new_group([0, world - 1])
-        if g is not None:
+        if (g is None) != (rank not in (0, world - 1)):
+            fails.append(f"new_group([0, {world - 1}]) returned {g!r} on rank {rank}")
+        elif g is not None:
             x = np.full(4, float(rank + 1))
             rr.reduce(x, dst=world - 1, group=g)
             if rank == world - 1 and not np.array_equal(x, np.full(4, float(world + 1))):
@@ -421,8 +423,11 @@ def single_copy_paths(rank: int, world: int) -> dict:
                                        for p in ranks])):
         fails.append("torch equal blocks")
     if world >= 3:
-        g = rr.new_group([0, 2, world - 1] if world > 3 else [0, 2])
-        if g is not None:
+        members = [0, 2, world - 1] if world > 3 else [0, 2]
+        g = rr.new_group(members)
+        if (g is None) != (rank not in members):
+            fails.append(f"new_group({members}) returned {g!r} on rank {rank}")
+        elif g is not None:
             y = np.concatenate([np.full(rows, rank * 10 + q, np.float64) for q in g.ranks])
             got = rr.all_to_all(y, group=g)
             if not np.array_equal(got, np.concatenate([np.full(rows, q * 10 + rank, np.float64)

@@ -50,22 +50,29 @@ def _matrix(world: int, transport: str) -> list[dict]:
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("world,transport", SETUPS)
 def test_matrix(world: int, transport: str, family: str) -> None:
-    results = _matrix(world, transport)
+    check_family(_matrix(world, transport), family, f"{family} on {world} rank(s)")
+
+
+def check_family(results: list, family: str, what: str) -> None:
+    """One family's verdict from every rank's workers.matrix results: no failure, the same
+    number of cases on every rank (more than none), bitwise-equal results where every rank
+    must agree (the raw-bits cases record only digests), barriers that release no rank
+    before the last arrives (the barrier cases record only times)."""
     fails = {r: res["fails"].get(family, []) for r, res in enumerate(results)}
     fatal = [res["fatal"] for res in results if res["fatal"]]
     msgs = [f"rank {r}: {m}" for r, ms in fails.items() for m in ms]
-    assert not msgs, f"{family} on {world} rank(s):\n" + "\n".join(msgs[:60]) + (
+    assert not msgs, f"{what}:\n" + "\n".join(msgs[:60]) + (
         f"\n(first fatal error: {fatal[0]})" if fatal else "")
     counts = {res["counts"].get(family, 0) for res in results}
-    assert len(counts) == 1 and counts.pop() > 0, f"ranks ran different case counts: {counts}"
+    assert len(counts) == 1 and counts.pop() > 0, f"{what}: ranks ran different case counts"
     if family in IDENTICAL:
         d0 = results[0]["digests"][family]
-        assert d0, f"no digests recorded for {family}"
+        assert d0, f"{what}: no digests recorded"
         for r, res in enumerate(results[1:], start=1):
             d = res["digests"][family]
-            assert d.keys() == d0.keys(), f"rank {r} recorded different cases"
+            assert d.keys() == d0.keys(), f"{what}: rank {r} recorded different cases"
             differ = [k for k in d0 if d[k] != d0[k]]
-            assert not differ, (f"rank {r}'s results differ bitwise from rank 0's in "
+            assert not differ, (f"{what}: rank {r}'s results differ bitwise from rank 0's in "
                                 f"{len(differ)} cases, e.g. {differ[:5]}")
     if family == "barrier":
         stamps = [res["extra"]["barrier_stamps"] for res in results]
@@ -73,8 +80,8 @@ def test_matrix(world: int, transport: str, family: str) -> None:
             last_in = max(s[k][0] for s in stamps)
             first_out = min(s[k][1] for s in stamps)
             assert first_out >= last_in, (
-                f"barrier {k}: a rank left at {first_out:.3f} before the last one arrived at "
-                f"{last_in:.3f}")
+                f"{what}: barrier {k}: a rank left at {first_out:.3f} before the last one "
+                f"arrived at {last_in:.3f}")
 
 
 @pytest.mark.timeout(120)

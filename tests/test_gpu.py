@@ -31,7 +31,6 @@ from gpu_common import (  # noqa: F401
     TAGS,
     _py,
     needs_gpu,
-    needs_module,
 )
 
 from ringreduce import _C, gpu
@@ -42,7 +41,6 @@ from ringreduce.gpu import arrays as gpu_arrays
 # ---------------------------------------------------------------------------------------
 
 
-@needs_module
 def test_kernel_table_covers_every_dtype_and_op():
     table = gpu_arrays._gpu.kernel_table()
     got = {(k["dtype"], k["op"]): k for k in table}
@@ -70,7 +68,6 @@ def test_kernel_table_covers_every_dtype_and_op():
     assert keys == sorted(keys)
 
 
-@needs_module
 def test_kernel_table_matches_kernel_list_header():
     text = (CSRC / "cuda" / "kernel_list.h").read_text()
     direct = re.findall(r"X\((\w+), k\w+, \w+, (\w+), k\w+\)", text)
@@ -80,7 +77,6 @@ def test_kernel_table_matches_kernel_list_header():
         == names
 
 
-@needs_module
 def test_cuda_reduce_argument_checks_come_first():
     g = gpu_arrays._gpu
     codes = {n: i for i, n in enumerate(DTYPES)}
@@ -100,7 +96,6 @@ def test_cuda_reduce_argument_checks_come_first():
         g.cuda_finalize(codes["bfloat16"], 0, 2, 0x1000, 0x1000, 4, 0)
 
 
-@needs_module
 @pytest.mark.skipif(_CUDA_OK, reason="a CUDA device is present: the no-device error cannot show")
 def test_cuda_kernels_without_device_raise_cuda_unavailable():
     # Valid arguments, no device: "no CUDA device" (CUDA build) or "built without CUDA".
@@ -188,7 +183,6 @@ def _check_plan(p: dict, count: int, elem: int, staging: int, k: int, direction:
                 assert pos[("copy_start", c)] < pos[("transfer", c + 1)] < pos[("copy_wait", c)]
 
 
-@needs_module
 @pytest.mark.parametrize("direction", ["device_to_wire", "wire_to_device"])
 def test_staging_plan_exhaustive(direction):
     for count in COUNTS:
@@ -203,7 +197,6 @@ def test_staging_plan_exhaustive(direction):
                     _check_plan(p, count, elem, staging, k, direction)
 
 
-@needs_module
 def test_staging_plan_examples_and_errors():
     p = gpu_arrays._gpu.plan_staging(10, 4, 16, 2, "device_to_wire")
     assert p["slot_bytes"] == 8 and p["slot_elems"] == 2
@@ -239,7 +232,6 @@ def test_cuda_status_is_a_reasoned_tuple():
         assert info["archs"].startswith("sm_") and info["runtime_version"] > 0
 
 
-@needs_module
 @pytest.mark.skipif(_CUDA_OK, reason="a CUDA device is present: the no-device error cannot show")
 def test_no_device_errors():
     assert "CUDA" in _CUDA_REASON
@@ -266,7 +258,6 @@ def test_nccl_candidates_order():
         assert (Path(d) / "libnccl.so.2").is_file()
 
 
-@needs_module
 def test_nccl_not_found_error_names_what_was_tried(tmp_path):
     # A fresh process: NCCL, once loaded, stays loaded for the life of a process.
     not_elf = tmp_path / "libnccl.so.2"
@@ -292,7 +283,6 @@ def test_nccl_not_found_error_names_what_was_tried(tmp_path):
         assert "pip install nvidia-nccl-cu12" in out and "RINGREDUCE_NCCL_PATH" in out
 
 
-@needs_module
 def test_nccl_loads_from_wheel_when_installed():
     if gpu.nccl_candidates({}) == ["libnccl.so.2"] and not _system_nccl():
         pytest.skip("no nvidia-nccl wheel or system libnccl.so.2 installed")
@@ -320,7 +310,6 @@ def _system_nccl() -> bool:
     return True
 
 
-@needs_module
 def test_nccl_version_strings():
     assert gpu_arrays._gpu.nccl_version_string(22303) == "2.23.3"
     assert gpu_arrays._gpu.nccl_version_string(21005) == "2.10.5"

@@ -398,6 +398,7 @@ def test_real_staged_two_ranks_one_gpu():
 
 
 @pytest.mark.gpu
+@pytest.mark.timeout(400)  # two run_world calls of up to 180 s each
 @pytest.mark.skipif(not _CUDA_OK, reason=_CUDA_REASON)
 def test_real_nccl_two_gpus():
     if not torch.cuda.is_available() or torch.cuda.device_count() < 2:

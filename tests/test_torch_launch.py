@@ -69,7 +69,7 @@ def _check(results: list[dict], world: int) -> None:
         assert res["rank"] == r and res["allreduce_ok"], res
         assert res["gathered"] == list(range(world)), res
         if r in (0, world - 1):
-            assert res["sub"] == float(world - 1) if world > 1 else 0.0, res
+            assert res["sub"] == (float(world - 1) if world > 1 else 0.0), res
         assert res["imported_by_user"] is False
 
 

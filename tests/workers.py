@@ -602,8 +602,10 @@ def family_async(rec: Recorder, rank: int, world: int) -> None:
             w = rr.allreduce(u, async_op=True)
             w.wait()
             f = w.get_future()
-            if not f.done() or not torch.equal(f.value()[0], u):
-                errs.append(f"iteration {i}: a Future taken after wait(): done={f.done()}")
+            want = torch.full((3,), float(world * (sum(range(world)) + i * world)))
+            if not f.done() or not torch.equal(f.value()[0], want):
+                errs.append(f"iteration {i}: a Future taken after wait(): done={f.done()}, "
+                            f"value {f.value() if f.done() else None}")
                 break
         return errs, None
 
