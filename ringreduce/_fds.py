@@ -20,7 +20,7 @@ log = logging.getLogger("ringreduce")
 
 PER_PEER = 3  # descriptors per connected peer, measured (bench/scaling.json: fds vs n)
 SLACK = 64    # the process's own files, sockets of the store, eventfds
-GROUP_SLACK = 16  # a group's or channel's own: listener, heartbeat socket, store, eventfd
+GROUP_SLACK = 16  # a group's or channel's own: listener, heartbeat socket, eventfds, segments
 
 
 def open_fds() -> int:

@@ -637,8 +637,9 @@ def _make_pair(g: Group, world: Group, lo: int, hi: int, src: int, dst: int,
             g.p2p_failed[(lo, hi, tag)] = f"{type(e).__name__}: {str(e)[:500]}"
         for ch in made:
             groups.destroy_group(ch, world)
-        if type(e) in (_C.RingReduceError, OSError, MemoryError) and \
-                not getattr(e, _blame.SECONDARY, False):  # this rank's own, not one posted
+        if type(e) in (_C.RingReduceError, RuntimeError, OSError, MemoryError) and \
+                not getattr(e, _blame.SECONDARY, False) and \
+                not (g.destroyed or world.destroyed or world.aborted):  # this rank's own
             _fail_siblings(g, world, lo, hi, tag, e)
         raise
     if made[0].store_keys:  # its destroy() deletes the "want" key too (it stayed for good)
@@ -648,8 +649,8 @@ def _make_pair(g: Group, world: Group, lo: int, hi: int, src: int, dst: int,
 
 def _fail_siblings(g: Group, world: Group, lo: int, hi: int, tag: int, err: Exception) -> None:
     """The channels for `tag` between `lo` and `hi` could not be made on this rank (no room
-    in /dev/shm for their segments...): its made channels with that peer (other tags) fail
-    too, and tell the peer. A receive from the peer on another tag waited for
+    in /dev/shm for their segments, no descriptors...): its made channels with that peer in
+    group `g` (other tags) fail too, and tell the peer. A receive from the peer on another tag waited for
     RINGREDUCE_TIMEOUT after an eager send's channel failed (only logged), while the peer,
     told of it, went on (a helper)."""
     peer = lo + hi - world.rank

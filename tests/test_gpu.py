@@ -41,6 +41,10 @@ from ringreduce.gpu import arrays as gpu_arrays
 # ---------------------------------------------------------------------------------------
 
 
+def test_every_build_has_the_gpu_submodule():
+    assert _HAS_MODULE, "ringreduce._C has no gpu submodule (module.cc must call registerGpu)"
+
+
 def test_kernel_table_covers_every_dtype_and_op():
     table = gpu_arrays._gpu.kernel_table()
     got = {(k["dtype"], k["op"]): k for k in table}

@@ -90,7 +90,8 @@ void Communicator::checkUsable() const {
         "destroy_process_group()) and init again");
     // Failed by another channel of its family (a rank lost): that rank is the culprit of
     // the first error the user sees on it, as if this channel had seen the loss itself.
-    if (elsewhere_.load(std::memory_order_acquire) && failure_ == elsewhereWhy_)
+    if (elsewhere_.load(std::memory_order_acquire) && failure_ == elsewhereWhy_ &&
+        !elsewhereIsSelf())
       throw PeerError(elsewhereWho_.rank, elsewhereWho_.cause, msg, -1, true);
     throw Error(msg);
   }
@@ -341,7 +342,15 @@ void Communicator::failFromElsewhere(const std::string& reason, transport::Culpr
 }
 
 void Communicator::throwElsewhere() const {
+  // This rank's own failure on a sibling channel (no room for its shared memory...): not a
+  // peer's -- a plain error, as the failed channel's own (its peers are told it names this
+  // rank by the abort frames, Culprit).
+  if (elsewhereIsSelf()) throw Error(elsewhereWhy_);
   throw PeerError(elsewhereWho_.rank, elsewhereWho_.cause, elsewhereWhy_, -1, true);
+}
+
+bool Communicator::elsewhereIsSelf() const {
+  return elsewhereWho_.outside && elsewhereWho_.rank == label(rank_);
 }
 
 void Communicator::announce() {

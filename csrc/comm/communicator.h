@@ -454,6 +454,7 @@ class Communicator {
   std::atomic<bool> destroying_{false};  // set before aborted_ by abort(true)
   [[noreturn]] void throwAborted() const;
   [[noreturn]] void throwElsewhere() const;
+  bool elsewhereIsSelf() const;  // failFromElsewhere named this rank (its own failure)
   void checkStopped() const {
     if (aborted_.load()) throwAborted();
     if (elsewhere_.load(std::memory_order_acquire)) throwElsewhere();

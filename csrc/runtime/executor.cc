@@ -282,12 +282,14 @@ static void rethrowWithContext(comm::Communicator& c, bool inCall) {
     throw PeerError(outside >= 0 ? outside : c.label(peer), cause, msg + ctx,
                     via >= 0 ? c.label(via) : -1);  // users know world ranks
   } catch (const Error& e) {
+    const bool cutOff = c.failed();  // aborted or destroyed (not poisoned: run() checked)
     c.poison(e.what(), transport::AbortCode::kOther);
     // A channel that failed on this rank (its shared-memory slots did not fit /dev/shm...):
-    // this rank's other channels with that peer fail too, and tell it. A receive from the
-    // peer on another tag waited for RINGREDUCE_TIMEOUT while the peer, told on the failed
-    // channel only, went on (a helper).
-    if (c.options().p2pChannel && c.world() == 2)
+    // this rank's other channels with that peer in its group fail too, and tell it. A
+    // receive from the peer on another tag waited for RINGREDUCE_TIMEOUT while the peer,
+    // told on the failed channel only, went on (a helper). Not for a call that abort() or
+    // destroy() cut off: the siblings say their own goodbye or abort.
+    if (c.options().p2pChannel && c.world() == 2 && !cutOff)
       failFamily(c, detail::concat("rank ", c.label(c.rank()), "'s point-to-point channel with rank ",
                                    channelPeer(c), " on ", c.options().groupName,
                                    " failed on this rank: ", e.what()),

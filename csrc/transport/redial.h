@@ -20,7 +20,7 @@ class Redial {
   // Whether `e`, raised dialling `peer`, earns another dial before `d`.
   bool again(const PeerError& e, int peer, const Deadline& d) {
     return e.cause() == PeerCause::kClosed && e.peer() == peer && !d.expired() &&
-           ++attempt_ < kAttempts;
+           attempt_++ < kAttempts;
   }
   // The pause before that dial: 5 ms, doubling to 200 ms.
   void pause() {
