@@ -129,7 +129,7 @@ def test_dead_member_is_named_on_every_group_it_was_in() -> None:
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("world", [3, 4])
 def test_torch_new_group_on_ringreduce(world: int) -> None:
-    outs = run_world(world, "group_workers:torch_subgroups", timeout=120, init=False)
+    outs = run_world(world, "group_torch_workers:torch_subgroups", timeout=120, init=False)
     fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o]
     assert not fails, "\n".join(fails)
 
@@ -138,14 +138,14 @@ def test_torch_new_group_on_ringreduce(world: int) -> None:
 @pytest.mark.timeout(150)
 def test_torch_subgroups_after_a_reinit() -> None:
     """Before, the second cycle failed at once with 'rank 0 was claimed by 2 processes'."""
-    outs = run_world(3, "group_workers:torch_reinit_subgroups", timeout=120, init=False)
+    outs = run_world(3, "group_torch_workers:torch_reinit_subgroups", timeout=120, init=False)
     fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o]
     assert not fails, "\n".join(fails)
 
 
 @pytest.mark.timeout(150)
 def test_ddp_wrapper_on_subgroups() -> None:
-    outs = run_world(4, "group_workers:ddp_on_groups", timeout=120)
+    outs = run_world(4, "group_torch_workers:ddp_on_groups", timeout=120)
     fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o]
     assert not fails, "\n".join(fails)
 
