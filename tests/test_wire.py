@@ -131,7 +131,7 @@ def test_ranks_disagreeing_on_half_wire_get_a_mismatch() -> None:
 def test_float16_avg_of_large_values_is_not_inf(world: int, half_wire: int) -> None:
     """float16 avg over TCP whose partial sums exceed 65504 while the average fits: before,
     the 16-bit partials of the ring, the tree and reduce-scatter became inf; partial sums are
-    now scaled by 2^-ceil(log2 n) (exact), so the result is the average rounded once. (2 ranks
+    now scaled by powers of two (exact), so the result is the average rounded once. (2 ranks
     never rounded a partial sum to 16 bits: there it checks that nothing is scaled wrongly.)"""
     env = {"RINGREDUCE_TRANSPORT": "tcp", "RINGREDUCE_SEGMENT_BYTES": str(SEG),
            "RINGREDUCE_HALF_WIRE": str(half_wire), "RINGREDUCE_TIMEOUT": "60"}
@@ -140,20 +140,39 @@ def test_float16_avg_of_large_values_is_not_inf(world: int, half_wire: int) -> N
     assert not errs, "\n".join(errs[:20])
 
 
+def _scaled_steps(algo: str, world: int) -> int:
+    """Sum over the partial sums that `algo` rounds to float16 on the way (each once: tree
+    partners compute the same bits) of 2^ceil(log2 m), m the number of values it holds: its
+    step, in units of 2^-24, once scaled back."""
+    if algo == "ring":  # hops carry partial sums of 2 .. world - 1 values
+        return sum(2 ** math.ceil(math.log2(m)) for m in range(2, world))
+    p = 2 ** int(math.log2(world))  # tree: fold ranks >= p, then distance rounds but the last
+    steps = 2 * (world - p)
+    d = 2
+    while d < p:
+        for b in range(0, p, d):
+            m = d + min(max(world - p - b, 0), d)
+            steps += 2 ** math.ceil(math.log2(m))
+        d *= 2
+    return steps
+
+
 @pytest.mark.timeout(150)
+@pytest.mark.parametrize("algo", ["ring", "tree"])
 @pytest.mark.parametrize("world", [3, 4, 5])
-def test_float16_avg_of_small_values_keeps_their_precision(world: int) -> None:
-    """float16 avg over TCP's ring of tiny values (subnormal, as gradients of ~1e-6 are): a
-    partial sum of m values travels scaled by 2^-ceil(log2 m), so it rounds to steps of
-    2^(ceil(log2 m) - 24) of the sum: at most half of that per hop, divided by n, plus half
-    a step of 2^-24 at the end. Scaled by 2^-ceil(log2 n) on every hop, as before, the
-    error reached 3 steps at 5 ranks (a helper: on 1e-4..1e-6 gradients ringreduce's mean
-    error was 2.9x the best possible, gloo's 1x)."""
+def test_float16_avg_of_small_values_keeps_their_precision(world: int, algo: str) -> None:
+    """float16 avg over TCP's ring and tree of tiny values (subnormal, as gradients of ~1e-6
+    are): a partial sum of m values travels scaled by 2^-ceil(log2 m), so it rounds to steps
+    of 2^(ceil(log2 m) - 24) of the sum: at most half of that per rounded partial, divided
+    by n, plus half a step of 2^-24 at the end. Scaled by 2^-ceil(log2 n) on every hop, as
+    before, the ring's error reached 3 steps at 5 ranks (a helper: on 1e-4..1e-6 gradients
+    ringreduce's mean error was 2.9x the best possible, gloo's 1x); the tree scaled its
+    inputs by 2^-ceil(log2 n), rounding each to steps of 2^(ceil(log2 n) - 24)."""
     env = {"RINGREDUCE_TRANSPORT": "tcp", "RINGREDUCE_SEGMENT_BYTES": str(SEG),
            "RINGREDUCE_TIMEOUT": "60"}
-    res = run_world(world, "wire_workers:small_half_avg", 20011, timeout=120, env=env)
+    res = run_world(world, "wire_workers:small_half_avg", 20011, algo, timeout=120, env=env)
     assert len({r["digest"] for r in res}) == 1, res
-    bound = (sum(2 ** math.ceil(math.log2(m)) for m in range(2, world)) / world + 1) / 2
+    bound = (_scaled_steps(algo, world) / world + 1) / 2
     for r in res:
         assert not r["guard"], r
         assert r["err_units"] <= bound + 1e-9, (r, bound)

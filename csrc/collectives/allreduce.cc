@@ -55,10 +55,10 @@ void run(Communicator& c, void* buf, const Segments* segs, size_t count, DataTyp
   }
   // float16 avg whose partial sums are rounded to float16 on the way (not for 2 ranks: ring
   // and tree round only the final sum): scaled so that none can overflow (half_avg.h) -- by
-  // the ring as it goes; the tree's and the hierarchical plan's inputs here, all at once.
+  // the ring and the tree as they go; the hierarchical plan's inputs here, all at once.
   if (args.halfWire ? c.world() > 2 : a == Algorithm::kHier) {
     args.halfAvgExp = halfavg::exponent(dtype, op, c.world());
-    args.halfAvgPrescaled = args.halfAvgExp && a != Algorithm::kRing;
+    args.halfAvgPrescaled = args.halfAvgExp && a == Algorithm::kHier;
     if (args.halfAvgPrescaled) halfavg::scaleHalf(buf, buf, count, -args.halfAvgExp);
   }
   if (a == Algorithm::kShm)

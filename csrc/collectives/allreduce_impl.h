@@ -24,9 +24,9 @@ struct AllreduceArgs {
   // 16-bit partial sums on the wire (RINGREDUCE_HALF_WIRE=16; ring and tree only): acc ==
   // dst holds 16-bit values (accElem 2); every hop widens, reduces in float32 and rounds.
   bool halfWire = false;
-  // > 0: float16 avg whose inputs count scaled by 2^-halfAvgExp (collectives/half_avg.h):
-  // already in dst when halfAvgPrescaled (tree, hierarchical), else as the ring reduces.
-  // The finished float32 sums are scaled back before finalize.
+  // > 0: float16 avg whose partial sums are scaled (collectives/half_avg.h): the inputs by
+  // 2^-halfAvgExp, already in dst, when halfAvgPrescaled (hierarchical; the finished float32
+  // sums are scaled back before finalize), else each partial as the ring or tree reduces.
   int halfAvgExp = 0;
   bool halfAvgPrescaled = false;
   // >= 0: a reduce to this rank (shared memory only): every rank does its share of the

@@ -17,6 +17,15 @@
 // rounding) directly; the unfold then sends the finished 16-bit result. That is
 // ceil(log2 n) roundings per element. RINGREDUCE_HALF_WIRE=32 sends the float32
 // accumulator instead and rounds once, for twice the bytes.
+//
+// float16 avg on that wire: a partial sum of m ranks' values travels scaled by
+// 2^-ceil(log2 m) (half_avg.h), scaled in float32 (exact) as partners combine. After the
+// rounds of distance < d a rank's partial holds its block of d ranks below p and those of
+// them that folded a rank >= p in: m = d + that overlap. Two partners' m are d + o_lo and
+// d + o_hi with o_lo >= o_hi (the folding ranks are a prefix), so their scaled values,
+// each <= 65504, add to at most 65504 * (2^e_lo + 2^e_hi) / 2^e_out <= 65504: no rounded
+// partial can overflow, at any n.
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -35,15 +44,26 @@ void allreduceTree(comm::Communicator& c, const transport::FrameHeader& h, const
   char* other = c.scratch().get(comm::ScratchArena::kRecv,
                                 wideOff + (a.halfWire ? 2 * a.count * sizeof(float) : 0));
   float* wide = a.halfWire ? reinterpret_cast<float*>(other + wideOff) : nullptr;
-  // lo = lo OP hi. On a 16-bit wire in float32, rounded back into lo -- but the last round's
-  // result stays in `wide` (float32) for the one final rounding.
-  auto combine = [&](char* lo, const char* hi, bool last) {
+  // float16 avg: the scaling exponent of `rank`'s partial after the rounds of distance < d
+  // (d = 1: after the fold), 0 when nothing is scaled.
+  const bool scaled = a.halfWire && a.halfAvgExp > 0 && !a.halfAvgPrescaled;
+  auto expAfter = [&](int rank, int d) {
+    if (!scaled) return 0;
+    const int b = rank & ~(d - 1);
+    return chunking::ceilLog2(d + std::clamp(n - p - b, 0, d));
+  };
+  // lo = lo OP hi, lo's partial scaled by 2^-eLo and hi's by 2^-eHi, the result by 2^-eOut.
+  // On a 16-bit wire in float32, rounded back into lo -- but the last round's result stays
+  // in `wide` (float32, unscaled) for the one final rounding.
+  auto combine = [&](char* lo, const char* hi, bool last, int eLo, int eHi, int eOut) {
     if (!a.halfWire) {
       a.reduceFn(lo, hi, a.count);
       return;
     }
     reduce::widen(a.dtype, lo, wide, a.count);
     reduce::widen(a.dtype, hi, wide + a.count, a.count);
+    if (eLo != eOut) halfavg::scaleFloat(wide, a.count, eLo - eOut);
+    if (eHi != eOut) halfavg::scaleFloat(wide + a.count, a.count, eHi - eOut);
     a.reduceFn(wide, wide + a.count, a.count);
     if (!last) reduce::finalize(a.dtype, ReduceOp::kSum, 1, wide, lo, a.count);
   };
@@ -67,24 +87,27 @@ void allreduceTree(comm::Communicator& c, const transport::FrameHeader& h, const
     fh.step = step;
     rv.reset(fh, other, bytes);
     c.sendRecv(-1, nullptr, r + p, &rv);
-    combine(cur, other, false);  // lower (us) OP higher
+    combine(cur, other, false, 0, 0, expAfter(r, 1));  // lower (us) OP higher
   }
   for (int mask = 1; mask < p; mask <<= 1) {
     const int partner = r ^ mask;
     const bool last = mask * 2 >= p;
+    const int lo = std::min(r, partner), hi = std::max(r, partner);
+    const int eLo = expAfter(lo, mask), eHi = expAfter(hi, mask);
+    const int eOut = last ? 0 : expAfter(r, mask * 2);
     fh.step = ++step;
     s.reset(fh, cur, bytes);
     rv.reset(fh, other, bytes);
     c.sendRecv(partner, &s, partner, &rv);
     if (r < partner) {
-      combine(cur, other, last);
+      combine(cur, other, last, eLo, eHi, eOut);
     } else {
-      combine(other, cur, last);  // other = partner's (lower) OP ours
+      combine(other, cur, last, eLo, eHi, eOut);  // other = partner's (lower) OP ours
       std::swap(cur, other);
     }
   }
   if (a.halfWire) {
-    if (a.halfAvgExp) halfavg::scaleFloat(wide, a.count, a.halfAvgExp);
+    if (a.halfAvgPrescaled) halfavg::scaleFloat(wide, a.count, a.halfAvgExp);
     reduce::finalize(a.dtype, a.op, n, wide, a.dst, a.count);
   }
   if (r + p < n) {  // unfold: the finished 16-bit result, or the float32 accumulator

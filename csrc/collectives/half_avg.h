@@ -9,14 +9,13 @@
 // without the scaling -- bar values that are subnormal once scaled, which round to steps
 // of 2^(s-24) instead of 2^-24 for a scaling by 2^-s.
 //
-// Where: the ring scales in float32 the partial sums it forwards (ring.cc: no extra pass
-// over the buffer), a sum of m values by 2^-ceil(log2 m) -- what its count needs, so its
-// values stay within a factor 2 of the inputs' magnitude (with 2^-k, k = ceil(log2 n), for
-// every hop, gradients of 1e-4 at 5 ranks went subnormal: mean error 2.9x the best, a
-// helper);
-// the tree and the hierarchical all-reduce scale the whole input by 2^-k, k = ceil(log2 n),
-// first (allreduce.cc) and the finished sums back. With 2 ranks neither the ring nor the
-// tree rounds a partial sum: nothing is scaled.
+// Where: the ring and the tree scale in float32 the partial sums they forward (ring.cc,
+// allreduce_tree.cc: no extra pass over the buffer), a sum of m values by 2^-ceil(log2 m)
+// -- what its count needs, so its values stay within a factor 2 of the inputs' magnitude
+// (with 2^-k, k = ceil(log2 n), for every hop, gradients of 1e-4 at 5 ranks went
+// subnormal: mean error 2.9x the best, a helper); the hierarchical all-reduce scales the
+// whole input by 2^-k first (allreduce.cc) and the finished sums back. With 2 ranks neither
+// the ring nor the tree rounds a partial sum: nothing is scaled.
 #pragma once
 
 #include <cstddef>
