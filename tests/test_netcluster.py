@@ -133,6 +133,15 @@ def test_hier_16bit_sends_16bit_slices_across_hosts(cluster_factory, half_wire: 
     res = run_world(hosts * per_host, "wire_workers:large_half_avg", 4 * 3001, ["auto"],
                     timeout=120, env=env, master_addr="10.77.0.1", rank_prefix=c.prefix(per_host))
     assert not [e for es in res for e in es], res
+    # float16 avg of tiny (subnormal) values: each host's sum of 2 is scaled by 2^-1 as it is
+    # rounded (a step of 2^-23), the 2-host ring rounds only its finished sum: at most
+    # (2 hosts * 1 unit) / 4 ranks + 1/2 units of 2^-24. Scaling the inputs by 2^-2 first,
+    # as before, rounded each to steps of 2^-22.
+    res = run_world(hosts * per_host, "wire_workers:small_half_avg", 20011, "auto",
+                    timeout=120, env=env, master_addr="10.77.0.1", rank_prefix=c.prefix(per_host))
+    assert len({r["digest"] for r in res}) == 1, res
+    for r in res:
+        assert not r["guard"] and r["err_units"] <= 1.0 + 1e-9, r
 
 
 @pytest.mark.timeout(120)

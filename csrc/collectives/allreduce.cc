@@ -54,13 +54,9 @@ void run(Communicator& c, void* buf, const Segments* segs, size_t count, DataTyp
     args.acc = reinterpret_cast<char*>(acc);
   }
   // float16 avg whose partial sums are rounded to float16 on the way (not for 2 ranks: ring
-  // and tree round only the final sum): scaled so that none can overflow (half_avg.h) -- by
-  // the ring and the tree as they go; the hierarchical plan's inputs here, all at once.
-  if (args.halfWire ? c.world() > 2 : a == Algorithm::kHier) {
-    args.halfAvgExp = halfavg::exponent(dtype, op, c.world());
-    args.halfAvgPrescaled = args.halfAvgExp && a == Algorithm::kHier;
-    if (args.halfAvgPrescaled) halfavg::scaleHalf(buf, buf, count, -args.halfAvgExp);
-  }
+  // and tree round only the final sum): scaled so that none can overflow (half_avg.h), by
+  // the ring and the tree as they go (the hierarchical plan: allreduce_hier.cc).
+  args.halfAvgHops = args.halfWire && c.world() > 2 && halfavg::applies(dtype, op, c.world());
   if (a == Algorithm::kShm)
     shm::allreduce(c, h, args);
   else if (a == Algorithm::kHier)

@@ -7,14 +7,18 @@
 //                      3. inside each host, local rank l broadcasts its finished slice l
 //
 // Each slice is reduced by exactly one cross-host ring and then copied, so every rank gets
-// identical bits. avg divides once, by the total number of ranks, at the end of step 2
-// (float16 inputs arrive scaled down so that neither level's sums overflow: half_avg.h).
+// identical bits. avg divides once, by the total number of ranks, at the end of step 2.
+// float16 avg (half_avg.h): step 1 scales each local sum of L values by 2^-ceil(log2 L)
+// before rounding it, step 2's ring scales a partial sum of m hosts' sums by
+// 2^-ceil(log2 m) as it goes and its finished sums back by 2^ceil(log2 L): no rounded sum
+// exceeds 65504, and no input is rounded before it is added.
 // 16-bit floats are rounded after the local level, then as the cross-host ring rounds them:
 // once per hop with a 16-bit wire (RINGREDUCE_HALF_WIRE=16), else once.
 #include <algorithm>
 #include <vector>
 
 #include "collectives/allreduce_impl.h"
+#include "collectives/half_avg.h"
 #include "collectives/shm_algos.h"
 #include "core/chunking.h"
 #include "core/error.h"
@@ -26,9 +30,11 @@ void allreduceHier(comm::Communicator& c, const transport::FrameHeader& h, const
   transport::shm::ShmDomain& d = *c.shm();
   const int L = d.world(), me = d.rank();
   const size_t es = elementSize(a.dtype);
+  const bool halfAvg = halfavg::applies(a.dtype, a.op, c.world());
   // 1. local sum (avg finishes in step 2)
   AllreduceArgs local = a;
   if (a.op == ReduceOp::kAvg) local.op = ReduceOp::kSum;
+  if (halfAvg) local.sumScaleExp = chunking::ceilLog2(L);
   shm::allreduce(c, h, local);
   // 2. my slice across hosts (16-bit floats add in float32 again; see allreduce_ring.cc)
   const size_t off = chunking::chunkOffset(a.count, L, me), len = chunking::chunkLen(a.count, L, me);
@@ -39,6 +45,8 @@ void allreduceHier(comm::Communicator& c, const transport::FrameHeader& h, const
     g.dst = a.dst + off * es;
     g.acc = g.dst;
     g.halfWire = halfOnWire(c, a.dtype);
+    g.halfAvgHops = halfAvg && g.halfWire;
+    g.inputScaleExp = local.sumScaleExp;
     if (g.halfWire) {
       g.accElem = es;
     } else if (isHalf(a.dtype)) {

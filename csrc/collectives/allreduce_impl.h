@@ -24,11 +24,16 @@ struct AllreduceArgs {
   // 16-bit partial sums on the wire (RINGREDUCE_HALF_WIRE=16; ring and tree only): acc ==
   // dst holds 16-bit values (accElem 2); every hop widens, reduces in float32 and rounds.
   bool halfWire = false;
-  // > 0: float16 avg whose partial sums are scaled (collectives/half_avg.h): the inputs by
-  // 2^-halfAvgExp, already in dst, when halfAvgPrescaled (hierarchical; the finished float32
-  // sums are scaled back before finalize), else each partial as the ring or tree reduces.
-  int halfAvgExp = 0;
-  bool halfAvgPrescaled = false;
+  // float16 avg whose partial sums are rounded to float16 on the way (half_avg.h): the ring
+  // and the tree scale each partial sum of m values by 2^-ceil(log2 m) as they reduce.
+  bool halfAvgHops = false;
+  // > 0: the values reduced arrive scaled by 2^-inputScaleExp (the hierarchical plan's
+  // cross-host ring: its hosts' local sums); the finished float32 sums are scaled back
+  // before finalize.
+  int inputScaleExp = 0;
+  // > 0: shared memory scales its float32 sum by 2^-sumScaleExp before rounding it to 16
+  // bits (the hierarchical plan's local level; its op is then sum).
+  int sumScaleExp = 0;
   // >= 0: a reduce to this rank (shared memory only): every rank does its share of the
   // work, but only the root's buffer receives the result; the others' stay as they were.
   int root = -1;

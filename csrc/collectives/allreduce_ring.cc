@@ -49,10 +49,10 @@ void allreduceRing(comm::Communicator& c, const transport::FrameHeader& h, const
     p.half = a.dtype;
     p.wide = reinterpret_cast<float*>(scratch + recvBytes);
   }
-  p.scaleHops = a.halfAvgExp > 0 && !a.halfAvgPrescaled;
+  p.scaleHops = a.halfAvgHops;
   if (a.needsFinalize()) {
     p.onFinal = [&a, &p, world](char* vals, size_t off, size_t len) {
-      if (a.halfAvgPrescaled) halfavg::scaleFloat(reinterpret_cast<float*>(vals), len, a.halfAvgExp);
+      if (a.inputScaleExp) halfavg::scaleFloat(reinterpret_cast<float*>(vals), len, a.inputScaleExp);
       reduce::finalize(a.dtype, a.op, world, vals, p.dst + off * p.dstElem, len);
     };
   }

@@ -46,7 +46,7 @@ void allreduceTree(comm::Communicator& c, const transport::FrameHeader& h, const
   float* wide = a.halfWire ? reinterpret_cast<float*>(other + wideOff) : nullptr;
   // float16 avg: the scaling exponent of `rank`'s partial after the rounds of distance < d
   // (d = 1: after the fold), 0 when nothing is scaled.
-  const bool scaled = a.halfWire && a.halfAvgExp > 0 && !a.halfAvgPrescaled;
+  const bool scaled = a.halfAvgHops;
   auto expAfter = [&](int rank, int d) {
     if (!scaled) return 0;
     const int b = rank & ~(d - 1);
@@ -107,7 +107,6 @@ void allreduceTree(comm::Communicator& c, const transport::FrameHeader& h, const
     }
   }
   if (a.halfWire) {
-    if (a.halfAvgPrescaled) halfavg::scaleFloat(wide, a.count, a.halfAvgExp);
     reduce::finalize(a.dtype, a.op, n, wide, a.dst, a.count);
   }
   if (r + p < n) {  // unfold: the finished 16-bit result, or the float32 accumulator

@@ -13,9 +13,10 @@
 // allreduce_tree.cc: no extra pass over the buffer), a sum of m values by 2^-ceil(log2 m)
 // -- what its count needs, so its values stay within a factor 2 of the inputs' magnitude
 // (with 2^-k, k = ceil(log2 n), for every hop, gradients of 1e-4 at 5 ranks went
-// subnormal: mean error 2.9x the best, a helper); the hierarchical all-reduce scales the
-// whole input by 2^-k first (allreduce.cc) and the finished sums back. With 2 ranks neither
-// the ring nor the tree rounds a partial sum: nothing is scaled.
+// subnormal: mean error 2.9x the best, a helper); the hierarchical all-reduce scales each
+// host's local sum of L values by 2^-ceil(log2 L) as shared memory rounds it, its ring the
+// hosts' partial sums as above, and the finished sums back (allreduce_hier.cc). With 2
+// ranks neither the ring nor the tree rounds a partial sum: nothing is scaled.
 #pragma once
 
 #include <cstddef>
@@ -24,11 +25,9 @@
 
 namespace rr::collectives::halfavg {
 
-// k for an avg over `world` ranks whose partial sums are rounded to `t`: 0 (no scaling)
-// unless t is float16, op avg and world > 1.
-int exponent(DataType t, ReduceOp op, int world);
-// dst = src * 2^e, n float16 values, rounded once (src and dst may be the same buffer).
-void scaleHalf(const void* src, void* dst, size_t n, int e);
+// Whether an avg over `world` ranks whose partial sums are rounded to `t` scales them:
+// t is float16, op avg and world > 1.
+bool applies(DataType t, ReduceOp op, int world);
 // v = v * 2^e, n float32 values.
 void scaleFloat(float* v, size_t n, int e);
 

@@ -74,7 +74,7 @@ void reduceScatter(Communicator& c, const void* in, void* out, size_t count, Dat
   p.half = dtype;
   if (halfWire) p.wide = reinterpret_cast<float*>(scratch + recvBytes);
   // float16 avg with 16-bit partials: sums travel scaled (half_avg.h, ring.h).
-  p.scaleHops = halfWire && halfavg::exponent(dtype, op, n) > 0;
+  p.scaleHops = halfWire && halfavg::applies(dtype, op, n);
   char* o = static_cast<char*>(out);
   const size_t base = static_cast<size_t>(c.rank()) * count;
   p.onFinal = [&](char* vals, size_t off, size_t len) {

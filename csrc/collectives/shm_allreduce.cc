@@ -24,6 +24,7 @@
 #include <string>
 
 #include "collectives/allreduce_impl.h"
+#include "collectives/half_avg.h"
 #include "collectives/planner.h"
 #include "collectives/shm_algos.h"
 #include "collectives/segments.h"
@@ -61,6 +62,7 @@ void small(comm::Communicator& c, const transport::FrameHeader& h, const Allredu
   }
   lineRelease(c, rd);
   (void)me;
+  if (a.sumScaleExp) halfavg::scaleFloat(reinterpret_cast<float*>(a.acc), a.count, -a.sumScaleExp);
   if (a.needsFinalize()) reduce::finalize(a.dtype, a.op, n, a.acc, a.dst, a.count);
 }
 
@@ -178,6 +180,7 @@ void large(comm::Communicator& c, const transport::FrameHeader& h, const Allredu
             reduce::widen(a.dtype, input(q), tmpF, len);
             a.reduceFn(accF, tmpF, len);
           }
+          if (a.sumScaleExp) halfavg::scaleFloat(accF, len, -a.sumScaleExp);
           reduce::finalize(a.dtype, a.op, n, accF, mySlot, len);
           copyOut(mySlot);
         } else if (dstSlice != nullptr && resultHere && (me == 0 || n == 2)) {
