@@ -62,7 +62,7 @@ def _seconds() -> float:
 @pytest.fixture(scope="module")
 def fuzz_wire(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _cpp_check.build(tmp_path_factory.mktemp("fuzz_wire"), "fuzz_wire", SOURCES,
-                            ("-O1", "-g", *SANITIZE, "-pthread"), "the wire-protocol fuzzer")
+                            ("-O1", "-g1", *SANITIZE, "-pthread"), "the wire-protocol fuzzer")
 
 
 def _run(exe: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:

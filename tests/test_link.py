@@ -35,6 +35,6 @@ def _has_tsan() -> bool:
                     "runtime) cannot build the ThreadSanitizer variant")
 def test_link_streams_under_thread_sanitizer(tmp_path: Path) -> None:
     exe = _cpp_check.build(tmp_path, "link_check", SOURCES,
-                           ("-O1", "-g", "-pthread", "-fsanitize=thread"), what="the link check")
+                           ("-O1", "-g1", "-pthread", "-fsanitize=thread"), what="the link check")
     out = _cpp_check.run(exe, {"TSAN_OPTIONS": "halt_on_error=1:exitcode=66"})
     assert "ThreadSanitizer" not in out, out[-6000:]
