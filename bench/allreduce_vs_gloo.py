@@ -13,9 +13,11 @@ gloo at the sizes the issue sets targets for.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # (size, what is compared, target speedup = gloo time / ringreduce time = busbw ratio)
@@ -26,13 +28,20 @@ TARGETS = ((8, "8 B latency", 10.0), (64 << 10, "64 KiB time", 5.0),
 def main(argv: list[str]) -> int:
     from ringreduce.bench import main as bench_main
 
-    out_json = os.path.join(HERE, "allreduce_vs_gloo.json")
+    # The JSON the run writes: ours, or the caller's --json (extra options win); the summary
+    # reads that one, so a run with other sizes never reports the committed results.
+    own = argparse.ArgumentParser(add_help=False)
+    own.add_argument("--json", default=os.path.join(HERE, "allreduce_vs_gloo.json"))
+    own.add_argument("--plot", default=os.path.join(HERE, "allreduce_vs_gloo.png"))
+    paths, _ = own.parse_known_args(argv)
+    out_json = paths.json
     args = ["-n", "2", "-o", "allreduce", "-d", "float32", "-b", "8", "-e", "64M", "-f", "2",
             "-w", "5", "-i", "20", "--transport", "tcp", "--compare", "gloo", "--check",
-            "--json", out_json, "--plot", os.path.join(HERE, "allreduce_vs_gloo.png"), *argv]
+            "--json", out_json, "--plot", paths.plot, *argv]
+    started = time.time()
     rc = bench_main(args)
-    if rc != 0 or not os.path.exists(out_json):
-        return rc
+    if rc != 0 or not os.path.exists(out_json) or os.path.getmtime(out_json) < started - 1:
+        return rc  # nothing written by this run: no summary of an earlier one
     with open(out_json) as f:
         rows = json.load(f)["results"]
     by = {(r["library"], r["size"]): r for r in rows}

@@ -33,13 +33,16 @@ def _funcol(rank: int, world: int, _: str) -> Any:
     return [ar.tolist(), ag.tolist(), rs.tolist()]
 
 
-def _fsdp2(rank: int, world: int, _: str) -> Any:
+def _fsdp2(rank: int, world: int, _: str, hybrid: bool = False) -> Any:
+    """FSDP2 on a 1-D mesh, or (hybrid) HSDP on a 2-D one: replicate across 2 groups, shard
+    within each (fully_shard needs the 2-D mesh's dimension names)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(16, 33), torch.nn.ReLU(), torch.nn.Linear(33, 5))
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = (init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+            if hybrid else init_device_mesh("cpu", (world,)))
     for layer in m:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh)
@@ -128,7 +131,8 @@ def _compiled_ddp(rank: int, world: int, _: str) -> Any:
 
 
 CHECKS: dict[str, Callable[[int, int, str], Any]] = {
-    "mesh2d": _mesh2d, "funcol": _funcol, "fsdp2": _fsdp2, "zero": _zero,
+    "mesh2d": _mesh2d, "funcol": _funcol, "fsdp2": _fsdp2,
+    "hsdp": lambda rank, world, tmp: _fsdp2(rank, world, tmp, hybrid=True), "zero": _zero,
     "objects": _objects, "checkpoint": _checkpoint, "p2p_batch": _p2p_batch,
     "compiled_ddp": _compiled_ddp,
 }
