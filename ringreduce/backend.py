@@ -302,9 +302,9 @@ class _Ops:
                 _buffers.torch_dtype_codes(), ops, self._copy_flag)
 
     def set_timeout(self, seconds: float) -> None:
-        """torch's Backend.setTimeout: not applied -- a ringreduce group's deadline is fixed
-        when it is made (the default group's timeout, else RINGREDUCE_TIMEOUT); work.wait(
-        timeout) bounds a single wait."""
+        """torch's Backend.setTimeout (`backend._set_default_timeout(td)`): the group's calls
+        begun from now on wait at most `seconds` (ringreduce.groups.set_timeout)."""
+        groups.set_timeout(self._g, seconds)
 
     def timeout_seconds(self) -> float:
         """This group's collective deadline (the adapter's getBackendOptions)."""

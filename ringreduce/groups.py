@@ -377,6 +377,19 @@ def _check_ranks(ranks: Sequence[int], n: int) -> list[int]:
     return out
 
 
+def set_timeout(g: Group, seconds: Any) -> None:
+    """Group `g`'s collectives and point-to-point calls begun from now on -- on its channels
+    too -- wait at most `seconds` (a number or a timedelta); one in flight keeps its deadline.
+    torch's Backend.setTimeout on a ringreduce backend."""
+    secs = _check_timeout(seconds, "set_timeout")
+    for h in [g, *(ch for pair in list(g.p2p.values()) for ch in pair)]:
+        h.options = {**h.options, "timeout": secs}  # a new dict: a size-1 group shares its world's
+        if h.comm is not None:
+            h.comm.set_timeout(secs)
+    if g is _state._DEFAULT[0]:
+        g.timeout_from = "the backend's set_timeout"
+
+
 def _check_timeout(timeout: Any, what: str) -> float | None:
     """Seconds (a number or a timedelta), validated as init's timeout is; None: the world's."""
     if timeout is None:

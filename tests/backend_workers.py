@@ -469,6 +469,53 @@ def env_timeout(rank: int, world: int, explicit: float | None) -> dict:
     return out
 
 
+def set_timeout(rank: int, world: int) -> dict:
+    """init_process_group("ringreduce", timeout=60 s); after a checked all-reduce and a
+    send/recv on a subgroup (its channel made), each backend's _set_default_timeout (torch's
+    Backend.setTimeout) lowers its timeout to 2 s. Rank 1 then comes 8 s late to an
+    all-reduce on the default group, and rank 0 waits for a message rank 1 never sends on the
+    subgroup's existing channel: both waits end after ~2 s (before, ringreduce ignored it and
+    waited 60 s)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    dist.init_process_group("ringreduce", timeout=timedelta(seconds=60))
+    x = torch.full((5,), float(rank + 1))
+    dist.all_reduce(x)
+    assert x.tolist() == [float(sum(range(1, world + 1)))] * 5, x
+    sub = dist.new_group([0, 1])
+    y = torch.full((3,), float(rank))
+    if rank == 1:
+        dist.send(y, 0, group=sub)
+    elif rank == 0:
+        dist.recv(y, 1, group=sub)
+        assert y.tolist() == [1.0] * 3, y
+    cpu = torch.device("cpu")
+    for g in (dist.group.WORLD, sub):
+        if rank in dist.get_process_group_ranks(g):
+            g._get_backend(cpu)._set_default_timeout(timedelta(seconds=2))
+    out = {}
+    if rank == 0:
+        t0 = time.monotonic()
+        try:
+            dist.recv(y, 1, group=sub)
+            out["p2p"] = (None, "")
+        except Exception as e:  # noqa: BLE001
+            out["p2p"] = (type(e).__name__, str(e)[:300])
+        out["p2p_secs"] = time.monotonic() - t0
+    if rank == 1:
+        time.sleep(8.0)
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4))
+        out["world"] = (None, "")
+    except Exception as e:  # noqa: BLE001
+        out["world"] = (type(e).__name__, str(e)[:300])
+    out["world_secs"] = time.monotonic() - t0
+    return out
+
+
 def torch_cycles_on_shared_world(rank: int, world: int, cycles: int) -> list:
     """ringreduce.init() ran first (the spawn helper); torch's default group is made on its
     store and destroyed `cycles` times. Each cycle makes a subgroup -- [0, 1] in even

@@ -107,6 +107,19 @@ def test_ringreduce_timeout_applies_unless_torch_is_given_one(explicit, want) ->
     assert want - 0.5 < v["secs"] < want + 1.5, v
 
 
+@pytest.mark.timeout(90)
+def test_backend_set_timeout_applies_to_later_calls() -> None:
+    """torch's Backend.setTimeout (`_set_default_timeout`) on the default group and on a
+    subgroup whose channel exists: rank 0's all-reduce (rank 1 comes 8 s late) and its recv
+    (never sent) each time out after ~2 s, not the 60 s init_process_group gave."""
+    outs = run_world_raw(2, "backend_workers:set_timeout", timeout=60, init=False)
+    v = outs[0].value
+    assert outs[0].has_result, outs[0].describe()
+    assert v["p2p"][0] == "CollectiveTimeout" and 1.5 < v["p2p_secs"] < 4.5, v
+    assert v["world"][0] == "CollectiveTimeout" and 1.5 < v["world_secs"] < 4.5, v
+    assert "2 s" in v["world"][1] or "2.0 s" in v["world"][1], v
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world", [2, 3])
 def test_torch_default_groups_made_again_on_a_ringreduce_world(world: int) -> None:

@@ -588,6 +588,8 @@ PYBIND11_MODULE(_C, m) {
       .def("native_handle", [](PyComm& c) { return bindings::nativeHandle(c.held()); },
            "Opaque handle for the C entry points of _C.NATIVE_API (torch_adapter/native_api.h)")
       .def("abort", [](PyComm& c) { if (c.exec_) c.exec_->abort(); })
+      // The collectives begun from now on wait at most `seconds` (torch's setTimeout).
+      .def("set_timeout", [](PyComm& c, double seconds) { c.ex().comm().setTimeout(seconds); })
       // Fail this communicator for a failure elsewhere in this process, naming world rank
       // `culprit` (a point-to-point channel that could not be made: its siblings fail too).
       .def("fail_from",

@@ -43,7 +43,8 @@ void forgetFirstFailure() {
 
 Communicator::Communicator(int rank, int world, std::vector<std::unique_ptr<Connection>> conns,
                            Options opts)
-    : rank_(rank), world_(world), conns_(std::move(conns)), opts_(opts) {
+    : rank_(rank), world_(world), conns_(std::move(conns)), opts_(opts),
+      timeoutSec_(opts_.timeoutSec) {
   RR_CHECK(world_ >= 1 && rank_ >= 0 && rank_ < world_, "rank ", rank_, " world ", world_);
   {
     std::lock_guard<std::mutex> lock(gFailureMu);
@@ -128,7 +129,8 @@ FrameHeader Communicator::begin(CollectiveKind kind, DataType dtype, ReduceOp op
   bytesDone_ = 0;
   std::fill(early_.begin(), early_.end(), 0);
   const auto now = Deadline::Clock::now();  // one clock read for deadline, stall, recorder
-  deadline_ = Deadline::after(now, opts_.timeoutSec);
+  curTimeoutSec_ = timeoutSec_.load();
+  deadline_ = Deadline::after(now, curTimeoutSec_);
   stallReported_ = false;
   faultWaited_ = false;
   if (hb_) {

@@ -87,13 +87,15 @@ class Communicator {
   // left of the connect timeout, not RINGREDUCE_TIMEOUT, and a timeout says so;
   // endSetup() gives the collectives their own timeout back.
   void beginSetup(double sec) {
-    setupOf_ = opts_.timeoutSec;
-    opts_.timeoutSec = sec;
+    setupOf_ = timeoutSec_.exchange(sec);
   }
   void endSetup() {
-    opts_.timeoutSec = setupOf_;
+    timeoutSec_.store(setupOf_);
     setupOf_ = -1;
   }
+  // The collectives begun from now on wait at most `sec` (torch's Backend.setTimeout, through
+  // the c10d adapter). Any thread may call it; a collective in flight keeps its deadline.
+  void setTimeout(double sec) { timeoutSec_.store(sec); }
   uint64_t seq() const { return seq_; }
   // The connection to `peer`, made now (comm/lazy_connect.cc) if it is not there yet.
   Connection& conn(int peer) {
@@ -387,6 +389,8 @@ class Communicator {
   Options opts_;
   uint64_t seq_ = 0;
   Deadline deadline_ = Deadline::never();
+  std::atomic<double> timeoutSec_;  // the next collective's (options' timeout, setTimeout)
+  double curTimeoutSec_ = 0;  // the current collective's, for its timeout's message
   double setupOf_ = -1;  // in init's set-up (beginSetup): the collective timeout, else -1
   ScratchArena scratch_;
   std::unique_ptr<transport::shm::ShmDomain> shm_;

@@ -169,7 +169,7 @@ void Communicator::waitForLink(int peer, int dialFd) {
         const std::string diag = diagnosis(peer, &stuck);
         throw TimeoutError(
             detail::concat("rank ", label(rank_), ": ", describeCurrent(), " timed out after ",
-                           opts_.timeoutSec, " s waiting for rank ", label(peer), " (",
+                           curTimeoutSec_, " s waiting for rank ", label(peer), " (",
                            peerHost(peer), ") to ",
                            dialFd >= 0 ? "accept a connection" : "connect",
                            " (it needs no connection before this collective)", diag,

@@ -429,7 +429,7 @@ void Communicator::checkLocalAborts() {
   const std::string diag = diagnosis(waited, &stuck);
   throw TimeoutError(
       detail::concat("rank ", label(rank_), ": ", describeCurrent(), " timed out after ",
-                     opts_.timeoutSec, " s ", who, diag,
+                     curTimeoutSec_, " s ", who, diag,
                      setupOf_ >= 0 ? " (in init's shared-memory set-up, within "
                                      "RINGREDUCE_CONNECT_TIMEOUT: is that rank stuck or still "
                                      "starting?)"

@@ -20,6 +20,7 @@
 #include <torch/csrc/distributed/c10d/PyProcessGroup.hpp>
 #include <torch/csrc/Dtype.h>
 #include <torch/extension.h>
+#include <pybind11/chrono.h>
 
 #include <array>
 #include <chrono>
@@ -533,5 +534,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       m, "RingReduceBackend")
       .def(py::init<int, int, py::object>(), py::arg("rank"), py::arg("size"), py::arg("impl"))
       .def_property_readonly("impl", &RingReduceBackend::impl)
-      .def_property_readonly("direct_calls", &RingReduceBackend::directCalls);
+      .def_property_readonly("direct_calls", &RingReduceBackend::directCalls)
+      // gloo's and NCCL's name for Backend.setTimeout (torch's _set_pg_timeout passes only
+      // theirs on): the group's calls begun from now on wait at most `timeout`.
+      .def("_set_default_timeout", &RingReduceBackend::setTimeout, py::arg("timeout"),
+           py::call_guard<py::gil_scoped_release>());
 }
