@@ -622,7 +622,7 @@ def _make_pair(g: Group, world: Group, lo: int, hi: int, src: int, dst: int,
         # tell it there (it waited out the connect timeout: found by a review).
         _store_wait.fail_bounded(store, f"{base}up/", e, world.rank)
         with _LOCK:
-            g.p2p_failed[(lo, hi, tag)] = f"{type(e).__name__}: {str(e)[:500]}"
+            g.p2p_failed[(lo, hi, tag)] = _said(e)
         raise
     # A group's own timeout bounds its channels' waits too (world channels: None, the world's).
     secs = None if g is world else _deadline(g, world)[0]
@@ -634,29 +634,32 @@ def _make_pair(g: Group, world: Group, lo: int, hi: int, src: int, dst: int,
                                      store=store))
     except Exception as e:
         with _LOCK:  # both ranks claimed the keys: later posts get this error, not a new try
-            g.p2p_failed[(lo, hi, tag)] = f"{type(e).__name__}: {str(e)[:500]}"
+            g.p2p_failed[(lo, hi, tag)] = _said(e)
         for ch in made:
             groups.destroy_group(ch, world)
         if type(e) in (_C.RingReduceError, RuntimeError, OSError, MemoryError) and \
                 not getattr(e, _blame.SECONDARY, False) and \
                 not (g.destroyed or world.destroyed or world.aborted):  # this rank's own
-            _fail_siblings(g, world, lo, hi, tag, e)
+            _fail_siblings(g, world, lo, hi, f"for tag {tag}{where}: {_said(e)}")
         raise
     if made[0].store_keys:  # its destroy() deletes the "want" key too (it stayed for good)
         made[0].store_keys.append(f"{base}want{world.rank}")
     return made[0], made[1]
 
 
-def _fail_siblings(g: Group, world: Group, lo: int, hi: int, tag: int, err: Exception) -> None:
-    """The channels for `tag` between `lo` and `hi` could not be made on this rank (no room
-    in /dev/shm for their segments, no descriptors...): its made channels with that peer in
-    group `g` (other tags) fail too, and tell the peer. A receive from the peer on another tag waited for
-    RINGREDUCE_TIMEOUT after an eager send's channel failed (only logged), while the peer,
-    told of it, went on (a helper)."""
-    peer = lo + hi - world.rank
-    where = "" if g is world else f" in {g.name}"
-    why = (f"rank {world.rank} could not make its point-to-point channels with rank {peer} "
-           f"for tag {tag}{where}: {type(err).__name__}: {str(err)[:500]}")
+def _said(e: BaseException) -> str:
+    """What a failed channel set-up says of its error (kept for later posts, told to peers)."""
+    return f"{type(e).__name__}: {str(e)[:500]}"
+
+
+def _fail_siblings(g: Group, world: Group, lo: int, hi: int, what: str) -> None:
+    """The channels between `lo` and `hi` for a tag could not be made on this rank (no room in
+    /dev/shm for their segments, no descriptors...; `what`: "for tag T[ in group]: error"):
+    its made channels with that peer in group `g` (other tags) fail too, and tell the peer. A
+    receive from the peer on another tag waited for RINGREDUCE_TIMEOUT after an eager send's
+    channel failed (only logged), while the peer, told of it, went on (a helper)."""
+    why = (f"rank {world.rank} could not make its point-to-point channels with rank "
+           f"{lo + hi - world.rank} {what}")
     with _LOCK:
         pairs = [pair for (a, b, _), pair in g.p2p.items() if {a, b} == {lo, hi}]
     for ch in (ch for pair in pairs for ch in pair):
