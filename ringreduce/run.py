@@ -279,7 +279,7 @@ def _rank_env(base: dict[str, str], rank: int, n: int, addr: str, port: int, run
     return env
 
 
-def _parent_death_signal() -> Callable[[], None] | None:
+def parent_death_signal() -> Callable[[], None] | None:
     """A preexec_fn asking Linux to SIGTERM the child if the launcher dies (even by SIGKILL).
 
     It runs between fork and exec, so it only calls an already-resolved libc function.
@@ -652,7 +652,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: setting OMP_NUM_THREADS=1 for each rank (as torchrun does) to avoid "
               f"overloading the machine; set it yourself to tune it", file=sys.stderr,
               flush=True)
-    preexec = _parent_death_signal()
+    preexec = parent_death_signal()
 
     job = _Job()
     previous = {sig: signal.signal(sig, job.on_signal) for sig in _FORWARDED}

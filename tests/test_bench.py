@@ -50,6 +50,12 @@ def test_size_sweep():
         cli.size_sweep(64, 8)
     with pytest.raises(ValueError):
         cli.size_sweep(8, 64, factor=1.0)
+    # a sweep of millions of sizes is refused before the list is built (it filled memory)
+    with pytest.raises(ValueError, match="makes 67108864 sizes .*raise --stepbytes"):
+        cli.size_sweep(1, 64 << 20, step=1)
+    with pytest.raises(ValueError, match="more than 4096 sizes; raise -f"):
+        cli.size_sweep(1, 64 << 20, factor=1.0001)
+    assert len(cli.size_sweep(1, 4096, step=1)) == 4096
     assert cli.format_size(8) == "8B" and cli.format_size(65536) == "64K"
     assert cli.format_size(64 << 20) == "64M" and cli.format_size(3 << 19) == "1.5M"
 
@@ -111,10 +117,10 @@ def test_nccl_tests_spellings_that_differ_here(capsys):
 def test_memory_guard_counts_ranks_and_check_copies(monkeypatch, capsys):
     """-e must fit every rank on this host with its buffers (3 with --check), not one input
     and one output: 5 ranks x 3 x 8 GiB were accepted on a 24 GiB machine (found by a
-    helper)."""
+    helper). The memory is what is available now (or a container's limit)."""
     for k in _LAUNCH_VARS:
         monkeypatch.delenv(k, raising=False)
-    monkeypatch.setattr(cli, "memory_bytes", lambda: 24 << 30)
+    monkeypatch.setattr(cli, "available_bytes", lambda: 24 << 30)
     assert cli.parse_args(["-n", "1", "-e", "8G"]).maxbytes == 8 << 30  # 2 x 8 GiB fit
     assert cli.parse_args(["-n", "1", "-e", "8G", "--check"]).check  # 3 x 8 GiB fit
     for argv in (["-n", "1", "-e", "9G", "--check"], ["-n", "2", "-e", "8G"]):
@@ -274,6 +280,51 @@ def test_expected_values_catch_a_misplaced_block(op):
     assert checks.count_wrong(b.out, b.expected) > 0
 
 
+@pytest.mark.parametrize("dtype", ["float16", "int32"])
+def test_expected_values_and_checks_in_steps(monkeypatch, dtype):
+    """Expected results are built, and results compared, a step at a time (a 7-element step
+    here, 1 Mi elements in use): every block's offset in the pattern is right and every wrong
+    element of every step is counted."""
+    monkeypatch.setattr(checks, "_PATTERN_STEP", 7)
+    world, root = 3, 2
+    for op in ("allreduce", "allgather", "reduce_scatter", "gather", "scatter", "alltoall"):
+        case = make_case(op, 600, dtype, world)
+        for r, b in enumerate(_simulate(case, dtype, world, "sum", root)):
+            if b.expected is None:
+                continue
+            assert checks.count_wrong(b.out, b.expected) == 0, (op, r)
+            b.out[::5] += 1
+            assert checks.count_wrong(b.out, b.expected) == len(range(0, b.out.numel(), 5))
+
+
+def test_checking_a_large_buffer_takes_a_few_copies_of_it():
+    """-c's buffers and checks of a 32 MiB float16 all-reduce and a 4-rank all-to-all: a few
+    buffers' worth of memory (the comparison's float64 temporaries took 24x the buffer, the
+    all-to-all's expected result n whole patterns; an accepted run was killed for memory)."""
+    code = """if True:
+        import resource, torch
+        from ringreduce.bench import checks
+        from ringreduce.bench.metrics import make_case
+        def peak():
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        import sys
+        op, dtype, world = sys.argv[1], sys.argv[2], int(sys.argv[3])
+        checks._PATTERN_STEP = 1 << 18  # its int64 temporaries: 2 MiB, not 8
+        torch.ones(1 << 20).sum()
+        base = peak()  # the lifetime peak: one case per process
+        case = make_case(op, 32 << 20, dtype, world)
+        b = checks.make_buffers(case, dtype, 1, world, "sum", 0, True)
+        b.out.copy_(b.expected)
+        assert checks.count_wrong(b.out, b.expected) == 0
+        print((peak() - base) / (32 << 20))
+    """
+    for case in (("allreduce", "float16", "2"), ("alltoall", "float32", "4")):
+        r = subprocess.run([sys.executable, "-c", code, *case], capture_output=True,
+                           text=True, timeout=300, check=False)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert float(r.stdout) < 4.5, (case, r.stdout)  # inp, out/initial, expected + steps
+
+
 def test_count_wrong_catches_errors_and_reset_restores():
     case = make_case("allreduce", 64, "float32", 2)
     b = checks.make_buffers(case, "float32", 0, 2, "sum", 0, True)
@@ -409,6 +460,37 @@ def test_replot_from_json(tmp_path):
                        capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
     assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 5000
+    # bad arguments are a sentence, not a traceback; the picture drawn before is kept
+    for args, said in (([js, tmp_path / "no" / "r.png"], "does not exist or is not writable"),
+                       ([js, tmp_path / "r.nope"], "suffix matplotlib can write"),
+                       ([tmp_path / "missing.json", png], "not a readable ringreduce-bench")):
+        r = subprocess.run([sys.executable, "-m", "ringreduce.bench.plot", *map(str, args)],
+                           capture_output=True, text=True, timeout=120, check=False)
+        assert r.returncode == 1 and said in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_outputs_are_replaced_whole_or_not_at_all(tmp_path):
+    """A write that fails part way (a full disk, a file-size limit) leaves the previous
+    --json / --csv / --plot file as it was (it left a truncated JSON), and nothing beside it."""
+    from ringreduce.bench import outfile, report
+
+    js = tmp_path / "r.json"
+    outfile.write_json(str(js), {"old": 1})
+    with pytest.raises(TypeError):
+        outfile.write_json(str(js), {"new": object()})  # fails half way through the dump
+    with pytest.raises(OSError), outfile.replacing(str(js)) as f:
+        f.write('{"new": ')
+        raise OSError(27, "File too large")
+    assert json.loads(js.read_text()) == {"old": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+    outfile.write_json(str(js), {"new": 2})
+    assert json.loads(js.read_text()) == {"new": 2}
+    mask = os.umask(0)
+    os.umask(mask)
+    assert js.stat().st_mode & 0o777 == 0o666 & ~mask  # as open() makes a file
+    report.write_csv(str(tmp_path / "r.csv"), _rows())
+    assert (tmp_path / "r.csv").read_text().startswith(",".join(report.CSV_FIELDS[:2]))
 
 
 def test_progress_bar():
@@ -611,10 +693,12 @@ def _procs_with(marker: str) -> list[int]:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
 def test_a_signal_to_the_bench_stops_every_rank(tmp_path, sig):
     """`kill PID` (a batch system ending the job) or Ctrl-C reaching only the bench process:
-    its launcher and ranks stop too (were left running / the signal was swallowed)."""
+    its launcher and ranks stop too (were left running / the signal was swallowed). SIGKILL
+    (the OOM killer, `kill -9`): the launcher has the bench's death as its SIGTERM (it and
+    the ranks ran on and wrote the --json after the bench was gone)."""
     import time
 
     marker = str(tmp_path / "signalled.json")
@@ -648,7 +732,7 @@ def test_a_signal_to_the_bench_stops_every_rank(tmp_path, sig):
             _, err = p.communicate(timeout=30)
             raise AssertionError(f"still running 30 s after {sig.name}: {seen}\n"
                                  f"stderr: {err[-3000:]}") from None
-        assert p.returncode == 128 + sig, err
+        assert p.returncode == (-sig if sig == signal.SIGKILL else 128 + sig), err
         time.sleep(0.5)
         assert _procs_with(marker) == [], f"left running after {sig.name}: {err[-2000:]}"
     finally:

@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Sequence
 
 from .. import _C
-from .machine import memory_bytes
+from .machine import available_bytes
 
 PROG = "ringreduce-bench"
 OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter", "barrier", "reduce", "gather",
@@ -51,6 +51,9 @@ def format_size(n: int) -> str:
     return f"{n}B"
 
 
+MAX_SIZES = 4096  # a sweep's sizes (each is -w + -n iterations of every case)
+
+
 def size_sweep(begin: int, end: int, factor: float = 2.0, step: int = 0) -> list[int]:
     """Sizes from begin to end (inclusive), multiplying by `factor`, or adding `step` bytes
     when step > 0 (nccl-tests' -f / --stepbytes)."""
@@ -60,8 +63,16 @@ def size_sweep(begin: int, end: int, factor: float = 2.0, step: int = 0) -> list
         raise ValueError(f"-f must be a finite number > 1 (got {factor}), or give --stepbytes")
     if step <= 0 and begin == 0:
         raise ValueError("-b 0 with -f would never grow; start at 1 byte or more")
+    if step > 0 and (end - begin) // step >= MAX_SIZES:  # before a list of millions is built
+        raise ValueError(f"-b {format_size(begin)} -e {format_size(end)} --stepbytes {step} makes "
+                         f"{(end - begin) // step + 1} sizes (at most {MAX_SIZES}); raise "
+                         f"--stepbytes or narrow -b/-e")
     sizes, s = [], begin
     while s <= end:
+        if len(sizes) == MAX_SIZES:
+            raise ValueError(f"-b {format_size(begin)} -e {format_size(end)} -f {factor:g} makes "
+                             f"more than {MAX_SIZES} "
+                             f"sizes; raise -f or narrow -b/-e")
         sizes.append(s)
         nxt = s + step if step > 0 else int(s * factor)
         s = nxt if nxt > s else s + 1
@@ -314,16 +325,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                                              ("--op", args.redops, "sum")) if v != [want])
         p.error(f"--tune fits the cost model to float32 sum all-reduces (its alpha and beta "
                 f"are per message and per byte, whatever the type): drop {got}")
-    total = memory_bytes()
+    total = available_bytes()
     # Each rank holds an input and an output (with --check also the expected result; an
     # in-place collective's output is its input, whose copy is kept instead), every rank on
-    # this host at once -- in host memory unless --device cuda.
+    # this host at once -- in host memory unless --device cuda. Against the memory free now
+    # (MemAvailable, or a container's limit), not MemTotal: a run that fits only on paper
+    # is killed for memory part way.
     copies, local = 3 if args.check else 2, _local_ranks(args)
     if total and not args.model and args.device != "cuda" and \
             args.maxbytes * copies * local > total:
         p.error(f"-e {format_size(args.maxbytes)}: {local} rank(s) on this host holding "
                 f"{copies} buffers of that size each{' (--check)' if args.check else ''} do not "
-                f"fit this machine's {format_size(total)} of memory; lower -e")
+                f"fit the {format_size(total)} of memory available now; lower -e")
     # Modes that write other files: an output they ignore is said, not silently skipped.
     for mode, writes, ignored in (("model", "--json", ("csv", "plot")),
                                   ("tune", "--tune-out", ("json", "csv", "plot"))):
@@ -337,18 +350,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     except ValueError as e:
         p.error(str(e))
     for opt in ("json", "csv", "plot", "tune_out"):  # found before the sweep, not after it
-        path = getattr(args, opt)
-        folder = os.path.dirname(os.path.abspath(path)) if path else ""
-        if path and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
-            p.error(f"--{opt.replace('_', '-')} {path}: the folder {folder} does not exist or "
-                    f"is not writable; create it or pick another path")
-        if path and os.path.isdir(path):
-            p.error(f"--{opt.replace('_', '-')} {path} is a folder; give a file name")
+        problem = getattr(args, opt) and output_problem(getattr(args, opt),
+                                                        f"--{opt.replace('_', '-')}")
+        if problem:
+            p.error(problem)
     if args.plot and not args.model and all(op == "barrier" for op in args.ops):
         p.error(f"--plot {args.plot}: barrier has no message size to plot against; drop "
                 f"--plot or add a sized collective to -o")
     if args.plot:
-        problem = _plot_problem(args.plot)
+        problem = plot_problem(args.plot)
         if problem:
             p.error(problem)
     if "nccl" in args.compare and args.device != "cuda":
@@ -370,7 +380,18 @@ def _local_ranks(args: argparse.Namespace) -> int:
     return args.nproc or 2
 
 
-def _plot_problem(path: str) -> str | None:
+def output_problem(path: str, what: str = "--json") -> str | None:
+    """Why the file `path` (given as option `what`) cannot be written, else None."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
+        return (f"{what} {path}: the folder {folder} does not exist or is not writable; "
+                f"create it or pick another path")
+    if os.path.isdir(path):
+        return f"{what} {path} is a folder; give a file name"
+    return None
+
+
+def plot_problem(path: str, what: str = "--plot") -> str | None:
     """Why --plot `path` cannot be drawn (no matplotlib, a format it cannot write), else
     None: found before the sweep, not after it."""
     try:
@@ -380,7 +401,7 @@ def _plot_problem(path: str) -> str | None:
     kinds = FigureCanvasBase.get_supported_filetypes()
     suffix = os.path.splitext(path)[1].lstrip(".").lower()
     if suffix not in kinds:
-        return (f"--plot {path}: name the file with a suffix matplotlib can write "
+        return (f"{what} {path}: name the file with a suffix matplotlib can write "
                 f"({', '.join('.' + k for k in sorted(kinds))}), e.g. bench.png")
     return None
 

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .._cpus import usable_cpus
+from ..run import parent_death_signal
 from . import progress
 from .cli import PROG, strip_nproc
 from .metrics import combinations
@@ -79,7 +80,8 @@ def run_mpi_job(args: Namespace, n: int, rank_argv: list[str], timeout: float) -
               flush=True)
         p = subprocess.Popen(cmd, env=_mpi_env(), stdout=subprocess.PIPE,
                              stderr=None if show else subprocess.STDOUT,
-                             start_new_session=True, text=True)
+                             start_new_session=True, text=True,
+                             preexec_fn=parent_death_signal())  # noqa: PLW1509 (see run.py)
         try:
             text, _ = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -105,6 +107,10 @@ def spawn_local(args: Namespace, argv: list[str]) -> int:
         print(f"{PROG}: error: --root {args.root} is not a rank of this job (-n {n})",
               file=sys.stderr)
         return 2
+    if n > usable_cpus():  # nccl-tests' -n is iterations: a habit can ask for 100 ranks
+        print(f"# {PROG}: -n {n} ranks on {usable_cpus()} usable CPU(s): ranks share cores, so "
+              f"the times include that contention (-n is the number of ranks here; -i the "
+              f"iterations)", file=sys.stderr, flush=True)
     rank_argv = strip_nproc(argv)
     env = dict(os.environ)
     if args.transport:
@@ -127,7 +133,10 @@ def spawn_local(args: Namespace, argv: list[str]) -> int:
                                        timeout=max(600.0, 4 * args.timeout) * combos)
                 cmd += ["--mpi-results", mpi_file]
             # Its own session: a terminal's Ctrl-C reaches it once, through us (see below).
-            child[0] = p = subprocess.Popen(cmd, env=env, start_new_session=True)
+            # SIGTERMed if we die without a word (SIGKILL, the OOM killer): it stops the
+            # ranks; they ran on and wrote --json after the bench was gone (a helper).
+            child[0] = p = subprocess.Popen(cmd, env=env, start_new_session=True,
+                                            preexec_fn=parent_death_signal())  # noqa: PLW1509  # noqa: PLW1509 (see run.py)
             return p.wait()
         finally:
             p = child[0]

@@ -35,16 +35,37 @@ def _cpuinfo_model() -> str:
     return platform.processor() or "unknown"
 
 
-def memory_bytes() -> int:
-    """This machine's memory (MemTotal), or 0 when unknown."""
+def _meminfo(key: str) -> int:
+    """/proc/meminfo's `key` in bytes, or 0 when unknown."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemTotal:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
     return 0
+
+
+def memory_bytes() -> int:
+    """This machine's memory (MemTotal), or 0 when unknown."""
+    return _meminfo("MemTotal")
+
+
+def available_bytes() -> int:
+    """Memory the benchmark's buffers can have now: MemAvailable, or this process's cgroup
+    memory limit where that is lower (a container's); 0 when unknown."""
+    avail = _meminfo("MemAvailable")
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                limit = int(f.read().strip())  # v2's "max" (no limit) is a ValueError
+        except (OSError, ValueError):
+            continue
+        if 0 < limit < avail or not avail:  # v1's "no limit" is a huge number
+            avail = limit
+        break
+    return avail
 
 
 def _mem_gib() -> float | None:

@@ -10,11 +10,11 @@ through _C.predict_allreduce_cluster), so what is printed is what the core belie
 
 from __future__ import annotations
 
-import json
 from argparse import Namespace
 
 from .. import _C
 from .cli import format_size
+from .outfile import write_json
 
 ALGOS = ("ring", "recursive_doubling", "binomial_tree", "hier")
 SIZES = [8 << (3 * i) for i in range(10)]  # 8 B, 64 B, ..., 1 GiB
@@ -74,7 +74,6 @@ def run(args: Namespace) -> int:
                 cells.append(f"{_fmt_time(r['predicted_s'][r['pick']])} {SHORT[r['pick']]}")
         print(f"{format_size(size):>8}" + "".join(f"{c:>18}" for c in cells))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+        write_json(args.json, res, indent=1)
         print(f"# all algorithms' predictions written to {args.json}")
     return 0

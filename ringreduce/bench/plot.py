@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .cli import DTYPES, format_size
 from .metrics import Row
+from .outfile import save_figure
 
 _STYLE = {"ringreduce": ("C0", "o"), "gloo": ("C1", "s"), "mpi": ("C2", "^"),
           "nccl": ("C3", "D")}
@@ -100,7 +101,7 @@ def plot(rows: list[Row], meta: dict, path: str) -> str | None:
             fig.legend(handles=handles, loc="upper right", fontsize=9)
     fig.suptitle(f"ringreduce-bench on {hosts}\ntransport {meta['transport']}, "
                  f"median of {meta['iters']} iterations", fontsize=10)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return None
 
@@ -118,7 +119,16 @@ def replot(json_path: str, path: str) -> str | None:
 if __name__ == "__main__":  # python -m ringreduce.bench.plot RESULTS.json OUT.png
     import sys
 
+    from .cli import output_problem, plot_problem
+
     if len(sys.argv) != 3:
         sys.exit("usage: python -m ringreduce.bench.plot RESULTS.json OUT.png")
-    why = replot(sys.argv[1], sys.argv[2])
+    problem = output_problem(sys.argv[2], "OUT") or plot_problem(sys.argv[2], "OUT")
+    if problem:
+        sys.exit(f"error: {problem}")
+    try:
+        why = replot(sys.argv[1], sys.argv[2])
+    except (OSError, ValueError, KeyError, TypeError) as e:  # json's errors are ValueErrors
+        sys.exit(f"error: {sys.argv[1]} is not a readable ringreduce-bench --json file "
+                 f"({type(e).__name__}: {e})")
     sys.exit(f"not drawn: {why}" if why else 0)

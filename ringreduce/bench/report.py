@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import json
 import math
 import platform
 import time
@@ -13,6 +12,7 @@ from collections import Counter
 from .. import _env
 from . import machine
 from .metrics import REDUCING, ROOTED, Row, combo_key
+from .outfile import replacing, write_json
 
 CSV_FIELDS = ("op", "library", "size", "count", "type", "redop", "root", "algo", "world_size",
               "time_us", "p99_us", "algbw_gbps", "busbw_gbps", "wrong", "iters")
@@ -220,7 +220,7 @@ def to_json(rows: list[Row], meta: dict, skipped: list[dict]) -> dict:
 
 
 def write_csv(path: str, rows: list[Row]) -> None:
-    with open(path, "w", newline="") as f:
+    with replacing(path) as f:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
         w.writeheader()
         for r in rows:
@@ -232,8 +232,7 @@ def write_outputs(args: Namespace, rows: list[Row], meta: dict, skipped: list[di
     import sys
 
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(to_json(rows, meta, skipped), f, separators=(",", ":"))
+        write_json(args.json, to_json(rows, meta, skipped), separators=(",", ":"))
         print(f"# wrote {args.json}", file=sys.stderr)
     if args.csv:
         write_csv(args.csv, rows)

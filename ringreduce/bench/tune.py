@@ -11,7 +11,6 @@ by 1/t so that microsecond and millisecond points count alike.
 
 from __future__ import annotations
 
-import json
 import sys
 from argparse import Namespace
 
@@ -22,6 +21,7 @@ from .anchors import RingReduce
 from .checks import make_buffers
 from .cli import format_size
 from .metrics import make_case, median
+from .outfile import write_json
 from .timing import measure
 
 TREE_SIZES = (8, 64, 512, 4096)
@@ -115,7 +115,6 @@ def run(args: Namespace, me: RingReduce, rank: int, world: int) -> int:
         print(f"# ring/tree crossover ({label} alpha {opts['alpha_us']:.3g} us, beta "
               f"{opts['beta_ns_per_byte']:.3g} ns/B): {xs}")
     if args.tune_out:
-        with open(args.tune_out, "w") as f:
-            json.dump(res, f, indent=1)
+        write_json(args.tune_out, res, indent=1)
         print(f"# wrote {args.tune_out}; use it with RINGREDUCE_TUNING_FILE={args.tune_out}")
     return 0
