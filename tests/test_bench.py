@@ -298,7 +298,7 @@ def test_expected_values_and_checks_in_steps(monkeypatch, dtype):
 
 
 def test_checking_a_large_buffer_takes_a_few_copies_of_it():
-    """-c's buffers and checks of a 32 MiB float16 all-reduce and a 4-rank all-to-all: a few
+    """-c's buffers and checks of a 16 MiB float16 all-reduce and a 4-rank all-to-all: a few
     buffers' worth of memory (the comparison's float64 temporaries took 24x the buffer, the
     all-to-all's expected result n whole patterns; an accepted run was killed for memory)."""
     code = """if True:
@@ -309,20 +309,20 @@ def test_checking_a_large_buffer_takes_a_few_copies_of_it():
             return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         import sys
         op, dtype, world = sys.argv[1], sys.argv[2], int(sys.argv[3])
-        checks._PATTERN_STEP = 1 << 18  # its int64 temporaries: 2 MiB, not 8
+        checks._PATTERN_STEP = 1 << 17  # its int64 temporaries: 1 MiB, not 8
         torch.ones(1 << 20).sum()
         base = peak()  # the lifetime peak: one case per process
-        case = make_case(op, 32 << 20, dtype, world)
+        case = make_case(op, 16 << 20, dtype, world)
         b = checks.make_buffers(case, dtype, 1, world, "sum", 0, True)
         b.out.copy_(b.expected)
         assert checks.count_wrong(b.out, b.expected) == 0
-        print((peak() - base) / (32 << 20))
+        print((peak() - base) / (16 << 20))
     """
     for case in (("allreduce", "float16", "2"), ("alltoall", "float32", "4")):
         r = subprocess.run([sys.executable, "-c", code, *case], capture_output=True,
                            text=True, timeout=300, check=False)
         assert r.returncode == 0, r.stderr[-3000:]
-        assert float(r.stdout) < 4.5, (case, r.stdout)  # inp, out/initial, expected + steps
+        assert float(r.stdout) < 6, (case, r.stdout)  # inp, out/initial, expected: ~4 with steps
 
 
 def test_count_wrong_catches_errors_and_reset_restores():
