@@ -1,4 +1,4 @@
-"""How many CPUs this process may actually run on.
+"""How many CPUs this process may actually run on (and the memory its cgroup allows).
 
 ``os.cpu_count()`` counts the machine's CPUs. A rank started under ``taskset``/``numactl``
 (affinity mask) or in a container with a CPU limit (cgroup quota) gets fewer, and spinning
@@ -15,7 +15,7 @@ import math
 import os
 from typing import Callable
 
-__all__ = ["cgroup_cpu_limit", "usable_cpus"]
+__all__ = ["cgroup_cpu_limit", "cgroup_memory_limit", "usable_cpus"]
 
 _CGROUP_ROOT = "/sys/fs/cgroup"
 _PROC_CGROUP = "/proc/self/cgroup"
@@ -48,6 +48,25 @@ def cgroup_cpu_limit(cgroup_root: str = _CGROUP_ROOT,
     cgroup's directory is not visible (a container shows the host's path), the mount root
     (the container's own cgroup) is read instead.
     """
+    return _cgroup_limit(cgroup_root, proc_cgroup, "cpu", ["cpu,cpuacct", "cpu"], _read_v2,
+                         _read_v1)
+
+
+def cgroup_memory_limit(cgroup_root: str = _CGROUP_ROOT,
+                        proc_cgroup: str = _PROC_CGROUP) -> int | None:
+    """The memory limit of this process's cgroup in bytes (the smallest up to the mount
+    root, as for the CPU quota), or None when there is none or it cannot be read: v2's
+    ``memory.max`` ("max" = none), v1's ``memory.limit_in_bytes`` (a huge number = none)."""
+    limit = _cgroup_limit(cgroup_root, proc_cgroup, "memory", ["memory"],
+                          lambda d: _read_bytes(os.path.join(d, "memory.max")),
+                          lambda d: _read_bytes(os.path.join(d, "memory.limit_in_bytes")))
+    return None if limit is None else int(limit)
+
+
+def _cgroup_limit(cgroup_root: str, proc_cgroup: str, controller: str, v1_mounts: list[str],
+                  read_v2: Callable[[str], float | None],
+                  read_v1: Callable[[str], float | None]) -> float | None:
+    """The smallest limit read on the way up from this process's cgroup of `controller`."""
     try:
         with open(proc_cgroup) as f:
             lines = f.read().splitlines()
@@ -58,12 +77,12 @@ def cgroup_cpu_limit(cgroup_root: str = _CGROUP_ROOT,
         hid, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
         if hid == "0" and controllers == "":  # v2 unified hierarchy
-            limits += _walk(cgroup_root, path, _read_v2)
-        elif "cpu" in controllers.split(","):  # v1 cpu controller, e.g. "cpu,cpuacct"
-            for mount in dict.fromkeys([controllers, "cpu,cpuacct", "cpu"]):
+            limits += _walk(cgroup_root, path, read_v2)
+        elif controller in controllers.split(","):  # v1, e.g. "cpu,cpuacct"
+            for mount in dict.fromkeys([controllers, *v1_mounts]):
                 base = os.path.join(cgroup_root, mount)
                 if os.path.isdir(base):
-                    limits += _walk(base, path, _read_v1)
+                    limits += _walk(base, path, read_v1)
                     break
     return min(limits) if limits else None
 
@@ -110,6 +129,15 @@ def _read_v1(d: str) -> float | None:
     except ValueError:
         return None
     return quota / period if quota > 0 and period > 0 else None
+
+
+def _read_bytes(path: str) -> float | None:
+    text = _read(path)
+    try:
+        value = int(text) if text is not None else 0  # v2's "max" is a ValueError
+    except ValueError:
+        return None
+    return float(value) if 0 < value < 1 << 60 else None  # v1: 2^63 - 4096 for none
 
 
 def _read(path: str) -> str | None:

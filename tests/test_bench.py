@@ -123,10 +123,13 @@ def test_memory_guard_counts_ranks_and_check_copies(monkeypatch, capsys):
     monkeypatch.setattr(cli, "available_bytes", lambda: 24 << 30)
     assert cli.parse_args(["-n", "1", "-e", "8G"]).maxbytes == 8 << 30  # 2 x 8 GiB fit
     assert cli.parse_args(["-n", "1", "-e", "8G", "--check"]).check  # 3 x 8 GiB fit
-    for argv in (["-n", "1", "-e", "9G", "--check"], ["-n", "2", "-e", "8G"]):
+    for argv, say in ((["-n", "1", "-e", "9G", "--check"], "lower -e or drop -c"),
+                      (["-n", "2", "-e", "8G"], "lower -e or -n")):
         with pytest.raises(SystemExit):
             cli.parse_args(argv)
-        assert "lower -e" in capsys.readouterr().err
+        assert say in capsys.readouterr().err
+    # the ranks the bench starts itself do not check again (it did, with more memory free)
+    assert cli.parse_args(["-n", "2", "-e", "8G", "--memory-checked"]).maxbytes == 8 << 30
     monkeypatch.setenv("RANK", "0")  # a rank of a job: its launcher's count, not -n's default
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
@@ -333,6 +336,8 @@ def test_count_wrong_catches_errors_and_reset_restores():
     b.out[3] += 1
     b.out[7] = float("nan")
     assert checks.count_wrong(b.out, b.expected) == 2
+    with pytest.raises(ValueError, match="has 8 elements, the expected result 7"):
+        checks.count_wrong(torch.zeros(8), torch.zeros(7))
     b.reset()
     assert torch.equal(b.inp, checks.pattern(0, case.count).float())
     g = checks.make_buffers(make_case("allgather", 64, "int8", 2), "int8", 1, 2, "sum", 0, True)
@@ -472,7 +477,8 @@ def test_replot_from_json(tmp_path):
 
 def test_outputs_are_replaced_whole_or_not_at_all(tmp_path):
     """A write that fails part way (a full disk, a file-size limit) leaves the previous
-    --json / --csv / --plot file as it was (it left a truncated JSON), and nothing beside it."""
+    --json / --csv / --plot file as it was (it left a truncated JSON), and nothing beside it;
+    links, /dev/stdout-like targets and bind-mounted files still work."""
     from ringreduce.bench import outfile, report
 
     js = tmp_path / "r.json"
@@ -491,6 +497,28 @@ def test_outputs_are_replaced_whole_or_not_at_all(tmp_path):
     assert js.stat().st_mode & 0o777 == 0o666 & ~mask  # as open() makes a file
     report.write_csv(str(tmp_path / "r.csv"), _rows())
     assert (tmp_path / "r.csv").read_text().startswith(",".join(report.CSV_FIELDS[:2]))
+    # an existing file keeps its mode; a link's file is replaced and the link stays
+    os.chmod(js, 0o640)
+    (tmp_path / "latest.json").symlink_to(js)
+    outfile.write_json(str(tmp_path / "latest.json"), {"new": 3})
+    assert (tmp_path / "latest.json").is_symlink() and json.loads(js.read_text()) == {"new": 3}
+    assert js.stat().st_mode & 0o777 == 0o640
+    # no regular file (/dev/stdout, a pipe): written to, never renamed over
+    (tmp_path / "out").symlink_to("/dev/null")
+    outfile.write_json(str(tmp_path / "out"), {"new": 4})
+    assert os.readlink(tmp_path / "out") == "/dev/null" and not os.path.isfile("/dev/null")
+    # a file that cannot be renamed over (a bind mount's EBUSY): its contents are copied in
+    import errno
+
+    def busy(src, dst):
+        raise OSError(errno.EBUSY, "Device or resource busy")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "replace", busy)
+        outfile.write_json(str(js), {"new": 5})
+    assert json.loads(js.read_text()) == {"new": 5}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.json", "out", "r.csv",
+                                                         "r.json"]
 
 
 def test_progress_bar():

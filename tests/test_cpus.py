@@ -103,6 +103,29 @@ def test_missing_or_odd_files_mean_no_limit(tmp_path: Path, proc_cgroup: str | N
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize("proc_cgroup,files,limit", [
+    # v2: the smallest memory.max from this cgroup up ("max" = none)
+    ("0::/job/rank0\n", {"job/memory.max": "8589934592", "job/rank0/memory.max": "max"},
+     8 << 30),
+    ("0::/job/rank0\n", {"job/rank0/memory.max": "max"}, None),
+    # v1 (the memory line of several; 2^63 - 4096 is no limit), the container's root
+    ("4:memory:/process_api/x\n0::/\n",
+     {"memory/memory.limit_in_bytes": "9223372036854771712",
+      "memory/process_api/x/memory.limit_in_bytes": "1073741824"}, 1 << 30),
+    ("4:memory:/not/visible\n", {"memory/memory.limit_in_bytes": "2147483648"}, 2 << 30),
+    ("4:memory:/process_api/x\n",
+     {"memory/process_api/x/memory.limit_in_bytes": "9223372036854771712"}, None),
+    ("4:memory:/x\n", {"memory/x/memory.limit_in_bytes": "junk"}, None),
+])
+def test_cgroup_memory_limit(tmp_path: Path, proc_cgroup: str, files: dict[str, str],
+                             limit: int | None) -> None:
+    """ringreduce-bench's -e guard: a container's or a job's memory limit (smallest on the
+    way up), none for v2's "max" and v1's huge "no limit" number."""
+    root, proc = _tree(tmp_path, proc_cgroup, files)
+    assert cpus.cgroup_memory_limit(root, proc) == limit
+
+
+@pytest.mark.timeout(30)
 def test_affinity_mask_is_honoured() -> None:
     code = ("import os, sys; sys.path.insert(0, sys.argv[1]); os.sched_setaffinity(0, {min("
             "os.sched_getaffinity(0))}); import _cpus; print(_cpus.usable_cpus())")

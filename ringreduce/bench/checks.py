@@ -163,6 +163,9 @@ def count_wrong(result: torch.Tensor, expected: torch.Tensor | None) -> int:
     size, and an accepted -c run of 2 GiB per rank was killed for memory (a helper)."""
     if expected is None or result.numel() == 0:
         return 0
+    if result.numel() != expected.numel():
+        raise ValueError(f"the result has {result.numel()} elements, the expected result "
+                         f"{expected.numel()}")
     result, expected = result.reshape(-1), expected.reshape(-1)
     wrong = 0
     for lo in range(0, result.numel(), _PATTERN_STEP):

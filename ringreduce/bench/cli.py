@@ -303,6 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--shm-beta-ns-per-byte", type=float, default=model["shm_beta_ns_per_byte"],
       metavar="NS", help=argparse.SUPPRESS)
     a("--mpi-results", help=argparse.SUPPRESS)  # set by the launcher: the mpirun job's output
+    # Set by the launcher too: -e was checked before the ranks started (each rank's own
+    # check saw less memory -- its siblings' imports -- and could refuse what was accepted).
+    a("--memory-checked", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
@@ -332,11 +335,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     # (MemAvailable, or a container's limit), not MemTotal: a run that fits only on paper
     # is killed for memory part way.
     copies, local = 3 if args.check else 2, _local_ranks(args)
-    if total and not args.model and args.device != "cuda" and \
+    if total and not (args.model or args.memory_checked) and args.device != "cuda" and \
             args.maxbytes * copies * local > total:
         p.error(f"-e {format_size(args.maxbytes)}: {local} rank(s) on this host holding "
                 f"{copies} buffers of that size each{' (--check)' if args.check else ''} do not "
-                f"fit the {format_size(total)} of memory available now; lower -e")
+                f"fit the {format_size(total)} of memory available now; lower -e"
+                f"{' or -n' if local > 1 else ''}{' or drop -c' if args.check else ''}")
     # Modes that write other files: an output they ignore is said, not silently skipped.
     for mode, writes, ignored in (("model", "--json", ("csv", "plot")),
                                   ("tune", "--tune-out", ("json", "csv", "plot"))):

@@ -111,7 +111,7 @@ def spawn_local(args: Namespace, argv: list[str]) -> int:
         print(f"# {PROG}: -n {n} ranks on {usable_cpus()} usable CPU(s): ranks share cores, so "
               f"the times include that contention (-n is the number of ranks here; -i the "
               f"iterations)", file=sys.stderr, flush=True)
-    rank_argv = strip_nproc(argv)
+    rank_argv = [*strip_nproc(argv), "--memory-checked"]  # as this process just did
     env = dict(os.environ)
     if args.transport:
         env["RINGREDUCE_TRANSPORT"] = args.transport
@@ -136,7 +136,7 @@ def spawn_local(args: Namespace, argv: list[str]) -> int:
             # SIGTERMed if we die without a word (SIGKILL, the OOM killer): it stops the
             # ranks; they ran on and wrote --json after the bench was gone (a helper).
             child[0] = p = subprocess.Popen(cmd, env=env, start_new_session=True,
-                                            preexec_fn=parent_death_signal())  # noqa: PLW1509  # noqa: PLW1509 (see run.py)
+                                            preexec_fn=parent_death_signal())  # noqa: PLW1509
             return p.wait()
         finally:
             p = child[0]

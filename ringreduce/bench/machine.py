@@ -53,19 +53,14 @@ def memory_bytes() -> int:
 
 
 def available_bytes() -> int:
-    """Memory the benchmark's buffers can have now: MemAvailable, or this process's cgroup
-    memory limit where that is lower (a container's); 0 when unknown."""
-    avail = _meminfo("MemAvailable")
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(path) as f:
-                limit = int(f.read().strip())  # v2's "max" (no limit) is a ValueError
-        except (OSError, ValueError):
-            continue
-        if 0 < limit < avail or not avail:  # v1's "no limit" is a huge number
-            avail = limit
-        break
-    return avail
+    """Memory the benchmark's buffers can have now: MemAvailable (MemTotal on kernels
+    without it), or this process's cgroup memory limit where that is lower (a container's,
+    a Slurm job's); 0 when unknown."""
+    from .._cpus import cgroup_memory_limit
+
+    avail = _meminfo("MemAvailable") or _meminfo("MemTotal")
+    limit = cgroup_memory_limit()
+    return min(avail, limit) if avail and limit else avail or limit or 0
 
 
 def _mem_gib() -> float | None:

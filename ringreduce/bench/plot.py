@@ -106,14 +106,13 @@ def plot(rows: list[Row], meta: dict, path: str) -> str | None:
     return None
 
 
-def replot(json_path: str, path: str) -> str | None:
-    """Draw `path` from a --json file written earlier (every iteration's time is kept)."""
+def load(json_path: str) -> tuple[list[Row], dict]:
+    """The rows and meta of a --json file written earlier (every iteration's time is kept)."""
     import json
 
     with open(json_path) as f:
         data = json.load(f)
-    rows = [Row.from_dict(r) for r in data["results"]]
-    return plot(rows, data["meta"], path)
+    return [Row.from_dict(r) for r in data["results"]], data["meta"]
 
 
 if __name__ == "__main__":  # python -m ringreduce.bench.plot RESULTS.json OUT.png
@@ -127,8 +126,12 @@ if __name__ == "__main__":  # python -m ringreduce.bench.plot RESULTS.json OUT.p
     if problem:
         sys.exit(f"error: {problem}")
     try:
-        why = replot(sys.argv[1], sys.argv[2])
+        rows, meta = load(sys.argv[1])
     except (OSError, ValueError, KeyError, TypeError) as e:  # json's errors are ValueErrors
         sys.exit(f"error: {sys.argv[1]} is not a readable ringreduce-bench --json file "
                  f"({type(e).__name__}: {e})")
+    try:
+        why = plot(rows, meta, sys.argv[2])
+    except OSError as e:
+        sys.exit(f"error: cannot write {sys.argv[2]}: {e}")
     sys.exit(f"not drawn: {why}" if why else 0)
