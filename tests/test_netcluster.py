@@ -16,7 +16,7 @@ from typing import Callable
 
 import pytest
 from _spawn import free_port, run_world, run_world_raw
-from netcluster import Cluster, cleanup_stale, tc_unavailable, unavailable
+from netcluster import Cluster, _run, cleanup_stale, tc_unavailable, unavailable
 
 _REASON = unavailable()
 pytestmark = [pytest.mark.netns,
@@ -225,6 +225,27 @@ def test_partitioned_host_is_named_everywhere_within_5s(cluster_factory) -> None
         other = r"rank 2\b" if o.rank != 2 else r"rank [01]\b"
         assert re.search(other, v["msg"]), f"rank {o.rank}: {v['msg']}"
         assert v["t_err"] - t_cut < 5.0, f"rank {o.rank}: {v['t_err'] - t_cut:.2f} s: {v['msg']}"
+
+
+@pytest.mark.timeout(150)
+def test_a_one_way_partition_fails_both_ranks_before_the_timeout(cluster_factory) -> None:
+    """Host 0 can no longer send to host 1 (a blackhole route; host 1 still reaches host 0).
+    Rank 1 hears no heartbeat, names rank 0 and leaves; its goodbye by heartbeat arrives but
+    its connection stalls (rank 0's acknowledgements are lost), so rank 0 waited for
+    RINGREDUCE_TIMEOUT and then blamed a wait chain (a helper's network-fault hunt). Now it
+    names rank 1 as departed within a heartbeat timeout of that goodbye."""
+    c = cluster_factory(2)
+    env = dict(ENV, RINGREDUCE_TIMEOUT="40")
+    outs, t_cut = _run_with_link_event(
+        c, 2, 1, 262144, 60, env,
+        lambda: _run(c.exec_prefix(0) + ["ip", "route", "add", "blackhole", f"{c.addr(1)}/32"]))
+    v0, v1 = (o.value for o in outs)
+    assert all(o.has_result for o in outs), [o.describe() for o in outs]
+    assert v1["type"] == "PeerFailure" and re.search(r"rank 0\b", v1["msg"]), v1
+    assert v0["type"] == "PeerFailure" and "rank 1 (" in v0["msg"], v0
+    assert "said goodbye" in v0["msg"] and "stalls its traffic" in v0["msg"], v0["msg"]
+    assert v0["wrong"] == v1["wrong"] == 0, (v0, v1)
+    assert v0["t_err"] - t_cut < 15.0, f"{v0['t_err'] - t_cut:.1f} s: {v0['msg']}"
 
 
 @pytest.mark.timeout(150)

@@ -415,6 +415,10 @@ class Communicator {
   // leftOk (a receive from any rank): its goodbye, or closed or silent (it may have left
   // before this rank asked it), throws UnansweredError.
   void checkUnwatched(int peer, bool inCollective, bool leftOk = false);
+  // A connected `peer` this rank waits for, whose heartbeat said goodbye longer than the
+  // heartbeat timeout ago while its connection delivered neither that goodbye nor the data
+  // waited for: the network stalls its traffic (a one-way partition); throws PeerError.
+  void checkStalledGoodbye(int peer);
   // "rank 3 (host, pid 42) stopped responding: no heartbeat for 4.1 s (...)"
   std::string silence(int peer, const transport::PeerStatus& s, int64_t ageMs) const;
   void maybeFault(FaultPlan::Point p);

@@ -184,6 +184,24 @@ int Communicator::silentPeer(bool neverHeard, transport::PeerStatus* s, int64_t*
   return -1;
 }
 
+void Communicator::checkStalledGoodbye(int peer) {
+  // Its goodbye comes on its connection after everything it sent; its heartbeat's goodbye
+  // (UDP) came, but the connection has stalled since (TCP retransmitting into a one-way
+  // partition): the rank waited for RINGREDUCE_TIMEOUT and then blamed a wait chain ending
+  // at the departed rank (a helper's network-fault hunt). Silence is not this rule's: a
+  // departed peer's heartbeats stop by design.
+  if (!hb_ || opts_.heartbeatTimeoutSec <= 0 || gone_[static_cast<size_t>(peer)] ||
+      !conns_[static_cast<size_t>(peer)])
+    return;
+  const transport::PeerStatus s = hb_->status(peer);
+  if (!s.left || s.ageMs <= static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000)) return;
+  throwLeft(peer, detail::concat(
+      " while rank ", label(rank_), " waited for it in ", describeCurrent(),
+      " (its heartbeat said goodbye ", s.ageMs / 1000.0, " s ago, but its connection has "
+      "delivered neither that goodbye nor the data waited for since: the network between the "
+      "two hosts stalls its traffic, one way or both)"));
+}
+
 void Communicator::checkUnwatched(int peer, bool inCollective, bool leftOk) {
   if (!hb_ || opts_.heartbeatTimeoutSec <= 0 || watched(peer) || gone_[static_cast<size_t>(peer)])
     return;

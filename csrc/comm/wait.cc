@@ -312,7 +312,10 @@ void Communicator::checkLiveness(int sendPeer, int recvPeer, bool shm) {
   checkGone();
   checkHeartbeats(recvPeer >= 0 ? recvPeer : sendPeer);
   for (int p : {recvPeer, sendPeer})
-    if (p >= 0) checkUnwatched(p, true);
+    if (p >= 0) {
+      checkUnwatched(p, true);
+      checkStalledGoodbye(p);
+    }
 }
 
 void Communicator::markGone(int p) {
