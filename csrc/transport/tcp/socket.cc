@@ -215,9 +215,11 @@ Fd listenOn(const std::string& host, int port, int* boundPort) {
 
 namespace {
 bool isUnreachable(int err) { return err == ENETUNREACH || err == EHOSTUNREACH; }
-// EHOSTUNREACH also comes from a neighbour's failed address resolution (ARP), which may be
-// transient: retried this long; ENETUNREACH (no route at all) is not.
-constexpr auto kHostUnreachableGrace = std::chrono::seconds(3);
+// EHOSTUNREACH also comes from a neighbour's failed address resolution (ARP: the host or
+// the link is down, or the address is no host's), which may be transient: retried this long
+// (3 s failed init during a link outage of 8 s: a helper's network-fault hunt); ENETUNREACH
+// (no route at all) is not.
+constexpr auto kHostUnreachableGrace = std::chrono::seconds(15);
 }  // namespace
 
 Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what, Retry retry,
@@ -275,13 +277,19 @@ Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what, Ret
       RR_THROW(Refused, what, ": could not connect to ", ep.str(), ": ", lastErr);
     // No route from here to the address the peer published: a configuration no retry
     // mends (NCCL fails at once too); before, the wait ran to RINGREDUCE_CONNECT_TIMEOUT.
+    const auto tried = std::chrono::steady_clock::now() - started;
     if (retry == Retry::kUnlessRefused && unreachable &&
-        (noNetwork || std::chrono::steady_clock::now() - started > kHostUnreachableGrace))
+        (noNetwork || tried > kHostUnreachableGrace))
       RR_THROW(Error, what, ": could not connect to ", ep.str(), ": ", lastErr,
-               " (this host has no route to the address that rank published: a rank listens "
-               "on RINGREDUCE_SOCKET_IFNAME's interface, else on the one that routes to its "
-               "MASTER_ADDR; set RINGREDUCE_SOCKET_IFNAME to an interface the hosts share, on "
-               "every rank)");
+               noNetwork ? " (this host has no route to the address that rank published"
+                         : detail::concat(
+                               " for ", std::chrono::duration_cast<std::chrono::seconds>(
+                                            tried).count(),
+                               " s (no host answered at that address: its host or the link "
+                               "to it is down, or the address that rank published is wrong"),
+               ": a rank listens on RINGREDUCE_SOCKET_IFNAME's interface, else on the one that "
+               "routes to its MASTER_ADDR; set RINGREDUCE_SOCKET_IFNAME to an interface the "
+               "hosts share, on every rank)");
     if (deadline.expired())
       RR_THROW(TimeoutError, what, ": could not connect to ", ep.str(), ": ", lastErr,
                " (is the peer running and reachable from this interface?)");
