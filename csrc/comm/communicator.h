@@ -325,6 +325,7 @@ class Communicator {
   }
   static constexpr int64_t kLivenessEveryMs = 250;  // as pollWaits' longest sleep
   int64_t livenessAtMs_ = 0;  // steady ms of the last checkLiveness, or the wait's start
+  int64_t ioWaitSinceMs_ = 0;  // when the current waitIo began (its peers silent since)
   [[noreturn]] void timeout(int sendPeer, int recvPeer, bool shm);
   // Shared memory's part of every liveness check: a local peer's published failure
   // (throws as its abort frame would), its goodbye (gone_), its exit (PeerError).
@@ -415,9 +416,11 @@ class Communicator {
   // leftOk (a receive from any rank): its goodbye, or closed or silent (it may have left
   // before this rank asked it), throws UnansweredError.
   void checkUnwatched(int peer, bool inCollective, bool leftOk = false);
-  // A connected `peer` this rank waits for, whose heartbeat said goodbye longer than the
-  // heartbeat timeout ago while its connection delivered neither that goodbye nor the data
-  // waited for: the network stalls its traffic (a one-way partition); throws PeerError.
+  // A remote `peer` this rank has waited for on its connection for longer than the
+  // heartbeat timeout with nothing arriving, whose heartbeat said goodbye longer than that
+  // ago: the network stalls its traffic (a one-way partition); throws PeerError (kNetwork).
+  // A wait that makes progress (a slow link draining a departed peer's last data) returns
+  // and starts over, so only a connection silent for the whole timeout counts.
   void checkStalledGoodbye(int peer);
   // "rank 3 (host, pid 42) stopped responding: no heartbeat for 4.1 s (...)"
   std::string silence(int peer, const transport::PeerStatus& s, int64_t ageMs) const;

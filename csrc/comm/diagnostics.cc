@@ -186,20 +186,23 @@ int Communicator::silentPeer(bool neverHeard, transport::PeerStatus* s, int64_t*
 
 void Communicator::checkStalledGoodbye(int peer) {
   // Its goodbye comes on its connection after everything it sent; its heartbeat's goodbye
-  // (UDP) came, but the connection has stalled since (TCP retransmitting into a one-way
-  // partition): the rank waited for RINGREDUCE_TIMEOUT and then blamed a wait chain ending
-  // at the departed rank (a helper's network-fault hunt). Silence is not this rule's: a
-  // departed peer's heartbeats stop by design.
+  // (UDP) came, but nothing has come on the connection for as long (TCP retransmitting into
+  // a one-way partition): the rank waited for RINGREDUCE_TIMEOUT and then blamed a wait
+  // chain ending at the departed rank (a helper's network-fault hunt). A local peer's
+  // shared memory and process say more (checkLocalPeers).
   if (!hb_ || opts_.heartbeatTimeoutSec <= 0 || gone_[static_cast<size_t>(peer)] ||
-      !conns_[static_cast<size_t>(peer)])
+      !conns_[static_cast<size_t>(peer)] || (shm_ && shm_->localIndex(peer) >= 0))
     return;
+  const int64_t limit = static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000);
+  const int64_t quiet = steadyMs() - ioWaitSinceMs_;
   const transport::PeerStatus s = hb_->status(peer);
-  if (!s.left || s.ageMs <= static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000)) return;
-  throwLeft(peer, detail::concat(
-      " while rank ", label(rank_), " waited for it in ", describeCurrent(),
-      " (its heartbeat said goodbye ", s.ageMs / 1000.0, " s ago, but its connection has "
-      "delivered neither that goodbye nor the data waited for since: the network between the "
-      "two hosts stalls its traffic, one way or both)"));
+  if (!s.left || s.ageMs <= limit || quiet <= limit) return;
+  throw PeerError(peer, PeerCause::kNetwork, detail::concat(
+      "rank ", label(peer), " (", peerHost(peer), ") said goodbye by heartbeat ",
+      s.ageMs / 1000.0, " s ago, but nothing has arrived on its connection for ",
+      quiet / 1000.0, " s while rank ", label(rank_), " waited for it in ", describeCurrent(),
+      ": the network between the two hosts stalls its traffic (one way or both), and what it "
+      "said last (its goodbye, or why it failed) is lost"));
 }
 
 void Communicator::checkUnwatched(int peer, bool inCollective, bool leftOk) {

@@ -21,7 +21,7 @@ constexpr size_t kSpinMaxBytes = 256 * 1024;
 
 void Communicator::waitIo(int sendPeer, int recvPeer) {
   noteWait();
-  livenessAtMs_ = steadyMs();  // livenessDue counts from this wait's start
+  livenessAtMs_ = ioWaitSinceMs_ = steadyMs();  // livenessDue counts from this wait's start
   pfds_.clear();
   pfdPeer_.clear();
   pfds_.push_back({wakeFd_, POLLIN, 0});
@@ -314,7 +314,7 @@ void Communicator::checkLiveness(int sendPeer, int recvPeer, bool shm) {
   for (int p : {recvPeer, sendPeer})
     if (p >= 0) {
       checkUnwatched(p, true);
-      checkStalledGoodbye(p);
+      if (!shm) checkStalledGoodbye(p);  // a connection's wait (waitIo)
     }
 }
 
