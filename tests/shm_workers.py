@@ -412,14 +412,12 @@ def cycles(rank: int, world: int, n_cycles: int) -> dict:
     def nthreads() -> int:
         return len(os.listdir("/proc/self/task"))
 
-    def segments() -> int:  # this process's (rr-<tag>-<pid>-<hex>): other tests make theirs
-        return len(glob.glob(f"/dev/shm/rr-*-{os.getpid()}-*"))
-
+    mine = f"/dev/shm/rr-*-{os.getpid()}-*"  # this process's segments: other tests make theirs
     x = np.ones(4096, np.float32)
     rr.init()
     rr.allreduce(x)
     rr.destroy()
-    base = (fds(), nthreads(), _rss_kib(), segments())
+    base = (fds(), nthreads(), _rss_kib(), len(glob.glob(mine)))
     for _ in range(n_cycles):
         rr.init()
         rr.allreduce(x)
@@ -430,7 +428,7 @@ def cycles(rank: int, world: int, n_cycles: int) -> dict:
     t_end = time.monotonic() + 2.0
     while nthreads() > base[1] and time.monotonic() < t_end:
         time.sleep(0.01)
-    end = (fds(), nthreads(), _rss_kib(), segments())
+    end = (fds(), nthreads(), _rss_kib(), len(glob.glob(mine)))
     return {"fds": end[0] - base[0], "threads": end[1] - base[1],
             "rss_kib": end[2] - base[2], "shm": end[3] - base[3],
             "py_threads": threading.active_count()}
