@@ -134,3 +134,20 @@ def _wait_state(pid: int, stopped: bool, limit: float) -> None:
             return
         time.sleep(0.01)
     raise TimeoutError(f"process {pid} not {'stopped' if stopped else 'running'} in {limit} s")
+
+
+def late_behind_a_firewall(rank: int, world: int, late: int, secs: float) -> dict:
+    """Rank `late`'s UDP datagrams are dropped (tests/cpp/drop_udp.cc preloaded there: a
+    firewall passing TCP only); it sleeps `secs` (a slow checkpoint save, longer than the
+    heartbeat timeout) while the others wait in an all-reduce. Returns seconds waited, or
+    the error."""
+    _checked_allreduce(None, rank, list(range(world)))
+    if rank == late:
+        time.sleep(secs)
+    t0 = time.monotonic()
+    try:
+        _checked_allreduce(None, rank, list(range(world)))
+        _checked_allreduce(None, rank, list(range(world)))
+    except rr.PeerFailure as e:
+        return {"error": str(e), "peer_rank": e.peer_rank, "cause": e.cause}
+    return {"waited": time.monotonic() - t0}

@@ -85,3 +85,55 @@ def test_ranks_resumed_after_a_pause_blame_nobody(world: int, stopped: list) -> 
     against peers whose datagrams the paused process could not read."""
     outs = run_world(world, "heartbeat_workers:paused", stopped, 3.0, timeout=70, env=FAST)
     assert outs == [[]] * world, outs
+
+
+@pytest.fixture(scope="module")
+def drop_udp(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """tests/cpp/drop_udp.cc built as a shared object: LD_PRELOADed, the process's UDP
+    datagrams are lost (a firewall passing TCP only)."""
+    from _cpp_check import build
+
+    out = tmp_path_factory.mktemp("drop_udp")
+    return str(build(out, "drop_udp", [], flags=("-O2", "-fPIC", "-shared"),
+                     what="the UDP-dropping shim"))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world,dropped,named", [
+    (2, [1], False),
+    # Rank 2 shares rank 1's host (127.0.0.1) and is heard: UDP from there arrives, so
+    # rank 1's silence is its own and is named as before.
+    # (Two dropping ranks would not hear each other either: one machine cannot have them
+    # on a host of their own, whose loopback a firewall leaves alone.)
+    (3, [1], True),
+], ids=["two-ranks", "host-heard-from"])
+def test_a_late_rank_behind_a_udp_firewall_is_not_called_silent(
+        drop_udp: str, world: int, dropped: list, named: bool) -> None:
+    """Its heartbeats never arrive: a rank the others waited for longer than the heartbeat
+    timeout was named silent ("never heard from") although its connection worked. Now its
+    ranks are left to their connections and the deadline, with one warning per host."""
+    outs = run_world_raw(world, "heartbeat_workers:late_behind_a_firewall", 1, 4.0,
+                         timeout=100, env={**FAST, "RINGREDUCE_TRANSPORT": "tcp"},
+                         rank_env={r: {"LD_PRELOAD": drop_udp} for r in dropped})
+    v = outs[0].value
+    assert v is not None, outs[0].describe()
+    if named:
+        assert v.get("peer_rank") == 1 and v.get("cause") == "silent", v
+        return
+    for r, o in enumerate(outs):
+        assert o.value is not None and "waited" in o.value, (r, o.describe())
+    assert v["waited"] >= 3.0, v
+    warned = outs[0].stderr.count("no heartbeat from host")
+    assert warned == 1 and "firewall passing TCP only" in outs[0].stderr, outs[0].stderr
+
+
+@pytest.mark.timeout(90)
+def test_a_frozen_rank_behind_a_udp_firewall_is_named_at_the_deadline(drop_udp: str) -> None:
+    """What heartbeats cannot tell is left to RINGREDUCE_TIMEOUT, whose wait chain says why."""
+    outs = run_world_raw(2, "heartbeat_workers:frozen_member", 1, timeout=80, expendable=[1],
+                         env={**FAST, "RINGREDUCE_TRANSPORT": "tcp", "RINGREDUCE_TIMEOUT": "6"},
+                         rank_env={1: {"LD_PRELOAD": drop_udp}})
+    o = outs[0]
+    assert o.exc_type == "CollectiveTimeout", o.describe()
+    assert "rank 1 (never heard from: heartbeats from its host do not arrive)" in o.exc_msg, \
+        o.describe()

@@ -409,6 +409,11 @@ class Communicator {
   // goodbye never is), -1 if none; *s and *ageMs describe it. neverHeard: a peer not heard
   // from since heartbeats started counts as silent for that long. Needs hb_ and a timeout.
   int silentPeer(bool neverHeard, transport::PeerStatus* s, int64_t* ageMs) const;
+  // A connected `peer` never heard from, like every member on its host: their datagrams do
+  // not arrive (UDP blocked between the hosts; its heartbeats began before it connected), so
+  // its silence says nothing -- it is left to its connection and the deadline. Warns once
+  // per host and process. A peer on a host heard from (its own silence) is not.
+  bool heartbeatsNeverCame(int peer) const;
   // A wait for `peer`, a rank outside the sparse overlay (no-op for a watched one): ask it
   // for heartbeats (Heartbeat::want) and throw PeerError once it has been silent for the
   // heartbeat timeout since this rank began asking, or (unconnected) said goodbye. A no-op

@@ -3,6 +3,8 @@
 // doing when last heard, the current collective -- and the heartbeat checks that turn a
 // silent peer or a collective issued out of order into a typed error.
 #include <cstdio>
+#include <mutex>
+#include <set>
 
 #include "comm/communicator.h"
 #include "comm/site.h"
@@ -16,7 +18,35 @@ namespace {
 std::string pidText(const transport::PeerStatus& s) {
   return s.pid ? detail::concat(", pid ", s.pid) : std::string();
 }
+
+// Whether this process has yet to say that heartbeats from `host` never arrive (once per
+// host and process: every communicator and wait would say it again).
+bool firstWordOn(const std::string& host) {
+  static std::mutex mu;
+  static std::set<std::string> said;
+  std::lock_guard<std::mutex> g(mu);
+  return said.insert(host).second;
+}
 }  // namespace
+
+bool Communicator::heartbeatsNeverCame(int peer) const {
+  if (!conns_[static_cast<size_t>(peer)] || hb_->status(peer).ageMs >= 0 ||
+      transport::livenessMs() - hbSinceMs_ <= static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000))
+    return false;
+  const std::string host = peerHost(peer);
+  for (int q = 0; q < world_; ++q)
+    if (q != rank_ && q != peer && hb_->status(q).ageMs >= 0 && peerHost(q) == host)
+      return false;  // datagrams from that host arrive: this one's silence is its own
+  if (firstWordOn(host))
+    RR_WARN("no heartbeat from host ", host, " (rank ", label(peer), ") has arrived since "
+            "heartbeats started ", (transport::livenessMs() - hbSinceMs_) / 1000.0, " s ago, "
+            "though its connection works: UDP from there to this rank's heartbeat port ",
+            hb_->port(), " is dropped (a firewall passing TCP only?). Its ranks are not judged "
+            "by heartbeats: one that freezes or is cut off is found by its connection or at "
+            "RINGREDUCE_TIMEOUT. Allow UDP between the hosts, or set "
+            "RINGREDUCE_HEARTBEAT_TIMEOUT=0 to turn the heartbeat check off");
+  return true;
+}
 
 std::string Communicator::peerDoing(int peer, const transport::PeerStatus& s,
                                     const char* note) const {
@@ -65,7 +95,10 @@ std::string Communicator::waitChain(int first, int* end) {
       return chain + " (not among the peers this rank watches)";
     }
     const transport::PeerStatus& s = st;
-    if (s.ageMs < 0) return chain + " (never heard from)";
+    if (s.ageMs < 0)
+      return chain + (heartbeatsNeverCame(p)
+                          ? " (never heard from: heartbeats from its host do not arrive)"
+                          : " (never heard from)");
     if (s.kind == 0 || s.seq != seq_)
       return chain + detail::concat(" (not in this collective: ", peerDoing(p, s), ")");
     if (s.waitingFor < 0 || s.waitingFor >= world_)
@@ -179,7 +212,7 @@ int Communicator::silentPeer(bool neverHeard, transport::PeerStatus* s, int64_t*
     *ageMs = s->ageMs >= 0 ? s->ageMs : sinceStart;
     // One that said goodbye (destroy()) is silent by design; if this rank waits for it, its
     // connection or shared memory says it left.
-    if (*ageMs > limit && !s->left) return p;
+    if (*ageMs > limit && !s->left && !(s->ageMs < 0 && heartbeatsNeverCame(p))) return p;
   }
   return -1;
 }
@@ -225,6 +258,7 @@ void Communicator::checkUnwatched(int peer, bool inCollective, bool leftOk) {
   }
   const int64_t age = s.ageMs >= 0 ? std::min(s.ageMs, asking) : asking;
   if (age <= static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000)) return;
+  if (s.ageMs < 0 && heartbeatsNeverCame(peer)) return;
   const std::string last =
       s.ageMs >= 0 ? "; at its last heartbeat it was " + peerDoing(peer, s) : std::string();
   // Silent: gone (its listener, open until its communicator is destroyed or fails,
