@@ -250,6 +250,31 @@ def test_a_one_way_partition_fails_both_ranks_before_the_timeout(cluster_factory
 
 
 @pytest.mark.timeout(150)
+def test_an_mtu_black_hole_is_named_as_the_network_before_the_timeout(cluster_factory) -> None:
+    """Host 1's link takes frames of 1000 bytes at most (its host still sends 1500-byte
+    ones; no ICMP comes back): small packets -- heartbeats, acknowledgements -- pass and
+    full-size data segments are lost both ways. Every rank waited for the other's data,
+    each heard alive, until RINGREDUCE_TIMEOUT blamed a wait chain (a helper's network-fault
+    hunt). Now a rank whose data TCP has retransmitted unacknowledged for twice the
+    heartbeat timeout names the network and leaves; its abort is stuck behind that data, so
+    the peer names it by its goodbye heartbeat and silent connection (or its own TCP gives
+    up first: ETIMEDOUT, also explained)."""
+    c = cluster_factory(2)
+    for h in (0, 1):  # one segment per packet: a GSO packet passes veth's size check
+        _run(c.exec_prefix(h) + ["ip", "link", "set", "eth0", "gso_max_segs", "1"])
+    env = dict(ENV, RINGREDUCE_TIMEOUT="40")
+    outs, t_cut = _run_with_link_event(
+        c, 2, 1, 262144, 60, env, lambda: _run(["ip", "link", "set", c.veth(1), "mtu", "1000"]))
+    assert all(o.has_result for o in outs), [o.describe() for o in outs]
+    for o in outs:
+        v = o.value
+        assert v["type"] == "PeerFailure" and v["wrong"] == 0, (o.rank, v)
+        assert v["t_err"] - t_cut < 15.0, f"rank {o.rank}: {v['t_err'] - t_cut:.1f} s: {v['msg']}"
+    # The rank whose retransmissions are seen first names the MTU (or its TCP gives up: ETIMEDOUT).
+    assert any("MTU" in o.value["msg"] for o in outs), [o.value for o in outs]
+
+
+@pytest.mark.timeout(150)
 @pytest.mark.skipif(tc_unavailable() is not None, reason=tc_unavailable() or "")
 def test_slow_link_is_slow_not_failed(cluster_factory) -> None:
     """One host's link throttled to 8 Mbit/s while 1 MiB all-reduces saturate it: the job

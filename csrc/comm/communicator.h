@@ -427,6 +427,14 @@ class Communicator {
   // A wait that makes progress (a slow link draining a departed peer's last data) returns
   // and starts over, so only a connection silent for the whole timeout counts.
   void checkStalledGoodbye(int peer);
+  // A remote `peer` whose heartbeats arrive while TCP has been retransmitting this rank's data
+  // to it, unacknowledged, for twice the heartbeat timeout (kept per peer for the current
+  // collective in lossSince_): the network drops the connection's packets (an MTU black
+  // hole: full-size packets lost, small ones and heartbeats passing; or one way only);
+  // throws PeerError (kNetwork) where the ranks would otherwise wait for RINGREDUCE_TIMEOUT.
+  void checkUndelivered(int peer);
+  // Per peer: {collective seq_, steady ms} when checkUndelivered first saw TCP retransmitting.
+  std::vector<std::pair<uint64_t, int64_t>> lossSince_;
   // "rank 3 (host, pid 42) stopped responding: no heartbeat for 4.1 s (...)"
   std::string silence(int peer, const transport::PeerStatus& s, int64_t ageMs) const;
   void maybeFault(FaultPlan::Point p);

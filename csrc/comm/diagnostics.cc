@@ -238,6 +238,40 @@ void Communicator::checkStalledGoodbye(int peer) {
       "said last (its goodbye, or why it failed) is lost"));
 }
 
+void Communicator::checkUndelivered(int peer) {
+  // Found by a helper's network-fault hunt: with an MTU black hole both ranks wait for each
+  // other's data while every heartbeat arrives, and the wait chain blamed a healthy rank at
+  // RINGREDUCE_TIMEOUT. Twice the heartbeat timeout: TCP recovers ordinary loss far sooner.
+  if (!hb_ || opts_.heartbeatTimeoutSec <= 0 || gone_[static_cast<size_t>(peer)] ||
+      !conns_[static_cast<size_t>(peer)] || (shm_ && shm_->localIndex(peer) >= 0))
+    return;
+  transport::tcp::SendBacklog b;
+  if (!transport::tcp::sendBacklog(conns_[static_cast<size_t>(peer)]->fd(), &b)) return;
+  if (lossSince_.size() != static_cast<size_t>(world_)) lossSince_.assign(world_, {0, 0});
+  auto& since = lossSince_[static_cast<size_t>(peer)];
+  const int64_t now = steadyMs();
+  if (b.queuedBytes == 0 || b.retransmits == 0) {
+    since = {0, 0};
+    return;
+  }
+  if (since.first != seq_) since = {seq_, now};
+  const int64_t limit = static_cast<int64_t>(opts_.heartbeatTimeoutSec * 2000);
+  const transport::PeerStatus s = hb_->status(peer);
+  // Not heard lately, or gone: the heartbeat checks and checkStalledGoodbye say more.
+  if (now - since.second <= limit || b.sinceAckMs <= limit || s.ageMs < 0 ||
+      s.ageMs > limit / 2 || s.left)
+    return;
+  throw PeerError(peer, PeerCause::kNetwork, detail::concat(
+      "the network loses what rank ", label(rank_), " sends to rank ", label(peer), " (",
+      peerHost(peer), pidText(s), "): ", b.queuedBytes >> 10, " KiB sent on its connection "
+      "have not been acknowledged for ", b.sinceAckMs / 1000.0, " s (TCP retransmitted ",
+      b.retransmits, " times) while its heartbeats arrive (last ", s.ageMs / 1000.0, " s ago; "
+      "it was ", peerDoing(peer, s), "), in ", describeCurrent(), ". Full-size packets lost and "
+      "small ones passing is an MTU mismatch on the path (jumbo frames on one side: compare "
+      "`ip link` MTUs, try `ping -M do -s <MTU-28> ", peerHost(peer), "`); else traffic is "
+      "lost one way"));
+}
+
 void Communicator::checkUnwatched(int peer, bool inCollective, bool leftOk) {
   if (!hb_ || opts_.heartbeatTimeoutSec <= 0 || watched(peer) || gone_[static_cast<size_t>(peer)])
     return;

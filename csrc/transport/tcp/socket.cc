@@ -7,7 +7,9 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <linux/sockios.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -94,6 +96,19 @@ void setNonBlocking(int fd) {
 void setNoDelay(int fd) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+bool sendBacklog(int fd, SendBacklog* out) {
+  tcp_info ti{};
+  socklen_t n = sizeof(ti);
+  int queued = 0;
+  if (fd < 0 || ::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &n) != 0 ||
+      ::ioctl(fd, SIOCOUTQ, &queued) != 0)
+    return false;
+  out->queuedBytes = static_cast<uint32_t>(std::max(queued, 0));
+  out->sinceAckMs = ti.tcpi_last_ack_recv;
+  out->retransmits = ti.tcpi_retransmits;
+  return true;
 }
 
 // Fixed 4 MiB socket buffers (set before connect/listen so the window scale fits): a ring

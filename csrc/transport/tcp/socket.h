@@ -133,6 +133,14 @@ void setNonBlocking(int fd);
 // still reading our last bytes may answer them (a link's credits) before it reads our FIN.
 void closeAfterDrain(Fd& fd, int waitMs = 0);
 void setNoDelay(int fd);
+// What TCP says of the data a connected socket sent that its peer has not acknowledged.
+struct SendBacklog {
+  uint32_t queuedBytes = 0;   // sent or to be sent, not acknowledged (SIOCOUTQ)
+  uint32_t sinceAckMs = 0;    // since the last acknowledgement arrived
+  uint32_t retransmits = 0;   // timeouts since the last acknowledgement of new data
+};
+// False when `fd` is not a TCP socket (a stream on a shared link: an eventfd).
+bool sendBacklog(int fd, SendBacklog* out);
 
 // Read/write exactly n bytes on a non-blocking socket, polling until the deadline.
 // Return false on timeout or EOF/error (errMsg says which). `interruptible`: see above (not

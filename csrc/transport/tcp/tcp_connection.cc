@@ -60,8 +60,15 @@ void TcpConnection::failLeft(const char* doing) {
 }
 
 void TcpConnection::failErrno(const char* doing, int err) {
-  throw PeerError(peer_, PeerCause::kNetwork, detail::concat("connection to rank ", label_, " (", peerHost_,
-                                        ") failed while ", doing, ": ", std::strerror(err)));
+  // ETIMEDOUT: TCP gave up resending what the peer never acknowledged (seen in an MTU
+  // black hole, the peer's heartbeats still arriving).
+  throw PeerError(peer_, PeerCause::kNetwork, detail::concat(
+      "connection to rank ", label_, " (", peerHost_, ") failed while ", doing, ": ",
+      std::strerror(err),
+      err == ETIMEDOUT ? " (TCP gave up resending data the peer never acknowledged: the network "
+                         "loses this connection's packets -- full-size ones only if an MTU "
+                         "differs on the path -- or the peer's host is down)"
+                       : ""));
 }
 
 namespace {
