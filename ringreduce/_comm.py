@@ -133,7 +133,7 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
                        f["stamp"], _fault.FIRE)
         log.warning("rank %d: RINGREDUCE_FAULT armed: %s", rank, f)
     return _state.Group(rank=rank, world_size=world, comm=comm, hosts=peers.hosts,
-                        options=options, default_algo=algo_code(tun.algo),
+                        options=options, default_algo=algo_code(tun.algo), tunables=tun,
                         store_prefix=peers.prefix, name=name, secret=peers.secret)
 
 

@@ -30,6 +30,10 @@ class Group:
     options: dict = field(default_factory=dict)
     local_rank: int = 0
     default_algo: int = 0  # RINGREDUCE_ALGO: what algo="auto" means for all-reduce
+    # The settings it was made with (_env.Tunables; None for a group of one): the world's
+    # are the ones its ranks agreed on at init, and every group and channel made through it
+    # uses them -- not the environment again, which may have changed on one rank since.
+    tunables: Any = None
     # The store init made (its _rendezvous registry key; None when the caller or torch
     # passed the store: not ours to release) and this communicator's key prefix in it.
     store_key: tuple | None = None

@@ -108,7 +108,7 @@ def _init(rank: int | None, world_size: int | None, master_addr: str | None,
         _state.set_default(_state.Group(rank=0, world_size=1, comm=None, options=options,
                                         timeout_from=_timeout_from(timeout),
                                         hosts=[_env.host_identity()], ranks=[0],
-                                        default_algo=algo_code(tun.algo)))
+                                        default_algo=algo_code(tun.algo), tunables=tun))
         _gpu().bind(_state._DEFAULT[0], None, "ringreduce/")
         return
     if store is None:

@@ -588,7 +588,7 @@ def _check_left_out(store: Any, prefix: str, members: list[int], text: str, name
 
 def _connect(world: Group, store: Any, members: list[int], me: int, prefix: str,
              name: str, timeout: float | None = None, p2p: str = "") -> Group:
-    tun = _env.tunables()
+    tun = world.tunables or _env.tunables()  # agreed at init (a world of one: its own)
     maddr, ifname = world.net
     options = world.options if timeout is None else {
         **world.options, "timeout": timeout, "connect_timeout": _setup_secs(world, timeout)}

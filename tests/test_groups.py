@@ -512,3 +512,15 @@ def test_a_bad_split_argument_is_refused_on_every_rank(world: int) -> None:
         else:
             assert said.startswith("ValueError: Group.split on world: world rank") and \
                 ", ".join(map(str, bad)) in said and "no rank made a group" in said, (r, said)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name,value,env", [
+    ("RINGREDUCE_ALGO", "tree", {}),
+    ("RINGREDUCE_GROUP_LINKS", "0", {"RINGREDUCE_TRANSPORT": "tcp"}),
+    ("RINGREDUCE_TRANSPORT", "tcp", {}),
+], ids=["algo", "group-links", "transport"])
+def test_groups_use_the_settings_agreed_at_init(name: str, value: str, env: dict) -> None:
+    outs = run_world(3, "group_arg_workers:env_changed_after_init", name, value, timeout=100,
+                     env={"RINGREDUCE_TIMEOUT": "30", "RINGREDUCE_CONNECT_TIMEOUT": "30", **env})
+    assert outs == [[True] * 3, [True] * 3, [True] * 2], outs
