@@ -733,3 +733,17 @@ def late_first_message(rank: int, world: int, timeout: float | None) -> dict:
         out["error"] = f"{type(e).__name__}: {e}"
     rr.destroy()
     return out
+
+
+def algo_cycle(rank: int, world: int, algos: list) -> dict:
+    """Rank r all-reduces with algo=algos[r]: tree against shared memory at 3 or 5 ranks
+    sends no frame either side could compare (rank 0's tree first waits for rank 2's fold-in,
+    rank 2 waits in shared memory for rank 0's line); they wait for each other until the
+    timeout, whose wait chain must say why."""
+    x = np.full(7, float(rank), np.float32)
+    t0 = time.time()
+    try:
+        rr.allreduce(x, algo=algos[rank])
+        return {"type": None, "ok": bool(np.all(x == world * (world - 1) / 2))}
+    except Exception as e:  # noqa: BLE001
+        return _exc_info(e, t0)

@@ -688,3 +688,12 @@ def test_debug_off_quiets_the_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
     rr.init(rank=0, world_size=1)
     rr.destroy()
     assert logger.level == logging.NOTSET
+
+
+@pytest.mark.timeout(60)
+def test_ranks_running_different_algorithms_are_told_so() -> None:
+    outs = run_world_raw(3, error_workers.algo_cycle, ["tree", "shm", "shm"], timeout=50,
+                         env=_env("shm", RINGREDUCE_TIMEOUT="5"))
+    said = [o.value for o in outs]
+    assert all(v is not None and v["type"] is not None for v in said), said
+    assert any("different algorithms" in v["msg"] for v in said), said

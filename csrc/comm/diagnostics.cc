@@ -107,7 +107,13 @@ std::string Communicator::waitChain(int first, int* end) {
                                                           "signal handler or a hung device"), ")");
     if (seen[static_cast<size_t>(s.waitingFor)]) {
       *end = -1;  // every rank of a cycle waits for the next: none is the one stuck
-      return chain + detail::concat(" -> rank ", label(s.waitingFor), " (a cycle)");
+      // Each in this collective, waiting for the next: no rank runs it as the others do
+      // (a helper found tree against shared memory at 3 and 5 ranks: no frame to compare).
+      return chain + detail::concat(" -> rank ", label(s.waitingFor),
+                                    " (a cycle within this collective: its ranks run it with "
+                                    "different algorithms -- algo= or RINGREDUCE_ALGO differ -- "
+                                    "or disagree on its arguments, or the network stalls their "
+                                    "data)");
     }
     p = s.waitingFor;
   }
