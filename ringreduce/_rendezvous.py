@@ -717,10 +717,16 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
     if prefix is None and rank != 0 and _another_job(store, p, timeout, rank):
         # Nothing claimed in it: before, a job started on this one's MASTER_PORT by mistake
         # (two launchers on one port) failed it, or ran in it as one of its ranks (a helper).
+        # Only a note: the ranks waiting for this rank's address name it in their stall
+        # report and timeout (a rank of theirs whose launcher set another job id, found by a
+        # helper, left them a bare "missing addr/2" after 120 s).
+        with contextlib.suppress(Exception):
+            store.set(p + f"refused/{rank}", _env.run_id() or "(unset)")
         raise ValueError(
             f"rank {rank}: the store at MASTER_PORT serves another job (its job id is not "
             f"this rank's {_env.run_id() or '(unset)'}; ids come from {_env.RUN_ID_VARS}): "
-            f"pick another MASTER_PORT for this job")
+            f"pick another MASTER_PORT for this job -- or, if that job is this one, its ranks' "
+            f"job ids differ: set those variables alike for every rank")
     n = store.add(p + f"claim/{rank}", 1)
     _store_keys.wrote(p, p + f"claim/{rank}")
     if n > 1:

@@ -104,7 +104,7 @@ def poll_keys(store: Any, keys: list[str], timeout: float, rank: int, what: str,
         raise_posted(store, stops, rank, what)
         if time.monotonic() >= warn_at:
             warn_at = math.inf
-            _warn_stalled(store, keys, ranks, rank, what, hint, t0, deadline, watch)
+            _warn_stalled(store, keys, ranks, rank, what, hint, t0, deadline, watch, prefix)
         if watch is not None and time.monotonic() >= probe_at:
             try:
                 _watch.probe(watch[0], watch[1], what)  # checks destroy() too
@@ -127,7 +127,8 @@ def poll_keys(store: Any, keys: list[str], timeout: float, rank: int, what: str,
                               for k in missing[:8]) + (" ..." if len(missing) > 8 else "")
             secs = f"{timeout:.0f}" if timeout >= 10 else f"{timeout:.2g}"  # not "0 s"
             err = timeout_error(f"rank {rank}: timed out after {secs} s waiting for "
-                                 f"{what}{': missing ' + named if name_keys else ''} ({hint})")
+                                 f"{what}{': missing ' + named if name_keys else ''} ({hint})"
+                                 f"{refused(store, prefix, ranks, gone)}")
             late = {ranks[i] for i in gone} if ranks is not None else set()
             if name_keys and late and ranks != list(range(len(keys))):  # a group's: say who
                 err = timeout_error(f"{err} (world rank(s) {', '.join(map(str, sorted(late)))})")
@@ -136,6 +137,22 @@ def poll_keys(store: Any, keys: list[str], timeout: float, rank: int, what: str,
             raise fail(store, prefix, err)
         time.sleep(pause)
         pause = min(pause * 1.25, 0.1)  # late by at most a quarter of the wait (or 0.1 s)
+
+
+def refused(store: Any, prefix: str, ranks: list[int] | None, gone: list[int]) -> str:
+    """"; rank 2 was refused: ..." for late ranks a process claimed with another launcher's
+    job id (_rendezvous._exchange's note), else ""."""
+    said = []
+    for r in ([ranks[i] for i in gone] if ranks is not None else [])[:8]:
+        with contextlib.suppress(Exception):
+            if store.check([f"{prefix}refused/{r}"]):
+                said.append(f"rank {r} came with job id "
+                            f"{store.get(f'{prefix}refused/{r}').decode()!r}")
+    if not said:
+        return ""
+    return (f"; {', '.join(said)} and left, as this job's id is {_env.run_id() or '(unset)'!r} "
+            f"(from {_env.RUN_ID_VARS}): set those alike for every rank of the job (or, if "
+            f"another job runs on this MASTER_PORT, give each job its own)")
 
 
 def _missing(store: Any, keys: list[str]) -> list[int]:
@@ -151,7 +168,8 @@ def _stall_warn() -> float:
 
 
 def _warn_stalled(store: Any, keys: list[str], ranks: list[int] | None, rank: int, what: str,
-                  hint: str, t0: float, deadline: float, watch: tuple | None) -> None:
+                  hint: str, t0: float, deadline: float, watch: tuple | None,
+                  prefix: str) -> None:
     """Log once, as a collective's stall report does, that this wait goes on: the world
     ranks it still waits for and -- one rank that the world's heartbeats know -- what that
     rank was doing (busy in another call: the program's calls do not meet)."""
@@ -164,8 +182,9 @@ def _warn_stalled(store: Any, keys: list[str], ranks: list[int] | None, rank: in
         with contextlib.suppress(Exception):  # destroyed meanwhile: the wait says so next
             seen = comm.peer_context(late[0])
     now = time.monotonic()
-    log.warning("stall: rank %d has waited %.0f s for %s%s%s (%s); it gives up in %.0f s",
-                rank, now - t0, what, who, seen, hint, max(0.0, deadline - now))
+    note = refused(store, prefix, ranks, _missing(store, keys)) if ranks is not None else ""
+    log.warning("stall: rank %d has waited %.0f s for %s%s%s (%s)%s; it gives up in %.0f s",
+                rank, now - t0, what, who, seen, hint, note, max(0.0, deadline - now))
 
 
 def fail(store: Any, prefix: str, error: Exception, speaker: int | None = None) -> Exception:

@@ -374,3 +374,19 @@ def test_a_second_srun_step_on_the_same_port_is_told_apart(tmp_path) -> None:
             if p.poll() is None:
                 _kill_group(p)
             p.wait()
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_with_another_job_id_is_named_by_the_ranks_it_left_waiting() -> None:
+    """The last rank's launcher set another TORCHELASTIC_RUN_ID: it refuses the store as
+    another job's, and the others waited for its address to the connect timeout with a bare
+    "missing addr/2" (found by a helper). Now they say which rank came with which id."""
+    outs = run_world_raw(3, "fault_workers:init_outcome", {}, timeout=50, init=False,
+                         env={"TORCHELASTIC_RUN_ID": "job-a", "RINGREDUCE_CONNECT_TIMEOUT": "6"},
+                         rank_env={2: {"TORCHELASTIC_RUN_ID": "job-b"}})
+    said = [o.value for o in outs]
+    assert said[2] is not None and "serves another job" in said[2]["msg"], said[2]
+    assert "job ids differ" in said[2]["msg"], said[2]
+    for v in said[:2]:
+        assert v is not None and "rank 2 came with job id 'job-b'" in v["msg"], v
+        assert "this job's id is 'job-a'" in v["msg"], v
