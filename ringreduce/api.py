@@ -113,6 +113,7 @@ def _init(rank: int | None, world_size: int | None, master_addr: str | None,
         return
     if store is None:
         store = _rendezvous.torch_default_store()
+    _rendezvous.refuse_parents(store, None)
     if maddr is None and store is not None:
         # No MASTER_ADDR (init_method="tcp://host:port", an explicit store): listen on the
         # interface that routes to the store's host, as peers on other hosts reach it.

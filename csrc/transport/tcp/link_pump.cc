@@ -50,8 +50,16 @@ ssize_t unlocked(std::unique_lock<std::mutex>& g, Call call) {
 }  // namespace
 
 Hub& Hub::get() {
-  static Hub* h = new Hub;  // never destroyed: no thread may outlive a static's destructor
-  return *h;
+  // Never destroyed: no thread may outlive a static's destructor. A forked child has none of
+  // the parent's threads and starts afresh (leaking the parent's hub, whose links it never
+  // serves): with the parent's, a child's own world waited in remove() for a pump round
+  // that never came -- destroy() hung (a helper's fork hunt).
+  static Hub** h = [] {
+    static Hub* cur = new Hub;
+    ::pthread_atfork(nullptr, nullptr, [] { cur = new Hub; });
+    return &cur;
+  }();
+  return **h;
 }
 
 Hub::Hub() : wake_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
