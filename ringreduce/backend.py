@@ -223,10 +223,10 @@ def _next_name() -> int:
 
 
 def _no_world() -> None:
-    """A ringreduce subgroup of a torch job without ringreduce's world -- its default group
-    is another backend's, or ringreduce.destroy() ended the world under it: refused. It
-    became ringreduce's world before, on its members only, and the next such group waited
-    for ranks that were not in it (found by a helper)."""
+    """A ringreduce subgroup without ringreduce's world (default group another backend's, or
+    destroyed; a forked child's: the parent's): refused, naming which (found by helpers)."""
+    if _state._FORKED:
+        _state.current("a ringreduce process group")
     raise RuntimeError(
         "a ringreduce process group needs ringreduce's world, and there is none: the default "
         "process group is another backend's, or ringreduce.destroy() ended it; use "

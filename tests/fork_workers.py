@@ -57,3 +57,31 @@ def child_worlds(rank: int, world: int, port: int) -> dict:
     with os.fdopen(rd) as f:
         said = f.read()
     return {"child": os.waitstatus_to_exitcode(status), "said": said, "ok": ok}
+
+
+def torch_group_in_child(rank: int, world: int) -> dict:
+    """torch's process group on the backend; a forked child's dist.new_group is refused
+    naming the parent (it said "the default process group is another backend's")."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("ringreduce", rank=rank, world_size=world)
+    rd, wr = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(rd)
+        try:
+            dist.new_group(list(range(world)))
+            os.write(wr, b"no error")
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            os.write(wr, str(e).encode()[:400])
+        os._exit(0)
+    os.close(wr)
+    t = torch.full((9,), float(rank))
+    dist.all_reduce(t)
+    ok = bool(torch.all(t == world * (world - 1) / 2))
+    os.waitpid(pid, 0)
+    with os.fdopen(rd) as f:
+        said = f.read()
+    dist.destroy_process_group()
+    return {"ok": ok, "said": said}

@@ -18,3 +18,11 @@ def test_a_forked_child_makes_its_own_world_without_touching_the_parents(world: 
         assert v["ok"] and v["child"] == 0, (r, v)
         assert v["said"].startswith("this process was forked from process"), (r, v)
         assert "set its own MASTER_PORT" in v["said"], (r, v)
+
+
+@pytest.mark.timeout(90)
+def test_a_forked_childs_torch_subgroup_is_refused_naming_the_parent() -> None:
+    outs = run_world(2, "fork_workers:torch_group_in_child", timeout=80, init=False)
+    for r, v in enumerate(outs):
+        assert v["ok"], (r, v)
+        assert "the parent of this forked process" in v["said"], (r, v)
