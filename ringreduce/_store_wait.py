@@ -173,7 +173,8 @@ def _warn_stalled(store: Any, keys: list[str], ranks: list[int] | None, rank: in
     """Log once, as a collective's stall report does, that this wait goes on: the world
     ranks it still waits for and -- one rank that the world's heartbeats know -- what that
     rank was doing (busy in another call: the program's calls do not meet)."""
-    late = sorted({ranks[i] for i in _missing(store, keys)}) if ranks is not None else []
+    gone = _missing(store, keys) if ranks is not None else []
+    late = sorted({ranks[i] for i in gone})
     who = f"; not there yet: world rank(s) {', '.join(map(str, late[:8]))}" \
         f"{' ...' if len(late) > 8 else ''}" if late else ""
     seen = ""
@@ -182,7 +183,7 @@ def _warn_stalled(store: Any, keys: list[str], ranks: list[int] | None, rank: in
         with contextlib.suppress(Exception):  # destroyed meanwhile: the wait says so next
             seen = comm.peer_context(late[0])
     now = time.monotonic()
-    note = refused(store, prefix, ranks, _missing(store, keys)) if ranks is not None else ""
+    note = refused(store, prefix, ranks, gone)
     log.warning("stall: rank %d has waited %.0f s for %s%s%s (%s)%s; it gives up in %.0f s",
                 rank, now - t0, what, who, seen, hint, note, max(0.0, deadline - now))
 

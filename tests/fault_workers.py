@@ -99,14 +99,12 @@ def net_loop(rank: int, world: int, n: int, seconds: float, ready: str) -> dict:
         pass
     wrong = it = after = 0
     t_event = None
-    t_ok = time.time()  # when the last all-reduce returned
     give_up = time.monotonic() + 60
     try:
         while True:
             it += 1
             if not _one("allreduce", rank, world, it, n, "auto"):
                 wrong += 1
-            t_ok = time.time()
             if t_event is None and os.path.exists(f"{ready}.event"):
                 t_event = time.monotonic()
             elif t_event is not None:
@@ -121,7 +119,7 @@ def net_loop(rank: int, world: int, n: int, seconds: float, ready: str) -> dict:
                             "wrong": wrong}
     except rr.RingReduceError as e:
         return {"type": type(e).__name__, "msg": str(e), "t_err": time.time(), "iters": it,
-                "wrong": wrong, "t_ok": t_ok}
+                "wrong": wrong}
 
 
 def init_outcome(rank: int, world: int, behave: dict) -> dict:

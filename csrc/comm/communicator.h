@@ -409,7 +409,7 @@ class Communicator {
   // goodbye never is), -1 if none; *s and *ageMs describe it. neverHeard: a peer not heard
   // from since heartbeats started counts as silent for that long. Needs hb_ and a timeout.
   int silentPeer(bool neverHeard, transport::PeerStatus* s, int64_t* ageMs) const;
-  // A connected `peer` never heard from, like every member on its host: their datagrams do
+  // A connected, watched `peer` never heard from, like every member on its host: datagrams do
   // not arrive (UDP blocked between the hosts; its heartbeats began before it connected), so
   // its silence says nothing -- it is left to its connection and the deadline. Warns once
   // per host and process. A peer on a host heard from (its own silence) is not.

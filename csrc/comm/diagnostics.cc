@@ -22,15 +22,18 @@ std::string pidText(const transport::PeerStatus& s) {
 // Whether this process has yet to say that heartbeats from `host` never arrive (once per
 // host and process: every communicator and wait would say it again).
 bool firstWordOn(const std::string& host) {
-  static std::mutex mu;
-  static std::set<std::string> said;
-  std::lock_guard<std::mutex> g(mu);
-  return said.insert(host).second;
+  static auto* mu = new std::mutex;  // never destroyed: threads may outlive exit's destructors
+  static auto* said = new std::set<std::string>;
+  std::lock_guard<std::mutex> g(*mu);
+  return said->insert(host).second;
 }
 }  // namespace
 
 bool Communicator::heartbeatsNeverCame(int peer) const {
-  if (!conns_[static_cast<size_t>(peer)] || hb_->status(peer).ageMs >= 0 ||
+  // Watched peers only: they heartbeat this rank from their start; a sparse world's others
+  // only while asked, so one connected and never heard says nothing of the network (a
+  // review: a frozen one went unnamed, with a false firewall warning).
+  if (!watched(peer) || !conns_[static_cast<size_t>(peer)] || hb_->status(peer).ageMs >= 0 ||
       transport::livenessMs() - hbSinceMs_ <= static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000))
     return false;
   const std::string host = peerHost(peer);
@@ -110,10 +113,10 @@ std::string Communicator::waitChain(int first, int* end) {
       // Each in this collective, waiting for the next: no rank runs it as the others do
       // (a helper found tree against shared memory at 3 and 5 ranks: no frame to compare).
       return chain + detail::concat(" -> rank ", label(s.waitingFor),
-                                    " (a cycle within this collective: its ranks run it with "
-                                    "different algorithms -- algo= or RINGREDUCE_ALGO differ -- "
-                                    "or disagree on its arguments, or the network stalls their "
-                                    "data)");
+                                    " (a cycle within this collective; likely causes: ranks "
+                                    "running different algorithms -- their algo= differs -- or "
+                                    "disagreeing on its arguments, a network that stalls their "
+                                    "data, or a timeout too short for it)");
     }
     p = s.waitingFor;
   }
@@ -260,7 +263,10 @@ void Communicator::checkUndelivered(int peer) {
     since = {0, 0};
     return;
   }
-  if (since.first != seq_) since = {seq_, now};
+  // A new episode: another collective, or an acknowledgement since the one recorded (one
+  // that recovered unseen, then a long idle: one RTO would have fired; a review).
+  if (since.first != seq_ || since.second == 0 || now - b.sinceAckMs > since.second)
+    since = {seq_, now};
   const int64_t limit = static_cast<int64_t>(opts_.heartbeatTimeoutSec * 2000);
   const transport::PeerStatus s = hb_->status(peer);
   // Not heard lately, or gone: the heartbeat checks and checkStalledGoodbye say more.
@@ -269,9 +275,9 @@ void Communicator::checkUndelivered(int peer) {
     return;
   throw PeerError(peer, PeerCause::kNetwork, detail::concat(
       "the network loses what rank ", label(rank_), " sends to rank ", label(peer), " (",
-      peerHost(peer), pidText(s), "): ", b.queuedBytes >> 10, " KiB sent on its connection "
-      "have not been acknowledged for ", b.sinceAckMs / 1000.0, " s (TCP retransmitted ",
-      b.retransmits, " times) while its heartbeats arrive (last ", s.ageMs / 1000.0, " s ago; "
+      peerHost(peer), pidText(s), "): ", b.queuedBytes >> 10, " KiB queued on its connection "
+      "are unacknowledged, the last acknowledgement ", b.sinceAckMs / 1000.0,
+      " s ago (TCP retransmitted ", b.retransmits, " times) while its heartbeats arrive (last ", s.ageMs / 1000.0, " s ago; "
       "it was ", peerDoing(peer, s), "), in ", describeCurrent(), ". Full-size packets lost and "
       "small ones passing is an MTU mismatch on the path (jumbo frames on one side: compare "
       "`ip link` MTUs, try `ping -M do -s <MTU-28> ", peerHost(peer), "`); else traffic is "
@@ -298,7 +304,6 @@ void Communicator::checkUnwatched(int peer, bool inCollective, bool leftOk) {
   }
   const int64_t age = s.ageMs >= 0 ? std::min(s.ageMs, asking) : asking;
   if (age <= static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000)) return;
-  if (s.ageMs < 0 && heartbeatsNeverCame(peer)) return;
   const std::string last =
       s.ageMs >= 0 ? "; at its last heartbeat it was " + peerDoing(peer, s) : std::string();
   // Silent: gone (its listener, open until its communicator is destroyed or fails,
