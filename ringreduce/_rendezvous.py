@@ -35,6 +35,7 @@ from ._farewell import (  # noqa: F401 - farewell_borrowed, _FAREWELL_S: used th
     _talk_until,
     farewell_borrowed,
 )
+from ._parent_stores import inherit, refuse  # a forked child's parents' stores
 from ._procnet import store_host  # noqa: F401 - callers use _rendezvous.store_host
 from ._watch import rr_error as _rr_error
 
@@ -55,40 +56,17 @@ _CLOSED: dict[tuple, tuple] = {}
 # made a world of their own on another port first) met different keys on a fresh store and
 # waited out the connect timeout (found by a helper; gloo runs it).
 _GENERATIONS: dict[tuple, int] = {}
-# In a forked child: the stores its parents made or used ((addr, port) -> that parent's pid;
-# the objects, kept so that their destructors never run here). Their sockets are shared
-# with the parent: a child's init() that took one from _STORES interleaved its requests with
-# the parent's and corrupted its job (a helper's fork hunt).
-_PARENTS: dict[tuple, int] = {}
-_PARENT_OBJECTS: list = []
 
 
 def _after_fork_in_child() -> None:
-    parent = os.getppid()
-    _PARENT_OBJECTS.extend(_STORES.values())
-    _PARENTS.update({k: parent for k in _STORES})
+    """The stores made here are the parent's now; the child starts afresh."""
     torch_store = torch_default_store() if "torch.distributed" in sys.modules else None
-    if torch_store is not None:
-        _PARENT_OBJECTS.append(torch_store)
+    inherit(_STORES, torch_store)
     for registry in (_STORES, _REFS, _MASTER, _IN_RANK0, _LINGER, _CLOSED):
         registry.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def refuse_parents(store: Any, key: tuple | None) -> None:
-    """In a forked child: raise if `store` (or the store at `key`) is a parent's."""
-    parent = _PARENTS.get(key) if key is not None else None
-    if parent is None and store is not None and any(store is o for o in _PARENT_OBJECTS):
-        parent = os.getppid()
-    if parent is not None:
-        where = f" at {key[0]}:{key[1]}" if key is not None else " (torch's default store)"
-        raise RuntimeError(
-            f"this process was forked from process {parent}, whose job uses the store{where}: "
-            f"a forked process cannot share it. To give this process a world of its own, set "
-            f"its own MASTER_PORT (and RANK/WORLD_SIZE) before init(), or start it with "
-            f"multiprocessing's 'spawn' method")
 
 
 @dataclass
@@ -124,7 +102,7 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
             "master_addr=/master_port= or store= to init()"
         )
     key = (master_addr, master_port)
-    refuse_parents(None, key)
+    refuse(None, key)
     if key in _LINGER:  # adopt the reference a failed init left
         _LINGER.discard(key)
         return _STORES[key]

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as _np
 
-from . import _buffers, _comm, _env, _fds, _rendezvous, _state, _trace, groups
+from . import _buffers, _comm, _env, _fds, _parent_stores, _rendezvous, _state, _trace, groups
 from ._buffers import algo_code, as_buffer, op_code
 from ._work import Work, _finish
 
@@ -113,7 +113,7 @@ def _init(rank: int | None, world_size: int | None, master_addr: str | None,
         return
     if store is None:
         store = _rendezvous.torch_default_store()
-    _rendezvous.refuse_parents(store, None)
+    _parent_stores.refuse(store, None)
     if maddr is None and store is not None:
         # No MASTER_ADDR (init_method="tcp://host:port", an explicit store): listen on the
         # interface that routes to the store's host, as peers on other hosts reach it.
