@@ -392,6 +392,9 @@ class _Job:
 
     def watch(self) -> None:
         """Start the threads that copy each rank's output and report its exit."""
+        # For the next launcher, should this one be killed with its ranks.
+        with contextlib.suppress(OSError), open(os.path.join(self.notes, NOTES_PIDS), "w") as f:
+            f.write(" ".join(str(p.pid) for p in self.procs))
         for rank, proc in enumerate(self.procs):
             tag = f"[rank {rank}] ".encode()
             for src, dst in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
@@ -460,13 +463,16 @@ class _Job:
 
 NOTES_PREFIX = "ringreduce-run-"  # + mkdtemp's random part
 NOTES_LOCK = "lock"  # in the folder, locked by its launcher while it runs
+NOTES_PIDS = "pids"  # in the folder: its ranks' pids
 
 
 def _remove_stale_notes() -> None:
     """Remove this user's notes folders of launchers that are gone (a SIGKILLed one could
     not: found by a helper): those whose lock can be taken -- a lock, not a pid, so that a
     live launcher of another PID namespace sharing /tmp (a container) keeps its folder --
-    and that are a minute old (one starting now may not hold its lock yet)."""
+    and that are a minute old (one starting now may not hold its lock yet). With them go the
+    shared-memory segments its ranks, now gone, were creating when all were killed at once
+    (an OOM or container kill: found by a helper; finish() removes them otherwise)."""
     tmp = tempfile.gettempdir()
     with contextlib.suppress(OSError):
         for name in os.listdir(tmp):
@@ -481,11 +487,30 @@ def _remove_stale_notes() -> None:
                 continue  # no lock (yet): not a launcher's, or one starting now
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                _remove_segments(_gone(path))
                 shutil.rmtree(path, ignore_errors=True)
             except OSError:
                 pass  # held: its launcher runs
             finally:
                 os.close(fd)
+
+
+def _gone(notes: str) -> set[int]:
+    """The pids a notes folder lists (NOTES_PIDS) that no process has now."""
+    try:
+        with open(os.path.join(notes, NOTES_PIDS)) as f:
+            pids = {int(p) for p in f.read().split() if p.isdigit()}
+    except (OSError, ValueError):
+        return set()
+    gone = set()
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            gone.add(pid)
+        except OSError:
+            pass  # someone else's process now: not ours to judge
+    return gone
 
 
 def _remove_segments(pids: set[int]) -> int:

@@ -382,7 +382,7 @@ def test_a_rank_with_another_job_id_is_named_by_the_ranks_it_left_waiting() -> N
     another job's, and the others waited for its address to the connect timeout with a bare
     "missing addr/2" (found by a helper). Now they say which rank came with which id."""
     outs = run_world_raw(3, "fault_workers:init_outcome", {}, timeout=50, init=False,
-                         env={"TORCHELASTIC_RUN_ID": "job-a", "RINGREDUCE_CONNECT_TIMEOUT": "6"},
+                         env={"TORCHELASTIC_RUN_ID": "job-a", "RINGREDUCE_CONNECT_TIMEOUT": "15"},
                          rank_env={2: {"TORCHELASTIC_RUN_ID": "job-b"}})
     said = [o.value for o in outs]
     assert said[2] is not None and "serves another job" in said[2]["msg"], said[2]

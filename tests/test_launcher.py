@@ -367,11 +367,22 @@ def test_a_killed_launchers_notes_folder_is_removed_by_the_next(marker: str) -> 
 
     tmp = Path(tempfile.gettempdir())
     stale, live, young = (tmp / f"ringreduce-run-{marker}-{k}" for k in ("stale", "live", "young"))
+    # Each lists a rank that is gone, whose segment is still named in /dev/shm (all of a job
+    # killed at once while a rank was creating one: found by a helper): the stale folder's
+    # goes with it, the others' stay.
+    dead = []
+    for _ in range(3):
+        p = subprocess.Popen(["true"])
+        p.wait()
+        dead.append(p.pid)
+    segs = [Path(f"/dev/shm/rr-{marker}-0-{pid}-{'ab' * 16}") for pid in dead]
     held = []
     try:
-        for d in (stale, live, young):
+        for d, pid, seg in zip((stale, live, young), dead, segs):
             d.mkdir()
             (d / "123").write_text("")
+            (d / "pids").write_text(f"{pid}")
+            seg.write_bytes(b"x")
             fd = os.open(d / "lock", os.O_CREAT | os.O_RDWR, 0o600)
             held.append(fd)
             if d is live:
@@ -381,11 +392,14 @@ def test_a_killed_launchers_notes_folder_is_removed_by_the_next(marker: str) -> 
         r = _launch("-n", "2", _script("print_env.py"), marker)
         assert r.returncode == 0, r.stderr
         assert not stale.exists() and live.exists() and young.exists()
+        assert [s.exists() for s in segs] == [False, True, True], segs
     finally:
         for fd in held:
             os.close(fd)
         for d in (stale, live, young):
             shutil.rmtree(d, ignore_errors=True)
+        for seg in segs:
+            seg.unlink(missing_ok=True)
 
 
 @pytest.mark.timeout(60)

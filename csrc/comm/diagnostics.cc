@@ -33,8 +33,9 @@ bool Communicator::heartbeatsNeverCame(int peer) const {
   // Watched peers only: they heartbeat this rank from their start; a sparse world's others
   // only while asked, so one connected and never heard says nothing of the network (a
   // review: a frozen one went unnamed, with a false firewall warning).
+  const int64_t limit = static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000);
   if (!watched(peer) || !conns_[static_cast<size_t>(peer)] || hb_->status(peer).ageMs >= 0 ||
-      transport::livenessMs() - hbSinceMs_ <= static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000))
+      transport::livenessMs() - hbSinceMs_ <= limit)
     return false;
   const std::string host = peerHost(peer);
   for (int q = 0; q < world_; ++q)
@@ -277,11 +278,11 @@ void Communicator::checkUndelivered(int peer) {
       "the network loses what rank ", label(rank_), " sends to rank ", label(peer), " (",
       peerHost(peer), pidText(s), "): ", b.queuedBytes >> 10, " KiB queued on its connection "
       "are unacknowledged, the last acknowledgement ", b.sinceAckMs / 1000.0,
-      " s ago (TCP retransmitted ", b.retransmits, " times) while its heartbeats arrive (last ", s.ageMs / 1000.0, " s ago; "
-      "it was ", peerDoing(peer, s), "), in ", describeCurrent(), ". Full-size packets lost and "
-      "small ones passing is an MTU mismatch on the path (jumbo frames on one side: compare "
-      "`ip link` MTUs, try `ping -M do -s <MTU-28> ", peerHost(peer), "`); else traffic is "
-      "lost one way"));
+      " s ago (TCP retransmitted ", b.retransmits, " times) while its heartbeats arrive (last ",
+      s.ageMs / 1000.0, " s ago; it was ", peerDoing(peer, s), "), in ", describeCurrent(),
+      ". Full-size packets lost and small ones passing is an MTU mismatch on the path (jumbo "
+      "frames on one side: compare `ip link` MTUs, try `ping -M do -s <MTU-28> ",
+      peerHost(peer), "`); else traffic is lost one way"));
 }
 
 void Communicator::checkUnwatched(int peer, bool inCollective, bool leftOk) {
