@@ -140,8 +140,8 @@ def poll_keys(store: Any, keys: list[str], timeout: float, rank: int, what: str,
 
 
 def refused(store: Any, prefix: str, ranks: list[int] | None, gone: list[int]) -> str:
-    """"; rank 2 was refused: ..." for late ranks a process claimed with another launcher's
-    job id (_rendezvous._exchange's note), else ""."""
+    """"; rank 2 came with job id 'b' and left, ..." for late ranks a process claimed with
+    another launcher's job id (_rendezvous._exchange's note), else ""."""
     said = []
     for r in ([ranks[i] for i in gone] if ranks is not None else [])[:8]:
         with contextlib.suppress(Exception):
