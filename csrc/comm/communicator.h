@@ -425,8 +425,14 @@ class Communicator {
   // heartbeat timeout with nothing arriving, whose heartbeat said goodbye longer than that
   // ago: the network stalls its traffic (a one-way partition); throws PeerError (kNetwork).
   // A wait that makes progress (a slow link draining a departed peer's last data) returns
-  // and starts over, so only a connection silent for the whole timeout counts.
+  // and starts over, so only a connection silent for the whole timeout counts. For a peer
+  // remoteOnConnection() accepts (as checkUndelivered).
   void checkStalledGoodbye(int peer);
+  // Whether checkStalledGoodbye and checkUndelivered apply to `peer`: heartbeats on, and it
+  // is waited for on a connection of its own (not gone, not a shared-memory peer).
+  bool remoteOnConnection(int peer) const;
+  // RINGREDUCE_HEARTBEAT_TIMEOUT in ms: how long a peer may be silent.
+  int64_t hbTimeoutMs() const { return static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000); }
   // A remote `peer` whose heartbeats arrive while TCP has been retransmitting this rank's data
   // to it, unacknowledged, for twice the heartbeat timeout (kept per peer for the current
   // collective in lossSince_): the network drops the connection's packets (an MTU black

@@ -33,7 +33,7 @@ bool Communicator::heartbeatsNeverCame(int peer) const {
   // Watched peers only: they heartbeat this rank from their start; a sparse world's others
   // only while asked, so one connected and never heard says nothing of the network (a
   // review: a frozen one went unnamed, with a false firewall warning).
-  const int64_t limit = static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000);
+  const int64_t limit = hbTimeoutMs();
   if (!watched(peer) || !conns_[static_cast<size_t>(peer)] || hb_->status(peer).ageMs >= 0 ||
       transport::livenessMs() - hbSinceMs_ <= limit)
     return false;
@@ -94,7 +94,7 @@ std::string Communicator::waitChain(int first, int* end) {
     // An unwatched peer only while it answers this rank's asks (else its state is stale).
     const transport::PeerStatus st = hb_->status(p);
     if (!watched(p) && !(hb_->reaches(p) && st.ageMs >= 0 &&
-                         st.ageMs < static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000))) {
+                         st.ageMs < hbTimeoutMs())) {
       *end = -1;  // unknown: not a rank the chain shows stuck
       return chain + " (not among the peers this rank watches)";
     }
@@ -213,7 +213,7 @@ void Communicator::checkHeartbeats(int waitingFor) {
 }
 
 int Communicator::silentPeer(bool neverHeard, transport::PeerStatus* s, int64_t* ageMs) const {
-  const int64_t limit = static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000);
+  const int64_t limit = hbTimeoutMs();
   const int64_t sinceStart = transport::livenessMs() - hbSinceMs_;
   for (int p : watchList_) {
     if (gone_[static_cast<size_t>(p)] || probeSkipped(p)) continue;
@@ -227,16 +227,18 @@ int Communicator::silentPeer(bool neverHeard, transport::PeerStatus* s, int64_t*
   return -1;
 }
 
+bool Communicator::remoteOnConnection(int peer) const {
+  return hb_ && opts_.heartbeatTimeoutSec > 0 && !gone_[static_cast<size_t>(peer)] &&
+         conns_[static_cast<size_t>(peer)] && !(shm_ && shm_->localIndex(peer) >= 0);
+}
+
 void Communicator::checkStalledGoodbye(int peer) {
   // Its goodbye comes on its connection after everything it sent; its heartbeat's goodbye
   // (UDP) came, but nothing has come on the connection for as long (TCP retransmitting into
   // a one-way partition): the rank waited for RINGREDUCE_TIMEOUT and then blamed a wait
   // chain ending at the departed rank (a helper's network-fault hunt). A local peer's
   // shared memory and process say more (checkLocalPeers).
-  if (!hb_ || opts_.heartbeatTimeoutSec <= 0 || gone_[static_cast<size_t>(peer)] ||
-      !conns_[static_cast<size_t>(peer)] || (shm_ && shm_->localIndex(peer) >= 0))
-    return;
-  const int64_t limit = static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000);
+  const int64_t limit = hbTimeoutMs();
   const int64_t quiet = steadyMs() - ioWaitSinceMs_;
   const transport::PeerStatus s = hb_->status(peer);
   if (!s.left || s.ageMs <= limit || quiet <= limit) return;
@@ -252,9 +254,6 @@ void Communicator::checkUndelivered(int peer) {
   // Found by a helper's network-fault hunt: with an MTU black hole both ranks wait for each
   // other's data while every heartbeat arrives, and the wait chain blamed a healthy rank at
   // RINGREDUCE_TIMEOUT. Twice the heartbeat timeout: TCP recovers ordinary loss far sooner.
-  if (!hb_ || opts_.heartbeatTimeoutSec <= 0 || gone_[static_cast<size_t>(peer)] ||
-      !conns_[static_cast<size_t>(peer)] || (shm_ && shm_->localIndex(peer) >= 0))
-    return;
   transport::tcp::SendBacklog b;
   if (!transport::tcp::sendBacklog(conns_[static_cast<size_t>(peer)]->fd(), &b)) return;
   if (lossSince_.size() != static_cast<size_t>(world_)) lossSince_.assign(world_, {0, 0});
@@ -268,7 +267,7 @@ void Communicator::checkUndelivered(int peer) {
   // that recovered unseen, then a long idle: one RTO would have fired; a review).
   if (since.first != seq_ || since.second == 0 || now - b.sinceAckMs > since.second)
     since = {seq_, now};
-  const int64_t limit = static_cast<int64_t>(opts_.heartbeatTimeoutSec * 2000);
+  const int64_t limit = 2 * hbTimeoutMs();
   const transport::PeerStatus s = hb_->status(peer);
   // Not heard lately, or gone: the heartbeat checks and checkStalledGoodbye say more.
   if (now - since.second <= limit || b.sinceAckMs <= limit || s.ageMs < 0 ||
@@ -304,7 +303,7 @@ void Communicator::checkUnwatched(int peer, bool inCollective, bool leftOk) {
     return;
   }
   const int64_t age = s.ageMs >= 0 ? std::min(s.ageMs, asking) : asking;
-  if (age <= static_cast<int64_t>(opts_.heartbeatTimeoutSec * 1000)) return;
+  if (age <= hbTimeoutMs()) return;
   const std::string last =
       s.ageMs >= 0 ? "; at its last heartbeat it was " + peerDoing(peer, s) : std::string();
   // Silent: gone (its listener, open until its communicator is destroyed or fails,

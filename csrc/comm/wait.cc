@@ -314,7 +314,7 @@ void Communicator::checkLiveness(int sendPeer, int recvPeer, bool shm) {
   for (int p : {recvPeer, sendPeer})
     if (p >= 0) {
       checkUnwatched(p, true);
-      if (!shm) {  // a connection's wait (waitIo)
+      if (!shm && remoteOnConnection(p)) {  // a connection's wait (waitIo)
         checkStalledGoodbye(p);
         checkUndelivered(p);
       }
