@@ -213,6 +213,10 @@ class Cluster:
         """Command prefix that runs a program on host `host`."""
         return ["ip", "netns", "exec", self.netns(host)]
 
+    def on(self, host: int, *args: str) -> subprocess.CompletedProcess:
+        """Run a command on host `host` (in its namespace); raises NetclusterError on failure."""
+        return _run(self.exec_prefix(host) + list(args))
+
     def prefix(self, per_host: int) -> dict[int, list[str]]:
         """rank -> exec prefix with `per_host` consecutive ranks per host (for run_world)."""
         return {r: self.exec_prefix(r // per_host) for r in range(self.hosts * per_host)}
@@ -246,15 +250,16 @@ class Cluster:
         if why:
             raise NetclusterError(why)
         tbf = ["root", "tbf", "rate", rate, "burst", burst, "latency", latency]
-        _run(self.exec_prefix(host) + ["tc", "qdisc", "replace", "dev", "eth0", *tbf])
+        self.on(host, "tc", "qdisc", "replace", "dev", "eth0", *tbf)
         if inbound:  # the root side's egress is the host's ingress
             _run(["tc", "qdisc", "replace", "dev", self.veth(host), *tbf])
 
-    def link(self, host: int, state: str) -> None:
-        """Cut ("down") or restore ("up") host `host`'s only link."""
-        if state not in ("up", "down"):
+    def link(self, host: int, state: str, *more: str) -> None:
+        """Cut ("down") or restore ("up") host `host`'s only link, or change its root side
+        with `ip link set` settings (`link(1, "mtu", "1000")`)."""
+        if not more and state not in ("up", "down"):
             raise ValueError(f"state {state!r}: use 'up' or 'down'")
-        _run(["ip", "link", "set", self.veth(host), state])
+        _run(["ip", "link", "set", self.veth(host), state, *more])
 
     def down(self) -> None:
         """Remove every namespace and device of this cluster; safe to call twice. Tries

@@ -16,7 +16,7 @@ from typing import Callable
 
 import pytest
 from _spawn import free_port, run_world, run_world_raw
-from netcluster import Cluster, _run, cleanup_stale, tc_unavailable, unavailable
+from netcluster import Cluster, cleanup_stale, tc_unavailable, unavailable
 
 _REASON = unavailable()
 pytestmark = [pytest.mark.netns,
@@ -239,7 +239,7 @@ def test_a_one_way_partition_fails_both_ranks_before_the_timeout(cluster_factory
     env = dict(ENV, RINGREDUCE_TIMEOUT="40")
     outs, t_cut = _run_with_link_event(
         c, 2, 1, 262144, 60, env,
-        lambda: _run(c.exec_prefix(0) + ["ip", "route", "add", "blackhole", f"{c.addr(1)}/32"]))
+        lambda: c.on(0, "ip", "route", "add", "blackhole", f"{c.addr(1)}/32"))
     v0, v1 = (o.value for o in outs)
     assert all(o.has_result for o in outs), [o.describe() for o in outs]
     assert v1["type"] == "PeerFailure" and re.search(r"rank 0\b", v1["msg"]), v1
@@ -261,10 +261,10 @@ def test_an_mtu_black_hole_is_named_as_the_network_before_the_timeout(cluster_fa
     up first: ETIMEDOUT, also explained)."""
     c = cluster_factory(2)
     for h in (0, 1):  # one segment per packet: a GSO packet passes veth's size check
-        _run(c.exec_prefix(h) + ["ip", "link", "set", "eth0", "gso_max_segs", "1"])
+        c.on(h, "ip", "link", "set", "eth0", "gso_max_segs", "1")
     env = dict(ENV, RINGREDUCE_TIMEOUT="40")
     outs, t_cut = _run_with_link_event(
-        c, 2, 1, 262144, 60, env, lambda: _run(["ip", "link", "set", c.veth(1), "mtu", "1000"]))
+        c, 2, 1, 262144, 60, env, lambda: c.link(1, "mtu", "1000"))
     assert all(o.has_result for o in outs), [o.describe() for o in outs]
     for o in outs:
         v = o.value
@@ -342,14 +342,12 @@ def test_no_route_to_a_published_address_stops_every_rank_at_once(cluster_factor
     no route to: rank 1's connect fails at once (ENETUNREACH) and says why, and rank 0,
     waiting for rank 1's connection, stops at its next check of the store. Before, both
     waited until RINGREDUCE_CONNECT_TIMEOUT (found by a helper)."""
-    import subprocess
-
     c = cluster_factory(2)
     dev = "rrx0"  # a veth pair inside host 0's namespace (removed with it): no dummy module
     for cmd in (["link", "add", dev, "type", "veth", "peer", "name", "rrx1"],
                 ["addr", "add", "10.99.0.1/24", "dev", dev], ["link", "set", dev, "up"],
                 ["link", "set", "rrx1", "up"]):
-        subprocess.run(c.exec_prefix(0) + ["ip", *cmd], check=True, timeout=20)
+        c.on(0, "ip", *cmd)
     outs = _setup_outcomes(c, {0: {"RINGREDUCE_SOCKET_IFNAME": dev}})
     v0, v1 = (o.value for o in outs)
     assert outs[1].has_result and v1["type"] == "RingReduceError", outs[1].describe()
