@@ -16,7 +16,7 @@ from typing import Callable
 
 import pytest
 from _spawn import free_port, run_world, run_world_raw
-from netcluster import Cluster, cleanup_stale, tc_unavailable, unavailable
+from netcluster import SUBNET, Cluster, cleanup_stale, tc_unavailable, unavailable
 
 _REASON = unavailable()
 pytestmark = [pytest.mark.netns,
@@ -336,25 +336,36 @@ def test_a_rank_listening_on_loopback_is_refused_on_every_rank_at_once(cluster_f
         assert v["elapsed"] < 15, v  # imports and the rendezvous, not the 30 s timeout
 
 
-@pytest.mark.timeout(120)
-def test_no_route_to_a_published_address_stops_every_rank_at_once(cluster_factory) -> None:
-    """Rank 0 listens (RINGREDUCE_SOCKET_IFNAME) on an interface of an address host 1 has
-    no route to: rank 1's connect fails at once (ENETUNREACH) and says why, and rank 0,
-    waiting for rank 1's connection, stops at its next check of the store. Before, both
-    waited until RINGREDUCE_CONNECT_TIMEOUT (found by a helper)."""
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("route", ["none", "dead-gateway"])
+def test_no_route_to_a_published_address_stops_every_rank(cluster_factory, route: str) -> None:
+    """Rank 0 listens (RINGREDUCE_SOCKET_IFNAME) on an interface of an address host 1 cannot
+    reach. With no route at all, rank 1's connect fails at once (ENETUNREACH) and says why;
+    with a route through a gateway that never answers (EHOSTUNREACH from address resolution,
+    which a link coming back would mend) it retries for 15 s, then says no host answered.
+    Rank 0, waiting for rank 1's connection, stops at its next check of the store. Before,
+    both waited until RINGREDUCE_CONNECT_TIMEOUT (found by a helper)."""
     c = cluster_factory(2)
     dev = "rrx0"  # a veth pair inside host 0's namespace (removed with it): no dummy module
     for cmd in (["link", "add", dev, "type", "veth", "peer", "name", "rrx1"],
                 ["addr", "add", "10.99.0.1/24", "dev", dev], ["link", "set", dev, "up"],
                 ["link", "set", "rrx1", "up"]):
         c.on(0, "ip", *cmd)
+    if route == "dead-gateway":  # on host 1's subnet, no host: its ARP goes unanswered
+        c.on(1, "ip", "route", "add", "10.99.0.0/24", "via", f"{SUBNET}.200")
     outs = _setup_outcomes(c, {0: {"RINGREDUCE_SOCKET_IFNAME": dev}})
     v0, v1 = (o.value for o in outs)
     assert outs[1].has_result and v1["type"] == "RingReduceError", outs[1].describe()
-    assert "Network is unreachable" in v1["msg"] and "no route" in v1["msg"], v1["msg"]
+    if route == "none":
+        assert "Network is unreachable" in v1["msg"] and "no route" in v1["msg"], v1["msg"]
+        took = (0, 15)
+    else:
+        assert "No route to host" in v1["msg"] and "no host answered" in v1["msg"], v1["msg"]
+        took = (14, 29)  # the 15 s grace, not the 30 s RINGREDUCE_CONNECT_TIMEOUT
+    assert "RINGREDUCE_SOCKET_IFNAME" in v1["msg"], v1["msg"]
     assert outs[0].has_result and v0["type"] is not None, outs[0].describe()
-    assert "another rank failed" in v0["msg"] and "no route" in v0["msg"], v0["msg"]
-    assert max(v0["elapsed"], v1["elapsed"]) < 15, (v0, v1)
+    assert "another rank failed" in v0["msg"] and "10.99.0.1" in v0["msg"], v0["msg"]
+    assert took[0] < v1["elapsed"] < took[1] and v0["elapsed"] < took[1] + 5, (v0, v1)
 
 
 @pytest.mark.timeout(120)
