@@ -464,6 +464,28 @@ def killed_between_collectives(rank: int, world: int, on: str, idle_s: float) ->
         return _failure(e, t0)
 
 
+def killed_with_a_forked_child(rank: int, world: int, child_s: float) -> dict:
+    """The last rank forks a child that outlives it by child_s (a DataLoader worker notices
+    its parent's death only at its next 5 s check), then kills itself (SIGKILL) while the
+    others wait in a collective. The child held copies of the rank's sockets, so no FIN
+    left the host and the others named the rank only after the heartbeat timeout, as
+    `silent`; a forked child now holds /dev/null in their place."""
+    x = np.full(64, rank + 1.0)
+    rr.allreduce(x)
+    if victim_after_the_others(rank, world - 1, range(world), "first"):
+        if os.fork() == 0:
+            time.sleep(child_s)
+            os._exit(0)
+        time.sleep(0.3)  # the others are inside the collective below
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        rr.allreduce(x)
+        return {"type": None}
+    except rr.RingReduceError as e:
+        return _failure(e, t0)
+
+
 def lost_outside_the_group(rank: int, world: int, on: str) -> dict:
     """Rank 1 is killed. Rank 2 loses it on a p2p channel or group without rank 0, fails
     and leaves; rank 0, waiting for rank 2 on a channel or group without rank 1, names rank

@@ -351,6 +351,26 @@ def test_a_rank_killed_between_collectives_is_named_as_gone(transport: str, on: 
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_a_rank_killed_with_a_forked_child_alive_is_named_as_gone(transport: str) -> None:
+    """Its child (a DataLoader worker) holds no copy of its connections: the survivors hear
+    the rank close at once (cause "closed"), not its heartbeats stop (4 s)."""
+    world = 3
+    outs = run_world_raw(world, "fault_workers:killed_with_a_forked_child", 8.0,
+                         timeout=60, expendable=[world - 1],
+                         env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "30",
+                              "RINGREDUCE_HEARTBEAT_TIMEOUT": "4"})
+    story = "\n".join(o.describe() for o in outs)
+    assert outs[world - 1].returncode == -9, story
+    for o in outs[:-1]:
+        assert o.ok, story
+        v = o.value
+        assert (v["type"], v["peer_rank"], v["cause"]) == ("PeerFailure", world - 1, "closed"), \
+            f"rank {o.rank}: {v}\n{story}"
+        assert v["secs"] < 3.0, f"rank {o.rank} was told after {v['secs']:.1f} s"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
 @pytest.mark.parametrize("on", ["p2p", "group"])
 def test_a_rank_lost_outside_the_group_is_named(transport: str, on: str) -> None:
     """A goodbye names the rank its sender lost even when the receiver's channel or group

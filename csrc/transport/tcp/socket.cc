@@ -7,8 +7,10 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <linux/sockios.h>
 #include <unistd.h>
 
@@ -20,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "core/interrupt.h"
@@ -43,8 +46,56 @@ int pollInterruptible(pollfd* p, size_t n, Deadline deadline) {
 }
 
 
+namespace {
+// The stream sockets (listeners and connections) open in this process. A forked child --
+// a DataLoader worker -- must not keep them: while it held copies, a rank killed before its
+// children exited sent no FIN, and its peers named it only when its heartbeats ran out, as
+// frozen (`silent`, not `closed`; gloo waits for the child too). In the child each becomes
+// a copy of /dev/null, so the number stays taken (the inherited objects' own close later
+// cannot hit a descriptor the child opened since); the inode check skips a number that no
+// longer holds the socket recorded. Only async-signal-safe calls run in the child.
+struct ForkedSockets {
+  std::mutex mu;
+  std::unordered_map<int, ino_t> open;  // fd -> its socket's inode
+};
+ForkedSockets& sockets() {
+  static ForkedSockets* s = [] {
+    auto* p = new ForkedSockets;  // never destroyed: sockets may close after statics
+    ::pthread_atfork([] { sockets().mu.lock(); }, [] { sockets().mu.unlock(); }, [] {
+      ForkedSockets& f = sockets();
+      const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+      for (const auto& [fd, ino] : f.open) {
+        struct stat st {};
+        if (null >= 0 && ::fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_ino == ino)
+          ::dup3(null, fd, O_CLOEXEC);
+      }
+      if (null >= 0) ::close(null);
+      f.open.clear();
+      f.mu.unlock();
+    });
+    return p;
+  }();
+  return *s;
+}
+
+// A new stream socket, recorded for forked children (see above).
+Fd streamSocket(int fd) {
+  struct stat st {};
+  if (fd >= 0 && ::fstat(fd, &st) == 0) {
+    std::lock_guard<std::mutex> lock(sockets().mu);
+    sockets().open[fd] = st.st_ino;
+  }
+  return Fd(fd);
+}
+}  // namespace
+
 void Fd::reset() {
-  if (fd_ >= 0) ::close(fd_);
+  if (fd_ < 0) return;
+  {
+    std::lock_guard<std::mutex> lock(sockets().mu);
+    sockets().open.erase(fd_);
+  }
+  ::close(fd_);
   fd_ = -1;
 }
 
@@ -203,7 +254,7 @@ Fd listenOn(const std::string& host, int port, int* boundPort) {
   std::string lastErr = "no address";
   for (const auto& a : resolve(host, port, SOCK_STREAM, true, Deadline::after(kResolveTimeoutSec))) {
     const auto* sa = reinterpret_cast<const sockaddr*>(a.data());
-    Fd fd(::socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    Fd fd = streamSocket(::socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (!fd.valid()) {
       lastErr = std::strerror(errno);
       continue;
@@ -248,7 +299,7 @@ Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what, Ret
     bool noNetwork = true;    // ENETUNREACH from every one
     for (const auto& a : resolve(ep.host, ep.port, SOCK_STREAM, false, deadline)) {
       const auto* sa = reinterpret_cast<const sockaddr*>(a.data());
-      Fd fd(::socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+      Fd fd = streamSocket(::socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
       if (!fd.valid()) {
         refused = unreachable = noNetwork = false;
         lastErr = std::strerror(errno);
@@ -328,7 +379,7 @@ Fd acceptOne(int listenFd, Deadline deadline, std::string* peerAddr) {
         ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, buf, sizeof(buf));
       if (peerAddr) *peerAddr = buf;
       setNoDelay(fd);
-      return Fd(fd);
+      return streamSocket(fd);
     }
     if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
       RR_THROW(Error, "accept failed: ", std::strerror(errno));
