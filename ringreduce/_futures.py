@@ -1,10 +1,14 @@
 """torch.futures.Future for ringreduce collectives.
 
 The core's Work has wait() but no completion callback, so a Future is completed by a
-daemon "completer" thread: it waits (GIL released) on each registered Work in registration
-order and then sets the Future's result, which runs the Future's `.then()` callbacks on
-that thread, as torch's own backends run them on their worker threads. Collectives
-complete in submission order, so waiting in order costs nothing. A callback may block on
+daemon "completer" thread: it waits (GIL released) on the core's completion bell, which
+every Work rings when it completes, finishes whichever registered Work is done, and sets
+its Future's result, which runs the Future's `.then()` callbacks on that thread, as
+torch's own backends run them on their worker threads. Futures complete in the order
+their collectives do: a collective on one group or channel does not hold back another's
+(before, they were waited for in registration order, and a Future whose collective had
+finished waited behind an earlier one still waiting for its peers -- a deadlock when the
+program waited for the later Future first; found by a helper). A callback may block on
 another collective's Future (powerSGD does): the completer role then passes to another
 thread (see _Completer).
 
@@ -23,6 +27,9 @@ import time
 from typing import Any, Callable
 
 import torch
+
+from . import _C
+from ._work import rings_bell
 
 log = logging.getLogger("ringreduce")
 
@@ -44,13 +51,24 @@ class Completion:
         self._lock = threading.Lock()
         self._set_lock = threading.RLock()  # the Future is set once; a callback may re-enter
         self._done = False
+        self._owner: int | None = None  # the thread finishing it (see finish())
         self._exc: BaseException | None = None
         self._future: torch.futures.Future | None = None
         # Earlier collectives whose copies out must be done first (see backend._issued).
         self.before: list[Completion] = []
 
+    def rings_bell(self) -> bool:
+        """Whether its completion (and its `before`'s) rings the core's completion bell;
+        the completer thread polls only those (a GPU Work's does not: see _Gen.probe)."""
+        return rings_bell(self.work) and all(c.rings_bell() for c in self.before)
+
     def finish(self) -> BaseException | None:
         """Wait for the collective, run `after` once; return its exception (or None)."""
+        if self._owner == threading.get_ident():
+            # Re-entered on the thread finishing it: a signal handler run inside its wait
+            # (destroy_process_group() in a SIGTERM handler) -- the outer call finishes it.
+            # Waiting for the lock here hung for good (found by a helper; gloo exits).
+            return self._exc
         with self._lock:
             self._finish_locked()
             return self._exc
@@ -58,6 +76,13 @@ class Completion:
     def _finish_locked(self) -> None:
         if self._done:
             return
+        self._owner = threading.get_ident()
+        try:
+            self._finish_owned()
+        finally:
+            self._owner = None
+
+    def _finish_owned(self) -> None:
         for c in self.before:  # issued earlier (a DAG: no lock cycle)
             c.finish()
         self.before = []
@@ -147,19 +172,59 @@ class _Gen:
     """One process's completer state (a forked child starts a fresh one)."""
 
     def __init__(self) -> None:
-        self.q: queue.SimpleQueue[Completion | None] = queue.SimpleQueue()
-        self.role = threading.Lock()  # held by the one thread taking Works in order
+        self.pending: list[Completion] = []  # registered, Future not yet set
+        self.role = threading.Lock()  # held by the one thread looking for the next done
         self.mu = threading.Lock()
+        self.wake = threading.Condition(self.mu)  # pending no longer empty, or stop
         self.standby = 0  # threads waiting for the role (or about to)
+        self.stop = False
+        self.probes: queue.SimpleQueue[Completion | None] | None = None
         self.pid = os.getpid()
+
+    def probe(self, c: Completion) -> None:  # under mu
+        """A Work the bell does not cover (a GPU collective's): one thread waits for such
+        Works in registration order (they share a stream) and rings the bell for each."""
+        if self.probes is None:
+            self.probes = queue.SimpleQueue()
+            threading.Thread(target=_probe, args=(self.probes,), daemon=True,
+                             name="ringreduce-completion-probe").start()
+        self.probes.put(c)
+
+    def next_done(self) -> Completion | None:
+        """The role holder's wait: a pending Completion whose collective finished (its
+        outputs in place), taken off the list; None once stopped with nothing pending."""
+        while True:
+            seen = _C.completion_bell()
+            with self.mu:
+                while not self.pending and not self.stop:
+                    self.wake.wait()
+                if not self.pending:
+                    return None
+                candidates = list(self.pending)  # polled unlocked: poll() may copy out
+            for c in candidates:
+                if c.poll():
+                    with self.mu:
+                        self.pending.remove(c)
+                    return c
+            # A Completion another thread is finishing (a caller's wait()) polls False and
+            # settles its Future itself; the slice bounds how long it stays listed.
+            _C.await_completion_bell(seen, 0.5)
+
+
+def _probe(q: queue.SimpleQueue) -> None:
+    while (c := q.get()) is not None:
+        c.finish()
+        _C.ring_completion_bell()
+        del c
 
 
 class _Completer:
-    """Daemon threads completing Futures (started lazily): Works are waited for in
-    registration order; two Futures may be set out of that order when their threads race.
+    """Daemon threads completing Futures (started lazily), each as soon as its collective
+    is done (_Gen.next_done); two Futures may be set out of that order when their threads
+    race.
 
-    One thread at a time holds the role: it takes the next Completion, waits for its Work
-    (GIL released), then hands the role on -- to a thread on standby, or a new one -- before
+    One thread at a time holds the role: it waits for the next finished Completion (GIL
+    released), then hands the role on -- to a thread on standby, or a new one -- before
     it sets the Future's result, because that runs the Future's callbacks, and a callback
     may itself wait for a later collective's Future (torch's powerSGD hook calls
     ``all_reduce(...).get_future().wait()`` inside ``.then()``), which only the next role
@@ -182,7 +247,12 @@ class _Completer:
                 g = self._gen = _Gen()
                 with g.mu:
                     self._spawn(g)
-        g.q.put(c)
+        with g.mu:
+            g.pending.append(c)
+            g.wake.notify()
+            if not c.rings_bell():
+                g.probe(c)
+        _C.ring_completion_bell()  # a role holder waiting on the bell looks again
 
     def _spawn(self, g: _Gen) -> None:  # under g.mu
         g.standby += 1
@@ -195,12 +265,17 @@ class _Completer:
                          if x.is_alive() and getattr(x, "_rr_pid", None) == pid] + [t]
 
     def shutdown(self) -> None:
-        """End the threads once the Works queued so far are completed (ringreduce.destroy(),
-        which fails those still queued); the next Future starts afresh. Never blocks."""
+        """End the threads once the Works registered so far are completed (ringreduce.destroy(),
+        which fails those still running); the next Future starts afresh. Never blocks."""
         with self._lock:
             g, self._gen = self._gen, None
         if g is not None and g.pid == os.getpid():
-            g.q.put(None)  # each thread that takes it puts it back for the next one
+            with g.mu:
+                g.stop = True
+                g.wake.notify_all()
+                if g.probes is not None:
+                    g.probes.put(None)
+            _C.ring_completion_bell()
 
     def join_at_exit(self, timeout: float = 5.0) -> None:
         """shutdown(), then wait (<= `timeout` s in all) until this process's threads ended.
@@ -225,11 +300,10 @@ class _Completer:
             with g.role:
                 with g.mu:
                     g.standby -= 1
-                c = g.q.get()
-                if c is None:  # shutdown(): pass it on to the thread after this one
-                    g.q.put(None)
+                c = g.next_done()
+                if c is None:  # shutdown() and nothing left
                     return
-                exc = c.finish()
+                exc = c.finish()  # done: returns at once
                 with g.mu:
                     if g.standby == 0:
                         self._spawn(g)

@@ -98,8 +98,7 @@ def _op(opts: Any) -> str:
 
 
 class _Work(dist._Work):
-    """A collective in flight: wait() blocks until done (GIL released) and raises its
-    error; get_future() returns a torch Future of the collective's output tensors."""
+    """A collective in flight: wait() blocks (GIL released), get_future() gives outputs."""
 
     def __init__(self, completion: Completion):
         super().__init__()
@@ -107,7 +106,8 @@ class _Work(dist._Work):
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         secs = timeout.total_seconds() if isinstance(timeout, timedelta) else None
-        if secs and secs > 0 and not self._c.is_completed():
+        # Beyond the longest wait any deadline takes (a year): as good as none, as gloo's.
+        if secs and 0 < secs <= _env.MAX_WAIT_S and not self._c.is_completed():
             w = self._c.work
             if w is not None and not w.wait(secs):
                 from ._C import CollectiveTimeout
@@ -651,13 +651,13 @@ class _Ops:
 
 class _WaitAll:
     """Adapts the Completions of collectives that one Work stands for to the rr Work
-    interface (wait / is_completed): done when all are. wait() honours its timeout across
-    all of them (it waited for the last with none: a work.wait(timeout=) ran to the group's
-    timeout) and raises the first one's error (a later one's only says the communicator is
-    unusable after it)."""
+    interface (wait / is_completed / rings_bell): done when all are. wait() honours its
+    timeout across all (it waited for the last with none: a work.wait(timeout=) ran to the
+    group's timeout) and raises the first one's error (a later one's: "unusable after")."""
 
     def __init__(self, completions: list[Completion]):
         self._cs = completions
+        self.rings_bell = all(c.rings_bell() for c in completions)
 
     def wait(self, timeout: float | None = None) -> bool:
         end = None if timeout is None else time.monotonic() + timeout

@@ -118,19 +118,25 @@ def _pass_turn(g: Group, world: Group, key: tuple, turns: _Turns, dropped: int =
     dropped ones, wake the next; when none is left, the key's entry goes and a tag-0
     channel may take the fast path."""
     with _LOCK:
-        if dropped < 0:
-            turns.serving += 1
-        else:
-            turns.dropped.add(dropped)
-        while turns.serving in turns.dropped:
-            turns.dropped.discard(turns.serving)
-            turns.serving += 1
-        drained = turns.serving == turns.next
+        drained = _advance(turns, dropped)
         if drained:
             del _PENDING[key]
-        turns.cond.notify_all()
     if drained and key[3] == 0:
         _fast_path(g, world, min(key[1:3]), max(key[1:3]))
+
+
+def _advance(turns: _Turns, dropped: int = -1) -> bool:
+    """Under _LOCK: the ticket being served is done (or ticket `dropped` will never come);
+    wake the next. True when no ticket is left."""
+    if dropped < 0:
+        turns.serving += 1
+    else:
+        turns.dropped.add(dropped)
+    while turns.serving in turns.dropped:
+        turns.dropped.discard(turns.serving)
+        turns.serving += 1
+    turns.cond.notify_all()
+    return turns.serving == turns.next
 
 
 def _post(x: Any, peer: int, tag: int, group: Any, what: str, sending: bool,
@@ -336,30 +342,51 @@ def _recv_any(x: Any, tag: int, group: Any, what: str, async_op: bool) -> Any:
         raise ValueError(f"{what}: src=None receives from another rank of the group, and "
                          f"{g.name} has no other rank")
 
+    entry = _any_entry(g, tag)
+    turns = entry[0]
+    with _LOCK:
+        ticket = turns.next
+        turns.next += 1
+
     def start(box: list) -> Any:  # posts the receive; box gets the sender's rank
-        entry = _any_entry(g, tag)
-        with entry[0]:
+        served = False
+        try:
+            with _LOCK:
+                while turns.serving != ticket:
+                    turns.cond.wait()
+            served = True
             src, ch = _match(g, world, peers, tag, what, entry)
             box.append(src)
             return api.broadcast(x, src=src, async_op=True, group=ch)
+        finally:
+            with _LOCK:
+                _advance(turns, -1 if served else ticket)
 
     box: list = []
     if not async_op:
         # Posted asynchronously even here: the channel must look busy to other threads'
-        # matches the moment it is chosen (the tag's lock is held until then).
+        # matches the moment it is chosen (the turn is held until then).
         start(box).wait()
         return box[0]
-    w = api.Work(_Deferred(lambda: start(box)), (x,))
+    try:
+        w = api.Work(_Deferred(lambda: start(box)), (x,))
+    except _store_guard.NoThread:
+        with _LOCK:
+            _advance(turns, ticket)  # later posts go on
+        raise
     w.source = lambda: box[0]
     return w
 
 
 def _any_entry(g: Group, tag: int) -> list:
-    """[lock, next peer index] of `tag`'s any-source receives: a match and the posting of
-    its receive (which makes the channel busy) happen under the lock, so two threads never
-    take the same message."""
+    """[turns, next peer index] of `tag`'s any-source receives. Each takes a ticket as it is
+    posted and matches in its turn, so a sender's messages fill them in posting order (MPI's
+    non-overtaking rule; before, the posts' helper threads raced for a lock, and messages
+    landed swapped or in a buffer of the wrong size: found by a helper), and a match and the
+    posting of its receive (which makes the channel busy) happen in one turn, so two posts
+    never take the same message."""
     with _LOCK:
-        return g.p2p_locks.setdefault(("any", tag), [threading.Lock(), 0])
+        return g.p2p_locks.setdefault(("any", tag), [_Turns(), 0])
 
 
 def _match(g: Group, world: Group, peers: list[int], tag: int, what: str,
@@ -460,6 +487,8 @@ class _Deferred:
     """A Work's C++ handle stand-in: `start()` runs on a helper thread and returns the
     real Work, which wait() then waits for (errors of either step re-raised at wait())."""
 
+    rings_bell = True  # its helper rings when done; the real Work when that completes
+
     def __init__(self, start: Any):
         self._done = threading.Event()
         self._work: Any = None
@@ -477,6 +506,7 @@ class _Deferred:
                 self._error = e
             finally:
                 self._done.set()
+                _C.ring_completion_bell()
 
         t = threading.Thread(target=run, name="ringreduce-p2p-connect", daemon=True)
         with _LOCK:  # (another's thread not started yet is kept: its start is next)

@@ -614,6 +614,73 @@ def future_callback_collective(rank: int, world: int) -> dict:
     return out
 
 
+def futures_in_completion_order(rank: int, world: int) -> dict:
+    """Rank 0 asks for group A's Future, then group B's, and waits for B's first (then B's
+    next collective, then A's); the others run B, B, then A -- a valid program (gloo runs
+    it). B's Future waited behind A's, whose collective waits for B's next one: a deadlock
+    until RINGREDUCE_TIMEOUT (found by a helper)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("ringreduce")
+    ga, gb = dist.new_group(list(range(world))), dist.new_group(list(range(world)))
+    a, b, c = (torch.full((4,), k * (rank + 1.0)) for k in (1, 10, 100))
+    waited = 0.0
+    if rank == 0:
+        wa = dist.all_reduce(a, group=ga, async_op=True)
+        fa = wa.get_future()
+        fb = dist.all_reduce(b, group=gb, async_op=True).get_future()
+        t0 = time.monotonic()
+        fb.wait()
+        waited = time.monotonic() - t0
+        dist.all_reduce(c, group=gb)
+        wa.wait(timeout=timedelta(days=400))  # as good as none (it raised ValueError)
+        fa.wait()
+    else:
+        for t, g in ((b, gb), (c, gb), (a, ga)):
+            dist.all_reduce(t, group=g)
+    out = {"a": a.tolist(), "b": b.tolist(), "c": c.tolist(), "waited": waited}
+    dist.destroy_process_group()
+    return out
+
+
+def destroy_in_a_signal_handler(rank: int, world: int) -> dict:
+    """Rank 0's SIGTERM handler (a checkpoint-and-exit handler, as under torchrun) calls
+    destroy_process_group() while rank 0 waits for an async all_reduce that rank 1 joins
+    late: the handler (a program's own: run once the core's wait returns) runs inside that
+    wait's Python frames, and destroy waited for the collective's lock its own thread held
+    -- for good (found by a helper; gloo exits)."""
+    import os
+    import signal
+    import threading
+
+    import torch.distributed as dist
+
+    class Stop(Exception):
+        pass
+
+    def handler(signum: int, frame: Any) -> None:
+        dist.destroy_process_group()
+        raise Stop
+
+    dist.init_process_group("ringreduce")
+    x = torch.full((4,), rank + 1.0)
+    t0 = time.monotonic()
+    if rank == 0:
+        signal.signal(signal.SIGTERM, handler)
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        try:
+            dist.all_reduce(x, async_op=True).wait()
+        except Stop:
+            return {"stopped": time.monotonic() - t0, "inited": dist.is_initialized()}
+        return {"stopped": None}
+    time.sleep(3.0)
+    try:
+        dist.all_reduce(x)
+    except Exception as e:  # noqa: BLE001 - rank 0 may have left first: any clear error
+        return {"error": type(e).__name__}
+    return {"error": None, "x": x.tolist()}
+
+
 def async_unwaited_at_exit(rank: int, world: int) -> dict:
     """Rank 0 issues an async all_reduce and its program ends (the exit hooks run) without
     waiting; the others come 0.3 s later and wait: they get the sum, as with gloo -- it was

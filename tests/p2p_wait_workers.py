@@ -83,3 +83,51 @@ def world_wait_beside_a_receive(rank: int, world: int) -> str:
         err = str(e)
     rr.send(x, dst=1, tag=5)
     return err
+
+
+def prefetched_receive_beside_a_collective(rank: int, world: int) -> dict:
+    """Rank 0 posts a receive from rank 1 and takes its Future, then waits for an all-reduce's
+    Future, then sends to rank 1; rank 1 joins the all-reduce, receives, then sends back.
+    The all-reduce's Future waited behind the receive's, whose message comes only after
+    rank 0's send: both ranks timed out (found by a helper)."""
+    x = np.full(4, rank + 1.0, np.float32)
+    y, z = np.zeros(3, np.float32), np.full(3, 7.0 + rank, np.float32)
+    if rank == 0:
+        f = rr.irecv(y, src=1).get_future()
+        rr.allreduce(x, async_op=True).get_future().wait()
+        rr.send(z, dst=1)
+        f.wait()
+    elif rank == 1:
+        rr.allreduce(x)
+        rr.recv(y, src=0)
+        rr.send(z, dst=0)
+    else:
+        rr.allreduce(x)
+    return {"x": x.tolist(), "y": y.tolist()}
+
+
+def any_source_posts_in_order(rank: int, world: int, trials: int) -> dict:
+    """The last rank sends 8 messages of 1..8 elements (blocking sends, in order) on tag 4
+    to rank 0, which has posted 8 receives from any rank of those sizes: each message fills
+    the receive posted in its place (MPI's non-overtaking rule, gloo's too). Their helper
+    threads raced for the tag's lock: swapped payloads, or a size mismatch (found by a
+    helper: 5 of 10 trials out of order)."""
+    sender, bad = world - 1, []
+    warm = np.zeros(1, np.float32)
+    if rank == 0:  # the channel is made first: only the matching races then
+        rr.recv(warm, src=sender, tag=4)
+    elif rank == sender:
+        rr.send(warm, dst=0, tag=4)
+    for t in range(trials):
+        if rank == 0:
+            bufs = [np.zeros(k, np.float32) for k in range(1, 9)]
+            works = [rr.irecv(b, src=None, tag=4) for b in bufs]
+            for w in works:
+                w.wait()
+            bad += [(t, k) for k, b in enumerate(bufs, 1)
+                    if not np.array_equal(b, np.full(k, 100.0 * t + k, np.float32))]
+        elif rank == sender:
+            for k in range(1, 9):
+                rr.send(np.full(k, 100.0 * t + k, np.float32), dst=0, tag=4)
+        rr.barrier()
+    return {"bad": bad}

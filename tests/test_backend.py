@@ -157,6 +157,26 @@ def test_a_future_callback_may_issue_the_groups_next_collective(world: int) -> N
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("world", [2, 3])
+def test_futures_complete_as_their_collectives_do_not_in_issue_order(world: int) -> None:
+    res = run_world(world, "backend_workers:futures_in_completion_order", timeout=60,
+                    env=dict(_ENV, RINGREDUCE_TIMEOUT="15"), init=False)
+    n = world * (world + 1) / 2
+    for r, v in enumerate(res):
+        assert (v["a"], v["b"], v["c"]) == ([n] * 4, [10 * n] * 4, [100 * n] * 4), (r, v)
+    assert res[0]["waited"] < 5.0, res[0]
+
+
+@pytest.mark.timeout(90)
+def test_destroy_in_a_signal_handler_during_a_wait_returns() -> None:
+    res = run_world(2, "backend_workers:destroy_in_a_signal_handler", timeout=60, env=_ENV,
+                    init=False)
+    assert res[0]["stopped"] is not None and res[0]["stopped"] < 15.0, res
+    assert res[0]["inited"] is False, res
+    assert res[1]["error"] is not None or res[1]["x"] == [3.0] * 4, res
+
+
+@pytest.mark.timeout(90)
 def test_an_async_collective_outstanding_at_exit_is_finished() -> None:
     res = run_world(2, "backend_workers:async_unwaited_at_exit", timeout=60, env=_ENV,
                     init=False)

@@ -298,6 +298,14 @@ def test_recv_from_any_source(world: int, transport: str) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [2, 3])
+def test_receives_from_any_rank_take_a_senders_messages_in_posting_order(world: int) -> None:
+    outs = run_world(world, "p2p_wait_workers:any_source_posts_in_order", 15, timeout=100,
+                     env={"RINGREDUCE_TIMEOUT": "30"})
+    assert outs[0]["bad"] == [], outs[0]
+
+
+@pytest.mark.timeout(120)
 def test_recv_from_any_source_times_out() -> None:
     outs = run_world(2, "p2p_workers:any_source_timeout", timeout=90,
                      env={"RINGREDUCE_TIMEOUT": "3"})
@@ -341,6 +349,16 @@ def test_a_timeout_names_a_peers_receive_on_a_channel() -> None:
                      env={"RINGREDUCE_TIMEOUT": "20"}, rank_env={0: {"RINGREDUCE_TIMEOUT": "3"}})
     assert outs[1] == "ok", outs
     assert re.search(r"rank 1 .*meanwhile in recv #2 on p2p 0->1 tag 5", outs[0]), outs[0]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_collectives_future_does_not_wait_behind_a_prefetched_receive(world: int) -> None:
+    outs = run_world(world, "p2p_wait_workers:prefetched_receive_beside_a_collective",
+                     timeout=45, env={"RINGREDUCE_TIMEOUT": "15"})
+    n = world * (world + 1) / 2
+    assert [o["x"] for o in outs] == [[n] * 4] * world, outs
+    assert outs[0]["y"] == [8.0] * 3 and outs[1]["y"] == [7.0] * 3, outs
 
 
 @pytest.mark.timeout(90)

@@ -407,6 +407,12 @@ PYBIND11_MODULE(_C, m) {
            py::arg("timeout") = py::none())
       .def("is_completed", &runtime::Work::isCompleted)
       .def_property_readonly("what", &runtime::Work::what);
+  m.def("ring_completion_bell", &runtime::ringCompletionBell,
+        "wake completion_bell's waiters (a Work stand-in of Python's completed)");
+  m.def("completion_bell", &runtime::completionBell, "rings of the completion bell so far");
+  m.def("await_completion_bell", &runtime::awaitCompletionBell, py::arg("seen"),
+        py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
+        "wait until the bell's count differs from `seen` (a Work completed) or `timeout` s");
 
   py::class_<PyComm>(m, "Communicator")
       .def(py::init<int, int, PyListener&, const std::vector<std::string>&, const std::string&,

@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <new>
 #include <string>
 #include <system_error>
@@ -24,6 +27,17 @@ const bool kAtFork = [] {
   return true;
 }();
 
+struct Bell {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t rings = 0;
+};
+// A forked child starts a bell of its own (a parent's thread may have held mu at the fork).
+Bell* gBell = [] {
+  ::pthread_atfork(nullptr, nullptr, [] { gBell = new Bell; });
+  return new Bell;  // never destroyed: Works may complete after statics
+}();
+
 [[noreturn]] void throwForked() {
   RR_THROW(Error, "this communicator was made by the parent of this forked process (a "
                   "DataLoader worker, os.fork()); its connections and threads belong to the "
@@ -32,6 +46,29 @@ const bool kAtFork = [] {
 }  // namespace
 
 unsigned forkGeneration() { return gForkGen.load(std::memory_order_relaxed); }
+
+void ringCompletionBell() {
+  Bell* b = gBell;
+  {
+    std::lock_guard<std::mutex> g(b->mu);
+    ++b->rings;
+  }
+  b->cv.notify_all();
+}
+
+uint64_t completionBell() {
+  Bell* b = gBell;
+  std::lock_guard<std::mutex> g(b->mu);
+  return b->rings;
+}
+
+uint64_t awaitCompletionBell(uint64_t seen, double timeoutSec) {
+  Bell* b = gBell;
+  std::unique_lock<std::mutex> lk(b->mu);
+  b->cv.wait_for(lk, std::chrono::duration<double>(clampSeconds(timeoutSec)),
+                 [&] { return b->rings != seen; });
+  return b->rings;
+}
 
 void throwForkedWork(const std::string& what) {
   RR_THROW(Error, what, " was started by the parent of this forked process (a DataLoader "

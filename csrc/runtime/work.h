@@ -21,6 +21,15 @@ unsigned forkGeneration();
 // The error of a Work (`what`) waited for in a forked child before it completed.
 [[noreturn]] void throwForkedWork(const std::string& what);
 
+// The completion bell: rung by every Work's completion (and by Python for its own stand-ins),
+// so one thread can wait for whichever of many Works completes first -- the Futures of
+// collectives on different communicators complete in completion order, not issue order
+// (ringreduce/_futures.py). completionBell() is the number of rings so far;
+// awaitCompletionBell(seen, s) returns it once it differs from `seen`, or after s seconds.
+void ringCompletionBell();
+uint64_t completionBell();
+uint64_t awaitCompletionBell(uint64_t seen, double timeoutSec);
+
 class Work {
  public:
   explicit Work(std::string what, uint32_t site = 0)
@@ -33,6 +42,7 @@ class Work {
       done_ = true;
     }
     cv_.notify_all();
+    ringCompletionBell();
   }
   bool isCompleted() {
     if (inForkedChild()) return done_;
