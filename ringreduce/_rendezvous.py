@@ -37,6 +37,7 @@ from ._farewell import (  # noqa: F401 - farewell_borrowed, _FAREWELL_S: used th
 )
 from ._parent_stores import inherit, refuse  # a forked child's parents' stores
 from ._procnet import store_host  # noqa: F401 - callers use _rendezvous.store_host
+from ._store_instance import store_instance
 from ._watch import rr_error as _rr_error
 
 _STORES: dict[tuple, Any] = {}  # (addr, port) -> the TCPStore made here, while acquired
@@ -51,10 +52,9 @@ _LINGER: set = set()
 # may stop: a client of the next init there checks it is not talking to that server in its
 # last moments (acked: this rank already told rank 0 it read the answer).
 _CLOSED: dict[tuple, tuple] = {}
-# Inits so far in this process per store server (_server): keys of each init live under their
-# own prefix. Per server, not per process: processes whose earlier inits differ (two ranks
-# made a world of their own on another port first) met different keys on a fresh store and
-# waited out the connect timeout (found by a helper; gloo runs it).
+# Inits so far in this process per store server and instance (_store_instance): each init's
+# keys have their own prefix. Per server: ranks whose earlier inits differ (two made a world on
+# another port first) met different keys on a fresh store (a helper found; gloo runs it).
 _GENERATIONS: dict[tuple, int] = {}
 
 
@@ -666,17 +666,17 @@ def _rank0_left() -> bool:
 
 def _server(store: Any) -> tuple:
     """The TCPStore server `store` talks to, under any PrefixStores: (host, port); ("",)
-    for other stores (FileStore, HashStore: one count for them all, as before)."""
+    for other stores (FileStore, HashStore: told apart by their instance)."""
     s = _procnet.find_store(store, lambda s: isinstance(getattr(s, "port", None), int))
     return ("",) if s is None else (str(getattr(s, "host", "")), s.port)
 
 
 def _inits(store: Any) -> int:
-    return _GENERATIONS.get(_server(store), 0)
+    return _GENERATIONS.get((*_server(store), store_instance(store)), 0)
 
 
 def _count_init(store: Any) -> None:
-    _GENERATIONS[_server(store)] = _inits(store) + 1
+    _GENERATIONS[(*_server(store), store_instance(store))] = _inits(store) + 1
 
 
 def _restart(store: Any) -> str:

@@ -681,6 +681,25 @@ def destroy_in_a_signal_handler(rank: int, world: int) -> dict:
     return {"error": None, "x": x.tolist()}
 
 
+def a_bigger_world_on_a_new_file_store(rank: int, world: int, folder: str) -> dict:
+    """Ranks 0..world-2 make a world on FileStore A and destroy it; then every rank, the last
+    one new, makes one on FileStore B. The first ones counted an earlier init on "a store
+    that is not a TCPStore" and looked for the new world's keys under another prefix than
+    the new rank: all waited out the connect timeout (found by a helper; gloo runs it)."""
+    import torch.distributed as dist
+
+    if rank < world - 1:
+        dist.init_process_group("ringreduce", init_method=f"file://{folder}/a", rank=rank,
+                                world_size=world - 1)
+        dist.destroy_process_group()
+    dist.init_process_group("ringreduce", init_method=f"file://{folder}/b", rank=rank,
+                            world_size=world)
+    x = torch.full((4,), rank + 1.0)
+    dist.all_reduce(x)
+    dist.destroy_process_group()
+    return {"x": x.tolist()}
+
+
 def async_unwaited_at_exit(rank: int, world: int) -> dict:
     """Rank 0 issues an async all_reduce and its program ends (the exit hooks run) without
     waiting; the others come 0.3 s later and wait: they get the sum, as with gloo -- it was

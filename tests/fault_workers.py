@@ -486,6 +486,25 @@ def killed_with_a_forked_child(rank: int, world: int, child_s: float) -> dict:
         return _failure(e, t0)
 
 
+def a_replacement_rank_on_the_same_port(rank: int, world: int, port: int) -> dict:
+    """Ranks 0..world-2 make a world on `port` and destroy it (rank 0's store server goes);
+    then every rank, the last one new (a dead rank's replacement), inits on the same port.
+    The survivors counted an earlier init on that address and the new rank none: different
+    key prefixes, and all waited out the connect timeout, blaming each other (found by a
+    helper; gloo runs it). The server made again has another instance id now."""
+    if rank < world - 1:
+        rr.init(rank, world - 1, master_addr="127.0.0.1", master_port=port)
+        rr.allreduce(np.ones(4))
+        rr.destroy()
+    else:
+        time.sleep(1.0)  # the replacement comes after the old world is gone
+    rr.init(rank, world, master_addr="127.0.0.1", master_port=port)
+    x = np.full(4, rank + 1.0)
+    rr.allreduce(x)
+    rr.destroy()
+    return {"x": x.tolist()}
+
+
 def lost_outside_the_group(rank: int, world: int, on: str) -> dict:
     """Rank 1 is killed. Rank 2 loses it on a p2p channel or group without rank 0, fails
     and leaves; rank 0, waiting for rank 2 on a channel or group without rank 1, names rank

@@ -177,6 +177,13 @@ def test_destroy_in_a_signal_handler_during_a_wait_returns() -> None:
 
 
 @pytest.mark.timeout(90)
+def test_a_new_rank_joins_a_bigger_world_on_a_new_file_store(tmp_path: Path) -> None:
+    res = run_world(3, "backend_workers:a_bigger_world_on_a_new_file_store", str(tmp_path),
+                    timeout=60, env=dict(_ENV, RINGREDUCE_CONNECT_TIMEOUT="20"), init=False)
+    assert [r["x"] for r in res] == [[6.0] * 4] * 3, res
+
+
+@pytest.mark.timeout(90)
 def test_an_async_collective_outstanding_at_exit_is_finished() -> None:
     res = run_world(2, "backend_workers:async_unwaited_at_exit", timeout=60, env=_ENV,
                     init=False)

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 import pytest
-from _spawn import run_world_raw
+from _spawn import free_port, run_world, run_world_raw
 
 # (transport, algo, world, victim, action, point, collective): every transport/algorithm
 # with every world size 2-5; the victim, action, point and collective rotate so each
@@ -347,6 +347,13 @@ def test_a_rank_killed_between_collectives_is_named_as_gone(transport: str, on: 
         assert (v["type"], v["peer_rank"], v["cause"]) == ("PeerFailure", world - 1, "closed"), \
             f"rank {o.rank}: {v}\n{story}"
         assert v["secs"] < 3.0, f"rank {o.rank} was told after {v['secs']:.1f} s"
+
+
+@pytest.mark.timeout(90)
+def test_a_replacement_rank_inits_with_the_survivors_on_the_same_port() -> None:
+    outs = run_world(3, "fault_workers:a_replacement_rank_on_the_same_port", free_port(),
+                     timeout=60, init=False, env={"RINGREDUCE_CONNECT_TIMEOUT": "20"})
+    assert [o["x"] for o in outs] == [[6.0] * 4] * 3, outs
 
 
 @pytest.mark.timeout(90)
