@@ -102,7 +102,8 @@ class Completion:
         a Work's wait() returned, its Future is done, as torch's are (found by a helper:
         ``f = w.get_future(); w.wait(); f.value()`` failed in ~1 of 5 calls)."""
         exc = self.finish()
-        self._set_future(exc)
+        if self._done:  # (not when re-entered from a signal handler inside its own wait)
+            self._set_future(exc)
         return exc
 
     def is_completed(self) -> bool:
@@ -122,9 +123,10 @@ class Completion:
         polls under it and calls complete_future() after releasing it."""
         if self._done:
             return True
-        if self.work is not None and not self.work.is_completed():
+        if self.work is not None and not _completed(self.work):
             return False
-        if not all(c.is_completed() for c in self.before):  # finishing them would block
+        # (poll: completing their Futures here would run callbacks on the completer's role)
+        if not all(c.poll() for c in self.before):  # finishing them would block
             return False
         if self._lock.acquire(blocking=False):  # else another thread is finishing it now
             try:
@@ -161,6 +163,16 @@ class Completion:
                 _set(fut, exc, self.value)
 
 
+def _completed(work: Any) -> bool:
+    """work.is_completed(); one that raises (an NCCL Work whose communicator was aborted)
+    is: its wait() raises the error, which finish() keeps for the Future (the completer
+    thread died of it, and every later Future with it: a review)."""
+    try:
+        return bool(work.is_completed())
+    except Exception:  # noqa: BLE001 - raised again by wait(), in finish()
+        return True
+
+
 def _set(fut: torch.futures.Future, exc: BaseException | None, value: Any) -> None:
     if exc is not None:
         fut.set_exception(exc)
@@ -180,15 +192,6 @@ class _Gen:
         self.stop = False
         self.probes: queue.SimpleQueue[Completion | None] | None = None
         self.pid = os.getpid()
-
-    def probe(self, c: Completion) -> None:  # under mu
-        """A Work the bell does not cover (a GPU collective's): one thread waits for such
-        Works in registration order (they share a stream) and rings the bell for each."""
-        if self.probes is None:
-            self.probes = queue.SimpleQueue()
-            threading.Thread(target=_probe, args=(self.probes,), daemon=True,
-                             name="ringreduce-completion-probe").start()
-        self.probes.put(c)
 
     def next_done(self) -> Completion | None:
         """The role holder's wait: a pending Completion whose collective finished (its
@@ -251,14 +254,26 @@ class _Completer:
             g.pending.append(c)
             g.wake.notify()
             if not c.rings_bell():
-                g.probe(c)
+                self._probe(g, c)
         _C.ring_completion_bell()  # a role holder waiting on the bell looks again
+
+    def _probe(self, g: _Gen, c: Completion) -> None:  # under g.mu
+        """A Work the bell does not cover (a GPU collective's): one thread waits for such
+        Works in registration order and rings the bell for each (a later one of another
+        NCCL communicator may wait behind an earlier one)."""
+        if g.probes is None:
+            g.probes = queue.SimpleQueue()
+            self._start(threading.Thread(target=_probe, args=(g.probes,), daemon=True,
+                                         name="ringreduce-completion-probe"))
+        g.probes.put(c)
 
     def _spawn(self, g: _Gen) -> None:  # under g.mu
         g.standby += 1
+        self._start(threading.Thread(target=self._loop, args=(g,), name="ringreduce-completer",
+                                     daemon=True))
+
+    def _start(self, t: threading.Thread) -> None:
         pid = os.getpid()
-        t = threading.Thread(target=self._loop, args=(g,), name="ringreduce-completer",
-                             daemon=True)
         t._rr_pid = pid  # type: ignore[attr-defined]
         t.start()
         self._threads = [x for x in self._threads
@@ -300,7 +315,13 @@ class _Completer:
             with g.role:
                 with g.mu:
                     g.standby -= 1
-                c = g.next_done()
+                while True:
+                    try:
+                        c = g.next_done()
+                        break
+                    except Exception:  # a bug: say so, and look again (nothing hangs on it)
+                        log.exception("ringreduce: error looking for a finished collective")
+                        time.sleep(0.1)
                 if c is None:  # shutdown() and nothing left
                     return
                 exc = c.finish()  # done: returns at once

@@ -214,8 +214,8 @@ def _refuse_second_rank0(dist: Any, addr: str, port: int, world: int) -> str:
     if not box or isinstance(box[0], Exception):
         return other  # no store answers there
     store, seen, another = box[0], False, None
-    claim = _world_prefix(store, _inits(store) + 1)  # the init about to run here
     with contextlib.suppress(Exception), _store_guard.deadline(store, 7.0):  # a frozen one
+        claim = _world_prefix(store, _inits(store, create=False) + 1)  # the init to run here
         seen = _appears(store, claim + "claim/0", 2.0)  # claimed right after binding
         if seen:
             another = _another_job(store, claim, 2.0)
@@ -671,8 +671,8 @@ def _server(store: Any) -> tuple:
     return ("",) if s is None else (str(getattr(s, "host", "")), s.port)
 
 
-def _inits(store: Any) -> int:
-    return _GENERATIONS.get((*_server(store), store_instance(store)), 0)
+def _inits(store: Any, create: bool = True) -> int:
+    return _GENERATIONS.get((*_server(store), store_instance(store, create)), 0)
 
 
 def _count_init(store: Any) -> None:

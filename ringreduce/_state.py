@@ -54,8 +54,8 @@ class Group:
     children: list = field(default_factory=list)
     p2p: dict = field(default_factory=dict)  # (lo, hi, tag) -> channels (ringreduce.p2p)
     p2p_failed: dict = field(default_factory=dict)  # (lo, hi, tag) -> why it was not made
-    # ("make", lo, hi, tag) -> lock of the thread making that channel; ("any", tag) -> [lock
-    # serialising any-source matches, next peer to try] (ringreduce.p2p; go with the group)
+    # ("make", lo, hi, tag) -> lock of the thread making that channel; ("any", tag) -> [turns
+    # of any-source posts, in posting order; next peer to try] (ringreduce.p2p; go with group)
     p2p_locks: dict = field(default_factory=dict)
     # (thread or isend's Work, dst, tag): sends that returned early or were never waited
     # for (p2p); destroy() completes them

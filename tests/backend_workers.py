@@ -586,30 +586,36 @@ def async_unwaited(rank: int, world: int) -> list:
 
 def future_callback_collective(rank: int, world: int) -> dict:
     """A Future's .then() callback that issues the group's next collective (torch's ZeRO
-    interleaved DDP hook and PowerSGD do): when the completer thread is busy, a later
-    collective's issue completes the Future and runs the callback on its own thread --
-    which deadlocked on the group's lock (found by a helper). The completers are kept busy
-    on collectives of other groups that the peers join only at the end."""
+    interleaved DDP hook and PowerSGD do): when the completer thread has not got to it yet,
+    a later collective's issue completes the Future and runs the callback on its own thread
+    -- which deadlocked on the group's lock (found by a helper). The completer is held off
+    (its search for a finished collective waits for a gate) until that issue has run."""
+    import threading
+
     import torch.distributed as dist
 
-    dist.init_process_group("ringreduce")
-    h = [dist.new_group(list(range(world))) for _ in range(2)]
-    busy = torch.ones(4)
-    first = dist.all_reduce(busy, group=h[0 if rank == 0 else 1], async_op=True).get_future()
-    a, c, d = torch.full((4,), rank + 1.0), torch.full((4,), 10.0 * (rank + 1)), torch.ones(4)
+    from ringreduce import _futures
 
-    def cb(fut: Any) -> Any:
-        dist.all_reduce(d, async_op=True).wait()  # the group's next collective, from here
-        return fut.value()
+    gate, next_done = threading.Event(), _futures._Gen.next_done
+    _futures._Gen.next_done = lambda g: gate.wait() and next_done(g)  # type: ignore[method-assign]
+    try:
+        dist.init_process_group("ringreduce")
+        a, c, d = torch.full((4,), rank + 1.0), torch.full((4,), 10.0 * (rank + 1)), torch.ones(4)
 
-    fa = dist.all_reduce(a, async_op=True).get_future().then(cb)
-    time.sleep(1.5)  # a is done on every rank (a 4-element all-reduce); its Future not yet
-    wc = dist.all_reduce(c, async_op=True)  # issuing polls a's Completion: runs cb
-    wc.wait(timeout=timedelta(seconds=20))
+        def cb(fut: Any) -> Any:
+            dist.all_reduce(d, async_op=True).wait()  # the group's next collective, from here
+            return fut.value()
+
+        fa = dist.all_reduce(a, async_op=True).get_future().then(cb)
+        time.sleep(1.5)  # a is done on every rank (a 4-element all-reduce); its Future not yet
+        wc = dist.all_reduce(c, async_op=True)  # issuing polls a's Completion: runs cb
+        wc.wait(timeout=timedelta(seconds=20))
+        by_issue = fa.done()
+    finally:
+        gate.set()
+        _futures._Gen.next_done = next_done  # type: ignore[method-assign]
     fa.wait()
-    dist.all_reduce(busy, group=h[1 if rank == 0 else 0])
-    first.wait()
-    out = {"a": a.tolist(), "c": c.tolist(), "d": d.tolist()}
+    out = {"a": a.tolist(), "c": c.tolist(), "d": d.tolist(), "by_issue": by_issue}
     dist.destroy_process_group()
     return out
 

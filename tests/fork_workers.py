@@ -85,3 +85,35 @@ def torch_group_in_child(rank: int, world: int) -> dict:
         said = f.read()
     dist.destroy_process_group()
     return {"ok": ok, "said": said}
+
+
+def future_of_a_parents_work(rank: int, world: int) -> dict:
+    """Rank 0 forks while its async all-reduce waits for the last rank (1.5 s late); the
+    child asks that Work for its Future and waits: it must fail at once saying the parent
+    owns it -- its completer polled a Work no thread of the child completes, for good
+    (found by a review; a wait() has raised so since the fork fixes)."""
+    import time
+
+    x = np.full(4, rank + 1.0)
+    if rank == world - 1:
+        time.sleep(1.5)
+    w = rr.allreduce(x, async_op=True)
+    said = ""
+    if rank == 0:
+        rd, wr = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(rd)
+            try:
+                w.get_future().wait()
+                msg = "no error"
+            except Exception as e:  # noqa: BLE001 - reported to the parent
+                msg = str(e)
+            os.write(wr, msg.encode()[:4000])
+            os._exit(0)
+        os.close(wr)
+        with os.fdopen(rd, "rb") as f:
+            said = f.read().decode()
+        os.waitpid(pid, 0)
+    w.wait()
+    return {"said": said, "x": x.tolist()}

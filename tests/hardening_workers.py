@@ -349,6 +349,7 @@ def blame_after_relay(rank: int, world: int) -> dict:
             rr.allreduce(np.ones(4, np.float32))
         except rr.RingReduceError as e:
             out["next"] = str(e)
+            out["next_type"] = (type(e).__name__, getattr(e, "peer_rank", None))
     rr.destroy()
     return out
 

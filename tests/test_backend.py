@@ -153,7 +153,8 @@ def test_a_future_callback_may_issue_the_groups_next_collective(world: int) -> N
     res = run_world(world, "backend_workers:future_callback_collective", timeout=60, env=_ENV,
                     init=False)
     n = world * (world + 1) / 2
-    assert res == [{"a": [n] * 4, "c": [10 * n] * 4, "d": [float(world)] * 4}] * world, res
+    assert res == [{"a": [n] * 4, "c": [10 * n] * 4, "d": [float(world)] * 4,
+                    "by_issue": True}] * world, res
 
 
 @pytest.mark.timeout(90)

@@ -26,3 +26,11 @@ def test_a_forked_childs_torch_subgroup_is_refused_naming_the_parent() -> None:
     for r, v in enumerate(outs):
         assert v["ok"], (r, v)
         assert "the parent of this forked process" in v["said"], (r, v)
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_child_waiting_for_a_future_of_the_parents_work_is_told_at_once() -> None:
+    outs = run_world(2, "fork_workers:future_of_a_parents_work", timeout=45,
+                     env={"RINGREDUCE_TIMEOUT": "30"})
+    assert "parent of this forked process" in outs[0]["said"], outs[0]
+    assert [o["x"] for o in outs] == [[3.0] * 4] * 2, outs

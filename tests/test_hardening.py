@@ -497,6 +497,7 @@ def test_the_next_call_after_a_relayed_loss_names_the_lost_rank(transport: str) 
     nxt = outs[0].value["next"]
     assert "unusable after an earlier failure" in nxt and "rank 1 (" in nxt, nxt
     assert "stopped responding" in nxt and "closed" not in nxt, nxt
+    assert outs[0].value["next_type"] == ["PeerFailure", 1], outs[0].value  # (was untyped)
 
 
 @pytest.mark.timeout(60)

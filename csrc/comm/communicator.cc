@@ -96,9 +96,13 @@ void Communicator::checkUsable() const {
       throw PeerError(elsewhereWho_.rank, elsewhereWho_.cause, msg, -1, true);
     throw Error(msg);
   }
-  if (!failure_.empty())
-    RR_THROW(Error, "communicator is unusable after an earlier failure: ", failure_,
-             " -- destroy it and init again");
+  if (failure_.empty()) return;
+  std::string msg = detail::concat("communicator is unusable after an earlier failure: ",
+                                   failure_, " -- destroy it and init again");
+  // A rank lost: typed as the first failure was (PeerFailure naming it), so the works queued
+  // behind it fail as `except PeerFailure` expects (they were plain errors: found by a helper)
+  if (failedPeer_ >= 0) throw PeerError(failedPeer_, failedCause_, msg, -1, true);
+  throw Error(msg);
 }
 
 
@@ -198,8 +202,10 @@ void Communicator::poison(const std::string& reason, transport::AbortCode code,
     std::lock_guard<std::mutex> lock(gFailureMu);
     ProcessFailure f{reason, -1, lost.cause, ++gFailures};
     if (code == transport::AbortCode::kPeer && lost.rank >= 0 &&
-        (lost.outside || lost.rank != rank_))
-      f.lost = lost.outside ? lost.rank : label(lost.rank);
+        (lost.outside || lost.rank != rank_)) {
+      f.lost = failedPeer_ = lost.outside ? lost.rank : label(lost.rank);
+      failedCause_ = lost.cause;
+    }
     processFirst = gFirst.reason.empty();
     if (processFirst) gFirst = f;
     gLatest = std::move(f);

@@ -472,6 +472,8 @@ class Communicator {
   std::vector<uint8_t> gone_;     // peer said goodbye: never watch it for EOF again
   std::vector<int> goneList_;     // the peers gone_ marks, in the order they left
   std::string failure_;
+  int failedPeer_ = -1;  // world rank of the peer failure_ lost (checkUsable's PeerError)
+  PeerCause failedCause_ = PeerCause::kClosed;
   std::exception_ptr deferred_;  // deferPeerFailure's, thrown by the next call
   uint64_t failuresBefore_ = 0;  // the process's failures before this was made
   int lostPeer_ = -1;

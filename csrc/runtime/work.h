@@ -45,7 +45,9 @@ class Work {
     ringCompletionBell();
   }
   bool isCompleted() {
-    if (inForkedChild()) return done_;
+    // In a forked child a Work the parent had not completed never will: completed (failed),
+    // as wait() says at once -- a poller (a Future's completer) would wait for good.
+    if (inForkedChild()) return true;
     std::lock_guard<std::mutex> g(mu_);
     return done_;
   }

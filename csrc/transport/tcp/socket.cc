@@ -53,7 +53,9 @@ namespace {
 // frozen (`silent`, not `closed`; gloo waits for the child too). In the child each becomes
 // a copy of /dev/null, so the number stays taken (the inherited objects' own close later
 // cannot hit a descriptor the child opened since); the inode check skips a number that no
-// longer holds the socket recorded. Only async-signal-safe calls run in the child.
+// longer holds the socket recorded. Sockets are made and closed under the registry's lock,
+// which a fork takes first: no child gets one unrecorded. The child's handler frees memory
+// and unlocks a mutex after fork, which glibc's fork makes safe.
 struct ForkedSockets {
   std::mutex mu;
   std::unordered_map<int, ino_t> open;  // fd -> its socket's inode
@@ -78,12 +80,17 @@ ForkedSockets& sockets() {
   return *s;
 }
 
-// A new stream socket, recorded for forked children (see above).
-Fd streamSocket(int fd) {
+// A stream socket made by `make` (socket(), a non-blocking accept4()), recorded for forked
+// children (see above); errno is make's when it failed.
+template <typename Make>
+Fd streamSocket(Make make) {
+  std::lock_guard<std::mutex> lock(sockets().mu);
+  const int fd = make();
   struct stat st {};
-  if (fd >= 0 && ::fstat(fd, &st) == 0) {
-    std::lock_guard<std::mutex> lock(sockets().mu);
-    sockets().open[fd] = st.st_ino;
+  if (fd >= 0) {
+    const int err = errno;
+    if (::fstat(fd, &st) == 0) sockets().open[fd] = st.st_ino;
+    errno = err;
   }
   return Fd(fd);
 }
@@ -91,10 +98,8 @@ Fd streamSocket(int fd) {
 
 void Fd::reset() {
   if (fd_ < 0) return;
-  {
-    std::lock_guard<std::mutex> lock(sockets().mu);
-    sockets().open.erase(fd_);
-  }
+  std::lock_guard<std::mutex> lock(sockets().mu);  // (close does not block: no SO_LINGER)
+  sockets().open.erase(fd_);
   ::close(fd_);
   fd_ = -1;
 }
@@ -254,7 +259,7 @@ Fd listenOn(const std::string& host, int port, int* boundPort) {
   std::string lastErr = "no address";
   for (const auto& a : resolve(host, port, SOCK_STREAM, true, Deadline::after(kResolveTimeoutSec))) {
     const auto* sa = reinterpret_cast<const sockaddr*>(a.data());
-    Fd fd = streamSocket(::socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    Fd fd = streamSocket([sa] { return ::socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0); });
     if (!fd.valid()) {
       lastErr = std::strerror(errno);
       continue;
@@ -299,7 +304,7 @@ Fd connectTo(const Endpoint& ep, Deadline deadline, const std::string& what, Ret
     bool noNetwork = true;    // ENETUNREACH from every one
     for (const auto& a : resolve(ep.host, ep.port, SOCK_STREAM, false, deadline)) {
       const auto* sa = reinterpret_cast<const sockaddr*>(a.data());
-      Fd fd = streamSocket(::socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+      Fd fd = streamSocket([sa] { return ::socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0); });
       if (!fd.valid()) {
         refused = unreachable = noNetwork = false;
         lastErr = std::strerror(errno);
@@ -370,16 +375,19 @@ Fd acceptOne(int listenFd, Deadline deadline, std::string* peerAddr) {
   while (true) {
     sockaddr_storage ss{};
     socklen_t sl = sizeof(ss);
-    int fd = ::accept4(listenFd, reinterpret_cast<sockaddr*>(&ss), &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd >= 0) {
+    Fd got = streamSocket([&] {  // (the listener is non-blocking)
+      return ::accept4(listenFd, reinterpret_cast<sockaddr*>(&ss), &sl,
+                       SOCK_CLOEXEC | SOCK_NONBLOCK);
+    });
+    if (got.valid()) {
       char buf[INET6_ADDRSTRLEN] = "?";
       if (ss.ss_family == AF_INET)
         ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, buf, sizeof(buf));
       else if (ss.ss_family == AF_INET6)
         ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, buf, sizeof(buf));
       if (peerAddr) *peerAddr = buf;
-      setNoDelay(fd);
-      return streamSocket(fd);
+      setNoDelay(got.get());
+      return got;
     }
     if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
       RR_THROW(Error, "accept failed: ", std::strerror(errno));
