@@ -29,7 +29,6 @@ from typing import Any, Callable
 import torch
 
 from . import _C
-from ._work import rings_bell
 
 log = logging.getLogger("ringreduce")
 
@@ -161,6 +160,13 @@ class Completion:
             fut = self._future
             if fut is not None and not fut.done():
                 _set(fut, exc, self.value)
+
+
+def rings_bell(cwork: Any) -> bool:
+    """Whether `cwork` completing rings the core's completion bell (_C.completion_bell, which
+    ringreduce._futures waits on): a core Work does, a wrapper says whether what it wraps
+    does (its `rings_bell`), and there is nothing to wait for in None."""
+    return cwork is None or isinstance(cwork, _C.Work) or bool(getattr(cwork, "rings_bell", False))
 
 
 def _completed(work: Any) -> bool:

@@ -44,15 +44,6 @@ def _track(cwork: Any, keep: tuple) -> None:
         _INFLIGHT.append((cwork, keep))
 
 
-def rings_bell(cwork: Any) -> bool:
-    """Whether `cwork` completing rings the core's completion bell (_C.completion_bell, which
-    ringreduce._futures waits on): a core Work does, a wrapper says whether what it wraps
-    does (its `rings_bell`), and there is nothing to wait for in None."""
-    from ._C import Work as CoreWork
-
-    return cwork is None or isinstance(cwork, CoreWork) or bool(getattr(cwork, "rings_bell", False))
-
-
 def _finished(cwork: Any) -> bool:
     """Whether a tracked Work is done; one whose is_completed() raises (an NCCL Work whose
     communicator failed or was destroyed) is: it must not fail the unrelated call that
@@ -95,7 +86,9 @@ class Work:
             _track(cwork, keep)
 
     @property
-    def rings_bell(self) -> bool:
+    def rings_bell(self) -> bool:  # (ringreduce._futures asks: torch is loaded then)
+        from ._futures import rings_bell
+
         return rings_bell(self._cwork)
 
     def wait(self, timeout: float | None = None) -> bool:
