@@ -58,7 +58,7 @@ class Completion:
 
     def rings_bell(self) -> bool:
         """Whether its completion (and its `before`'s) rings the core's completion bell;
-        the completer thread polls only those (a GPU Work's does not: see _Gen.probe)."""
+        the completer thread polls only those (a GPU Work's does not: _Completer._probe)."""
         return rings_bell(self.work) and all(c.rings_bell() for c in self.before)
 
     def finish(self) -> BaseException | None:
