@@ -99,10 +99,11 @@ EAGER_MAX: int = _C.P2P_EAGER_BYTES
 
 
 class _Turns:
-    """The posts on one direction's channel (src, dst, tag) while it is being made, in the
-    order they were posted: each takes a ticket and is queued on the channel in turn, so
-    messages never overtake each other (MPI's non-overtaking rule) however the helper
-    threads that make the channel are scheduled."""
+    """The posts on one direction's channel (src, dst, tag) while it is being made, or the
+    any-source receives on a tag (_any_entry), in the order they were posted: each takes a
+    ticket and is queued in turn, so messages never overtake each other (MPI's
+    non-overtaking rule) however the helper threads that post them are scheduled. Every
+    method runs under _LOCK."""
 
     __slots__ = ("cond", "dropped", "next", "serving")
 
@@ -112,31 +113,39 @@ class _Turns:
         self.dropped: set[int] = set()  # tickets whose post never started (_pass_turn)
         self.cond = threading.Condition(_LOCK)
 
+    def take(self) -> int:
+        """A new ticket."""
+        self.next += 1
+        return self.next - 1
+
+    def await_turn(self, ticket: int) -> None:
+        while self.serving != ticket:
+            self.cond.wait()
+
+    def advance(self, dropped: int = -1) -> bool:
+        """The ticket being served is done (or ticket `dropped` will never come); wake the
+        next. True when no ticket is left."""
+        if dropped < 0:
+            self.serving += 1
+        else:
+            self.dropped.add(dropped)
+        while self.serving in self.dropped:
+            self.dropped.discard(self.serving)
+            self.serving += 1
+        self.cond.notify_all()
+        return self.serving == self.next
+
 
 def _pass_turn(g: Group, world: Group, key: tuple, turns: _Turns, dropped: int = -1) -> None:
     """The ticket being served is done (or ticket `dropped` will never post): pass the
     dropped ones, wake the next; when none is left, the key's entry goes and a tag-0
     channel may take the fast path."""
     with _LOCK:
-        drained = _advance(turns, dropped)
+        drained = turns.advance(dropped)
         if drained:
             del _PENDING[key]
     if drained and key[3] == 0:
         _fast_path(g, world, min(key[1:3]), max(key[1:3]))
-
-
-def _advance(turns: _Turns, dropped: int = -1) -> bool:
-    """Under _LOCK: the ticket being served is done (or ticket `dropped` will never come);
-    wake the next. True when no ticket is left."""
-    if dropped < 0:
-        turns.serving += 1
-    else:
-        turns.dropped.add(dropped)
-    while turns.serving in turns.dropped:
-        turns.dropped.discard(turns.serving)
-        turns.serving += 1
-    turns.cond.notify_all()
-    return turns.serving == turns.next
 
 
 def _post(x: Any, peer: int, tag: int, group: Any, what: str, sending: bool,
@@ -174,8 +183,7 @@ def _post(x: Any, peer: int, tag: int, group: Any, what: str, sending: bool,
         turns = _PENDING.get(key)
         if ch is None or turns is not None:
             turns = _PENDING.setdefault(key, _Turns())
-            ticket = turns.next
-            turns.next += 1
+            ticket = turns.take()
     if turns is None:  # made and drained meanwhile
         return _on_channel(x, src, async_op, ch, what)
 
@@ -212,8 +220,7 @@ def _take_turn(g: Group, world: Group, key: tuple, turns: _Turns, ticket: int, p
     except BaseException as e:  # noqa: BLE001 - raised in turn below
         err = e
     with _LOCK:
-        while turns.serving != ticket:
-            turns.cond.wait()
+        turns.await_turn(ticket)
     try:
         if err is not None:
             raise err
@@ -345,22 +352,20 @@ def _recv_any(x: Any, tag: int, group: Any, what: str, async_op: bool) -> Any:
     entry = _any_entry(g, tag)
     turns = entry[0]
     with _LOCK:
-        ticket = turns.next
-        turns.next += 1
+        ticket = turns.take()
 
     def start(box: list) -> Any:  # posts the receive; box gets the sender's rank
         served = False
         try:
             with _LOCK:
-                while turns.serving != ticket:
-                    turns.cond.wait()
+                turns.await_turn(ticket)
             served = True
             src, ch = _match(g, world, peers, tag, what, entry)
             box.append(src)
             return api.broadcast(x, src=src, async_op=True, group=ch)
         finally:
             with _LOCK:
-                _advance(turns, -1 if served else ticket)
+                turns.advance(-1 if served else ticket)
 
     box: list = []
     if not async_op:
@@ -372,7 +377,7 @@ def _recv_any(x: Any, tag: int, group: Any, what: str, async_op: bool) -> Any:
         w = api.Work(_Deferred(lambda: start(box)), (x,))
     except _store_guard.NoThread:
         with _LOCK:
-            _advance(turns, ticket)  # later posts go on
+            turns.advance(ticket)  # later posts go on
         raise
     w.source = lambda: box[0]
     return w
