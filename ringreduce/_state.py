@@ -203,8 +203,12 @@ def _retire_forked() -> None:
 def communicators(world: Group) -> list:
     """The world, its groups and every p2p channel of them (copies of the lists: other
     threads may add or drop some)."""
-    return [c for sub in [world, *list(world.children)]
-            for c in [sub, *(ch for pair in list(sub.p2p.values()) for ch in pair)]]
+    return [c for sub in [world, *list(world.children)] for c in own_communicators(sub)]
+
+
+def own_communicators(g: Group) -> list:
+    """The group and its p2p channels."""
+    return [g, *(ch for pair in list(g.p2p.values()) for ch in pair)]
 
 
 def _after_fork_in_child() -> None:

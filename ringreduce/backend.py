@@ -618,10 +618,9 @@ class _Ops:
 
     def _finish_running(self) -> None:
         """Wait for the collectives still running (each ends by its own deadline): torch's
-        destroy_process_group() -- or the process's normal exit -- with an async_op=True
-        collective never waited for finishes it, as gloo's does; it was cancelled, losing
-        the result here and failing the peers' (found by a helper). Their errors are their
-        waiters'."""
+        destroy_process_group() -- or the process's exit -- with an async_op=True collective
+        never waited for finishes it, as gloo's does (it was cancelled, losing the result
+        here and failing the peers'). Their errors are their waiters'."""
         with self._lock:
             running, self._running = self._running, collections.deque()
         for c in running:
@@ -643,9 +642,10 @@ class _Ops:
         self._owns = False
 
     def abort(self) -> None:
-        g = self._g
-        if self._owns and not g.destroyed and g.comm is not None:
-            g.comm.abort()
+        # torch's _abort_process_group(): the group's call in flight fails as aborted.
+        for c in _state.own_communicators(self._g) if self._owns else []:
+            if c.comm is not None and not c.destroyed:
+                c.comm.abort()
         self.shutdown()
 
 

@@ -170,7 +170,7 @@ def test_futures_complete_as_their_collectives_do_not_in_issue_order(world: int)
 
 @pytest.mark.timeout(90)
 def test_destroy_in_a_signal_handler_during_a_wait_returns() -> None:
-    res = run_world(2, "backend_workers:destroy_in_a_signal_handler", timeout=60, env=_ENV,
+    res = run_world(2, "backend_life_workers:destroy_in_a_signal_handler", timeout=60, env=_ENV,
                     init=False)
     assert res[0]["stopped"] is not None and res[0]["stopped"] < 15.0, res
     assert res[0]["inited"] is False, res
@@ -178,15 +178,27 @@ def test_destroy_in_a_signal_handler_during_a_wait_returns() -> None:
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("on", ["collective", "recv"])
+def test_abort_process_group_fails_the_call_in_flight_as_aborted(on: str) -> None:
+    res = run_world(2, "backend_life_workers:abort_process_group_in_flight", on, timeout=60,
+                    env=dict(_ENV, RINGREDUCE_TIMEOUT="20"), init=False)
+    e0 = res[0]["error"]
+    assert e0 is not None and "aborted" in e0 and "destroyed" not in e0, res
+    assert res[0]["t"] < 5.0, res
+    if on == "collective":
+        assert res[1]["error"] is not None and "rank 0" in res[1]["error"], res
+
+
+@pytest.mark.timeout(90)
 def test_a_new_rank_joins_a_bigger_world_on_a_new_file_store(tmp_path: Path) -> None:
-    res = run_world(3, "backend_workers:a_bigger_world_on_a_new_file_store", str(tmp_path),
+    res = run_world(3, "backend_life_workers:a_bigger_world_on_a_new_file_store", str(tmp_path),
                     timeout=60, env=dict(_ENV, RINGREDUCE_CONNECT_TIMEOUT="20"), init=False)
     assert [r["x"] for r in res] == [[6.0] * 4] * 3, res
 
 
 @pytest.mark.timeout(90)
 def test_an_async_collective_outstanding_at_exit_is_finished() -> None:
-    res = run_world(2, "backend_workers:async_unwaited_at_exit", timeout=60, env=_ENV,
+    res = run_world(2, "backend_life_workers:async_unwaited_at_exit", timeout=60, env=_ENV,
                     init=False)
     assert [r["t"] for r in res] == [[3.0] * 3] * 2, res
 
@@ -194,7 +206,7 @@ def test_an_async_collective_outstanding_at_exit_is_finished() -> None:
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("world", [2, 3])
 def test_init_process_group_by_env_after_ringreduce_init(world: int) -> None:
-    res = run_world(world, "backend_workers:torch_after_init_env", timeout=60, env=_ENV)
+    res = run_world(world, "backend_life_workers:torch_after_init_env", timeout=60, env=_ENV)
     for r in res:
         assert r["sum"] == [world * (world + 1) / 2] * 3, res
         assert r["again"] is not None and "already initialised" in r["again"], r
@@ -202,7 +214,7 @@ def test_init_process_group_by_env_after_ringreduce_init(world: int) -> None:
 
 @pytest.mark.timeout(90)
 def test_torch_subgroup_deadline_world_reinit_and_subgroup_without_world() -> None:
-    res = run_world(2, "backend_workers:torch_group_rules", timeout=60, init=False,
+    res = run_world(2, "backend_life_workers:torch_group_rules", timeout=60, init=False,
                     env={**_ENV, "RINGREDUCE_TIMEOUT": "7"})
     for r in res:
         assert r["deadline"] == 7.0, r

@@ -330,7 +330,7 @@ void Communicator::findUnsaidLocal() {
 }
 
 void Communicator::throwAborted() const {
-  if (destroying_.load())
+  if (destroying_.load() && !abortedFirst_.load())
     RR_THROW(Error, "communicator was destroyed (",
              opts_.groupName.empty() || opts_.p2pChannel ? "ringreduce.destroy()"
                                                          : "Group.destroy() or ringreduce.destroy()",
@@ -376,6 +376,7 @@ void Communicator::announceAbort() {
 
 void Communicator::abort(bool destroying) {
   if (destroying) destroying_.store(true);
+  else if (!aborted_.load()) abortedFirst_.store(true);
   aborted_.store(true);
   uint64_t one = 1;
   ssize_t w = ::write(wakeFd_, &one, sizeof(one));

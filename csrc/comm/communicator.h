@@ -484,6 +484,9 @@ class Communicator {
   int wakeFd_ = -1;               // eventfd written by abort()
   std::atomic<bool> aborted_{false};
   std::atomic<bool> destroying_{false};  // set before aborted_ by abort(true)
+  // abort() came before any destroy: the call it stopped says "aborted", not "destroyed"
+  // (torch's _abort_process_group() aborts, then destroys at once).
+  std::atomic<bool> abortedFirst_{false};
   [[noreturn]] void throwAborted() const;
   [[noreturn]] void throwElsewhere() const;
   bool elsewhereIsSelf() const;  // failFromElsewhere named this rank (its own failure)
