@@ -19,11 +19,10 @@ ringreduce group. Where the adapter cannot be built (no C++ compiler), the backe
 back, with one warning saying what is lost, to :class:`ProcessGroupRingReduce`, a Python
 subclass of ProcessGroup running the same operations.
 
-Collectives are asynchronous: each returns a Work whose wait() blocks with the GIL released
-and whose get_future() is completed by a background thread (ringreduce._futures), as
-torch's C++ DDP reducer expects. The default process group creates ringreduce's world
-(rendezvous through the store torch hands to the backend) unless the program already
-called ringreduce.init(), which it then reuses; every other torch group (dist.new_group,
+Collectives are asynchronous: each returns a Work whose wait() releases the GIL and whose
+future is completed by a thread (ringreduce._futures), as DDP's reducer expects. The default process group creates ringreduce's world
+(rendezvous through the store torch hands to the backend) unless the program already called
+ringreduce.init(), which it then reuses; every other torch group (dist.new_group,
 DeviceMesh dimensions) is a ringreduce group made through torch's store for it.
 """
 
@@ -122,11 +121,12 @@ class _Work(dist._Work):
         return True
 
     def get_future(self) -> torch.futures.Future:
-        # torch's C++ side (DDP's reducer, hooks, dist.Work) sees only the C++ future, where
-        # a Python set_exception() is a plain value (the exception object): its reducer then
-        # took the exception for tensors and crashed. A callback that raises marks the
-        # C++ future failed; wait() raises RuntimeError with the failure's text.
+        # (The Python process group's; the C++ adapter converts raw_future() itself.) C++
+        # sees a Python set_exception() as a plain value: a callback that raises fails it.
         return self._c.future().then(_value_or_raise)
+
+    def raw_future(self) -> torch.futures.Future:
+        return self._c.future()
 
     def source_rank(self) -> int:
         """recv / recv_anysource: the sender's rank in the process group (after wait)."""

@@ -347,3 +347,34 @@ def torch_ddp_peer_killed(rank: int, world: int, victim: int) -> dict:
         time.sleep(0.2)  # the victim dies while the others start step 3's backward
     dist.destroy_process_group()
     return out
+
+
+def torch_ddp_ctrl_c_in_backward(rank: int, world: int) -> dict:
+    """Stock torch DDP on the "ringreduce" backend: rank 0 gets SIGINT 1 s into a backward()
+    whose all-reduce waits for the other ranks (3 s late). It raised "RuntimeError: Cannot
+    extract tensors from value: KeyboardInterrupt" (a Python callback converted the future's
+    value on the main thread, where the pending handler ran); gloo raises KeyboardInterrupt
+    once backward() returns, the step's gradients all-reduced. The same here now."""
+    import threading
+
+    import torch.distributed as dist
+
+    dist.init_process_group("ringreduce", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 16))
+    for _ in range(3):  # buckets rebuilt: the next forward has no collective
+        ddp(torch.randn(4, 16)).sum().backward()
+    ddp.zero_grad()
+    loss = ddp(torch.full((4, 16), float(rank + 1))).sum()
+    if rank == 0:
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    else:
+        time.sleep(3.0)
+    out: dict = {"error": None}
+    try:
+        loss.backward()
+    except BaseException as e:  # noqa: BLE001 - KeyboardInterrupt is the point
+        out["error"] = f"{type(e).__name__}: {e}"
+    out["grad"] = ddp.module.bias.grad.tolist()
+    dist.destroy_process_group()
+    return out

@@ -246,3 +246,15 @@ def test_torch_ddp_on_the_backend_names_a_killed_rank(world, transport):
         assert v["error"] and "PeerFailure" in v["error"], f"rank {o.rank}: {v}"
         assert re.search(rf"\brank {victim}\b", v["error"]), f"rank {o.rank}: {v}"
         assert v["step"] == 3 and v["secs"] < DETECT_S, f"rank {o.rank}: {v}"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("world", [2, 3])
+def test_ctrl_c_in_torch_ddp_backward_is_a_keyboard_interrupt(world):
+    outs = run_world(world, W.torch_ddp_ctrl_c_in_backward, timeout=60, init=False,
+                     env={"RINGREDUCE_TIMEOUT": "30"})
+    assert outs[0]["error"] == "KeyboardInterrupt: ", outs[0]
+    assert all(o["error"] is None for o in outs[1:]), outs
+    # The step's all-reduce completed: d(sum)/d(bias) = 4 on every rank, averaged.
+    assert all(o["grad"] == [4.0] * 16 for o in outs), outs
+

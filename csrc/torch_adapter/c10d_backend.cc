@@ -19,6 +19,8 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/PyProcessGroup.hpp>
 #include <torch/csrc/Dtype.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/extension.h>
 #include <pybind11/chrono.h>
 
@@ -81,6 +83,24 @@ class Untraced {
   py::object prior_;
 };
 
+// A tensor, a list of tensors or a list of such lists (a Work's value) as a C++ value; None
+// for anything else. Runs no Python code (see PyWorkRef::getFuture).
+c10::IValue tensorsOf(py::handle v) {
+  if (THPVariable_Check(v.ptr())) return v.cast<at::Tensor>();
+  if (!py::isinstance<py::list>(v) && !py::isinstance<py::tuple>(v)) return {};
+  auto seq = py::reinterpret_borrow<py::sequence>(v);
+  bool flat = true;
+  for (auto item : seq) flat = flat && THPVariable_Check(item.ptr());
+  if (flat) return c10::IValue(seq.cast<std::vector<at::Tensor>>());
+  c10::impl::GenericList lists(c10::ListType::create(c10::TensorType::get()));
+  for (auto item : seq) {
+    c10::IValue one = tensorsOf(item);
+    if (!one.isTensorList()) return {};
+    lists.push_back(std::move(one));
+  }
+  return c10::IValue(std::move(lists));
+}
+
 // A Work returned by the Python side, kept alive (and its Python object with it) for as long
 // as torch holds the C++ one. wait/getFuture go through torch's own trampoline (PyWork);
 // completion and errors are asked of the Python object, which knows them.
@@ -100,10 +120,28 @@ class PyWorkRef : public c10d::Work {
     return work_->wait(timeout);
   }
 
+  // The Python Future's value converted to a C++ one here, not by a Python callback: torch
+  // completes the child future (DDP's reducer reads it) on the calling thread -- the main
+  // thread in backward(), where Python code ran the pending Ctrl-C handler: "RuntimeError:
+  // Cannot extract tensors from value: KeyboardInterrupt" instead of gloo's KeyboardInterrupt
+  // once backward() returns. A failure (the exception object the completer set) fails it.
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
     py::gil_scoped_acquire gil;
     Untraced off;
-    return work_->getFuture();
+    auto raw = py_.attr("raw_future")().cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>();
+    return raw->fut->then(
+        [](c10::ivalue::Future& parent) -> c10::IValue {
+          if (parent.hasError()) std::rethrow_exception(parent.exception_ptr());
+          py::gil_scoped_acquire gil;
+          py::object v = torch::jit::toPyObject(parent.value());
+          if (PyExceptionInstance_Check(v.ptr())) {
+            auto type = py::type::handle_of(v).attr("__name__").cast<std::string>();
+            throw std::runtime_error(type + ": " + py::str(v).cast<std::string>());
+          }
+          c10::IValue out = tensorsOf(v);
+          return out.isNone() ? parent.value() : out;
+        },
+        c10::AnyType::get());
   }
 
   bool isCompleted() override {
