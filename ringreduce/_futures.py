@@ -180,6 +180,11 @@ def _completed(work: Any) -> bool:
 
 
 def _set(fut: torch.futures.Future, exc: BaseException | None, value: Any) -> None:
+    if exc is not None and not isinstance(exc, Exception):
+        # A KeyboardInterrupt (Ctrl-C in the wait that ran it): torch's set_exception takes
+        # an Exception only -- it raised AssertionError and the Future stayed pending.
+        wrapped = RuntimeError(f"interrupted: {type(exc).__name__}: {exc}".rstrip(": "))
+        wrapped.__cause__, exc = exc, wrapped
     if exc is not None:
         fut.set_exception(exc)
     else:

@@ -225,3 +225,26 @@ def test_torch_subgroup_deadline_world_reinit_and_subgroup_without_world() -> No
         assert "was destroyed" in r["call_after_destroy"] and \
             "destroy_process_group() and init_process_group()" in r["call_after_destroy"] and \
             "torch.distributed.new_group() for a subgroup" in r["call_after_destroy"], r
+
+
+def test_a_future_finished_by_keyboard_interrupt_completes() -> None:
+    """Ctrl-C in the wait() that ran an async collective finishes it with KeyboardInterrupt;
+    torch's Future.set_exception() takes an Exception only: it raised AssertionError and the
+    Future stayed pending for good."""
+    from ringreduce._futures import Completion
+
+    class Interrupted:
+        rings_bell = True
+
+        def wait(self) -> None:
+            raise KeyboardInterrupt
+
+        def is_completed(self) -> bool:
+            return True
+
+    c = Completion(Interrupted(), [])
+    fut = c.future()
+    assert isinstance(c.settle(), KeyboardInterrupt)
+    assert fut.done()
+    with pytest.raises(RuntimeError, match="interrupted: KeyboardInterrupt"):
+        fut.wait()
