@@ -357,3 +357,28 @@ def future_of(work: Any, value: Any, after: Callable[[], None] | None = None
               ) -> torch.futures.Future:
     """A Future that gets `value` once rr Work `work` completed (and `after` ran)."""
     return Completion(work, value, after).future()
+
+
+class WaitAll:
+    """Adapts the Completions of collectives that one Work stands for to the rr Work
+    interface (wait / is_completed / rings_bell): done when all are. wait() honours its
+    timeout across all (it waited for the last with none: a work.wait(timeout=) ran to the
+    group's timeout) and raises the first one's error (a later one's: "unusable after")."""
+
+    def __init__(self, completions: list[Completion]):
+        self._cs = completions
+        self.rings_bell = all(c.rings_bell() for c in completions)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        end = None if timeout is None else time.monotonic() + timeout
+        for c in self._cs:
+            if (end is not None and c.work is not None and not c.is_completed()
+                    and not c.work.wait(max(0.0, end - time.monotonic()))):
+                return False
+            exc = c.finish()
+            if exc is not None:
+                raise exc
+        return True
+
+    def is_completed(self) -> bool:
+        return all(c.is_completed() for c in self._cs)

@@ -34,7 +34,6 @@ import functools
 import itertools
 import sys
 import threading
-import time
 import warnings
 import weakref
 from datetime import timedelta
@@ -46,7 +45,7 @@ from torch.distributed.constants import default_pg_timeout
 
 from . import _buffers, _env, _state, api, groups, p2p
 from . import _rooted as rooted
-from ._futures import Completion
+from ._futures import Completion, WaitAll
 
 __all__ = ["BACKEND_NAME", "ArgumentError", "ProcessGroupRingReduce", "create_backend",
            "impl_of"]
@@ -543,6 +542,8 @@ class _Ops:
                       input_split_sizes: list, opts: Any = None) -> _Work:
         src, _ = _inplace(input, written=False)
         dst, back = _inplace(output)
+        if src.untyped_storage().data_ptr() == dst.untyped_storage().data_ptr():
+            src = src.clone()  # output is input (or shares its storage): gloo runs it so
         return _work(rooted.all_to_all(src, out=dst, send_counts=input_split_sizes or None,
                                        recv_counts=output_split_sizes or None, group=self._g,
                                        async_op=True), [output], back)
@@ -631,7 +632,7 @@ class _Ops:
         # `then` runs once all succeeded (e.g. copying results out).
         if not works:
             return _done(value)
-        return _work(_WaitAll([w._c for w in works]), value, then)
+        return _work(WaitAll([w._c for w in works]), value, then)
 
     def shutdown(self) -> None:
         if self._owns and not self._g.destroyed:
@@ -647,31 +648,6 @@ class _Ops:
             if c.comm is not None and not c.destroyed:
                 c.comm.abort()
         self.shutdown()
-
-
-class _WaitAll:
-    """Adapts the Completions of collectives that one Work stands for to the rr Work
-    interface (wait / is_completed / rings_bell): done when all are. wait() honours its
-    timeout across all (it waited for the last with none: a work.wait(timeout=) ran to the
-    group's timeout) and raises the first one's error (a later one's: "unusable after")."""
-
-    def __init__(self, completions: list[Completion]):
-        self._cs = completions
-        self.rings_bell = all(c.rings_bell() for c in completions)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        end = None if timeout is None else time.monotonic() + timeout
-        for c in self._cs:
-            if (end is not None and c.work is not None and not c.is_completed()
-                    and not c.work.wait(max(0.0, end - time.monotonic()))):
-                return False
-            exc = c.finish()
-            if exc is not None:
-                raise exc
-        return True
-
-    def is_completed(self) -> bool:
-        return all(c.is_completed() for c in self._cs)
 
 
 def _collective(fn: Callable) -> Callable:
