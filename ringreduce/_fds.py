@@ -19,7 +19,9 @@ from typing import Any
 log = logging.getLogger("ringreduce")
 
 PER_PEER = 3  # descriptors per connected peer, measured (bench/scaling.json: fds vs n)
-SLACK = 64    # the process's own files, sockets of the store, eventfds
+SLACK = 64    # the process's own files, sockets of the store, eventfds (what is advised)
+MIN_SLACK = 24  # what a world needs beyond its peers' (listener, heartbeat, store, eventfds,
+                # segments; measured 13-19 at 2-3 ranks): below it init is refused
 GROUP_SLACK = 16  # a group's or channel's own: listener, heartbeat socket, eventfds, segments
 
 
@@ -81,6 +83,7 @@ def ensure(world: int, eager_peers: int, what: str = "init", slack: int = SLACK)
     now = open_fds()
     need_now = now + PER_PEER * eager_peers + slack
     need_all = now + PER_PEER * (world - 1) + slack
+    need_min = now + PER_PEER * eager_peers + min(slack, MIN_SLACK)
     if soft != inf and soft < need_all:
         target = need_all if hard == inf else min(hard, max(need_all, soft))
         if target > soft:
@@ -88,16 +91,25 @@ def ensure(world: int, eager_peers: int, what: str = "init", slack: int = SLACK)
             log.info("%s: raised the open-file soft limit from %d to %d (%d ranks need about "
                      "%d)", what, soft, target, world, need_all)
             soft = target
-    if soft != inf and soft < need_now:
+    if soft != inf and soft < need_min:
+        # (Refused at need_now, 64 spare, a user whose hard limit is 64 could not start 2
+        # ranks needing 13-25 files, which gloo runs -- a helper.)
         raise RuntimeError(
-            f"{what}: {world} ranks need about {need_now} open files in this process "
-            f"({now} open, {PER_PEER} per connected peer x {eager_peers} peers, {slack} "
-            f"spare) but the limit is {soft} (hard limit {hard}); raise it before starting "
+            f"{what}: {world} ranks need at least {need_min} open files in this process "
+            f"({now} open, {PER_PEER} per connected peer x {eager_peers} peers, "
+            f"{need_min - now - PER_PEER * eager_peers} for the communicator; {need_now} "
+            f"advised) but the limit is {soft} (hard limit {hard}); raise it before starting "
             f"the job (`ulimit -n {need_all}`, or LimitNOFILE= / `--ulimit nofile=` in "
             f"systemd / docker; every further group or point-to-point channel of {world} "
             f"ranks takes a few more -- 2-3 measured on one host, up to "
-            f"{PER_PEER * eager_peers} where it connects its members itself), or lower "
-            f"RINGREDUCE_FULL_MESH_MAX so init connects fewer peers")
+            f"{PER_PEER * eager_peers} where it connects its members itself)"
+            + (", or lower RINGREDUCE_FULL_MESH_MAX so init connects fewer peers"
+               if world > 16 else ""))
+    if soft != inf and soft < need_now:
+        log.warning("%s: open-file limit %d (hard %d) leaves %d descriptors beside the "
+                    "connections: a further group, channel or file of the program may fail "
+                    "with 'Too many open files'; raise `ulimit -n` to %d", what, soft, hard,
+                    soft - now - PER_PEER * eager_peers, need_all)
     if soft != inf and soft < need_all:
         log.warning("%s: open-file limit %d (hard %d) covers %d peers, not all %d: a "
                     "collective that connects every pair (all_to_all) may fail with 'Too many "

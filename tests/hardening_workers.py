@@ -712,3 +712,23 @@ def flooded_setup(rank: int, world: int) -> dict:
         flood.kill()
         flood.wait()
     return {"sum": float(x[0]), "group": float(y[0]), "p2p": float(z[0])}
+
+
+def world_under_a_low_fd_limit(rank: int, world: int, limit: int) -> dict:
+    """The open-file limit, hard too, is `limit` (a user's `ulimit -n 64`) before init: the
+    world, a group and a channel are made and used -- init was refused asking for 73-76
+    files (64 spare) though 2-3 ranks use 13-25, which gloo runs (found by a helper)."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+    rr.init(timeout=30)
+    x = np.full(4, rank + 1.0, np.float32)
+    rr.allreduce(x)
+    g = rr.new_group(list(range(world)))
+    y = np.full(4, rank + 1.0, np.float32)
+    rr.allreduce(y, group=g)
+    z = np.zeros(4, np.float32)
+    if rank < 2:
+        rr.send(x, dst=1 - rank) if rank == 0 else rr.recv(z, src=0)
+    rr.destroy()
+    return {"x": x.tolist(), "y": y.tolist(), "z": z.tolist(), "fds": _nfds()}

@@ -82,6 +82,17 @@ def test_a_failed_new_group_leaves_nothing_open_after_destroy(world: int) -> Non
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_world_runs_under_ulimit_n_64(world: int) -> None:
+    outs = run_world(world, "hardening_workers:world_under_a_low_fd_limit", 64, timeout=60,
+                     init=False)
+    n = world * (world + 1) / 2
+    for r, v in enumerate(outs):
+        assert v["x"] == [n] * 4 and v["y"] == [n] * 4, (r, v)
+        assert v["z"] == ([n] * 4 if r == 1 else [0.0] * 4), (r, v)
+
+
+@pytest.mark.timeout(90)
 def test_a_channel_and_a_group_fit_in_a_few_spare_descriptors() -> None:
     """With 48 descriptors to spare, a point-to-point channel and a group of both ranks
     are made and give the right results (a channel asked for 64 spare ones: refused; each
