@@ -24,7 +24,16 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from . import _env, _job_settings, _procnet, _store_guard, _store_keys, _store_wait, _watch
+from . import (
+    _env,
+    _job_settings,
+    _procnet,
+    _store_guard,
+    _store_keys,
+    _store_reach,
+    _store_wait,
+    _watch,
+)
 from ._awake import Awake
 from ._farewell import (  # noqa: F401 - farewell_borrowed, _FAREWELL_S: used through here
     _FAREWELL_FAILED_S,
@@ -113,6 +122,12 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
     is_master = rank == 0 and not use_agent_store
     _check_resolves(master_addr, rank)
     what = "start the store on" if is_master else "reach the store at"
+    why = _store_reach.no_route(master_addr, master_port) if is_master else None
+    if why:
+        raise _rr_error(
+            f"rank {rank} could not {what} {master_addr}:{master_port}: this host has no "
+            f"route there ({why}); rank 0 hosts the store, so {_env.origin('MASTER_ADDR')} "
+            f"must be an address of rank 0's host")
     hint = ("is the port already in use? pick another MASTER_PORT" if is_master else
             "is rank 0 running, and is MASTER_ADDR reachable from this host?")
     deadline = time.monotonic() + timeout
@@ -132,7 +147,7 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
     if not box:
         raise _store_wait.timeout_error(
             f"rank {rank} could not {what} {master_addr}:{master_port} within {timeout:.0f} s: "
-            f"{_why_unreachable(master_addr, master_port)} ({hint})")
+            f"{_store_reach.why_unreachable(master_addr, master_port)} ({hint})")
     if isinstance(box[0], Exception):
         e = box[0]
         if is_master and "EADDRINUSE" in str(e):  # at once, not a timeout
@@ -142,7 +157,7 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
                 f"use ({by}); pick another MASTER_PORT ({_first_line(e)})") from e
         # torch's own timeout may come first (it retries refused connects until then): say
         # why, as below, not only "timed out" (the CI saw both orders).
-        why = "" if is_master else _why_unreachable(master_addr, master_port) + "; torch: "
+        why = "" if is_master else _store_reach.why_unreachable(master_addr, master_port) + "; torch: "
         raise _store_wait.timeout_error(
             f"rank {rank} could not {what} {master_addr}:{master_port} within {timeout:.0f} s: "
             f"{why}{_first_line(e)} ({hint})") from e
@@ -170,6 +185,8 @@ def _build(dist: Any, addr: str, port: int, is_master: bool, timeout: float,
 
     def build() -> None:
         try:
+            if not is_master and not _store_reach.wait_listening(addr, port, deadline):
+                return  # (nothing in C++ to come back at exit; the caller says why)
             # multi_tenant: torch's env:// rendezvous (init_process_group after init())
             # hosts its store on MASTER_PORT too, multi-tenant: it then shares this server
             # instead of failing with EADDRINUSE (found by a helper).
@@ -273,25 +290,6 @@ def _check_resolves(host: str, rank: int) -> None:
                 f"rank {rank}: {_env.origin('MASTER_ADDR')}={host!r} does not resolve on "
                 f"this host ({e.strerror or e}); set MASTER_ADDR to rank 0's host name or IP "
                 f"address{hint}") from None
-
-
-def _why_unreachable(host: str, port: int) -> str:
-    """Why a TCPStore could not be reached, from one plain connect (torch's constructor only
-    times out, after retrying): the name, nothing listening, no answer, or a program that
-    accepts and never speaks the store's protocol."""
-    import socket
-
-    try:
-        with socket.create_connection((host, port), timeout=2.0):
-            return "something accepted the connection but never answered like a torch TCPStore"
-    except socket.gaierror as e:
-        return f"the name {host!r} does not resolve ({e.strerror or e})"
-    except ConnectionRefusedError:
-        return "nothing listens there (connection refused)"
-    except TimeoutError:
-        return "a connection attempt gets no answer (a firewall, or an address not routed here)"
-    except OSError as e:
-        return f"cannot connect: {e.strerror or e}"
 
 
 def _is_old_server(key: tuple, store: Any, deadline: float) -> bool:
