@@ -21,9 +21,11 @@ import importlib.machinery
 import importlib.util
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,20 @@ def cache_root() -> Path:
     """$XDG_CACHE_HOME/ringreduce (default ~/.cache/ringreduce)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "ringreduce"
+
+
+def _private_tmp_root() -> Path:
+    """$TMPDIR/ringreduce-cache-<uid>, made private to this user: where the adapter goes
+    when the cache folder cannot be written (a read-only or missing HOME -- the backend then
+    lost DeviceMesh/FSDP2, found by a helper). A folder there that another user made, or
+    that others may write, is refused: a library in it is loaded into this process."""
+    d = Path(tempfile.gettempdir()) / f"ringreduce-cache-{os.getuid()}"
+    d.mkdir(mode=0o700, exist_ok=True)
+    st = d.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise PermissionError(f"{d} is not a folder private to this user; set XDG_CACHE_HOME "
+                              f"to a writable folder of yours")
+    return d
 
 
 def _source() -> Path | None:
@@ -97,11 +113,24 @@ def build(torch: Any) -> Path:
                                 f"and {_SOURCES[1]}); reinstall ringreduce")
     key = _key(src, torch)
     name = f"ringreduce_c10d_{key}"
-    d = cache_root() / f"c10d-torch{torch.__version__}-{key}"
+    sub = f"c10d-torch{torch.__version__}-{key}"
+    d = cache_root() / sub
     lib = d / f"{name}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
     if lib.is_file():
         return lib
-    d.mkdir(parents=True, exist_ok=True)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        try:
+            d = _private_tmp_root() / sub
+        except OSError as e2:
+            raise PermissionError(f"cannot write the cache folder {d.parent} ({e}) nor a "
+                                  f"private one under the temp folder ({e2}); set "
+                                  f"XDG_CACHE_HOME to a writable folder") from e
+        lib = d / lib.name
+        if lib.is_file():
+            return lib
+        d.mkdir(exist_ok=True)
     with open(d / "lock", "w") as lock:  # the job's other ranks wait here, then load
         fcntl.flock(lock, fcntl.LOCK_EX)
         if lib.is_file():

@@ -10,6 +10,7 @@ The common default soft limit (1,024) is below what a 512-rank full mesh needs.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import resource
@@ -28,8 +29,9 @@ GROUP_SLACK = 16  # a group's or channel's own: listener, heartbeat socket, even
 def open_fds() -> int:
     try:
         return len(os.listdir("/proc/self/fd"))
-    except OSError:
-        return SLACK
+    except OSError as e:  # not one left to list them with: all are open
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return soft if e.errno in (errno.EMFILE, errno.ENFILE) and soft > 0 else SLACK
 
 
 def tcp_sockets() -> int:

@@ -61,7 +61,8 @@ class NoThread(RuntimeError):
 
     def __init__(self, what: str) -> None:
         super().__init__(f"{what}: the process is at its thread limit (a container's "
-                         "pids.max, ulimit -u); raise it, or make fewer groups and channels")
+                         "pids.max, ulimit -u) or has no address space left for a thread's "
+                         "stack (ulimit -v); raise it, or make fewer groups and channels")
 
 
 def start(t: threading.Thread, what: str) -> None:

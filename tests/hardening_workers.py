@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
@@ -732,3 +733,28 @@ def world_under_a_low_fd_limit(rank: int, world: int, limit: int) -> dict:
         rr.send(x, dst=1 - rank) if rank == 0 else rr.recv(z, src=0)
     rr.destroy()
     return {"x": x.tolist(), "y": y.tolist(), "z": z.tolist(), "fds": _nfds()}
+
+
+def new_group_without_descriptors(rank: int, world: int, keep: int) -> dict:
+    """After init, rank 0 opens files until `keep` descriptors are left, then every rank makes
+    a group: rank 0's error says to raise `ulimit -n`. With none left, the count of open
+    files could not be listed and was taken as 64 (found by a helper: the group then failed
+    later, saying "is the port in use?")."""
+    rr.init(timeout=30)
+    hog: list = []
+    if rank == 0:
+        with contextlib.suppress(OSError):
+            while True:
+                hog.append(os.open("/dev/null", os.O_RDONLY))
+        for _ in range(min(keep, len(hog))):
+            os.close(hog.pop())
+    try:
+        rr.new_group(list(range(world)))
+        err = None
+    except Exception as e:  # noqa: BLE001 - reported
+        err = str(e)
+    finally:
+        for h in hog:
+            os.close(h)
+    rr.destroy()
+    return {"error": err}

@@ -93,6 +93,35 @@ def test_a_world_runs_under_ulimit_n_64(world: int) -> None:
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("keep", [0, 2])
+def test_a_group_without_descriptors_left_says_raise_ulimit_n(keep: int) -> None:
+    outs = run_world(3, "hardening_workers:new_group_without_descriptors", keep, timeout=60,
+                     init=False, env={"RINGREDUCE_CONNECT_TIMEOUT": "15"})
+    assert all(o["error"] is not None for o in outs), outs
+    assert "ulimit -n" in outs[0]["error"] and "port" not in outs[0]["error"], outs[0]
+
+
+def test_listening_without_a_descriptor_left_names_the_open_file_limit() -> None:
+    """A listener that cannot get a socket (EMFILE) said "is the port in use, or the address
+    not on this host?" (found by a helper)."""
+    import contextlib
+
+    from ringreduce import _C
+
+    hog: list = []
+    try:
+        with contextlib.suppress(OSError):
+            while True:
+                hog.append(os.open("/dev/null", os.O_RDONLY))
+        with pytest.raises(Exception, match="open-file limit") as e:
+            _C.Listener("127.0.0.1")
+    finally:
+        for h in hog:
+            os.close(h)
+    assert "port in use" not in str(e.value)
+
+
+@pytest.mark.timeout(90)
 def test_a_channel_and_a_group_fit_in_a_few_spare_descriptors() -> None:
     """With 48 descriptors to spare, a point-to-point channel and a group of both ranks
     are made and give the right results (a channel asked for 64 spare ones: refused; each

@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import types
 from pathlib import Path
@@ -243,6 +244,32 @@ def test_adapter_for_another_torch_is_refused() -> None:
     why = _c10d_build.mismatch("2.12.0", "2.13.0", Path("/c/x/lib.so"))
     assert why is not None and "built for torch 2.12.0" in why and "delete /c/x" in why
     assert _c10d_build.mismatch("2.13.0", "2.13.0", Path("/c/x/lib.so")) is None
+
+
+def test_adapter_cache_falls_back_to_a_private_temp_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HOME read-only or missing: the adapter went nowhere and the backend fell back to its
+    Python process group (no DeviceMesh/FSDP2; found by a helper). It goes to a folder of
+    this user's under the temp folder now -- never one others may write."""
+    import torch
+
+    from ringreduce import _c10d_build
+
+    monkeypatch.setenv("XDG_CACHE_HOME", "/dev/null/cache")  # cannot be made
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    src = _c10d_build._source()
+    key = _c10d_build._key(src, torch)
+    name = f"ringreduce_c10d_{key}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
+    private = _c10d_build._private_tmp_root()
+    assert private == tmp_path / f"ringreduce-cache-{os.getuid()}"
+    assert private.stat().st_mode & 0o777 == 0o700
+    built = private / f"c10d-torch{torch.__version__}-{key}" / name
+    built.parent.mkdir()
+    built.write_bytes(b"")  # as if built there before: found, not compiled again
+    assert _c10d_build.build(torch) == built
+    private.chmod(0o777)
+    with pytest.raises(PermissionError, match="XDG_CACHE_HOME"):
+        _c10d_build.build(torch)
 
 
 @pytest.mark.timeout(120)

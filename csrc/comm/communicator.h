@@ -32,10 +32,11 @@
 
 namespace rr::comm {
 
-// What a failed thread start says to do (std::thread's EAGAIN: a pids or thread limit).
+// What a failed thread start says to do (std::thread's EAGAIN: a pids or thread limit, or
+// no address space left for the thread's stack under `ulimit -v`).
 inline constexpr const char* kThreadLimitText =
-    "the process is at its thread limit (a container's pids.max, ulimit -u); raise it, or "
-    "make fewer groups and channels";
+    "the process is at its thread limit (a container's pids.max, ulimit -u) or has no address "
+    "space left for a thread's stack (ulimit -v); raise it, or make fewer groups and channels";
 
 // A call on a destroyed communicator: what it says to do depends on who owns it, so it
 // names every remedy (a torch group of the backend rides on ringreduce's world or groups).

@@ -257,10 +257,12 @@ std::vector<std::vector<uint8_t>> resolve(const std::string& host, int port, int
 
 Fd listenOn(const std::string& host, int port, int* boundPort) {
   std::string lastErr = "no address";
+  int lastErrno = 0;
   for (const auto& a : resolve(host, port, SOCK_STREAM, true, Deadline::after(kResolveTimeoutSec))) {
     const auto* sa = reinterpret_cast<const sockaddr*>(a.data());
     Fd fd = streamSocket([sa] { return ::socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0); });
     if (!fd.valid()) {
+      lastErrno = errno;
       lastErr = std::strerror(errno);
       continue;
     }
@@ -280,6 +282,10 @@ Fd listenOn(const std::string& host, int port, int* boundPort) {
     setNonBlocking(fd.get());
     return fd;
   }
+  if (lastErrno == EMFILE || lastErrno == ENFILE)  // (the port's hint misled: a helper)
+    RR_THROW(Error, "cannot listen on ", host, ":", port, ": ", lastErr, " (this process has "
+             "used up its open-file limit: raise `ulimit -n`, or close files, groups and "
+             "channels it no longer needs)");
   RR_THROW(Error, "cannot listen on ", host, ":", port, ": ", lastErr,
            " (is the port in use, or the address not on this host? set RINGREDUCE_SOCKET_IFNAME)");
 }
