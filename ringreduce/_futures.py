@@ -19,6 +19,7 @@ nothing here starts a collective.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import queue
@@ -195,7 +196,8 @@ class _Gen:
     """One process's completer state (a forked child starts a fresh one)."""
 
     def __init__(self) -> None:
-        self.pending: list[Completion] = []  # registered, Future not yet set
+        # registered, Future not yet set (in registration order)
+        self.pending: collections.deque[Completion] = collections.deque()
         self.role = threading.Lock()  # held by the one thread looking for the next done
         self.mu = threading.Lock()
         self.wake = threading.Condition(self.mu)  # pending no longer empty, or stop
@@ -214,15 +216,29 @@ class _Gen:
                     self.wake.wait()
                 if not self.pending:
                     return None
-                candidates = list(self.pending)  # polled unlocked: poll() may copy out
+                head = self.pending[0]
+            # Most finish in registration order: the oldest first, without copying the list
+            # (a backlog of 16k Futures was copied and scanned once per completion: 13 s
+            # late, found by a helper). Polled unlocked: poll() may copy out.
+            if head.poll():
+                return self._take(head)
+            with self.mu:
+                candidates = list(self.pending)
             for c in candidates:
-                if c.poll():
-                    with self.mu:
-                        self.pending.remove(c)
-                    return c
+                if c is not head and c.poll():
+                    return self._take(c)
             # A Completion another thread is finishing (a caller's wait()) polls False and
             # settles its Future itself; the slice bounds how long it stays listed.
             _C.await_completion_bell(seen, 0.5)
+
+
+    def _take(self, c: Completion) -> Completion:
+        with self.mu:
+            if self.pending and self.pending[0] is c:
+                self.pending.popleft()
+            else:
+                self.pending.remove(c)
+        return c
 
 
 def _probe(q: queue.SimpleQueue) -> None:
@@ -242,9 +258,9 @@ class _Completer:
     it sets the Future's result, because that runs the Future's callbacks, and a callback
     may itself wait for a later collective's Future (torch's powerSGD hook calls
     ``all_reduce(...).get_future().wait()`` inside ``.then()``), which only the next role
-    holder can complete. A thread back from its callbacks returns to standby unless another
-    thread is there already (then it ends): there are as many as callbacks blocked at that
-    moment, plus one -- before, every race between a thread setting its Future and the next
+    holder can complete. A thread back from its callbacks returns to standby unless _SPARES
+    threads are there already (then it ends): there are as many as callbacks blocked at
+    that moment, plus at most _SPARES + 1 -- before, every race between a thread setting its Future and the next
     one handing on the role left one more thread for good (found by a helper: 6 after 100k
     futures). ringreduce.destroy() ends them (shutdown()).
     """
@@ -345,11 +361,15 @@ class _Completer:
                 log.exception("ringreduce: error completing a future")
             del c, exc  # hold no Future while idle: see join_at_exit()
             with g.mu:
-                if g.standby > 0:  # one is enough to take the role next
+                if g.standby >= _SPARES:  # enough to take the role next
                     return
                 g.standby += 1
 
 
+# Threads kept waiting for the role: with one, the holder that found the next Completion
+# while the last one's thread was still setting its Future started a thread, and that one
+# ended (4,252 thread starts for 5,000 get_future().wait(); a helper). Two cover that race.
+_SPARES = 2
 _COMPLETER = _Completer()
 
 
