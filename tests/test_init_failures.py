@@ -441,3 +441,39 @@ def test_a_master_addr_without_a_route_fails_without_a_connect_left_in_cpp(rank:
     else:
         assert "could not reach the store" in v["err"] and "Network is unreachable" in v["err"], v
 
+
+
+_V6_ONLY = """
+mount --bind "$1" /etc/hosts && ip link set lo up && ip addr del 127.0.0.1/8 dev lo || exit 9
+shift
+for r in 0 1; do RANK=$r "$@" & done
+wait
+"""
+
+_SUM = """
+import os, numpy as np, ringreduce as rr
+rr.init(timeout=20)
+x = np.full(3, rr.get_rank() + 1.0, np.float32)
+rr.allreduce(x)
+os.write(1, f"sum {x.tolist()}\\n".encode())  # one write: the two ranks share the pipe
+rr.destroy()
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="network and mount namespaces need root and unshare(1)")
+def test_localhost_on_a_host_with_ipv6_loopback_only(tmp_path) -> None:
+    """MASTER_ADDR=localhost where localhost is ::1 only (no 127.0.0.1): the ranks listened
+    on 127.0.0.1 and failed ("cannot listen on 127.0.0.1:0"; found by a helper)."""
+    import subprocess
+    import sys
+
+    hosts = tmp_path / "hosts"
+    hosts.write_text("::1 localhost\n")
+    env = dict(os.environ, MASTER_ADDR="localhost", MASTER_PORT="29878", WORLD_SIZE="2")
+    cmd = ["unshare", "--net", "--mount", "sh", "-c", _V6_ONLY, "sh", str(hosts),
+           sys.executable, "-c", _SUM]
+    r = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=80, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n").count("sum [3.0, 3.0, 3.0]") == 2, (r.stdout, r.stderr)

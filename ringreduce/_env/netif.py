@@ -221,8 +221,21 @@ def select_interface_address(master_addr: str | None, ifname: str | None,
     if master_addr is not None and master_addr.strip().strip("[]") == "::1":
         return "::1"  # as given: a host may have no IPv4 loopback (found by a helper)
     if master_addr is None or _is_loopback(master_addr.strip()):
-        return "127.0.0.1"
+        return _loopback()
     return _route_source(master_addr.strip(), timeout)
+
+
+def _loopback() -> str:
+    """127.0.0.1, or ::1 on a host without IPv4 loopback (where "localhost" is ::1 only:
+    listening on 127.0.0.1 failed, and RINGREDUCE_SOCKET_IFNAME takes IPv4 only; a helper)."""
+    for family, addr in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.bind((addr, 0))
+            return addr
+        except OSError:
+            continue
+    return "127.0.0.1"
 
 
 def _read_text(path: str) -> str:
