@@ -184,6 +184,7 @@ def _build(dist: Any, addr: str, port: int, is_master: bool, timeout: float,
     # the interpreter finalized: SIGABRT (found by a helper)
 
     def build() -> None:
+        _CONNECTING.add(done)
         try:
             if not is_master and not _store_reach.wait_listening(addr, port, deadline):
                 return  # (nothing in C++ to come back at exit; the caller says why)
@@ -199,8 +200,8 @@ def _build(dist: Any, addr: str, port: int, is_master: bool, timeout: float,
             _CONNECTING.discard(done)
             done.set()
 
-    _CONNECTING.add(done)
-    threading.Thread(target=build, name="ringreduce-store-connect", daemon=True).start()
+    _store_guard.start(threading.Thread(target=build, name="ringreduce-store-connect",
+                                        daemon=True), "the thread connecting to the store")
     done.wait(max(0.0, deadline - time.monotonic()) + 1.0)
     return box
 

@@ -477,3 +477,20 @@ def test_localhost_on_a_host_with_ipv6_loopback_only(tmp_path) -> None:
     r = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=80, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n").count("sum [3.0, 3.0, 3.0]") == 2, (r.stdout, r.stderr)
+
+
+def test_a_store_connect_without_a_thread_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At its thread limit (ulimit -u), init raised a bare "can't start new thread" (a
+    helper), and the exit hook then waited 5 s for a connect that never ran."""
+    import threading
+    import types
+
+    from ringreduce import _rendezvous, _store_guard
+
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    with pytest.raises(_store_guard.NoThread, match="thread limit"):
+        _rendezvous._build(types.SimpleNamespace(), "127.0.0.1", 1, False, 1.0, 0.0)
+    assert not _rendezvous._CONNECTING
