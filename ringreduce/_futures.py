@@ -20,6 +20,7 @@ nothing here starts a collective.
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import os
 import queue
@@ -222,11 +223,16 @@ class _Gen:
             # late, found by a helper). Polled unlocked: poll() may copy out.
             if head.poll():
                 return self._take(head)
-            with self.mu:
-                candidates = list(self.pending)
-            for c in candidates:
-                if c is not head and c.poll():
-                    return self._take(c)
+            at = 1  # the rest in slices (an oldest one that waits long, an irecv's, would
+            while True:  # have the whole list copied per completion again: a review)
+                with self.mu:
+                    chunk = list(itertools.islice(self.pending, at, at + 64))
+                if not chunk:
+                    break
+                for c in chunk:
+                    if c.poll():
+                        return self._take(c)
+                at += len(chunk)
             # A Completion another thread is finishing (a caller's wait()) polls False and
             # settles its Future itself; the slice bounds how long it stays listed.
             _C.await_completion_bell(seen, 0.5)
@@ -254,15 +260,15 @@ class _Completer:
     race.
 
     One thread at a time holds the role: it waits for the next finished Completion (GIL
-    released), then hands the role on -- to a thread on standby, or a new one -- before
-    it sets the Future's result, because that runs the Future's callbacks, and a callback
-    may itself wait for a later collective's Future (torch's powerSGD hook calls
+    released), then hands the role on -- to a thread on standby, or a new one -- before it
+    sets the Future's result, because that runs the Future's callbacks, and a callback may
+    itself wait for a later collective's Future (torch's powerSGD hook calls
     ``all_reduce(...).get_future().wait()`` inside ``.then()``), which only the next role
     holder can complete. A thread back from its callbacks returns to standby unless _SPARES
-    threads are there already (then it ends): there are as many as callbacks blocked at
-    that moment, plus at most _SPARES + 1 -- before, every race between a thread setting its Future and the next
-    one handing on the role left one more thread for good (found by a helper: 6 after 100k
-    futures). ringreduce.destroy() ends them (shutdown()).
+    threads are there already (then it ends): there are as many as callbacks blocked at that
+    moment, plus at most _SPARES + 1 -- before, every race between a thread setting its
+    Future and the next one handing on the role left one more thread for good (found by a
+    helper: 6 after 100k futures). ringreduce.destroy() ends them (shutdown()).
     """
 
     def __init__(self) -> None:

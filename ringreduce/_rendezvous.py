@@ -157,7 +157,8 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
                 f"use ({by}); pick another MASTER_PORT ({_first_line(e)})") from e
         # torch's own timeout may come first (it retries refused connects until then): say
         # why, as below, not only "timed out" (the CI saw both orders).
-        why = "" if is_master else _store_reach.why_unreachable(master_addr, master_port) + "; torch: "
+        why = "" if is_master else \
+            _store_reach.why_unreachable(master_addr, master_port) + "; torch: "
         raise _store_wait.timeout_error(
             f"rank {rank} could not {what} {master_addr}:{master_port} within {timeout:.0f} s: "
             f"{why}{_first_line(e)} ({hint})") from e
@@ -186,7 +187,7 @@ def _build(dist: Any, addr: str, port: int, is_master: bool, timeout: float,
     def build() -> None:
         _CONNECTING.add(done)
         try:
-            if not is_master and not _store_reach.wait_listening(addr, port, deadline):
+            if not is_master and not _store_reach.wait_routable(addr, port, deadline):
                 return  # (nothing in C++ to come back at exit; the caller says why)
             # multi_tenant: torch's env:// rendezvous (init_process_group after init())
             # hosts its store on MASTER_PORT too, multi-tenant: it then shares this server

@@ -20,10 +20,11 @@ back, with one warning saying what is lost, to :class:`ProcessGroupRingReduce`, 
 subclass of ProcessGroup running the same operations.
 
 Collectives are asynchronous: each returns a Work whose wait() releases the GIL and whose
-future is completed by a thread (ringreduce._futures), as DDP's reducer expects. The default process group creates ringreduce's world
-(rendezvous through the store torch hands to the backend) unless the program already called
-ringreduce.init(), which it then reuses; every other torch group (dist.new_group,
-DeviceMesh dimensions) is a ringreduce group made through torch's store for it.
+future is completed by a thread (ringreduce._futures), as DDP's reducer expects. The default
+process group creates ringreduce's world (rendezvous through the store torch hands to the
+backend) unless the program already called ringreduce.init(), which it then reuses; every
+other torch group (dist.new_group, DeviceMesh dimensions) is a ringreduce group made through
+torch's store for it.
 """
 
 from __future__ import annotations

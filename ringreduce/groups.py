@@ -382,7 +382,7 @@ def set_timeout(g: Group, seconds: Any) -> None:
     too -- wait at most `seconds` (a number or a timedelta); one in flight keeps its deadline.
     torch's Backend.setTimeout on a ringreduce backend."""
     secs = _check_timeout(seconds, "set_timeout")
-    for h in [g, *(ch for pair in list(g.p2p.values()) for ch in pair)]:
+    for h in _state.own_communicators(g):
         h.options = {**h.options, "timeout": secs}  # a new dict: a size-1 group shares its world's
         if h.comm is not None:
             h.comm.set_timeout(secs)

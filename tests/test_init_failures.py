@@ -225,7 +225,7 @@ def test_exit_waits_for_a_store_connect_still_retrying(monkeypatch: pytest.Monke
 
     from ringreduce import _rendezvous, _store_reach, api
 
-    monkeypatch.setattr(_store_reach, "wait_listening", lambda *a: True)  # a server listens
+    monkeypatch.setattr(_store_reach, "wait_routable", lambda *a: True)  # a server listens
     release = threading.Event()
 
     class SlowStore:
@@ -247,7 +247,7 @@ def test_exit_waits_for_a_store_connect_still_retrying(monkeypatch: pytest.Monke
 _INTERRUPTED_CONNECT = """
 import os, signal, threading, time, types
 from ringreduce import _rendezvous, _store_reach
-_store_reach.wait_listening = lambda *a: True  # a server listens, and never answers in time
+_store_reach.wait_routable = lambda *a: True  # a server listens, and never answers in time
 class SlowStore:
     def __init__(self, *a, **k):
         time.sleep(3.0)  # the interrupt (at 0.2 s) lands inside the wait
