@@ -756,8 +756,8 @@ def ddp_suite(rank: int, world: int, names: list | None = None) -> dict:
 
 def completer_threads(rank: int, world: int, n: int) -> dict:
     """Futures whose callbacks block a while (as a DDP comm hook's may): while they block,
-    more completer threads run; afterwards one is left, and none after destroy(). Before,
-    each thread came back to standby and stayed: the peak number lived on for good."""
+    more completer threads run; then the role holder and its spares, none after destroy().
+    Before, each came back to standby and stayed: the peak number lived on for good."""
     import threading
     import time
 
