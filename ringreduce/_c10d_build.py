@@ -128,9 +128,7 @@ def build(torch: Any) -> Path:
                                   f"private one under the temp folder ({e2}); set "
                                   f"XDG_CACHE_HOME to a writable folder") from e
         lib = d / lib.name
-        if lib.is_file():
-            return lib
-        d.mkdir(exist_ok=True)
+        d.mkdir(exist_ok=True)  # (a library already there is found under the lock below)
     with open(d / "lock", "w") as lock:  # the job's other ranks wait here, then load
         fcntl.flock(lock, fcntl.LOCK_EX)
         if lib.is_file():

@@ -7,6 +7,7 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -741,20 +742,28 @@ def new_group_without_descriptors(rank: int, world: int, keep: int) -> dict:
     files could not be listed and was taken as 64 (found by a helper: the group then failed
     later, saying "is the port in use?")."""
     rr.init(timeout=30)
+    try:
+        with descriptors_used_up(keep) if rank == 0 else contextlib.nullcontext():
+            rr.new_group(list(range(world)))
+        err = None
+    except Exception as e:  # noqa: BLE001 - reported
+        err = str(e)
+    rr.destroy()
+    return {"error": err}
+
+
+@contextlib.contextmanager
+def descriptors_used_up(keep: int = 0) -> Iterator[None]:
+    """Opens /dev/null until `keep` descriptors are left (of the open-file limit); they are
+    closed again on leaving."""
     hog: list = []
-    if rank == 0:
+    try:
         with contextlib.suppress(OSError):
             while True:
                 hog.append(os.open("/dev/null", os.O_RDONLY))
         for _ in range(min(keep, len(hog))):
             os.close(hog.pop())
-    try:
-        rr.new_group(list(range(world)))
-        err = None
-    except Exception as e:  # noqa: BLE001 - reported
-        err = str(e)
+        yield
     finally:
         for h in hog:
             os.close(h)
-    rr.destroy()
-    return {"error": err}

@@ -104,20 +104,12 @@ def test_a_group_without_descriptors_left_says_raise_ulimit_n(keep: int) -> None
 def test_listening_without_a_descriptor_left_names_the_open_file_limit() -> None:
     """A listener that cannot get a socket (EMFILE) said "is the port in use, or the address
     not on this host?" (found by a helper)."""
-    import contextlib
+    from hardening_workers import descriptors_used_up
 
     from ringreduce import _C
 
-    hog: list = []
-    try:
-        with contextlib.suppress(OSError):
-            while True:
-                hog.append(os.open("/dev/null", os.O_RDONLY))
-        with pytest.raises(Exception, match="open-file limit") as e:
-            _C.Listener("127.0.0.1")
-    finally:
-        for h in hog:
-            os.close(h)
+    with descriptors_used_up(), pytest.raises(Exception, match="open-file limit") as e:
+        _C.Listener("127.0.0.1")
     assert "port in use" not in str(e.value)
 
 
