@@ -295,6 +295,27 @@ def test_slow_link_is_slow_not_failed(cluster_factory) -> None:
         assert v["wrong"] == 0 and 3 <= v["after_event"] < 40, v
 
 
+@pytest.mark.timeout(150)
+@pytest.mark.skipif(tc_unavailable() is not None, reason=tc_unavailable() or "")
+def test_a_slow_link_moving_data_is_no_stall(cluster_factory) -> None:
+    """4 MiB all-reduces over a link throttled to 8 Mbit/s take seconds each, longer than
+    RINGREDUCE_STALL_WARN, but their data keeps moving: no stall is reported (before, every
+    one of them logged "stall: ... has waited 1 s"). Stalls count from the last data moved."""
+    c = cluster_factory(2)
+    env = {"RINGREDUCE_CONNECT_TIMEOUT": "30", "RINGREDUCE_STALL_WARN": "1"}
+
+    def throttle() -> None:
+        c.shape(1, "8mbit", burst="32kb", latency="50ms", inbound=False)
+
+    outs, _ = _run_with_link_event(c, 2, 1, 1 << 20, 6, env, throttle)
+    for o in outs:
+        assert o.has_result and o.value["type"] is None, o.describe()
+        # 6 s at 1 MB/s: each all-reduce (2 MiB out of host 1) took over a second.
+        assert o.value["wrong"] == 0 and 1 <= o.value["after_event"] <= 5, o.value
+        stall = [ln for ln in o.stderr.splitlines() if "stall:" in ln]
+        assert not stall, f"rank {o.rank}: {stall[:2]}"
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(tc_unavailable() is not None, reason=tc_unavailable() or "")
 def test_a_rank_aborting_mid_frame_is_named_with_its_reason(cluster_factory) -> None:

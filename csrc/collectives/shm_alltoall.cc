@@ -142,16 +142,14 @@ void alltoall(comm::Communicator& c, const transport::FrameHeader& h, const char
     // Every rank may read every other's `in` where it lies: read our blocks straight into
     // `out` (one copy), then a line round, so no rank returns -- and reuses `in` -- while
     // a peer still reads it.
-    size_t moved = 0;
     for (int i = 1; i < n; ++i) {
       const int from = (me - i + n) % n;
       const uint64_t at = all[2 * nn + 2 * static_cast<size_t>(from) + 1] +
                           all[nn + static_cast<size_t>(from) * n + static_cast<size_t>(me)];
-      moved += cmaRead(c, from, at, out + recvOffs[from], recvBytes[from], "all_to_all");
+      cmaRead(c, from, at, out + recvOffs[from], recvBytes[from], "all_to_all");
     }
     copyOwn(own.bytes);
     lineRelease(c, lineRound(c, h, nullptr, 0));
-    c.addBytesDone(moved);
     return;
   }
   ensureSlots(c, h);

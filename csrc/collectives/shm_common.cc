@@ -146,8 +146,8 @@ uint64_t lineReceive(comm::Communicator& c, const transport::FrameHeader& h, int
   return round;
 }
 
-size_t cmaRead(comm::Communicator& c, int from, uint64_t addr, char* dst, size_t len,
-               const char* what) {
+void cmaRead(comm::Communicator& c, int from, uint64_t addr, char* dst, size_t len,
+             const char* what) {
   constexpr size_t kPiece = 64 << 20;  // one call per 64 MiB: ~6 ms here; smaller pieces
                                        // pin pages in more calls and read slower
   ShmDomain& d = *c.shm();
@@ -164,12 +164,13 @@ size_t cmaRead(comm::Communicator& c, int from, uint64_t addr, char* dst, size_t
       RR_THROW(Error, what, ": reading rank ", c.label(peer), "'s buffer (process_vm_readv, pid ",
                pid, ") failed: ", std::strerror(err), "; RINGREDUCE_CMA=0 avoids it");
     }
-    // Between pieces: after the last one the read is done (a peer's failure after it is the
-    // next wait's or call's, as in waitFor).
+    // Progress for stall reports and heartbeats, piece by piece (a 2 GiB read into
+    // untouched memory takes seconds). Between pieces: after the last one the read is done
+    // (a peer's failure after it is the next wait's or call's, as in waitFor).
+    c.addBytesDone(std::min(kPiece, len - o));
     if (o + kPiece < len) c.checkAlive(peer);
   }
   d.addCmaBytes(len);
-  return len;
 }
 
 void lineWaitFree(comm::Communicator& c, uint64_t round) {

@@ -48,8 +48,9 @@ uint64_t lineSend(comm::Communicator& c, const transport::FrameHeader& h, const 
 uint64_t lineReceive(comm::Communicator& c, const transport::FrameHeader& h, int from);
 // Read `len` bytes at `addr` in local rank `from`'s process into dst with process_vm_readv
 // (transport/shm/cma.h), in pieces between which the deadline and the peers' liveness are
-// checked; a failed read names the peer and `what`. Returns len.
-size_t cmaRead(comm::Communicator& c, int from, uint64_t addr, char* dst, size_t len,
+// checked and which count as this collective's progress (addBytesDone); a failed read names
+// the peer and `what`.
+void cmaRead(comm::Communicator& c, int from, uint64_t addr, char* dst, size_t len,
                const char* what);
 
 // Wait until pred() holds, checking deadline/peer liveness; `lagging()` names the local

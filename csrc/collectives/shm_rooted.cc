@@ -130,7 +130,7 @@ void scatter(comm::Communicator& c, const transport::FrameHeader& h, const char*
     if (me != root) cmaRead(c, root, meta[1] + static_cast<uint64_t>(me) * bytes, out, bytes, "scatter");
     else keepRootBlock(in, out, bytes, me);  // while they read (first, it delayed them by it)
     lineRelease(c, lineRound(c, h, nullptr, 0));
-    c.addBytesDone(bytes);
+    if (me == root) c.addBytesDone(bytes);
     return;
   }
   ensureSlots(c, h);

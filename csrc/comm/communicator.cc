@@ -136,6 +136,8 @@ FrameHeader Communicator::begin(CollectiveKind kind, DataType dtype, ReduceOp op
   curTimeoutSec_ = timeoutSec_.load();
   deadline_ = Deadline::after(now, curTimeoutSec_);
   stallReported_ = false;
+  movedBytes_ = 0;
+  movedMs_ = 0;
   faultWaited_ = false;
   if (hb_) {
     hb_->setRoot(h.seq, root);

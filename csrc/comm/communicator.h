@@ -404,6 +404,12 @@ class Communicator {
   bool spinAllowed_ = true;
   int64_t hbSinceMs_ = 0;  // transport::livenessMs() when heartbeats started
   int64_t beganMs_ = 0;    // steady ms when the current collective began
+  // Stalls count from the last time data moved here or at the rank waited for (checked
+  // with heartbeats): a 2 GiB copy into untouched memory is slow, not stuck (found by a
+  // helper: a stall report and a "cycle" of ranks reading each other's buffers).
+  // movedBytes_: a sum of this rank's bytes and that rank's place; movedMs_ 0: none moved.
+  uint64_t movedBytes_ = 0;
+  int64_t movedMs_ = 0;
   bool stallReported_ = false;
   void checkHeartbeats(int waitingFor);
   // The first watched peer silent for longer than the heartbeat timeout (one that said

@@ -173,8 +173,20 @@ void Communicator::reportStall(int64_t waitedMs, int waitingFor) {
 void Communicator::checkHeartbeats(int waitingFor) {
   if (!hb_) return;
   const int64_t now = steadyMs();
+  // Data moved by this rank or by the one it waits for, in this collective or (behind) in
+  // an earlier one: a sender waits while its receiver reads the buffer in place; a small
+  // collective's rank waits for one still receiving the last large one over a slow link.
+  uint64_t moved = bytesDone_;
+  if (waitingFor >= 0 && waitingFor < world_) {
+    const transport::PeerStatus s = hb_->status(waitingFor);
+    moved += s.bytesDone + (s.seq << 40);
+  }
+  if (moved != movedBytes_) {
+    movedBytes_ = moved;
+    movedMs_ = now;
+  }
   if (!stallReported_ && opts_.stallWarnSec > 0 && beganMs_ > 0 &&
-      now - beganMs_ > static_cast<int64_t>(opts_.stallWarnSec * 1000)) {
+      now - std::max(beganMs_, movedMs_) > static_cast<int64_t>(opts_.stallWarnSec * 1000)) {
     stallReported_ = true;
     reportStall(now - beganMs_, waitingFor);
   }
