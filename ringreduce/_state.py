@@ -51,6 +51,10 @@ class Group:
     # share (_C.LinkTable, made by the first group over TCP; closed by destroy())
     links: Any = None
     created: int = 0
+    # World only: how many job-wide group-creation failures this rank has taken in (the
+    # generation of groups._out_of_step's key) and the groups it was left out of since.
+    out_of_step_seen: int = 0
+    left_out_of: set = field(default_factory=set)
     children: list = field(default_factory=list)
     p2p: dict = field(default_factory=dict)  # (lo, hi, tag) -> channels (ringreduce.p2p)
     p2p_failed: dict = field(default_factory=dict)  # (lo, hi, tag) -> why it was not made

@@ -35,15 +35,23 @@ def posted_key(store: Any, stops: list, within: float = 0.0) -> str | None:
         time.sleep(0.02)
 
 
-def raise_posted(store: Any, stops: list, rank: int, what: str) -> None:
-    """Raise the failure another rank posted under one of `stops`, if any."""
+def raise_posted(store: Any, stops: list, rank: int, what: str, post_under: str = "") -> None:
+    """Raise the failure another rank posted under one of `stops`, if any (and post it under
+    `post_under` too, if given: for the ranks waiting there)."""
     stop = posted_key(store, stops)
-    if stop is not None:
-        # Made by a helper: an error held in a local of the frame raising it is a reference
-        # cycle (error -> traceback -> frame -> error) that keeps every frame's locals -- a
-        # failed group's listener and store connection -- until the cyclic GC runs (found
-        # by a helper: 3 sockets per failed new_group() after destroy()).
+    if stop is None:
+        return
+    # Made by a helper: an error held in a local of the frame raising it is a reference
+    # cycle (error -> traceback -> frame -> error) that keeps every frame's locals -- a
+    # failed group's listener and store connection -- until the cyclic GC runs (found
+    # by a helper: 3 sockets per failed new_group() after destroy()).
+    if not post_under:
         raise posted_error(store.get(stop).decode(), rank, what)
+    err = posted_error(store.get(stop).decode(), rank, what)
+    try:
+        raise fail(store, post_under, err)
+    finally:
+        del err
 
 
 def posted_error(posted: str, rank: int, what: str) -> Exception:

@@ -26,6 +26,7 @@ from . import (
     _env,
     _farewell,
     _fds,
+    _procnet,
     _rendezvous,
     _state,
     _store_guard,
@@ -59,11 +60,13 @@ def new_group(ranks: Sequence[int] | None = None, timeout: float | None = None) 
     with _one_thread(world, "new_group()"):
         world.created += 1  # every rank counts, member or not: the key prefix stays in step
         idx = world.created
-        prefix = f"{world.store_prefix}group{idx}/"
-        if world.rank not in members:
-            _left_out(world, prefix, members, f"group{idx}")
-            return None
-        return _make(world, members, prefix, f"group{idx}", secs)
+        prefix, name = f"{world.store_prefix}group{idx}/", f"group{idx}"
+        with _in_step(world, prefix, name, members):
+            if world.rank not in members:
+                world.left_out_of.add(name)
+                _left_out(world, prefix, members, name)
+                return None
+            return _make(world, members, prefix, name, secs)
 
 
 _CREATING: dict[int, tuple] = {}  # id(parent) -> (thread, call) creating a group of it now
@@ -152,8 +155,9 @@ def _split(parent: Group, color: int | None, key: int) -> Group | None:
     same = sorted((int(k), r) for r, (has, c, k) in enumerate(allv.tolist())
                   if has and c == color)
     members = [parent.ranks[r] for _, r in same]
-    prefix = f"{parent.store_prefix}split{idx}/c{int(color)}/"
-    return _make(_root(), members, prefix, f"{parent.name}/split{idx}:{int(color)}")
+    prefix, name = f"{parent.store_prefix}split{idx}/c{int(color)}/", f"{parent.name}/split{idx}:{int(color)}"
+    with _in_step(_root(), prefix, name, members):
+        return _make(_root(), members, prefix, name)
 
 
 def from_store(store: Any, rank: int, size: int, name: str,
@@ -412,7 +416,9 @@ def _make(world: Group, members: list[int], prefix: str, name: str,
     if len(members) == 1:
         return _register(world, _agreed_single(world, store, members, prefix, name,
                                                out_of_step, None if p2p else timeout))
-    with _store_keys.journal(prefix), _watch.also_stop_on(out_of_step + "failed"), \
+    # A channel's key follows from its ranks and tag, not from the order of group creations.
+    stop_on = contextlib.nullcontext() if p2p else _watch.also_stop_on(out_of_step + "failed")
+    with _store_keys.journal(prefix), stop_on, \
             _watch.watching(world, [m for m in members if m != world.rank]), \
             _interrupts_told(world, store, prefix, name), \
             _rendezvous.store_used(world.rank, f"creating {name}", store,
@@ -469,13 +475,78 @@ def _interrupts_told(world: Group, store: Any, prefix: str, name: str) -> Iterat
 def _out_of_step(world: Group) -> str:
     """The job-wide prefix every group creation watches (_store_wait.fail posts under prefix +
     "failed"): a rank that finds the groups out of step cannot know under which group's
-    prefix the others wait."""
-    return world.store_prefix + "groups/"
+    prefix the others wait. One per failure: once a rank has taken a failure in (_in_step),
+    its later creations watch the next, so that ranks which caught the error and call
+    new_group again in step make their groups (before, every later one failed with it)."""
+    return f"{world.store_prefix}groups/{world.out_of_step_seen}/"
 
 
-def _fail_group(store: Any, prefix: str, out_of_step: str, err: Exception) -> Exception:
-    """Post why a group's creation fails under its prefix and the job's out-of-step prefix
-    (_out_of_step); return `err`."""
+_STEP_LOCK = threading.Lock()  # out_of_step_seen: splits of different parents may race
+
+
+@contextlib.contextmanager
+def _in_step(world: Group, prefix: str, name: str, members: list[int]) -> Iterator[None]:
+    """Around a group's creation (`name`, under `prefix`, of world ranks `members`). Before
+    it: a member the world knows failed fails it at once, before any store call (the store
+    may have gone with it); a job-wide failure this rank has not taken in -- posted while it
+    was not creating a group -- fails it too (posted under `prefix` for its members), unless
+    this rank was left out of the group that failed (it has nothing to catch up on). After a
+    failed creation: the job-wide failure posted by then is taken in (a mismatch is posted
+    there before under its group)."""
+    if world.rank in members:
+        try:
+            _watch.probe(world, [m for m in members if m != world.rank], f"creating {name}",
+                         named_only=True)
+        except Exception as e:
+            # One that left normally may have said why under the group's prefix (_left_out):
+            # the creation's waits read it.
+            if getattr(e, "cause", None) != "left":
+                raise
+    store = world.store
+    key = _out_of_step(world)
+    if store is not None:  # (watching: a store gone with rank 0 is named as _make names it)
+        with _watch.watching(world, [m for m in members if m != world.rank]), \
+                _rendezvous.store_used(world.rank, f"creating {name}", store,
+                                       _setup_secs(world, None)):
+            if _store_keys.peek(store, key + "failed") is not None:
+                got = _store_keys.peek(store, key + "group")
+                where = None if got is None else got.decode()
+                if where != name:  # (this very creation's failure: met in its own waits)
+                    left_out = where in world.left_out_of
+                    _took_in(world, key)
+                    if not left_out:
+                        _store_wait.raise_posted(store, [key + "failed"], world.rank,
+                                                 f"creating {name}", post_under=prefix)
+    try:
+        yield
+    except BaseException:
+        # (the store may be what failed: no C++ trace from torch then; and the creation's
+        # own error is the one to raise)
+        with contextlib.suppress(Exception):
+            if store is not None and not _procnet.server_closed(store):
+                with _store_guard.deadline(store, _setup_secs(world, None)):
+                    if _store_keys.peek(store, key + "failed") is not None:
+                        _took_in(world, key)
+        raise
+
+
+def _took_in(world: Group, key: str) -> None:
+    """This rank has taken in the job-wide failure under `key` (_out_of_step)."""
+    with _STEP_LOCK:
+        if _out_of_step(world) == key:
+            world.out_of_step_seen += 1
+            world.left_out_of.clear()
+
+
+def _fail_group(store: Any, prefix: str, out_of_step: str, err: Exception,
+                name: str) -> Exception:
+    """Post why group `name`'s creation fails under its prefix and the job's out-of-step
+    prefix (_out_of_step, with the group's name: ranks left out of it skip it); return
+    `err`."""
+    try:
+        _store_keys.publish_once(store, out_of_step + "group", name)
+    except RuntimeError:
+        pass  # the store is gone: fail() says nothing either
     _store_wait.fail(store, out_of_step, err)
     return _store_wait.fail(store, prefix, err)
 
@@ -504,7 +575,7 @@ def _left_out(world: Group, prefix: str, members: list[int], name: str) -> None:
         err = ValueError(f"{name}: world rank {me} was called with ranks [{text}], without "
                          f"itself, but world rank {first.split(',')[0]} with [{first}]; every "
                          f"rank must create groups in the same order with the same ranks")
-        raise _fail_group(store, prefix, _out_of_step(world), err)
+        raise _fail_group(store, prefix, _out_of_step(world), err, name)
 
 
 def _published(store: Any, prefix: str) -> str:
@@ -564,7 +635,7 @@ def _agree(store: Any, prefix: str, me: int, members: list[int], timeout: float,
             f"{name}: world rank {members[me]} was called with ranks [{text}] but world rank "
             f"{first.split(',')[0]} with [{first}]; every rank must create groups in the same "
             f"order with the same ranks (did a rank skip a new_group call?)")
-        raise _fail_group(store, prefix, out_of_step, err)
+        raise _fail_group(store, prefix, out_of_step, err, name)
 
 
 def _check_left_out(store: Any, prefix: str, members: list[int], text: str, name: str,
@@ -583,7 +654,7 @@ def _check_left_out(store: Any, prefix: str, members: list[int], text: str, name
         err = ValueError(f"{name}: world rank {members[0]} was called with ranks [{text}] but "
                          f"world rank {bad} with [{told[str(bad)]}], without itself; every rank "
                          f"must create groups in the same order with the same ranks")
-        raise _fail_group(store, prefix, out_of_step, err)
+        raise _fail_group(store, prefix, out_of_step, err, name)
 
 
 def _connect(world: Group, store: Any, members: list[int], me: int, prefix: str,

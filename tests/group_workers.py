@@ -168,6 +168,35 @@ def mismatch(rank: int, world: int, odd: tuple = (0, 1)) -> str:
         return f"{type(e).__name__}: {e}"
 
 
+def retry_after_mismatch(rank: int, world: int) -> dict:
+    """4 ranks. Rank 1 calls new_group([0, 1, 2]), the others new_group([0, 1]) (ranks 2 and 3
+    are left out of rank 0's group); then, in step, new_group([0, 2, 3]) and a world split,
+    each checked with an all-reduce. Before, every creation after the mismatch failed with
+    its error (posted job-wide, where every later creation looked)."""
+    out: dict = {}
+    try:
+        out["first"] = repr(rr.new_group([0, 1, 2] if rank == 1 else [0, 1]))
+    except ValueError as e:
+        out["first"] = f"ValueError: {e}"
+    rr.barrier()
+    try:
+        g = rr.new_group([0, 2, 3])
+        if g is not None:
+            x = _data(rank, 17, np.float64)
+            rr.allreduce(x, group=g)
+            out["second"] = bool(np.array_equal(x, sum(_data(r, 17, np.float64) for r in (0, 2, 3))))
+        else:
+            out["second"] = None
+        s = rr.world_group().split(rank % 2)
+        y = _data(rank, 9, np.int64)
+        rr.allreduce(y, group=s)
+        out["split"] = bool(np.array_equal(y, sum(_data(r, 9, np.int64)
+                                                  for r in range(world) if r % 2 == rank % 2)))
+    except Exception as e:  # noqa: BLE001
+        out["error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
 def single_mismatch(rank: int, world: int) -> str:
     """Rank 0 makes a group of one, [0]; rank 1 asks for [0, 1]. Before, rank 1 waited for
     rank 0's member list (a group of one published none) until rank 0 left."""

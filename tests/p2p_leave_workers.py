@@ -244,3 +244,41 @@ def any_source_sender_killed(rank: int, world: int) -> dict:
                "secs": time.monotonic() - t0}
     raise_flag("done0")
     return {"got": got, **out}
+
+
+def survivors_after_death(rank: int, world: int) -> dict:
+    """3 ranks; rank 2 exits once the others are ready. Ranks 0 and 1 see the world's
+    all-reduce fail naming it, then: a message between them on a new tag (checked), a new
+    group of the two (all-reduce checked), and -- refused at once, naming rank 2 -- a send
+    to it on a new tag and a new group with it. Before, the send returned and a log line
+    said later that it had failed."""
+    if rank == 2:
+        await_flags(["ready0", "ready1"], 20.0)
+        os._exit(0)
+    raise_flag(f"ready{rank}")
+    out: dict = {}
+    try:
+        rr.allreduce(np.ones(8))
+        out["world"] = "no error"
+    except rr.PeerFailure as e:
+        out["world"] = e.peer_rank
+    x = np.arange(5, dtype=np.int32) + 10 * rank
+    if rank == 0:
+        rr.send(x, 1, tag=7)
+    else:
+        got = np.zeros(5, np.int32)
+        rr.recv(got, 0, tag=7)
+        out["p2p"] = bool(np.array_equal(got, np.arange(5, dtype=np.int32)))
+    g = rr.new_group([0, 1])
+    y = np.full(3, rank + 1.0)
+    rr.allreduce(y, group=g)
+    out["group"] = bool(np.array_equal(y, np.full(3, 3.0)))
+    for what, call in (("send", lambda: rr.send(x, 2, tag=8)),
+                       ("new_group", lambda: rr.new_group([0, 1, 2]))):
+        t = time.monotonic()
+        try:
+            call()
+            out[what] = "not refused"
+        except rr.PeerFailure as e:
+            out[what] = (e.peer_rank, round(time.monotonic() - t, 2))
+    return out

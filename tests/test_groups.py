@@ -35,6 +35,18 @@ def test_new_group_mismatch_is_named(odd: tuple) -> None:
         assert "same order with the same ranks" in o and "claimed" not in o, o
 
 
+@pytest.mark.timeout(120)
+def test_groups_made_in_step_after_a_mismatch_work() -> None:
+    outs = run_world(4, "group_workers:retry_after_mismatch", timeout=90,
+                     env={"RINGREDUCE_CONNECT_TIMEOUT": "30"})
+    for r in (0, 1):
+        assert outs[r]["first"].startswith("ValueError"), f"rank {r}: {outs[r]}"
+    assert outs[3]["first"] == "None", outs[3]  # left out, as rank 0 said
+    for r, o in enumerate(outs):
+        assert "error" not in o and o["split"] is True, f"rank {r}: {o}"
+        assert o["second"] is (None if r == 1 else True), f"rank {r}: {o}"
+
+
 def test_a_rank_outside_a_group_never_waits_for_its_keys() -> None:
     """The member list a rank outside a group reads (groups._left_out) may be deleted by the
     members' destroy() between a check() and a get(): the get then waited for the connect

@@ -132,6 +132,20 @@ def test_a_receiver_whose_sender_left_names_the_recv(transport: str) -> None:
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_after_a_failure_survivors_talk_and_the_lost_rank_is_refused(transport: str) -> None:
+    outs = run_world_raw(3, "p2p_leave_workers:survivors_after_death", timeout=60,
+                         expendable=[2], env={"RINGREDUCE_TRANSPORT": transport,
+                                              "RINGREDUCE_TIMEOUT": "20"})
+    for r in (0, 1):
+        v = outs[r].value
+        assert v is not None, outs[r].describe()
+        assert v["world"] == 2 and v["group"] is True and v.get("p2p", True) is True, (r, v)
+        for what in ("send", "new_group"):  # at once, naming rank 2
+            assert v[what][0] == 2 and v[what][1] < 2, (r, what, v)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_a_ring_names_the_dead_rank_on_every_survivor(transport: str) -> None:
     """Before, ranks 3 and 0 were told only that their neighbour "left the job (destroy(),
     or its program ended ...)": rank 2 left after rank 1's death failed its recv, and its

@@ -207,6 +207,12 @@ void Communicator::throwLeftAnyOf(int p) {
 }
 
 void Communicator::probePeers(const std::vector<int>& waitedFor, bool anyOf) {
+  // This communicator's failure named a rank this wait needs (dead, closed, aborted): it is
+  // known gone, though over TCP its connection closed with the failure and no probe would
+  // see it again (found by a helper: a send to it on a new tag returned, failing later).
+  if (poisoned() && failedPeer_ >= 0)
+    for (int p : waitedFor)
+      if (p >= 0 && p < world_ && label(p) == failedPeer_) checkUsable();  // PeerError
   // A failed rank this wait does not need must not hide one it does: each pass throws the
   // first failure it finds, and a rank that died earlier was found first by every probe --
   // the awaited rank's death after it went unseen until the timeout (found by a helper).
