@@ -614,8 +614,12 @@ def _supervise(job: _Job, grace: float) -> int:
                   f"{how}" + (f"; terminated {_plural(rest, 'other rank')}" if rest else ""),
                   file=sys.stderr, flush=True)
             return code
-        also = "; ".join(f"rank {r} {_describe(c)}" for r, c in failed if r != rank)
-        also = f" (also failed on their own: {also})" if also else ""
+        # The others: each on its own, or on the PeerFailure a peer's failure caused (it
+        # said "failed on their own" of those too: found by a helper).
+        also = "; ".join(f"rank {r} {_describe(c)}" + (
+            f", its PeerFailure naming rank {reported[r]}" if reported.get(r) is not None
+            else " on its own") for r, c in failed if r != rank)
+        also = f" (also: {also})" if also else ""
         print(f"{PROG}: rank {rank} (pid {job.procs[rank].pid}) {_describe(code)}{also}; "
               f"{others}", file=sys.stderr, flush=True)
         return code if code > 0 else 128 - code

@@ -306,9 +306,9 @@ def test_the_rank_that_failed_first_is_named_not_the_first_seen(
     r = _launch("-n", "3", *opts, _script("exit_chain.py"), marker, mode)
     assert r.returncode == code, r.stderr
     last = r.stderr.strip().splitlines()[-1]
-    assert re.fullmatch(rf"ringreduce-run: rank 1 \(pid \d+\) exited with code {code} \(also "
-                        r"failed on their own: rank 0 exited with code 1\); terminated the "
-                        r"other 1 rank", last), r.stderr
+    assert re.fullmatch(rf"ringreduce-run: rank 1 \(pid \d+\) exited with code {code} \(also: "
+                        r"rank 0 exited with code 1(, its PeerFailure naming rank 1| on its "
+                        r"own)\); terminated the other 1 rank", last), r.stderr
     _assert_no_leftovers(marker)
 
 
