@@ -71,14 +71,16 @@ class Work:
     and raises the collective's error on every rank where it failed.
     """
 
-    def __init__(self, cwork: Any, keep: tuple = (), after: Any = None, result: Any = None):
+    def __init__(self, cwork: Any, keep: tuple = (), after: Any = None, result: Any = None,
+                 outputs: tuple | None = None):
         self._cwork = cwork
         self._keep = keep
         self._after = after
         self._result = result
         self._finished = cwork is None
         self._lock = threading.Lock()
-        self._outputs = (result,) if result is not None else keep  # get_future()'s value
+        # get_future()'s value: the caller's buffers (`keep` unless it holds staging ones too)
+        self._outputs = (result,) if result is not None else keep if outputs is None else outputs
         self._completion: Any = None  # get_future()'s (one Future per Work, as torch's)
         # irecv: the sender's world rank, or a function returning it once received.
         self.source: Any = None
@@ -125,9 +127,10 @@ class Work:
     def get_future(self) -> Any:
         """torch's Work.get_future(): a torch.futures.Future completed (on a helper thread;
         at once when the Work is done already) once the collective is, whose value is the
-        output tensors in a list, as torch's --
+        output tensors in a list, as torch's (numpy arrays: the arrays) --
         so custom DDP comm hooks can return ``rr.allreduce(t, async_op=True).get_future()``.
         A failed collective sets the Future's error."""
+        import numpy as np
         import torch
 
         from ._futures import Completion
@@ -136,7 +139,7 @@ class Work:
         with self._lock:
             if self._completion is None:
                 self._completion = Completion(
-                    self._cwork, [t for t in self._outputs if isinstance(t, torch.Tensor)],
+                    self._cwork, [t for t in self._outputs if isinstance(t, (torch.Tensor, np.ndarray))],
                     lambda: self._run_after(True))
                 known = self._finished or self._cwork.is_completed()
             c = self._completion

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from _spawn import run_world
@@ -529,6 +530,10 @@ def test_get_future_of_a_one_rank_collective(single_process):
     t = torch.ones(3)
     assert rr.allreduce(t, async_op=True).get_future().wait()[0] is t
     assert allreduce_future(t).wait()[0] is t
+    a = np.ones(3, np.float32)  # numpy arrays too (the list was empty)
+    assert rr.allreduce(a, async_op=True).get_future().wait()[0] is a
+    g = rr.allgather(a, async_op=True).get_future().wait()[0]
+    assert isinstance(g, np.ndarray) and g.shape == (1, 3)
 
 
 def test_completer_threads_do_not_pile_up():

@@ -345,7 +345,8 @@ def staged(g: Any, pool: stg.HostPool, srcs: list, dsts: list, n_in: int,
 
     if async_op and cw is not None:
         keep = tuple(b.obj for b in srcs + dsts) + (hin, hout)
-        return Work(cw, keep, after=copy_back, result=result)
+        return Work(cw, keep, after=copy_back, result=result,
+                    outputs=tuple(b.obj for b in dsts))
     copy_back()
     return Work(None, result=result) if async_op else None
 
