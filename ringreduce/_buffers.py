@@ -252,3 +252,15 @@ def empty_like_shape(x: Any, shape: tuple) -> Any:
     if torch is not None and isinstance(x, torch.Tensor):
         return torch.empty(shape, dtype=x.dtype)
     return np.empty(shape, dtype=x.dtype)
+
+
+def copy_flat(dst: Any, src: Any) -> None:
+    """dst's elements = src's, in order (a group of one's collectives copy locally): numpy
+    or torch on either side (a numpy `x` with a torch `out` failed in torch's copy_)."""
+    if hasattr(dst, "ctypes"):
+        dst.reshape(-1)[...] = np.asarray(src).reshape(-1)
+    else:
+        import torch
+
+        with torch.no_grad():
+            dst.reshape(-1).copy_(torch.as_tensor(src).reshape(-1))

@@ -191,12 +191,5 @@ def _counts(v: Any, rows: int, n: int, name: str, what: str) -> list[int]:
 
 
 def _copy_into(dst: Any, src: Any) -> None:
-    if dst is None or dst is src:
-        return
-    if hasattr(dst, "ctypes"):
-        dst.reshape(-1)[...] = _np.asarray(src).reshape(-1)
-    else:
-        import torch
-
-        with torch.no_grad():
-            dst.reshape(-1).copy_(src.reshape(-1))
+    if dst is not None and dst is not src:
+        _buffers.copy_flat(dst, src)

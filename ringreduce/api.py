@@ -370,8 +370,17 @@ def allreduce(x: Any, op: Any = "sum", algo: str = "auto", async_op: bool = Fals
     if g.comm is None:  # (x,): what Work.get_future() hands out, as for a real collective
         _state.check_aborted(_state._DEFAULT[0], "allreduce()")
         return _finish(None, (x,), async_op=async_op)
+    if async_op and alc:
+        _check_algo(g, alc)
     cw = g.comm.allreduce(b.ptr, b.count, b.code, opc, alc, async_op)
     return Work(cw, (x,)) if async_op else None
+
+
+def _check_algo(g: _state.Group, alc: int) -> None:
+    """An algorithm this group cannot run (algo="shm" across hosts or over TCP, "hier" on
+    one host) is refused at the call, as a synchronous call refuses it -- not at wait(). The
+    planner's own check (planner.cc), in the caller's thread."""
+    g.comm.plan_of("allreduce", 0, alc)
 
 
 def broadcast(x: Any, src: int = 0, async_op: bool = False,
@@ -416,7 +425,7 @@ def allgather(x: Any, out: Any = None, async_op: bool = False, backend: str = "a
             f"allgather: out must hold world_size * x.numel() = {b.units() * g.world_size} "
             f"elements of {b.dtype}, got {o.units()} of {o.dtype}")
     if g.comm is None:
-        _copy(out, x)
+        _buffers.copy_flat(out, x)
         w = Work(None, result=out)
         return w if async_op else out
     cw = g.comm.allgather(b.ptr, o.ptr, b.count, b.code, async_op)
@@ -459,7 +468,7 @@ def reduce_scatter(x: Any, out: Any = None, op: Any = "sum", async_op: bool = Fa
     opc = op_code(op)
     _buffers.check_reduction(b, opc)
     if g.comm is None:
-        _copy(out, x)
+        _buffers.copy_flat(out, x)
         w = Work(None, result=out)
         return w if async_op else out
     cw = g.comm.reduce_scatter(b.ptr, o.ptr, k, b.code, opc, async_op)
@@ -496,22 +505,10 @@ def allreduce_coalesced(xs: Sequence[Any], op: Any = "sum", algo: str = "auto",
     _buffers.check_reduction(bufs[0], opc)
     if g.comm is None:
         return _finish(None, (), async_op=async_op)
+    if async_op and alc:
+        _check_algo(g, alc)
     # One collective over the inputs in place (shared memory reads and writes them
     # directly; other transports go through one flat copy inside the core).
     cw = g.comm.allreduce_coalesced([b.ptr for b in bufs], [b.count for b in bufs],
                                     bufs[0].code, opc, alc, async_op)
     return _finish(cw, tuple(xs), async_op=async_op)
-
-
-def _copy(dst: Any, src: Any) -> None:
-    if hasattr(dst, "ctypes"):
-        dst.reshape(-1)[...] = src.reshape(-1)
-    else:
-        with _no_grad():
-            dst.reshape(-1).copy_(src.reshape(-1))
-
-
-def _no_grad():
-    import torch
-
-    return torch.no_grad()

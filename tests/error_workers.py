@@ -182,6 +182,12 @@ def bad_inputs(rank: int, world: int) -> list[str]:
                           lambda: rr.reduce_scatter(np.ones(world * 3 + 1)), ValueError,
                           (rf"{world * 3 + 1} elements, not a multiple of world_size {world}.*pad "
                           rf"it to {world * 4}")))
+            # One host: no hierarchy. Refused at the call also when async (was: at wait()).
+            for what, fn in (("algo=hier", lambda: rr.allreduce(x, algo="hier")),
+                             ("async algo=hier", lambda: rr.allreduce(x, algo="hier", async_op=True)),
+                             ("async coalesced algo=hier",
+                              lambda: rr.allreduce_coalesced([x], algo="hier", async_op=True))):
+                cases.append((what, fn, ValueError, "algo=hier needs several hosts"))
         for what, fn, exc, pat in cases:
             errs += _expect_raise(fn, exc, pat, what)
         if not np.array_equal(x, x_before):

@@ -541,3 +541,32 @@ def torch_int_avg(rank: int, world: int) -> list:
         return fails
     finally:
         dist.destroy_process_group()
+
+
+def mixed_containers_alone(rank: int, world: int) -> list:
+    """On each rank's group of one (no data moves: a local copy), every copying collective
+    with a numpy `x` and a torch `out` and the other way round, checked (a numpy `x` with a
+    torch `out` raised TypeError in torch's copy_; groups of 2+ ranks ran it)."""
+    import torch
+
+    g = [rr.new_group([r]) for r in range(world)][rank]
+    fails = []
+    x = _x(rank, 8, np.float32)
+    for out_torch in (True, False):
+        src = x if out_torch else torch.from_numpy(x.copy())  # the other kind than `out`
+        for name in ("allgather", "reduce_scatter", "all_to_all", "gather", "scatter"):
+            shape = (1, 8) if name in ("allgather", "gather") else (8,)
+            out = torch.zeros(shape) if out_torch else np.zeros(shape, np.float32)
+            try:
+                if name == "scatter":
+                    rr.scatter(out, rank, x=src.reshape(1, 8), group=g)
+                elif name == "gather":
+                    rr.gather(src, rank, out=out, group=g)
+                else:
+                    getattr(rr, name)(src, out=out, group=g)
+                got = out.numpy() if out_torch else out
+                if not np.array_equal(got.reshape(-1), x):
+                    fails.append(f"{name} (out torch={out_torch}): {got} != {x}")
+            except Exception as e:  # noqa: BLE001
+                fails.append(f"{name} (out torch={out_torch}): {type(e).__name__}: {e}")
+    return fails

@@ -85,3 +85,10 @@ def test_torch_integer_avg(world: int) -> None:
     outs = run_world(world, "rooted_workers:torch_int_avg", timeout=120, init=False)
     fails = [f"rank {r}: {m}" for r, o in enumerate(outs) for m in o]
     assert not fails, "\n".join(fails[:40])
+
+
+@pytest.mark.timeout(90)
+def test_groups_of_one_copy_across_numpy_and_torch() -> None:
+    outs = run_world(2, "rooted_workers:mixed_containers_alone", timeout=60)
+    for r, fails in enumerate(outs):
+        assert not fails, f"rank {r}: {fails}"
