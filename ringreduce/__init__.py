@@ -1,7 +1,10 @@
 """ringreduce: collective communication for data-parallel deep learning.
 
-Ring and tree all-reduce, broadcast, barrier, all-gather and reduce-scatter in a C++ core
-over TCP, callable on torch CPU tensors and numpy arrays::
+The collective set (all-reduce, broadcast, barrier, all-gather, reduce-scatter, reduce,
+gather, scatter, all-to-all), point-to-point messages and groups, in a C++ core over shared
+memory within a host and TCP across hosts, callable on torch tensors and numpy arrays; a
+DistributedDataParallel wrapper (ringreduce.ddp) and a torch.distributed backend
+("ringreduce")::
 
     import ringreduce as rr
     rr.init()                       # RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from the launcher
@@ -41,6 +44,21 @@ send = _C.FastCall(2, send, _state._SEND)
 recv = _C.FastCall(3, recv, _state._RECV)
 
 _mark_peer_failures(PeerFailure)  # in ringreduce-run's ranks only
+# (pybind's exceptions say "Unspecified run-time error." in help())
+RingReduceError.__doc__ = (
+    "A collective, point-to-point call or group operation failed (a RuntimeError). The "
+    "communicator that raised it refuses further calls: destroy() and init() again.")
+PeerFailure.__doc__ = (
+    "Another rank failed: .peer_rank names it (a world rank), .cause says how (closed, "
+    "silent, network, aborted, left, ...), .relayed_by the rank that told this one (None: "
+    "seen here).")
+CollectiveTimeout.__doc__ = (
+    "A collective or message waited past its deadline (RINGREDUCE_TIMEOUT, or the group's): "
+    ".waiting_for names the rank it waited for, .relayed_by the rank that told this one. "
+    "Also a builtins.TimeoutError.")
+CollectiveMismatch.__doc__ = (
+    "Ranks called different collectives, or the same one with different sizes, dtypes, ops "
+    "or roots: .peer_rank names the rank that disagreed.")
 
 __version__ = "0.1.0"
 
