@@ -705,58 +705,6 @@ def frozen_after_one_left(rank: int, world: int) -> dict:
                 "secs": time.monotonic() - t0}
 
 
-def interrupted(rank: int, world: int, mode: str) -> dict:
-    """2 ranks. Rank 0 gets SIGINT (Ctrl-C) 1 s into an all-reduce that rank 1 joins only
-    6 s later. Before, Python's KeyboardInterrupt waited until the collective ended (here at
-    6 s; with a peer stuck in user code, RINGREDUCE_TIMEOUT). mode "sync": rr.allreduce is
-    interrupted, its communicator fails and rank 1 is told why. "async": the Work's wait()
-    is interrupted, the collective goes on: a second wait() gets its result. "custom": the
-    program has a signal handler of its own (it could re-enter ringreduce), so handlers run
-    only once the collective returned, as before."""
-    import threading
-
-    if mode == "custom":
-        signal.signal(signal.SIGUSR1, lambda *_: None)
-
-    x = np.full(1000, rank + 1, np.float32)
-    rr.allreduce(x)  # connected; x = 3
-    if rank == 1:
-        time.sleep(6)
-        try:
-            rr.allreduce(x)  # x = 6 (rank 0 had sent its part before the signal)
-            rr.allreduce(x)
-            return {"error": "no error", "x": float(x[0])}
-        except Exception as e:  # noqa: BLE001
-            return {"error": f"{type(e).__name__}: {e}", "peer_rank": getattr(e, "peer_rank", None)}
-    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
-    t0 = time.monotonic()
-    out: dict = {"error": "no error"}
-    w = None
-    try:
-        if mode == "async":
-            w = rr.allreduce(x, async_op=True)
-            time.sleep(0.3)  # started in the background (an unstarted one runs in wait())
-            w.wait()
-        else:
-            rr.allreduce(x)
-            if mode == "custom":
-                time.sleep(1)  # KeyboardInterrupt: Python runs the handler after the call
-    except KeyboardInterrupt as e:
-        out = {"error": "KeyboardInterrupt", "notes": getattr(e, "__notes__", [])}
-    out["secs"] = time.monotonic() - t0
-    if w is not None:
-        w.wait()  # rank 1 joins: the collective completes
-        out["x"] = float(x[0])
-        rr.allreduce(x)  # the communicator still works: x = 6 + 6 on rank 1's second call
-        out["x2"] = float(x[0])
-    elif mode == "custom":
-        out["x"] = float(x[0])
-        rr.allreduce(x)
-    else:
-        time.sleep(4)  # keep the store up while rank 1 finds out
-    return out
-
-
 def destroy_after_a_death(rank: int, world: int) -> dict:
     """Rank world-1 is killed; the others fail their next all-reduce, then destroy(). Before,
     rank 0 (the store's host) waited out the farewell cap (1 s) for the dead rank's goodbye,

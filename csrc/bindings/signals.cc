@@ -5,6 +5,7 @@
 
 #include <pthread.h>
 #include <pythread.h>
+#include <signal.h>
 
 #include <string>
 #include <vector>
@@ -36,12 +37,46 @@ bool isFinalizing() {
 #endif
 }
 
+// torch's DataLoader SIGCHLD handler (torch.utils.data._utils.signal_handling), installed
+// once a DataLoader starts workers, with no handler of the program's before it (its closure's
+// previous_handler is None): it calls torch's C check of its workers, which raises if one
+// died -- no collective, nothing that re-enters the library. Before, any num_workers > 0
+// DataLoader kept Ctrl-C from stopping a collective. Attribute reads of a function and its
+// code object run no bytecode.
+bool isDataLoaderHandler(PyObject* h) {
+  if (!PyFunction_Check(h)) return false;
+  bool ok = false;
+  PyObject* mod = PyFunction_GetModule(h);  // borrowed
+  PyObject* qual = PyObject_GetAttrString(h, "__qualname__");
+  PyObject* vars = PyObject_GetAttrString(PyFunction_GetCode(h), "co_freevars");
+  PyObject* cells = PyFunction_GetClosure(h);  // borrowed
+  if (mod != nullptr && qual != nullptr && vars != nullptr && cells != nullptr &&
+      PyUnicode_Check(mod) && PyUnicode_Check(qual) && PyTuple_Check(vars) &&
+      PyTuple_Check(cells) && PyTuple_GET_SIZE(vars) == PyTuple_GET_SIZE(cells) &&
+      PyUnicode_CompareWithASCIIString(mod, "torch.utils.data._utils.signal_handling") == 0 &&
+      PyUnicode_CompareWithASCIIString(qual, "_set_SIGCHLD_handler.<locals>.handler") == 0) {
+    ok = true;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(vars); ++i) {
+      PyObject* name = PyTuple_GET_ITEM(vars, i);
+      if (PyUnicode_Check(name) &&
+          PyUnicode_CompareWithASCIIString(name, "previous_handler") == 0 &&
+          PyCell_GET(PyTuple_GET_ITEM(cells, i)) != Py_None)
+        ok = false;  // the program's own handler runs after torch's
+    }
+  }
+  Py_XDECREF(qual);
+  Py_XDECREF(vars);
+  PyErr_Clear();
+  return ok;
+}
+
 // Run the handlers only while every signal's Python handler is one that can do nothing but
-// raise or exit (SIG_DFL, SIG_IGN, Python's own Ctrl-C handler): a handler of the program's
-// own -- Lightning's SIGTERM / SLURM requeue handlers save checkpoints, which run collectives
-// -- could re-enter the library in mid-collective; with one installed, handlers run after
-// the call returns, as before. Only C functions of _signal are called here: any Python
-// bytecode would itself run (and here swallow) the pending handlers.
+// raise or exit (SIG_DFL, SIG_IGN, Python's own Ctrl-C handler, torch's DataLoader SIGCHLD
+// check above): a handler of the program's own -- Lightning's SIGTERM / SLURM requeue
+// handlers save checkpoints, which run collectives -- could re-enter the library in
+// mid-collective; with one installed, handlers run after the call returns, as before. Only C
+// functions of _signal are called here: any Python bytecode would itself run (and here
+// swallow) the pending handlers.
 bool onlyDefaultHandlers() {
   static PyObject* getsignal = nullptr;  // never released: no destructor after finalization
   static PyObject* ctrlC = nullptr;
@@ -74,7 +109,8 @@ bool onlyDefaultHandlers() {
       PyErr_Clear();
       return false;
     }
-    const bool dflt = h == Py_None || h == ctrlC || PyLong_Check(h);  // ints: SIG_DFL, SIG_IGN
+    const bool dflt = h == Py_None || h == ctrlC || PyLong_Check(h) ||  // ints: SIG_DFL, SIG_IGN
+                      (s == SIGCHLD && isDataLoaderHandler(h));
     Py_DECREF(h);
     if (!dflt) return false;
   }
