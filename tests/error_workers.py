@@ -316,6 +316,10 @@ MISMATCHES: dict[str, tuple[str, Callable[[int, bool], Any]]] = {
     "scatter-root": ("root mismatch", lambda r, odd: rr.scatter(
         np.zeros(64), src=r if odd else 0,
         x=np.full((rr.get_world_size(), 64), float(r)) if odd or r == 0 else None)),
+    # algo= per call (shared memory only): the odd rank runs shared memory, the others a
+    # tree over TCP, whose frames to it stay unread -- the heartbeats' algorithms name it.
+    "algo-shm": ("algorithm mismatch", lambda r, odd: rr.allreduce(
+        np.full(64, float(r)), algo="shm" if odd else "tree")),
     # The odd rank's empty call is a no-op: its next call meets the others' current one.
     "zero-count": ("pass an empty buffer?", lambda r, odd: rr.allreduce(
         np.ones(0 if odd else 64))),

@@ -124,7 +124,7 @@ def test_an_awaited_rank_that_dies_after_another_is_named(transport: str) -> Non
 
 MISMATCH_NAMES = [n for n in error_workers.MISMATCHES
                   if n not in ("broadcast-root", "kind", "reduce-root", "gather-root",
-                               "scatter-root", "zero-count")]
+                               "scatter-root", "zero-count", "algo-shm")]
 
 
 SEND_ONLY_MAY_RETURN = ("broadcast", "reduce-root", "gather-root", "scatter-root",
@@ -236,6 +236,17 @@ def test_scatter_roots_and_empty_calls_are_named(world: int, transport: str) -> 
     follows asks whether a rank passed an empty buffer (found by a helper)."""
     outs = run_world_raw(world, error_workers.mismatch, ["scatter-root", "zero-count"],
                          timeout=80, env=_env(transport, RINGREDUCE_TIMEOUT="4"))
+    _check_mismatch(outs, world)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_tree_against_shared_memory_is_named(world: int) -> None:
+    """algo= per call differs on the last rank: shared memory there, a tree on the others
+    (whose frames it never reads): each rank waited for the others until the timeout (the
+    stall report at 10 s saw a cycle); the heartbeats' algorithms name it within 1 s."""
+    outs = run_world_raw(world, error_workers.mismatch, ["algo-shm"], timeout=40,
+                         env=_env("shm", RINGREDUCE_TIMEOUT="4"))
     _check_mismatch(outs, world)
 
 

@@ -141,6 +141,7 @@ FrameHeader Communicator::begin(CollectiveKind kind, DataType dtype, ReduceOp op
   faultWaited_ = false;
   if (hb_) {
     hb_->setRoot(h.seq, root);
+    hb_->setAlgo(h.seq, h.algo);
     hb_->setState(h.kind, h.seq, 0);
     beganMs_ = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch())
                    .count();

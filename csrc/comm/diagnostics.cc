@@ -211,6 +211,15 @@ void Communicator::checkHeartbeats(int waitingFor) {
           peerHost(p), ") has root rank ", label(s.root), ", rank ", label(rank_),
           " has root rank ", label(curHeader_.root),
           " (every rank must pass the same src/dst to a rooted collective)"), -1, p);
+    // The same collective by another algorithm (algo= per call): over shared memory and
+    // TCP no frame is compared, and each waits for the other (named only at the timeout).
+    if (s.ageMs >= 0 && s.seq == seq_ && s.kind == static_cast<uint8_t>(curKind_) &&
+        s.algo >= 0 && s.algo != static_cast<int>(curHeader_.algo))
+      throw MismatchError(detail::concat(
+          "algorithm mismatch in ", kindName(curKind_, curHeader_.root), " #", seq_, ": rank ",
+          label(p), " (", peerHost(p), ") runs ", toString(static_cast<Algorithm>(s.algo)),
+          ", rank ", label(rank_), " runs ", toString(static_cast<Algorithm>(curHeader_.algo)),
+          " (pass the same algo= on every rank)"), -1, p);
   }
   if (opts_.heartbeatTimeoutSec <= 0) return;
   transport::PeerStatus s;

@@ -34,6 +34,8 @@ struct Datagram {
   int32_t waiting;  // the rank the sender is blocked on (-1: none)
   uint8_t kind, hasRoot, bye;  // bye: the sender's last datagram (it stopped)
   uint8_t ask;                 // the sender wants this rank's heartbeats (Heartbeat::want)
+  uint8_t algo;                // Algorithm of collective `seq` + 1 (0: not known)
+  uint8_t pad[7];              // explicit: every byte is covered by the MAC
   int32_t root;  // root of collective `seq` when hasRoot
   uint64_t seq;
   uint64_t bytes;
@@ -395,6 +397,9 @@ PeerStatus Heartbeat::status(int peer) const {
   // Only when it was sent with this very seq (the two words may come from two datagrams).
   if ((rw >> 63) && (rw & 0xffffffffu) == (s.seq & 0xffffffffu))
     s.root = static_cast<int>((rw >> 32) & 0x7fffffffu);
+  const uint64_t aw = sl.algo.load(std::memory_order_relaxed);
+  if ((aw >> 56) != 0 && (aw & ((uint64_t{1} << 56) - 1)) == s.seq)
+    s.algo = static_cast<int>(aw >> 56) - 1;
   return s;
 }
 
@@ -466,6 +471,8 @@ void Heartbeat::sendAll(bool bye, int only) {
     d.hasRoot = 1;
     d.root = static_cast<int32_t>(rw >> 32);
   }
+  const uint64_t aw = algo_.load(std::memory_order_acquire);
+  if ((aw & ((uint64_t{1} << 56) - 1)) == d.seq) d.algo = static_cast<uint8_t>(aw >> 56);
   d.bytes = bytes_.load(std::memory_order_relaxed);
   d.waiting = waiting_.load(std::memory_order_relaxed);
   {
@@ -545,6 +552,9 @@ void Heartbeat::receiveOne() {
   s.bytes.store(d.bytes, std::memory_order_relaxed);
   s.waiting.store(d.waiting, std::memory_order_relaxed);
   s.left.store(d.bye != 0, std::memory_order_relaxed);
+  s.algo.store(d.algo ? static_cast<uint64_t>(d.algo) << 56 | (d.seq & ((uint64_t{1} << 56) - 1))
+                      : 0,
+               std::memory_order_relaxed);
   s.root.store(d.hasRoot ? (static_cast<uint64_t>(static_cast<uint32_t>(d.root)) << 32) |
                                (d.seq & 0xffffffffu) | (uint64_t{1} << 63)
                          : 0,

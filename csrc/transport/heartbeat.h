@@ -48,6 +48,7 @@ struct PeerStatus {
   int waitingFor = -1;  // the rank it was blocked on (-1: none)
   int root = -1;        // root of collective `seq` (broadcast/reduce/gather/scatter; else 0),
                         // -1: not known for this seq
+  int algo = -1;        // Algorithm collective `seq` runs (its header's), -1: not known
   bool left = false;    // its last datagram said it stopped (destroy()): silence is no failure
 };
 
@@ -101,6 +102,13 @@ class Heartbeat {
   // pairs one collective's root with another's number.
   void setRoot(uint64_t seq, int root) {
     root_.store((static_cast<uint64_t>(static_cast<uint32_t>(root)) << 32) | (seq & 0xffffffffu),
+                std::memory_order_release);
+  }
+  // The algorithm collective `seq` runs (its header's), published with it as setRoot's root:
+  // ranks that run one collective with different algorithms (algo= per call: a tree on one,
+  // shared memory on another) exchange no frame to compare, and wait for each other.
+  void setAlgo(uint64_t seq, uint8_t algo) {
+    algo_.store((static_cast<uint64_t>(algo) + 1) << 56 | (seq & ((uint64_t{1} << 56) - 1)),
                 std::memory_order_release);
   }
   // The rank this one is blocked on inside the current collective (-1: none), so peers can
@@ -161,6 +169,7 @@ class Heartbeat {
     std::atomic<uint64_t> bytes{0};
     std::atomic<int> waiting{-1};
     std::atomic<uint64_t> root{0};  // root << 32 | seq's low 32 bits, as setRoot; 0: none
+    std::atomic<uint64_t> algo{0};  // (algo + 1) << 56 | seq, as setAlgo; 0: none
     std::atomic<bool> left{false};  // its last datagram was its goodbye
     std::atomic<uint64_t> proc{0};  // its process (HeartbeatHub::self there), as last heard
     // want() (the waiting thread) writes these; the hub's thread reads wantUntil.
@@ -179,6 +188,7 @@ class Heartbeat {
   size_t nslots_ = 0;
   std::atomic<uint64_t> state_{0}, bytes_{0};
   std::atomic<uint64_t> root_{0};  // setRoot
+  std::atomic<uint64_t> algo_{0};  // setAlgo
   std::atomic<uint64_t> sent_{0}, skipped_{0};
   int targets_ = 0;
   bool carrier_ = false;
