@@ -46,16 +46,17 @@ recv = _C.FastCall(3, recv, _state._RECV)
 _mark_peer_failures(PeerFailure)  # in ringreduce-run's ranks only
 # (pybind's exceptions say "Unspecified run-time error." in help())
 RingReduceError.__doc__ = (
-    "A collective, point-to-point call or group operation failed (a RuntimeError). The "
-    "communicator that raised it refuses further calls: destroy() and init() again.")
+    "A collective, point-to-point call or group operation failed (a RuntimeError). A "
+    "communicator whose collective failed refuses further calls: destroy() and init() "
+    "again.")
 PeerFailure.__doc__ = (
     "Another rank failed: .peer_rank names it (a world rank), .cause says how (closed, "
     "silent, network, aborted, left, ...), .relayed_by the rank that told this one (None: "
     "seen here).")
 CollectiveTimeout.__doc__ = (
     "A collective or message waited past its deadline (RINGREDUCE_TIMEOUT, or the group's): "
-    ".waiting_for names the rank it waited for, .relayed_by the rank that told this one. "
-    "Also a builtins.TimeoutError.")
+    ".waiting_for names the rank it waited for, .peer_rank the rank its wait chain ended at, "
+    ".relayed_by the rank that told this one. Also a builtins.TimeoutError.")
 CollectiveMismatch.__doc__ = (
     "Ranks called different collectives, or the same one with different sizes, dtypes, ops "
     "or roots: .peer_rank names the rank that disagreed.")

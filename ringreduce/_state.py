@@ -52,9 +52,10 @@ class Group:
     links: Any = None
     created: int = 0
     # World only: how many job-wide group-creation failures this rank has taken in (the
-    # generation of groups._out_of_step's key) and the groups it was left out of since.
+    # generation of groups._out_of_step's key) and the newest groups it was left out of (an
+    # ordered set: name -> None).
     out_of_step_seen: int = 0
-    left_out_of: set = field(default_factory=set)
+    left_out_of: dict = field(default_factory=dict)
     children: list = field(default_factory=list)
     p2p: dict = field(default_factory=dict)  # (lo, hi, tag) -> channels (ringreduce.p2p)
     p2p_failed: dict = field(default_factory=dict)  # (lo, hi, tag) -> why it was not made

@@ -29,7 +29,8 @@ def posted_key(store: Any, stops: list, within: float = 0.0) -> str | None:
     `within` seconds (None: none)."""
     end = time.monotonic() + within
     while True:
-        stop = next((k for k in stops if store.check([k])), None)
+        stop = next((k for k in stops if store.check([k]) and not _watch.passed_over(store, k)),
+                    None)
         if stop is not None or time.monotonic() >= end:
             return stop
         time.sleep(0.02)

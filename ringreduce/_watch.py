@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import _farewell, _state
@@ -33,11 +33,20 @@ def _pushed(local: threading.local, item: Any) -> Iterator[None]:
         local.v = prev
 
 
-def also_stop_on(key: str) -> contextlib.AbstractContextManager:
+def also_stop_on(key: str, unless: Callable[[Any], bool] | None = None
+                 ) -> contextlib.AbstractContextManager:
     """While inside: every _wait of this thread also stops when `key` (a failure posted as
-    _store_wait.fail posts it) appears. Group creation uses a job-wide key: a rank that finds the
-    groups out of step cannot know under which group's prefix the others wait."""
-    return _pushed(_ALSO, key)
+    _store_wait.fail posts it) appears -- unless `unless(store)` says it concerns another
+    rank. Group creation uses a job-wide key: a rank that finds the groups out of step
+    cannot know under which group's prefix the others wait."""
+    return _pushed(_ALSO, (key, unless))
+
+
+def passed_over(store: Any, key: str) -> bool:
+    """Whether a failure found under `key` is one this thread's waits pass over (also_stop_on's
+    `unless`)."""
+    return any(k == key and unless is not None and unless(store)
+               for k, unless in getattr(_ALSO, "v", ()))
 
 
 _WATCH = threading.local()  # watching(): (world Group, peers) whose failure stops the waits
@@ -130,7 +139,7 @@ def check_destroyed(world: Any, what: str) -> None:
 
 def also_keys() -> tuple:
     """The failure keys this thread's waits also stop on (see also_stop_on)."""
-    return getattr(_ALSO, "v", ())
+    return tuple(k for k, _ in getattr(_ALSO, "v", ()))
 
 
 def watched() -> tuple | None:

@@ -503,8 +503,8 @@ def allreduce_coalesced(xs: Sequence[Any], op: Any = "sum", algo: str = "auto",
                          f"group them by dtype")
     opc, alc = op_code(op), algo_code(algo) or g.default_algo
     _buffers.check_reduction(bufs[0], opc)
-    if g.comm is None:
-        return _finish(None, (), async_op=async_op)
+    if g.comm is None:  # (xs: get_future()'s value, as for a real collective)
+        return _finish(None, tuple(xs), async_op=async_op)
     if async_op and alc:
         _check_algo(g, alc)
     # One collective over the inputs in place (shared memory reads and writes them

@@ -18,7 +18,7 @@ import operator
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from . import (
@@ -63,7 +63,7 @@ def new_group(ranks: Sequence[int] | None = None, timeout: float | None = None) 
         prefix, name = f"{world.store_prefix}group{idx}/", f"group{idx}"
         with _in_step(world, prefix, name, members):
             if world.rank not in members:
-                world.left_out_of.add(name)
+                _note_left_out(world, name)
                 _left_out(world, prefix, members, name)
                 return None
             return _make(world, members, prefix, name, secs)
@@ -417,7 +417,8 @@ def _make(world: Group, members: list[int], prefix: str, name: str,
         return _register(world, _agreed_single(world, store, members, prefix, name,
                                                out_of_step, None if p2p else timeout))
     # A channel's key follows from its ranks and tag, not from the order of group creations.
-    stop_on = contextlib.nullcontext() if p2p else _watch.also_stop_on(out_of_step + "failed")
+    stop_on = contextlib.nullcontext() if p2p else _watch.also_stop_on(
+        out_of_step + "failed", unless=_passes_over(world, out_of_step))
     with _store_keys.journal(prefix), stop_on, \
             _watch.watching(world, [m for m in members if m != world.rank]), \
             _interrupts_told(world, store, prefix, name), \
@@ -487,55 +488,101 @@ _STEP_LOCK = threading.Lock()  # out_of_step_seen: splits of different parents m
 @contextlib.contextmanager
 def _in_step(world: Group, prefix: str, name: str, members: list[int]) -> Iterator[None]:
     """Around a group's creation (`name`, under `prefix`, of world ranks `members`). Before
-    it: a member the world knows failed fails it at once, before any store call (the store
-    may have gone with it); a job-wide failure this rank has not taken in -- posted while it
-    was not creating a group -- fails it too (posted under `prefix` for its members), unless
-    this rank was left out of the group that failed (it has nothing to catch up on). After a
-    failed creation: the job-wide failure posted by then is taken in (a mismatch is posted
-    there before under its group)."""
-    if world.rank in members:
-        try:
-            _watch.probe(world, [m for m in members if m != world.rank], f"creating {name}",
-                         named_only=True)
-        except Exception as e:
-            # One that left normally may have said why under the group's prefix (_left_out):
-            # the creation's waits read it.
-            if getattr(e, "cause", None) != "left":
-                raise
+    it: a member the world knows failed fails it at once (_refuse_lost); each job-wide
+    failure this rank has not taken in -- posted while it was not creating a group -- fails
+    it too (posted under `prefix` for its members), unless this rank was left out of the
+    group that failed (it has nothing to catch up on). After a failed creation: the job-wide
+    failure posted by then is taken in (a mismatch is posted there before under its group)."""
+    others = [m for m in members if m != world.rank]
     store = world.store
-    key = _out_of_step(world)
-    if store is not None:  # (watching: a store gone with rank 0 is named as _make names it)
-        with _watch.watching(world, [m for m in members if m != world.rank]), \
-                _rendezvous.store_used(world.rank, f"creating {name}", store,
-                                       _setup_secs(world, None)):
-            if _store_keys.peek(store, key + "failed") is not None:
-                got = _store_keys.peek(store, key + "group")
-                where = None if got is None else got.decode()
-                if where != name:  # (this very creation's failure: met in its own waits)
+    member = world.rank in members
+    # A member's Ctrl-C, or a thread it cannot start (the store's watchdog), is posted for
+    # the others, as in the creation itself (found by the CI: the members waited 6 s).
+    with _interrupts_told(world, store, prefix, name) if member and store is not None \
+            else contextlib.nullcontext():
+        if member:
+            _refuse_lost(world, prefix, name, others)
+        if store is not None:  # (watching: a store gone with rank 0 is named as _make names it)
+            with _watch.watching(world, others), _rendezvous.store_used(
+                    world.rank, f"creating {name}", store, _setup_secs(world, None)):
+                while True:
+                    key = _out_of_step(world)
+                    where = _failed_group(store, key)
+                    if where is None or where == name:  # (this creation's own: in its waits)
+                        break
                     left_out = where in world.left_out_of
-                    _took_in(world, key)
+                    _took_in(world, key, where)
                     if not left_out:
                         _store_wait.raise_posted(store, [key + "failed"], world.rank,
                                                  f"creating {name}", post_under=prefix)
     try:
         yield
     except BaseException:
-        # (the store may be what failed: no C++ trace from torch then; and the creation's
-        # own error is the one to raise)
+        # (the store may be what failed: no C++ trace from torch then, and a short bound;
+        # the creation's own error is the one to raise)
         with contextlib.suppress(Exception):
             if store is not None and not _procnet.server_closed(store):
-                with _store_guard.deadline(store, _setup_secs(world, None)):
-                    if _store_keys.peek(store, key + "failed") is not None:
-                        _took_in(world, key)
+                with _store_guard.deadline(store, 5.0):
+                    key = _out_of_step(world)
+                    where = _failed_group(store, key)
+                    if where is not None:
+                        _took_in(world, key, where)
         raise
 
 
-def _took_in(world: Group, key: str) -> None:
-    """This rank has taken in the job-wide failure under `key` (_out_of_step)."""
+def _refuse_lost(world: Group, prefix: str, name: str, others: list[int]) -> None:
+    """A member the world knows failed (dead, aborted) fails the creation at once, before any
+    store call -- posted under `prefix` (best effort) for the members that do not know yet.
+    One that left normally may have said why under the prefix (_left_out): the creation's
+    waits read it."""
+    try:
+        _watch.probe(world, others, f"creating {name}", named_only=True)
+    except Exception as e:
+        if getattr(e, "cause", None) == "left":
+            return
+        if world.store is not None:
+            _store_wait.fail_bounded(world.store, prefix, e, world.rank)
+        raise
+
+
+def _failed_group(store: Any, key: str) -> str | None:
+    """The group whose creation failed, posted under the job-wide `key` (_out_of_step):
+    None if none was ("" if its name is missing)."""
+    if _store_keys.peek(store, key + "failed") is None:
+        return None
+    got = _store_keys.peek(store, key + "group")
+    return "" if got is None else got.decode()
+
+
+def _passes_over(world: Group, key: str) -> Callable[[Any], bool]:
+    """also_stop_on's `unless` for the job-wide `key`: a failure of a group this rank was left
+    out of -- it went on to its next creation while that group's members found out (found by
+    a review: it failed the next group alone, and its members waited for it)."""
+    seen: list = []
+
+    def unless(store: Any) -> bool:
+        if not seen:
+            seen.append(_failed_group(store, key) in world.left_out_of)
+        return seen[0]
+    return unless
+
+
+_LEFT_OUT_KEPT = 256  # the newest groups a rank was left out of, remembered for the above
+
+
+def _note_left_out(world: Group, name: str) -> None:
+    world.left_out_of[name] = None
+    while len(world.left_out_of) > _LEFT_OUT_KEPT:
+        del world.left_out_of[next(iter(world.left_out_of))]
+
+
+def _took_in(world: Group, key: str, where: str) -> None:
+    """This rank has taken in the job-wide failure under `key` (_out_of_step), of group
+    `where`."""
     with _STEP_LOCK:
         if _out_of_step(world) == key:
             world.out_of_step_seen += 1
-            world.left_out_of.clear()
+            world.left_out_of.pop(where, None)
 
 
 def _fail_group(store: Any, prefix: str, out_of_step: str, err: Exception,

@@ -617,8 +617,9 @@ def _supervise(job: _Job, grace: float) -> int:
         # The others: each on its own, or on the PeerFailure a peer's failure caused (it
         # said "failed on their own" of those too: found by a helper).
         also = "; ".join(f"rank {r} {_describe(c)}" + (
-            f", its PeerFailure naming rank {reported[r]}" if reported.get(r) is not None
-            else " on its own") for r, c in failed if r != rank)
+            " on its own" if r not in reported else ", on a PeerFailure" + (
+                "" if reported[r] is None else f" naming rank {reported[r]}"))
+            for r, c in failed if r != rank)
         also = f" (also: {also})" if also else ""
         print(f"{PROG}: rank {rank} (pid {job.procs[rank].pid}) {_describe(code)}{also}; "
               f"{others}", file=sys.stderr, flush=True)

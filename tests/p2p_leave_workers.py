@@ -282,3 +282,29 @@ def survivors_after_death(rank: int, world: int) -> dict:
         except rr.PeerFailure as e:
             out[what] = (e.peer_rank, round(time.monotonic() - t, 2))
     return out
+
+
+def unreceived_send(rank: int, world: int, linger: float) -> dict:
+    """Rank 0's first message on tag 9 returns at once, but rank 1 never receives it: rank
+    0's destroy() waits for it (RINGREDUCE_TIMEOUT) while rank 1 lives on (`linger` s),
+    warning which send it waits for, and the send's failure is logged; once rank 1 has left
+    the job (linger 0), at once -- or the send is refused, if rank 0 knows by then."""
+    import logging
+
+    records: list = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("ringreduce").addHandler(handler)
+    t0 = time.monotonic()
+    refused = None
+    if rank == 0:
+        try:
+            rr.send(np.ones(3), 1, tag=9)
+        except rr.PeerFailure as e:
+            refused = (e.peer_rank, e.cause)
+    returned = time.monotonic() - t0
+    if rank == 1:
+        time.sleep(linger)
+    rr.destroy()
+    return {"returned": returned, "destroyed": time.monotonic() - t0, "refused": refused,
+            "logs": [r.getMessage() for r in records]}

@@ -283,28 +283,6 @@ def fresh_tag_order(rank: int, world: int, tags: int) -> list:
     return fails
 
 
-def unreceived_send(rank: int, world: int, linger: float) -> dict:
-    """Rank 0's first message on tag 9 returns at once, but rank 1 never receives it: rank
-    0's destroy() waits for it (RINGREDUCE_TIMEOUT) while rank 1 lives on (`linger` s),
-    warning which send it waits for, and the send's failure is logged; once rank 1 has left
-    the job (linger 0), at once."""
-    import logging
-
-    records: list = []
-    handler = logging.Handler()
-    handler.emit = records.append  # type: ignore[method-assign]
-    logging.getLogger("ringreduce").addHandler(handler)
-    t0 = time.monotonic()
-    if rank == 0:
-        rr.send(np.ones(3), 1, tag=9)
-    returned = time.monotonic() - t0
-    if rank == 1:
-        time.sleep(linger)
-    rr.destroy()
-    return {"returned": returned, "destroyed": time.monotonic() - t0,
-            "logs": [r.getMessage() for r in records]}
-
-
 def torch_p2p(rank: int, world: int) -> list:
     """Stock torch point-to-point on the ringreduce backend: dist.send/recv, isend/irecv and
     batch_isend_irecv (a ring exchange), in the world and in a subgroup."""

@@ -36,8 +36,9 @@ def test_new_group_mismatch_is_named(odd: tuple) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_groups_made_in_step_after_a_mismatch_work() -> None:
-    outs = run_world(4, "group_workers:retry_after_mismatch", timeout=90,
+@pytest.mark.parametrize("barrier", [True, False])
+def test_groups_made_in_step_after_a_mismatch_work(barrier: bool) -> None:
+    outs = run_world(4, "group_workers:retry_after_mismatch", barrier, timeout=90,
                      env={"RINGREDUCE_CONNECT_TIMEOUT": "30"})
     for r in (0, 1):
         assert outs[r]["first"].startswith("ValueError"), f"rank {r}: {outs[r]}"

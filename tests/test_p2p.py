@@ -221,10 +221,14 @@ def test_a_call_stopped_by_destroy_after_a_failure_says_why(transport: str) -> N
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("linger", [6.0, 0.0])
 def test_destroy_waits_for_an_early_returned_send_and_says_so(linger: float) -> None:
-    outs = run_world(2, "p2p_workers:unreceived_send", linger, timeout=60,
+    outs = run_world(2, "p2p_leave_workers:unreceived_send", linger, timeout=60,
                      env={"RINGREDUCE_TIMEOUT": "4"})
     sender = outs[0]
     assert sender["returned"] < 1.0, outs
+    if not linger and sender["refused"] is not None:  # rank 1 had left before the send
+        assert sender["refused"] == (1, "left"), outs
+        return
+    assert sender["refused"] is None, outs
     logs = "\n".join(sender["logs"])
     assert "a send to rank 1 on tag 9, which returned before rank 1 posted" in logs, logs
     if linger:  # the receiver may still post: wait for it, as long as any wait

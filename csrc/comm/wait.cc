@@ -303,7 +303,7 @@ void Communicator::sendRecv(int sendPeer, SendOp* s, int recvPeer, RecvOp* r) {
     if (!sDone && progressSend(sendPeer, *s)) sDone = progressed = true;
     if (!rDone && conn(recvPeer).progressRecv(*r)) {
       rDone = progressed = true;
-      bytesDone_ += r->len;
+      addBytesDone(r->len);  // heartbeats say so too: a peer waiting for this rank sees it move
     }
     if (!progressed && (!sDone || !rDone)) waitIo(sDone ? -1 : sendPeer, rDone ? -1 : recvPeer);
   }
