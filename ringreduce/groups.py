@@ -155,7 +155,8 @@ def _split(parent: Group, color: int | None, key: int) -> Group | None:
     same = sorted((int(k), r) for r, (has, c, k) in enumerate(allv.tolist())
                   if has and c == color)
     members = [parent.ranks[r] for _, r in same]
-    prefix, name = f"{parent.store_prefix}split{idx}/c{int(color)}/", f"{parent.name}/split{idx}:{int(color)}"
+    prefix = f"{parent.store_prefix}split{idx}/c{int(color)}/"
+    name = f"{parent.name}/split{idx}:{int(color)}"
     with _in_step(_root(), prefix, name, members):
         return _make(_root(), members, prefix, name)
 
@@ -512,9 +513,10 @@ def _in_step(world: Group, prefix: str, name: str, members: list[int]) -> Iterat
                         break
                     left_out = where in world.left_out_of
                     _took_in(world, key, where)
-                    if not left_out:
+                    if not left_out:  # (posted for the members: none waits for the others)
                         _store_wait.raise_posted(store, [key + "failed"], world.rank,
-                                                 f"creating {name}", post_under=prefix)
+                                                 f"creating {name}",
+                                                 post_under=prefix if member else "")
     try:
         yield
     except BaseException:
