@@ -79,8 +79,10 @@ def probe(world: Any, peers: Any, what: str, any_of: bool = False,
     """Raise if one of `peers` is known to be gone (see watching) -- unless any_of (a
     receive from any of them), also when it left the job (said goodbye: it will never
     come) -- or the world was destroyed meanwhile. named_only: only when the world's failure
-    names one of `peers` (not when one of them merely relayed another rank's: the two may
-    still talk on their own channels and groups). any_of asks the ones outside a sparse
+    names one of `peers` as dead (its connection closed; not one found silent, which may
+    resume, nor one that relayed another rank's loss, aborted, or left: it may be alive,
+    and the two may still talk on their own channels and groups). any_of asks the ones
+    outside a sparse
     world's overlay for heartbeats (see Communicator::probePeers) and returns one of them
     that left the job normally -- its goodbye seen, or found gone with its sign in the store
     (_farewell.say_left) -- for the caller to pass over, else None."""
@@ -103,7 +105,9 @@ def probe(world: Any, peers: Any, what: str, any_of: bool = False,
             # Found gone by the world itself (no call of the world failed): destroy's
             # farewell says its goodbye for it, not waiting for one that never comes.
             world.note_child_failure(int(p))
-        if p not in peers and (named_only or p is not None and via not in peers):
+        if named_only and (p not in peers or cause != "closed"):
+            return None  # maybe alive (silent: may resume), or not one this call needs
+        if p is not None and p not in peers and via not in peers:
             return None  # not one this wait needs: the calls that need it report it
         err = PeerFailure(f"rank {world.rank} stopped waiting for {what}: {e}")
         err.peer_rank, err.cause = p, getattr(e, "cause", None)  # type: ignore[attr-defined]

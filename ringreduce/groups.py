@@ -533,15 +533,13 @@ def _in_step(world: Group, prefix: str, name: str, members: list[int]) -> Iterat
 
 
 def _refuse_lost(world: Group, prefix: str, name: str, others: list[int]) -> None:
-    """A member the world knows failed (dead, aborted) fails the creation at once, before any
-    store call -- posted under `prefix` (best effort) for the members that do not know yet.
-    One that left normally may have said why under the prefix (_left_out): the creation's
-    waits read it."""
+    """A member the world knows dead (closed) fails the creation at once, before
+    any store call -- posted under `prefix` (best effort) for the members that do not know
+    yet. (One that left normally may have said why under the prefix, _left_out: the
+    creation's waits read it; one that only aborted its world may be alive: CI.)"""
     try:
         _watch.probe(world, others, f"creating {name}", named_only=True)
     except Exception as e:
-        if getattr(e, "cause", None) == "left":
-            return
         if world.store is not None:
             _store_wait.fail_bounded(world.store, prefix, e, world.rank)
         raise

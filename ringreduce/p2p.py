@@ -175,8 +175,8 @@ def _post(x: Any, peer: int, tag: int, group: Any, what: str, sending: bool,
     # The channel is being made (or posts still wait for it): bad input fails now, before
     # the first connect (broadcast checks it later); then queue in turn.
     buf = _buffers.as_buffer(x, f"{what}(x)", writable=not sending)
-    # A peer the world knows failed (or left) fails the call here, before a send returns
-    # early: else only a log line said so, later (found by a helper: after rank 0's abort).
+    # A peer the world knows dead (closed) fails the call here, before a send
+    # returns early: else only a log line said so, later (found by a helper).
     _watch.probe(world, [peer], f"{what} {'to' if sending else 'from'} rank {peer} on tag {tag}",
                  named_only=True)
     eager = sending and (eager or not async_op) and _nbytes(buf.obj) <= EAGER_MAX

@@ -707,4 +707,7 @@ def test_ranks_running_different_algorithms_are_told_so() -> None:
                          env=_env("shm", RINGREDUCE_TIMEOUT="5"))
     said = [o.value for o in outs]
     assert all(v is not None and v["type"] is not None for v in said), said
-    assert any("likely causes: ranks running different algorithms" in v["msg"] for v in said), said
+    # Named by the heartbeats' algorithms within a second (it was the timeout's wait chain,
+    # "likely causes: ranks running different algorithms", at 5 s).
+    assert any("algorithm mismatch" in v["msg"] for v in said), said
+    assert all(v["elapsed"] < 3 for v in said), said

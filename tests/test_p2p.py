@@ -226,7 +226,7 @@ def test_destroy_waits_for_an_early_returned_send_and_says_so(linger: float) -> 
     sender = outs[0]
     assert sender["returned"] < 1.0, outs
     if not linger and sender["refused"] is not None:  # rank 1 had left before the send
-        assert sender["refused"] == (1, "left"), outs
+        assert sender["refused"] == [1, "left"], outs
         return
     assert sender["refused"] is None, outs
     logs = "\n".join(sender["logs"])

@@ -207,10 +207,11 @@ void Communicator::throwLeftAnyOf(int p) {
 }
 
 void Communicator::probePeers(const std::vector<int>& waitedFor, bool anyOf) {
-  // This communicator's failure named a rank this wait needs (dead, closed, aborted): it is
-  // known gone, though over TCP its connection closed with the failure and no probe would
-  // see it again (found by a helper: a send to it on a new tag returned, failing later).
-  if (poisoned() && failedPeer_ >= 0)
+  // This communicator's failure named a rank this wait needs as closed (its process died):
+  // it is known gone, though over TCP its connection closed with the failure and no probe
+  // would see it again (found by a helper: a send to it on a new tag returned, failing
+  // later). Not one found silent: it may resume (a stopped host: the CI).
+  if (poisoned() && failedPeer_ >= 0 && failedCause_ == PeerCause::kClosed)
     for (int p : waitedFor)
       if (p >= 0 && p < world_ && label(p) == failedPeer_) checkUsable();  // PeerError
   // A failed rank this wait does not need must not hide one it does: each pass throws the
