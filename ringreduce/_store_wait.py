@@ -46,11 +46,9 @@ def raise_posted(store: Any, stops: list, rank: int, what: str, post_under: str 
     # cycle (error -> traceback -> frame -> error) that keeps every frame's locals -- a
     # failed group's listener and store connection -- until the cyclic GC runs (found
     # by a helper: 3 sockets per failed new_group() after destroy()).
-    if not post_under:
-        raise posted_error(store.get(stop).decode(), rank, what)
     err = posted_error(store.get(stop).decode(), rank, what)
     try:
-        raise fail(store, post_under, err)
+        raise fail(store, post_under, err) if post_under else err
     finally:
         del err
 
