@@ -73,6 +73,16 @@ def _key(src: Path, torch: Any) -> str:
     return h.hexdigest()[:16]
 
 
+def _cxx_std(cpp_extension: Any) -> str:
+    """The C++ standard torch's headers ask for: C++20 from torch 2.14 (ATen.h refuses
+    less), C++17 before (what the adapter was first built with)."""
+    for d in cpp_extension.include_paths():
+        aten = Path(d) / "ATen" / "ATen.h"
+        if aten.is_file():
+            return "c++20" if "202002L" in aten.read_text(errors="replace") else "c++17"
+    return "c++17"
+
+
 def _compile(src: Path, out: Path, name: str, torch: Any) -> None:
     from torch.utils import cpp_extension
 
@@ -80,7 +90,8 @@ def _compile(src: Path, out: Path, name: str, torch: Any) -> None:
     if cxx is None:
         raise FileNotFoundError("no C++ compiler (c++ or g++) on PATH; install g++")
     abi = int(bool(torch._C._GLIBCXX_USE_CXX11_ABI))
-    cmd = [cxx, "-shared", "-fPIC", "-O2", "-std=c++17", "-fvisibility=hidden", "-w",
+    cmd = [cxx, "-shared", "-fPIC", "-O2", f"-std={_cxx_std(cpp_extension)}",
+           "-fvisibility=hidden", "-w",
            f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-DTORCH_EXTENSION_NAME={name}",
            "-DTORCH_API_INCLUDE_EXTENSION_H", f'-DRR_TORCH_VERSION="{torch.__version__}"',
            f"-I{sysconfig.get_paths()['include']}", f"-I{src.parent}"]

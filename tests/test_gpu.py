@@ -292,10 +292,11 @@ def test_nccl_loads_from_wheel_when_installed():
         pytest.skip("no nvidia-nccl wheel or system libnccl.so.2 installed")
     r = _py("""
         import ringreduce.gpu as g
+        from ringreduce.gpu import arrays
         info = g.load_nccl()
         assert info == g.load_nccl()          # loaded once, cached
         print(info["version_code"], info["version"], info["nonblocking_init"])
-        uid = g._gpu.nccl_unique_id()         # needs no GPU: bootstrap address only
+        uid = arrays._gpu.nccl_unique_id()       # needs no GPU: bootstrap address only
         print(len(uid))
     """, env={"RINGREDUCE_NCCL_PATH": ""})
     assert r.returncode == 0, r.stdout + r.stderr

@@ -17,7 +17,11 @@
 // torch crashes, so the build records the torch version it saw and the loader refuses a
 // mismatch (TORCH_BUILD_VERSION below).
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#if __has_include(<torch/csrc/distributed/c10d/py/PyProcessGroup.hpp>)  // torch >= 2.14
+#include <torch/csrc/distributed/c10d/py/PyProcessGroup.hpp>
+#else
 #include <torch/csrc/distributed/c10d/PyProcessGroup.hpp>
+#endif
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/autograd/python_variable.h>
