@@ -29,7 +29,7 @@ from ._work import Work, _finish
 
 log = logging.getLogger("ringreduce")
 
-_LEVELS = {"OFF": 0, "": 1, "WARN": 1, "INFO": 2, "DEBUG": 3, "TRACE": 4}
+_LEVELS = {"OFF": 0, "WARN": 1, "INFO": 2, "DEBUG": 3, "TRACE": 4}
 
 
 def init(rank: int | None = None, world_size: int | None = None, *,
@@ -149,7 +149,7 @@ def _settings(timeout: float | None) -> tuple:
     from . import _C
 
     tun = _env.tunables()
-    level = _LEVELS.get((tun.debug or "").upper(), 1)
+    level = _LEVELS[tun.debug]
     _C.set_log_level(level)
     _configure_logging(level)
     options = _env.core_options(tun)  # what the core reads (csrc/core/tunables.def)

@@ -265,7 +265,7 @@ def test_tunable_defaults() -> None:
     t = env_mod.tunables({})
     assert (t.timeout, t.connect_timeout, t.segment_bytes) == (600.0, 120.0, 524288)
     assert (t.transport, t.algo, t.debug, t.checksum, t.use_agent_store) == (
-        "auto", "auto", "", False, False)
+        "auto", "auto", "WARN", False, False)
     assert t.socket_ifname is t.secret is t.tree_threshold_bytes is None
     assert t.tuning_file is t.trace is None
 
@@ -303,7 +303,7 @@ def test_tunable_bools(raw: str, value: bool) -> None:
 def test_empty_values_mean_default() -> None:
     t = env_mod.tunables({"RINGREDUCE_TIMEOUT": "", "RINGREDUCE_ALGO": " ",
                           "RINGREDUCE_SOCKET_IFNAME": "", "RINGREDUCE_DEBUG": ""})
-    assert (t.timeout, t.algo, t.socket_ifname, t.debug) == (600.0, "auto", None, "")
+    assert (t.timeout, t.algo, t.socket_ifname, t.debug) == (600.0, "auto", None, "WARN")
 
 
 @pytest.mark.timeout(60)

@@ -192,8 +192,7 @@ def _field(row: Mapping[str, Any]) -> tuple[str, Any, Any]:
     if not row["core"] and default is not None:  # Python's rows give the variable's text
         default = parse(row["env"], default)
     meta = {"env": row["env"], "parse": parse, "doc": row["doc"], "core": row["core"],
-            "kind": _FAULT_FORMAT if kind == "fault" else row["shown"],
-            "empty": kind != "choice_upper"}  # RINGREDUCE_DEBUG='' means the default (WARN)
+            "kind": _FAULT_FORMAT if kind == "fault" else row["shown"]}
     return (row["name"], Any, dataclasses.field(default=default, metadata=meta,
                                                  repr=kind != "secret"))
 
@@ -215,8 +214,7 @@ def core_options(t: Any) -> dict[str, Any]:
 def tunables(env: Mapping[str, str] | None = None) -> Tunables:
     """Read every tunable from ``env`` (default ``os.environ``).
 
-    Unset variables (and empty ones, except RINGREDUCE_DEBUG where '' means WARN, its default) take
-    their defaults. Raises ValueError naming the variable, the bad value and what is allowed.
+    Unset variables (and empty ones) take their defaults. Raises ValueError naming the variable, the bad value and what is allowed.
     """
     env = os.environ if env is None else env
     _warn_unknown(env)
@@ -275,10 +273,9 @@ def _warn_unknown(env: Mapping[str, str]) -> None:
 
 
 def _given(f: dataclasses.Field, env: Mapping[str, str]) -> str | None:
-    """The raw value the environment gives tunable field `f`; None: unset, or empty where
-    empty means unset."""
+    """The raw value the environment gives tunable field `f`; None: unset or empty."""
     raw = env.get(f.metadata["env"])
-    return None if raw is None or (raw.strip() == "" and f.metadata["empty"]) else raw
+    return None if raw is None or raw.strip() == "" else raw
 
 
 def is_set(name: str, env: Mapping[str, str] | None = None) -> bool:
