@@ -316,6 +316,33 @@ def test_a_slow_link_moving_data_is_no_stall(cluster_factory) -> None:
         assert not stall, f"rank {o.rank}: {stall[:2]}"
 
 
+@pytest.mark.timeout(150)
+@pytest.mark.skipif(tc_unavailable() is not None, reason=tc_unavailable() or "")
+def test_a_stall_after_data_moved_says_for_how_long_nothing_has(cluster_factory) -> None:
+    """The same slow link, then cut: the all-reduce in flight had moved data, so its stall
+    report says how long nothing has moved, not only how long the collective has waited
+    (which counts the seconds its data was moving)."""
+    c = cluster_factory(2)
+    env = {"RINGREDUCE_CONNECT_TIMEOUT": "30", "RINGREDUCE_STALL_WARN": "1",
+           "RINGREDUCE_HEARTBEAT_TIMEOUT": "4"}
+
+    def throttle_then_cut() -> None:
+        c.shape(1, "8mbit", burst="32kb", latency="50ms", inbound=False)
+        time.sleep(2.5)
+        c.link(1, "down")
+
+    outs, _ = _run_with_link_event(c, 2, 1, 1 << 20, 30, env, throttle_then_cut)
+    for o in outs:
+        assert o.has_result and o.value["type"] == "PeerFailure", o.describe()
+        stall = [ln for ln in o.stderr.splitlines() if "stall:" in ln]
+        assert len(stall) == 1, f"rank {o.rank}: {stall}"
+        m = re.search(r"has waited ([\d.]+) s in allreduce #\d+ \(\w+, ([\d.]+) MiB received.*"
+                      r"; no data moved for ([\d.]+) s", stall[0])
+        assert m, stall[0]
+        waited, got, idle = (float(v) for v in m.groups())
+        assert got > 0 and 1 <= idle < waited, stall[0]
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(tc_unavailable() is not None, reason=tc_unavailable() or "")
 def test_a_rank_aborting_mid_frame_is_named_with_its_reason(cluster_factory) -> None:

@@ -463,7 +463,7 @@ class Communicator {
   bool faultWaited_ = false;  // the current collective has waited (FaultPlan kMid)
   uint32_t site_ = 0;
   std::string siteText_;      // siteName(site_): " called from train.py:57" or 
-  void reportStall(int64_t waitedMs, int waitingFor);
+  void reportStall(int64_t waitedMs, int64_t idleMs, int waitingFor);
   // "; ... ranks not in this collective yet: rank 2 (idle after collective #4; ...)"
   std::string behindSummary(int exclude = -1);
   // "; wait chain: rank 0 -> rank 2 -> rank 1 (...)": follow the peers' heartbeats from

@@ -142,7 +142,7 @@ std::string Communicator::behindSummary(int exclude) {
   return behind.empty() ? "" : "; by their heartbeats, ranks not in this collective yet: " + behind;
 }
 
-void Communicator::reportStall(int64_t waitedMs, int waitingFor) {
+void Communicator::reportStall(int64_t waitedMs, int64_t idleMs, int waitingFor) {
   // Who is behind? Heartbeats carry every peer's collective sequence number and call site.
   std::string behind, ahead;
   int nAhead = 0;
@@ -165,8 +165,13 @@ void Communicator::reportStall(int64_t waitedMs, int waitingFor) {
     here = detail::concat("; others (", nAhead ? (nAhead == 1 ? "rank " : "ranks ") + ahead + " and "
                                                : std::string(),
                           "this rank) at ", kindName(curKind_, curHeader_.root), " #", seq_);
+  // Reported once nothing moved for RINGREDUCE_STALL_WARN: a collective that had moved data
+  // says for how long nothing has (its wait is longer than its stall).
+  std::string idle;
+  if (bytesDone_ > 0 || waitedMs - idleMs >= 1000)
+    idle = detail::concat("; no data moved for ", idleMs / 1000.0, " s");
   RR_WARN("stall: rank ", label(rank_), " has waited ", waitedMs / 1000.0, " s in ", describeCurrent(),
-          "; ", behind.empty() ? std::string("no rank reports being behind") : behind, here, chain,
+          idle, "; ", behind.empty() ? std::string("no rank reports being behind") : behind, here, chain,
           " (a rank stuck in user code, or one that skipped this collective?)");
 }
 
@@ -188,7 +193,7 @@ void Communicator::checkHeartbeats(int waitingFor) {
   if (!stallReported_ && opts_.stallWarnSec > 0 && beganMs_ > 0 &&
       now - std::max(beganMs_, movedMs_) > static_cast<int64_t>(opts_.stallWarnSec * 1000)) {
     stallReported_ = true;
-    reportStall(now - beganMs_, waitingFor);
+    reportStall(now - beganMs_, now - std::max(beganMs_, movedMs_), waitingFor);
   }
   // A peer whose heartbeat shows it in this very collective number but a different
   // collective has issued the collectives in another order: no data need ever cross for
