@@ -360,8 +360,8 @@ def report(args: argparse.Namespace, world: int, nparams: int, nbuckets: int,
                                        checked["max_abs_diff_vs_torch_gloo"].items()))
     if args.json:
         from ringreduce.bench.machine import describe
-
-        with open(args.json, "w") as f:
+        from ringreduce.bench.outfile import replacing  # whole file or none
+        with replacing(args.json) as f:
             json.dump({"command": "python bench/ddp_step.py " + " ".join(sys.argv[1:]),
                        "machine": describe(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                        "check": checked, "method": "medians per rank; per mode the slowest "

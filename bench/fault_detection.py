@@ -197,7 +197,8 @@ def main(argv: list | None = None) -> int:
                   f"named rank {VICTIM}: {s['named_victim']}/{s['survivors']}  "
                   f"wrong results: {s['wrong_results']}", flush=True)
     if a.json:
-        with open(a.json, "w") as f:
+        from ringreduce.bench.outfile import replacing  # whole file or none
+        with replacing(a.json) as f:
             json.dump({"command": "python bench/fault_detection.py " + " ".join(argv or sys.argv[1:]),
                        "machine": describe(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                        "check": "every all-reduce result checked (wrong_results)",

@@ -163,7 +163,8 @@ def main() -> None:
     res = {"machine": describe(), "create": create, "allreduce": speed,
            "checked": True, "iters": a.iters, "repeat": a.repeat}
     if a.json:
-        with open(a.json, "w") as f:
+        from ringreduce.bench.outfile import replacing  # whole file or none
+        with replacing(a.json) as f:
             json.dump(res, f, indent=1)
     if a.plot:
         fig, ax = _local.axes()

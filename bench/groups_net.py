@@ -136,7 +136,8 @@ def report(res: dict, a: argparse.Namespace) -> None:
                 "commit": machine.get("ringreduce_commit", ""), "command": " ".join(sys.argv)})
     print("creation:", json.dumps(res["create"]), flush=True)
     if a.json:
-        with open(a.json, "w") as f:
+        from ringreduce.bench.outfile import replacing  # whole file or none
+        with replacing(a.json) as f:
             json.dump(res, f, indent=1)
     if a.plot:
         fig, ax = _local.axes()

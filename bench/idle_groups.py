@@ -110,7 +110,8 @@ def main() -> None:
     res = {"machine": describe(), "rows": rows, "idle_s": a.idle, "repeat": a.repeat,
            "checked": True}
     if a.json:
-        with open(a.json, "w") as f:
+        from ringreduce.bench.outfile import replacing  # whole file or none
+        with replacing(a.json) as f:
             json.dump(res, f, indent=1)
     _plot(rows, a)
 

@@ -135,7 +135,8 @@ def main() -> None:
             print(f"{n:>5} {c:>10} {rr_t * 1e6:>9.2f}us {mpi_t * 1e6:>7.2f}us "
                   f"{rr_t / mpi_t:>7.2f}")
     if a.json:
-        with open(a.json, "w") as f:
+        from ringreduce.bench.outfile import replacing  # whole file or none
+        with replacing(a.json) as f:
             json.dump({"machine": describe(), "results": res, "launches": runs,
                        "checked": True, "iters": a.iters, "batches": a.batches,
                        "warmup": a.warmup}, f, indent=1)

@@ -138,7 +138,8 @@ def main(argv: list[str]) -> int:
         "points": [{"algo": a, "bytes": s, "fastest_us": t} for (a, s), t in zip(sizes, best)],
         "all_runs": runs,
     }
-    with open(args.out, "w") as f:
+    from ringreduce.bench.outfile import replacing  # whole file or none
+    with replacing(args.out) as f:
         json.dump(out, f, indent=1)
         f.write("\n")
     print(f"# wrote {args.out}: alpha_us = {out['alpha_us']}, "

@@ -91,7 +91,8 @@ def main() -> int:
     print(f"median |error| {med:.1%} over {len(points)} points (bar {BAR:.0%}), "
           f"max {res['max_abs_error']:.1%}")
     if a.json:
-        with open(a.json, "w") as f:
+        from ringreduce.bench.outfile import replacing  # whole file or none
+        with replacing(a.json) as f:
             json.dump(res, f, indent=1)
     if a.plot:
         import matplotlib

@@ -143,7 +143,8 @@ def main() -> None:
     print(f"8 B round trip, ringreduce shm / Open MPI: {ratios['rtt_vs_mpi']}; 64 MiB one-way "
           f"ringreduce shm / gloo: {ratios['oneway_vs_gloo']:.2f}x")
     if a.json:
-        with open(a.json, "w") as f:
+        from ringreduce.bench.outfile import replacing  # whole file or none
+        with replacing(a.json) as f:
             json.dump({"machine": describe(), "results": res, "ratios": ratios,
                        "checked": True, "iters": a.iters, "repeat": a.repeat}, f, indent=1)
     if a.plot:

@@ -64,7 +64,8 @@ def main() -> int:
     print(f"pick = fastest at {res['picked_fastest']} of {len(points)} sizes; regret median "
           f"{res['median_regret']:.2f}x, max {res['max_regret']:.2f}x")
     if a.json:
-        with open(a.json, "w") as f:
+        from ringreduce.bench.outfile import replacing  # whole file or none
+        with replacing(a.json) as f:
             json.dump(res, f, indent=1)
     return 0
 

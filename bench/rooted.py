@@ -194,7 +194,8 @@ def main() -> None:
             print(f"{n} ranks {t} time / TCP floor: " +
                   ", ".join(f"{op} {x:.2f}" for op, x in v.items()))
     if a.json:
-        with open(a.json, "w") as f:
+        from ringreduce.bench.outfile import replacing  # whole file or none
+        with replacing(a.json) as f:
             json.dump({"machine": describe(), "ms": res, "speedup_vs_gloo": ratios,
                        "time_over_tcp_floor": floor,
                        "launches_ms": launches, "checked": True, "iters": a.iters,
