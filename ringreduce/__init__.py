@@ -12,7 +12,23 @@ DistributedDataParallel wrapper (ringreduce.ddp) and a torch.distributed backend
     rr.destroy()
 """
 
-from . import _C, _state
+try:
+    from . import _C
+except ImportError as _e:  # a source folder built for another Python, or not built
+    import os as _os
+    import sys as _sys
+    import sysconfig as _sysconfig
+
+    _here = _os.path.dirname(_os.path.abspath(__file__))
+    _lib = "_C" + str(_sysconfig.get_config_var("EXT_SUFFIX"))
+    _what = (f"{_lib} in {_here} does not load" if _os.path.exists(_os.path.join(_here, _lib))
+             else f"{_here} has no {_lib} for this Python ({_sys.version.split()[0]}): a "
+                  f"source tree not built for it")
+    raise ImportError(
+        f"ringreduce's compiled core: {_what}. Install ringreduce (pip install .) and run "
+        f"from another folder, or rebuild it in place (python setup.py build_ext --inplace). "
+        f"({_e})") from _e
+from . import _state
 from ._blame import mark_peer_failures as _mark_peer_failures
 from ._C import CollectiveMismatch, CollectiveTimeout, PeerFailure, RingReduceError
 from ._rooted import all_to_all, gather, reduce, scatter

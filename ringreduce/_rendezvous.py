@@ -93,8 +93,9 @@ def _torch_store():
         import torch.distributed as dist
     except ImportError as e:  # pragma: no cover
         raise ImportError(
-            "ringreduce needs torch for rendezvous (torch.distributed.TCPStore) when "
-            "world_size > 1; install torch, or pass store= with a torch Store"
+            "ringreduce needs torch when world_size > 1: its ranks meet through torch's "
+            "store (torch.distributed.TCPStore); pip install torch (world size 1 runs "
+            "without it)"
         ) from e
     return dist
 
@@ -102,6 +103,7 @@ def _torch_store():
 def make_store(master_addr: str | None, master_port: int | None, rank: int, world: int,
                timeout: float, use_agent_store: bool) -> Any:
     """Create (or reuse) the TCPStore for this job; pair every call with release_store()."""
+    dist = _torch_store()  # first: without torch an address would not help
     if master_addr is None or master_port is None:
         raise ValueError(
             "world_size > 1 needs a rendezvous address: set MASTER_ADDR and MASTER_PORT "
@@ -118,7 +120,6 @@ def make_store(master_addr: str | None, master_port: int | None, rank: int, worl
     if key in _STORES:
         _REFS[key] += 1
         return _STORES[key]
-    dist = _torch_store()
     is_master = rank == 0 and not use_agent_store
     _check_resolves(master_addr, rank)
     what = "start the store on" if is_master else "reach the store at"

@@ -131,7 +131,13 @@ class Work:
         so custom DDP comm hooks can return ``rr.allreduce(t, async_op=True).get_future()``.
         A failed collective sets the Future's error."""
         import numpy as np
-        import torch
+
+        try:
+            import torch
+        except ImportError as e:
+            raise ImportError("Work.get_future() returns a torch.futures.Future: it needs "
+                              "torch (pip install torch); wait() and is_completed() do "
+                              "not") from e
 
         from ._futures import Completion
 

@@ -159,7 +159,8 @@ def _post(x: Any, peer: int, tag: int, group: Any, what: str, sending: bool,
     g.group_rank(peer, f"{what} {name}")  # an int, and a member of the group
     peer = _state.as_rank(peer, f"{what} {name}")
     if peer == world.rank:
-        raise ValueError(f"{what}: {name}={peer} is this rank; send to another rank")
+        raise ValueError(f"{what}: {name}={peer} is this rank; "
+                         f"{'send to' if sending else 'receive from'} another rank")
     tag = _check_tag(tag, what)
     src = world.rank if sending else peer
     dst = peer if sending else world.rank

@@ -149,7 +149,10 @@ PyObject* call(PyObject* o, PyObject* const* args, size_t nargsf, PyObject* kwna
     }
     self->hits += done != 0;
     if (done < 0) return nullptr;
-    if (done > 0 && self->kind == kRecv) return Py_NewRef(args[1]);  // recv returns src
+    if (done > 0 && self->kind == kRecv) {  // recv returns src
+      Py_INCREF(args[1]);  // (Py_NewRef is Python 3.10's: pyproject allows 3.9)
+      return args[1];
+    }
     if (done > 0) Py_RETURN_NONE;
   }
   return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);

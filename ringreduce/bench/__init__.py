@@ -29,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from . import model
 
         return model.run(args)
-    problem = cli.cuda_problem(args)
+    problem = cli.cuda_problem(args) or _no_torch()
     if problem:
         print(f"{cli.PROG}: error: {problem}", file=sys.stderr)
         return 2
@@ -48,3 +48,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .runner import run_rank
 
     return run_rank(args)
+
+
+def _no_torch() -> str | None:
+    """The measurement fills and checks its buffers with torch (also at -n 1) and gloo is
+    torch's: without it, say so before any rank starts (--model needs none)."""
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("torch") is not None:
+            return None
+    except (ImportError, ValueError):  # a finder refused it; torch.__spec__ unset
+        pass
+    return ("the benchmark needs torch (its buffers and result checks, the store of a "
+            "job of several ranks, the gloo anchor): pip install torch; "
+            "--model prints the cost model's predictions without it")
