@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
-from . import _buffers, _env, _state, api, groups, p2p
+from . import _buffers, _env, _monitored, _state, api, groups, p2p
 from . import _rooted as rooted
 from ._futures import Completion, WaitAll
 
@@ -242,6 +242,8 @@ class _Ops:
                name: str | None = None) -> None:
         self._rank = rank
         self._size = size
+        self._store = store  # torch's store for this process group (monitored_barrier)
+        self._monitored = 0  # monitored_barrier calls so far
         self._owns = False
         self._lock = threading.Lock()
         self._running: collections.deque = collections.deque()  # issued, maybe not done
@@ -384,6 +386,15 @@ class _Ops:
 
     def barrier(self, opts: Any = None) -> _Work:
         return _work(api.barrier(async_op=True, group=self._g), [])
+
+    def monitored_barrier(self, timeout: Any, wait_all_ranks: bool = False) -> None:
+        """torch's dist.monitored_barrier (torch 2.14 runs it on any CPU backend): rank 0
+        names the ranks that did not arrive within `timeout` (ringreduce._monitored)."""
+        self._monitored += 1
+        if not isinstance(timeout, timedelta) and float(timeout) < 0:  # unset: the group's
+            timeout = self.timeout_seconds()
+        _monitored.barrier(self._store, self._rank, self._size, self._monitored, timeout,
+                           wait_all_ranks, self.timeout_seconds())
 
     def allgather(self, output_tensors: list, input_tensors: list, opts: Any = None) -> _Work:
         if len(input_tensors) != 1 or len(output_tensors) != 1:

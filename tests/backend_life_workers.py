@@ -171,3 +171,51 @@ def abort_process_group_in_flight(rank: int, world: int, on: str) -> dict:
     except RuntimeError as e:
         return {"error": str(e), "t": time.monotonic() - t0}
     return {"error": None, "t": time.monotonic() - t0}
+
+
+def monitored_barriers(rank: int, world: int) -> dict:
+    """dist.monitored_barrier (torch 2.14 runs it on any CPU backend; on 2.13, which lets
+    only gloo through dist.monitored_barrier, the process group's own method): all arrive
+    (twice); rank 2 late (each rank's error); ranks 1 and 2 late with wait_all_ranks; on a
+    subgroup [1, 2] with rank 2 late (its group rank 1)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    new = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 14)
+
+    def mb(secs: float, wait_all: bool = False, group: Any = None) -> str | None:
+        try:
+            if new:
+                dist.monitored_barrier(group, timedelta(seconds=secs), wait_all_ranks=wait_all)
+            else:
+                (group or dist.group.WORLD).monitored_barrier(timedelta(seconds=secs),
+                                                              wait_all_ranks=wait_all)
+        except RuntimeError as e:
+            return str(e)
+        return None
+
+    dist.init_process_group("ringreduce")
+    out: dict[str, Any] = {"all": [mb(5.0), mb(5.0)]}
+    if rank == 2:
+        time.sleep(2.5)
+    t0 = time.monotonic()
+    out["late"] = mb(1.0)
+    out["late_secs"] = time.monotonic() - t0
+    dist.barrier()
+    if rank in (1, 2):
+        time.sleep(2.5)
+    out["late_all"] = mb(1.0, wait_all=True)
+    dist.barrier()
+    sub = dist.new_group([1, 2])
+    if rank in (1, 2):
+        if rank == 2:
+            time.sleep(2.5)
+        out["sub"] = mb(1.0, group=sub)
+        out["sub_ok"] = mb(5.0, group=sub)
+    dist.barrier()
+    x = torch.full((4,), float(rank + 1))
+    dist.all_reduce(x)  # the group works after failed monitored barriers
+    out["sum"] = x.tolist()
+    dist.destroy_process_group()
+    return out

@@ -97,6 +97,28 @@ def test_exit_after_async_future_without_destroy():
     assert not bad, f"{len(bad)} of 20 exits failed; first: rc {bad[0][0]}\n{bad[0][1]}"
 
 
+@pytest.mark.timeout(120)
+def test_monitored_barrier_names_the_ranks_that_did_not_arrive() -> None:
+    """torch 2.14's dist.monitored_barrier runs on any CPU backend (2.13: gloo only) and
+    raised "Backend ringreduce does not support monitoredBarrier" (found by a helper)."""
+    res = run_world(3, "backend_life_workers:monitored_barriers", timeout=90, env=_ENV,
+                    init=False)
+    gone = "failed to pass monitoredBarrier in 1000 ms"
+    for rank, v in enumerate(res):
+        assert v["all"] == [None, None], v
+        assert v["sum"] == [6.0] * 4, v
+    assert res[0]["late"] == f"[Rank 0]: Rank 2 {gone}", res[0]
+    assert 0.8 < res[0]["late_secs"] < 2.0, res[0]
+    assert res[1]["late"] == f"Rank 1 successfully reached monitoredBarrier, but rank 0 " \
+                             f"found: [Rank 0]: Rank 2 {gone}", res[1]
+    assert res[2]["late"] is not None and f"Rank 2 {gone}" in res[2]["late"], res[2]
+    assert res[0]["late_all"] == f"[Rank 0]: Ranks 1, 2 {gone}", res[0]
+    assert all(f"Ranks 1, 2 {gone}" in v["late_all"] for v in res[1:]), res
+    # On the subgroup [1, 2]: group ranks (global 1 is its rank 0).
+    assert res[1]["sub"] == f"[Rank 0]: Rank 1 {gone}", res[1]
+    assert res[1]["sub_ok"] is None and res[2]["sub_ok"] is None, res
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("explicit,want", [(None, 2.0), (4.0, 4.0)])
 def test_ringreduce_timeout_applies_unless_torch_is_given_one(explicit, want) -> None:

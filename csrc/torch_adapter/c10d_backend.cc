@@ -530,6 +530,13 @@ class RingReduceBackend : public c10d::Backend {
     }
     return call("barrier", o);
   }
+  // dist.monitored_barrier (torch 2.14 runs it on any CPU backend; 2.13 on gloo only).
+  void monitoredBarrier(const c10d::BarrierOptions& o, bool waitAllRanks) override {
+    py::gil_scoped_acquire gil;
+    Untraced off;
+    impl_.attr("monitored_barrier")(static_cast<double>(o.timeout.count()) / 1000.0,
+                                    waitAllRanks);
+  }
   void setTimeout(std::chrono::milliseconds timeout) override {
     py::gil_scoped_acquire gil;
     impl_.attr("set_timeout")(static_cast<double>(timeout.count()) / 1000.0);
