@@ -20,7 +20,7 @@ OP_NAMES: dict[int, str] = {code: name for name, code in OP_CODES.items()}
 ALGO_CODES: dict[str, int] = dict(_C.ALGO_CODES)
 # Complex numbers move and add as pairs of their real type (what torch's view_as_real
 # shows): every collective takes them; reductions only with sum and avg, as in torch.
-_COMPLEX = {"complex64": "float32", "complex128": "float64"}
+_COMPLEX = {"complex32": "float16", "complex64": "float32", "complex128": "float64"}
 _COMPLEX_OPS = (OP_CODES["sum"], OP_CODES["avg"])
 _array_data = _C.array_data
 
@@ -164,7 +164,7 @@ def _code(name: str, dtype: Any, what: str, complex_ok: bool) -> int:
     if code is None:
         swapped = getattr(dtype, "byteorder", "=") == ">" and np.little_endian
         raise ValueError(f"{what}: dtype {dtype} is not supported; use one of {_SUPPORTED}"
-                         + (", complex64, complex128" if complex_ok else "")
+                         + (", complex32 (torch's), complex64, complex128" if complex_ok else "")
                          + ("; this array is big-endian: pass x.astype(x.dtype.newbyteorder("
                             "'=')) and copy the result back" if swapped else ""))
     return code

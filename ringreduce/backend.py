@@ -47,6 +47,7 @@ from torch.distributed.constants import default_pg_timeout
 from . import _buffers, _env, _monitored, _state, api, groups, p2p
 from . import _rooted as rooted
 from ._futures import Completion, WaitAll
+from ._torch_tensors import _as_bytes, _chain, _inplace, _same_dtype
 
 __all__ = ["BACKEND_NAME", "ArgumentError", "ProcessGroupRingReduce", "create_backend",
            "impl_of"]
@@ -167,52 +168,6 @@ def _work(rr_work: Any, value: Any, after: Callable[[], None] | None = None) -> 
 
 def _done(value: Any) -> _Work:
     return _Work(Completion(None, value))
-
-
-def _same_dtype(what: str, output: torch.Tensor, input: torch.Tensor) -> None:
-    """In torch's names (the native API's check would name its own allgather's `out`)."""
-    if output.dtype != input.dtype:
-        raise ValueError(f"{what}: output is {output.dtype} but input is {input.dtype}; they "
-                         f"must have the same dtype")
-
-
-def _inplace(t: torch.Tensor, written: bool = True
-             ) -> tuple[torch.Tensor, Callable[[], None] | None]:
-    """A contiguous tensor sharing memory with `t` when possible (plus the copy-back needed
-    when it is not); .detach() so in-place collectives on parameters are allowed. A tensor
-    the collective writes must not have elements sharing memory (expand()): refused here,
-    before anything moves (the copy-back would fail after the data moved)."""
-    if t.device.type != "cpu":
-        raise ValueError(f"the ringreduce backend handles CPU tensors; got one on {t.device} "
-                         f"(use nccl for CUDA tensors: init_process_group('cpu:ringreduce,"
-                         f"cuda:nccl'))")
-    if t.layout is not torch.strided:
-        raise ValueError(f"the ringreduce backend handles dense tensors; got a {t.layout} one "
-                         f"(call .to_dense() first; all_reduce takes sparse COO tensors, summed)")
-    d = t.detach()
-    if d.is_contiguous():
-        return d, None
-    if written and torch._debug_has_internal_overlap(d) == 1:
-        raise ValueError(f"the collective writes its result into a tensor whose elements "
-                         f"share memory (strides {tuple(d.stride())}, e.g. from expand()); "
-                         f"pass a tensor with its own memory (.clone() / .contiguous())")
-    tmp = d.contiguous()
-
-    def back() -> None:
-        with torch.no_grad():
-            d.copy_(tmp)
-    return tmp, back
-
-
-def _chain(*fns: Callable[[], None] | None) -> Callable[[], None] | None:
-    fs = [f for f in fns if f is not None]
-    if not fs:
-        return None
-
-    def run() -> None:
-        for f in fs:
-            f()
-    return run
 
 
 _NAMES = itertools.count(1)
@@ -577,21 +532,21 @@ class _Ops:
                                        group=self._g, async_op=True), output_tensors, copy_out)
 
     def send(self, tensors: list, dst: int, tag: int = 0) -> _Work:
-        buf, _ = _inplace(tensors[0], written=False)
+        buf, _ = _inplace(_as_bytes(tensors[0]), written=False)
         # A small first message on its channel is copied and sent later, so the Work is
         # complete now (gloo's sends complete before the receiver posts, too).
         w = p2p.send_buffered(buf, self._world(dst, "send"), tag=tag, group=self._g)
         return _done(tensors) if w is None else _work(w, tensors)
 
     def recv(self, tensors: list, src: int, tag: int = 0) -> _Work:
-        buf, back = _inplace(tensors[0])
+        buf, back = _inplace(_as_bytes(tensors[0]))
         w = _work(p2p.irecv(buf, self._world(src, "recv"), tag=tag, group=self._g), tensors,
                   back)
         w.source = src
         return w
 
     def recv_anysource(self, tensors: list, tag: int = 0) -> _Work:
-        buf, back = _inplace(tensors[0])
+        buf, back = _inplace(_as_bytes(tensors[0]))
         rw = p2p.irecv(buf, None, tag=tag, group=self._g)
         w = _work(rw, tensors, back)
         w.source = lambda: self._g.ranks.index(rw.source_rank())  # torch wants a group rank

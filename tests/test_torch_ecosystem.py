@@ -69,6 +69,9 @@ def test_known_values(runs):
         full = sum(np.arange(2.0 * world) + q for q in range(world))
         assert np.allclose(rs, full[2 * rank:2 * rank + 2])
         assert r["checkpoint"] == [list(np.arange(7.0) * 3), 5]
+        assert r["fp8_p2p"] == [0.5 * ((rank - 1) % world + 1)] * 5  # exact in e4m3
+        part = full[2 * rank:2 * rank + 2]  # sums of small integers: exact in float16
+        assert r["complex32"] == [part[0], -part[0], part[1], -part[1]]
 
 
 @pytest.mark.timeout(120)

@@ -130,11 +130,32 @@ def _compiled_ddp(rank: int, world: int, _: str) -> Any:
     return {"w0": [float(p.sum()) for p in model.parameters()], "frames": frames}
 
 
+def _fp8_p2p(rank: int, world: int, _: str) -> Any:
+    """float8 send/recv around the ring (pipelines send fp8 activations): only bytes move
+    (ringreduce refused the dtype; gloo's send/recv take it)."""
+    x = torch.full((5,), 0.5 * (rank + 1)).to(torch.float8_e4m3fn)
+    y = torch.zeros(5, dtype=torch.float8_e4m3fn)
+    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, x, (rank + 1) % world),
+                                   dist.P2POp(dist.irecv, y, (rank - 1) % world)])
+    for q in reqs:
+        q.wait()
+    return y.float().tolist()
+
+
+def _complex32(rank: int, world: int, _: str) -> Any:
+    """reduce_scatter_tensor of complex32 (pairs of float16; ringreduce refused it)."""
+    re = torch.arange(2.0 * world) + rank
+    x = torch.complex(re, -re).to(torch.complex32)
+    out = torch.zeros(2, dtype=torch.complex32)
+    dist.reduce_scatter_tensor(out, x)
+    return torch.view_as_real(out.to(torch.complex64)).flatten().tolist()
+
+
 CHECKS: dict[str, Callable[[int, int, str], Any]] = {
     "mesh2d": _mesh2d, "funcol": _funcol, "fsdp2": _fsdp2,
     "hsdp": lambda rank, world, tmp: _fsdp2(rank, world, tmp, hybrid=True), "zero": _zero,
     "objects": _objects, "checkpoint": _checkpoint, "p2p_batch": _p2p_batch,
-    "compiled_ddp": _compiled_ddp,
+    "compiled_ddp": _compiled_ddp, "fp8_p2p": _fp8_p2p, "complex32": _complex32,
 }
 
 

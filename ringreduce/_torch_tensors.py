@@ -1,0 +1,64 @@
+"""The torch backend's view of a call's tensors (ringreduce.backend): contiguous buffers
+sharing the caller's memory where they can, the copies back where they cannot, and the
+checks torch words its own way -- before anything moves."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+def _same_dtype(what: str, output: torch.Tensor, input: torch.Tensor) -> None:
+    """In torch's names (the native API's check would name its own allgather's `out`)."""
+    if output.dtype != input.dtype:
+        raise ValueError(f"{what}: output is {output.dtype} but input is {input.dtype}; they "
+                         f"must have the same dtype")
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A float8 tensor (torch.float8_*: no dtype of the core) as the uint8 view of its
+    memory, for point-to-point messages, which only move bytes (gloo's send/recv take
+    them; pipelines send fp8 activations). Other tensors as they are."""
+    if t.dtype.is_floating_point and t.element_size() == 1 and t.layout is torch.strided:
+        return t.view(torch.uint8)
+    return t
+
+
+def _inplace(t: torch.Tensor, written: bool = True
+             ) -> tuple[torch.Tensor, Callable[[], None] | None]:
+    """A contiguous tensor sharing memory with `t` when possible (plus the copy-back needed
+    when it is not); .detach() so in-place collectives on parameters are allowed. A tensor
+    the collective writes must not have elements sharing memory (expand()): refused here,
+    before anything moves (the copy-back would fail after the data moved)."""
+    if t.device.type != "cpu":
+        raise ValueError(f"the ringreduce backend handles CPU tensors; got one on {t.device} "
+                         f"(use nccl for CUDA tensors: init_process_group('cpu:ringreduce,"
+                         f"cuda:nccl'))")
+    if t.layout is not torch.strided:
+        raise ValueError(f"the ringreduce backend handles dense tensors; got a {t.layout} one "
+                         f"(call .to_dense() first; all_reduce takes sparse COO tensors, summed)")
+    d = t.detach()
+    if d.is_contiguous():
+        return d, None
+    if written and torch._debug_has_internal_overlap(d) == 1:
+        raise ValueError(f"the collective writes its result into a tensor whose elements "
+                         f"share memory (strides {tuple(d.stride())}, e.g. from expand()); "
+                         f"pass a tensor with its own memory (.clone() / .contiguous())")
+    tmp = d.contiguous()
+
+    def back() -> None:
+        with torch.no_grad():
+            d.copy_(tmp)
+    return tmp, back
+
+
+def _chain(*fns: Callable[[], None] | None) -> Callable[[], None] | None:
+    fs = [f for f in fns if f is not None]
+    if not fs:
+        return None
+
+    def run() -> None:
+        for f in fs:
+            f()
+    return run
