@@ -352,7 +352,8 @@ def main(argv: list | None = None) -> int:
     from ringreduce.bench.machine import describe
 
     if a.json:
-        with open(a.json, "w") as f:
+        from ringreduce.bench.outfile import replacing  # whole file or none
+        with replacing(a.json) as f:
             json.dump({"machine": describe(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                        "cmd": "python bench/scaling.py " + " ".join(argv or sys.argv[1:]),
                        "env": env, "rows": rows, "checks": checks}, f, indent=1)

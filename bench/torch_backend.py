@@ -188,8 +188,9 @@ def main() -> None:
           f"{res['fsdp2']['checksum_spread']:.2e}")
     if a.json:
         from ringreduce.bench.machine import describe
+        from ringreduce.bench.outfile import replacing  # whole file or none
 
-        with open(a.json, "w") as fh:  # the machine (and commit) first, as the other benches
+        with replacing(a.json) as fh:  # the machine (and commit) first, as the other benches
             json.dump({"machine": describe(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                        **res}, fh, indent=1)
     if a.plot:

@@ -300,7 +300,9 @@ def main() -> int:
         summary["torch"] = md.version("torch")
     except Exception as e:  # noqa: BLE001
         summary["torch"] = f"unknown ({e})"
-    with open(a.json, "w") as f:
+    from ringreduce.bench.outfile import replacing  # whole file or none
+
+    with replacing(a.json) as f:
         _dump(summary, f)
     import shutil
     shutil.rmtree(tmp, ignore_errors=True)

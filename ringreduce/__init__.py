@@ -15,13 +15,16 @@ DistributedDataParallel wrapper (ringreduce.ddp) and a torch.distributed backend
 try:
     from . import _C
 except ImportError as _e:  # a source folder built for another Python, or not built
+    import importlib.machinery as _machinery
     import os as _os
     import sys as _sys
     import sysconfig as _sysconfig
 
     _here = _os.path.dirname(_os.path.abspath(__file__))
     _lib = "_C" + str(_sysconfig.get_config_var("EXT_SUFFIX"))
-    _what = (f"{_lib} in {_here} does not load" if _os.path.exists(_os.path.join(_here, _lib))
+    _found = [f"_C{x}" for x in _machinery.EXTENSION_SUFFIXES
+              if _os.path.exists(_os.path.join(_here, f"_C{x}"))]
+    _what = (f"{_found[0]} in {_here} does not load" if _found
              else f"{_here} has no {_lib} for this Python ({_sys.version.split()[0]}): a "
                   f"source tree not built for it")
     raise ImportError(

@@ -20,6 +20,7 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -74,13 +75,17 @@ def _key(src: Path, torch: Any) -> str:
 
 
 def _cxx_std(cpp_extension: Any) -> str:
-    """The C++ standard torch's headers ask for: C++20 from torch 2.14 (ATen.h refuses
-    less), C++17 before (what the adapter was first built with)."""
+    """The C++ standard torch's headers ask for: ATen.h's guard (`__cplusplus < 202002L`:
+    C++20, from torch 2.14; 201703L before), or, where no ATen.h is found, C++20 (what
+    torch's own cpp_extension has built with since 2.13)."""
+    years = {201703: "c++17", 202002: "c++20", 202302: "c++23"}
     for d in cpp_extension.include_paths():
         aten = Path(d) / "ATen" / "ATen.h"
         if aten.is_file():
-            return "c++20" if "202002L" in aten.read_text(errors="replace") else "c++17"
-    return "c++17"
+            m = re.search(r"__cplusplus\s*<\s*(\d+)L", aten.read_text(errors="replace"))
+            if m:
+                return years.get(int(m.group(1)), "c++20")
+    return "c++20"
 
 
 def _compile(src: Path, out: Path, name: str, torch: Any) -> None:

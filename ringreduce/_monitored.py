@@ -25,55 +25,73 @@ def _error(msg: str) -> Exception:
 
 
 def _arrived(store: Any, key: str, deadline: float) -> bool:
-    """Whether `key` is set by `deadline` (monotonic)."""
-    left = deadline - time.monotonic()
-    if left <= 0:
-        return bool(store.check([key]))
+    """Whether `key` is set by `deadline` (monotonic). Only the wait's timeout is a no; a
+    store gone (its host died) raises, for store_used to name."""
+    import torch.distributed as dist
+
     try:
-        store.wait([key], timedelta(seconds=left))
-    except RuntimeError:  # torch's DistStoreError on a timeout (a RuntimeError)
+        store.wait([key], timedelta(seconds=max(0.0, deadline - time.monotonic())))
+    except dist.DistStoreError:
         return bool(store.check([key]))
     return True
 
 
-def barrier(store: Any, rank: int, size: int, n: int, timeout: Any, wait_all: bool,
-            group_timeout: float) -> None:
-    """The `n`-th monitored barrier of a process group (every rank counts its calls).
-    `timeout` is rank 0's; the others wait for its verdict as long as the group's
-    collectives wait (`group_timeout`), and at least a few seconds longer than rank 0 --
-    as gloo, lest they time out first and the job ends without rank 0's report."""
+def barrier(store: Any, prefix: str, rank: int, size: int, n: int, timeout: Any,
+            wait_all: bool, group_timeout: float, world_rank: int) -> None:
+    """The `n`-th monitored barrier of a process group (every rank counts its calls); keys
+    under `prefix` (one per process group and init: a store reused by a later init holds
+    none of them). `timeout` is rank 0's (a negative one: `group_timeout`); the others wait
+    for its verdict as long as the group's collectives wait, and at least a few seconds
+    longer than rank 0 -- as gloo, lest they time out first and the job ends without rank
+    0's report. Nothing stays in the store once every rank has read the verdict."""
+    from ._rendezvous import store_used
+
     if size <= 1:
         return
     secs = _seconds(timeout)
-    ms = int(secs * 1000)
-    base = f"{_KEY}{n}/"
-    if rank != 0:
-        store.set(f"{base}{rank}", b"")
-        waited = max(group_timeout, secs + 5.0)
-        if not _arrived(store, f"{base}result", time.monotonic() + waited):
-            raise _error(f"Rank {rank} successfully reached monitoredBarrier, but rank 0 did "
-                         f"not confirm within {int(waited * 1000)} ms; check rank 0's logs "
-                         f"for the faulty rank")
-        why = store.get(f"{base}result").decode(errors="replace")
-        if why:
-            raise _error(f"Rank {rank} successfully reached monitoredBarrier, but rank 0 "
-                         f"found: {why}")
-        return
+    if secs < 0:
+        secs = group_timeout
+    base = f"{_KEY}{prefix}{n}/"
+    waited = secs if rank == 0 else max(group_timeout, secs + 5.0)
+    with store_used(world_rank, "dist.monitored_barrier", store, waited):
+        why = (_root(store, base, size, secs, wait_all) if rank == 0 else
+               _member(store, base, rank, size, waited))
+    if why:  # (raised outside store_used: torch's DistBackendError is a DistError too)
+        raise _error(why)
+
+
+def _root(store: Any, base: str, size: int, secs: float, wait_all: bool) -> str:
+    """Rank 0: the ranks missing at the deadline ("" if none), told to the others."""
     deadline = time.monotonic() + secs
     missing = []
     for r in range(1, size):
-        if not _arrived(store, f"{base}{r}", deadline):
+        if _arrived(store, f"{base}{r}", deadline):
+            store.delete_key(f"{base}{r}")
+        else:
             missing.append(r)
             if not wait_all:
                 break
+    msg = ""
     if missing:
         who = (f"Rank {missing[0]}" if len(missing) == 1 and not wait_all else
                "Ranks " + ", ".join(str(r) for r in missing))
-        msg = f"[Rank 0]: {who} failed to pass monitoredBarrier in {ms} ms"
-        store.set(f"{base}result", msg.encode())
-        raise _error(msg)
-    store.set(f"{base}result", b"")
-    # Every rank has read round n-1's outcome (each checked in to this one after it).
-    if n > 1:
-        for key in [f"{_KEY}{n - 1}/{r}" for r in range(1, size)] + [f"{_KEY}{n - 1}/result"]:
-            store.delete_key(key)
+        msg = f"[Rank 0]: {who} failed to pass monitoredBarrier in {int(secs * 1000)} ms"
+    store.set(f"{base}result", msg.encode())
+    return msg
+
+
+def _member(store: Any, base: str, rank: int, size: int, waited: float) -> str:
+    """Another rank: check in, then rank 0's verdict ("": all arrived)."""
+    store.set(f"{base}{rank}", b"")
+    if not _arrived(store, f"{base}result", time.monotonic() + waited):
+        return (f"Rank {rank} successfully reached monitoredBarrier, but rank 0 did not "
+                f"confirm within {int(waited * 1000)} ms; check rank 0's logs for the "
+                f"faulty rank")
+    why = store.get(f"{base}result").decode(errors="replace")
+    if why:
+        store.delete_key(f"{base}{rank}")  # checked in late: rank 0 did not take it
+    if store.add(f"{base}read", 1) == size - 1:  # the last to read clears the verdict
+        store.delete_key(f"{base}result")
+        store.delete_key(f"{base}read")
+    return (f"Rank {rank} successfully reached monitoredBarrier, but rank 0 found: {why}"
+            if why else "")

@@ -345,11 +345,14 @@ class _Ops:
     def monitored_barrier(self, timeout: Any, wait_all_ranks: bool = False) -> None:
         """torch's dist.monitored_barrier (torch 2.14 runs it on any CPU backend): rank 0
         names the ranks that did not arrive within `timeout` (ringreduce._monitored)."""
-        self._monitored += 1
-        if not isinstance(timeout, timedelta) and float(timeout) < 0:  # unset: the group's
-            timeout = self.timeout_seconds()
-        _monitored.barrier(self._store, self._rank, self._size, self._monitored, timeout,
-                           wait_all_ranks, self.timeout_seconds())
+        with self._lock:
+            self._monitored += 1
+            n = self._monitored
+        # Keys under the group's store prefix: fresh per group and init, the same on all
+        # its ranks (torch's store for a default group is reused by a later init).
+        _monitored.barrier(self._store, self._g.store_prefix, self._rank, self._size, n,
+                           timeout, wait_all_ranks, self.timeout_seconds(),
+                           self._world(self._rank, "monitored_barrier"))
 
     def allgather(self, output_tensors: list, input_tensors: list, opts: Any = None) -> _Work:
         if len(input_tensors) != 1 or len(output_tensors) != 1:

@@ -166,9 +166,10 @@ void Communicator::reportStall(int64_t waitedMs, int64_t idleMs, int waitingFor)
                                                : std::string(),
                           "this rank) at ", kindName(curKind_, curHeader_.root), " #", seq_);
   // Reported once nothing moved for RINGREDUCE_STALL_WARN: a collective that had moved data
-  // says for how long nothing has (its wait is longer than its stall).
+  // (this rank's bytes: the peer's sequence number, also counted as movement, changes at
+  // every collective's start) says for how long nothing has -- its wait is longer.
   std::string idle;
-  if (bytesDone_ > 0 || waitedMs - idleMs >= 1000)
+  if (bytesDone_ > 0)
     idle = detail::concat("; no data moved for ", idleMs / 1000.0, " s");
   RR_WARN("stall: rank ", label(rank_), " has waited ", waitedMs / 1000.0, " s in ", describeCurrent(),
           idle, "; ", behind.empty() ? std::string("no rank reports being behind") : behind, here, chain,
