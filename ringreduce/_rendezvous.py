@@ -92,11 +92,9 @@ def _torch_store():
     try:
         import torch.distributed as dist
     except ImportError as e:  # pragma: no cover
-        raise ImportError(
-            "ringreduce needs torch when world_size > 1: its ranks meet through torch's "
-            "store (torch.distributed.TCPStore); pip install torch (world size 1 runs "
-            "without it)"
-        ) from e
+        raise ImportError("ringreduce needs torch when world_size > 1: its ranks meet through "
+                          "torch's TCPStore; pip install torch (world size 1 runs without it)"
+                          ) from e
     return dist
 
 
