@@ -214,7 +214,8 @@ def core_options(t: Any) -> dict[str, Any]:
 def tunables(env: Mapping[str, str] | None = None) -> Tunables:
     """Read every tunable from ``env`` (default ``os.environ``).
 
-    Unset variables (and empty ones) take their defaults. Raises ValueError naming the variable, the bad value and what is allowed.
+    Unset variables (and empty ones) take their defaults. Raises ValueError naming the
+    variable, the bad value and what is allowed.
     """
     env = os.environ if env is None else env
     _warn_unknown(env)
