@@ -105,7 +105,8 @@ def test_monitored_barrier_names_the_ranks_that_did_not_arrive() -> None:
                     init=False)
     gone = "failed to pass monitoredBarrier in 1000 ms"
     for rank, v in enumerate(res):
-        assert v["all"] == [None, None] and v["keys_left"] == 0, v
+        # (torch and ringreduce may clear init keys meanwhile: a leak is a positive count)
+        assert v["all"] == [None, None] and v["keys_left"] <= 0, v
         assert v["sum"] == [6.0] * 4, v
     assert res[0]["late"] == f"[Rank 0]: Rank 2 {gone}", res[0]
     assert 0.8 < res[0]["late_secs"] < 2.0, res[0]
