@@ -310,8 +310,9 @@ def test_a_slow_link_moving_data_is_no_stall(cluster_factory) -> None:
     outs, _ = _run_with_link_event(c, 2, 1, 1 << 20, 6, env, throttle)
     for o in outs:
         assert o.has_result and o.value["type"] is None, o.describe()
-        # 6 s at 1 MB/s: each all-reduce (2 MiB out of host 1) took over a second.
-        assert o.value["wrong"] == 0 and 1 <= o.value["after_event"] <= 5, o.value
+        # 6 s at 1 MB/s: each all-reduce (2 MiB out of host 1) took about a second or more
+        # (the CI once ran 6 in the 6 s and the few before the next 5-call stop check).
+        assert o.value["wrong"] == 0 and 1 <= o.value["after_event"] <= 8, o.value
         stall = [ln for ln in o.stderr.splitlines() if "stall:" in ln]
         assert not stall, f"rank {o.rank}: {stall[:2]}"
 
