@@ -25,15 +25,11 @@ def _error(msg: str) -> Exception:
 
 
 def _arrived(store: Any, key: str, deadline: float) -> bool:
-    """Whether `key` is set by `deadline` (monotonic). Only the wait's timeout is a no; a
-    store gone (its host died) raises, for store_used to name."""
-    import torch.distributed as dist
+    """Whether `key` is set by `deadline` (monotonic): _rendezvous._appears, which polls
+    check() (a store gone -- its host died -- raises, for store_used to name)."""
+    from ._rendezvous import _appears
 
-    try:
-        store.wait([key], timedelta(seconds=max(0.0, deadline - time.monotonic())))
-    except dist.DistStoreError:
-        return bool(store.check([key]))
-    return True
+    return _appears(store, key, max(0.0, deadline - time.monotonic()))
 
 
 def barrier(store: Any, prefix: str, rank: int, size: int, n: int, timeout: Any,
