@@ -284,6 +284,42 @@ def survivors_after_death(rank: int, world: int) -> dict:
     return out
 
 
+
+def survivor_told_back(rank: int, world: int, then: str) -> dict:
+    """3 ranks; rank 2 exits. Rank 0's world all-reduce fails first; then rank 1's, told by
+    rank 0 (over shared memory rank 1's abort record, naming rank 2, stays). Rank 1 then
+    either comes to a new group of the two a second late (then="late": rank 0 waits for
+    it, and the group's all-reduce is checked) or exits (then="exits": rank 0's set-up
+    names rank 1, well before the timeout). Before, rank 0's wait took rank 1's abort --
+    rank 0's own news told back -- for rank 1's failure and failed the group."""
+    if rank == 2:
+        await_flags(["ready0", "ready1"], 20.0)
+        os._exit(0)
+    raise_flag(f"ready{rank}")
+    out: dict = {}
+    if rank == 1:
+        await_flags(["failed0"], 20.0)
+    try:
+        rr.allreduce(np.ones(8))
+    except rr.PeerFailure as e:
+        out["world"] = e.peer_rank
+    raise_flag(f"failed{rank}")
+    if rank == 1:
+        if then == "exits":
+            os._exit(0)
+        time.sleep(1.0)
+    else:
+        await_flags(["failed1"], 20.0)
+    t = time.monotonic()
+    try:
+        g = rr.new_group([0, 1])
+        y = np.full(3, rank + 1.0)
+        rr.allreduce(y, group=g)
+        out["group"] = y.tolist()
+    except rr.PeerFailure as e:
+        out["group"] = (e.peer_rank, round(time.monotonic() - t, 2), str(e))
+    return out
+
 def unreceived_send(rank: int, world: int, linger: float) -> dict:
     """Rank 0's first message on tag 9 returns at once, but rank 1 never receives it: rank
     0's destroy() waits for it (RINGREDUCE_TIMEOUT) while rank 1 lives on (`linger` s),

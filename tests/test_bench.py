@@ -623,7 +623,11 @@ def _proc_state(pid: int, signals: bool = False) -> str:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        state = f"{stat.rsplit(')', 1)[1].split()[0]} {cmd[:120]}"
+        fields = stat.rsplit(")", 1)[1].split()
+        # how long ago it started (field 22: clock ticks after boot), for a slow start
+        up = float(Path("/proc/uptime").read_text().split()[0])
+        age = up - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+        state = f"{fields[0]} {age:.1f} s old {cmd[:120]}"
         if signals:
             masks = [line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
                      if line.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigCgt", "Threads"))]
@@ -674,7 +678,8 @@ def test_a_signal_to_the_bench_stops_every_rank(tmp_path, sig):
             # rank forked and not yet exec'd, or one that ended: a zombie has no command line)
             ours = _procs_with(marker)
             kids = [q for q in _children(ours) if q not in ours]
-            seen = {pid: _proc_state(pid, signals=True) for pid in [*ours, *kids]}
+            seen = {pid: ("" if pid in ours else "[no marker] ") + _proc_state(pid, signals=True)
+                    for pid in [*ours, *kids]}
             _kill_all(p.pid, seen)  # ranks in their own sessions hold stderr open too
             _, err = p.communicate(timeout=30)
             raise AssertionError(f"the ranks never started: {seen}\nstderr: {err[-3000:]}")

@@ -144,6 +144,22 @@ def test_after_a_failure_survivors_talk_and_the_lost_rank_is_refused(transport: 
             assert v[what][0] == 2 and v[what][1] < 2, (r, what, v)
 
 
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("then", ["late", "exits"])
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_survivor_that_says_the_same_loss_is_still_waited_for(transport: str, then: str) -> None:
+    outs = run_world_raw(3, "p2p_leave_workers:survivor_told_back", then, timeout=60,
+                         expendable=[1, 2] if then == "exits" else [2],
+                         env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "20"})
+    v = outs[0].value
+    assert v is not None and v["world"] == 2, outs[0].describe()
+    if then == "late":
+        assert outs[1].value == {"world": 2, "group": [3.0] * 3}, outs[1].describe()
+        assert v["group"] == [3.0] * 3, v
+    else:  # named at once: rank 1 itself, not the loss it told of
+        assert v["group"][0] == 1 and v["group"][1] < 10, v
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_a_ring_names_the_dead_rank_on_every_survivor(transport: str) -> None:

@@ -350,6 +350,13 @@ class Communicator {
     return !who.outside && who.rank >= 0 && who.rank < world_ && who.rank != rank_ &&
            who.rank != p;
   }
+  // A peer's abort names the rank whose loss already failed this communicator: old news (it
+  // lost the same rank; found by CI: a shared-memory survivor's abort record, which stays,
+  // failed every later group set-up that waited for that survivor).
+  bool toldBack(const transport::Culprit& who) const {
+    return poisoned() && failedPeer_ >= 0 && who.rank >= 0 &&
+           (who.outside ? who.rank : label(who.rank)) == failedPeer_;
+  }
   // The culprit a peer named, if it is one this rank can name in turn: another member, or a
   // rank of the job outside this communicator.
   bool knownCulprit(const transport::Culprit& who, int p) const {

@@ -401,7 +401,9 @@ void Communicator::checkLocalPeers() {
     // names the cause (a timeout, another rank's death), its exit only the consequence.
     std::string why;
     transport::Culprit who;
-    if (const uint32_t code = d.abortOf(r, &why, &who)) throwPeerAbort(p, code, why, who);
+    // ... unless that cause is this rank's own failure, told back: then its exit is the news.
+    if (const uint32_t code = d.abortOf(r, &why, &who); code && !toldBack(who))
+      throwPeerAbort(p, code, why, who);
     throw PeerError(p, PeerCause::kClosed,
                     detail::concat("rank ", label(p), " (", peerHost(p), ") exited (its process "
                                    "is gone: crashed or killed) while rank ", label(rank_),
@@ -415,7 +417,10 @@ void Communicator::checkLocalPeers() {
     const auto& c = conns_[static_cast<size_t>(p)];
     if (c && c->fd() >= 0) continue;  // its connection says all this (abort frame, goodbye)
     transport::Culprit who;
-    if (const uint32_t code = d.abortOf(r, &reason, &who)) throwPeerAbort(p, code, reason, who);
+    // A survivor of the loss that failed this communicator, saying so too, is alive: a wait
+    // for it between collectives (a group's set-up after the failure) goes on.
+    if (const uint32_t code = d.abortOf(r, &reason, &who); code && !toldBack(who))
+      throwPeerAbort(p, code, reason, who);
     if (d.leftOf(r)) markGone(p);
   }
 }
