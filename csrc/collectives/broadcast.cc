@@ -78,9 +78,8 @@ void chain(Communicator& c, const transport::FrameHeader& h, char* buf, size_t b
       ++su;
       progressed = true;
     }
-    if (rActive && c.conn(prev).progressRecv(rv)) {
+    if (rActive && c.progressRecv(prev, rv)) {
       rActive = false;
-      c.addBytesDone(rv.len);
       ++ru;
       progressed = true;
     }

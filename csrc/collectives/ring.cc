@@ -125,9 +125,8 @@ void runRing(comm::Communicator& c, const transport::FrameHeader& tmpl, const Ri
       ++su;
       progressed = true;
     }
-    if (rActive && c.conn(left).progressRecv(rop)) {
+    if (rActive && c.progressRecv(left, rop)) {
       rActive = false;
-      c.addBytesDone(rop.len);
       if (rStep < p.rsSteps) {
         const bool last = rStep == p.rsSteps - 1;
         char* a = accAt(rStep, rChunk, rOff);

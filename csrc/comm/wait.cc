@@ -302,10 +302,7 @@ void Communicator::sendRecv(int sendPeer, SendOp* s, int recvPeer, RecvOp* r) {
   while (!sDone || !rDone) {
     bool progressed = false;
     if (!sDone && progressSend(sendPeer, *s)) sDone = progressed = true;
-    if (!rDone && conn(recvPeer).progressRecv(*r)) {
-      rDone = progressed = true;
-      addBytesDone(r->len);  // heartbeats say so too: a peer waiting for this rank sees it move
-    }
+    if (!rDone && progressRecv(recvPeer, *r)) rDone = progressed = true;
     if (!progressed && (!sDone || !rDone)) waitIo(sDone ? -1 : sendPeer, rDone ? -1 : recvPeer);
   }
 }

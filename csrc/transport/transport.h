@@ -39,6 +39,7 @@ struct RecvOp {
   void* data = nullptr;
   size_t len = 0;
   size_t done = 0;  // header + payload bytes received
+  size_t counted = 0;  // payload bytes counted as progress (Communicator::progressRecv)
   bool checked = false;
   void reset(const FrameHeader& h, void* d, size_t n) {
     expect = h;
@@ -46,7 +47,11 @@ struct RecvOp {
     data = d;
     len = n;
     done = 0;
+    counted = 0;
     checked = false;
+  }
+  size_t payloadDone() const {
+    return done > sizeof(FrameHeader) ? done - sizeof(FrameHeader) : 0;
   }
 };
 
