@@ -363,12 +363,14 @@ class Communicator {
     return !who.outside && who.rank >= 0 && who.rank < world_ && who.rank != rank_ &&
            who.rank != p;
   }
-  // A peer's abort names the rank whose loss already failed this communicator: old news (it
-  // lost the same rank; found by CI: a shared-memory survivor's abort record, which stays,
-  // failed every later group set-up that waited for that survivor).
-  bool toldBack(const transport::Culprit& who) const {
-    return poisoned() && failedPeer_ >= 0 && who.rank >= 0 &&
-           (who.outside ? who.rank : label(who.rank)) == failedPeer_;
+  // Peer p's abort names the rank whose loss already failed this communicator, another
+  // than p: old news (p lost the same rank; found by CI: a shared-memory survivor's abort
+  // record, which stays, failed every later group set-up that waited for that survivor).
+  // Not p's own failure (it names itself: its loss is what failed this one).
+  bool toldBack(const transport::Culprit& who, int p) const {
+    if (!poisoned() || failedPeer_ < 0 || who.rank < 0) return false;
+    const int lost = who.outside ? who.rank : label(who.rank);
+    return lost == failedPeer_ && lost != label(p);
   }
   // The culprit a peer named, if it is one this rank can name in turn: another member, or a
   // rank of the job outside this communicator.

@@ -399,12 +399,12 @@ void Communicator::checkLocalPeers() {
     std::string why;
     transport::Culprit who;
     // ... unless that cause is this rank's own failure, told back: then its exit is the news.
-    if (const uint32_t code = d.abortOf(r, &why, &who); code && !toldBack(who))
-      throwPeerAbort(p, code, why, who);
-    throw PeerError(p, PeerCause::kClosed,
-                    detail::concat("rank ", label(p), " (", peerHost(p), ") exited (its process "
-                                   "is gone: crashed or killed) while rank ", label(rank_),
-                                   " was in ", describeCurrent()));
+    const uint32_t code = d.abortOf(r, &why, &who);
+    if (code && !toldBack(who, p)) throwPeerAbort(p, code, why, who);
+    throw PeerError(p, PeerCause::kClosed, detail::concat(
+        "rank ", label(p), " (", peerHost(p), ") exited ",
+        code ? "after it failed too (" + why + ")" : "(its process is gone: crashed or killed)",
+        " while rank ", label(rank_), " was in ", describeCurrent()));
   }
   std::string reason;
   for (int r = 0; r < d.world(); ++r) {
@@ -416,7 +416,7 @@ void Communicator::checkLocalPeers() {
     transport::Culprit who;
     // A survivor of the loss that failed this communicator, saying so too, is alive: a wait
     // for it between collectives (a group's set-up after the failure) goes on.
-    if (const uint32_t code = d.abortOf(r, &reason, &who); code && !toldBack(who))
+    if (const uint32_t code = d.abortOf(r, &reason, &who); code && !toldBack(who, p))
       throwPeerAbort(p, code, reason, who);
     if (d.leftOf(r)) markGone(p);
   }
