@@ -29,9 +29,6 @@ from ._work import Work, _finish
 
 log = logging.getLogger("ringreduce")
 
-_LEVELS = {"OFF": 0, "WARN": 1, "INFO": 2, "DEBUG": 3, "TRACE": 4}
-
-
 def init(rank: int | None = None, world_size: int | None = None, *,
          master_addr: str | None = None, master_port: int | None = None,
          store: Any = None, timeout: float | None = None, secret: str | None = None,
@@ -149,7 +146,7 @@ def _settings(timeout: float | None) -> tuple:
     from . import _C
 
     tun = _env.tunables()
-    level = _LEVELS[tun.debug]
+    level = _C.LOG_LEVELS[tun.debug]
     _C.set_log_level(level)
     _configure_logging(level)
     options = _env.core_options(tun)  # what the core reads (csrc/core/tunables.def)

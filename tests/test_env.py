@@ -566,6 +566,10 @@ def test_tunables_are_the_core_table() -> None:
     assert not missing, f"README's Environment variables section lacks {missing}"
     assert {k: v for k, v in env_mod.FAULT_COLLECTIVES.items() if k != "any"} == \
         dict(C.COLLECTIVE_CODES)
+    # RINGREDUCE_DEBUG's choices are the core's log levels, in order
+    debug = next(r for r in rows if r["env"] == "RINGREDUCE_DEBUG")
+    assert [c.strip() for c in debug["shown"].split("|")] == list(C.LOG_LEVELS), debug
+    assert list(C.LOG_LEVELS.values()) == list(range(len(C.LOG_LEVELS)))
 
 
 @pytest.mark.timeout(60)

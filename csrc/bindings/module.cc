@@ -285,6 +285,9 @@ PYBIND11_MODULE(_C, m) {
                            CollectiveKind::kAllToAll})
     kinds[toString(k)] = static_cast<int>(k);
   m.attr("COLLECTIVE_CODES") = kinds;
+  py::dict levels;  // RINGREDUCE_DEBUG's names -> log::Level
+  for (int i = log::kOff; i <= log::kTrace; ++i) levels[log::kLevelNames[i]] = i;
+  m.attr("LOG_LEVELS") = levels;
   m.attr("NATIVE_API") = bindings::nativeApi();
   bindings::registerTunables(m);
   bindings::registerFastCall(m);

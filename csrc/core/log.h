@@ -10,6 +10,8 @@
 namespace rr::log {
 
 enum Level : int { kOff = 0, kWarn = 1, kInfo = 2, kDebug = 3, kTrace = 4 };
+// RINGREDUCE_DEBUG's values, by Level (exported as _C.LOG_LEVELS; tunables.def lists them).
+inline constexpr const char* kLevelNames[] = {"OFF", "WARN", "INFO", "DEBUG", "TRACE"};
 
 void setLevel(int level);
 int level();
