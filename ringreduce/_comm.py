@@ -75,11 +75,8 @@ def connect(rank: int, world: int, tun: Any, options: dict, store: Any,
                                  prefix=prefix, settings=_env.job_wide(tun, options),
                                  ranks=labels)
     peers.addrs, link_ids = _agreed_links(peers.addrs, rank)
-    try:
-        _refuse_unreachable_loopback(peers, labels, name)
-    except ValueError:
-        _all_read(store, peers.prefix + "refused", world)
-        raise
+    _store_wait.alike(store, peers.prefix, world, _refuse_unreachable_loopback, peers, labels,
+                      name)
     options["session"] = peers.session  # per-init heartbeat key: no replay across inits
     # Busy-poll (sockets and shared memory) briefly only when every local rank can have its
     # own CPU among those this process may run on (affinity mask, cgroup quota): spinning
@@ -176,17 +173,6 @@ def _setup_check(store: Any, prefix: str, rank: int, what: str) -> Any:
                 pass
             due[0] = float("inf")
     return check
-
-
-def _all_read(store: Any, key: str, world: int, cap: float = 2.0) -> None:
-    """Every rank raises the same error from the table all read: none leaves -- rank 0's
-    process may host the store -- before all have read it (at most `cap` s). Else a rank
-    still reading when rank 0's process ended said "rank 0 exited or crashed" (CI)."""
-    with contextlib.suppress(Exception):  # the store failed: the error is what matters
-        store.add(key, 1)
-        end = time.monotonic() + cap
-        while int(store.add(key, 0)) < world and time.monotonic() < end:
-            time.sleep(0.02)
 
 
 def _refuse_unreachable_loopback(peers: Any, labels: list[int] | None, name: str) -> None:

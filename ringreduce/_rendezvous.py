@@ -793,7 +793,7 @@ def _exchange(store: Any, rank: int, world: int, my_addr: str, secret: str | Non
         [*keys, *(p + f"{k}/{r}" for k in ("host", "hb", *cfg) for r in range(world)),
          *(p + "store0" for _ in cfg), p + "session"])]
     if cfg:
-        _job_settings.check_same(got[3 * world:4 * world], rank)
+        _store_wait.alike(store, p, world, _job_settings.check_same, got[3 * world:4 * world], rank)
         _note_rank0_serves(store, rank != 0 and got[4 * world] == "serves")
     return Peers(addrs=got[:world], hosts=got[world:2 * world], secret=secret, prefix=p,
                  hb_addrs=got[2 * world:3 * world], session=got[-1])

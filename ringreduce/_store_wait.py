@@ -195,6 +195,22 @@ def _warn_stalled(store: Any, keys: list[str], ranks: list[int] | None, rank: in
                 rank, now - t0, what, who, seen, hint, note, max(0.0, deadline - now))
 
 
+def alike(store: Any, prefix: str, world: int, check: Any, *args: Any) -> None:
+    """check(*args), which raises the same ValueError on each of the `world` ranks (all read
+    one table): before it is raised, every rank has read the table (or 2 s passed) -- rank
+    0's process may host the store, and a rank still reading when it ended said "rank 0
+    exited or crashed" (CI: a loopback listener refused)."""
+    try:
+        check(*args)
+    except ValueError:
+        with contextlib.suppress(Exception):  # the store failed: the error is what matters
+            store.add(prefix + "refused_alike", 1)
+            end = time.monotonic() + 2.0
+            while int(store.add(prefix + "refused_alike", 0)) < world and time.monotonic() < end:
+                time.sleep(0.02)
+        raise
+
+
 def fail(store: Any, prefix: str, error: Exception, speaker: int | None = None) -> Exception:
     """Tell the other ranks why this one gives up (they stop waiting at their next poll)
     and which rank is to blame (their .peer_rank): the one its error names, else -- unless
