@@ -153,7 +153,7 @@ def test_a_survivor_that_says_the_same_loss_is_still_waited_for(transport: str, 
                          expendable=[1, 2] if then == "exits" else [2],
                          env={"RINGREDUCE_TRANSPORT": transport, "RINGREDUCE_TIMEOUT": "20"})
     v = outs[0].value
-    assert v is not None and v["world"] == 2, outs[0].describe()
+    assert v is not None and v["world"] == 2, "\n".join(o.describe() for o in outs)
     if then == "late":
         assert outs[1].value == {"world": 2, "group": [3.0] * 3}, outs[1].describe()
         assert v["group"] == [3.0] * 3, v
