@@ -29,6 +29,7 @@ from ._work import Work, _finish
 
 log = logging.getLogger("ringreduce")
 
+
 def init(rank: int | None = None, world_size: int | None = None, *,
          master_addr: str | None = None, master_port: int | None = None,
          store: Any = None, timeout: float | None = None, secret: str | None = None,
