@@ -14,6 +14,8 @@ import time
 from typing import Any
 
 from . import _blame, _env, _procnet, _store_guard, _store_keys, _watch
+from ._awake import Awake
+from ._farewell import _poll
 from ._watch import rr_error
 
 log = logging.getLogger("ringreduce")
@@ -203,11 +205,10 @@ def alike(store: Any, prefix: str, world: int, check: Any, *args: Any) -> None:
     try:
         check(*args)
     except ValueError:
+        key = prefix + "refused_alike"
         with contextlib.suppress(Exception):  # the store failed: the error is what matters
-            store.add(prefix + "refused_alike", 1)
-            end = time.monotonic() + 2.0
-            while int(store.add(prefix + "refused_alike", 0)) < world and time.monotonic() < end:
-                time.sleep(0.02)
+            store.add(key, 1)
+            _poll(lambda: int(store.add(key, 0)) >= world, Awake(2.0))
         raise
 
 
