@@ -53,6 +53,13 @@ def _inplace(t: torch.Tensor, written: bool = True
     return tmp, back
 
 
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two contiguous tensors share bytes (views of one storage may lie apart)."""
+    an, bn = a.numel() * a.element_size(), b.numel() * b.element_size()
+    return bool(an and bn) and a.data_ptr() < b.data_ptr() + bn and \
+        b.data_ptr() < a.data_ptr() + an
+
+
 def _chain(*fns: Callable[[], None] | None) -> Callable[[], None] | None:
     fs = [f for f in fns if f is not None]
     if not fs:

@@ -47,7 +47,7 @@ from torch.distributed.constants import default_pg_timeout
 from . import _buffers, _env, _monitored, _state, api, groups, p2p
 from . import _rooted as rooted
 from ._futures import Completion, WaitAll
-from ._torch_tensors import _as_bytes, _chain, _inplace, _same_dtype
+from ._torch_tensors import _as_bytes, _chain, _inplace, _overlaps, _same_dtype
 
 __all__ = ["BACKEND_NAME", "ArgumentError", "ProcessGroupRingReduce", "create_backend",
            "impl_of"]
@@ -512,8 +512,8 @@ class _Ops:
                       input_split_sizes: list, opts: Any = None) -> _Work:
         src, _ = _inplace(input, written=False)
         dst, back = _inplace(output)
-        if src.untyped_storage().data_ptr() == dst.untyped_storage().data_ptr():
-            src = src.clone()  # output is input (or shares its storage): gloo runs it so
+        if _overlaps(src, dst):
+            src = src.clone()  # output is (or overlaps) input: gloo runs it so
         return _work(rooted.all_to_all(src, out=dst, send_counts=input_split_sizes or None,
                                        recv_counts=output_split_sizes or None, group=self._g,
                                        async_op=True), [output], back)

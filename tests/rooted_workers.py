@@ -182,6 +182,23 @@ def count_mismatch(rank: int, world: int) -> str:
         return f"{type(e).__name__}: {e}"
 
 
+def _clones_during(fn: Any) -> int:
+    """How many times fn() cloned a tensor."""
+    import torch
+
+    n, clone = [0], torch.Tensor.clone
+
+    def counted(*a: Any, **k: Any) -> Any:
+        n[0] += 1
+        return clone(*a, **k)
+    torch.Tensor.clone = counted
+    try:
+        fn()
+    finally:
+        torch.Tensor.clone = clone
+    return n[0]
+
+
 def torch_rooted(rank: int, world: int) -> list:
     """dist.reduce / gather / scatter / all_to_all_single / reduce_scatter on the ringreduce
     backend, complex tensors included."""
@@ -214,6 +231,12 @@ def torch_rooted(rank: int, world: int) -> list:
     dist.all_to_all_single(x, x)  # in place (gloo runs it; it was refused as overlapping)
     if not torch.equal(x, want):
         fails.append(f"all_to_all_single in place {x} != {want}")
+    for lo in (2 * world, world):  # halves of one storage (apart: no copy), overlapping ones
+        buf = torch.arange(4 * world, dtype=torch.float64) + 100 * rank
+        x, y = buf[:2 * world], buf[lo:lo + 2 * world]
+        copies = _clones_during(lambda: dist.all_to_all_single(y, x))  # noqa: B023
+        if not torch.equal(y, want) or copies != (lo < 2 * world):
+            fails.append(f"all_to_all_single on one storage ({lo}): {y}, {copies} copies")
     ins = [rank + 1] * world  # rank r sends r+1 rows to everyone
     x = torch.full((sum(ins),), float(rank))
     outs = [p + 1 for p in range(world)]
