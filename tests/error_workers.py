@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+from _spawn import await_flags, raise_flag
 from workers import Buf, compare_exact, pattern, reduce_np, values
 
 import ringreduce as rr
@@ -623,8 +624,11 @@ def destroy_with_pending(rank: int, world: int) -> dict:
     Work fails with a RingReduceError (none hangs); afterwards the API says to init."""
     xs = [np.ones(200_000, dtype=np.float32) for _ in range(6)]
     if rank == 1:  # rank 0 destroys before rank 1 posts: some Work is pending on both
-        time.sleep(0.3)
+        await_flags(["posted0"], 20)  # (a fixed 0.3 s: rank 0 could start later than that)
+        time.sleep(1.0)
     works = [rr.allreduce(x, async_op=True) for x in xs]
+    if rank == 0:
+        raise_flag("posted0")
     t = time.time()
     rr.destroy()
     res: dict[str, Any] = {"destroy_s": time.time() - t, "works": []}

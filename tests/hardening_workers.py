@@ -649,9 +649,31 @@ def destroy_without_a_spare_thread(rank: int, world: int) -> dict:
     return out
 
 
+def _await_exit(world: int, secs: float) -> None:
+    """Wait (at most `secs`) until the rank that raised flag pid_<its pid> has exited."""
+    import glob
+
+    where = os.path.dirname(os.environ["RR_SPAWN_ARGS"])
+    deadline = time.monotonic() + secs
+    while time.monotonic() < deadline:
+        pids = [int(f.rsplit("_", 1)[1]) for f in glob.glob(os.path.join(where, "flag_pid_*"))]
+        if pids and all(_exited(p) for p in pids):
+            return
+        time.sleep(0.01)
+
+
+def _exited(pid: int) -> bool:
+    """Gone, or a zombie (exited; its sockets closed) its parent has not reaped yet."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
 def exited_without_a_word(rank: int, world: int, torch_backend: bool) -> dict:
     """The last rank ends with os._exit(0) (no destroy, no atexit) after a barrier; the
-    others destroy 0.5 s later and say how long that took. Rank 0's farewell waited its
+    others destroy once it has exited and say how long that took. Rank 0's farewell waited its
     5 s for the dead rank's "bye" (and the others for rank 0's word): nobody had found it
     dead, no collective having run since (a helper; gloo's destroy returns at once)."""
     if torch_backend:
@@ -664,7 +686,11 @@ def exited_without_a_word(rank: int, world: int, torch_backend: bool) -> dict:
         rr.init(timeout=20)
         rr.barrier()
     if rank == world - 1:
+        raise_flag(f"pid_{os.getpid()}")
         os._exit(0)
+    # Once it has exited (a fixed 0.5 s: a loaded host may not have run it to its exit yet),
+    # and 0.5 s more, for its parent to reap it.
+    _await_exit(world, 10.0)
     time.sleep(0.5)
     t0 = time.monotonic()
     if torch_backend:

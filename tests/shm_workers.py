@@ -10,7 +10,7 @@ import signal
 import time
 
 import numpy as np
-from _spawn import stay_until, victim_after_the_others
+from _spawn import await_flags, raise_flag, stay_until, victim_after_the_others
 
 import ringreduce as rr
 from ringreduce import _state
@@ -718,6 +718,10 @@ def destroy_after_a_death(rank: int, world: int) -> dict:
         err = "no error"
     except rr.PeerFailure as e:
         err = f"PeerFailure: {e}"
+    # Both survivors start destroy() together: each waits for the other's goodbye, so the
+    # time also held how much later the other failed (load, not the farewell).
+    raise_flag(f"failed{rank}")
+    await_flags([f"failed{r}" for r in range(world - 1)], 10)
     t0 = time.monotonic()
     rr.destroy()
     return {"error": err, "destroy_secs": time.monotonic() - t0}

@@ -171,11 +171,15 @@ def test_group_timeout_is_the_groups_own() -> None:
         if rank == 1:
             assert o == {"torch": "skipped", "native": "skipped", **bad}, o
             continue
-        for api, limit in (("torch", 2.0), ("native", 2.5)):
+        for api in ("torch", "native"):
             kind, took, names = o[api]
             assert kind == "CollectiveTimeout" and names, o
-            assert limit - 0.2 <= took < limit + 3, o  # the group's 2 s, not the world's 60
         assert {k: v for k, v in o.items() if k.startswith("bad")} == bad, o
+    for api, limit in (("torch", 2.0), ("native", 2.5)):
+        # The group's 2 s, not the world's 60: the rank that timed out itself waited it out;
+        # the other may hear of it sooner (it left the barrier later, on a loaded host).
+        took = [outs[r][api][1] for r in (0, 2)]
+        assert limit - 0.2 <= max(took) and max(took) < limit + 3, outs
 
 
 @pytest.mark.timeout(120)
@@ -452,7 +456,7 @@ def test_two_threads_making_groups_of_one_parent_at_once_are_refused() -> None:
     second = outs[0]["second"]
     assert "new_group() on thread 'racer' while thread 'MainThread' is in new_group()" in \
         second and "one order on every rank" in second, second
-    assert outs[0]["secs"] < 0.5, outs[0]
+    assert outs[0]["secs"] < 2.0, outs[0]  # at once: not after the first call (20 s)
 
 
 @pytest.mark.timeout(180)

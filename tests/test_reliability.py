@@ -217,4 +217,4 @@ def test_destroy_after_a_death_does_not_wait_for_the_dead(transport: str) -> Non
         v = outs[r].value
         assert v is not None, outs[r].describe()
         assert v["error"].startswith("PeerFailure") and "rank 2 " in v["error"], (r, v)
-        assert v["destroy_secs"] < 0.5, (r, v)  # was 1.0: the farewell cap after a failure
+        assert v["destroy_secs"] < 0.9, (r, v)  # was 1.0: the farewell cap after a failure
