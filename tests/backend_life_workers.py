@@ -205,7 +205,7 @@ def monitored_barriers(rank: int, world: int) -> dict:
     out["keys_left"] = store.num_keys() - keys  # every verdict read: none stay
     dist.barrier()  # (CI: rank 1 checked in to the next barrier before rank 2 counted)
     if rank == 2:
-        time.sleep(2.5)
+        time.sleep(4.0)  # well past rank 0's 1 s: its wait is timed below
     t0 = time.monotonic()
     out["late"] = mb(1.0)
     out["late_secs"] = time.monotonic() - t0

@@ -109,7 +109,7 @@ def test_monitored_barrier_names_the_ranks_that_did_not_arrive() -> None:
         assert v["all"] == [None, None] and v["keys_left"] <= 0, v
         assert v["sum"] == [6.0] * 4, v
     assert res[0]["late"] == f"[Rank 0]: Rank 2 {gone}", res[0]
-    assert 0.8 < res[0]["late_secs"] < 2.0, res[0]
+    assert 0.8 < res[0]["late_secs"] < 3.0, res[0]  # 1 s, not until rank 2 came (4 s)
     assert res[1]["late"] == f"Rank 1 successfully reached monitoredBarrier, but rank 0 " \
                              f"found: [Rank 0]: Rank 2 {gone}", res[1]
     assert res[2]["late"] is not None and f"Rank 2 {gone}" in res[2]["late"], res[2]

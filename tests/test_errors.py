@@ -162,9 +162,11 @@ def _check_mismatch(outs: list, world: int) -> None:
             assert res["type"] in ("CollectiveMismatch", "PeerFailure"), (
                 f"{where}: expected CollectiveMismatch (or PeerFailure carrying it), got "
                 f"{res['type']}: {res['msg']}")
-            # The promise: a mismatched collective is an error within 1 s (data-path
-            # mismatches take microseconds; kind mismatches ride on heartbeats, 0.5 s).
-            assert res["elapsed"] < 1.0, f"{where}: detected only after {res['elapsed']:.2f} s"
+            # The promise: a mismatched collective is an error within ~1 s (data-path
+            # mismatches take microseconds; kind mismatches ride on heartbeats, 0.5 s), not at
+            # the timeout (4 s or more here). 2 s: ranks leave the store barrier starting the
+            # clock apart, and a loaded host delays a heartbeat (CI runs 4 files on 2 cores).
+            assert res["elapsed"] < 2.0, f"{where}: detected only after {res['elapsed']:.2f} s"
             assert res["after"] is not None, f"{where}: the next collective succeeded"
             if res["type"] == "CollectiveMismatch":  # who differs (found here) / who said so
                 odd, via, peer = world - 1, res["relayed_by"], res["peer_rank"]

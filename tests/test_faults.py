@@ -168,8 +168,10 @@ def test_stall_report_names_the_late_rank_and_its_call_site(transport: str, at: 
     story = "\n".join(o.describe() for o in outs)
     assert all(o.ok and o.value["wrong"] == 0 for o in outs), story
     for o in outs[:2]:
-        stall = [ln for ln in o.stderr.splitlines() if "stall:" in ln]
-        assert len(stall) == 1, f"rank {o.rank}: {stall}\n{story}"
+        # (a loaded host may stall another collective for a second too: those lines are
+        # not this test's)
+        stall = [ln for ln in o.stderr.splitlines() if "stall:" in ln and "rank 2 (" in ln]
+        assert stall, f"rank {o.rank}: no stall report naming rank 2\n{story}"
         m = re.search(r"rank 2 \(.*pid \d+\) is idle after collective #(\d+)", stall[0])
         assert m, stall[0]
         if at > 1:  # (before its first call, no call site yet)
@@ -198,7 +200,7 @@ def test_abort_from_a_watchdog_thread(transport: str, on: str) -> None:
     assert all(o.ok for o in outs), story
     r0, r1, r2 = (o.value for o in outs)
     assert r0["type"] == "RingReduceError" and "aborted" in r0["msg"], story
-    assert r0["t"] - r0["t0"] < delay + 0.5, story
+    assert r0["t"] - r0["t0"] < delay + 2.0, story  # at once: not the 30 s timeouts (load)
     # Refused at once too: a send on a tag without a channel yet (it returned, and failed
     # in a log, before), a new group.
     assert [a.startswith("communicator was aborted") for a in r0["after"]] == [True, True], \
@@ -207,7 +209,7 @@ def test_abort_from_a_watchdog_thread(transport: str, on: str) -> None:
         assert r0["destroy_s"] < 5, story
         return
     assert r1["type"] is not None and "rank 0" in r1["msg"] and "aborted" in r1["msg"], story
-    assert r1["t"] - r0["t"] < 1.0, story
+    assert r1["t"] - r0["t"] < 3.0, story  # from rank 0's abort, not its own 30 s timeouts
     assert r2["type"] is not None and "rank 0" in r2["msg"], story
     assert r0["destroy_s"] < 5 and r1["destroy_s"] < 5, story
 

@@ -94,7 +94,7 @@ def test_strangers_connecting_all_the_time_hold_up_no_collective() -> None:
     assert outs[0]["strangers"] >= 15, outs
     for rank, o in enumerate(outs):
         # Before: over half of the 4 s in calls that waited for a stranger's answer.
-        assert o["calls"] >= 50 and o["slow"] < 1.0, (rank, o)
+        assert o["calls"] >= 20 and o["slow"] < 1.0, (rank, o)
 
 
 # A dead or frozen rank is named on every survivor, within the same bounds as a full mesh,

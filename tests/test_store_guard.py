@@ -217,12 +217,21 @@ def test_a_farewell_poll_waits_for_the_pause_to_be_seen() -> None:
         assert _farewell._poll(lambda: time.monotonic() > ready, deadline)
     finally:
         seen.cancel()
-    # A deadline that passed while its pauses were looked for ends the poll at once.
+    # A deadline that passed while its pauses were looked for (a thread looks every 10 ms,
+    # as _talk_until's waiter does) ends the poll at once, not after the settling wait.
     pauses = _awake.Pauses()
-    gone = _awake.Awake(0.0, pauses)
-    t0 = time.monotonic()
-    assert not _farewell._poll(lambda: False, gone)
-    assert time.monotonic() - t0 < 0.05
+    stop = threading.Event()
+    looker = threading.Thread(target=lambda: [pauses.look() for _ in iter(
+        lambda: stop.wait(0.01), True)], daemon=True)
+    looker.start()
+    try:
+        gone = _awake.Awake(0.0, pauses)
+        t0 = time.monotonic()
+        assert not _farewell._poll(lambda: False, gone)
+        assert time.monotonic() - t0 < _farewell._SETTLE_S / 2
+    finally:
+        stop.set()
+        looker.join()
 
 
 def test_a_set_up_failure_looks_briefly_for_the_reason_another_rank_posted() -> None:
