@@ -30,6 +30,7 @@ def sockets_per_group(rank: int, world: int) -> dict:
         groups.append(g)
         fails += _checked_allreduce(rr, g, i)
         counts.append(_fds.tcp_sockets())
+        rr.barrier()  # no rank leaves (closing its links) before every rank counted
     links = rr.world_group().links
     made = len(links) if links is not None else -1
     for g in groups:
