@@ -53,15 +53,17 @@ class Buffer:
 
 def overlap(b: Buffer, o: Buffer) -> int:
     """0 when the two buffers' bytes are apart, else the byte size of `o`."""
-    if not b.count or not o.count:
-        return 0
-
     def nbytes(v: Buffer) -> int:
         x = v.obj
         return v.units() * (x.element_size() if hasattr(x, "element_size") else x.itemsize)
 
-    xb, ob = nbytes(b), nbytes(o)
-    return ob if b.ptr < o.ptr + ob and o.ptr < b.ptr + xb else 0
+    ob = nbytes(o)
+    return ob if spans_overlap(b.ptr, nbytes(b), o.ptr, ob) else 0
+
+
+def spans_overlap(a: int, a_bytes: int, b: int, b_bytes: int) -> bool:
+    """Whether the byte ranges [a, a + a_bytes) and [b, b + b_bytes) share a byte."""
+    return bool(a_bytes and b_bytes) and a < b + b_bytes and b < a + a_bytes
 
 
 def copy_of(x: Any) -> Any:

@@ -55,9 +55,10 @@ def _inplace(t: torch.Tensor, written: bool = True
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two contiguous tensors share bytes (views of one storage may lie apart)."""
-    an, bn = a.numel() * a.element_size(), b.numel() * b.element_size()
-    return bool(an and bn) and a.data_ptr() < b.data_ptr() + bn and \
-        b.data_ptr() < a.data_ptr() + an
+    from ._buffers import spans_overlap
+
+    return spans_overlap(a.data_ptr(), a.numel() * a.element_size(),
+                         b.data_ptr(), b.numel() * b.element_size())
 
 
 def _chain(*fns: Callable[[], None] | None) -> Callable[[], None] | None:
