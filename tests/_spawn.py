@@ -352,6 +352,15 @@ def victim_after_the_others(rank: int, victim: int, ranks: Collection[int], step
     return True
 
 
+def proc_state(pid: int) -> str | None:
+    """Process `pid`'s state letter as /proc says (R, S, T, Z, ...); None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 def await_flags(names: Collection[str], secs: float) -> bool:
     """Rank side: wait (at most `secs`) until every flag in `names` is raised. For a rank that
     must stay alive until others have seen something, instead of a fixed sleep."""

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-from _spawn import await_flags, raise_flag
+from _spawn import await_flags, proc_state, raise_flag
 
 import ringreduce as rr
 
@@ -649,7 +649,7 @@ def destroy_without_a_spare_thread(rank: int, world: int) -> dict:
     return out
 
 
-def _await_exit(world: int, secs: float) -> None:
+def _await_exit(secs: float) -> None:
     """Wait (at most `secs`) until the rank that raised flag pid_<its pid> has exited."""
     import glob
 
@@ -657,18 +657,9 @@ def _await_exit(world: int, secs: float) -> None:
     deadline = time.monotonic() + secs
     while time.monotonic() < deadline:
         pids = [int(f.rsplit("_", 1)[1]) for f in glob.glob(os.path.join(where, "flag_pid_*"))]
-        if pids and all(_exited(p) for p in pids):
+        if pids and all(proc_state(p) in (None, "Z", "X") for p in pids):  # Z: exited
             return
         time.sleep(0.01)
-
-
-def _exited(pid: int) -> bool:
-    """Gone, or a zombie (exited; its sockets closed) its parent has not reaped yet."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
-        return True
 
 
 def exited_without_a_word(rank: int, world: int, torch_backend: bool) -> dict:
@@ -689,8 +680,9 @@ def exited_without_a_word(rank: int, world: int, torch_backend: bool) -> dict:
         raise_flag(f"pid_{os.getpid()}")
         os._exit(0)
     # Once it has exited (a fixed 0.5 s: a loaded host may not have run it to its exit yet),
-    # and 0.5 s more, for its parent to reap it.
-    _await_exit(world, 10.0)
+    # and 0.5 s more, as before: an exited rank's pid still answers kill(pid, 0) until its
+    # parent reaps it.
+    _await_exit(10.0)
     time.sleep(0.5)
     t0 = time.monotonic()
     if torch_backend:

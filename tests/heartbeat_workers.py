@@ -8,6 +8,7 @@ import signal
 import time
 
 import numpy as np
+from _spawn import proc_state
 
 import ringreduce as rr
 
@@ -128,9 +129,7 @@ def _wait_state(pid: int, stopped: bool, limit: float) -> None:
     """Until process `pid` is stopped (state T) or not, as /proc says (at most `limit` s)."""
     end = time.monotonic() + limit
     while time.monotonic() < end:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        if (state in "Tt") == stopped:
+        if (proc_state(pid) in ("T", "t")) == stopped:
             return
         time.sleep(0.01)
     raise TimeoutError(f"process {pid} not {'stopped' if stopped else 'running'} in {limit} s")
