@@ -163,6 +163,7 @@ def send_first(rank: int, world: int) -> list:
     # (told by a flag the receiver raises as it begins to read, not by times: a rank that
     # left the barrier late on a loaded host made them wrong)
     if rank == 0:
+        raise_flag("sending")
         t0, took = time.monotonic(), []
         for k in range(5):
             rr.send(_msg(0, 1, 8, salt=k), 1)
@@ -172,6 +173,7 @@ def send_first(rank: int, world: int) -> list:
         if not await_flags(["reading"], 0) and os.environ.get("RINGREDUCE_TRANSPORT") == "shm":
             fails.append(f"5 sends returned before the late receiver read any: {took}")
     elif rank == 1:
+        await_flags(["sending"], 20)  # 1 s after rank 0 began, not after this rank's barrier
         time.sleep(1.0)
         raise_flag("reading")
         for k in range(5):

@@ -655,8 +655,9 @@ def test_a_forked_child_with_a_world_of_its_own_forgets_its_parents() -> None:
 
 @pytest.mark.timeout(60)
 def test_python_m_ringreduce_run_does_not_warn() -> None:
-    """`python -m ringreduce.run` (ringreduce-bench -n N runs it) warned that the module was
-    already imported: `import ringreduce` imported it for the ranks' exit hook."""
+    """`python -m ringreduce.run` (ringreduce-bench -n N runs it where _ringreduce_run is
+    not installed) warned that the module was already imported: `import ringreduce`
+    imported it for the ranks' exit hook."""
     from ringreduce import _env, run
 
     assert _env.PEER_FAILURES_VAR == run.PEER_FAILURES_VAR

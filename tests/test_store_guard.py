@@ -218,7 +218,8 @@ def test_a_farewell_poll_waits_for_the_pause_to_be_seen() -> None:
     finally:
         seen.cancel()
     # A deadline that passed while its pauses were looked for (a thread looks every 10 ms,
-    # as _talk_until's waiter does) ends the poll at once, not after the settling wait.
+    # as _talk_until's waiter does every _LOOK_S) ends the poll at once, not after the
+    # settling wait.
     pauses = _awake.Pauses()
     stop = threading.Event()
     looker = threading.Thread(target=lambda: [pauses.look() for _ in iter(
