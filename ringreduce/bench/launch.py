@@ -6,7 +6,6 @@ job over the same sizes."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import shlex
 import shutil
@@ -18,6 +17,7 @@ from argparse import Namespace
 from collections.abc import Iterator
 from typing import Any
 
+from .. import run
 from .._cpus import usable_cpus
 from ..run import parent_death_signal
 from . import progress
@@ -148,13 +148,12 @@ def spawn_local(args: Namespace, argv: list[str]) -> int:
 
 
 def _launcher() -> list[str]:
-    """ringreduce-run's command: its entry point, which does not import the ringreduce
-    package (torch: ~1.3 s here before any rank starts, far more on a loaded host -- CI
-    saw the ranks still importing 90 s after the bench started); `-m ringreduce.run` where
-    that is not installed (a source tree on PYTHONPATH)."""
-    if importlib.util.find_spec("_ringreduce_run") is None:
-        return [sys.executable, "-m", "ringreduce.run"]
-    return [sys.executable, "-c", "import sys, _ringreduce_run; sys.exit(_ringreduce_run.main())"]
+    """ringreduce-run's command: this package's run.py as a plain file, as its console
+    entry point (_ringreduce_run) runs it -- it imports nothing of the package; `-m
+    ringreduce.run` imported the package and torch first (~1.3 s here before any rank
+    started, far more on a loaded host: CI saw the ranks still importing 90 s after the
+    bench began)."""
+    return [sys.executable, os.path.abspath(run.__file__)]
 
 
 _STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
