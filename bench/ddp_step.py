@@ -36,6 +36,8 @@ import sys
 import time
 from typing import Any, Callable
 
+from _local import launcher  # bench/_local.py (this script's directory is on sys.path)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TARGET = 0.9  # ringreduce step time <= 0.9 x torch DDP on gloo
 EXPOSED_TARGET = 0.35  # issue 14: exposed communication <= 0.35 x torch DDP on gloo's
@@ -419,7 +421,7 @@ def main(argv: list) -> int:
     if "RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" not in os.environ:
         import subprocess
 
-        cmd = [sys.executable, "-m", "ringreduce.run", "-n", str(args.nproc),
+        cmd = [*launcher(), "-n", str(args.nproc),
                os.path.abspath(__file__), *argv]
         return subprocess.call(cmd)
     run_rank(args)

@@ -8,7 +8,7 @@ was killed -- for n local ranks over shared memory and over TCP.
     python bench/scaling.py --quick                                              # n = 2, 4, 8
     python bench/scaling.py --sizes 8,64 --transports tcp --env RINGREDUCE_FULL_MESH_MAX=1
 
-Each (n, transport) is one job: ``python -m ringreduce.run -n N --no-prefix`` (ringreduce-run)
+Each (n, transport) is one job: ``ringreduce-run -n N --no-prefix`` (its run.py as a file)
 starting this script's worker with RINGREDUCE_TRANSPORT set (plus any --env K=V). Each rank
 writes its results to a JSON file in a temporary directory; this process aggregates them.
 Per rank, in order:
@@ -44,6 +44,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from _local import launcher  # bench/_local.py (this script's directory is on sys.path)
 
 BAR = 2.0  # issue #14: per-rank fds and heartbeat traffic at 64 ranks <= 2x those at 8
 PANELS = (("fds_median", "open fds per rank (median)"),
@@ -169,7 +171,7 @@ def run_config(n: int, transport: str, a: argparse.Namespace, env: dict) -> dict
 
 def _run_config(tmp: str, n: int, transport: str, a: argparse.Namespace, env: dict) -> dict:
     iters = min(a.iters, 50) if n >= 32 else a.iters
-    cmd = [sys.executable, "-m", "ringreduce.run", "-n", str(n), "--no-prefix",
+    cmd = [*launcher(), "-n", str(n), "--no-prefix",
            "--grace-period", str(a.kill_limit), sys.executable, os.path.abspath(__file__),
            "--worker", tmp, f"{iters},{a.warmup},{a.hb_window}"]
     row: dict = {"n": n, "transport": transport, "iters": iters, "error": None}
