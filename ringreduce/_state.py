@@ -266,9 +266,15 @@ def resolve(group: Any, what: str = "this call", runs: bool = True) -> Group:
     if group.forked:
         raise RuntimeError(_forked_message(what, group.name, group.forked))
     if group.destroyed:
-        again = ("ringreduce.init() again" if group.name == "world" else
-                 "a new group with ringreduce.new_group (ringreduce.destroy() destroys every "
-                 "group)")
+        if group.by_torch:  # a torch default group aborted or shut down (pg.abort())
+            again = "dist.destroy_process_group(), then dist.init_process_group() again"
+        elif group.name.startswith("torch group "):
+            again = "a new one with dist.new_group"
+        elif group.name == "world":
+            again = "ringreduce.init() again"
+        else:
+            again = ("a new group with ringreduce.new_group (ringreduce.destroy() destroys "
+                     "every group)")
         raise RuntimeError(f"{what}: group {group.name!r} was destroyed; make {again}")
     if runs and group.comm is None:
         check_aborted(_DEFAULT[0], what)

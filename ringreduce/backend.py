@@ -622,11 +622,36 @@ class _Ops:
 
 def _collective(fn: Callable) -> Callable:
     """`fn`, its Work handed to _issued (point-to-point's are not: a receive may wait for
-    long, and neither a later collective nor a destroy should wait for it)."""
+    long, and neither a later collective nor a destroy should wait for it), under its
+    options' own timeout where they have one (dist.barrier(timeout=), as gloo)."""
     @functools.wraps(fn)
     def call(self: _Ops, *args: Any, **kwargs: Any) -> Any:
-        return self._issued(fn(self, *args, **kwargs))
+        secs = _call_timeout(kwargs.get("opts", args[-1] if args else None))
+        if secs < 0:
+            return self._issued(fn(self, *args, **kwargs))
+        from . import _C
+
+        before = _C.set_call_timeout(secs)  # this thread's; read as each core call is issued
+        try:
+            return self._issued(fn(self, *args, **kwargs))
+        finally:
+            _C.set_call_timeout(before)
     return call
+
+
+_UNSET = timedelta(milliseconds=-1)  # c10d's kUnsetTimeout: the group's timeout applies
+
+
+def _call_timeout(opts: Any) -> float:
+    """Seconds of a c10d Options' own timeout (dist.barrier(timeout=) sets
+    BarrierOptions.timeout), else -1: the group's."""
+    t = getattr(opts, "timeout", _UNSET)
+    if not isinstance(t, timedelta) or t == _UNSET:
+        return -1.0
+    try:
+        return _env.check_seconds("the call's timeout", t.total_seconds())
+    except ValueError as e:
+        raise ArgumentError(*e.args) from None
 
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # every _Ops of this process (shutdown, exit)

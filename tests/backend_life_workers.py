@@ -173,6 +173,34 @@ def abort_process_group_in_flight(rank: int, world: int, on: str) -> dict:
     return {"error": None, "t": time.monotonic() - t0}
 
 
+def calls_after_pg_abort(rank: int, world: int) -> dict:
+    """pg.abort() (torch's ProcessGroup.abort) on a subgroup and then on the default group,
+    every rank at once: the next call on each -- synchronous (the C++ adapter's) and async
+    (the Python side's) -- says what a torch user does next; an async one said only "make
+    ringreduce.init() again" (found by a helper)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("ringreduce")
+    sub = dist.new_group([0, 1])
+    x = torch.full((4,), rank + 1.0)
+    dist.all_reduce(x)
+    out = {}
+    for name, g in (("sub", sub), ("world", dist.group.WORLD)):
+        if rank not in dist.get_process_group_ranks(g):
+            continue
+        g.abort()
+        for how in ("sync", "async"):
+            try:
+                if how == "sync":
+                    dist.all_reduce(x, group=g)
+                else:
+                    dist.all_reduce(x, group=g, async_op=True).wait()
+                out[f"{name} {how}"] = None
+            except RuntimeError as e:
+                out[f"{name} {how}"] = str(e)
+    return out
+
+
 def monitored_barriers(rank: int, world: int) -> dict:
     """dist.monitored_barrier (torch 2.14 runs it on any CPU backend; on 2.13, which lets
     only gloo through dist.monitored_barrier, the process group's own method): all arrive

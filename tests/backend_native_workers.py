@@ -120,6 +120,36 @@ def _work_checks(rank: int, world: int) -> list:
     a.wait()
     if not torch.equal(u, want):
         bad.append(f"async all_reduce gave {u.tolist()}")
+    return bad + _work_introspection(pg, u)
+
+
+def _work_introspection(pg, t) -> list:
+    """work._get_op_type() says the call (as gloo's Works), on the synchronous path and the
+    async one; work._get_sequence_number() (torch >= 2.14) is the group's operation count
+    when the call was issued (one more per call)."""
+    from torch._C._distributed_c10d import OpType
+
+    bad = []
+    opts = dist.AllreduceOptions()
+    opts.asyncOp = False
+    calls = [("sync all_reduce", OpType.ALLREDUCE, lambda: pg.allreduce([t], opts)),
+             ("all_reduce", OpType.ALLREDUCE, lambda: dist.all_reduce(t, async_op=True)),
+             ("broadcast", OpType.BROADCAST, lambda: dist.broadcast(t, 0, async_op=True)),
+             ("reduce", OpType.REDUCE, lambda: dist.reduce(t, 0, async_op=True)),
+             ("all_gather", OpType.ALLGATHER,
+              lambda: dist.all_gather([torch.empty_like(t) for _ in range(pg.size())], t,
+                                      async_op=True)),
+             ("barrier", OpType.BARRIER, lambda: dist.barrier(async_op=True))]
+    seqs = []
+    for name, want, issue in calls:
+        w = issue()
+        w.wait()
+        if w._get_op_type() != int(want):  # an int in torch 2.13
+            bad.append(f"{name}: op type {w._get_op_type()}, not {want}")
+        if hasattr(w, "_get_sequence_number"):
+            seqs.append(w._get_sequence_number())
+    if seqs and seqs != list(range(seqs[0], seqs[0] + len(calls))):
+        bad.append(f"sequence numbers {seqs}: not one more per call")
     return bad
 
 

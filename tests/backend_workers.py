@@ -516,6 +516,46 @@ def set_timeout(rank: int, world: int) -> dict:
     return out
 
 
+def call_timeout(rank: int, world: int, mode: str) -> dict:
+    """init_process_group("ringreduce", timeout=60 s); a barrier with a timeout of its own
+    out of range is refused before anything moves; then the last rank comes 6 s late to
+    dist.barrier(timeout=2 s) (mode "sync"; "async": async_op=True, then wait(); "allreduce":
+    pg.allreduce with AllreduceOptions.timeout = 2 s): the others' waits end after ~2 s, as
+    gloo's (before, ringreduce ignored the call's timeout and waited 6 s)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    dist.init_process_group("ringreduce", timeout=timedelta(seconds=60))
+    out: dict = {}
+    try:
+        dist.barrier(timeout=timedelta(seconds=-5))
+        out["bad"] = None
+    except Exception as e:  # noqa: BLE001
+        out["bad"] = (type(e).__name__, str(e)[:300])
+    x = torch.full((5,), float(rank + 1))
+    dist.all_reduce(x)  # nothing moved for the refused barrier: the next call pairs up
+    assert x.tolist() == [float(sum(range(1, world + 1)))] * 5, x
+    if rank == world - 1:
+        time.sleep(6.0)
+    t0 = time.monotonic()
+    two = timedelta(seconds=2)
+    try:
+        if mode == "sync":
+            dist.barrier(timeout=two)
+        elif mode == "async":
+            dist.barrier(timeout=two, async_op=True).wait()
+        else:
+            opts = dist.AllreduceOptions()
+            opts.timeout = two
+            dist.group.WORLD.allreduce([torch.ones(4)], opts).wait()
+        out["late"] = (None, "")
+    except Exception as e:  # noqa: BLE001
+        out["late"] = (type(e).__name__, str(e)[:400])
+    out["secs"] = time.monotonic() - t0
+    return out
+
+
 def torch_cycles_on_shared_world(rank: int, world: int, cycles: int) -> list:
     """ringreduce.init() ran first (the spawn helper); torch's default group is made on its
     store and destroyed `cycles` times. Each cycle makes a subgroup -- [0, 1] in even

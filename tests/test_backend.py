@@ -143,6 +143,24 @@ def test_backend_set_timeout_applies_to_later_calls() -> None:
     assert "2 s" in v["world"][1] or "2.0 s" in v["world"][1], v
 
 
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("mode", ["sync", "async", "allreduce"])
+def test_a_calls_own_timeout_bounds_it(mode: str) -> None:
+    """dist.barrier(timeout=2 s) -- synchronous or async_op=True -- and an AllreduceOptions
+    with a timeout of 2 s, while the last of 3 ranks comes 6 s late (the group's timeout is
+    60 s): the others' waits end after ~2 s, as gloo's; the timeout's text says whose timeout
+    it was. A timeout out of range is refused first, before anything moves."""
+    outs = run_world_raw(3, "backend_workers:call_timeout", mode, timeout=60, init=False)
+    for r in (0, 1):
+        assert outs[r].has_result, outs[r].describe()
+        v = outs[r].value
+        assert v["bad"] and v["bad"][0] == "ArgumentError" and "timeout" in v["bad"][1], v
+        assert v["late"][0] is not None and v["secs"] < 4.5, (r, v)
+    timed_out = [o.value["late"][1] for o in outs[:2] if o.value["late"][0] == "CollectiveTimeout"]
+    assert timed_out, [o.value for o in outs[:2]]
+    assert all("2 s" in t and "this call's own" in t for t in timed_out), timed_out
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world", [2, 3])
 def test_torch_default_groups_made_again_on_a_ringreduce_world(world: int) -> None:
@@ -210,6 +228,20 @@ def test_abort_process_group_fails_the_call_in_flight_as_aborted(on: str) -> Non
     assert res[0]["t"] < 5.0, res
     if on == "collective":
         assert res[1]["error"] is not None and "rank 0" in res[1]["error"], res
+
+
+@pytest.mark.timeout(90)
+def test_calls_after_pg_abort_say_what_a_torch_user_does_next() -> None:
+    res = run_world(3, "backend_life_workers:calls_after_pg_abort", timeout=60, env=_ENV,
+                    init=False)
+    for r, out in enumerate(res):
+        for how in ("sync", "async"):
+            assert "destroy_process_group() and init_process_group()" in out[f"world {how}"] or \
+                "dist.destroy_process_group(), then dist.init_process_group()" in \
+                out[f"world {how}"], res
+            if r < 2:
+                assert "torch.distributed.new_group()" in out[f"sub {how}"] or \
+                    "a new one with dist.new_group" in out[f"sub {how}"], res
 
 
 @pytest.mark.timeout(90)

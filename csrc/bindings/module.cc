@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <exception>
 #include <system_error>
+#include <utility>
 
 #include <pybind11/functional.h>
 #include <pybind11/numpy.h>
@@ -43,6 +44,22 @@ void registerGpu(pybind11::module_& m);  // gpu.cc
 }
 
 namespace {
+
+// set_call_timeout's: the collectives this thread issues wait at most this long (< 0: their
+// communicator's timeout). Read when a collective is issued, so a queued one keeps it.
+thread_local double tCallTimeout = -1;
+
+// `fn` run with its communicator's call timeout set to `sec` (cleared after, also on a throw).
+runtime::Task withCallTimeout(runtime::Task fn, double sec) {
+  return [fn = std::move(fn), sec](comm::Communicator& cm) {
+    struct Clear {
+      comm::Communicator& c;
+      ~Clear() { c.setCallTimeout(-1); }
+    } clear{cm};
+    cm.setCallTimeout(sec);
+    fn(cm);
+  };
+}
 
 // What Python sees as _C.Listener: the TCP listener and the UDP heartbeat socket, both
 // bound before addresses are exchanged.
@@ -201,6 +218,7 @@ class PyComm {
   py::object run(runtime::Task fn, const std::string& what, bool async) {
     std::shared_ptr<runtime::Executor> e = held();
     uint32_t site = bindings::currentCallSite();
+    if (tCallTimeout >= 0) fn = withCallTimeout(std::move(fn), tCallTimeout);
     if (async) {
       std::shared_ptr<runtime::Work> w = e->submit(std::move(fn), what, site);
       return py::cast(w);
@@ -295,6 +313,12 @@ PYBIND11_MODULE(_C, m) {
     checkReduction(static_cast<DataType>(dtype), static_cast<ReduceOp>(op));
   }, "Raise ValueError (saying what to do) when `op` cannot reduce `dtype`.");
 
+  m.def(
+      "set_call_timeout",
+      [](double sec) { return std::exchange(tCallTimeout, sec < 0 ? -1.0 : sec); },
+      py::arg("seconds"),
+      "the collectives this thread issues from now on wait at most `seconds` (< 0: their "
+      "communicator's timeout); returns the previous value");
   m.def("set_log_level", &log::setLevel);
   m.def("forget_first_failure", &comm::forgetFirstFailure);
   m.def("set_log_prefix", &log::setPrefix);

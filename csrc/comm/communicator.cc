@@ -133,7 +133,7 @@ FrameHeader Communicator::begin(CollectiveKind kind, DataType dtype, ReduceOp op
   bytesDone_ = 0;
   std::fill(early_.begin(), early_.end(), 0);
   const auto now = Deadline::Clock::now();  // one clock read for deadline, stall, recorder
-  curTimeoutSec_ = timeoutSec_.load();
+  curTimeoutSec_ = callTimeoutSec_ >= 0 ? callTimeoutSec_ : timeoutSec_.load();
   deadline_ = Deadline::after(now, curTimeoutSec_);
   stallReported_ = false;
   movedBytes_ = 0;

@@ -97,6 +97,10 @@ class Communicator {
   // The collectives begun from now on wait at most `sec` (torch's Backend.setTimeout, through
   // the c10d adapter). Any thread may call it; a collective in flight keeps its deadline.
   void setTimeout(double sec) { timeoutSec_.store(sec); }
+  // One call's own timeout (torch's dist.barrier(timeout=), a c10d Options.timeout): the
+  // collectives begun while it is set wait at most `sec` (< 0: the communicator's). Set and
+  // cleared around them by the thread that runs them (bindings' withCallTimeout).
+  void setCallTimeout(double sec) { callTimeoutSec_ = sec; }
   uint64_t seq() const { return seq_; }
   // The connection to `peer`, made now (comm/lazy_connect.cc) if it is not there yet.
   Connection& conn(int peer) {
@@ -415,6 +419,7 @@ class Communicator {
   Deadline deadline_ = Deadline::never();
   std::atomic<double> timeoutSec_;  // the next collective's (options' timeout, setTimeout)
   double curTimeoutSec_ = 0;  // the current collective's, for its timeout's message
+  double callTimeoutSec_ = -1;  // setCallTimeout's, else -1
   double setupOf_ = -1;  // in init's set-up (beginSetup): the collective timeout, else -1
   ScratchArena scratch_;
   std::unique_ptr<transport::shm::ShmDomain> shm_;

@@ -442,14 +442,15 @@ void Communicator::checkLocalAborts() {
   const int waited = recvPeer >= 0 ? recvPeer : sendPeer;
   int stuck = -1;
   const std::string diag = diagnosis(waited, &stuck);
-  throw TimeoutError(
-      detail::concat("rank ", label(rank_), ": ", describeCurrent(), " timed out after ",
-                     curTimeoutSec_, " s ", who, diag,
-                     setupOf_ >= 0 ? " (in init's shared-memory set-up, within "
-                                     "RINGREDUCE_CONNECT_TIMEOUT: is that rank stuck or still "
-                                     "starting?)"
-                                   : " (is that rank stuck, or did it skip this collective? "
-                                     "raise timeout= or RINGREDUCE_TIMEOUT for slow steps)"),
+  const char* hint =
+      setupOf_ >= 0 ? " (in init's shared-memory set-up, within RINGREDUCE_CONNECT_TIMEOUT: is "
+                      "that rank stuck or still starting?)"
+      : callTimeoutSec_ >= 0 ? " (is that rank stuck, or did it skip this collective? the "
+                               "timeout was this call's own, e.g. dist.barrier(timeout=))"
+                             : " (is that rank stuck, or did it skip this collective? raise "
+                               "timeout= or RINGREDUCE_TIMEOUT for slow steps)";
+  throw TimeoutError(detail::concat("rank ", label(rank_), ": ", describeCurrent(),
+                                    " timed out after ", curTimeoutSec_, " s ", who, diag, hint),
       waited, stuck);
 }
 

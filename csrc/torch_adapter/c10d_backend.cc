@@ -31,6 +31,7 @@
 #include <array>
 #include <chrono>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -110,8 +111,12 @@ c10::IValue tensorsOf(py::handle v) {
 // completion and errors are asked of the Python object, which knows them.
 class PyWorkRef : public c10d::Work {
  public:
-  explicit PyWorkRef(py::object w)
-      : work_(w.cast<c10::intrusive_ptr<c10d::Work>>()), py_(std::move(w)) {}
+  // type: work._get_op_type(), as gloo's Works say it.
+  PyWorkRef(py::object w, uint64_t seq, int rank, c10d::OpType type)
+      : c10d::Work(rank, type),
+        work_(w.cast<c10::intrusive_ptr<c10d::Work>>()),
+        py_(std::move(w)),
+        seq_(seq) {}
 
   ~PyWorkRef() override {
     py::gil_scoped_acquire gil;
@@ -186,15 +191,22 @@ class PyWorkRef : public c10d::Work {
     return py_.attr("source_rank")().cast<int>();
   }
 
+  // work._get_sequence_number(): the group's operation count when this one was issued, as
+  // gloo's (the first is 1).
+  uint64_t getSequencenumber() const override { return seq_; }
+
  private:
   c10::intrusive_ptr<c10d::Work> work_;
   py::object py_;
+  uint64_t seq_;
 };
 
-// A collective that already ran (the synchronous path): torch still calls wait() on it.
+// A collective that already ran (the synchronous path: no call of its own timeout, which
+// the Python side sets, e.g. dist.barrier(timeout=)): torch still calls wait() on it.
 class DoneWork : public c10d::Work {
  public:
-  explicit DoneWork(std::vector<at::Tensor> out) : out_(std::move(out)) {}
+  DoneWork(std::vector<at::Tensor> out, uint64_t seq, int rank, c10d::OpType type)
+      : c10d::Work(rank, type), out_(std::move(out)), seq_(seq) {}
   bool isCompleted() override { return true; }
   bool isSuccess() const override { return true; }
   bool wait(std::chrono::milliseconds) override { return true; }
@@ -206,9 +218,11 @@ class DoneWork : public c10d::Work {
     f->markCompleted(c10::IValue(out_));
     return f;
   }
+  uint64_t getSequencenumber() const override { return seq_; }
 
  private:
   std::vector<at::Tensor> out_;
+  uint64_t seq_;
 };
 
 // The core's C entry points for one group, from the Python side's `native()`: (api capsule,
@@ -345,6 +359,33 @@ at::Tensor premulScaled(const c10d::ReduceOp& op, const at::Tensor& t, bool inPl
   return inPlace ? t.mul_(s->double_factor) : t.mul(s->double_factor);
 }
 
+// The OpType a gloo Work of the same call says (work._get_op_type()), by our Python name.
+c10d::OpType opType(const std::string& name) {
+  using T = c10d::OpType;
+  static const std::unordered_map<std::string, T> types = {
+      {"broadcast", T::BROADCAST},
+      {"allreduce", T::ALLREDUCE},
+      {"allreduce_coalesced", T::ALLREDUCE_COALESCED},
+      {"reduce", T::REDUCE},
+      {"allgather", T::ALLGATHER},
+      {"_allgather_base", T::_ALLGATHER_BASE},
+      {"allgather_coalesced", T::ALLGATHER_COALESCED},
+      {"allgather_into_tensor_coalesced", T::COALESCED},
+      {"gather", T::GATHER},
+      {"scatter", T::SCATTER},
+      {"reduce_scatter", T::REDUCE_SCATTER},
+      {"_reduce_scatter_base", T::_REDUCE_SCATTER_BASE},
+      {"reduce_scatter_tensor_coalesced", T::REDUCE_SCATTER_TENSOR_COALESCED},
+      {"alltoall_base", T::ALLTOALL_BASE},
+      {"alltoall", T::ALLTOALL},
+      {"send", T::SEND},
+      {"recv", T::RECV},
+      {"recv_anysource", T::RECVANYSOURCE},
+      {"barrier", T::BARRIER}};
+  auto it = types.find(name);
+  return it == types.end() ? T::UNKNOWN : it->second;
+}
+
 template <typename Opts>
 Opts asSum(const Opts& o) {
   Opts s = o;
@@ -403,27 +444,28 @@ class RingReduceBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& t,
                                            const c10d::BroadcastOptions& o) override {
     if (!o.asyncOp && t.size() == 1 && o.rootTensor == 0 && o.rootRank >= 0 &&
-        o.rootRank < size_ && !copiesPending()) {
+        o.rootRank < size_ && o.timeout == c10d::kUnsetTimeout && !copiesPending()) {
       int dt = native_.code(t[0]);
       if (dt >= 0) {
         ++seq_;
         ++direct_;
         native_.broadcast(t[0], dt, static_cast<int>(o.rootRank));
-        return c10::make_intrusive<DoneWork>(t);
+        return c10::make_intrusive<DoneWork>(t, seq_, rank_, c10d::OpType::BROADCAST);
       }
     }
     return call("broadcast", t, o);
   }
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& t,
                                            const c10d::AllreduceOptions& o) override {
-    if (!o.asyncOp && t.size() == 1 && !o.sparseIndices.has_value() && !copiesPending()) {
+    if (!o.asyncOp && t.size() == 1 && !o.sparseIndices.has_value() &&
+        o.timeout == c10d::kUnsetTimeout && !copiesPending()) {
       int dt = native_.code(t[0]);
       int op = dt >= 0 ? native_.op(o.reduceOp, dt) : -1;
       if (op >= 0) {
         ++seq_;
         ++direct_;
         native_.allreduce(t[0], dt, op);
-        return c10::make_intrusive<DoneWork>(t);
+        return c10::make_intrusive<DoneWork>(t, seq_, rank_, c10d::OpType::ALLREDUCE);
       }
     }
     if (!isPremul(o.reduceOp)) return call("allreduce", t, o);
@@ -522,11 +564,12 @@ class RingReduceBackend : public c10d::Backend {
     return call("recv_anysource", t, tag);
   }
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& o) override {
-    if (!o.asyncOp && native_.ready() && !copiesPending()) {
+    if (!o.asyncOp && native_.ready() && o.timeout == c10d::kUnsetTimeout && !copiesPending()) {
       ++seq_;
       ++direct_;
       native_.barrier();
-      return c10::make_intrusive<DoneWork>(std::vector<at::Tensor>());
+      return c10::make_intrusive<DoneWork>(std::vector<at::Tensor>(), seq_, rank_,
+                                          c10d::OpType::BARRIER);
     }
     return call("barrier", o);
   }
@@ -556,7 +599,7 @@ class RingReduceBackend : public c10d::Backend {
     py::gil_scoped_acquire gil;
     Untraced off;
     py::object w = impl_.attr(name)(args...);
-    return c10::make_intrusive<PyWorkRef>(std::move(w));
+    return c10::make_intrusive<PyWorkRef>(std::move(w), seq_, rank_, opType(name));
   }
 
   void callVoid(const char* name) {
