@@ -41,16 +41,40 @@ def _inplace(t: torch.Tensor, written: bool = True
     d = t.detach()
     if d.is_contiguous():
         return d, None
-    if written and torch._debug_has_internal_overlap(d) == 1:
-        raise ValueError(f"the collective writes its result into a tensor whose elements "
-                         f"share memory (strides {tuple(d.stride())}, e.g. from expand()); "
-                         f"pass a tensor with its own memory (.clone() / .contiguous())")
+    if written:
+        _writable(d)
     tmp = d.contiguous()
 
     def back() -> None:
         with torch.no_grad():
             d.copy_(tmp)
     return tmp, back
+
+
+def _writable(t: torch.Tensor, where: str = "") -> None:
+    """Refuse a tensor the collective writes whose elements share memory (expand()), before
+    anything moves (the copy into it would fail after the data moved). where: which one of
+    a list, for the message."""
+    if torch._debug_has_internal_overlap(t) == 1:
+        raise ValueError(f"the collective writes its result into a tensor{where} whose "
+                         f"elements share memory (strides {tuple(t.stride())}, e.g. from "
+                         f"expand()); pass a tensor with its own memory (.clone() / "
+                         f".contiguous())")
+
+
+def _outputs(what: str, name: str, ts: list) -> None:
+    """Every tensor of an output list (all_gather's, gather's, all_to_all's) writable."""
+    for i, t in enumerate(ts):
+        _writable(t, f" ({what}: {name}[{i}])")
+
+
+def _same_dtypes(what: str, name: str, ts: list, like: torch.Tensor, like_name: str) -> None:
+    """Every tensor of a list of like's dtype (torch.cat would promote a mixed list, and the
+    copy out cast it back: values changed without a word; gloo refuses it)."""
+    for i, t in enumerate(ts):
+        if t.dtype != like.dtype:
+            raise ValueError(f"{what}: {name}[{i}] is {t.dtype} but {like_name} is "
+                             f"{like.dtype}; every tensor must have the same dtype")
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -47,7 +47,15 @@ from torch.distributed.constants import default_pg_timeout
 from . import _buffers, _env, _monitored, _state, api, groups, p2p
 from . import _rooted as rooted
 from ._futures import Completion, WaitAll
-from ._torch_tensors import _as_bytes, _chain, _inplace, _overlaps, _same_dtype
+from ._torch_tensors import (
+    _as_bytes,
+    _chain,
+    _inplace,
+    _outputs,
+    _overlaps,
+    _same_dtype,
+    _same_dtypes,
+)
 
 __all__ = ["BACKEND_NAME", "ArgumentError", "ProcessGroupRingReduce", "create_backend",
            "impl_of"]
@@ -367,6 +375,7 @@ class _Ops:
                     f"all_gather: every output must match the input ({inp.numel()} elements "
                     f"of {inp.dtype}); got {o.numel()} of {o.dtype} (use all_gather_object "
                     f"or pad for uneven sizes)")
+        _outputs("all_gather", "tensor_list", outs)
         src, _ = _inplace(inp, written=False)
         flat = torch.empty((self._size,) + tuple(src.shape), dtype=src.dtype)
 
@@ -421,6 +430,7 @@ class _Ops:
                 f"reduce_scatter: input_list[{me}] has {ins[me].numel()} elements but this "
                 f"rank's output has {out.numel()}; input_list[r] is reduced into rank r's "
                 f"output and must have its size")
+        _same_dtypes("reduce_scatter", "input_list", ins, out, "the output")
         dst, back = _inplace(out)
         if any(t.numel() != out.numel() for t in ins):
             return self._reduce_scatter_uneven(dst, ins, _op(opts), output_tensors, back)
@@ -476,6 +486,7 @@ class _Ops:
         outs = output_tensors[0] if self._rank == root and output_tensors else []
         if self._rank == root:
             self._check_list("gather", "gather_list", outs, inp)
+            _outputs("gather", "gather_list", outs)
         flat = torch.empty((self._size,) + tuple(inp.shape), dtype=inp.dtype) if outs else None
 
         def copy_out() -> None:
@@ -519,6 +530,10 @@ class _Ops:
                                        async_op=True), [output], back)
 
     def alltoall(self, output_tensors: list, input_tensors: list, opts: Any = None) -> _Work:
+        for name, ts in (("input_tensor_list", input_tensors),
+                         ("output_tensor_list", output_tensors)) if input_tensors else ():
+            _same_dtypes("all_to_all", name, ts, input_tensors[0], "input_tensor_list[0]")
+        _outputs("all_to_all", "output_tensor_list", output_tensors)
         ins = [t.detach().reshape(-1) for t in input_tensors]
         flat_in = torch.cat(ins)
         flat_out = torch.empty(sum(t.numel() for t in output_tensors), dtype=flat_in.dtype)

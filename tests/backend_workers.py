@@ -176,6 +176,7 @@ def backend_collectives(rank: int, world: int) -> dict:
         expand()ed output (the copy-back failed after the data moved). Each error is a
         RuntimeError, as gloo's, so `except RuntimeError` written for gloo catches it."""
         t = torch.ones(2)
+        cpu_backend = dist.group.WORLD._get_backend(torch.device("cpu"))
         cases = [
             (lambda: dist.gather(t, [torch.empty(2) for _ in range(n + 1)], dst=rank),
              f"gather_list has {n + 1} tensors"),
@@ -184,6 +185,25 @@ def backend_collectives(rank: int, world: int) -> dict:
             (lambda: dist.scatter(t, [torch.ones(3) for _ in range(n)], src=rank),
              "scatter_list[0] has 3 elements"),
             (lambda: dist.all_reduce(torch.ones(1).expand(4)), "share memory"),
+            # output lists too (the copy out failed after the data moved; found by a helper)
+            (lambda: dist.all_gather([torch.zeros(1).expand(2) for _ in range(n)], t),
+             "(all_gather: tensor_list[0]) whose elements share memory"),
+            (lambda: dist.all_to_all([torch.zeros(1).expand(2)] * n,
+                                     [t.clone() for _ in range(n)]),
+             "(all_to_all: output_tensor_list[0]) whose elements share memory"),
+            (lambda: dist.gather(t, [torch.zeros(1).expand(2) for _ in range(n)], dst=rank),
+             "(gather: gather_list[0]) whose elements share memory"),
+            # mixed dtypes through the backend object (DTensor's, functional collectives'):
+            # torch.cat promoted them and the copy out cast back -- refused, as gloo does
+            (lambda: cpu_backend.alltoall([torch.empty(2, dtype=torch.int64) for _ in range(n)],
+                                          [torch.ones(2, dtype=torch.int64)] * (n - 1) +
+                                          [torch.full((2,), 1.5)]),
+             f"input_tensor_list[{n - 1}] is torch.float32 but input_tensor_list[0] is"
+             if n > 1 else "output_tensor_list[0] is torch.int64"),
+            (lambda: cpu_backend.reduce_scatter([torch.empty(2)],
+                                                [[torch.ones(2, dtype=torch.int64)] +
+                                                 [torch.ones(2)] * (n - 1)]),
+             "input_list[0] is torch.int64 but the output is torch.float32"),
         ]
         for call, words in cases:
             try:
