@@ -75,6 +75,42 @@ class TwoPaths(nn.Module):
         return p + q
 
 
+class CheckpointedHead(nn.Module):
+    """o(checkpoint(tanh(a(x)))) with torch.utils.checkpoint(use_reentrant=True) around the
+    last layer: its gradients arrive inside a nested backward, a's after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 16)
+        self.o = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(self.o, torch.tanh(self.a(x)), use_reentrant=True)
+
+
+class Recheckpointed(nn.Module):
+    """m under two reentrant checkpoints in one forward: its hooks fire twice per backward
+    (static_graph counts them, as torch's). Alone (sliced to 4 outputs: every gradient comes
+    in nested backwards, the first of which ends with every parameter seen), or `around`:
+    a before it, a checkpointed o after it."""
+
+    def __init__(self, around: bool = False) -> None:
+        super().__init__()
+        self.m = nn.Linear(8, 8)
+        self.a = nn.Linear(8, 8) if around else None
+        self.o = nn.Linear(8, 4) if around else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        h = torch.tanh(self.a(x)) if self.a is not None else x
+        for _ in range(2):
+            h = checkpoint(self.m, h, use_reentrant=True)
+        return checkpoint(self.o, h, use_reentrant=True) if self.o is not None else h[:, :4]
+
+
 def batch(step: int, world: int, shape: tuple = (8,), seed: int = 0) -> tuple:
     g = torch.Generator().manual_seed(1000 * seed + step)
     return torch.randn((world * B,) + shape, generator=g), torch.randn(world * B, 4, generator=g)

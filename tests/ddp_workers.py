@@ -14,6 +14,7 @@ import dataclasses
 import traceback
 from typing import Any
 
+import ddp_models
 import torch
 import torch.nn.functional as F
 from ddp_models import MLP, Branchy, ConvBN, TwoPaths, batch, bufdiff, make, maxdiff, sgd, shard
@@ -409,25 +410,13 @@ def sc_dataclass_output(rank: int, world: int, steps: int = 3) -> dict:
 # ---------------------------------------------------------------- found by a helper's hunt
 
 
-class CheckpointedHead(nn.Module):
-    """o(checkpoint(tanh(a(x)))) with torch.utils.checkpoint(use_reentrant=True) around the
-    last layer: its gradients arrive inside a nested backward, a's after it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = nn.Linear(8, 16)
-        self.o = nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from torch.utils.checkpoint import checkpoint
-
-        return checkpoint(self.o, torch.tanh(self.a(x)), use_reentrant=True)
-
-
-def sc_reentrant_checkpoint(rank: int, world: int, steps: int = 3, **ddp_kw: Any) -> dict:
+def sc_reentrant_checkpoint(rank: int, world: int, steps: int = 3, model_fn: Any = None,
+                            **ddp_kw: Any) -> dict:
     """The end of the nested backward is not the end of backward (it was: 'a.weight did
-    not receive a gradient'; with static_graph 'o.bias was marked ready twice')."""
-    model, ref = make(CheckpointedHead)
+    not receive a gradient'; with static_graph 'o.bias was marked ready twice'). With a
+    layer under two checkpoints and static_graph (Recheckpointed, found by a helper): 'm.bias
+    was marked ready twice', or alone, the second gradient silently left local."""
+    model, ref = make(model_fn or ddp_models.CheckpointedHead)
     ddp = DDP(model, bucket_cap_mb=TINY_CAP_MB, **ddp_kw)
     opt, ropt = sgd(ddp), sgd(ref)
     for s in range(steps):
@@ -728,6 +717,10 @@ SCENARIOS: dict = {
     "future_hook": lambda r, w: sc_plain(r, w, bucket_cap_mb=TINY_CAP_MB, hook=_future_hook),
     "reentrant_checkpoint": lambda r, w: sc_reentrant_checkpoint(r, w),
     "reentrant_checkpoint_static": lambda r, w: sc_reentrant_checkpoint(r, w, static_graph=True),
+    "checkpointed_twice_static": lambda r, w: sc_reentrant_checkpoint(
+        r, w, 4, ddp_models.Recheckpointed, static_graph=True),
+    "checkpointed_twice_around_static": lambda r, w: sc_reentrant_checkpoint(
+        r, w, 4, lambda: ddp_models.Recheckpointed(around=True), static_graph=True),
     "unused_but_unsynced": sc_unused_but_unsynced,
     "forward_without_backward": sc_forward_without_backward,
     "failed_backward_sticks": sc_failed_backward_sticks,

@@ -411,6 +411,7 @@ def test_broadcast_buffers_false_keeps_local_buffers(suite):
 
 
 @pytest.mark.parametrize("name", ["reentrant_checkpoint", "reentrant_checkpoint_static",
+                                  "checkpointed_twice_static", "checkpointed_twice_around_static",
                                   "unused_but_unsynced", "forward_without_backward",
                                   "no_grad_forward_before_backward",
                                   "no_sync_forward_before_backward", "reassigned_buffer"])

@@ -121,6 +121,10 @@ class Reducer:
         # first hook: a branch only another rank takes still gets its average, as torch's).
         self._static_unused: list | None = None
         self._static_mine: list = []
+        # static_graph: how many times each parameter's hook fired in iteration 1 (a layer
+        # run under two reentrant checkpoints fires twice); later iterations mark it ready
+        # at its last one, as torch's numGradHooksTriggeredMap.
+        self._hook_counts: list | None = None
         # Detection mode: parameters that got a gradient in no_sync() backwards since the
         # last synchronised iteration (torch's local_used_map counts them too).
         self._used_unsynced: set = set()
@@ -187,6 +191,7 @@ class Reducer:
         self._pending = [len(b.members) for b in self.buckets]
         self._ready = [False] * self.n
         self._fired = [False] * self.n
+        self._fires = [0] * self.n  # hook calls this backward (static_graph counts them)
         self._next = 0
         self._works: list = [None] * nb
         self._order: list = []
@@ -198,7 +203,12 @@ class Reducer:
         self._direct = [False] * nb
 
     def _detect_unused(self) -> bool:
-        return self.find_unused or (self.static_graph and self._static_unused is None)
+        return self.find_unused or self._learning()
+
+    def _learning(self) -> bool:
+        """static_graph's first iteration: every reduction waits for the end of backward,
+        as torch's (delay_all_reduce), where each parameter's hooks have all fired."""
+        return self.static_graph and self._static_unused is None
 
     @property
     def iteration_open(self) -> bool:
@@ -238,6 +248,13 @@ class Reducer:
             # Learned from the gradients of the first backward (as torch's static graph),
             # not from the graph, which reentrant checkpointing hides.
             self._unused_pending = list(self._static_mine)
+        if self._learning():
+            # The end of the outermost backward, not of a reentrant one inside it (whose
+            # callback comes first): a hook on each output runs on the outer backward, as
+            # torch's _DDPSink queues its delayed all-reduce.
+            for t in _tensors(outputs):
+                if t.requires_grad and t.grad_fn is not None:
+                    t.register_hook(self._queue_outer)
 
     def _close_stale(self) -> None:
         """The previous synchronised forward's iteration never finished."""
@@ -281,6 +298,11 @@ class Reducer:
         return used
 
     # ------------------------------------------------------------------ hooks
+    def _queue_outer(self, grad: torch.Tensor) -> None:
+        if self._open and not self._callback_queued:
+            torch.autograd.Variable._execution_engine.queue_callback(self._engine_callback)
+            self._callback_queued = True
+
     def _on_grad(self, i: int) -> None:
         if not self._open:  # no_sync(), or a backward not preceded by a DDP forward
             if self._detect_unused() and self.params[i].grad is not None:
@@ -301,20 +323,36 @@ class Reducer:
                 self._changed.append(i)
             return
         if self._ready[i]:
+            raise RuntimeError(self._twice(i))
+        self._fires[i] += 1
+        self._fired_any = True
+        if not self._fired[i] and not self._rebuilt:
+            self._order.append(i)
+        self._fired[i] = True
+        if self._learning():
+            return  # counted; reduced at the end of backward (_finalize)
+        if self._hook_counts is not None and self._fires[i] < max(1, self._hook_counts[i]):
+            return  # more of its gradient to come in this backward, as in iteration 1
+        self._mark_ready(i, have_grad=True)
+
+    def _twice(self, i: int) -> str:
+        if not self._fired[i]:
             why = ("it was marked unused after forward (not reachable from the outputs) but "
-                   "received a gradient" if not self._fired[i] else
-                   "it received its gradient twice in one backward (reentrant backward, e.g. "
+                   "received a gradient")
+        elif self._hook_counts is not None:
+            why = (f"it received its gradient {self._fires[i] + 1} times in one backward, "
+                   f"{self._hook_counts[i]} in the first iteration (static_graph=True learnt "
+                   f"that); the graph changed")
+        else:
+            why = ("it received its gradient twice in one backward (reentrant backward, e.g. "
                    "torch.utils.checkpoint with use_reentrant=True, or the same parameter used "
                    "in several backward passes)")
-            raise RuntimeError(
-                f"DistributedDataParallel: parameter '{self.names[i]}' was marked ready twice: "
-                f"{why}. Use static_graph=True for a fixed graph with reentrant checkpointing, "
-                f"or torch.utils.checkpoint(..., use_reentrant=False).")
-        self._fired_any = True
-        self._fired[i] = True
-        if not self._rebuilt:
-            self._order.append(i)
-        self._mark_ready(i, have_grad=True)
+        fix = ("Pass find_unused_parameters=True instead for a graph that changes" if
+               self._hook_counts is not None else
+               "Use static_graph=True for a fixed graph with reentrant checkpointing, or "
+               "torch.utils.checkpoint(..., use_reentrant=False)")
+        return (f"DistributedDataParallel: parameter '{self.names[i]}' was marked ready twice: "
+                f"{why}. {fix}.")
 
     def _mark_ready(self, i: int, have_grad: bool) -> None:
         b, k = self._loc[i]
@@ -399,7 +437,7 @@ class Reducer:
 
     # ------------------------------------------------------------------ end of backward
     def _engine_callback(self) -> None:
-        if _in_nested_backward() and not all(self._ready):
+        if _in_nested_backward() and (self._learning() or not all(self._ready)):
             # The end of a reentrant backward (torch.utils.checkpoint(use_reentrant=True))
             # inside the real one, whose other gradients are still to come: the next hook
             # queues the callback again, on the outer backward.
@@ -415,6 +453,9 @@ class Reducer:
         order: list = []
         try:
             self.stats.early = sum(w is not None for w in self._works)
+            for i in range(self.n):  # static_graph's first iteration: all fired, now
+                if self._fired[i] and not self._ready[i]:
+                    self._mark_ready(i, have_grad=True)
             missing = [i for i in range(self.n) if not self._ready[i]]
             for i in missing:  # launch every remaining bucket: the collectives must match
                 self._mark_ready(i, have_grad=False)
@@ -460,6 +501,7 @@ class Reducer:
                     and (from_engine or self.join_mode)):
                 self._static_unused = [i for i, u in enumerate(global_unused) if u]
                 self._static_mine = [i for i in missing if i not in self._used_unsynced]
+                self._hook_counts = list(self._fires)
             # Inside join() the rebuild must not depend on what this rank saw: joined ranks
             # replay it unconditionally after the first shadowed iteration. Nor on this
             # rank's unused-parameter error (the others, without one, rebuild: the error is
