@@ -20,6 +20,7 @@ This module imports nothing from the rest of the package, so it also runs as a p
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import ctypes
 import fcntl
@@ -51,7 +52,7 @@ SETTLE_S = 0.5
 # failure. Stopped by the launcher, it was not counted among the ranks reporting the
 # culprit (CI saw it).
 SETTLE_MARKED_S = 3.0
-_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 _OPTS_WITH_VALUE = ("-n", "--nproc-per-node", "--nproc_per_node", "--master-port",
                     "--master_port", "--master-addr", "--master_addr", "--grace-period",
                     "--grace_period", "--nnodes", "--node-rank", "--node_rank")
@@ -163,13 +164,8 @@ def _command(program: list[str], no_python: bool) -> list[str]:
         return list(program)
     python = sys.executable
     if _is_python(program[0]):  # `python train.py`: run it with the interpreter named
-        python, program = shutil.which(program[0]) or program[0], program[1:]
-        flags = []  # the interpreter's own options (-O, -W error, -X dev, ...) stay its own
-        while program and program[0].startswith("-") and program[0] not in ("-", "-m", "-c") \
-                and not program[0].startswith(("-m", "-c", "--")):
-            take = 2 if program[0] in _PY_OPTS_WITH_VALUE else 1
-            flags += [f for f in program[:take] if f != "-u"]
-            program = program[take:]
+        python = shutil.which(program[0]) or program[0]
+        flags, program = _interpreter_options(program[1:])
         if not program or program in (["-m"], ["-c"]):
             raise _UsageError(f"no program given after {python!r}: pass a script or -m module")
         if program[0] == "-c":
@@ -183,6 +179,31 @@ def _command(program: list[str], no_python: bool) -> list[str]:
     return [python, "-u", *program]
 
 
+def _interpreter_options(words: list[str]) -> tuple[list[str], list[str]]:
+    """`python`'s own options (-O, -W error; -u is the launcher's) and its program, as python
+    parses them: -uO, -Wd, -mjson.tool, -cCODE, -uc CODE, -- (were taken for a script)."""
+    flags: list[str] = []
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w == "--":
+            return flags, words[i + 1:]
+        if not w.startswith("-") or w == "-" or w.startswith("--"):
+            break
+        i += 1
+        for j, ch in enumerate(w[1:], start=1):
+            rest = [w[j + 1:]] if j + 1 < len(w) else []  # joined to its letter
+            if ch in "cm":  # the code or module: the word's rest, else the next word
+                return flags, [f"-{ch}", *rest, *words[i:]]
+            if f"-{ch}" in _PY_OPTS_WITH_VALUE:  # -W error, -Werror
+                flags += [f"-{ch}", *(rest or words[i:i + 1])]
+                i += 0 if rest else 1
+                break
+            if ch != "u":
+                flags.append(f"-{ch}")
+    return flags, words[i:]
+
+
 def _check_script(path: str, other: str) -> None:
     """What Python runs as a script: a file (source, or a zip application) or a folder with
     a __main__.py (as `python app/` and torchrun run it)."""
@@ -191,6 +212,11 @@ def _check_script(path: str, other: str) -> None:
     what = "is a folder without __main__.py" if os.path.isdir(path) else "not found"
     raise _UsageError(f"script {path!r} {what}; pass the path to a Python file (or a folder "
                       f"with a __main__.py), {other}")
+
+
+def _pet(name: str, default: str | None = None) -> str | None:
+    """torchrun's environment default for an option: PET_<NAME>, else `default`."""
+    return os.environ.get(f"PET_{name}") or default
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -203,20 +229,23 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     # torchrun's spellings (--nproc_per_node, --master_port, ...) are accepted as well.
+    # Defaults from torchrun's PET_* variables (Kubeflow's PyTorchJob sets them; torchrun
+    # reads every option from one), below the command line, as torchrun's.
     p.add_argument("-n", "--nproc-per-node", "--nproc_per_node", dest="nproc", type=_nproc,
-                   default=1, metavar="N",
+                   default=_pet("NPROC_PER_NODE", "1"), metavar="N",
                    help="number of ranks (default 1, as torchrun's), or cpu, gpu, auto")
     # torchrun's single-host spellings, so that its command lines run unchanged.
     p.add_argument("--standalone", action="store_true",
                    help="accepted for torchrun's command lines: every job here is one host's, "
                         "on a fresh port unless --master-port is given")
-    p.add_argument("--nnodes", default="1", metavar="1",
+    p.add_argument("--nnodes", default=_pet("NNODES", "1"), metavar="1",
                    help="accepted for torchrun's command lines: 1 (or 1:1) only")
-    p.add_argument("--node-rank", "--node_rank", type=int, default=0, metavar="0",
+    p.add_argument("--node-rank", "--node_rank", type=int, default=_pet("NODE_RANK", "0"),
+                   metavar="0",
                    help="accepted for torchrun's command lines: 0 only")
-    p.add_argument("--master-addr", "--master_addr", default="127.0.0.1",
+    p.add_argument("--master-addr", "--master_addr", default=_pet("MASTER_ADDR", "127.0.0.1"),
                    help="MASTER_ADDR given to the ranks (default: 127.0.0.1)")
-    p.add_argument("--master-port", "--master_port", type=_port, default=None,
+    p.add_argument("--master-port", "--master_port", type=_port, default=_pet("MASTER_PORT"),
                    help="MASTER_PORT given to the ranks (default: a free port)")
     p.add_argument("--no-python", "--no_python", action="store_true",
                    help="run the program as an executable instead of a Python script "
@@ -300,24 +329,59 @@ def parent_death_signal() -> Callable[[], None] | None:
     return preexec
 
 
-def _pump(src: IO[bytes], dst: IO[str], prefix: bytes, lock: threading.Lock) -> None:
-    """Copy lines from a child's pipe to our stream with a prefix, until EOF."""
+_LINE_STARTS = re.compile(rb"(?<=\n)|(?<=\r)(?!\n)")  # after \n, after a redrawing \r
+
+
+def _prefixed(chunk: bytes, prefix: bytes, at_start: bool) -> bytes:
+    """`chunk` with `prefix` at each line's start in it (at its own start too when
+    `at_start`), not after its end (the next chunk's start gets it)."""
+    parts = _LINE_STARTS.split(chunk)
+    return (prefix if at_start else b"") + prefix.join(parts[:-1] if parts[-1] == b"" else parts)
+
+
+class _Screen:
+    """What the output pumps share: one writer at a time; the pump that left a line open (a
+    prompt, a progress bar) and its writer -- another's output ends that line first."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.open: tuple[object, Callable[[bytes], None]] | None = None
+
+
+def _pump(src: IO[bytes], dst: IO[str], prefix: bytes, screen: _Screen) -> None:
+    """Copy a child's pipe to our stream as its bytes come (a partial line shows at once; it
+    waited for its newline), a prefix at each line's start, until EOF."""
     binary = getattr(dst, "buffer", None)  # absent when a caller swapped in a text stream
-    broken = False
-    for line in iter(src.readline, b""):
-        if broken:
-            continue  # keep draining so the child never blocks on a full pipe
-        out = prefix + line if line.endswith(b"\n") else prefix + line + b"\n"
-        try:
-            with lock:
-                if binary is not None:
-                    binary.write(out)
-                    binary.flush()
-                else:
-                    dst.write(out.decode(errors="replace"))
-                    dst.flush()
-        except (ValueError, OSError):  # closed or broken pipe (e.g. piped into head)
-            broken = True
+    decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
+
+    def write(data: bytes) -> None:
+        if binary is not None:
+            binary.write(data)
+            binary.flush()
+        else:
+            dst.write(decode(data))
+            dst.flush()
+
+    me, broken, at_start, after_cr = object(), False, True, False
+    while True:
+        chunk = os.read(src.fileno(), 65536)  # b"": EOF
+        with screen.lock:
+            mine = screen.open is not None and screen.open[0] is me
+            if not chunk and not mine:
+                break
+            if chunk and screen.open is not None and not mine:  # another rank's open line
+                with contextlib.suppress(ValueError, OSError):
+                    screen.open[1](b"\n")
+            chunk = chunk or b"\n"  # EOF: end our open line
+            out = _prefixed(chunk, prefix, (at_start or not mine)  # (not mine: it was ended)
+                            and not (after_cr and chunk[:1] == b"\n"))
+            at_start, after_cr = chunk.endswith((b"\n", b"\r")), chunk.endswith(b"\r")
+            screen.open = None if at_start else (me, write)
+            if not broken:
+                try:
+                    write(out)
+                except (ValueError, OSError):  # closed or broken pipe (e.g. piped into head)
+                    broken = True  # drained on, so that the child never blocks on a full pipe
     src.close()
 
 
@@ -349,7 +413,7 @@ class _Job:
         self.codes: dict[int, int] = {}
         self.signals: list[int] = []
         self.running_at_signal = 0  # ranks still running when the first signal came
-        self.out_lock = threading.Lock()  # one line at a time on our stdout/stderr
+        self.screen = _Screen()  # our stdout/stderr, shared by the ranks' output
         self.pumps: dict[int, list[threading.Thread]] = {}  # rank -> its output's threads
         # Where ranks mark an exit on an uncaught PeerFailure (ringreduce._blame).
         _remove_stale_notes()
@@ -400,7 +464,7 @@ class _Job:
             for src, dst in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
                 if src is not None:
                     self.pumps.setdefault(rank, []).append(
-                        self._thread(_pump, src, dst, tag, self.out_lock))
+                        self._thread(_pump, src, dst, tag, self.screen))
             self._thread(self._wait, rank, proc)
 
     def peer_failed(self, ranks: Collection[int], timeout: float = 0.5) -> dict[int, int | None]:
@@ -445,20 +509,42 @@ class _Job:
         self.codes[rank] = code
         return rank, code
 
-    def finish(self) -> None:
-        """Kill whatever is left in the ranks' process groups and reap everything."""
-        # Also the groups of ranks that exited: their leftover children would be orphans.
-        self.signal(signal.SIGKILL, ranks=range(len(self.procs)))
+    def finish(self, grace: float) -> None:
+        """Stop whatever is left in the ranks' process groups -- also of ranks that exited:
+        their children (a logger's upload, a DataLoader worker) would be orphans -- with
+        SIGTERM and up to `grace` seconds to end (they were SIGKILLed at once: found by a
+        helper), then SIGKILL; reap everything."""
+        every = range(len(self.procs))
+        groups = {p.pid for p in self.procs}
+        if len(self.signals) < 2 and _running_in(groups):  # a second signal: no grace
+            self.signal(signal.SIGTERM, ranks=every)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and _running_in(groups):
+                time.sleep(0.05)
+        self.signal(signal.SIGKILL, ranks=every)
         for p in self.procs:
             p.wait()
         n = _remove_segments({p.pid for p in self.procs})
         if n:
             print(f"{PROG}: removed {_plural(n, 'shared-memory segment')} that killed ranks "
                   f"left in /dev/shm", file=sys.stderr, flush=True)
-        for t in self.threads:
-            t.join(timeout=2.0)  # pipes held open by escaped grandchildren: don't hang
+        deadline = time.monotonic() + 2.0  # pipes held open by escaped grandchildren
+        for t in self.threads:  # (a new session's): 2 s for all, not each (found by a helper)
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
         shutil.rmtree(self.notes, ignore_errors=True)
         os.close(self.notes_lock)
+
+
+def _running_in(groups: set[int]) -> bool:
+    """Whether a process of these process groups still runs (a zombie does not: an orphan
+    that ended stays one where nothing reaps it, as in a container whose init does not)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state, _, pgrp = f.read().rsplit(b")", 1)[1].split()[:3]
+            if int(pgrp) in groups and state not in (b"Z", b"X"):
+                return True
+    return False
 
 
 NOTES_PREFIX = "ringreduce-run-"  # + mkdtemp's random part
@@ -642,7 +728,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for word in opts_argv:  # before argparse: its "unrecognized arguments" says less
             name = word.split("=", 1)[0]
-            if name.startswith("--") and name not in parser._option_string_actions:
+            if not name.startswith("--"):  # -n2: -n; torchrun's -t / -r: refused as --tee's
+                name = name[:2] if name.startswith("-") and len(name) > 1 else ""
+            if name and name not in parser._option_string_actions:
                 import difflib
 
                 close = difflib.get_close_matches(
@@ -703,7 +791,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             job.signal(job.signals[0])
         return _supervise(job, opts.grace_period)
     finally:
-        job.finish()
+        job.finish(opts.grace_period)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

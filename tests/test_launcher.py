@@ -246,7 +246,10 @@ def test_interpreter_before_the_script(marker: str, python: str) -> None:
     """mpirun's habit, ``ringreduce-run -n 2 python train.py``, runs the script."""
     env = dict(os.environ, PYTHONPATH=str(SCRIPTS))
     for args in ([python, _script("print_env.py")], [python, "-u", "-m", "print_env"],
-                 [python, "-O", "-W", "error", _script("print_env.py")]):  # its own flags
+                 [python, "-O", "-W", "error", _script("print_env.py")],  # its own flags
+                 # as python parses them (were taken for a script: found by a helper)
+                 [python, "-uO", "-Werror", _script("print_env.py")], [python, "-mprint_env"],
+                 [python, "--", _script("print_env.py")]):
         r = _launch("-n", "2", *args, marker, "x", env=env)
         assert r.returncode == 0, r.stderr
         ranks = _ranked_json(r.stdout)
@@ -485,7 +488,13 @@ def test_sigint_reaches_ranks_in_a_collective_as_keyboard_interrupt(marker: str)
 
 
 @pytest.mark.timeout(60)
-def test_sigterm_to_launcher_leaves_no_processes(marker: str) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGQUIT])
+def test_sigterm_to_launcher_leaves_no_processes(marker: str, sig: int) -> None:
+    """SIGTERM (the ranks ignore it: SIGKILL after the grace period) or SIGQUIT (Ctrl-\\:
+    it was not handled, and the ranks' children were left running)."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
     with _streaming("-n", "2", "--grace-period", "1", _script("sleeper.py"), marker,
                     "--ignore-term", "--grandchild") as job:
         job.wait_for(r"ready", 2)
@@ -494,10 +503,12 @@ def test_sigterm_to_launcher_leaves_no_processes(marker: str) -> None:
             time.sleep(0.05)  # the grandchildren may still be starting
         ranks_and_children = set(_pids_with(marker)) - {job.proc.pid}
         assert len(ranks_and_children) == 4  # two ranks, two grandchildren
-        job.proc.send_signal(signal.SIGTERM)
+        job.proc.send_signal(sig)
         code = job.finish()
-    assert code == 128 + signal.SIGTERM
-    assert any("sending SIGKILL" in line for line in job.stderr), job.stderr
+    assert code == 128 + sig
+    if sig == signal.SIGTERM:
+        assert any("sending SIGKILL" in line for line in job.stderr), job.stderr
+    assert job.stderr[-1].startswith(f"ringreduce-run: received {signal.Signals(sig).name}")
     _assert_no_leftovers(marker)
 
 
@@ -525,6 +536,7 @@ def test_ranks_die_with_a_killed_launcher(marker: str) -> None:
     (["--nnodes", "2", str(SCRIPTS / "print_env.py")], "starts ranks on this host only"),
     (["--node-rank", "1", str(SCRIPTS / "print_env.py")], "starts ranks on this host only"),
     (["--rdzv-backend", "c10d", "x.py"], "restarts, log files) run torchrun itself"),
+    (["-t", "3", "-n", "1", "x.py"], "unknown option -t; ringreduce-run takes torchrun's"),
     (["-n", "2", "--master-port", "70000", "x.py"], "not a TCP port"),
     # argparse's abbreviations would take the value for the script: not accepted
     (["--nproc", "2", "x.py"], "unknown option --nproc (did you mean --nproc_per_node?)"),

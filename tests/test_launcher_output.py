@@ -1,0 +1,119 @@
+"""ringreduce-run (ringreduce/run.py): the ranks' output as it comes, what a rank leaves
+behind at the end, torchrun's PET_* defaults (found by a helper's comparison with torchrun).
+Helpers from test_launcher."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import test_launcher
+from test_launcher import (
+    RUN_PY,
+    _assert_no_leftovers,
+    _launch,
+    _pids_with,
+    _ranked_json,
+    _run_module,
+    _script,
+)
+
+marker = test_launcher.marker  # the fixture: a unique word to find a test's processes by
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX process groups")
+
+
+def test_prefix_goes_at_each_line_start_and_after_a_redrawing_cr() -> None:
+    prefixed = _run_module()._prefixed
+    p = b"[rank 1] "
+    assert prefixed(b"a\nb\rc\r\nd", p, True) == p + b"a\n" + p + b"b\r" + p + b"c\r\n" + p + b"d"
+    assert prefixed(b"rest of a line\n", p, False) == b"rest of a line\n"  # no prefix at its end
+    assert prefixed(b"\n", p, False) == b"\n"
+
+
+@pytest.mark.timeout(60)
+def test_a_partial_line_shows_before_its_line_ends(tmp_path: Path, marker: str) -> None:
+    """A rank's print(end="") (a prompt, a progress bar) reaches the launcher's stdout at
+    once; before, lines were read whole, so it waited for the newline. The rank ends its
+    line only once the test saw the partial one."""
+    flag = tmp_path / "seen"
+    code = ("import os, sys, time\n"
+            "print('abc', end='', flush=True)\n"
+            f"while not os.path.exists({str(flag)!r}): time.sleep(0.02)\n"
+            "print('def')\n")
+    p = subprocess.Popen([sys.executable, str(RUN_PY), "-n", "1", "python", "-c", code, marker],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    out = b""
+    try:
+        deadline = time.monotonic() + 15
+        while b"abc" not in out and time.monotonic() < deadline:
+            if select.select([p.stdout], [], [], 0.1)[0]:
+                out += os.read(p.stdout.fileno(), 4096)
+        assert out == b"[rank 0] abc", out
+        flag.touch()
+        out += p.stdout.read()
+        assert p.wait(timeout=30) == 0
+    finally:
+        flag.touch()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert out == b"[rank 0] abcdef\n", out
+    _assert_no_leftovers(marker)
+
+
+@pytest.mark.timeout(60)
+def test_children_a_rank_leaves_get_sigterm_first(tmp_path: Path, marker: str) -> None:
+    """A child a rank leaves running (a logger's upload) gets SIGTERM and the grace period
+    when the job ends -- it was SIGKILLed at once -- and a detached one (its own session)
+    holding the rank's output delays the end by at most 2 s, not 2 s per pipe."""
+    (tmp_path / "child.py").write_text(textwrap.dedent(f"""
+        import signal, sys, time
+        def on_term(sig, frame):
+            open({str(tmp_path)!r} + "/" + sys.argv[1], "w").close()
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, on_term)
+        print("ready", flush=True)
+        time.sleep(60)
+    """))
+    (tmp_path / "rank.py").write_text(textwrap.dedent(f"""
+        import os, subprocess, sys
+        child = [sys.executable, {str(tmp_path / "child.py")!r}, "term" + os.environ["RANK"]]
+        c = subprocess.Popen(child + [sys.argv[1]], stdout=subprocess.PIPE)
+        c.stdout.readline()  # its handler is in place
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", sys.argv[1]],
+                         start_new_session=True)  # holds the rank's stdout and stderr
+    """))
+    t0 = time.monotonic()
+    r = _launch("-n", "3", str(tmp_path / "rank.py"), marker)
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    assert sorted(f for f in os.listdir(tmp_path) if f.startswith("term")) == [
+        "term0", "term1", "term2"], r.stderr
+    assert took < 12, took  # was 3 ranks x 2 pipes x 2 s on top of the start
+    for pid in _pids_with(marker):  # the detached sleepers: out of the launcher's reach
+        os.kill(pid, signal.SIGKILL)
+    _assert_no_leftovers(marker)
+
+
+@pytest.mark.timeout(60)
+def test_torchruns_pet_variables_are_defaults(marker: str) -> None:
+    """torchrun reads each option from PET_<OPTION> (Kubeflow's PyTorchJob sets them): so
+    does ringreduce-run, below the command line (they were ignored: 1 rank)."""
+    env = dict(os.environ, PET_NPROC_PER_NODE="2", PET_MASTER_PORT="29743")
+    r = _launch(_script("print_env.py"), marker, env=env)
+    assert r.returncode == 0, r.stderr
+    ranks = _ranked_json(r.stdout)
+    assert sorted(ranks) == [0, 1] and {i["MASTER_PORT"] for i in ranks.values()} == {"29743"}
+    r = _launch("-n", "1", _script("print_env.py"), marker, env=env)
+    assert r.returncode == 0 and sorted(_ranked_json(r.stdout)) == [0], r.stderr
+    r = _launch(_script("print_env.py"), marker, env=dict(env, PET_NNODES="2"))
+    assert r.returncode == 2 and "starts ranks on this host only" in r.stderr, r.stderr
+    _assert_no_leftovers(marker)
