@@ -641,12 +641,11 @@ def _collective(fn: Callable) -> Callable:
     options' own timeout where they have one (dist.barrier(timeout=), as gloo)."""
     @functools.wraps(fn)
     def call(self: _Ops, *args: Any, **kwargs: Any) -> Any:
-        secs = _call_timeout(kwargs.get("opts", args[-1] if args else None))
-        if secs < 0:
-            return self._issued(fn(self, *args, **kwargs))
         from . import _C
 
-        before = _C.set_call_timeout(secs)  # this thread's; read as each core call is issued
+        # This thread's, read as each core call is issued; -1 (the group's) set too: a
+        # Future's callback run in _issued may issue a collective inside an outer call's.
+        before = _C.set_call_timeout(_call_timeout(kwargs.get("opts", args[-1] if args else None)))
         try:
             return self._issued(fn(self, *args, **kwargs))
         finally:

@@ -20,7 +20,6 @@ This module imports nothing from the rest of the package, so it also runs as a p
 from __future__ import annotations
 
 import argparse
-import codecs
 import contextlib
 import ctypes
 import fcntl
@@ -38,7 +37,7 @@ import threading
 import time
 import uuid
 from collections.abc import Collection, Sequence
-from typing import IO, Callable
+from typing import Any, Callable
 
 PROG = "ringreduce-run"
 DEFAULT_GRACE_S = 5.0
@@ -329,60 +328,20 @@ def parent_death_signal() -> Callable[[], None] | None:
     return preexec
 
 
-_LINE_STARTS = re.compile(rb"(?<=\n)|(?<=\r)(?!\n)")  # after \n, after a redrawing \r
+def _sibling(name: str) -> Any:
+    """A module beside this file, loaded by its path (this file runs as a plain file and
+    imports nothing of the package)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_ringreduce_run{name}", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[spec.name] = module  # type: ignore[union-attr]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
 
 
-def _prefixed(chunk: bytes, prefix: bytes, at_start: bool) -> bytes:
-    """`chunk` with `prefix` at each line's start in it (at its own start too when
-    `at_start`), not after its end (the next chunk's start gets it)."""
-    parts = _LINE_STARTS.split(chunk)
-    return (prefix if at_start else b"") + prefix.join(parts[:-1] if parts[-1] == b"" else parts)
-
-
-class _Screen:
-    """What the output pumps share: one writer at a time; the pump that left a line open (a
-    prompt, a progress bar) and its writer -- another's output ends that line first."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.open: tuple[object, Callable[[bytes], None]] | None = None
-
-
-def _pump(src: IO[bytes], dst: IO[str], prefix: bytes, screen: _Screen) -> None:
-    """Copy a child's pipe to our stream as its bytes come (a partial line shows at once; it
-    waited for its newline), a prefix at each line's start, until EOF."""
-    binary = getattr(dst, "buffer", None)  # absent when a caller swapped in a text stream
-    decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
-
-    def write(data: bytes) -> None:
-        if binary is not None:
-            binary.write(data)
-            binary.flush()
-        else:
-            dst.write(decode(data))
-            dst.flush()
-
-    me, broken, at_start, after_cr = object(), False, True, False
-    while True:
-        chunk = os.read(src.fileno(), 65536)  # b"": EOF
-        with screen.lock:
-            mine = screen.open is not None and screen.open[0] is me
-            if not chunk and not mine:
-                break
-            if chunk and screen.open is not None and not mine:  # another rank's open line
-                with contextlib.suppress(ValueError, OSError):
-                    screen.open[1](b"\n")
-            chunk = chunk or b"\n"  # EOF: end our open line
-            out = _prefixed(chunk, prefix, (at_start or not mine)  # (not mine: it was ended)
-                            and not (after_cr and chunk[:1] == b"\n"))
-            at_start, after_cr = chunk.endswith((b"\n", b"\r")), chunk.endswith(b"\r")
-            screen.open = None if at_start else (me, write)
-            if not broken:
-                try:
-                    write(out)
-                except (ValueError, OSError):  # closed or broken pipe (e.g. piped into head)
-                    broken = True  # drained on, so that the child never blocks on a full pipe
-    src.close()
+_output = _sibling("_run_output")
 
 
 def _signal_name(sig: int) -> str:
@@ -413,7 +372,7 @@ class _Job:
         self.codes: dict[int, int] = {}
         self.signals: list[int] = []
         self.running_at_signal = 0  # ranks still running when the first signal came
-        self.screen = _Screen()  # our stdout/stderr, shared by the ranks' output
+        self.screen = _output.Screen()  # our stdout/stderr, shared by the ranks' output
         self.pumps: dict[int, list[threading.Thread]] = {}  # rank -> its output's threads
         # Where ranks mark an exit on an uncaught PeerFailure (ringreduce._blame).
         _remove_stale_notes()
@@ -422,6 +381,10 @@ class _Job:
         self.notes_lock = os.open(os.path.join(self.notes, NOTES_LOCK), os.O_CREAT | os.O_RDWR,
                                   0o600)
         fcntl.flock(self.notes_lock, fcntl.LOCK_EX)
+
+    def say(self, text: str) -> None:
+        """The launcher's message, on a line of its own (it ran into a rank's open line)."""
+        self.screen.say(f"{PROG}: {text}", sys.stderr)
 
     def alive(self) -> list[int]:
         return [r for r in range(len(self.procs)) if r not in self.codes]
@@ -464,7 +427,7 @@ class _Job:
             for src, dst in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
                 if src is not None:
                     self.pumps.setdefault(rank, []).append(
-                        self._thread(_pump, src, dst, tag, self.screen))
+                        self._thread(_output.pump, src, dst, tag, self.screen))
             self._thread(self._wait, rank, proc)
 
     def peer_failed(self, ranks: Collection[int], timeout: float = 0.5) -> dict[int, int | None]:
@@ -516,18 +479,18 @@ class _Job:
         helper), then SIGKILL; reap everything."""
         every = range(len(self.procs))
         groups = {p.pid for p in self.procs}
-        if len(self.signals) < 2 and _running_in(groups):  # a second signal: no grace
+        if not self.signals and _running_in(groups):  # a signal had them SIGTERMed already
             self.signal(signal.SIGTERM, ranks=every)
             deadline = time.monotonic() + grace
-            while time.monotonic() < deadline and _running_in(groups):
-                time.sleep(0.05)
+            while time.monotonic() < deadline and not self.signals and _running_in(groups):
+                time.sleep(0.05)  # (a signal now: SIGKILL at once)
         self.signal(signal.SIGKILL, ranks=every)
         for p in self.procs:
             p.wait()
         n = _remove_segments({p.pid for p in self.procs})
         if n:
-            print(f"{PROG}: removed {_plural(n, 'shared-memory segment')} that killed ranks "
-                  f"left in /dev/shm", file=sys.stderr, flush=True)
+            self.say(f"removed {_plural(n, 'shared-memory segment')} that killed ranks left "
+                     f"in /dev/shm")
         deadline = time.monotonic() + 2.0  # pipes held open by escaped grandchildren
         for t in self.threads:  # (a new session's): 2 s for all, not each (found by a helper)
             t.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -678,9 +641,8 @@ def _supervise(job: _Job, grace: float) -> int:
             deadline = time.monotonic() + grace
         if deadline is not None and time.monotonic() >= deadline and job.alive():
             killed = job.alive()
-            print(f"{PROG}: {_plural(len(killed), 'rank')} still running {grace:g} s after "
-                  f"{sent}: sending SIGKILL to rank(s) {', '.join(map(str, killed))}",
-                  file=sys.stderr, flush=True)
+            job.say(f"{_plural(len(killed), 'rank')} still running {grace:g} s after "
+                    f"{sent}: sending SIGKILL to rank(s) {', '.join(map(str, killed))}")
             job.signal(signal.SIGKILL)
             deadline = float("inf")
     if failed:
@@ -695,10 +657,9 @@ def _supervise(job: _Job, grace: float) -> int:
                    "was still running and was stopped" if end is not None else "is still running")
             rest = stopped - (end != 0)  # the ranks stopped besides it
             names = ", ".join(str(r) for r in sorted(reported))
-            print(f"{PROG}: rank {culprit} (pid {job.procs[culprit].pid}) failed as rank(s) "
-                  f"{names} report (their PeerFailure names it; they exited with code 1): it "
-                  f"{how}" + (f"; terminated {_plural(rest, 'other rank')}" if rest else ""),
-                  file=sys.stderr, flush=True)
+            job.say(f"rank {culprit} (pid {job.procs[culprit].pid}) failed as rank(s) "
+                    f"{names} report (their PeerFailure names it; they exited with code 1): "
+                    f"it {how}" + (f"; terminated {_plural(rest, 'other rank')}" if rest else ""))
             return code
         # The others: each on its own, or on the PeerFailure a peer's failure caused (it
         # said "failed on their own" of those too: found by a helper).
@@ -707,13 +668,11 @@ def _supervise(job: _Job, grace: float) -> int:
                 "" if reported[r] is None else f" naming rank {reported[r]}"))
             for r, c in failed if r != rank)
         also = f" (also: {also})" if also else ""
-        print(f"{PROG}: rank {rank} (pid {job.procs[rank].pid}) {_describe(code)}{also}; "
-              f"{others}", file=sys.stderr, flush=True)
+        job.say(f"rank {rank} (pid {job.procs[rank].pid}) {_describe(code)}{also}; {others}")
         return code if code > 0 else 128 - code
     if job.signals:
         sig = job.signals[0]
-        print(f"{PROG}: received {_signal_name(sig)}; stopped "
-              f"{_plural(job.running_at_signal, 'rank')}", file=sys.stderr, flush=True)
+        job.say(f"received {_signal_name(sig)}; stopped {_plural(job.running_at_signal, 'rank')}")
         return 128 + sig
     return 0
 
@@ -726,8 +685,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "-h" in opts_argv or "--help" in opts_argv:
         parser.epilog = _epilog()
     try:
-        for word in opts_argv:  # before argparse: its "unrecognized arguments" says less
-            name = word.split("=", 1)[0]
+        values = {i + 1 for i, w in enumerate(opts_argv) if w in _OPTS_WITH_VALUE}
+        for i, word in enumerate(opts_argv):  # before argparse: "unrecognized arguments"
+            name = "" if i in values else word.split("=", 1)[0]  # (-n -1: -1 is a value)
             if not name.startswith("--"):  # -n2: -n; torchrun's -t / -r: refused as --tee's
                 name = name[:2] if name.startswith("-") and len(name) > 1 else ""
             if name and name not in parser._option_string_actions:
@@ -743,6 +703,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "its others (rendezvous, restarts, log files) run torchrun itself, with "
                     "init_process_group(\"ringreduce\")"))
         opts = parser.parse_args(opts_argv)
+        if opts.standalone and not any(w.split("=")[0] in ("--master-port", "--master_port")
+                                       for w in opts_argv):
+            opts.master_port = None  # torchrun's --standalone: a fresh port, not PET_'s
         cmd = _command(program, opts.no_python)
         if opts.nnodes.strip() not in ("1", "1:1") or opts.node_rank != 0:
             raise _UsageError(

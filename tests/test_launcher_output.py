@@ -31,7 +31,7 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX process g
 
 
 def test_prefix_goes_at_each_line_start_and_after_a_redrawing_cr() -> None:
-    prefixed = _run_module()._prefixed
+    prefixed = _run_module()._output.prefixed
     p = b"[rank 1] "
     assert prefixed(b"a\nb\rc\r\nd", p, True) == p + b"a\n" + p + b"b\r" + p + b"c\r\n" + p + b"d"
     assert prefixed(b"rest of a line\n", p, False) == b"rest of a line\n"  # no prefix at its end
@@ -116,4 +116,26 @@ def test_torchruns_pet_variables_are_defaults(marker: str) -> None:
     assert r.returncode == 0 and sorted(_ranked_json(r.stdout)) == [0], r.stderr
     r = _launch(_script("print_env.py"), marker, env=dict(env, PET_NNODES="2"))
     assert r.returncode == 2 and "starts ranks on this host only" in r.stderr, r.stderr
+    _assert_no_leftovers(marker)
+
+
+@pytest.mark.timeout(60)
+def test_the_launchers_message_starts_a_line_of_its_own(tmp_path: Path, marker: str) -> None:
+    """A rank's open line (a progress bar on stderr) when the launcher reports another
+    rank's failure: the message starts its own line, not glued to the bar (found by a
+    review), and the bar keeps its prefix."""
+    (tmp_path / "rank.py").write_text(textwrap.dedent("""
+        import os, sys, time
+        if os.environ["RANK"] == "1":
+            sys.stderr.write("45%|###")
+            sys.stderr.flush()
+            time.sleep(60)
+        time.sleep(1)
+        sys.exit(3)
+    """))
+    r = _launch("-n", "2", "--grace-period", "1", str(tmp_path / "rank.py"), marker)
+    assert r.returncode == 3, r.stderr
+    lines = r.stderr.splitlines()
+    assert "[rank 1] 45%|###" in lines, r.stderr
+    assert any(ln.startswith("ringreduce-run: rank 0 (pid") for ln in lines), r.stderr
     _assert_no_leftovers(marker)

@@ -595,11 +595,11 @@ class RingReduceBackend : public c10d::Backend {
  private:
   template <typename... Args>
   c10::intrusive_ptr<c10d::Work> call(const char* name, Args&... args) {
-    ++seq_;
+    const uint64_t seq = ++seq_;  // (a Future's callback in the call may issue another)
     py::gil_scoped_acquire gil;
     Untraced off;
     py::object w = impl_.attr(name)(args...);
-    return c10::make_intrusive<PyWorkRef>(std::move(w), seq_, rank_, opType(name));
+    return c10::make_intrusive<PyWorkRef>(std::move(w), seq, rank_, opType(name));
   }
 
   void callVoid(const char* name) {
