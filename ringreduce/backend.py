@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
-from . import _buffers, _env, _monitored, _state, api, groups, p2p
+from . import _C, _buffers, _env, _monitored, _state, api, groups, p2p
 from . import _rooted as rooted
 from ._futures import Completion, WaitAll
 from ._torch_tensors import (
@@ -118,9 +118,7 @@ class _Work(dist._Work):
         if secs and 0 < secs <= _env.MAX_WAIT_S and not self._c.is_completed():
             w = self._c.work
             if w is not None and not w.wait(secs):
-                from ._C import CollectiveTimeout
-
-                raise CollectiveTimeout(
+                raise _C.CollectiveTimeout(
                     f"ringreduce: the collective did not complete within work.wait(timeout="
                     f"{secs:g} s); it is still running (it fails by itself at the "
                     f"process group's timeout, RINGREDUCE_TIMEOUT)")
@@ -260,8 +258,6 @@ class _Ops:
         comm = getattr(self._g, "comm", None)
         if comm is None:
             return None
-        from . import _C
-
         ops = {int(k): _C.OP_CODES[v] for k, v in _BY_TYPE.items()}
         return (_C.NATIVE_API, comm.native_handle(), int(self._g.default_algo),
                 _buffers.torch_dtype_codes(), ops, self._copy_flag)
@@ -502,12 +498,12 @@ class _Ops:
         if len(ts) != self._size:
             raise ValueError(f"{what}: {name} has {len(ts)} tensors; it needs one per rank of "
                              f"the group (world_size = {self._size})")
+        mine = f"this rank's {'input' if what == 'gather' else 'output'} tensor"
         for i, t in enumerate(ts):
-            if t.numel() != like.numel() or t.dtype != like.dtype:
-                raise ValueError(
-                    f"{what}: {name}[{i}] has {t.numel()} elements of {t.dtype}; each must "
-                    f"have {like.numel()} of {like.dtype}, as this rank's "
-                    f"{'input' if what == 'gather' else 'output'} tensor")
+            if t.numel() != like.numel():
+                raise ValueError(f"{what}: {name}[{i}] has {t.numel()} elements; each must "
+                                 f"have {like.numel()}, as {mine}")
+        _same_dtypes(what, name, ts, like, mine)
 
     def scatter(self, output_tensors: list, input_tensors: list, opts: Any = None) -> _Work:
         root = int(getattr(opts, "rootRank", 0))
@@ -641,8 +637,6 @@ def _collective(fn: Callable) -> Callable:
     options' own timeout where they have one (dist.barrier(timeout=), as gloo)."""
     @functools.wraps(fn)
     def call(self: _Ops, *args: Any, **kwargs: Any) -> Any:
-        from . import _C
-
         # This thread's, read as each core call is issued; -1 (the group's) set too: a
         # Future's callback run in _issued may issue a collective inside an outer call's.
         before = _C.set_call_timeout(_call_timeout(kwargs.get("opts", args[-1] if args else None)))
