@@ -31,6 +31,20 @@ def _inplace(t: torch.Tensor, written: bool = True
     when it is not); .detach() so in-place collectives on parameters are allowed. A tensor
     the collective writes must not have elements sharing memory (expand()): refused here,
     before anything moves (the copy-back would fail after the data moved)."""
+    _usable(t, written)
+    d = t.detach()
+    if d.is_contiguous():
+        return d, None
+    tmp = d.contiguous()
+
+    def back() -> None:
+        with torch.no_grad():
+            d.copy_(tmp)
+    return tmp, back
+
+
+def _usable(t: torch.Tensor, written: bool = True) -> None:
+    """_inplace's checks alone (a coalesced call checks every pair before the first moves)."""
     if t.device.type != "cpu":
         raise ValueError(f"the ringreduce backend handles CPU tensors; got one on {t.device} "
                          f"(use nccl for CUDA tensors: init_process_group('cpu:ringreduce,"
@@ -38,17 +52,8 @@ def _inplace(t: torch.Tensor, written: bool = True
     if t.layout is not torch.strided:
         raise ValueError(f"the ringreduce backend handles dense tensors; got a {t.layout} one "
                          f"(call .to_dense() first; all_reduce takes sparse COO tensors, summed)")
-    d = t.detach()
-    if d.is_contiguous():
-        return d, None
-    if written:
-        _writable(d)
-    tmp = d.contiguous()
-
-    def back() -> None:
-        with torch.no_grad():
-            d.copy_(tmp)
-    return tmp, back
+    if written and not t.is_contiguous():
+        _writable(t)
 
 
 def _writable(t: torch.Tensor, where: str = "") -> None:

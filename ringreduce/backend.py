@@ -55,7 +55,9 @@ from ._torch_tensors import (
     _overlaps,
     _same_dtype,
     _same_dtypes,
+    _usable,
 )
+from ._torch_work import _done, _Work, _work
 
 __all__ = ["BACKEND_NAME", "ArgumentError", "ProcessGroupRingReduce", "create_backend",
            "impl_of"]
@@ -103,77 +105,6 @@ def _op(opts: Any) -> str:
             f"{', '.join(k.name for k in _BY_TYPE)} or PREMUL_SUM (the latter through the c10d "
             f"adapter), or a gloo group: dist.new_group(backend='gloo')")
     return ours
-
-
-class _Work(dist._Work):
-    """A collective in flight: wait() blocks (GIL released), get_future() gives outputs."""
-
-    def __init__(self, completion: Completion):
-        super().__init__()
-        self._c = completion
-
-    def wait(self, timeout: timedelta | None = None) -> bool:
-        secs = timeout.total_seconds() if isinstance(timeout, timedelta) else None
-        # Beyond the longest wait any deadline takes (a year): as good as none, as gloo's.
-        if secs and 0 < secs <= _env.MAX_WAIT_S and not self._c.is_completed():
-            w = self._c.work
-            if w is not None and not w.wait(secs):
-                raise _C.CollectiveTimeout(
-                    f"ringreduce: the collective did not complete within work.wait(timeout="
-                    f"{secs:g} s); it is still running (it fails by itself at the "
-                    f"process group's timeout, RINGREDUCE_TIMEOUT)")
-        exc = self._c.settle()  # its Future is done too once wait() returns
-        if exc is not None:
-            raise exc
-        return True
-
-    def get_future(self) -> torch.futures.Future:
-        # (The Python process group's; the C++ adapter converts raw_future() itself.) C++
-        # sees a Python set_exception() as a plain value: a callback that raises fails it.
-        return self._c.future().then(_value_or_raise)
-
-    def raw_future(self) -> torch.futures.Future:
-        return self._c.future()
-
-    def source_rank(self) -> int:
-        """recv / recv_anysource: the sender's rank in the process group (after wait)."""
-        src = getattr(self, "source", None)
-        if src is None:
-            raise RuntimeError("sourceRank() is defined for the Work of a recv only")
-        self.wait()
-        return int(src() if callable(src) else src)
-
-    def is_completed(self) -> bool:
-        return self._c.is_completed()
-
-    def is_success(self) -> bool:
-        return self._c.is_completed() and self._c.exception() is None
-
-    def exception(self) -> BaseException | None:
-        return self._c.exception()
-
-    def result(self) -> list:
-        self.wait()
-        v = self._c.value
-        return v if isinstance(v, list) else []
-
-    def synchronize(self) -> None:
-        self.wait()
-
-
-def _value_or_raise(fut: torch.futures.Future) -> Any:
-    v = fut.value()  # raises if the future carries its error as one
-    if isinstance(v, BaseException):  # a Python set_exception(), seen through C++
-        raise v
-    return v
-
-
-def _work(rr_work: Any, value: Any, after: Callable[[], None] | None = None) -> _Work:
-    return _Work(Completion(rr_work, value, after))
-
-
-def _done(value: Any) -> _Work:
-    return _Work(Completion(None, value))
 
 
 _NAMES = itertools.count(1)
@@ -361,7 +292,11 @@ class _Ops:
     def allgather(self, output_tensors: list, input_tensors: list, opts: Any = None) -> _Work:
         if len(input_tensors) != 1 or len(output_tensors) != 1:
             raise ValueError("the ringreduce backend gathers one tensor per call")
-        outs, inp = output_tensors[0], input_tensors[0]
+        self._check_allgather(output_tensors[0], input_tensors[0])
+        return self._allgather(output_tensors[0], input_tensors[0])
+
+    def _check_allgather(self, outs: list, inp: torch.Tensor) -> None:
+        _usable(inp, written=False)
         if len(outs) != self._size:
             raise ValueError(f"all_gather: tensor_list has {len(outs)} tensors; it needs "
                              f"world_size = {self._size}")
@@ -372,6 +307,8 @@ class _Ops:
                     f"of {inp.dtype}); got {o.numel()} of {o.dtype} (use all_gather_object "
                     f"or pad for uneven sizes)")
         _outputs("all_gather", "tensor_list", outs)
+
+    def _allgather(self, outs: list, inp: torch.Tensor) -> _Work:
         src, _ = _inplace(inp, written=False)
         flat = torch.empty((self._size,) + tuple(src.shape), dtype=src.dtype)
 
@@ -386,12 +323,24 @@ class _Ops:
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
                           opts: Any = None) -> _Work:
+        self._check_single("all_gather_into_tensor", output, input)
+        return self._all_gather_single(output, input)
+
+    def _check_single(self, what: str, output: torch.Tensor, input: torch.Tensor) -> None:
+        """all_gather_into_tensor's / reduce_scatter_tensor's checks (the larger is world_size
+        times the other), before anything moves."""
+        _usable(input, written=False)
+        _usable(output)
+        big, small = ("output", "input") if what.startswith("all_gather") else ("input", "output")
+        sizes = {"output": output.numel(), "input": input.numel()}
+        if sizes[big] != sizes[small] * self._size:
+            raise ValueError(f"{what}: {big} has {sizes[big]} elements; it needs world_size * "
+                             f"{small}.numel() = {sizes[small] * self._size}")
+        _same_dtype(what, output, input)
+
+    def _all_gather_single(self, output: torch.Tensor, input: torch.Tensor) -> _Work:
         src, _ = _inplace(input, written=False)
         dst, back = _inplace(output)
-        if dst.numel() != src.numel() * self._size:
-            raise ValueError(f"all_gather_into_tensor: output has {output.numel()} elements; "
-                             f"it needs world_size * input.numel() = {src.numel() * self._size}")
-        _same_dtype("all_gather_into_tensor", output, input)
         return _work(api.allgather(src, out=dst, async_op=True, group=self._g), [output], back)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,
@@ -400,17 +349,27 @@ class _Ops:
 
     def allgather_into_tensor_coalesced(self, outputs: list, inputs: list,
                                         opts: Any = None) -> _Work:
-        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
-        return self._last(works, outputs)
+        for o, i in _pairs("all_gather_into_tensor coalesced", outputs, inputs):
+            self._check_single("all_gather_into_tensor", o, i)
+        return self._last([self._all_gather_single(o, i) for o, i in zip(outputs, inputs)],
+                          outputs)
 
     def allgather_coalesced(self, output_lists: list, inputs: list, opts: Any = None) -> _Work:
-        """torch's layout: output_lists[rank][i] receives rank's inputs[i]."""
+        """torch's layout: output_lists[rank][i] receives rank's inputs[i]. Every list is
+        checked before the first all-gather is issued."""
         if len(output_lists) != self._size:
             raise ValueError(f"all_gather_coalesced: output_tensor_lists has "
                              f"{len(output_lists)} lists; it needs world_size = {self._size}")
-        works = [self.allgather([[outs[i] for outs in output_lists]], [t], opts)
-                 for i, t in enumerate(inputs)]
-        return self._last(works, output_lists)
+        for r, outs in enumerate(output_lists):
+            if len(outs) != len(inputs):
+                raise ValueError(f"all_gather_coalesced: output_tensor_lists[{r}] has "
+                                 f"{len(outs)} tensors; it needs one per input "
+                                 f"({len(inputs)})")
+        per_input = [[outs[i] for outs in output_lists] for i in range(len(inputs))]
+        for outs, t in zip(per_input, inputs):
+            self._check_allgather(outs, t)
+        return self._last([self._allgather(outs, t) for outs, t in zip(per_input, inputs)],
+                          output_lists)
 
     def reduce_scatter(self, output_tensors: list, input_tensors: list,
                        opts: Any = None) -> _Work:
@@ -452,12 +411,13 @@ class _Ops:
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
                               opts: Any = None) -> _Work:
+        self._check_single("reduce_scatter_tensor", output, input)
+        return self._reduce_scatter_single(output, input, opts)
+
+    def _reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
+                               opts: Any) -> _Work:
         src, _ = _inplace(input, written=False)
         dst, back = _inplace(output)
-        if dst.numel() * self._size != src.numel():
-            raise ValueError(f"reduce_scatter_tensor: input has {input.numel()} elements; it "
-                             f"needs world_size * output.numel() = {dst.numel() * self._size}")
-        _same_dtype("reduce_scatter_tensor", output, input)
         return _work(api.reduce_scatter(src.view(-1), out=dst.view(-1), op=_op(opts),
                                         async_op=True, group=self._g), [output], back)
 
@@ -467,8 +427,10 @@ class _Ops:
 
     def reduce_scatter_tensor_coalesced(self, outputs: list, inputs: list,
                                         opts: Any = None) -> _Work:
-        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
-        return self._last(works, outputs)
+        for o, i in _pairs("reduce_scatter_tensor coalesced", outputs, inputs):
+            self._check_single("reduce_scatter_tensor", o, i)
+        return self._last([self._reduce_scatter_single(o, i, opts)
+                           for o, i in zip(outputs, inputs)], outputs)
 
     def reduce(self, tensors: list, opts: Any = None) -> _Work:
         root = self._world(getattr(opts, "rootRank", 0), "reduce")
@@ -645,6 +607,15 @@ def _collective(fn: Callable) -> Callable:
         finally:
             _C.set_call_timeout(before)
     return call
+
+
+def _pairs(what: str, outputs: list, inputs: list) -> zip:
+    """A coalesced call's (output, input) pairs; lists of different lengths refused (zip
+    dropped the longer one's tail without a word)."""
+    if len(outputs) != len(inputs):
+        raise ValueError(f"{what}: {len(outputs)} outputs but {len(inputs)} inputs; they "
+                         f"pair up one to one")
+    return zip(outputs, inputs)
 
 
 _UNSET = timedelta(milliseconds=-1)  # c10d's kUnsetTimeout: the group's timeout applies

@@ -220,6 +220,46 @@ def backend_collectives(rank: int, world: int) -> dict:
         dist.broadcast(b, src=n - 1)
         return all(torch.equal(a, torch.ones(4)) for a in g) and b.tolist() == [7.0] * 4
 
+    def coalesced_checked_first() -> bool:
+        """A coalesced call (torch's _coalescing_manager, all_gather_coalesced, the backend's
+        ProcessGroup's *_coalesced) checks every pair before its first collective is issued: an error in a
+        later pair left the earlier one's output written (and a shorter list of outputs or
+        inputs was cut off by zip without a word)."""
+        from torch.distributed.distributed_c10d import _coalescing_manager
+
+        a, b = torch.full((2 * n,), -1.0), torch.empty(3 * n + 1)
+        outs = [[torch.full((2,), -1.0), torch.empty(3)] for _ in range(n)]
+        outs[-1][1] = torch.empty(4)
+
+        def managed() -> None:
+            with _coalescing_manager(async_ops=True) as cm:
+                dist.all_gather_into_tensor(a, torch.full((2,), float(rank)))
+                dist.all_gather_into_tensor(b, torch.ones(3))
+            cm.wait()
+        cases = [
+            (managed, "all_gather_into_tensor: output has"),
+            (lambda: dist.all_gather_coalesced(outs, [torch.ones(2), torch.ones(3)]),
+             "got 4 of torch.float32"),
+            (lambda: pg.allgather_into_tensor_coalesced([a, torch.empty(2 * n)],
+                                                        [torch.ones(2)]),
+             "2 outputs but 1 inputs"),
+            (lambda: pg.reduce_scatter_tensor_coalesced(
+                [torch.empty(2)], [torch.ones(2 * n), torch.ones(2 * n)],
+                dist.ReduceScatterOptions()), "1 outputs but 2 inputs"),
+        ]
+        pg = dist.group.WORLD
+        for call, words in cases:
+            try:
+                call()
+                return False
+            except ValueError as e:
+                if words not in str(e):
+                    return False
+        t = torch.ones(1)
+        dist.all_reduce(t)  # after anything an error left queued
+        return (t.item() == n and torch.equal(a, torch.full((2 * n,), -1.0))
+                and all(torch.equal(o[0], torch.full((2,), -1.0)) for o in outs))
+
     def bitwise_ops() -> bool:
         bits = torch.tensor([1 << rank, 0xFF, rank], dtype=torch.int32)
         want = {dist.ReduceOp.BAND: [0 if n > 1 else 1, 0xFF, 0],  # rank 0's 0 ANDs to 0
@@ -358,7 +398,8 @@ def backend_collectives(rank: int, world: int) -> dict:
     for fn in (split_group, sparse_message, wait_timeout, allreduce_ops, allreduce_async_future, allreduce_noncontig,
                allreduce_param_grad_enabled, broadcast, all_gather, all_gather_into_tensor,
                reduce_scatter, reduce_scatter_tensor, barrier, objects, reduce_gather_scatter,
-               bad_op_message, bad_lists_and_expanded, bitwise_ops, premul_sum):
+               bad_op_message, bad_lists_and_expanded, coalesced_checked_first, bitwise_ops,
+               premul_sum):
         check(fn.__name__, fn)
     return res
 

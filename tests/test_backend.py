@@ -22,7 +22,7 @@ COLLECTIVES = ["allreduce_ops", "allreduce_async_future", "allreduce_noncontig",
                "allreduce_param_grad_enabled", "broadcast", "all_gather",
                "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "barrier",
                "objects", "reduce_gather_scatter", "bad_op_message",
-               "bad_lists_and_expanded", "bitwise_ops",
+               "bad_lists_and_expanded", "coalesced_checked_first", "bitwise_ops",
                "premul_sum", "wait_timeout", "sparse_message", "split_group"]
 
 
