@@ -289,7 +289,7 @@ def _free_port() -> int:
 
 
 def _rank_env(base: dict[str, str], rank: int, n: int, addr: str, port: int, run_id: str,
-              secret: str) -> dict[str, str]:
+              secret: str, notes: str) -> dict[str, str]:
     env = dict(base)
     env.update({
         "RANK": str(rank), "WORLD_SIZE": str(n),
@@ -302,9 +302,36 @@ def _rank_env(base: dict[str, str], rank: int, n: int, addr: str, port: int, run
         # No agent store here: rank 0 hosts the TCPStore on MASTER_PORT.
         "TORCHELASTIC_USE_AGENT_STORE": "False",
         "RINGREDUCE_SECRET": secret,
+        "TORCHELASTIC_ERROR_FILE": _error_file(notes, rank),  # torchrun's: @record writes it
         "PYTHONUNBUFFERED": "1",
     })
     return env
+
+
+def _error_file(notes: str, rank: int) -> str:
+    return os.path.join(notes, f"error-{rank}.json")
+
+
+def _recorded(notes: str, rank: int, code: int) -> str | None:
+    """The error `rank` recorded (torch's @record wrote it to TORCHELASTIC_ERROR_FILE), as
+    torchrun's root cause: its message, and the file copied, with the exit code, to the
+    launcher's own TORCHELASTIC_ERROR_FILE where that is set (a scheduler reads it)."""
+    import json
+
+    try:
+        with open(_error_file(notes, rank)) as f:
+            data = json.load(f)
+        message = data["message"]
+        text = message["message"] if isinstance(message, dict) else str(message)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    mine = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if mine:
+        if isinstance(message, dict):
+            message["errorCode"] = code
+        with contextlib.suppress(OSError), open(mine, "w") as f:
+            json.dump(data, f)
+    return str(text)
 
 
 def parent_death_signal() -> Callable[[], None] | None:
@@ -669,6 +696,9 @@ def _supervise(job: _Job, grace: float) -> int:
             for r, c in failed if r != rank)
         also = f" (also: {also})" if also else ""
         job.say(f"rank {rank} (pid {job.procs[rank].pid}) {_describe(code)}{also}; {others}")
+        recorded = _recorded(job.notes, rank, code)
+        if recorded:
+            job.say(f"rank {rank}'s error (recorded by @record): {recorded}")
         return code if code > 0 else 128 - code
     if job.signals:
         sig = job.signals[0]
@@ -741,7 +771,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for rank in range(opts.nproc):
             if job.signals:
                 break
-            env = _rank_env(base, rank, opts.nproc, opts.master_addr, port, run_id, secret)
+            env = _rank_env(base, rank, opts.nproc, opts.master_addr, port, run_id, secret,
+                            job.notes)
             env[PEER_FAILURES_VAR] = job.notes
             try:
                 job.spawn(cmd, env, not opts.no_prefix, preexec)

@@ -290,6 +290,27 @@ def test_failing_rank_stops_the_others(marker: str) -> None:
     _assert_no_leftovers(marker)
 
 
+@pytest.mark.timeout(60)
+def test_an_error_recorded_by_torchs_record_is_shown_and_passed_up(marker: str,
+                                                                  tmp_path: Path) -> None:
+    """As torchrun: each rank's TORCHELASTIC_ERROR_FILE (its own), where torch's @record
+    writes an uncaught exception; the root cause's message is shown, and its file is copied,
+    with the exit code, to the launcher's own TORCHELASTIC_ERROR_FILE (a scheduler's)."""
+    mine = tmp_path / "launcher_error.json"
+    r = _launch("-n", "3", _script("recorded_error.py"), marker,
+                env={**os.environ, "TORCHELASTIC_ERROR_FILE": str(mine)})
+    assert r.returncode == 1, r.stderr
+    files = re.findall(r"\[rank (\d)\] error file (\S+)", r.stdout)
+    assert len({f for _, f in files}) == 3 and str(mine) not in r.stdout, r.stdout
+    last = r.stderr.strip().splitlines()[-1]
+    assert last == ("ringreduce-run: rank 1's error (recorded by @record): ValueError: boom "
+                    "from rank 1"), r.stderr
+    data = json.loads(mine.read_text())["message"]
+    assert data["message"] == "ValueError: boom from rank 1" and data["errorCode"] == 1
+    assert "raise ValueError" in data["extraInfo"]["py_callstack"]
+    _assert_no_leftovers(marker)
+
+
 @pytest.mark.exclusive  # rank 1 must exit within SETTLE_S (0.5 s) of rank 0: no CPU to share
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("mode,code,opts", [("codes", 3, ()), ("exc", 1, ()),
