@@ -5,7 +5,8 @@ torch.distributed's gloo measured in the same run (interleaved per size).
     python bench/allreduce_vs_gloo.py                 # table, bench/allreduce_vs_gloo.{json,png}
     python bench/allreduce_vs_gloo.py -i 50           # extra ringreduce-bench options win
 
-Results are checked on every iteration (--check): a wrong result makes the run fail.
+Results are checked (--check: an iteration after the timed ones, per size and library): a
+wrong result makes the run fail.
 
 It is a thin wrapper over `ringreduce-bench`; afterwards it prints ringreduce's speedup over
 gloo at the sizes the issue sets targets for.

@@ -63,7 +63,7 @@ def test_size_sweep():
 def test_parse_args_defaults_and_options():
     a = cli.parse_args([])
     assert (a.nproc, a.ops, a.dtype, a.redop, a.algo, a.warmup, a.iters, a.check) == \
-        (None, ["allreduce"], "float32", "sum", "auto", 5, 20, False)
+        (None, ["allreduce"], "float32", "sum", "auto", 5, 20, 1)  # -c 1: nccl-tests' default
     assert a.sizes[0] == 8 and a.sizes[-1] == 64 << 20 and a.compare == []
     a = cli.parse_args(["-n", "4", "-b", "1K", "-e", "1M", "-f", "4", "-o", "all", "-d", "bf16",
                         "--op", "max", "--algo", "ring", "--transport", "tcp", "-w", "0",
@@ -72,7 +72,7 @@ def test_parse_args_defaults_and_options():
     assert a.nproc == 4 and a.sizes == [1024, 4096, 16384, 65536, 262144, 1 << 20]
     assert a.ops == list(cli.OPS) and a.dtype == "bfloat16" and a.redop == "max"
     assert (a.algo, a.transport, a.warmup, a.iters, a.check, a.root) == ("ring", "tcp", 0, 3,
-                                                                          True, 1)
+                                                                          1, 1)
     assert a.compare == ["gloo", "mpi"] and (a.json, a.csv, a.plot) == ("x.json", "x.csv", "x.png")
     assert cli.parse_args(["-o", "broadcast,allreduce,all_gather"]).ops == \
         ["broadcast", "allreduce", "allgather"]
@@ -96,7 +96,12 @@ def test_parse_args_defaults_and_options():
                                   ["-e", str(1 << 60)],  # a traceback from the allocator
                                   # a sweep with nothing to draw (found after it before)
                                   ["-o", "barrier", "--plot", "/tmp/x.png"],
-                                  ["-c", "2"], ["-c", "yes"]])
+                                  ["-c", "-1"], ["-c", "yes"],
+                                  # nccl-tests' options without a counterpart here
+                                  ["-g", "1"], ["-t", "2"], ["-z", "1"], ["-a", "1"],
+                                  ["-G", "1"], ["-R", "1"], ["-m", "2"], ["-p", "1"],
+                                  ["-F", "x.csv"], ["-T", "10"], ["-N", "2"], ["-g1"],
+                                  ["-i", "1M"]])
 def test_parse_args_errors(argv, capsys):
     with pytest.raises(SystemExit) as e:
         cli.parse_args(argv)
@@ -105,13 +110,21 @@ def test_parse_args_errors(argv, capsys):
 
 
 def test_nccl_tests_spellings_that_differ_here(capsys):
-    """-c takes nccl-tests' 0/1 too; -o with a reduction's name says the reduction is --op."""
+    """-c N is nccl-tests': N checked iterations (default 1; nothing after it: 1); -o with a
+    reduction's name says the reduction is --op; nccl-tests' options without a counterpart
+    say what they are and what to do (argparse said "unrecognized arguments"); -i with a
+    size is nccl-tests' step (--stepbytes here)."""
     assert [cli.parse_args(a).check for a in ([], ["-c"], ["-c", "1"], ["-c", "0"],
-                                               ["--check", "1", "-n", "2"])] == \
-        [False, True, True, False, True]
-    with pytest.raises(SystemExit):
-        cli.parse_args(["-o", "max"])
-    assert "the reduction is --op max, which nccl-tests spells -o" in capsys.readouterr().err
+                                               ["--check", "3", "-n", "2"])] == [1, 1, 1, 0, 3]
+    for argv, say in ((["-o", "max"], "the reduction is --op max, which nccl-tests spells -o"),
+                      (["-g", "1"], "-g is nccl-tests' GPUs per thread"),
+                      (["-b", "8", "-F", "x.csv"], "use --csv FILE"),
+                      (["-i", "1M"], "nccl-tests' -i, a step in bytes, is --stepbytes 1M")):
+        with pytest.raises(SystemExit):
+            cli.parse_args(argv)
+        assert say in capsys.readouterr().err, argv
+    # an option's value that looks like one of them is not taken for it
+    assert cli.parse_args(["--mpirun-args=-m", "-i", "5"]).mpirun_args == "-m"
 
 
 def test_memory_guard_counts_ranks_and_check_copies(monkeypatch, capsys):
@@ -121,9 +134,9 @@ def test_memory_guard_counts_ranks_and_check_copies(monkeypatch, capsys):
     for k in _LAUNCH_VARS:
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setattr(cli, "available_bytes", lambda: 24 << 30)
-    assert cli.parse_args(["-n", "1", "-e", "8G"]).maxbytes == 8 << 30  # 2 x 8 GiB fit
+    assert cli.parse_args(["-n", "1", "-e", "8G", "-c", "0"]).maxbytes == 8 << 30  # 2 x 8 GiB
     assert cli.parse_args(["-n", "1", "-e", "8G", "--check"]).check  # 3 x 8 GiB fit
-    for argv, say in ((["-n", "1", "-e", "9G", "--check"], "lower -e or drop -c"),
+    for argv, say in ((["-n", "1", "-e", "9G", "--check"], "lower -e or give -c 0"),
                       (["-n", "2", "-e", "8G"], "lower -e or -n")):
         with pytest.raises(SystemExit):
             cli.parse_args(argv)

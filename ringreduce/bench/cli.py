@@ -7,6 +7,7 @@ import argparse
 import math
 import os
 import re
+import sys
 from collections.abc import Callable, Sequence
 
 from .. import _C
@@ -141,10 +142,53 @@ def _ops(text: str) -> list[str]:
         "spells -o)") if w in REDOPS else "")
 
 
-def _zero_one(text: str) -> bool:
-    if text.strip() not in ("0", "1"):
-        raise argparse.ArgumentTypeError(f"got {text!r}; -c takes 0 or 1 (or nothing: on)")
-    return text.strip() == "1"
+def _checks(text: str) -> int:
+    """-c N: iterations whose results are verified, after the timed ones (nccl-tests')."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"got {text!r}; -c takes a number of checked "
+                                         f"iterations (0: none; nothing: 1)") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"got {v}; -c takes 0 or more")
+    return v
+
+
+def _iters(text: str) -> int:
+    """-i: timed iterations (nccl-tests' -i is a step in bytes: a size is told so)."""
+    m = _SIZE_RE.match(text)
+    if m and (m.group(2) or m.group(3)):
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}: -i is the number of timed iterations here (nccl-tests' -n); "
+            f"nccl-tests' -i, a step in bytes, is --stepbytes {text}")
+    return _positive(text)
+
+
+# nccl-tests' options that have no counterpart here: what each is, and what to do instead.
+_NCCL_TESTS_ONLY = {
+    "-g": "GPUs per thread: one rank here has one device; -n sets the ranks (--device cuda)",
+    "-t": "threads per process: each rank is a process here; -n sets the ranks",
+    "-z": "blocking collectives: the timed calls are blocking here already; drop it",
+    "-a": ("how to combine the ranks' times: the time here is always the median of the "
+           "slowest rank's; drop it"),
+    "-G": "CUDA graph launches: not supported; drop it",
+    "-R": "user buffer registration: not supported (ringreduce registers its own); drop it",
+    "-m": "aggregated iterations: not supported; drop it",
+    "-p": "parallel init: not needed; drop it",
+    "-N": "run cycles: not supported; run the command again",
+    "-F": "the CSV output: use --csv FILE",
+    "-T": "a timeout: use --timeout SECONDS",
+    "-M": "message size for the device memory: not supported; drop it",
+}
+
+
+def _nccl_tests_habit(argv: Sequence[str]) -> str | None:
+    """The message for the first of nccl-tests' options without a counterpart in argv."""
+    for word in argv:  # (argparse takes no value starting with "-" but as --opt=value)
+        name = word[:2]
+        if name in _NCCL_TESTS_ONLY and (len(word) == 2 or word[2:].lstrip("=").isdigit()):
+            return f"{name} is nccl-tests' {_NCCL_TESTS_ONLY[name]}"
+    return None
 
 
 def _available(name: str) -> bool:
@@ -261,10 +305,11 @@ def build_parser() -> argparse.ArgumentParser:
       help="warm-up iterations per size (default 5); each collective's first size also gets "
            "up to 50 untimed rounds (at most 64 MiB moved) for every library, so that the "
            "first timed size does not pay for cold caches and connection set-up")
-    a("-i", "--iters", type=_positive, default=20, help="timed iterations per size (default 20)")
-    a("-c", "--check", type=_zero_one, nargs="?", const=True, default=False, metavar="0|1",
-      help="verify every iteration's result; wrong elements go to the #wrong column (a value "
-           "0 or 1 may follow, as nccl-tests' -c takes one)")
+    a("-i", "--iters", type=_iters, default=20,
+      help="timed iterations per size (default 20; nccl-tests' -n)")
+    a("-c", "--check", type=_checks, nargs="?", const=1, default=1, metavar="N",
+      help="after the timed iterations, run N more whose results are verified (default 1, "
+           "as nccl-tests' -c; 0: none); wrong elements go to the #wrong column")
     a("--compare", type=_anchors, default=[], metavar="LIBS",
       help="also measure gloo (torch.distributed), mpi (mpi4py + Open MPI) and/or nccl "
            "(torch.distributed's NCCL backend; needs --device cuda), e.g. gloo,mpi")
@@ -302,6 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
       help=argparse.SUPPRESS)
     a("--shm-beta-ns-per-byte", type=float, default=model["shm_beta_ns_per_byte"],
       metavar="NS", help=argparse.SUPPRESS)
+    a("--command", help=argparse.SUPPRESS)  # set by the launcher: the command as typed
     a("--mpi-results", help=argparse.SUPPRESS)  # set by the launcher: the mpirun job's output
     # Set by the launcher too: -e was checked before the ranks started (each rank's own
     # check saw less memory -- its siblings' imports -- and could refuse what was accepted).
@@ -312,6 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse and cross-check the command line (errors exit with code 2, like argparse)."""
     p = build_parser()
+    habit = _nccl_tests_habit(list(argv if argv is not None else sys.argv[1:]))
+    if habit:
+        p.error(habit)
     args = p.parse_args(argv)
     # One value each (None with several: each combination's own is set by the sweep).
     args.dtype = args.dtypes[0] if len(args.dtypes) == 1 else None
@@ -338,9 +387,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if total and not (args.model or args.memory_checked) and args.device != "cuda" and \
             args.maxbytes * copies * local > total:
         p.error(f"-e {format_size(args.maxbytes)}: {local} rank(s) on this host holding "
-                f"{copies} buffers of that size each{' (--check)' if args.check else ''} do not "
+                f"{copies} buffers of that size each{' (-c)' if args.check else ''} do not "
                 f"fit the {format_size(total)} of memory available now; lower -e"
-                f"{' or -n' if local > 1 else ''}{' or drop -c' if args.check else ''}")
+                f"{' or -n' if local > 1 else ''}{' or give -c 0' if args.check else ''}")
     # Modes that write other files: an output they ignore is said, not silently skipped.
     for mode, writes, ignored in (("model", "--json", ("csv", "plot")),
                                   ("tune", "--tune-out", ("json", "csv", "plot"))):

@@ -112,7 +112,8 @@ def spawn_local(args: Namespace, argv: list[str]) -> int:
         print(f"# {PROG}: -n {n} ranks on {usable_cpus()} usable CPU(s): ranks share cores, so "
               f"the times include that contention (-n is the number of ranks here; -i the "
               f"iterations)", file=sys.stderr, flush=True)
-    rank_argv = [*strip_nproc(argv), "--memory-checked"]  # as this process just did
+    rank_argv = [*strip_nproc(argv), "--memory-checked",  # as this process just did
+                 "--command", shlex.join([PROG, *argv])]  # for the JSON file
     env = dict(os.environ)
     if args.transport:
         env["RINGREDUCE_TRANSPORT"] = args.transport

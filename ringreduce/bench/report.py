@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import math
 import platform
+import sys
 import time
 from argparse import Namespace
 from collections import Counter
@@ -32,10 +33,21 @@ def make_meta(args: Namespace, world: int, hosts: list, notes: dict, transport: 
         "root": args.root, "algo": args.algo,
         "transport": transport,
         "transport_requested": args.transport or _env.tunables().transport,
-        "warmup": args.warmup, "iters": args.iters, "check": bool(args.check),
+        "command": getattr(args, "command", None) or command_line(),
+        "minbytes": args.minbytes, "maxbytes": args.maxbytes, "stepfactor": args.stepfactor,
+        "stepbytes": args.stepbytes, "device": getattr(args, "device", "cpu"),
+        "timeout_s": args.timeout,
+        "warmup": args.warmup, "iters": args.iters, "check": int(args.check),
         "compare": list(args.compare), "libraries": dict(notes),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine.describe(),
     }
+
+
+def command_line() -> str:
+    """This rank's command, as ringreduce-bench's (a rank of a job someone else started)."""
+    import shlex
+
+    return shlex.join(["ringreduce-bench", *sys.argv[1:]])
 
 
 def _fmt(x: float, width: int, prec: int = 2) -> str:
@@ -52,7 +64,7 @@ def speedup(mine: Row, other: Row | None, p99: bool = False) -> float:
     return b / a if a > 0 else float("nan")
 
 
-def _header(meta: dict, skipped: list[dict]) -> list[str]:
+def header(meta: dict, skipped: list[dict]) -> list[str]:
     hosts = ", ".join(f"{h} x{c}" for h, c in meta["hosts"].items())
     transport = f"{meta['transport']} (RINGREDUCE_TRANSPORT={meta['transport_requested']})"
     out = [(f"# ringreduce-bench (ringreduce {meta['ringreduce_version']}): "
@@ -68,7 +80,7 @@ def _header(meta: dict, skipped: list[dict]) -> list[str]:
                    f"torch {m['torch']}, commit {m['ringreduce_commit']}")
     for name, note in meta["libraries"].items():
         out.append(f"#  compare: {name}: {note}")
-    return out + _skip_lines(skipped, meta)
+    return out + skip_lines(skipped, meta)
 
 
 def _types(meta: dict) -> tuple[list[str], list[str]]:
@@ -84,7 +96,7 @@ def _label(op: str, dtype: str | None, redop: str | None, meta: dict) -> str:
                      *([r] if r and len(redops) > 1 else [])])
 
 
-def _skip_lines(skipped: list[dict], meta: dict) -> list[str]:
+def skip_lines(skipped: list[dict], meta: dict) -> list[str]:
     """One line per library, collective and reason, naming the types / reductions skipped
     where the run has several ("gloo skipped for allreduce int16, uint16, int8 avg: ...")."""
     groups: dict[tuple, list[tuple]] = {}
@@ -122,35 +134,44 @@ def _skipped_what(op: str, items: list[tuple], meta: dict) -> str:
     return op if whole or not parts else f"{op} {', '.join(parts)}"
 
 
-def _op_table(op: str, rows: list[Row], anchors: list[str]) -> list[str]:
-    mine = [r for r in rows if r.op == op and r.lib == "ringreduce"]
-    by = {(r.lib, r.key, r.size): r for r in rows if r.op == op}  # same type, redop, size
+def op_head(op: str, anchors: list[str]) -> list[str]:
+    """The lines that open a collective's part of the table."""
     head = (f"#{'size':>11} {'count':>12} {'type':>9} {'redop':>6} {'root':>5} {'algo':>8} "
             f"{'time(us)':>10} {'p99(us)':>10} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} "
             f"{'#wrong':>7}")
     unit = f"#{'(B)':>11} {'(elements)':>12}"
     for a in anchors:
         head += f" | {a + '(us)':>10} {a + ' busbw':>11} {'x' + a:>7} {'x' + a + '99':>8}"
-    out = ["#", f"# {op}", head, unit]
-    for r in mine:
-        redop = r.redop if op in REDUCING else "-"
-        root = str(r.root) if op in ROOTED else "-"
-        wrong = "N/A" if r.wrong is None else str(r.wrong)
-        bw = op != "barrier"
-        line = (f"{r.size:>12} {r.count:>12} {r.dtype if bw else '-':>9} {redop:>6} {root:>5} "
-                f"{r.algo:>8} {_fmt(r.time_us, 10)} {_fmt(r.p99_us, 10)} "
-                f"{_fmt(r.algbw if bw else None, 11, 3)} {_fmt(r.busbw if bw else None, 11, 3)} "
-                f"{wrong:>7}")
-        for a in anchors:
-            o = by.get((a, r.key, r.size))
-            if o is not None and o.wrong:  # its results were wrong: no ratio to quote
-                ratios = f"{'wrong':>7} {'wrong':>8}"
-            else:
-                ratios = f"{_fmt(speedup(r, o), 7)} {_fmt(speedup(r, o, p99=True), 8)}"
-            line += (f" | {_fmt(o.time_us if o else None, 10)} "
-                     f"{_fmt(o.busbw if (o and bw) else None, 11, 3)} {ratios}")
-        out.append(line)
-    return out
+    return ["#", f"# {op}", head, unit]
+
+
+def row_line(r: Row, by: dict, anchors: list[str]) -> str:
+    """ringreduce's row `r`, with each anchor's row of the same case from `by` ((library,
+    key, size) -> Row) beside it."""
+    op = r.op
+    redop = r.redop if op in REDUCING else "-"
+    root = str(r.root) if op in ROOTED else "-"
+    wrong = "N/A" if r.wrong is None else str(r.wrong)
+    bw = op != "barrier"
+    line = (f"{r.size:>12} {r.count:>12} {r.dtype if bw else '-':>9} {redop:>6} {root:>5} "
+            f"{r.algo:>8} {_fmt(r.time_us, 10)} {_fmt(r.p99_us, 10)} "
+            f"{_fmt(r.algbw if bw else None, 11, 3)} {_fmt(r.busbw if bw else None, 11, 3)} "
+            f"{wrong:>7}")
+    for a in anchors:
+        o = by.get((a, r.key, r.size))
+        if o is not None and o.wrong:  # its results were wrong: no ratio to quote
+            ratios = f"{'wrong':>7} {'wrong':>8}"
+        else:
+            ratios = f"{_fmt(speedup(r, o), 7)} {_fmt(speedup(r, o, p99=True), 8)}"
+        line += (f" | {_fmt(o.time_us if o else None, 10)} "
+                 f"{_fmt(o.busbw if (o and bw) else None, 11, 3)} {ratios}")
+    return line
+
+
+def _op_table(op: str, rows: list[Row], anchors: list[str]) -> list[str]:
+    by = {(r.lib, r.key, r.size): r for r in rows if r.op == op}  # same type, redop, size
+    return op_head(op, anchors) + [row_line(r, by, anchors) for r in rows
+                                   if r.op == op and r.lib == "ringreduce"]
 
 
 def _ratio_summary(ratios: dict[tuple, float], ops: list[str], combos: int) -> str:
@@ -170,13 +191,24 @@ def _ratio_summary(ratios: dict[tuple, float], ops: list[str], combos: int) -> s
 
 
 def table(rows: list[Row], meta: dict, skipped: list[dict]) -> str:
-    """The whole report as printed on rank 0."""
-    present = {r.lib for r in rows}
-    anchors = [a for a in meta.get("compare", []) if a in present]  # --compare's order
-    out = _header(meta, skipped)
-    ops = [op for op in meta["ops"] if any(r.op == op for r in rows)]
-    for op in ops:
+    """The whole report as printed on rank 0 (the live table, runner's, prints the same
+    lines as the rows come, its skip lines before the summary)."""
+    anchors = present_anchors(meta, {r.lib for r in rows})
+    out = header(meta, skipped)
+    for op in [op for op in meta["ops"] if any(r.op == op for r in rows)]:
         out += _op_table(op, rows, anchors)
+    return "\n".join(out + summary(rows, meta, anchors))
+
+
+def present_anchors(meta: dict, libs: set[str]) -> list[str]:
+    """The compared libraries among `libs`, in --compare's order."""
+    return [a for a in meta.get("compare", []) if a in libs]
+
+
+def summary(rows: list[Row], meta: dict, anchors: list[str]) -> list[str]:
+    """The lines after the table: wrong values, each anchor's ratio, the average busbw."""
+    out: list[str] = []
+    ops = [op for op in meta["ops"] if any(r.op == op for r in rows)]
     mine = [r for r in rows if r.lib == "ringreduce"]
     if any(r.wrong is not None for r in mine):
         bad = sum(r.wrong or 0 for r in mine)
@@ -210,13 +242,24 @@ def table(rows: list[Row], meta: dict, skipped: list[dict]) -> str:
         over = "sizes, types and reductions" if several else "sizes"
         out.append(f"# ringreduce vs {a}: time ratio {a}/ringreduce, geometric mean over {over} "
                    + _ratio_summary(sp, ops, combos))
-    bw = [r.busbw for r in mine if r.op != "barrier"]
-    out.append(f"# Avg bus bandwidth    : {sum(bw) / len(bw) if bw else 0.0:.4g}")
-    return "\n".join(out)
+    out.append(f"# Avg bus bandwidth    : {avg_busbw(rows):.4g}")
+    return out
+
+
+def avg_busbw(rows: list[Row]) -> float:
+    """ringreduce's busbw averaged over its rows (nccl-tests' "Avg bus bandwidth")."""
+    bw = [r.busbw for r in rows if r.lib == "ringreduce" and r.op != "barrier"]
+    return sum(bw) / len(bw) if bw else 0.0
 
 
 def to_json(rows: list[Row], meta: dict, skipped: list[dict]) -> dict:
-    return {"meta": meta, "results": [r.as_dict() for r in rows], "skipped": skipped}
+    """The JSON file: what ran (meta), every row, the skips, and the table's totals."""
+    mine = [r for r in rows if r.lib == "ringreduce"]
+    totals = {"avg_busbw_gbps": avg_busbw(rows),
+              "out_of_bounds": (sum(r.wrong or 0 for r in mine)
+                                if any(r.wrong is not None for r in mine) else None)}
+    return {"meta": meta, "results": [r.as_dict() for r in rows], "skipped": skipped,
+            "totals": totals}
 
 
 def write_csv(path: str, rows: list[Row]) -> None:
@@ -229,8 +272,6 @@ def write_csv(path: str, rows: list[Row]) -> None:
 
 def write_outputs(args: Namespace, rows: list[Row], meta: dict, skipped: list[dict]) -> None:
     """--json / --csv / --plot files (rank 0)."""
-    import sys
-
     if args.json:
         write_json(args.json, to_json(rows, meta, skipped), separators=(",", ":"))
         print(f"# wrote {args.json}", file=sys.stderr)

@@ -4,9 +4,10 @@ Timing (per library and size): a barrier, the warm-up iterations, a barrier, the
 iteration is bracketed by perf_counter on every rank. The per-iteration times are then
 all-reduced with max (an iteration lasts until its slowest rank is done), and the table
 shows the median and p99 over iterations. Libraries are interleaved per size (ringreduce,
-then each anchor, at the same size) so that they share the machine's noise. With --check,
-inputs are reset and the ranks re-synchronised (outside the timed region) before every
-iteration, and every result is verified.
+then each anchor, at the same size) so that they share the machine's noise. With -c N, N
+more iterations follow the timed ones, each from reset inputs after a barrier, and their
+results are verified (timing.measure). Rank 0 prints each size's line as it is measured
+(live.LiveTable).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from . import anchors, progress, report
 from .checks import Buffers
 from .checks import make_buffers as _make_host_buffers
 from .cli import several_types
+from .live import LiveTable
 from .metrics import Case, Row, combinations, combo_key, make_case, make_cases
 from .timing import measure
 
@@ -92,13 +94,16 @@ def skip_entry(library: str, op: str, dtype: str | None, redop: str | None,
 
 
 def sweep(args: Namespace, libs: list[anchors.Lib], reduce_: Reducer, rank: int, world: int,
-          bar: progress.Progress | None = None) -> tuple[list[Row], list[dict]]:
+          bar: progress.Progress | None = None,
+          on_case: Callable[[list[Row]], None] | None = None,
+          skipped: list[dict] | None = None) -> tuple[list[Row], list[dict]]:
     """Measure every (op, dtype, redop) combination x size x library; returns rows
-    (identical on all ranks) and skips. A combination ringreduce (libs[0]) refuses ends the
-    run with one -d and one --op (BenchError); with several it is skipped (ringreduce's entry),
-    and no anchor runs it."""
+    (identical on all ranks) and skips (appended to `skipped` as they are found). A
+    combination ringreduce (libs[0]) refuses ends the run with one -d and one --op
+    (BenchError); with several it is skipped (ringreduce's entry), and no anchor runs it.
+    on_case: called with each case's rows (every library's) once they are measured."""
     rows: list[Row] = []
-    skipped: list[dict] = []
+    skipped = [] if skipped is None else skipped
     lenient = several_types(args)
     for op, dtype, redop in combinations(args.ops, args.dtypes, args.redops):
         cargs = Namespace(**{**vars(args), "dtype": dtype, "redop": redop})
@@ -124,7 +129,8 @@ def sweep(args: Namespace, libs: list[anchors.Lib], reduce_: Reducer, rank: int,
             continue
         _settle(active, cases[0], cargs, rank, world)
         for case in cases:
-            b = make_buffers(case, dtype, rank, world, redop, args.root, args.check)
+            b = make_buffers(case, dtype, rank, world, redop, args.root, bool(args.check))
+            first = len(rows)
             for lib in active:
                 times, wrong = measure(lib, case, b, cargs)
                 t = reduce_(np.array(times, dtype=np.float64), "max")
@@ -136,6 +142,8 @@ def sweep(args: Namespace, libs: list[anchors.Lib], reduce_: Reducer, rank: int,
                 if bar:
                     bar.step(progress.weight(case.size),
                              f"{_what(op, dtype, redop)} {case.size} B {lib.name}")
+            if on_case is not None:
+                on_case(rows[first:])
             del b
     return rows, skipped
 
@@ -197,6 +205,24 @@ def _anchor_libs(args: Namespace, rank: int, world: int) -> tuple[list[anchors.L
     return libs, skipped
 
 
+def _stopped(args: Namespace, live: LiveTable, meta: dict, skipped: list[dict],
+             e: BaseException) -> None:
+    """Rank 0, when the sweep ended early: the summary of the rows it has, and the files
+    (marked incomplete) -- then the error goes on as it was."""
+    from .. import _C
+
+    why = ("interrupted (KeyboardInterrupt)" if isinstance(e, KeyboardInterrupt) else
+           f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+    if isinstance(e, _C.CollectiveTimeout):
+        why += f" (the bench's limit per collective is --timeout {args.timeout:g} s)"
+    try:
+        live.finish(skipped, stopped=why)
+        report.write_outputs(args, live.all_rows(), {**meta, "incomplete": why}, skipped)
+    except Exception as more:  # noqa: BLE001 -- the first error is the one to raise
+        print(f"ringreduce-bench: could not write the partial results: {more}",
+              file=sys.stderr, flush=True)
+
+
 def run_rank(args: Namespace) -> int:
     """Entry point of one rank of the benchmark job; returns the exit code."""
     import torch
@@ -225,26 +251,32 @@ def run_rank(args: Namespace) -> int:
             return tune.run(args, me, rank, world)
         extra, skipped = _anchor_libs(args, rank, world)
         libs = [me, *extra]
-        bar = progress.Progress(total_work(args, world, len(libs)),
-                                rank == 0 and progress.wanted(args.progress))
-        try:
-            rows, more = sweep(args, libs, me.allreduce_np, rank, world, bar)
-        finally:
-            bar.close()
-        skipped += more
         notes = {lib.name: lib.note for lib in extra}
-        if args.mpi_results and rank == 0:
-            mrows, mskip, mnote = _load_mpi_results(args.mpi_results)
-            rows += mrows
+        earlier: list[Row] = []
+        if args.mpi_results and rank == 0:  # measured by the mpirun job before this one
+            earlier, mskip, mnote = _load_mpi_results(args.mpi_results)
             skipped += mskip
             if mnote:
                 notes["mpi"] = mnote + " (separate mpirun job before this run, not interleaved)"
-        wrong = sum(r.wrong or 0 for r in rows if r.lib == "ringreduce")
-        if rank == 0:
-            meta = report.make_meta(args, world, me.group.hosts, notes, me.transport)
-            print(report.table(rows, meta, skipped), flush=True)
-            report.write_outputs(args, rows, meta, skipped)
-        return 1 if wrong else 0
+        bar = progress.Progress(total_work(args, world, len(libs)),
+                                rank == 0 and progress.wanted(args.progress))
+        meta = report.make_meta(args, world, me.group.hosts, notes, me.transport)
+        live = LiveTable(meta, [lib.name for lib in libs], earlier, bar) if rank == 0 else None
+        if live:
+            live.start()
+        try:
+            rows, _ = sweep(args, libs, me.allreduce_np, rank, world, bar,
+                            live.add if live else None, skipped)
+        except BaseException as e:  # a peer failed, a timeout, Ctrl-C: keep what was measured
+            bar.close()
+            if live and (live.rows or not isinstance(e, BenchError)):
+                _stopped(args, live, meta, skipped, e)
+            raise
+        bar.close()
+        if live:
+            live.finish(skipped)
+            report.write_outputs(args, live.all_rows(), meta, skipped)
+        return 1 if sum(r.wrong or 0 for r in rows if r.lib == "ringreduce") else 0
     except BenchError as e:
         if me.group.rank == 0:
             print(f"ringreduce-bench: error: {e}", file=sys.stderr, flush=True)

@@ -1,8 +1,10 @@
 """Timing one case of one library on this rank (shared by the sweep and --tune).
 
 A barrier, the warm-up iterations, a barrier, then each timed iteration bracketed by
-perf_counter; with --check the inputs are reset and the ranks re-synchronised before every
-iteration (outside the timed region) and every result is verified.
+perf_counter, back to back; then, with -c N, N more iterations whose results are verified,
+each from freshly reset inputs after a barrier -- outside the timed ones, as nccl-tests
+checks, so that -c does not change what is timed (it reset and re-synchronised before every
+timed iteration: caches and pacing differed from a run without it; found by a helper).
 """
 
 from __future__ import annotations
@@ -23,15 +25,16 @@ def measure(lib: anchors.Lib, case: Case, b: Any, args: Namespace) -> tuple[list
     for _ in range(args.warmup):
         run(case, b, redop, root)
     lib.barrier()
-    times, wrong = [], 0
+    times = []
     clock = time.perf_counter
     for _ in range(args.iters):
-        if args.check:
-            b.reset()
-            lib.barrier()
         t0 = clock()
         run(case, b, redop, root)
         times.append(clock() - t0)
-        if args.check:
-            wrong += count_wrong(b.out, b.expected)
+    wrong = 0
+    for _ in range(int(args.check)):
+        b.reset()
+        lib.barrier()
+        run(case, b, redop, root)
+        wrong += count_wrong(b.out, b.expected)
     return times, wrong
