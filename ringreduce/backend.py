@@ -131,7 +131,8 @@ class _Ops:
     group ranks for roots and peers, options objects, lists of tensors)."""
 
     def _setup(self, store: Any, rank: int, size: int, timeout: timedelta,
-               name: str | None = None) -> None:
+               name: str | None = None, members: list[int] | None = None) -> None:
+        """members: the group's world ranks where torch gives them (global_ranks_in_group)."""
         self._rank = rank
         self._size = size
         self._store = store  # torch's store for this process group (monitored_barrier)
@@ -162,7 +163,7 @@ class _Ops:
             # set up through the PrefixStore torch gave it. (The default process group of a
             # job that called ringreduce.init() first shares the world instead.)
             g = groups.from_store(store, rank, size, f"torch group {name or _next_name()}",
-                                  _env.tunables().timeout if env_wins else timeout)
+                                  _env.tunables().timeout if env_wins else timeout, members)
             self._owns = True
         self._g = g
 
@@ -216,7 +217,7 @@ class _Ops:
         rank, size = ranks.index(self._rank), len(ranks)
         secs = timedelta(seconds=timeout) if timeout > 0 else None
         return _adapter().RingReduceBackend(rank, size, _Impl(store, rank, size, secs,
-                                                              name or None))
+                                                              name or None, world))
 
     # -- collectives
     def allreduce(self, tensors: list, opts: Any = None) -> _Work:
@@ -665,12 +666,12 @@ class ProcessGroupRingReduce(_Ops, dist.ProcessGroup):
     map such as "cpu:ringreduce,cuda:nccl" loses its second backend."""
 
     def __init__(self, store: Any, rank: int, size: int, timeout: timedelta,
-                 name: str | None = None):
+                 name: str | None = None, members: list[int] | None = None):
         try:
             dist.ProcessGroup.__init__(self, store, rank, size)
         except TypeError:  # older torch: (rank, size) only
             dist.ProcessGroup.__init__(self, rank, size)
-        self._setup(store, rank, size, timeout, name)
+        self._setup(store, rank, size, timeout, name, members)
 
     def getBackendName(self) -> str:
         return BACKEND_NAME
@@ -689,8 +690,8 @@ class _Impl(_Ops):
     """What the C++ c10d Backend calls for each operation."""
 
     def __init__(self, store: Any, rank: int, size: int, timeout: timedelta,
-                 name: str | None = None):
-        self._setup(store, rank, size, timeout, name)
+                 name: str | None = None, members: list[int] | None = None):
+        self._setup(store, rank, size, timeout, name, members)
 
     def __repr__(self) -> str:
         return f"ringreduce backend impl (rank {self._rank} of {self._size}, {self._g.name})"
@@ -718,10 +719,11 @@ def create_backend(opts: Any, backend_options: Any = None) -> Any:
     the C++ c10d Backend when the adapter builds, else the Python process group."""
     store, rank, size = opts.store, int(opts.group_rank), int(opts.group_size)
     timeout, name = opts.timeout, str(getattr(opts, "group_id", "") or "") or None
+    members = [int(r) for r in getattr(opts, "global_ranks_in_group", None) or []] or None
     mod = _adapter()
     if mod is None:
-        return ProcessGroupRingReduce(store, rank, size, timeout, name)
-    return mod.RingReduceBackend(rank, size, _Impl(store, rank, size, timeout, name))
+        return ProcessGroupRingReduce(store, rank, size, timeout, name, members)
+    return mod.RingReduceBackend(rank, size, _Impl(store, rank, size, timeout, name, members))
 
 
 def impl_of(pg: Any = None) -> _Ops | None:

@@ -162,10 +162,12 @@ def _split(parent: Group, color: int | None, key: int) -> Group | None:
 
 
 def from_store(store: Any, rank: int, size: int, name: str,
-               timeout: Any = None) -> Group:
+               timeout: Any = None, members: list[int] | None = None) -> Group:
     """A group for a torch process group of the ringreduce backend (torch gives it its own
     PrefixStore, the group rank and new_group's timeout): its members tell each other their
-    world ranks there."""
+    world ranks there. members: its world ranks where torch gives them (then only they are
+    watched while the group starts: another rank may finish and leave meanwhile --
+    new_group(use_local_synchronization=True) -- found by a helper)."""
     world = _state.current("a torch subgroup")
     secs = _check_timeout(timeout, "new_group")
     if size == 1:
@@ -185,8 +187,9 @@ def from_store(store: Any, rank: int, size: int, name: str,
             _rendezvous.store_used(world.rank, f"creating {name}", store, 4 * timeout):
         store.set(f"{p}grank/{rank}", str(world.rank))
         _store_keys.wrote(p, f"{p}grank/{rank}")
-        # The members are known once all have started: until then any rank's failure stops it.
-        with _watch.watching(world, [r for r in range(world.world_size)
+        # Without torch's list, the members are known once all have started: until then any
+        # rank's failure stops it.
+        with _watch.watching(world, [r for r in (members or range(world.world_size))
                                      if r != world.rank]):
             _rendezvous._wait(store, keys, timeout, rank, f"the members of group {name} to "
                               f"start", p, hint="the group ranks missing have not called "

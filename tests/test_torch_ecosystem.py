@@ -87,3 +87,10 @@ def test_rank_0_stays_until_late_ranks_are_done_with_its_store():
     res = run_world(4, "torch_eco_workers:late_p2p", timeout=90, env=_ENV, init=False)
     for rank, r in enumerate(res):
         assert r == [float((rank - 1) % 4)] * 4, (rank, r)
+
+
+@pytest.mark.timeout(120)
+def test_a_local_sync_group_outlives_a_non_member_that_left():
+    res = run_world(3, "torch_eco_workers:local_sync_group_after_a_leaver", timeout=90,
+                    env=_ENV, init=False)
+    assert res == [[0.0, 3.0, 6.0], [0.0, 3.0, 6.0], None], res

@@ -206,3 +206,24 @@ def late_p2p(rank: int, world: int) -> list:
         w.wait()
     dist.destroy_process_group()
     return recv.tolist()
+
+
+def local_sync_group_after_a_leaver(rank: int, world: int) -> list | None:
+    """new_group([0, 1], use_local_synchronization=True): only the members call it (rank 1
+    1.5 s after rank 0); the last rank, a member of no group, is done and leaves meanwhile.
+    Its normal leave failed the members' group set-up ("left the job"), where gloo runs
+    it: while a group starts, only its members -- torch's global_ranks_in_group -- are
+    watched (found by a helper)."""
+    import time
+
+    dist.init_process_group("ringreduce")
+    out = None
+    if rank < 2:
+        if rank == 1:
+            time.sleep(1.5)
+        g = dist.new_group([0, 1], use_local_synchronization=True)
+        t = torch.arange(3.0) * (rank + 1)
+        dist.all_reduce(t, group=g)
+        out = t.tolist()
+    dist.destroy_process_group()
+    return out
