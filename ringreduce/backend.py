@@ -50,6 +50,8 @@ from ._futures import Completion, WaitAll
 from ._torch_tensors import (
     _as_bytes,
     _chain,
+    _copy,
+    _flat,
     _inplace,
     _outputs,
     _overlaps,
@@ -314,9 +316,8 @@ class _Ops:
         flat = torch.empty((self._size,) + tuple(src.shape), dtype=src.dtype)
 
         def scatter_out() -> None:
-            with torch.no_grad():
-                for r, o in enumerate(outs):
-                    o.copy_(flat[r].view(o.shape))
+            for r, o in enumerate(outs):
+                _copy(o, flat[r])
         # The Work's value (result(), the future's): the output tensors, one flat list, as
         # gloo's (torch casts it to a list of tensors; a list of lists failed there).
         return _work(api.allgather(src, out=flat, async_op=True, group=self._g), list(outs),
@@ -390,7 +391,7 @@ class _Ops:
         dst, back = _inplace(out)
         if any(t.numel() != out.numel() for t in ins):
             return self._reduce_scatter_uneven(dst, ins, _op(opts), output_tensors, back)
-        flat = torch.cat([t.detach().reshape(-1) for t in ins])
+        flat = _flat(ins)
         return _work(api.reduce_scatter(flat, out=dst.view(-1), op=_op(opts), async_op=True,
                                         group=self._g), output_tensors, back)
 
@@ -406,8 +407,7 @@ class _Ops:
         mine = bufs[self._g.rank]
 
         def copy_out() -> None:
-            with torch.no_grad():
-                dst.view(-1).copy_(mine)
+            _copy(dst.view(-1), mine)
         return self._last(works, output_tensors, _chain(copy_out, back))
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
@@ -449,9 +449,8 @@ class _Ops:
         flat = torch.empty((self._size,) + tuple(inp.shape), dtype=inp.dtype) if outs else None
 
         def copy_out() -> None:
-            with torch.no_grad():
-                for r, o in enumerate(outs):
-                    o.copy_(flat[r].view(o.shape))
+            for r, o in enumerate(outs):
+                _copy(o, flat[r])
         return _work(rooted.gather(inp, self._world(root, "gather"), out=flat, group=self._g,
                                    async_op=True), list(outs), copy_out)
 
@@ -474,7 +473,7 @@ class _Ops:
         flat = None
         if self._rank == root:
             self._check_list("scatter", "scatter_list", input_tensors[0], out)
-            flat = torch.cat([t.detach().reshape(-1) for t in input_tensors[0]])
+            flat = _flat(input_tensors[0])
         return _work(rooted.scatter(out, self._world(root, "scatter"), x=flat, group=self._g,
                                     async_op=True), output_tensors, back)
 
@@ -494,15 +493,14 @@ class _Ops:
             _same_dtypes("all_to_all", name, ts, input_tensors[0], "input_tensor_list[0]")
         _outputs("all_to_all", "output_tensor_list", output_tensors)
         ins = [t.detach().reshape(-1) for t in input_tensors]
-        flat_in = torch.cat(ins)
+        flat_in = _flat(ins)
         flat_out = torch.empty(sum(t.numel() for t in output_tensors), dtype=flat_in.dtype)
 
         def copy_out() -> None:
-            with torch.no_grad():
-                off = 0
-                for t in output_tensors:
-                    t.copy_(flat_out[off:off + t.numel()].view(t.shape))
-                    off += t.numel()
+            off = 0
+            for t in output_tensors:
+                _copy(t, flat_out[off:off + t.numel()])
+                off += t.numel()
         return _work(rooted.all_to_all(flat_in, out=flat_out,
                                        send_counts=[t.numel() for t in ins],
                                        recv_counts=[t.numel() for t in output_tensors],
