@@ -22,6 +22,20 @@ def prefixed(chunk: bytes, prefix: bytes, at_start: bool) -> bytes:
     return (prefix if at_start else b"") + prefix.join(parts[:-1] if parts[-1] == b"" else parts)
 
 
+def split_utf8(chunk: bytes) -> tuple[bytes, bytes]:
+    """(whole, rest): `rest`, the bytes of a UTF-8 character `chunk` ends in the middle of
+    (a read that cut it, or a writer that split it), kept for the next read -- another
+    rank's output could end the line between its halves, and the newline put there broke
+    the character."""
+    for k in range(1, min(4, len(chunk)) + 1):
+        b = chunk[-k]
+        if b & 0xC0 != 0x80:  # not a continuation byte: the last character's first byte
+            need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else \
+                4 if b & 0xF8 == 0xF0 else 1
+            return (chunk[:-k], chunk[-k:]) if need > k else (chunk, b"")
+    return chunk, b""
+
+
 class Screen:
     """What the output pumps share: one writer at a time; the pump that left a line open (a
     prompt, a progress bar) and its writer -- another's output ends that line first."""
@@ -59,10 +73,11 @@ def pump(src: IO[bytes], dst: IO[str], prefix: bytes, screen: Screen) -> None:
             dst.flush()
 
     me, broken, at_start, after_cr, opened = object(), False, True, False, False
-    fd = src.fileno()
+    fd, held = src.fileno(), b""
     while True:
         chunk = os.read(fd, 65536)
         eof = not chunk
+        chunk, held = held + chunk, b""
         # A line's rest a moment later (print() under -u writes its text, then the newline)
         # goes with it: another rank's output then seldom has to end the line first.
         while chunk and not chunk.endswith(b"\n") and select.select([fd], [], [], 0.02)[0]:
@@ -70,13 +85,15 @@ def pump(src: IO[bytes], dst: IO[str], prefix: bytes, screen: Screen) -> None:
             if not more:
                 break
             chunk += more
+        if not eof:
+            chunk, held = split_utf8(chunk)
         with screen.lock:
             if opened and not (screen.open is not None and screen.open[0] is me):
                 # Another rank's output (or the launcher's) ended our open line: what we
                 # write next starts a new one; a newline ending the old one is done already.
                 opened, at_start, after_cr = False, True, False
                 chunk = chunk[1:] if chunk[:1] == b"\n" else chunk
-            if eof:
+            if eof and not chunk:
                 if opened:  # the last line without its newline gets one
                     with contextlib.suppress(ValueError, OSError):
                         write(b"" if broken else b"\n")

@@ -139,3 +139,42 @@ def test_the_launchers_message_starts_a_line_of_its_own(tmp_path: Path, marker: 
     assert "[rank 1] 45%|###" in lines, r.stderr
     assert any(ln.startswith("ringreduce-run: rank 0 (pid") for ln in lines), r.stderr
     _assert_no_leftovers(marker)
+
+
+def test_an_unfinished_utf8_character_waits_for_its_rest() -> None:
+    split = _run_module()._output.split_utf8
+    e = "é".encode()  # 2 bytes; "€" 3, "𝄞" 4
+    assert split(b"a" + e[:1]) == (b"a", e[:1]) and split(b"a" + e) == (b"a" + e, b"")
+    assert split("€".encode()[:2]) == (b"", "€".encode()[:2])
+    assert split(b"x" + "𝄞".encode()[:3]) == (b"x", "𝄞".encode()[:3])
+    assert split(b"plain\n") == (b"plain\n", b"") and split(b"") == (b"", b"")
+
+
+@pytest.mark.timeout(60)
+def test_another_ranks_line_does_not_split_a_character(tmp_path: Path, marker: str) -> None:
+    """Rank 0 writes the first byte of "é", rank 1 a whole line, then rank 0 the rest: the
+    newline that ends rank 0's open line went between the two bytes (an invalid UTF-8
+    sequence on the screen); the unfinished character now waits for its rest."""
+    (tmp_path / "rank.py").write_text(textwrap.dedent(f"""
+        import os, time
+        flags = {str(tmp_path)!r}
+        def wait(name):
+            while not os.path.exists(os.path.join(flags, name)):
+                time.sleep(0.01)
+            time.sleep(0.2)  # the launcher has copied what came before
+        if os.environ["RANK"] == "0":
+            os.write(1, b"a" + "é".encode()[:1])
+            open(os.path.join(flags, "first"), "w").close()
+            wait("other")
+            os.write(1, "é".encode()[1:] + b"b\\n")
+        else:
+            wait("first")
+            os.write(1, b"other line\\n")
+            open(os.path.join(flags, "other"), "w").close()
+    """))
+    p = subprocess.run([sys.executable, str(RUN_PY), "-n", "2", str(tmp_path / "rank.py"),
+                        marker], capture_output=True, timeout=30, check=False)
+    assert p.returncode == 0, p.stderr
+    text = p.stdout.decode("utf-8")  # strict: a split character fails here
+    assert "[rank 1] other line\n" in text and "éb\n" in text, text
+    _assert_no_leftovers(marker)
