@@ -55,12 +55,24 @@ _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 _OPTS_WITH_VALUE = ("-n", "--nproc-per-node", "--nproc_per_node", "--master-port",
                     "--master_port", "--master-addr", "--master_addr", "--grace-period",
                     "--grace_period", "--nnodes", "--node-rank", "--node_rank")
-# Interpreter options that take a value (`python -W error -X dev train.py`).
-_PY_OPTS_WITH_VALUE = ("-W", "-X", "-Q")
 
 
-class _UsageError(Exception):
-    """A bad command line; printed as ``ringreduce-run: error: ...`` with exit code 2."""
+def _sibling(name: str) -> Any:
+    """A module beside this file, loaded by its path (this file runs as a plain file and
+    imports nothing of the package)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_ringreduce_run{name}", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[spec.name] = module  # type: ignore[union-attr]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+_output = _sibling("_run_output")
+_program = _sibling("_run_command")
+_UsageError, _command = _program.UsageError, _program.command
 
 
 def _split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -141,81 +153,27 @@ def _port(text: str) -> int:
     return value
 
 
-_PYTHON_NAME = re.compile(r"python[0-9.]*$")
-
-
-def _is_python(word: str) -> bool:
-    """Whether ``word`` names a Python interpreter (mpirun's habit: ``-n 2 python x.py``)."""
-    if word == sys.executable:
-        return True
-    return bool(_PYTHON_NAME.match(os.path.basename(word))) and shutil.which(word) is not None
-
-
-def _command(program: list[str], no_python: bool) -> list[str]:
-    """The command each rank runs, or a _UsageError saying what is wrong with ``program``."""
-    if not program or program == ["-m"] or program[:2] == ["-m", ""]:
-        raise _UsageError("no program given: pass a script (train.py) or -m module, "
-                          "followed by its arguments")
-    if no_python:
-        if program[0] == "-m" or shutil.which(program[0]) is None:
-            raise _UsageError(f"--no-python: {program[0]!r} is not an executable on PATH "
-                              "or a path to one; drop --no-python to run a Python script")
-        return list(program)
-    python = sys.executable
-    if _is_python(program[0]):  # `python train.py`: run it with the interpreter named
-        python = shutil.which(program[0]) or program[0]
-        flags, program = _interpreter_options(program[1:])
-        if not program or program in (["-m"], ["-c"]):
-            raise _UsageError(f"no program given after {python!r}: pass a script or -m module")
-        if program[0] == "-c":
-            return [python, *flags, "-u", *program]
-        if program[0] != "-m":
-            _check_script(program[0], "use -m module")
-        return [python, *flags, "-u", *program]
-    if program[0] != "-m":
-        _check_script(program[0], "use -m module to run a module, or --no-python to run an "
-                                  "executable")
-    return [python, "-u", *program]
-
-
-def _interpreter_options(words: list[str]) -> tuple[list[str], list[str]]:
-    """`python`'s own options (-O, -W error; -u is the launcher's) and its program, as python
-    parses them: -uO, -Wd, -mjson.tool, -cCODE, -uc CODE, -- (were taken for a script)."""
-    flags: list[str] = []
-    i = 0
-    while i < len(words):
-        w = words[i]
-        if w == "--":
-            return flags, words[i + 1:]
-        if not w.startswith("-") or w == "-" or w.startswith("--"):
-            break
-        i += 1
-        for j, ch in enumerate(w[1:], start=1):
-            rest = [w[j + 1:]] if j + 1 < len(w) else []  # joined to its letter
-            if ch in "cm":  # the code or module: the word's rest, else the next word
-                return flags, [f"-{ch}", *rest, *words[i:]]
-            if f"-{ch}" in _PY_OPTS_WITH_VALUE:  # -W error, -Werror
-                flags += [f"-{ch}", *(rest or words[i:i + 1])]
-                i += 0 if rest else 1
-                break
-            if ch != "u":
-                flags.append(f"-{ch}")
-    return flags, words[i:]
-
-
-def _check_script(path: str, other: str) -> None:
-    """What Python runs as a script: a file (source, or a zip application) or a folder with
-    a __main__.py (as `python app/` and torchrun run it)."""
-    if os.path.isfile(path) or os.path.isfile(os.path.join(path, "__main__.py")):
-        return
-    what = "is a folder without __main__.py" if os.path.isdir(path) else "not found"
-    raise _UsageError(f"script {path!r} {what}; pass the path to a Python file (or a folder "
-                      f"with a __main__.py), {other}")
-
-
 def _pet(name: str, default: str | None = None) -> str | None:
     """torchrun's environment default for an option: PET_<NAME>, else `default`."""
     return os.environ.get(f"PET_{name}") or default
+
+
+_PET_TYPED = {"NPROC_PER_NODE": "-n", "NODE_RANK": "--node-rank", "MASTER_PORT": "--master-port"}
+
+
+def _check_pet(parser: argparse.ArgumentParser, given: set[str]) -> None:
+    """A bad PET_* value for an option the command line does not give (`given`: the
+    options it has), named as the variable: argparse named the option, never typed."""
+    for env, opt in _PET_TYPED.items():
+        action = parser._option_string_actions[opt]
+        value = os.environ.get(f"PET_{env}")
+        if not value or given & set(action.option_strings):
+            continue
+        try:
+            action.type(value)
+        except (argparse.ArgumentTypeError, ValueError) as e:
+            raise _UsageError(f"PET_{env}={value!r} (torchrun's default for {opt}): {e}; fix "
+                              f"or unset it, or pass {opt}") from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -353,22 +311,6 @@ def parent_death_signal() -> Callable[[], None] | None:
             os.kill(os.getpid(), signal.SIGTERM)
 
     return preexec
-
-
-def _sibling(name: str) -> Any:
-    """A module beside this file, loaded by its path (this file runs as a plain file and
-    imports nothing of the package)."""
-    import importlib.util
-
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"_ringreduce_run{name}", path)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    sys.modules[spec.name] = module  # type: ignore[union-attr]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
-
-
-_output = _sibling("_run_output")
 
 
 def _signal_name(sig: int) -> str:
@@ -732,6 +674,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "; ringreduce-run takes torchrun's single-host options (see --help): for "
                     "its others (rendezvous, restarts, log files) run torchrun itself, with "
                     "init_process_group(\"ringreduce\")"))
+        _check_pet(parser, {w.split("=", 1)[0] for w in opts_argv} |
+                   {w[:2] for w in opts_argv if w.startswith("-n")})
         opts = parser.parse_args(opts_argv)
         if opts.standalone and not any(w.split("=")[0] in ("--master-port", "--master_port")
                                        for w in opts_argv):

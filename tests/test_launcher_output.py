@@ -116,6 +116,13 @@ def test_torchruns_pet_variables_are_defaults(marker: str) -> None:
     assert r.returncode == 0 and sorted(_ranked_json(r.stdout)) == [0], r.stderr
     r = _launch(_script("print_env.py"), marker, env=dict(env, PET_NNODES="2"))
     assert r.returncode == 2 and "starts ranks on this host only" in r.stderr, r.stderr
+    # a bad value is named as the variable (it was named as the option, never typed)
+    r = _launch(_script("print_env.py"), marker, env=dict(env, PET_MASTER_PORT="99999"))
+    assert r.returncode == 2 and "PET_MASTER_PORT='99999' (torchrun's default for " \
+        "--master-port): '99999' is not a TCP port" in r.stderr, r.stderr
+    r = _launch("--master-port", "29744", _script("print_env.py"), marker,
+                env=dict(env, PET_MASTER_PORT="99999"))  # the command line's wins
+    assert r.returncode == 0, r.stderr
     _assert_no_leftovers(marker)
 
 
@@ -178,3 +185,15 @@ def test_another_ranks_line_does_not_split_a_character(tmp_path: Path, marker: s
     text = p.stdout.decode("utf-8")  # strict: a split character fails here
     assert "[rank 1] other line\n" in text and "éb\n" in text, text
     _assert_no_leftovers(marker)
+
+
+def test_after_python_s_double_dash_comes_a_script_whatever_its_name() -> None:
+    """`python -- -c x` runs a script named -c (python's rule); the launcher ran -c's code."""
+    run = _run_module()
+    script = _script("print_env.py")
+    assert run._command([sys.executable, "-O", "--", script, "a"], False) == [
+        sys.executable, "-O", "-u", "--", script, "a"]
+    with pytest.raises(run._UsageError, match="script '-c' not found"):
+        run._command([sys.executable, "--", "-c", "print(1)"], False)
+    with pytest.raises(run._UsageError, match="no program given"):
+        run._command([sys.executable, "--"], False)
