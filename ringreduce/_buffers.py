@@ -204,6 +204,12 @@ def check_torch_tensor(x: Any, what: str, writable: bool, complex_ok: bool = Fal
             f"{what}: in-place collective on a leaf tensor that requires grad; "
             f"pass x.detach() or x.data (as for parameters), or wrap in torch.no_grad()"
         )
+    if writable and x.requires_grad:
+        # Written in place as torch's in-place ops write: a backward through its old value
+        # (autograd saved it) is refused, not computed from the new one (gradients were
+        # silently wrong; found by a helper). Tensors without grad are not tracked, as
+        # torch.distributed's own collectives track none.
+        torch._C._increment_version((x,))
     return name, code
 
 

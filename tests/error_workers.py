@@ -229,6 +229,25 @@ def bad_inputs(rank: int, world: int) -> list[str]:
     for k, part in enumerate(parts):
         errs += compare_exact(part.numpy(), reduce_np("float32", "sum", [i[k] for i in ins],
                                                       world), f"coalesced generator part {k}")
+    # A tensor autograd saved, written in place by a collective: backward is refused, as
+    # after torch's own in-place ops (it silently used the new values: wrong gradients)
+    x = torch.arange(4.0, requires_grad=True)
+    y = x * (rank + 1)
+    z = (y * y).sum()  # saves y
+    rr.allreduce(y)
+    w = torch.arange(4.0, requires_grad=True)
+    u = (w * w).sum()  # saves w
+    with torch.no_grad():
+        rr.allreduce(w)
+    for what, loss in (("non-leaf y", z), ("leaf w under no_grad", u)):
+        try:
+            loss.backward()
+            errs.append(f"{what}: backward through its old value ran")
+        except RuntimeError as e:
+            if "modified by an inplace operation" not in str(e):
+                errs.append(f"{what}: {e}")
+    if y.tolist() != [float(i * world * (world + 1) // 2) for i in range(4)]:
+        errs.append(f"the all-reduce itself: {y.tolist()}")
     return errs
 
 
