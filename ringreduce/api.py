@@ -450,7 +450,8 @@ def reduce_scatter(x: Any, out: Any = None, op: Any = "sum", async_op: bool = Fa
             f"pad it to {(b.units() + n - 1) // n * n}")
     k = b.count // n
     if out is None:
-        shape = ((b.shape[0] // n,) + b.shape[1:]) if b.shape and b.shape[0] % n == 0 else (k,)
+        shape = ((b.shape[0] // n,) + b.shape[1:]) if b.shape and b.shape[0] % n == 0 \
+            else (b.units() // n,)  # k counts a complex number's halves
         out = _buffers.empty_like_shape(x, shape)
     o = as_buffer(out, "reduce_scatter(out)")
     if o.count != k or o.dtype != b.dtype:

@@ -350,6 +350,15 @@ def complex_sweep(rank: int, world: int) -> list:
     except ValueError as e:
         if world == 1:
             fails.append(f"world 1: {e}")
+    # Its own out, where x's first dimension does not divide: k complex numbers, not their
+    # 2k halves (refused: "out must hold 3 elements ..., got 6"; found by a helper)
+    got = rr.reduce_scatter(np.full((3, world), 1 + 2j, np.complex64))
+    if got.size != 3 or not np.array_equal(got.ravel(), np.full(3, world * (1 + 2j),
+                                                                 np.complex64)):
+        fails.append(f"reduce_scatter of complex (3, {world}): {got!r}")
+    got = rr.reduce_scatter(np.array([1 + 2j] * world, np.complex64).reshape(world, 1)[:, 0])
+    if not np.array_equal(got, np.full(1, world * (1 + 2j), np.complex64)):
+        fails.append(f"reduce_scatter of {world} complex numbers: {got!r}")
     rr.barrier()
     return fails
 
