@@ -372,6 +372,7 @@ def _root() -> Group:
 
 def _check_ranks(ranks: Sequence[int], n: int) -> list[int]:
     try:  # index(): ints (numpy's, 0-d integer tensors) only: [0, 1.7] is no group [0, 1]
+        ranks = list(ranks)  # once: a generator's messages below said "ranks []"
         out = sorted(operator.index(r) for r in ranks)
     except TypeError:
         raise TypeError(f"new_group: ranks must be a sequence of ints, got {ranks!r}") from None
