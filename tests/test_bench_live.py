@@ -40,6 +40,13 @@ def test_the_live_table_prints_the_tables_lines_as_rows_come():
     assert out.getvalue().splitlines() == rest[:-tail] + [skip] + rest[-tail:]
 
 
+def test_the_barriers_row_has_no_wrong_count():
+    """A barrier moves no data: nothing was checked, so its #wrong is "-" (it said 0)."""
+    rows = [r for r in _rows() if r.op == "barrier"]
+    line = report.row_line(rows[0], {}, [])
+    assert line.split()[-1] == "-" and rows[0].wrong == 0, line
+
+
 class _Lib:
     """A library that records what measure() does with it."""
 

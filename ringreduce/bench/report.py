@@ -151,8 +151,8 @@ def row_line(r: Row, by: dict, anchors: list[str]) -> str:
     op = r.op
     redop = r.redop if op in REDUCING else "-"
     root = str(r.root) if op in ROOTED else "-"
-    wrong = "N/A" if r.wrong is None else str(r.wrong)
-    bw = op != "barrier"
+    bw = op != "barrier"  # (it moves no data: nothing to check or to measure bandwidth of)
+    wrong = "N/A" if r.wrong is None else str(r.wrong) if bw else "-"
     line = (f"{r.size:>12} {r.count:>12} {r.dtype if bw else '-':>9} {redop:>6} {root:>5} "
             f"{r.algo:>8} {_fmt(r.time_us, 10)} {_fmt(r.p99_us, 10)} "
             f"{_fmt(r.algbw if bw else None, 11, 3)} {_fmt(r.busbw if bw else None, 11, 3)} "
