@@ -208,9 +208,24 @@ def check_torch_tensor(x: Any, what: str, writable: bool, complex_ok: bool = Fal
         # Written in place as torch's in-place ops write: a backward through its old value
         # (autograd saved it) is refused, not computed from the new one (gradients were
         # silently wrong; found by a helper). Tensors without grad are not tracked, as
-        # torch.distributed's own collectives track none.
-        torch._C._increment_version((x,))
+        # torch.distributed's own collectives track none. (The public function: torch's
+        # _C one took a tuple only from 2.5.)
+        torch.autograd.graph.increment_version(x)
     return name, code
+
+
+def check_torch_values(x: Any, what: str, op: str | None = None) -> None:
+    """What as_buffer and check_reduction would refuse of a torch tensor's values -- a lazy
+    conj()/negative view, a dtype the core lacks, `op` (a name) on that dtype -- on a tensor
+    of any strides: a coalesced call checks every piece before it issues the first."""
+    if x.is_conj() or x.is_neg():
+        raise ValueError(f"{what}: tensor is a lazy {'conjugate' if x.is_conj() else 'negative'}"
+                         f" view (its memory holds the values before it); pass "
+                         f"x.resolve_{'conj' if x.is_conj() else 'neg'}() and copy it back")
+    name = str(x.dtype).replace("torch.", "")
+    b = Buffer(x, 0, 0, name, _code(name, x.dtype, what, True), ())
+    if op is not None:
+        check_reduction(b, OP_CODES[op])
 
 
 _TORCH_OP_ALIASES = {"average": "avg", "product": "prod"}  # torch's names, lowercased, else ours

@@ -90,7 +90,10 @@ def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
     took 12 ms for 1 MiB -- a list all_gather 5x slower than gloo (found by a helper)."""
     n = dst.numel() * dst.element_size()
     if (dst.dtype == src.dtype and dst.numel() == src.numel() and dst.is_contiguous()
-            and src.is_contiguous() and dst.device.type == src.device.type == "cpu"):
+            and src.is_contiguous() and dst.device.type == src.device.type == "cpu"
+            and not (src.is_neg() or src.is_conj() or dst.is_neg() or dst.is_conj())):
+        # (a lazy negative / conjugate view's memory holds the values before it: copy_
+        # resolves it, a memmove would not -- found by a review)
         if n:
             ctypes.memmove(dst.data_ptr(), src.data_ptr(), n)  # releases the GIL
     else:

@@ -328,11 +328,14 @@ class _Ops:
         self._check_single("all_gather_into_tensor", output, input)
         return self._all_gather_single(output, input)
 
-    def _check_single(self, what: str, output: torch.Tensor, input: torch.Tensor) -> None:
+    def _check_single(self, what: str, output: torch.Tensor, input: torch.Tensor,
+                      op: str | None = None) -> None:
         """all_gather_into_tensor's / reduce_scatter_tensor's checks (the larger is world_size
-        times the other), before anything moves."""
+        times the other; values and reduction op as the core's), before anything moves."""
         _usable(input, written=False)
         _usable(output)
+        for t in (input, output):
+            _buffers.check_torch_values(t, what, op)
         big, small = ("output", "input") if what.startswith("all_gather") else ("input", "output")
         sizes = {"output": output.numel(), "input": input.numel()}
         if sizes[big] != sizes[small] * self._size:
@@ -412,7 +415,7 @@ class _Ops:
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
                               opts: Any = None) -> _Work:
-        self._check_single("reduce_scatter_tensor", output, input)
+        self._check_single("reduce_scatter_tensor", output, input, _op(opts))
         return self._reduce_scatter_single(output, input, opts)
 
     def _reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
@@ -429,7 +432,7 @@ class _Ops:
     def reduce_scatter_tensor_coalesced(self, outputs: list, inputs: list,
                                         opts: Any = None) -> _Work:
         for o, i in _pairs("reduce_scatter_tensor coalesced", outputs, inputs):
-            self._check_single("reduce_scatter_tensor", o, i)
+            self._check_single("reduce_scatter_tensor", o, i, _op(opts))
         return self._last([self._reduce_scatter_single(o, i, opts)
                            for o, i in zip(outputs, inputs)], outputs)
 

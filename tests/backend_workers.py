@@ -247,6 +247,12 @@ def backend_collectives(rank: int, world: int) -> dict:
                 [torch.empty(2)], [torch.ones(2 * n), torch.ones(2 * n)],
                 dist.ReduceScatterOptions()), "1 outputs but 2 inputs"),
         ]
+        band = dist.ReduceScatterOptions()
+        band.reduceOp = dist.ReduceOp.BAND
+        first = torch.full((2,), -1, dtype=torch.int32)
+        cases.append((lambda: pg.reduce_scatter_tensor_coalesced(  # BAND of float: refused
+            [first, torch.empty(2)], [torch.ones(2 * n, dtype=torch.int32),
+                                      torch.ones(2 * n)], band), "bitwise"))
         pg = dist.group.WORLD
         for call, words in cases:
             try:
@@ -257,8 +263,14 @@ def backend_collectives(rank: int, world: int) -> dict:
                     return False
         t = torch.ones(1)
         dist.all_reduce(t)  # after anything an error left queued
+        # a lazy negative view in a list: its values, not its memory's (a memmove of the
+        # lists moved +1 for -1; found by a review)
+        neg = torch.tensor([1 + 1j]).conj().imag  # reads -1, memory holds +1
+        got = torch.zeros(1)
+        dist.scatter(got, [neg] * n if rank == 0 else None, src=0)
         return (t.item() == n and torch.equal(a, torch.full((2 * n,), -1.0))
-                and all(torch.equal(o[0], torch.full((2,), -1.0)) for o in outs))
+                and all(torch.equal(o[0], torch.full((2,), -1.0)) for o in outs)
+                and first.tolist() == [-1, -1] and got.tolist() == [-1.0])
 
     def bitwise_ops() -> bool:
         bits = torch.tensor([1 << rank, 0xFF, rank], dtype=torch.int32)

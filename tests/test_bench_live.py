@@ -24,7 +24,6 @@ def test_the_live_table_prints_the_tables_lines_as_rows_come():
     skipped = [{"library": "mpi", "op": "*", "reason": "not here"}]
     out = io.StringIO()
     live = LiveTable(meta, ["ringreduce", "gloo"], [], stream=out)
-    live.start()
     seen = []
     for size in (8, 65536, 64 << 20):  # a case: every library's row of one size
         live.add([r for r in rows if r.op == "allreduce" and r.size == size])

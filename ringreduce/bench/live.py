@@ -25,15 +25,16 @@ class LiveTable:
         self.earlier = earlier
         self.by = {(r.lib, r.key, r.size): r for r in earlier}
         self.op: str | None = None
+        self.started = False
 
     def _print(self, lines: list[str]) -> None:
+        if not self.started:  # the header with the first lines: a run that ends at once
+            self.started = True  # (an error before any size) prints only its error
+            lines = report.header(self.meta, []) + lines
         if self.bar is not None:
             self.bar.close()  # off the terminal's line first; its next step redraws it
         self.stream.write("".join(line + "\n" for line in lines))
         self.stream.flush()
-
-    def start(self) -> None:
-        self._print(report.header(self.meta, []))
 
     def add(self, rows: list[Row]) -> None:
         """One case's rows, every library's: its line."""

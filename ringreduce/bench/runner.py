@@ -262,8 +262,6 @@ def run_rank(args: Namespace) -> int:
                                 rank == 0 and progress.wanted(args.progress))
         meta = report.make_meta(args, world, me.group.hosts, notes, me.transport)
         live = LiveTable(meta, [lib.name for lib in libs], earlier, bar) if rank == 0 else None
-        if live:
-            live.start()
         try:
             rows, _ = sweep(args, libs, me.allreduce_np, rank, world, bar,
                             live.add if live else None, skipped)
