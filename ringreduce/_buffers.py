@@ -188,15 +188,7 @@ def check_torch_tensor(x: Any, what: str, writable: bool, complex_ok: bool = Fal
             f"{what}: tensor is not contiguous (strides {tuple(x.stride())}); "
             f"pass x.contiguous() and copy the result back, or use a contiguous buffer"
         )
-    if x.is_conj() or x.is_neg():
-        # Lazy views (x.conj(), and the negated imaginary part x.conj().imag): memory holds
-        # the values before conjugation / negation, which is what the core would move.
-        fix = "x.resolve_conj()" if x.is_conj() else "x.resolve_neg()"
-        raise ValueError(
-            f"{what}: tensor is a lazy {'conjugate' if x.is_conj() else 'negative'} view "
-            f"(its memory holds the values before {'conj()' if x.is_conj() else 'negation'}); "
-            f"pass {fix} and copy the result back"
-        )
+    _refuse_lazy_view(x, what)
     name = str(x.dtype).replace("torch.", "")
     code = _code(name, x.dtype, what, complex_ok)
     if writable and x.requires_grad and x.is_leaf and torch.is_grad_enabled():
@@ -214,14 +206,23 @@ def check_torch_tensor(x: Any, what: str, writable: bool, complex_ok: bool = Fal
     return name, code
 
 
+def _refuse_lazy_view(x: Any, what: str) -> None:
+    if x.is_conj() or x.is_neg():
+        # Lazy views (x.conj(), and the negated imaginary part x.conj().imag): memory holds
+        # the values before conjugation / negation, which is what the core would move.
+        fix = "x.resolve_conj()" if x.is_conj() else "x.resolve_neg()"
+        raise ValueError(
+            f"{what}: tensor is a lazy {'conjugate' if x.is_conj() else 'negative'} view "
+            f"(its memory holds the values before {'conj()' if x.is_conj() else 'negation'}); "
+            f"pass {fix} and copy the result back"
+        )
+
+
 def check_torch_values(x: Any, what: str, op: str | None = None) -> None:
     """What as_buffer and check_reduction would refuse of a torch tensor's values -- a lazy
     conj()/negative view, a dtype the core lacks, `op` (a name) on that dtype -- on a tensor
     of any strides: a coalesced call checks every piece before it issues the first."""
-    if x.is_conj() or x.is_neg():
-        raise ValueError(f"{what}: tensor is a lazy {'conjugate' if x.is_conj() else 'negative'}"
-                         f" view (its memory holds the values before it); pass "
-                         f"x.resolve_{'conj' if x.is_conj() else 'neg'}() and copy it back")
+    _refuse_lazy_view(x, what)
     name = str(x.dtype).replace("torch.", "")
     b = Buffer(x, 0, 0, name, _code(name, x.dtype, what, True), ())
     if op is not None:

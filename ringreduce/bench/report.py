@@ -210,8 +210,8 @@ def summary(rows: list[Row], meta: dict, anchors: list[str]) -> list[str]:
     out: list[str] = []
     ops = [op for op in meta["ops"] if any(r.op == op for r in rows)]
     mine = [r for r in rows if r.lib == "ringreduce"]
-    if any(r.wrong is not None for r in mine):
-        bad = sum(r.wrong or 0 for r in mine)
+    bad = out_of_bounds(rows)
+    if bad is not None:
         out.append(f"# Out of bounds values : {bad} {'OK' if bad == 0 else 'FAILED'}")
     by = {(r.lib, r.key, r.size): r for r in rows}  # like with like: same type and redop
     dtypes, redops = _types(meta)
@@ -252,12 +252,16 @@ def avg_busbw(rows: list[Row]) -> float:
     return sum(bw) / len(bw) if bw else 0.0
 
 
+def out_of_bounds(rows: list[Row], lib: str = "ringreduce") -> int | None:
+    """`lib`'s wrong elements over its checked rows (nccl-tests' "Out of bounds values");
+    None where none was checked (-c 0)."""
+    checked = [r for r in rows if r.lib == lib and r.wrong is not None]
+    return sum(r.wrong or 0 for r in checked) if checked else None
+
+
 def to_json(rows: list[Row], meta: dict, skipped: list[dict]) -> dict:
     """The JSON file: what ran (meta), every row, the skips, and the table's totals."""
-    mine = [r for r in rows if r.lib == "ringreduce"]
-    totals = {"avg_busbw_gbps": avg_busbw(rows),
-              "out_of_bounds": (sum(r.wrong or 0 for r in mine)
-                                if any(r.wrong is not None for r in mine) else None)}
+    totals = {"avg_busbw_gbps": avg_busbw(rows), "out_of_bounds": out_of_bounds(rows)}
     return {"meta": meta, "results": [r.as_dict() for r in rows], "skipped": skipped,
             "totals": totals}
 

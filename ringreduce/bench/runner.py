@@ -274,7 +274,7 @@ def run_rank(args: Namespace) -> int:
         if live:
             live.finish(skipped)
             report.write_outputs(args, live.all_rows(), meta, skipped)
-        return 1 if sum(r.wrong or 0 for r in rows if r.lib == "ringreduce") else 0
+        return 1 if report.out_of_bounds(rows) else 0
     except BenchError as e:
         if me.group.rank == 0:
             print(f"ringreduce-bench: error: {e}", file=sys.stderr, flush=True)
