@@ -261,6 +261,7 @@ def _rank_env(base: dict[str, str], rank: int, n: int, addr: str, port: int, run
         "TORCHELASTIC_USE_AGENT_STORE": "False",
         "RINGREDUCE_SECRET": secret,
         "TORCHELASTIC_ERROR_FILE": _error_file(notes, rank),  # torchrun's: @record writes it
+        PEER_FAILURES_VAR: notes,
         "PYTHONUNBUFFERED": "1",
     })
     return env
@@ -674,11 +675,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "; ringreduce-run takes torchrun's single-host options (see --help): for "
                     "its others (rendezvous, restarts, log files) run torchrun itself, with "
                     "init_process_group(\"ringreduce\")"))
-        _check_pet(parser, {w.split("=", 1)[0] for w in opts_argv} |
-                   {w[:2] for w in opts_argv if w.startswith("-n")})
+        given = {w.split("=", 1)[0] for w in opts_argv} | {w[:2] for w in opts_argv
+                                                            if w.startswith("-n")}
+        _check_pet(parser, given)
         opts = parser.parse_args(opts_argv)
-        if opts.standalone and not any(w.split("=")[0] in ("--master-port", "--master_port")
-                                       for w in opts_argv):
+        if opts.standalone and not given & {"--master-port", "--master_port"}:
             opts.master_port = None  # torchrun's --standalone: a fresh port, not PET_'s
         cmd = _command(program, opts.no_python)
         if opts.nnodes.strip() not in ("1", "1:1") or opts.node_rank != 0:
@@ -717,7 +718,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 break
             env = _rank_env(base, rank, opts.nproc, opts.master_addr, port, run_id, secret,
                             job.notes)
-            env[PEER_FAILURES_VAR] = job.notes
             try:
                 job.spawn(cmd, env, not opts.no_prefix, preexec)
             except OSError as e:
