@@ -300,6 +300,7 @@ class _Ops:
 
     def _check_allgather(self, outs: list, inp: torch.Tensor) -> None:
         _usable(inp, written=False)
+        _buffers.check_torch_values(inp, "all_gather")  # as _check_single's
         if len(outs) != self._size:
             raise ValueError(f"all_gather: tensor_list has {len(outs)} tensors; it needs "
                              f"world_size = {self._size}")
